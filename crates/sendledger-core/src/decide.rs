@@ -1,0 +1,501 @@
+//! Pure decisions: given a task's state and one input, the events to record and the action to
+//! take once they are durable.
+//!
+//! The caller (the task actor) appends the returned events, waits until they are durable, and
+//! only then performs the action. Time (`Ctx::now`) and randomness (`Ctx::random`) come from the
+//! caller, so every decision can be replayed in a test.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::event::{EventBody, Evidence, Millis, NotSentCause, ReviewReason, Source, UnknownCause};
+use crate::request::AcceptedRequest;
+use crate::retry::RetryPolicy;
+use crate::state::{Phase, State};
+
+/// How one target is driven: retries, reconciliation and idempotency keys.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Policy {
+    pub retry: RetryPolicy,
+    /// How to resolve unknown outcomes by lookup; `None` when the target has no lookup.
+    pub reconcile: Option<ReconcilePolicy>,
+    /// Set when the target honours an idempotency key: how long the remote remembers one.
+    pub idempotency_ttl_ms: Option<u64>,
+}
+
+/// How unknown outcomes are reconciled by asking the remote.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReconcilePolicy {
+    /// Delay between the unknown outcome and the first lookup.
+    pub first_check_ms: u64,
+    /// Delay between lookups that found nothing.
+    pub check_interval_ms: u64,
+    /// From the first unknown outcome: after this, zero matches leads to manual review (or an
+    /// authorized resend when `resend_when_absent`).
+    pub deadline_ms: u64,
+    /// Authorize one resend, recorded as an event, when the deadline passes with no record.
+    pub resend_when_absent: bool,
+}
+
+/// What the caller supplies to a decision: the time and a random number.
+#[derive(Debug, Clone, Copy)]
+pub struct Ctx<'a> {
+    pub now: Millis,
+    pub random: u64,
+    pub policy: &'a Policy,
+}
+
+/// The result of one attempt, as classified by the effects layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttemptOutcome {
+    /// Certainly not performed; may be retried (no earlier than `retry_after_ms`).
+    NotSent {
+        cause: NotSentCause,
+        retry_after_ms: Option<u64>,
+    },
+    Succeeded {
+        remote_id: String,
+        status: u16,
+    },
+    Rejected {
+        status: u16,
+        detail: String,
+    },
+    /// May have been performed.
+    Unknown {
+        cause: UnknownCause,
+    },
+}
+
+/// What an operator decides about a task in manual review.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OperatorResolution {
+    Succeeded {
+        remote_id: String,
+        by: String,
+        reason: String,
+    },
+    Failed {
+        by: String,
+        reason: String,
+    },
+    Resend {
+        by: String,
+        reason: String,
+    },
+    Note {
+        by: String,
+        text: String,
+    },
+}
+
+/// Something that happened to a task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Input {
+    /// A request was delivered (first time or again).
+    Deliver {
+        request: AcceptedRequest,
+        source: Source,
+    },
+    /// An attempt ended.
+    Outcome {
+        attempt: u32,
+        outcome: AttemptOutcome,
+    },
+    /// A lookup ended: the matching remote ids, or why the lookup itself failed.
+    Lookup {
+        result: std::result::Result<Vec<String>, String>,
+    },
+    /// A timer of the task is due (retry or check).
+    Wake,
+    /// The process started and found the task not terminal.
+    Recover,
+    Operator(OperatorResolution),
+}
+
+/// What the caller does once the decision's events are durable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    None,
+    /// Send this attempt now.
+    Send {
+        attempt: u32,
+        idempotency_key: Option<String>,
+    },
+    /// Wake the task (deliver [`Input::Wake`]) at this time.
+    WakeAt(Millis),
+    /// Ask the remote for records matching the task.
+    Lookup,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub events: Vec<EventBody>,
+    pub action: Action,
+}
+
+impl Decision {
+    fn nothing() -> Decision {
+        Decision {
+            events: Vec::new(),
+            action: Action::None,
+        }
+    }
+}
+
+/// Decides what a task does with an input. Inputs that no longer apply (an outcome for an
+/// attempt that is not in flight, a lookup result after the task settled) yield no events.
+/// Operator resolutions that do not apply are errors, so the operator learns why.
+pub fn decide(state: &State, input: Input, ctx: Ctx<'_>) -> Result<Decision> {
+    let mut d = Decision::nothing();
+    match input {
+        Input::Deliver { request, source } => deliver(state, request, source, ctx, &mut d),
+        Input::Outcome { attempt, outcome } => {
+            if state.phase == Phase::Sending && state.in_flight == Some(attempt) {
+                outcome_of(state, attempt, outcome, ctx, &mut d);
+            }
+        }
+        Input::Lookup { result } => {
+            if state.phase == Phase::Unknown && state.in_flight.is_none() {
+                lookup_result(state, result, ctx, &mut d);
+            }
+        }
+        Input::Wake => wake(state, ctx, &mut d),
+        Input::Recover => match state.phase {
+            Phase::Sending => {
+                let attempt = state.in_flight.unwrap_or(state.attempts);
+                unknown(state, attempt, UnknownCause::Recovery, ctx, &mut d);
+            }
+            Phase::Accepted => intend(state, false, ctx, &mut d),
+            Phase::RetryWait | Phase::Unknown => {
+                let at = state.retry_at.or(state.next_check_at).unwrap_or(ctx.now);
+                d.action = Action::WakeAt(at);
+            }
+            _ => {}
+        },
+        Input::Operator(resolution) => operator(state, resolution, ctx, &mut d)?,
+    }
+    Ok(d)
+}
+
+fn deliver(
+    state: &State,
+    request: AcceptedRequest,
+    source: Source,
+    ctx: Ctx<'_>,
+    d: &mut Decision,
+) {
+    let payload_hash = request.payload_hash();
+    match state.payload_hash {
+        None => {
+            d.events.push(EventBody::TaskAccepted {
+                request,
+                payload_hash,
+                source,
+            });
+            let mut after = state.clone();
+            after.apply_all(ctx.now, &d.events);
+            intend(&after, false, ctx, d);
+        }
+        Some(existing) if existing == payload_hash => {
+            d.events.push(EventBody::DuplicateDelivery { source });
+        }
+        Some(_) => d.events.push(EventBody::RequestConflict {
+            source,
+            payload_hash,
+        }),
+    }
+}
+
+/// Records the intent of the next attempt and asks the caller to send it. `fresh_key` asks for
+/// a new idempotency key even when the current one is still remembered by the remote.
+fn intend(state: &State, fresh_key: bool, ctx: Ctx<'_>, d: &mut Decision) {
+    let attempt = state.attempts + 1;
+    let idempotency_key = ctx.policy.idempotency_ttl_ms.map(|ttl| {
+        match (
+            &state.idempotency_key,
+            key_alive(state, ttl, ctx.now) && !fresh_key,
+        ) {
+            (Some(key), true) => key.clone(),
+            _ => format!("{}-{}", task_id_hex(state), state.key_generation + 1),
+        }
+    });
+    d.events.push(EventBody::SendIntended {
+        attempt,
+        idempotency_key: idempotency_key.clone(),
+    });
+    d.action = Action::Send {
+        attempt,
+        idempotency_key,
+    };
+}
+
+fn task_id_hex(state: &State) -> String {
+    state
+        .task_id
+        .or_else(|| state.request.as_ref().map(|r| r.task_id()))
+        .map(|id| id.to_string())
+        .unwrap_or_default()
+}
+
+fn key_alive(state: &State, ttl: u64, now: Millis) -> bool {
+    matches!((&state.idempotency_key, state.key_since), (Some(_), Some(since)) if now < since.saturating_add(ttl))
+}
+
+/// After an unknown outcome the same key may be resent while the remote remembers it.
+fn can_resend_same_key(state: &State, ctx: Ctx<'_>) -> bool {
+    match ctx.policy.idempotency_ttl_ms {
+        Some(ttl) => {
+            key_alive(state, ttl, ctx.now) && state.attempts < ctx.policy.retry.max_attempts
+        }
+        None => false,
+    }
+}
+
+fn outcome_of(
+    state: &State,
+    attempt: u32,
+    outcome: AttemptOutcome,
+    ctx: Ctx<'_>,
+    d: &mut Decision,
+) {
+    match outcome {
+        AttemptOutcome::Succeeded { remote_id, status } => d.events.push(EventBody::Confirmed {
+            remote_id,
+            evidence: Evidence::Response { status },
+        }),
+        AttemptOutcome::Rejected { status, detail } => {
+            d.events.push(EventBody::Rejected { status, detail })
+        }
+        AttemptOutcome::NotSent {
+            cause,
+            retry_after_ms,
+        } => {
+            let delay = ctx
+                .policy
+                .retry
+                .backoff_ms(attempt, retry_after_ms, ctx.random);
+            let retry_at = ctx.now.saturating_add(delay);
+            d.events.push(EventBody::SendNotSent {
+                attempt,
+                cause,
+                retry_at,
+            });
+            if state.unresolved_unknown {
+                // An earlier attempt may have reached the remote: this one proves nothing about
+                // it. Back to reconciling.
+                let mut after = state.clone();
+                after.apply_all(ctx.now, &d.events);
+                next_for_unknown(&after, ctx, d, retry_at);
+            } else if attempt >= ctx.policy.retry.max_attempts {
+                d.events.push(EventBody::Failed {
+                    reason: format!(
+                        "attempts exhausted: {attempt} attempts, none reached the remote"
+                    ),
+                });
+            } else {
+                d.action = Action::WakeAt(retry_at);
+            }
+        }
+        AttemptOutcome::Unknown { cause } => unknown(state, attempt, cause, ctx, d),
+    }
+}
+
+fn unknown(state: &State, attempt: u32, cause: UnknownCause, ctx: Ctx<'_>, d: &mut Decision) {
+    d.events.push(EventBody::SendUnknown { attempt, cause });
+    let mut after = state.clone();
+    after.apply_all(ctx.now, &d.events);
+    let first_check = match &ctx.policy.reconcile {
+        Some(r) => ctx.now.saturating_add(r.first_check_ms),
+        None => ctx.now,
+    };
+    let resend_at = ctx
+        .now
+        .saturating_add(ctx.policy.retry.backoff_ms(attempt, None, ctx.random));
+    next_for_unknown(
+        &after,
+        ctx,
+        d,
+        if can_resend_same_key(&after, ctx) {
+            resend_at
+        } else {
+            first_check
+        },
+    );
+}
+
+/// The next step of a task whose outcome is unknown, as of `at`: a same-key resend or a lookup
+/// when due, or manual review when neither is possible.
+fn next_for_unknown(after: &State, ctx: Ctx<'_>, d: &mut Decision, at: Millis) {
+    if after.resend_authorized || can_resend_same_key(after, ctx) || ctx.policy.reconcile.is_some()
+    {
+        d.action = Action::WakeAt(at);
+    } else {
+        d.events.push(EventBody::ManualReviewRequired {
+            reason: ReviewReason::NoLookup,
+        });
+    }
+}
+
+fn lookup_result(
+    state: &State,
+    result: std::result::Result<Vec<String>, String>,
+    ctx: Ctx<'_>,
+    d: &mut Decision,
+) {
+    let Some(policy) = &ctx.policy.reconcile else {
+        return;
+    };
+    let deadline = state
+        .unknown_since
+        .unwrap_or(ctx.now)
+        .saturating_add(policy.deadline_ms);
+    let next_check = ctx.now.saturating_add(policy.check_interval_ms);
+    match result {
+        Ok(matches) if matches.len() == 1 => {
+            let remote_id = matches[0].clone();
+            d.events.push(EventBody::LookupPerformed {
+                matches,
+                next_check_at: None,
+            });
+            d.events.push(EventBody::Confirmed {
+                remote_id,
+                evidence: Evidence::Lookup,
+            });
+        }
+        Ok(matches) if matches.len() > 1 => {
+            let remote_ids = matches.clone();
+            d.events.push(EventBody::LookupPerformed {
+                matches,
+                next_check_at: None,
+            });
+            d.events.push(EventBody::ManualReviewRequired {
+                reason: ReviewReason::MultipleMatches { remote_ids },
+            });
+        }
+        Ok(_) if ctx.now < deadline => {
+            d.events.push(EventBody::LookupPerformed {
+                matches: Vec::new(),
+                next_check_at: Some(next_check),
+            });
+            d.action = Action::WakeAt(next_check);
+        }
+        Ok(_) => {
+            d.events.push(EventBody::LookupPerformed {
+                matches: Vec::new(),
+                next_check_at: None,
+            });
+            if policy.resend_when_absent {
+                d.events.push(EventBody::ResendAuthorized {
+                    by: "policy:resend_when_absent".into(),
+                    reason: format!(
+                        "no remote record {} ms after the outcome became unknown",
+                        policy.deadline_ms
+                    ),
+                });
+                let mut after = state.clone();
+                after.apply_all(ctx.now, &d.events);
+                intend(&after, false, ctx, d);
+            } else {
+                d.events.push(EventBody::ManualReviewRequired {
+                    reason: ReviewReason::DeadlinePassed {
+                        lookups: state.lookups + 1,
+                    },
+                });
+            }
+        }
+        // A failed lookup is no evidence either way: try again later, the deadline still holds.
+        Err(_) if ctx.now < deadline => d.action = Action::WakeAt(next_check),
+        Err(_) => d.events.push(EventBody::ManualReviewRequired {
+            reason: ReviewReason::DeadlinePassed {
+                lookups: state.lookups,
+            },
+        }),
+    }
+}
+
+fn wake(state: &State, ctx: Ctx<'_>, d: &mut Decision) {
+    match state.phase {
+        Phase::Accepted => intend(state, false, ctx, d),
+        Phase::RetryWait => match state.retry_at {
+            Some(at) if ctx.now < at => d.action = Action::WakeAt(at),
+            _ => intend(state, false, ctx, d),
+        },
+        Phase::Unknown => {
+            let due = state.retry_at.into_iter().chain(state.next_check_at).max();
+            match due {
+                Some(at) if ctx.now < at => d.action = Action::WakeAt(at),
+                _ if state.resend_authorized => intend(state, false, ctx, d),
+                _ if can_resend_same_key(state, ctx) => intend(state, false, ctx, d),
+                _ if ctx.policy.reconcile.is_some() => d.action = Action::Lookup,
+                _ => d.events.push(EventBody::ManualReviewRequired {
+                    reason: ReviewReason::NoLookup,
+                }),
+            }
+        }
+        _ => {}
+    }
+}
+
+fn operator(
+    state: &State,
+    resolution: OperatorResolution,
+    ctx: Ctx<'_>,
+    d: &mut Decision,
+) -> Result<()> {
+    let in_review = || match state.phase {
+        Phase::ManualReview => Ok(()),
+        phase => Err(Error::NotInReview {
+            phase: phase.name(),
+        }),
+    };
+    match resolution {
+        OperatorResolution::Note { by, text } => {
+            d.events.push(EventBody::OperatorNote { who: by, text })
+        }
+        OperatorResolution::Succeeded {
+            remote_id,
+            by,
+            reason,
+        } => {
+            in_review()?;
+            d.events.push(EventBody::Confirmed {
+                remote_id,
+                evidence: Evidence::Operator { by, reason },
+            })
+        }
+        OperatorResolution::Failed { by, reason } => {
+            in_review()?;
+            d.events.push(EventBody::OperatorNote {
+                who: by.clone(),
+                text: reason.clone(),
+            });
+            d.events.push(EventBody::Failed {
+                reason: format!("resolved as failed by {by}: {reason}"),
+            });
+        }
+        OperatorResolution::Resend { by, reason } => {
+            in_review()?;
+            d.events.push(EventBody::ResendAuthorized { by, reason });
+            let mut after = state.clone();
+            after.apply_all(ctx.now, &d.events);
+            intend(&after, false, ctx, d);
+        }
+    }
+    Ok(())
+}
+
+impl State {
+    /// Applies freshly decided events (not yet in the log) to a copy of the state.
+    pub fn apply_all(&mut self, at: Millis, bodies: &[EventBody]) {
+        let task_id = self.task_id.unwrap_or_else(|| {
+            self.request
+                .as_ref()
+                .map(|r| r.task_id())
+                .unwrap_or(crate::ids::TaskId([0; 16]))
+        });
+        for body in bodies {
+            self.apply(task_id, at, body);
+        }
+    }
+}

@@ -1,0 +1,30 @@
+//! Errors of the core crate: all of them are about bad input.
+
+/// A request or value that sendledger refuses, with the field that is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    #[error("field `{field}` must not be empty")]
+    Empty { field: &'static str },
+    #[error("field `{field}` is {len} bytes, more than the limit of {max}")]
+    TooLong {
+        field: &'static str,
+        len: usize,
+        max: usize,
+    },
+    #[error("field `{field}` contains {ch:?} at byte {at}; allowed are ASCII letters, digits and `-_.:@/+=#`")]
+    BadChar {
+        field: &'static str,
+        ch: char,
+        at: usize,
+    },
+    #[error("payload is {len} bytes as canonical JSON, more than the limit of {max}")]
+    PayloadTooLarge { len: usize, max: usize },
+    #[error("payload must be a JSON object, found {found}")]
+    PayloadNotObject { found: &'static str },
+    #[error("the task is {phase}, not in manual review; only notes can be added")]
+    NotInReview { phase: &'static str },
+    #[error("invalid request JSON: {0}")]
+    Json(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,211 @@
+//! The events of the ledger. Each is one fact about one task; a task's state is their fold.
+//!
+//! These types are encoded with bincode inside the store's versioned envelope, where enum
+//! variants are written by index: never reorder, remove or change a variant; add new ones at
+//! the end only together with a new envelope version.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{PayloadHash, TaskId};
+use crate::request::AcceptedRequest;
+
+/// Milliseconds since the Unix epoch. The core never reads a clock; callers pass time in.
+pub type Millis = u64;
+
+/// Where a delivery came from: the Kafka coordinates of the request message.
+// format: do not change
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Source {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}@{}", self.topic, self.partition, self.offset)
+    }
+}
+
+/// Why an attempt certainly did not reach the remote.
+// format: do not change
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NotSentCause {
+    /// DNS, connect or TLS failure: nothing was written.
+    Connect(String),
+    /// 429, or 503 with `Retry-After`: the remote refused without acting.
+    Throttled { status: u16 },
+    /// A 5xx that the target's policy declares to mean "not performed".
+    ServerError { status: u16 },
+}
+
+/// Why the outcome of an attempt is unknown: it may have reached the remote.
+// format: do not change
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum UnknownCause {
+    /// No response within the request timeout after the request was written.
+    Timeout,
+    /// Connection reset or closed after the request was written.
+    ResetAfterWrite(String),
+    /// A status that does not say whether the remote acted (408, 5xx, or a 409 set to reconcile).
+    Status(u16),
+    /// The process found the attempt's intent without an outcome at start-up.
+    Recovery,
+}
+
+/// What proves that a task succeeded.
+// format: do not change
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Evidence {
+    /// The remote answered the attempt with a 2xx.
+    Response { status: u16 },
+    /// Exactly one matching record was found by lookup.
+    Lookup,
+    /// An operator resolved the review.
+    Operator { by: String, reason: String },
+}
+
+/// Why a task needs a person.
+// format: do not change
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReviewReason {
+    /// More than one remote record matches the task: a duplicate exists at the remote.
+    MultipleMatches { remote_ids: Vec<String> },
+    /// The observation deadline passed and no record was found.
+    DeadlinePassed { lookups: u32 },
+    /// The outcome is unknown and the target has no lookup to reconcile with.
+    NoLookup,
+}
+
+impl std::fmt::Display for ReviewReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReviewReason::MultipleMatches { remote_ids } => {
+                write!(
+                    f,
+                    "{} remote records match: {}",
+                    remote_ids.len(),
+                    remote_ids.join(", ")
+                )
+            }
+            ReviewReason::DeadlinePassed { lookups } => {
+                write!(
+                    f,
+                    "no remote record found by the deadline ({lookups} lookups)"
+                )
+            }
+            ReviewReason::NoLookup => write!(f, "outcome unknown and the target has no lookup"),
+        }
+    }
+}
+
+/// One fact about a task. See DESIGN.md §3.
+// format: do not change (variant order is the encoding)
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EventBody {
+    TaskAccepted {
+        request: AcceptedRequest,
+        payload_hash: PayloadHash,
+        source: Source,
+    },
+    DuplicateDelivery {
+        source: Source,
+    },
+    RequestConflict {
+        source: Source,
+        payload_hash: PayloadHash,
+    },
+    SendIntended {
+        attempt: u32,
+        idempotency_key: Option<String>,
+    },
+    SendNotSent {
+        attempt: u32,
+        cause: NotSentCause,
+        retry_at: Millis,
+    },
+    SendUnknown {
+        attempt: u32,
+        cause: UnknownCause,
+    },
+    Confirmed {
+        remote_id: String,
+        evidence: Evidence,
+    },
+    Rejected {
+        status: u16,
+        detail: String,
+    },
+    LookupPerformed {
+        matches: Vec<String>,
+        next_check_at: Option<Millis>,
+    },
+    ManualReviewRequired {
+        reason: ReviewReason,
+    },
+    ResendAuthorized {
+        by: String,
+        reason: String,
+    },
+    Failed {
+        reason: String,
+    },
+    OperatorNote {
+        who: String,
+        text: String,
+    },
+}
+
+impl EventBody {
+    /// A short stable name, used in timelines, metrics and the events topic.
+    pub fn name(&self) -> &'static str {
+        match self {
+            EventBody::TaskAccepted { .. } => "TaskAccepted",
+            EventBody::DuplicateDelivery { .. } => "DuplicateDelivery",
+            EventBody::RequestConflict { .. } => "RequestConflict",
+            EventBody::SendIntended { .. } => "SendIntended",
+            EventBody::SendNotSent { .. } => "SendNotSent",
+            EventBody::SendUnknown { .. } => "SendUnknown",
+            EventBody::Confirmed { .. } => "Confirmed",
+            EventBody::Rejected { .. } => "Rejected",
+            EventBody::LookupPerformed { .. } => "LookupPerformed",
+            EventBody::ManualReviewRequired { .. } => "ManualReviewRequired",
+            EventBody::ResendAuthorized { .. } => "ResendAuthorized",
+            EventBody::Failed { .. } => "Failed",
+            EventBody::OperatorNote { .. } => "OperatorNote",
+        }
+    }
+}
+
+/// An event before the journal has given it a log sequence number.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewEvent {
+    pub task_id: TaskId,
+    /// Position in the task's own sequence, from 0, contiguous.
+    pub task_seq: u32,
+    pub at: Millis,
+    pub body: EventBody,
+}
+
+/// An event in the log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// Global log sequence number, from 1, contiguous.
+    pub lsn: u64,
+    pub task_id: TaskId,
+    pub task_seq: u32,
+    pub at: Millis,
+    pub body: EventBody,
+}
+
+impl NewEvent {
+    pub fn with_lsn(self, lsn: u64) -> Event {
+        Event {
+            lsn,
+            task_id: self.task_id,
+            task_seq: self.task_seq,
+            at: self.at,
+            body: self.body,
+        }
+    }
+}

@@ -1,0 +1,34 @@
+//! sendledger-core: the domain model of sendledger.
+//!
+//! Task identity and ids, validated requests, the events of the ledger, the task [`State`]
+//! as a pure [`fold`] of events, the decision functions that say what a task does next, the
+//! retry math, and the rule checker that audits an event sequence.
+//!
+//! This crate must never depend on RocksDB, Kafka, an async runtime, a clock or a source of
+//! randomness: time and random numbers are passed in. Everything here is deterministic, so
+//! rebuilding an actor, `inspect` and `audit` all reach the same answer from the same events.
+
+pub mod decide;
+pub mod error;
+pub mod event;
+pub mod ids;
+pub mod request;
+pub mod retry;
+pub mod rules;
+pub mod state;
+
+#[cfg(test)]
+mod model_tests;
+
+pub use decide::{
+    decide, Action, Ctx, Decision, Input, OperatorResolution, Policy, ReconcilePolicy,
+};
+pub use error::{Error, Result};
+pub use event::{
+    Event, EventBody, Evidence, NewEvent, NotSentCause, ReviewReason, Source, UnknownCause,
+};
+pub use ids::{PayloadHash, TaskId};
+pub use request::{AcceptedRequest, Identity, Limits, TaskRequest};
+pub use retry::RetryPolicy;
+pub use rules::{check_task, Rule, Violation};
+pub use state::{fold, Phase, State};

@@ -1,0 +1,232 @@
+//! A task's state: the pure fold of its events.
+
+use serde::Serialize;
+
+use crate::event::{Event, EventBody, Evidence, Millis, ReviewReason, Source};
+use crate::ids::{PayloadHash, TaskId};
+use crate::request::AcceptedRequest;
+
+/// Where a task is in the state machine of DESIGN.md §2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum Phase {
+    /// No event yet.
+    New,
+    /// Accepted, no attempt intended yet.
+    Accepted,
+    /// An attempt's intent is durable and its outcome is not recorded.
+    Sending,
+    /// The last attempt certainly did not reach the remote; a retry is scheduled.
+    RetryWait,
+    /// An attempt may have reached the remote; reconciling.
+    Unknown,
+    /// A person must decide.
+    ManualReview,
+    Succeeded,
+    Rejected,
+    Failed,
+}
+
+impl Phase {
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Phase::Succeeded | Phase::Rejected | Phase::Failed)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::New => "new",
+            Phase::Accepted => "accepted",
+            Phase::Sending => "sending",
+            Phase::RetryWait => "retry_wait",
+            Phase::Unknown => "unknown",
+            Phase::ManualReview => "manual_review",
+            Phase::Succeeded => "succeeded",
+            Phase::Rejected => "rejected",
+            Phase::Failed => "failed",
+        }
+    }
+}
+
+/// Everything sendledger knows about one task, derived from its events alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct State {
+    pub task_id: Option<TaskId>,
+    pub request: Option<AcceptedRequest>,
+    pub payload_hash: Option<PayloadHash>,
+    /// The delivery that created the task (its input partition decides its owner).
+    pub source: Option<Source>,
+    pub phase: Phase,
+    /// Number of events folded; the next event's `task_seq`.
+    pub next_seq: u32,
+    /// Highest attempt number intended so far.
+    pub attempts: u32,
+    /// The attempt whose intent is durable and whose outcome is not recorded.
+    pub in_flight: Option<u32>,
+    /// When the next retry may start (RetryWait).
+    pub retry_at: Option<Millis>,
+    /// Some attempt may have reached the remote and nothing confirmed or settled it.
+    pub unresolved_unknown: bool,
+    /// When the current unresolved unknown began: the observation deadline counts from here.
+    pub unknown_since: Option<Millis>,
+    /// A resend after an unknown was authorized and not yet used by an attempt that may
+    /// have reached the remote.
+    pub resend_authorized: bool,
+    /// The idempotency key of the latest attempt, and when it was first used.
+    pub idempotency_key: Option<String>,
+    pub key_since: Option<Millis>,
+    /// How many distinct idempotency keys the task has used.
+    pub key_generation: u32,
+    pub lookups: u32,
+    pub next_check_at: Option<Millis>,
+    pub last_matches: Vec<String>,
+    pub remote_id: Option<String>,
+    pub evidence: Option<Evidence>,
+    pub review_reason: Option<ReviewReason>,
+    pub rejection: Option<(u16, String)>,
+    pub failure: Option<String>,
+    pub duplicates: u32,
+    pub conflicts: u32,
+    pub last_at: Millis,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State {
+            task_id: None,
+            request: None,
+            payload_hash: None,
+            source: None,
+            phase: Phase::New,
+            next_seq: 0,
+            attempts: 0,
+            in_flight: None,
+            retry_at: None,
+            unresolved_unknown: false,
+            unknown_since: None,
+            resend_authorized: false,
+            idempotency_key: None,
+            key_since: None,
+            key_generation: 0,
+            lookups: 0,
+            next_check_at: None,
+            last_matches: Vec::new(),
+            remote_id: None,
+            evidence: None,
+            review_reason: None,
+            rejection: None,
+            failure: None,
+            duplicates: 0,
+            conflicts: 0,
+            last_at: 0,
+        }
+    }
+}
+
+/// The state of a task after the given events, in order.
+pub fn fold<'a>(events: impl IntoIterator<Item = &'a Event>) -> State {
+    let mut state = State::default();
+    for event in events {
+        state.apply(event.task_id, event.at, &event.body);
+    }
+    state
+}
+
+impl State {
+    /// Applies one event. Total: any sequence folds to some state; whether the sequence obeyed
+    /// the rules is the business of [`crate::rules`].
+    pub fn apply(&mut self, task_id: TaskId, at: Millis, body: &EventBody) {
+        self.task_id.get_or_insert(task_id);
+        self.next_seq += 1;
+        self.last_at = at;
+        match body {
+            EventBody::TaskAccepted {
+                request,
+                payload_hash,
+                source,
+            } => {
+                if self.request.is_none() {
+                    self.request = Some(request.clone());
+                    self.payload_hash = Some(*payload_hash);
+                    self.source = Some(source.clone());
+                    self.phase = Phase::Accepted;
+                }
+            }
+            EventBody::DuplicateDelivery { .. } => self.duplicates += 1,
+            EventBody::RequestConflict { .. } => self.conflicts += 1,
+            EventBody::SendIntended {
+                attempt,
+                idempotency_key,
+            } => {
+                self.attempts = *attempt;
+                self.in_flight = Some(*attempt);
+                self.retry_at = None;
+                self.next_check_at = None;
+                self.phase = Phase::Sending;
+                if idempotency_key.is_some() && *idempotency_key != self.idempotency_key {
+                    self.key_since = Some(at);
+                    self.key_generation += 1;
+                }
+                self.idempotency_key = idempotency_key.clone();
+            }
+            EventBody::SendNotSent { retry_at, .. } => {
+                self.in_flight = None;
+                self.retry_at = Some(*retry_at);
+                self.phase = if self.unresolved_unknown {
+                    Phase::Unknown
+                } else {
+                    Phase::RetryWait
+                };
+            }
+            EventBody::SendUnknown { .. } => {
+                self.in_flight = None;
+                self.resend_authorized = false;
+                if !self.unresolved_unknown {
+                    self.unresolved_unknown = true;
+                    self.unknown_since = Some(at);
+                }
+                self.phase = Phase::Unknown;
+            }
+            EventBody::Confirmed {
+                remote_id,
+                evidence,
+            } => {
+                self.in_flight = None;
+                self.remote_id = Some(remote_id.clone());
+                self.evidence = Some(evidence.clone());
+                self.settle(Phase::Succeeded);
+            }
+            EventBody::Rejected { status, detail } => {
+                self.in_flight = None;
+                self.rejection = Some((*status, detail.clone()));
+                self.settle(Phase::Rejected);
+            }
+            EventBody::LookupPerformed {
+                matches,
+                next_check_at,
+            } => {
+                self.lookups += 1;
+                self.last_matches = matches.clone();
+                self.next_check_at = *next_check_at;
+            }
+            EventBody::ManualReviewRequired { reason } => {
+                self.review_reason = Some(reason.clone());
+                self.next_check_at = None;
+                self.phase = Phase::ManualReview;
+            }
+            EventBody::ResendAuthorized { .. } => self.resend_authorized = true,
+            EventBody::Failed { reason } => {
+                self.in_flight = None;
+                self.failure = Some(reason.clone());
+                self.settle(Phase::Failed);
+            }
+            EventBody::OperatorNote { .. } => {}
+        }
+    }
+
+    fn settle(&mut self, phase: Phase) {
+        self.phase = phase;
+        self.unresolved_unknown = false;
+        self.resend_authorized = false;
+        self.retry_at = None;
+        self.next_check_at = None;
+    }
+}

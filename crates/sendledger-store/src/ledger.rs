@@ -1,0 +1,432 @@
+//! Opening a ledger, its format version, and reads.
+
+use std::ops::Range;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+
+use rocksdb::{ColumnFamilyDescriptor, Direction, IteratorMode, Options, DB};
+use sendledger_core::{Event, Identity, PayloadHash, Phase, TaskId};
+use tokio::sync::oneshot;
+
+use crate::envelope::decode_event;
+use crate::error::{Error, Result};
+use crate::journal::{self, Append, JournalStats, Request, TimerKind};
+use crate::keys::*;
+
+/// The storage format this build writes and the newest it reads.
+// format: do not change (bump only with a migration)
+pub const FORMAT_VERSION: u8 = 1;
+
+/// Whether an acknowledged append survives a power loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    /// Each write batch is fsynced before any append in it is acknowledged.
+    #[default]
+    Sync,
+    /// No fsync: acknowledged appends survive a process crash but may be lost on power loss
+    /// or an OS crash. Unsafe for production; used to measure the cost of durability.
+    Buffered,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct LedgerOptions {
+    pub durability: Durability,
+}
+
+/// The compact summary of a task kept for start-up: its phase and number of events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskSummary {
+    pub phase: Phase,
+    pub next_seq: u32,
+}
+
+// format: do not change (phase codes are on disk)
+const PHASES: [Phase; 9] = [
+    Phase::New,
+    Phase::Accepted,
+    Phase::Sending,
+    Phase::RetryWait,
+    Phase::Unknown,
+    Phase::ManualReview,
+    Phase::Succeeded,
+    Phase::Rejected,
+    Phase::Failed,
+];
+
+impl TaskSummary {
+    pub(crate) fn encode(&self) -> [u8; 6] {
+        let code = PHASES.iter().position(|p| *p == self.phase).unwrap_or(0) as u8;
+        let seq = self.next_seq.to_be_bytes();
+        [1, code, seq[0], seq[1], seq[2], seq[3]]
+    }
+
+    fn decode(bytes: &[u8]) -> Result<TaskSummary> {
+        match bytes {
+            [1, code, seq @ ..] if seq.len() == 4 => Ok(TaskSummary {
+                phase: *PHASES
+                    .get(*code as usize)
+                    .ok_or(Error::BadValue { what: "tasks" })?,
+                next_seq: u32::from_be_bytes(
+                    seq.try_into()
+                        .map_err(|_| Error::BadValue { what: "tasks" })?,
+                ),
+            }),
+            _ => Err(Error::BadValue { what: "tasks" }),
+        }
+    }
+}
+
+/// An open ledger. Cheap to clone; the journal stops when the last clone is dropped.
+#[derive(Clone)]
+pub struct Ledger {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    db: Arc<DB>,
+    path: PathBuf,
+    tx: Mutex<Option<mpsc::Sender<Request>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    last_lsn: Arc<AtomicU64>,
+    stats: Arc<JournalStats>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Ledger {
+    /// Opens (or creates) the ledger in `dir`. The directory is made `0700`.
+    pub fn open(dir: impl AsRef<Path>, options: LedgerOptions) -> Result<Ledger> {
+        let path = dir.as_ref().to_path_buf();
+        let dir_err = |source| Error::Dir {
+            path: path.clone(),
+            source,
+        };
+        std::fs::create_dir_all(&path).map_err(dir_err)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700)).map_err(dir_err)?;
+
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        opts.set_max_background_jobs(2);
+        opts.set_keep_log_file_num(4);
+        // Open every family that exists, so a ledger from a newer build fails on its format
+        // marker with a clear message rather than on an unknown column family.
+        let mut names: Vec<String> = DB::list_cf(&opts, &path).unwrap_or_default();
+        for cf in ALL_CFS {
+            if !names.iter().any(|n| n == cf) {
+                names.push(cf.to_string());
+            }
+        }
+        let cfs = names
+            .iter()
+            .map(|n| ColumnFamilyDescriptor::new(n, Options::default()));
+        let db = DB::open_cf_descriptors(&opts, &path, cfs)?;
+
+        let meta = db.cf_handle(CF_META).expect("created above");
+        match db.get_cf(meta, META_FORMAT)?.as_deref() {
+            None => db.put_cf(meta, META_FORMAT, [FORMAT_VERSION])?,
+            Some([v]) if *v <= FORMAT_VERSION => {}
+            Some([v]) => {
+                return Err(Error::NewerFormat {
+                    path,
+                    found: *v,
+                    supported: FORMAT_VERSION,
+                })
+            }
+            Some(_) => return Err(Error::BadFormatMarker { path }),
+        }
+
+        let last = {
+            let log = db.cf_handle(CF_LOG).expect("created above");
+            let mut it = db.iterator_cf(log, IteratorMode::End);
+            match it.next() {
+                Some(item) => decode_u64(&item?.0).ok_or(Error::BadValue { what: "log key" })?,
+                None => 0,
+            }
+        };
+        let db = Arc::new(db);
+        let last_lsn = Arc::new(AtomicU64::new(last));
+        let stats = Arc::new(JournalStats::default());
+        let (tx, rx) = mpsc::channel();
+        let sync = options.durability == Durability::Sync;
+        let thread = {
+            let (db, last_lsn, stats) = (db.clone(), last_lsn.clone(), stats.clone());
+            std::thread::Builder::new()
+                .name("sendledger-journal".into())
+                .spawn(move || journal::run(db, sync, rx, last_lsn, stats))
+                .map_err(|source| Error::Dir {
+                    path: path.clone(),
+                    source,
+                })?
+        };
+        Ok(Ledger {
+            inner: Arc::new(Inner {
+                db,
+                path,
+                tx: Mutex::new(Some(tx)),
+                thread: Mutex::new(Some(thread)),
+                last_lsn,
+                stats,
+            }),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    fn submit(&self, append: Append) -> Result<oneshot::Receiver<Result<Range<u64>>>> {
+        let (ack, rx) = oneshot::channel();
+        let tx = self.inner.tx.lock().unwrap_or_else(|e| e.into_inner());
+        tx.as_ref()
+            .ok_or(Error::Closed)?
+            .send(Request { append, ack })
+            .map_err(|_| Error::Closed)?;
+        Ok(rx)
+    }
+
+    /// Appends atomically and waits until it is durable. Returns the LSNs of the events.
+    pub async fn append(&self, append: Append) -> Result<Range<u64>> {
+        self.submit(append)?.await.map_err(|_| Error::Closed)?
+    }
+
+    /// [`Ledger::append`] for threads outside an async runtime.
+    pub fn append_blocking(&self, append: Append) -> Result<Range<u64>> {
+        self.submit(append)?
+            .blocking_recv()
+            .map_err(|_| Error::Closed)?
+    }
+
+    /// The highest LSN committed so far (0 when the log is empty).
+    pub fn last_lsn(&self) -> u64 {
+        self.inner.last_lsn.load(Ordering::SeqCst)
+    }
+
+    pub fn stats(&self) -> &JournalStats {
+        &self.inner.stats
+    }
+
+    fn cf(&self, name: &str) -> &rocksdb::ColumnFamily {
+        self.inner
+            .db
+            .cf_handle(name)
+            .expect("column families are created at open")
+    }
+
+    /// A task's events in task order.
+    pub fn task_events(&self, task: TaskId) -> Result<Vec<Event>> {
+        let db = &self.inner.db;
+        let mut lsns = Vec::new();
+        let start = task_event_key(task, 0);
+        for item in db.iterator_cf(
+            self.cf(CF_TASK_EVENTS),
+            IteratorMode::From(&start, Direction::Forward),
+        ) {
+            let (k, v) = item?;
+            if k[..16] != task.0 {
+                break;
+            }
+            lsns.push(decode_u64(&v).ok_or(Error::BadValue {
+                what: "task_events",
+            })?);
+        }
+        let log = self.cf(CF_LOG);
+        let keys: Vec<_> = lsns.iter().map(|l| (log, lsn_key(*l))).collect();
+        db.multi_get_cf(keys)
+            .into_iter()
+            .zip(&lsns)
+            .map(|(v, lsn)| match v? {
+                Some(bytes) => decode_event(*lsn, &bytes),
+                None => Err(Error::Corrupt {
+                    lsn: *lsn,
+                    detail: "indexed event missing from the log".into(),
+                }),
+            })
+            .collect()
+    }
+
+    /// Events from `from` (inclusive) in LSN order, at most `limit`.
+    pub fn read_log(&self, from: u64, limit: usize) -> Result<Vec<Event>> {
+        self.log_from(from).take(limit).collect()
+    }
+
+    /// An iterator over the log from `from` in LSN order; each item is decoded on the way.
+    pub fn log_from(&self, from: u64) -> impl Iterator<Item = Result<Event>> + '_ {
+        let start = lsn_key(from);
+        self.inner
+            .db
+            .iterator_cf(
+                self.cf(CF_LOG),
+                IteratorMode::From(&start, Direction::Forward),
+            )
+            .map(|item| {
+                let (k, v) = item?;
+                let lsn = decode_u64(&k).ok_or(Error::BadValue { what: "log key" })?;
+                decode_event(lsn, &v)
+            })
+    }
+
+    pub fn task_summary(&self, task: TaskId) -> Result<Option<TaskSummary>> {
+        self.inner
+            .db
+            .get_cf(self.cf(CF_TASKS), task.0)?
+            .map(|v| TaskSummary::decode(&v))
+            .transpose()
+    }
+
+    /// Every task not in a terminal state, for resumption at start-up.
+    pub fn active_tasks(&self) -> Result<Vec<(TaskId, TaskSummary)>> {
+        let mut out = Vec::new();
+        for item in self
+            .inner
+            .db
+            .iterator_cf(self.cf(CF_TASKS), IteratorMode::Start)
+        {
+            let (k, v) = item?;
+            let summary = TaskSummary::decode(&v)?;
+            if !summary.phase.is_terminal() {
+                let id = TaskId(
+                    k[..]
+                        .try_into()
+                        .map_err(|_| Error::BadValue { what: "tasks key" })?,
+                );
+                out.push((id, summary));
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn identity(&self, identity: &Identity) -> Result<Option<(TaskId, PayloadHash)>> {
+        let Some(v) = self
+            .inner
+            .db
+            .get_cf(self.cf(CF_IDENTITY), identity_key(identity))?
+        else {
+            return Ok(None);
+        };
+        if v.len() != 48 {
+            return Err(Error::BadValue { what: "identity" });
+        }
+        Ok(Some((
+            TaskId(v[..16].try_into().unwrap_or_default()),
+            PayloadHash(v[16..].try_into().unwrap_or_default()),
+        )))
+    }
+
+    pub fn offset(&self, topic: &str, partition: i32) -> Result<Option<i64>> {
+        self.inner
+            .db
+            .get_cf(self.cf(CF_OFFSETS), offset_key(topic, partition))?
+            .map(|v| {
+                decode_u64(&v)
+                    .map(|o| o as i64)
+                    .ok_or(Error::BadValue { what: "offsets" })
+            })
+            .transpose()
+    }
+
+    /// All processed-offset watermarks.
+    pub fn offsets(&self) -> Result<Vec<(String, i32, i64)>> {
+        let mut out = Vec::new();
+        for item in self
+            .inner
+            .db
+            .iterator_cf(self.cf(CF_OFFSETS), IteratorMode::Start)
+        {
+            let (k, v) = item?;
+            let (topic, partition) = decode_offset_key(&k).ok_or(Error::BadValue {
+                what: "offsets key",
+            })?;
+            let offset = decode_u64(&v).ok_or(Error::BadValue { what: "offsets" })? as i64;
+            out.push((topic, partition, offset));
+        }
+        Ok(out)
+    }
+
+    /// Timers due at or before `now`, earliest first, at most `limit`.
+    pub fn due_timers(&self, now: u64, limit: usize) -> Result<Vec<(u64, TaskId, TimerKind)>> {
+        let mut out = Vec::new();
+        for item in self
+            .inner
+            .db
+            .iterator_cf(self.cf(CF_TIMERS), IteratorMode::Start)
+        {
+            let (k, v) = item?;
+            let (due, task) = decode_timer_key(&k).ok_or(Error::BadValue { what: "timers key" })?;
+            if due > now || out.len() >= limit {
+                break;
+            }
+            let kind = v
+                .first()
+                .and_then(|b| TimerKind::from_byte(*b))
+                .ok_or(Error::BadValue { what: "timers" })?;
+            out.push((due, task, kind));
+        }
+        Ok(out)
+    }
+
+    /// When the earliest timer is due.
+    pub fn next_timer(&self) -> Result<Option<u64>> {
+        match self
+            .inner
+            .db
+            .iterator_cf(self.cf(CF_TIMERS), IteratorMode::Start)
+            .next()
+        {
+            Some(item) => Ok(Some(
+                decode_timer_key(&item?.0)
+                    .ok_or(Error::BadValue { what: "timers key" })?
+                    .0,
+            )),
+            None => Ok(None),
+        }
+    }
+
+    pub fn cursor(&self, name: &str) -> Result<Option<u64>> {
+        self.inner
+            .db
+            .get_cf(self.cf(CF_CURSORS), name.as_bytes())?
+            .map(|v| decode_u64(&v).ok_or(Error::BadValue { what: "cursors" }))
+            .transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_newer_format_is_refused_with_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(Ledger::open(dir.path(), LedgerOptions::default()).unwrap());
+        {
+            let opts = Options::default();
+            let db = DB::open_cf(&opts, dir.path(), ALL_CFS).unwrap();
+            let meta = db.cf_handle(CF_META).unwrap();
+            assert_eq!(db.get_cf(meta, META_FORMAT).unwrap().as_deref(), Some(&[FORMAT_VERSION][..]));
+            db.put_cf(meta, META_FORMAT, [FORMAT_VERSION + 1]).unwrap();
+        }
+        let err = Ledger::open(dir.path(), LedgerOptions::default()).err().expect("must refuse");
+        assert!(matches!(err, Error::NewerFormat { found: 2, supported: 1, .. }), "{err}");
+        assert!(err.to_string().contains("run a sendledger version that supports it"), "{err}");
+    }
+
+    #[test]
+    fn task_summary_codes_are_stable() {
+        let s = TaskSummary { phase: Phase::ManualReview, next_seq: 258 };
+        assert_eq!(s.encode(), [1, 5, 0, 0, 1, 2]);
+        assert_eq!(TaskSummary::decode(&s.encode()).unwrap(), s);
+        assert!(TaskSummary::decode(&[1, 99, 0, 0, 0, 0]).is_err());
+    }
+}

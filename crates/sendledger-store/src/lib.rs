@@ -1,0 +1,23 @@
+//! sendledger-store: the RocksDB ledger.
+//!
+//! One RocksDB database per ledger directory holds the append-only event log, its indexes
+//! (events per task, task summaries, identities), Kafka processed offsets, durable timers and
+//! publisher cursors. Every write goes through one group-commit [`journal`] thread, which turns
+//! all pending appends into one `WriteBatch` and one fsync, and assigns log sequence numbers in
+//! commit order with no gaps.
+//!
+//! This is the only crate that depends on `rocksdb`. It may depend on `sendledger-core` for the
+//! types it stores, never on Kafka, actors or HTTP. Invariants: the log is append-only; an
+//! event's index, offset, timer and cursor updates commit atomically with it; RocksDB calls
+//! never run on an async executor thread (the journal has its own thread; async callers only
+//! await an acknowledgement).
+
+pub mod envelope;
+pub mod error;
+pub mod journal;
+pub mod keys;
+pub mod ledger;
+
+pub use error::{Error, Result};
+pub use journal::{Append, JournalStats, TimerKind};
+pub use ledger::{Durability, Ledger, LedgerOptions, TaskSummary};
