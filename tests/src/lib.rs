@@ -9,7 +9,10 @@ use sendledger_core::{EventBody, NewEvent, TaskId};
 pub fn crash_body(task: u32, seq: u32) -> EventBody {
     let len = ((task as usize * 7919 + seq as usize * 104_729) % 4096) + 1;
     let fill = char::from(b'a' + ((task + seq) % 26) as u8);
-    EventBody::OperatorNote { who: format!("writer-{task}"), text: format!("{seq}:{}", fill.to_string().repeat(len)) }
+    EventBody::OperatorNote {
+        who: format!("writer-{task}"),
+        text: format!("{seq}:{}", fill.to_string().repeat(len)),
+    }
 }
 
 /// The task id of writer task `task` in the crash tests.
@@ -18,5 +21,10 @@ pub fn crash_task(task: u32) -> TaskId {
 }
 
 pub fn crash_event(task: u32, seq: u32, at: u64) -> NewEvent {
-    NewEvent { task_id: crash_task(task), task_seq: seq, at, body: crash_body(task, seq) }
+    NewEvent {
+        task_id: crash_task(task),
+        task_seq: seq,
+        at,
+        body: crash_body(task, seq),
+    }
 }

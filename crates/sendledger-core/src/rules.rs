@@ -138,33 +138,33 @@ pub fn check_task<'a>(
                 }
                 intent_lsn = lsn;
             }
-            EventBody::SendNotSent { attempt, .. } | EventBody::SendUnknown { attempt, .. } => {
-                if state.in_flight != Some(*attempt) {
-                    flag(
-                        Rule::IntentBeforeAttempt,
-                        vec![lsn],
-                        format!(
-                            "{} for attempt {attempt}, which has no open intent",
-                            event.body.name()
-                        ),
-                    );
-                }
+            EventBody::SendNotSent { attempt, .. } | EventBody::SendUnknown { attempt, .. }
+                if state.in_flight != Some(*attempt) =>
+            {
+                flag(
+                    Rule::IntentBeforeAttempt,
+                    vec![lsn],
+                    format!(
+                        "{} for attempt {attempt}, which has no open intent",
+                        event.body.name()
+                    ),
+                );
             }
             EventBody::Confirmed {
                 evidence: Evidence::Response { .. },
                 ..
             }
-            | EventBody::Rejected { .. } => {
-                if state.in_flight.is_none() {
-                    flag(
-                        Rule::IntentBeforeAttempt,
-                        vec![lsn],
-                        format!(
-                            "{} from a response with no attempt in flight",
-                            event.body.name()
-                        ),
-                    );
-                }
+            | EventBody::Rejected { .. }
+                if state.in_flight.is_none() =>
+            {
+                flag(
+                    Rule::IntentBeforeAttempt,
+                    vec![lsn],
+                    format!(
+                        "{} from a response with no attempt in flight",
+                        event.body.name()
+                    ),
+                );
             }
             EventBody::Failed { .. }
                 if state.unresolved_unknown && state.phase != Phase::ManualReview =>

@@ -414,17 +414,39 @@ mod tests {
             let opts = Options::default();
             let db = DB::open_cf(&opts, dir.path(), ALL_CFS).unwrap();
             let meta = db.cf_handle(CF_META).unwrap();
-            assert_eq!(db.get_cf(meta, META_FORMAT).unwrap().as_deref(), Some(&[FORMAT_VERSION][..]));
+            assert_eq!(
+                db.get_cf(meta, META_FORMAT).unwrap().as_deref(),
+                Some(&[FORMAT_VERSION][..])
+            );
             db.put_cf(meta, META_FORMAT, [FORMAT_VERSION + 1]).unwrap();
         }
-        let err = Ledger::open(dir.path(), LedgerOptions::default()).err().expect("must refuse");
-        assert!(matches!(err, Error::NewerFormat { found: 2, supported: 1, .. }), "{err}");
-        assert!(err.to_string().contains("run a sendledger version that supports it"), "{err}");
+        let err = Ledger::open(dir.path(), LedgerOptions::default())
+            .err()
+            .expect("must refuse");
+        assert!(
+            matches!(
+                err,
+                Error::NewerFormat {
+                    found: 2,
+                    supported: 1,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(
+            err.to_string()
+                .contains("run a sendledger version that supports it"),
+            "{err}"
+        );
     }
 
     #[test]
     fn task_summary_codes_are_stable() {
-        let s = TaskSummary { phase: Phase::ManualReview, next_seq: 258 };
+        let s = TaskSummary {
+            phase: Phase::ManualReview,
+            next_seq: 258,
+        };
         assert_eq!(s.encode(), [1, 5, 0, 0, 1, 2]);
         assert_eq!(TaskSummary::decode(&s.encode()).unwrap(), s);
         assert!(TaskSummary::decode(&[1, 99, 0, 0, 0, 0]).is_err());

@@ -50,11 +50,22 @@ fn task_append(n: u64) -> Append {
     .expect("valid bench request");
     let task_id = request.task_id();
     let payload_hash = request.payload_hash();
-    let source = Source { topic: "sendledger.requests".into(), partition: 0, offset: n as i64 };
+    let source = Source {
+        topic: "sendledger.requests".into(),
+        partition: 0,
+        offset: n as i64,
+    };
     Append {
-        events: vec![
-            NewEvent { task_id, task_seq: 0, at: 0, body: EventBody::TaskAccepted { request, payload_hash, source } },
-        ],
+        events: vec![NewEvent {
+            task_id,
+            task_seq: 0,
+            at: 0,
+            body: EventBody::TaskAccepted {
+                request,
+                payload_hash,
+                source,
+            },
+        }],
         offsets: vec![("sendledger.requests".into(), 0, n as i64)],
         ..Append::default()
     }
@@ -66,9 +77,18 @@ struct Run {
     fsyncs_per_append: f64,
 }
 
-fn measure(dir: &std::path::Path, durability: Durability, appenders: usize, seconds: f64) -> anyhow::Result<Run> {
-    let ledger = Ledger::open(dir, LedgerOptions { durability }).context("opening the bench ledger")?;
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+fn measure(
+    dir: &std::path::Path,
+    durability: Durability,
+    appenders: usize,
+    seconds: f64,
+) -> anyhow::Result<Run> {
+    let ledger =
+        Ledger::open(dir, LedgerOptions { durability }).context("opening the bench ledger")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     let started = Instant::now();
     let appends: u64 = runtime.block_on(async {
@@ -92,7 +112,11 @@ fn measure(dir: &std::path::Path, durability: Durability, appenders: usize, seco
     })?;
     let elapsed = started.elapsed().as_secs_f64();
     let batches = ledger.stats().batches.load(Ordering::Relaxed);
-    Ok(Run { appends, per_sec: appends as f64 / elapsed, fsyncs_per_append: batches as f64 / appends.max(1) as f64 })
+    Ok(Run {
+        appends,
+        per_sec: appends as f64 / elapsed,
+        fsyncs_per_append: batches as f64 / appends.max(1) as f64,
+    })
 }
 
 fn ledger(args: LedgerArgs) -> anyhow::Result<()> {
@@ -102,9 +126,24 @@ fn ledger(args: LedgerArgs) -> anyhow::Result<()> {
         Some(d) => tempfile::tempdir_in(d)?,
         None => tempfile::tempdir()?,
     };
-    let group = measure(&base.path().join("group"), Durability::Sync, args.appenders, args.seconds)?;
-    let single = measure(&base.path().join("single"), Durability::Sync, 1, args.seconds)?;
-    let buffered = measure(&base.path().join("buffered"), Durability::Buffered, args.appenders, args.seconds)?;
+    let group = measure(
+        &base.path().join("group"),
+        Durability::Sync,
+        args.appenders,
+        args.seconds,
+    )?;
+    let single = measure(
+        &base.path().join("single"),
+        Durability::Sync,
+        1,
+        args.seconds,
+    )?;
+    let buffered = measure(
+        &base.path().join("buffered"),
+        Durability::Buffered,
+        args.appenders,
+        args.seconds,
+    )?;
     let round = |x: f64| (x * 100.0).round() / 100.0;
     let report = serde_json::json!({
         "bench": "ledger",

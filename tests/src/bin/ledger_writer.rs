@@ -20,11 +20,19 @@ fn main() {
         for task in 0..threads {
             let (ledger, out) = (&ledger, &out);
             s.spawn(move || {
-                let mut seq = ledger.task_events(crash_task(task)).expect("read task").len() as u32;
+                let mut seq = ledger
+                    .task_events(crash_task(task))
+                    .expect("read task")
+                    .len() as u32;
                 loop {
                     // Two events per append, so atomicity of a multi-event append is tested too.
                     let events = vec![crash_event(task, seq, 1), crash_event(task, seq + 1, 1)];
-                    let lsns = ledger.append_blocking(Append { events, ..Append::default() }).expect("append");
+                    let lsns = ledger
+                        .append_blocking(Append {
+                            events,
+                            ..Append::default()
+                        })
+                        .expect("append");
                     let mut out = out.lock().unwrap();
                     for (i, lsn) in lsns.enumerate() {
                         writeln!(out, "ack {lsn} {task} {}", seq + i as u32).unwrap();

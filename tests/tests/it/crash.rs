@@ -46,7 +46,9 @@ fn acknowledged_appends_survive_sigkill() {
             }
             acks
         });
-        ready_rx.recv_timeout(Duration::from_secs(30)).expect("writer did not start");
+        ready_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("writer did not start");
         let wait_ms = rng.random_range(5..250);
         std::thread::sleep(Duration::from_millis(wait_ms));
         // SIGKILL: no destructor, no flush, the journal is cut wherever it is.
@@ -55,12 +57,18 @@ fn acknowledged_appends_survive_sigkill() {
         let acks = reader.join().unwrap();
         total_killed_after.push(acks.len());
         for (lsn, task, seq) in acks {
-            assert!(acked.insert(lsn, (task, seq)).is_none(), "lsn {lsn} acknowledged twice");
+            assert!(
+                acked.insert(lsn, (task, seq)).is_none(),
+                "lsn {lsn} acknowledged twice"
+            );
         }
         verify(dir.path(), &acked, cycle);
     }
     // The kills landed while appends were going on, not before the first one.
-    assert!(total_killed_after.iter().filter(|n| **n > 0).count() >= CYCLES / 2, "{total_killed_after:?}");
+    assert!(
+        total_killed_after.iter().filter(|n| **n > 0).count() >= CYCLES / 2,
+        "{total_killed_after:?}"
+    );
     eprintln!("acknowledged appends per cycle: {total_killed_after:?}");
 }
 
@@ -76,19 +84,47 @@ fn verify(dir: &std::path::Path, acked: &BTreeMap<u64, (u32, u32)>, cycle: usize
         expected_lsn += 1;
         let task = tasks[&event.task_id];
         let seq = per_task.entry(task).or_default();
-        assert_eq!(event.task_seq, *seq, "cycle {cycle}: task {task} sequence gap at lsn {}", event.lsn);
-        assert_eq!(event.body, crash_body(task, *seq), "cycle {cycle}: damaged event at lsn {}", event.lsn);
+        assert_eq!(
+            event.task_seq, *seq,
+            "cycle {cycle}: task {task} sequence gap at lsn {}",
+            event.lsn
+        );
+        assert_eq!(
+            event.body,
+            crash_body(task, *seq),
+            "cycle {cycle}: damaged event at lsn {}",
+            event.lsn
+        );
         *seq += 1;
     }
-    assert_eq!(expected_lsn - 1, last, "cycle {cycle}: last_lsn disagrees with the log");
+    assert_eq!(
+        expected_lsn - 1,
+        last,
+        "cycle {cycle}: last_lsn disagrees with the log"
+    );
     for (task, count) in &per_task {
         // Appends carry two events each: an odd count would be half an append.
-        assert_eq!(count % 2, 0, "cycle {cycle}: task {task} has a partial append");
-        assert_eq!(ledger.task_events(crash_task(*task)).unwrap().len() as u32, *count, "index disagrees with log");
+        assert_eq!(
+            count % 2,
+            0,
+            "cycle {cycle}: task {task} has a partial append"
+        );
+        assert_eq!(
+            ledger.task_events(crash_task(*task)).unwrap().len() as u32,
+            *count,
+            "index disagrees with log"
+        );
     }
     for (lsn, (task, seq)) in acked {
-        assert!(*lsn <= last, "cycle {cycle}: acknowledged lsn {lsn} lost (last is {last})");
+        assert!(
+            *lsn <= last,
+            "cycle {cycle}: acknowledged lsn {lsn} lost (last is {last})"
+        );
         let event = &ledger.read_log(*lsn, 1).unwrap()[0];
-        assert_eq!((event.task_id, event.task_seq), (crash_task(*task), *seq), "cycle {cycle}: lsn {lsn}");
+        assert_eq!(
+            (event.task_id, event.task_seq),
+            (crash_task(*task), *seq),
+            "cycle {cycle}: lsn {lsn}"
+        );
     }
 }

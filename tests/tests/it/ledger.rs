@@ -21,7 +21,11 @@ fn request(key: &str) -> AcceptedRequest {
 }
 
 fn source(offset: i64) -> Source {
-    Source { topic: "sendledger.requests".into(), partition: 2, offset }
+    Source {
+        topic: "sendledger.requests".into(),
+        partition: 2,
+        offset,
+    }
 }
 
 /// A task's first two events, as the engine writes them.
@@ -31,12 +35,35 @@ fn accept_append(key: &str, offset: i64) -> (TaskId, Append) {
     let hash = req.payload_hash();
     let identity = req.identity.clone();
     let events = vec![
-        NewEvent { task_id: task, task_seq: 0, at: 1_000, body: EventBody::TaskAccepted { request: req, payload_hash: hash, source: source(offset) } },
-        NewEvent { task_id: task, task_seq: 1, at: 1_000, body: EventBody::SendIntended { attempt: 1, idempotency_key: None } },
+        NewEvent {
+            task_id: task,
+            task_seq: 0,
+            at: 1_000,
+            body: EventBody::TaskAccepted {
+                request: req,
+                payload_hash: hash,
+                source: source(offset),
+            },
+        },
+        NewEvent {
+            task_id: task,
+            task_seq: 1,
+            at: 1_000,
+            body: EventBody::SendIntended {
+                attempt: 1,
+                idempotency_key: None,
+            },
+        },
     ];
     let append = Append {
         events,
-        tasks: vec![(task, TaskSummary { phase: Phase::Sending, next_seq: 2 })],
+        tasks: vec![(
+            task,
+            TaskSummary {
+                phase: Phase::Sending,
+                next_seq: 2,
+            },
+        )],
         identities: vec![(identity, task, hash)],
         offsets: vec![("sendledger.requests".into(), 2, offset)],
         set_timers: vec![(5_000, task, TimerKind::Check)],
@@ -51,7 +78,10 @@ async fn append_then_read_everything_back() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ledger");
     let ledger = Ledger::open(&path, LedgerOptions::default()).unwrap();
-    assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o700);
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
     assert_eq!(ledger.last_lsn(), 0);
 
     let (a, append_a) = accept_append("ord-1", 10);
@@ -59,35 +89,84 @@ async fn append_then_read_everything_back() {
     assert_eq!(ledger.append(append_a).await.unwrap(), 1..3);
     assert_eq!(ledger.append(append_b).await.unwrap(), 3..5);
     let done = Append {
-        events: vec![NewEvent { task_id: a, task_seq: 2, at: 2_000, body: EventBody::Confirmed { remote_id: "r-1".into(), evidence: Evidence::Response { status: 201 } } }],
-        tasks: vec![(a, TaskSummary { phase: Phase::Succeeded, next_seq: 3 })],
+        events: vec![NewEvent {
+            task_id: a,
+            task_seq: 2,
+            at: 2_000,
+            body: EventBody::Confirmed {
+                remote_id: "r-1".into(),
+                evidence: Evidence::Response { status: 201 },
+            },
+        }],
+        tasks: vec![(
+            a,
+            TaskSummary {
+                phase: Phase::Succeeded,
+                next_seq: 3,
+            },
+        )],
         clear_timers: vec![(5_000, a)],
         ..Append::default()
     };
     assert_eq!(ledger.append(done).await.unwrap(), 5..6);
 
     let events_a = ledger.task_events(a).unwrap();
-    assert_eq!(events_a.iter().map(|e| e.lsn).collect::<Vec<_>>(), [1, 2, 5]);
+    assert_eq!(
+        events_a.iter().map(|e| e.lsn).collect::<Vec<_>>(),
+        [1, 2, 5]
+    );
     let state = fold(&events_a);
     assert_eq!(state.phase, Phase::Succeeded);
     assert_eq!(state.remote_id.as_deref(), Some("r-1"));
-    assert_eq!(ledger.read_log(2, 10).unwrap().iter().map(|e| e.lsn).collect::<Vec<_>>(), [2, 3, 4, 5]);
+    assert_eq!(
+        ledger
+            .read_log(2, 10)
+            .unwrap()
+            .iter()
+            .map(|e| e.lsn)
+            .collect::<Vec<_>>(),
+        [2, 3, 4, 5]
+    );
 
     let active = ledger.active_tasks().unwrap();
-    assert_eq!(active, vec![(b, TaskSummary { phase: Phase::Sending, next_seq: 2 })]);
+    assert_eq!(
+        active,
+        vec![(
+            b,
+            TaskSummary {
+                phase: Phase::Sending,
+                next_seq: 2
+            }
+        )]
+    );
     let req = request("ord-2");
-    assert_eq!(ledger.identity(&req.identity).unwrap(), Some((b, req.payload_hash())));
+    assert_eq!(
+        ledger.identity(&req.identity).unwrap(),
+        Some((b, req.payload_hash()))
+    );
     assert_eq!(ledger.offset("sendledger.requests", 2).unwrap(), Some(11));
     assert_eq!(ledger.offset("sendledger.requests", 3).unwrap(), None);
-    assert_eq!(ledger.offsets().unwrap(), vec![("sendledger.requests".to_string(), 2, 11)]);
+    assert_eq!(
+        ledger.offsets().unwrap(),
+        vec![("sendledger.requests".to_string(), 2, 11)]
+    );
     assert_eq!(ledger.cursor("test").unwrap(), Some(11));
     assert_eq!(ledger.due_timers(4_999, 10).unwrap(), vec![]);
-    assert_eq!(ledger.due_timers(5_000, 10).unwrap(), vec![(5_000, b, TimerKind::Check)]);
+    assert_eq!(
+        ledger.due_timers(5_000, 10).unwrap(),
+        vec![(5_000, b, TimerKind::Check)]
+    );
     assert_eq!(ledger.next_timer().unwrap(), Some(5_000));
 
     // Reopen: everything is still there and LSNs continue without a gap.
     drop(ledger);
-    let ledger = Ledger::open(&path, LedgerOptions { durability: Durability::Buffered }).unwrap();
+    let ledger = Ledger::open(
+        &path,
+        LedgerOptions {
+            durability: Durability::Buffered,
+        },
+    )
+    .unwrap();
     assert_eq!(ledger.last_lsn(), 5);
     let (_, append_c) = accept_append("ord-3", 12);
     assert_eq!(ledger.append_blocking(append_c).unwrap(), 6..8);
@@ -105,8 +184,19 @@ async fn concurrent_appends_get_contiguous_lsns_and_share_fsyncs() {
             let task = TaskId::derive("t", "op", &w.to_string());
             let mut lsns = Vec::new();
             for seq in 0..20 {
-                let body = EventBody::OperatorNote { who: format!("w{w}"), text: seq.to_string() };
-                let append = Append { events: vec![NewEvent { task_id: task, task_seq: seq, at: 0, body }], ..Append::default() };
+                let body = EventBody::OperatorNote {
+                    who: format!("w{w}"),
+                    text: seq.to_string(),
+                };
+                let append = Append {
+                    events: vec![NewEvent {
+                        task_id: task,
+                        task_seq: seq,
+                        at: 0,
+                        body,
+                    }],
+                    ..Append::default()
+                };
                 lsns.extend(ledger.append(append).await.unwrap());
             }
             (task, lsns)
@@ -117,7 +207,12 @@ async fn concurrent_appends_get_contiguous_lsns_and_share_fsyncs() {
         let (task, lsns) = h.await.unwrap();
         // Each writer's appends are in its own order in the log.
         assert!(lsns.windows(2).all(|w| w[0] < w[1]));
-        let seqs: Vec<u32> = ledger.task_events(task).unwrap().iter().map(|e| e.task_seq).collect();
+        let seqs: Vec<u32> = ledger
+            .task_events(task)
+            .unwrap()
+            .iter()
+            .map(|e| e.task_seq)
+            .collect();
         assert_eq!(seqs, (0..20).collect::<Vec<_>>());
         all.extend(lsns);
     }
@@ -125,7 +220,10 @@ async fn concurrent_appends_get_contiguous_lsns_and_share_fsyncs() {
     assert_eq!(all, (1..=1280).collect::<Vec<u64>>());
     let stats = ledger.stats();
     let batches = stats.batches.load(std::sync::atomic::Ordering::Relaxed);
-    assert_eq!(stats.appends.load(std::sync::atomic::Ordering::Relaxed), 1280);
+    assert_eq!(
+        stats.appends.load(std::sync::atomic::Ordering::Relaxed),
+        1280
+    );
     assert!(batches >= 1 && batches <= 1280, "{batches}");
 }
 
@@ -135,26 +233,79 @@ fn golden_events() -> Vec<Event> {
     let task = req.task_id();
     let hash = req.payload_hash();
     let bodies = vec![
-        EventBody::TaskAccepted { request: req, payload_hash: hash, source: source(7) },
+        EventBody::TaskAccepted {
+            request: req,
+            payload_hash: hash,
+            source: source(7),
+        },
         EventBody::DuplicateDelivery { source: source(8) },
-        EventBody::SendIntended { attempt: 1, idempotency_key: Some("k-1".into()) },
-        EventBody::SendNotSent { attempt: 1, cause: NotSentCause::Throttled { status: 429 }, retry_at: 1_700_000_002_000 },
-        EventBody::SendIntended { attempt: 2, idempotency_key: Some("k-1".into()) },
-        EventBody::SendUnknown { attempt: 2, cause: UnknownCause::Recovery },
-        EventBody::LookupPerformed { matches: vec!["r-1".into(), "r-2".into()], next_check_at: None },
-        EventBody::ManualReviewRequired { reason: ReviewReason::MultipleMatches { remote_ids: vec!["r-1".into(), "r-2".into()] } },
-        EventBody::OperatorNote { who: "ana".into(), text: "checked with the remote".into() },
-        EventBody::Confirmed { remote_id: "r-1".into(), evidence: Evidence::Operator { by: "ana".into(), reason: "r-2 refunded".into() } },
-        EventBody::RequestConflict { source: source(9), payload_hash: PayloadHash([0xab; 32]) },
-        EventBody::Rejected { status: 422, detail: "amount invalid".into() },
-        EventBody::ResendAuthorized { by: "policy:resend_when_absent".into(), reason: "none found".into() },
-        EventBody::Failed { reason: "attempts exhausted".into() },
-        EventBody::SendUnknown { attempt: 3, cause: UnknownCause::ResetAfterWrite("connection reset".into()) },
+        EventBody::SendIntended {
+            attempt: 1,
+            idempotency_key: Some("k-1".into()),
+        },
+        EventBody::SendNotSent {
+            attempt: 1,
+            cause: NotSentCause::Throttled { status: 429 },
+            retry_at: 1_700_000_002_000,
+        },
+        EventBody::SendIntended {
+            attempt: 2,
+            idempotency_key: Some("k-1".into()),
+        },
+        EventBody::SendUnknown {
+            attempt: 2,
+            cause: UnknownCause::Recovery,
+        },
+        EventBody::LookupPerformed {
+            matches: vec!["r-1".into(), "r-2".into()],
+            next_check_at: None,
+        },
+        EventBody::ManualReviewRequired {
+            reason: ReviewReason::MultipleMatches {
+                remote_ids: vec!["r-1".into(), "r-2".into()],
+            },
+        },
+        EventBody::OperatorNote {
+            who: "ana".into(),
+            text: "checked with the remote".into(),
+        },
+        EventBody::Confirmed {
+            remote_id: "r-1".into(),
+            evidence: Evidence::Operator {
+                by: "ana".into(),
+                reason: "r-2 refunded".into(),
+            },
+        },
+        EventBody::RequestConflict {
+            source: source(9),
+            payload_hash: PayloadHash([0xab; 32]),
+        },
+        EventBody::Rejected {
+            status: 422,
+            detail: "amount invalid".into(),
+        },
+        EventBody::ResendAuthorized {
+            by: "policy:resend_when_absent".into(),
+            reason: "none found".into(),
+        },
+        EventBody::Failed {
+            reason: "attempts exhausted".into(),
+        },
+        EventBody::SendUnknown {
+            attempt: 3,
+            cause: UnknownCause::ResetAfterWrite("connection reset".into()),
+        },
     ];
     bodies
         .into_iter()
         .enumerate()
-        .map(|(i, body)| Event { lsn: 100 + i as u64, task_id: task, task_seq: i as u32, at: 1_700_000_000_000 + i as u64, body })
+        .map(|(i, body)| Event {
+            lsn: 100 + i as u64,
+            task_id: task,
+            task_seq: i as u32,
+            at: 1_700_000_000_000 + i as u64,
+            body,
+        })
         .collect()
 }
 
@@ -163,7 +314,10 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
 }
 
 /// The stored encoding of events never changes by accident. To re-bless after a deliberate
@@ -172,7 +326,10 @@ fn unhex(s: &str) -> Vec<u8> {
 fn event_encoding_matches_golden_fixtures() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/events-v1.txt");
     let events = golden_events();
-    let encoded: Vec<String> = events.iter().map(|e| format!("{} {} {}", e.lsn, e.body.name(), hex(&encode_event(e)))).collect();
+    let encoded: Vec<String> = events
+        .iter()
+        .map(|e| format!("{} {} {}", e.lsn, e.body.name(), hex(&encode_event(e))))
+        .collect();
     if std::env::var_os("SENDLEDGER_BLESS").is_some() {
         std::fs::write(path, encoded.join("\n") + "\n").unwrap();
     }
@@ -186,9 +343,17 @@ fn event_encoding_matches_golden_fixtures() {
         let bytes = unhex(parts.next().unwrap());
         assert_eq!(name, event.body.name());
         // Old bytes decode to the same event...
-        assert_eq!(&decode_event(lsn, &bytes).unwrap(), event, "decoding fixture {name}");
+        assert_eq!(
+            &decode_event(lsn, &bytes).unwrap(),
+            event,
+            "decoding fixture {name}"
+        );
         // ...and today's encoder writes the same bytes.
-        assert_eq!(hex(&encode_event(event)), hex(&bytes), "encoding of {name} changed");
+        assert_eq!(
+            hex(&encode_event(event)),
+            hex(&bytes),
+            "encoding of {name} changed"
+        );
     }
 }
 
@@ -196,9 +361,15 @@ fn event_encoding_matches_golden_fixtures() {
 fn damaged_or_unknown_envelopes_are_errors() {
     let event = &golden_events()[2];
     let mut bytes = encode_event(event);
-    assert!(decode_event(event.lsn + 1, &bytes).unwrap_err().to_string().contains("says lsn"));
+    assert!(decode_event(event.lsn + 1, &bytes)
+        .unwrap_err()
+        .to_string()
+        .contains("says lsn"));
     bytes[0] = 9;
-    assert!(decode_event(event.lsn, &bytes).unwrap_err().to_string().contains("format version 9"));
+    assert!(decode_event(event.lsn, &bytes)
+        .unwrap_err()
+        .to_string()
+        .contains("format version 9"));
     let bytes = encode_event(event);
     assert!(decode_event(event.lsn, &bytes[..bytes.len() - 3]).is_err());
     assert!(decode_event(event.lsn, &[]).is_err());

@@ -6,7 +6,10 @@ mod ledger;
 /// The seed of a randomized test: `SENDLEDGER_TEST_SEED` when set, else the given default.
 /// Printed, so that a failure can be reproduced.
 pub fn seed(default: u64) -> u64 {
-    let seed = std::env::var("SENDLEDGER_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(default);
+    let seed = std::env::var("SENDLEDGER_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default);
     eprintln!("seed = {seed} (set SENDLEDGER_TEST_SEED to reproduce)");
     seed
 }
