@@ -57,6 +57,8 @@ pub struct State {
     pub phase: Phase,
     /// Number of events folded; the next event's `task_seq`.
     pub next_seq: u32,
+    /// When the first attempt was intended: nothing of this task can exist remotely before it.
+    pub first_intent_at: Option<Millis>,
     /// Highest attempt number intended so far.
     pub attempts: u32,
     /// The attempt whose intent is durable and whose outcome is not recorded.
@@ -97,6 +99,7 @@ impl Default for State {
             source: None,
             phase: Phase::New,
             next_seq: 0,
+            first_intent_at: None,
             attempts: 0,
             in_flight: None,
             retry_at: None,
@@ -157,6 +160,7 @@ impl State {
                 idempotency_key,
             } => {
                 self.attempts = *attempt;
+                self.first_intent_at.get_or_insert(at);
                 self.in_flight = Some(*attempt);
                 self.retry_at = None;
                 self.next_check_at = None;

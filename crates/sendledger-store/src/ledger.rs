@@ -208,6 +208,17 @@ impl Ledger {
             .map_err(|_| Error::Closed)?
     }
 
+    /// Runs reads on the blocking pool, never on an async executor thread.
+    pub async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Ledger) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let ledger = self.clone();
+        tokio::task::spawn_blocking(move || f(&ledger))
+            .await
+            .map_err(|_| Error::Closed)?
+    }
+
     /// The highest LSN committed so far (0 when the log is empty).
     pub fn last_lsn(&self) -> u64 {
         self.inner.last_lsn.load(Ordering::SeqCst)

@@ -169,7 +169,11 @@ async fn append_then_read_everything_back() {
     .unwrap();
     assert_eq!(ledger.last_lsn(), 5);
     let (_, append_c) = accept_append("ord-3", 12);
-    assert_eq!(ledger.append_blocking(append_c).unwrap(), 6..8);
+    let blocking = ledger.clone();
+    let lsns = tokio::task::spawn_blocking(move || blocking.append_blocking(append_c))
+        .await
+        .unwrap();
+    assert_eq!(lsns.unwrap(), 6..8);
     assert_eq!(ledger.task_events(a).unwrap(), events_a);
 }
 

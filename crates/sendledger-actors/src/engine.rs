@@ -1,0 +1,255 @@
+//! The engine handle: start it on a ledger directory with a [`Remote`], submit requests,
+//! resolve reviews, shut it down.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use sendledger_core::decide::OperatorResolution;
+use sendledger_core::{Event, Limits, Phase, Source, State, TaskId, TaskRequest};
+use sendledger_store::{Durability, Ledger, LedgerOptions};
+use tokio::sync::oneshot;
+
+use crate::error::{Error, Result};
+use crate::reconciler::Reconciler;
+use crate::registry::{Drain, Load, Registry, Route};
+use crate::remote::Remote;
+use crate::task::{Reply, Shared, TaskInput};
+use crate::timers::{Schedule, Timers};
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub ledger_dir: PathBuf,
+    pub durability: Durability,
+    /// Threads that run task actors (and their HTTP attempts).
+    pub workers: usize,
+    /// Most task actors alive at once; further messages wait in the registry.
+    pub max_live_tasks: usize,
+    /// Most lookups in flight at once.
+    pub lookup_concurrency: usize,
+    /// How often due timers are checked.
+    pub timer_tick: Duration,
+    /// Seed of retry jitter, for reproducible runs.
+    pub seed: u64,
+    pub limits: Limits,
+}
+
+impl EngineConfig {
+    pub fn new(ledger_dir: impl Into<PathBuf>) -> EngineConfig {
+        EngineConfig {
+            ledger_dir: ledger_dir.into(),
+            durability: Durability::Sync,
+            workers: 2,
+            max_live_tasks: 10_000,
+            lookup_concurrency: 32,
+            timer_tick: Duration::from_millis(10),
+            seed: 0x5e4d_1ed9,
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// A task waiting for a person, with the evidence gathered so far.
+#[derive(Debug, Clone)]
+pub struct ReviewItem {
+    pub task_id: TaskId,
+    pub state: State,
+}
+
+/// A running engine. Cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    registry: Addr<Registry>,
+    ledger: Ledger,
+    remote: Arc<dyn Remote>,
+    limits: Limits,
+    system: System,
+    stopped: std::sync::Mutex<Option<oneshot::Receiver<()>>>,
+}
+
+impl Engine {
+    /// Opens the ledger, starts the actors, and resumes every task that is not terminal: a task
+    /// found sending (intent recorded, no outcome) is reconciled, never resent.
+    ///
+    /// Blocking (it reads the ledger); call it outside async code or in `spawn_blocking`.
+    pub fn start(config: EngineConfig, remote: Arc<dyn Remote>) -> Result<Engine> {
+        let ledger = Ledger::open(
+            &config.ledger_dir,
+            LedgerOptions {
+                durability: config.durability,
+            },
+        )?;
+        let active = ledger.active_tasks()?;
+        let timers = ledger.due_timers(u64::MAX, usize::MAX)?;
+
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (stopped_tx, stopped_rx) = oneshot::channel();
+        let (ledger2, remote2, cfg) = (ledger.clone(), remote.clone(), config.clone());
+        std::thread::Builder::new()
+            .name("sendledger-engine".into())
+            .spawn(move || {
+                let system = System::new();
+                system.block_on(async move {
+                    let arbiters: Vec<Arbiter> =
+                        (0..cfg.workers.max(1)).map(|_| Arbiter::new()).collect();
+                    let registry = Registry::create(move |ctx| {
+                        let registry = ctx.address();
+                        let shared = Arc::new(Shared {
+                            ledger: ledger2,
+                            remote: remote2.clone(),
+                            timers: Timers::new(registry.clone(), cfg.timer_tick).start(),
+                            reconciler: Reconciler::new(
+                                remote2,
+                                registry.clone(),
+                                cfg.lookup_concurrency,
+                            )
+                            .start(),
+                            registry,
+                            seed: cfg.seed,
+                        });
+                        let _ = tx.send((ctx.address(), shared.timers.clone(), System::current()));
+                        Registry::new(shared, arbiters, cfg.max_live_tasks)
+                    });
+                    drop(registry);
+                });
+                let _ = system.run();
+                let _ = stopped_tx.send(());
+            })
+            .map_err(|_| Error::Stopped)?;
+        let (registry, timer_addr, system) = rx.recv().map_err(|_| Error::Stopped)?;
+
+        for (at, task_id, _) in timers {
+            timer_addr.do_send(Schedule { at, task_id });
+        }
+        let resumable = |p: Phase| {
+            matches!(
+                p,
+                Phase::Accepted | Phase::Sending | Phase::RetryWait | Phase::Unknown
+            )
+        };
+        let resumed = active.iter().filter(|(_, s)| resumable(s.phase)).count();
+        for (task_id, summary) in active {
+            if resumable(summary.phase) {
+                registry.do_send(Route {
+                    task_id,
+                    input: TaskInput::Recover,
+                });
+            }
+        }
+        tracing::info!(resumed, last_lsn = ledger.last_lsn(), "engine started");
+        Ok(Engine {
+            inner: Arc::new(Inner {
+                registry,
+                ledger,
+                remote,
+                limits: config.limits,
+                system,
+                stopped: std::sync::Mutex::new(Some(stopped_rx)),
+            }),
+        })
+    }
+
+    pub fn ledger(&self) -> &Ledger {
+        &self.inner.ledger
+    }
+
+    /// Validates a request and hands it to its task. Returns once what it caused is durable:
+    /// the acceptance (and first intent), a duplicate delivery, or a conflict.
+    pub async fn submit(&self, request: TaskRequest, source: Source) -> Result<Reply> {
+        let request = request.accept(&self.inner.limits)?;
+        if self.inner.remote.policy(&request.target).is_none() {
+            return Err(Error::UnknownTarget(request.target));
+        }
+        let task_id = request.task_id();
+        self.route(task_id, TaskInput::Deliver { request, source })
+            .await
+    }
+
+    /// An operator's decision on a task in manual review (or a note on any task).
+    pub async fn resolve(&self, task_id: TaskId, resolution: OperatorResolution) -> Result<Reply> {
+        let known = self
+            .inner
+            .ledger
+            .read(move |l| l.task_summary(task_id))
+            .await?;
+        if known.is_none() {
+            return Err(Error::NoSuchTask(task_id));
+        }
+        self.route(task_id, TaskInput::Operator(resolution)).await
+    }
+
+    async fn route(&self, task_id: TaskId, input: TaskInput) -> Result<Reply> {
+        self.inner
+            .registry
+            .send(Route { task_id, input })
+            .await
+            .map_err(|_| Error::Stopped)?
+    }
+
+    /// A task's events in order.
+    pub async fn events(&self, task_id: TaskId) -> Result<Vec<Event>> {
+        Ok(self
+            .inner
+            .ledger
+            .read(move |l| l.task_events(task_id))
+            .await?)
+    }
+
+    /// A task's current state (the fold of its events).
+    pub async fn state(&self, task_id: TaskId) -> Result<State> {
+        Ok(sendledger_core::fold(&self.events(task_id).await?))
+    }
+
+    /// Tasks waiting for a person.
+    pub async fn reviews(&self) -> Result<Vec<ReviewItem>> {
+        Ok(self
+            .inner
+            .ledger
+            .read(|l| {
+                let mut out = Vec::new();
+                for (task_id, summary) in l.active_tasks()? {
+                    if summary.phase == Phase::ManualReview {
+                        out.push(ReviewItem {
+                            task_id,
+                            state: sendledger_core::fold(&l.task_events(task_id)?),
+                        });
+                    }
+                }
+                Ok(out)
+            })
+            .await?)
+    }
+
+    /// Live task actors and messages waiting for room.
+    pub async fn load(&self) -> Result<(usize, usize)> {
+        self.inner
+            .registry
+            .send(Load)
+            .await
+            .map_err(|_| Error::Stopped)
+    }
+
+    /// Stops taking new work, lets live tasks finish their current step for up to `grace`,
+    /// then stops. Whatever is interrupted is safe: an attempt without a recorded outcome is
+    /// reconciled at the next start.
+    pub async fn shutdown(self, grace: Duration) {
+        let _ = self.inner.registry.send(Drain).await;
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            match self.inner.registry.send(Load).await {
+                Ok((0, _)) | Err(_) => break,
+                _ => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+        self.inner.system.stop();
+        let stopped = self.inner.stopped.lock().ok().and_then(|mut s| s.take());
+        if let Some(rx) = stopped {
+            let _ = rx.await;
+        }
+    }
+}

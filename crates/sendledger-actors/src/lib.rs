@@ -1,0 +1,38 @@
+//! sendledger-actors: the engine that drives tasks, built on actix.
+//!
+//! - [`task::TaskActor`]: one per active task. It rebuilds its state by folding its events,
+//!   is the only writer of its events, asks the pure `decide` of the core crate what to do,
+//!   appends the decided events and waits until they are durable, and only then acts (sends an
+//!   attempt, schedules a timer, asks for a lookup). It passivates as soon as it is idle.
+//! - [`registry::Registry`]: routes every message to the task's actor, spawning it on demand
+//!   and bounding how many are alive; it is what makes one writer per task true.
+//! - [`timers::Timers`]: wakes tasks whose retry or check is due; timers live in the ledger,
+//!   so they survive restarts.
+//! - [`reconciler::Reconciler`]: runs lookups for tasks whose outcome is unknown, with bounded
+//!   concurrency, and hands the evidence to the task actor.
+//! - [`engine::Engine`]: the handle library users and the binary start, submit to, and stop.
+//!
+//! This crate depends on the core and the store, never on Kafka or on a concrete HTTP client:
+//! side effects come in through the [`remote::Remote`] trait. It never calls RocksDB on an
+//! executor thread (reads go through the ledger's blocking pool, writes through its journal).
+
+pub mod engine;
+pub mod error;
+pub mod reconciler;
+pub mod registry;
+pub mod remote;
+pub mod task;
+pub mod timers;
+
+pub use engine::{Engine, EngineConfig, ReviewItem};
+pub use error::{Error, Result};
+pub use remote::{BoxFuture, Remote};
+pub use task::Reply;
+
+/// Milliseconds since the Unix epoch, the engine's one clock.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

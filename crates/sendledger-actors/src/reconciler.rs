@@ -1,0 +1,83 @@
+//! The reconciler: runs lookups for tasks whose outcome is unknown, at most `concurrency` at a
+//! time, and hands each result (evidence, or the lookup's own failure) to the task's actor,
+//! which records it. It never sends an attempt.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use actix::prelude::*;
+use sendledger_core::{AcceptedRequest, TaskId};
+
+use crate::registry::{Registry, Route};
+use crate::remote::Remote;
+use crate::task::TaskInput;
+
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct LookupJob {
+    pub task_id: TaskId,
+    pub request: AcceptedRequest,
+    /// Records created before this time cannot be the task's.
+    pub since: u64,
+}
+
+pub struct Reconciler {
+    remote: Arc<dyn Remote>,
+    registry: Addr<Registry>,
+    concurrency: usize,
+    running: usize,
+    queue: VecDeque<LookupJob>,
+}
+
+impl Reconciler {
+    pub fn new(
+        remote: Arc<dyn Remote>,
+        registry: Addr<Registry>,
+        concurrency: usize,
+    ) -> Reconciler {
+        Reconciler {
+            remote,
+            registry,
+            concurrency: concurrency.max(1),
+            running: 0,
+            queue: VecDeque::new(),
+        }
+    }
+
+    fn pump(&mut self, ctx: &mut Context<Self>) {
+        while self.running < self.concurrency {
+            let Some(job) = self.queue.pop_front() else {
+                return;
+            };
+            self.running += 1;
+            let lookup = self.remote.lookup(&job.request, job.since);
+            let task_id = job.task_id;
+            ctx.spawn(lookup.into_actor(self).map(move |result, act, ctx| {
+                act.running -= 1;
+                match &result {
+                    Ok(matches) => tracing::debug!(task_id = %task_id, matches = matches.len(), "lookup done"),
+                    Err(e) => tracing::warn!(task_id = %task_id, error = %e, "lookup failed; will check again"),
+                }
+                act.registry.do_send(Route { task_id, input: TaskInput::Lookup { result } });
+                act.pump(ctx);
+            }));
+        }
+    }
+}
+
+impl Actor for Reconciler {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.set_mailbox_capacity(usize::MAX);
+    }
+}
+
+impl Handler<LookupJob> for Reconciler {
+    type Result = ();
+
+    fn handle(&mut self, job: LookupJob, ctx: &mut Context<Self>) {
+        self.queue.push_back(job);
+        self.pump(ctx);
+    }
+}

@@ -1,0 +1,32 @@
+//! The side-effect seam: how the engine reaches remotes. Implemented by the effects crate's
+//! HTTP client; the engine knows nothing about HTTP.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use sendledger_core::decide::AttemptOutcome;
+use sendledger_core::event::Millis;
+use sendledger_core::{AcceptedRequest, Policy};
+
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+pub trait Remote: Send + Sync + 'static {
+    /// The decision policy of a configured target; `None` when the target is unknown.
+    fn policy(&self, target: &str) -> Option<Policy>;
+
+    /// Performs one attempt and classifies what it proves. Must always complete (bounded by
+    /// the target's timeouts).
+    fn attempt(
+        &self,
+        request: &AcceptedRequest,
+        idempotency_key: Option<&str>,
+    ) -> BoxFuture<AttemptOutcome>;
+
+    /// Asks the remote which records match the request, created no earlier than `since`.
+    /// `Err` means the lookup itself failed: no evidence either way.
+    fn lookup(
+        &self,
+        request: &AcceptedRequest,
+        since: Millis,
+    ) -> BoxFuture<Result<Vec<String>, String>>;
+}

@@ -1,0 +1,316 @@
+//! The task actor: the only writer of one task's events.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use actix::prelude::*;
+use sendledger_core::decide::{decide, Action, AttemptOutcome, Ctx, Input, OperatorResolution};
+use sendledger_core::{AcceptedRequest, EventBody, NewEvent, Phase, Policy, Source, State, TaskId};
+use sendledger_store::{Append, Ledger, TaskSummary, TimerKind};
+
+use crate::error::{Error, Result};
+use crate::reconciler::{LookupJob, Reconciler};
+use crate::registry::{Idle, Registry};
+use crate::remote::Remote;
+use crate::timers::{Schedule, Timers};
+
+/// What every task actor shares.
+pub struct Shared {
+    pub ledger: Ledger,
+    pub remote: Arc<dyn Remote>,
+    pub timers: Addr<Timers>,
+    pub reconciler: Addr<Reconciler>,
+    pub registry: Addr<Registry>,
+    /// Seed of the decisions' random numbers (retry jitter), so runs can be reproduced.
+    pub seed: u64,
+}
+
+/// Something for a task to handle.
+#[derive(Debug, Clone)]
+pub enum TaskInput {
+    Deliver {
+        request: AcceptedRequest,
+        source: Source,
+    },
+    /// A timer of the task fired; `due` names it so it can be cleared.
+    Wake {
+        due: u64,
+    },
+    Lookup {
+        result: std::result::Result<Vec<String>, String>,
+    },
+    Recover,
+    Operator(OperatorResolution),
+    /// An attempt of the task ended (internal: sent by the actor to itself).
+    Outcome {
+        attempt: u32,
+        outcome: AttemptOutcome,
+    },
+}
+
+/// The answer to a task message: the task's phase afterwards and what was recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub task_id: TaskId,
+    pub phase: Phase,
+    /// LSNs of the events recorded for this message (empty when nothing was recorded).
+    pub lsns: Range<u64>,
+    /// Names of the events recorded, in order.
+    pub events: Vec<&'static str>,
+}
+
+#[derive(Message)]
+#[rtype(result = "Result<Reply>")]
+pub struct TaskMsg(pub TaskInput);
+
+pub struct TaskActor {
+    task_id: TaskId,
+    state: State,
+    shared: Arc<Shared>,
+    policy: Policy,
+    loaded: Option<std::result::Result<(), String>>,
+    /// External messages handled, compared by the registry with those it forwarded.
+    handled: u64,
+    attempt_in_flight: bool,
+    lookup_in_flight: bool,
+}
+
+impl TaskActor {
+    pub fn new(task_id: TaskId, shared: Arc<Shared>) -> TaskActor {
+        TaskActor {
+            task_id,
+            state: State::default(),
+            shared,
+            policy: Policy::default(),
+            loaded: None,
+            handled: 0,
+            attempt_in_flight: false,
+            lookup_in_flight: false,
+        }
+    }
+
+    fn set_policy(&mut self) {
+        if let Some(req) = &self.state.request {
+            self.policy = self.shared.remote.policy(&req.target).unwrap_or_else(|| {
+                tracing::warn!(task_id = %self.task_id, target = %req.target, "target no longer configured; attempts will not be sent");
+                Policy::default()
+            });
+        }
+    }
+
+    fn random(&self) -> u64 {
+        // SplitMix64 over (seed, task, seq): deterministic per decision, independent across tasks.
+        let mut z = self.shared.seed
+            ^ u64::from_be_bytes(self.task_id.0[..8].try_into().unwrap_or_default())
+            ^ (u64::from(self.state.next_seq) << 32);
+        z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Decides, appends, waits for durability, then acts. Runs while no other message of the
+    /// task is handled (callers wrap it in an atomic response or `ctx.wait`).
+    fn process(&mut self, input: TaskInput) -> ResponseActFuture<Self, Result<Reply>> {
+        if let Some(Err(e)) = &self.loaded {
+            let err = Error::Ledger(sendledger_store::Error::Corrupt {
+                lsn: 0,
+                detail: e.clone(),
+            });
+            return Box::pin(fut::ready(Err(err)));
+        }
+        let now = crate::now_ms();
+        let mut clear = None;
+        let mut source = None;
+        let core_input = match input {
+            TaskInput::Deliver { request, source: s } => {
+                source = Some(s.clone());
+                Input::Deliver { request, source: s }
+            }
+            TaskInput::Wake { due } => {
+                clear = Some(due);
+                Input::Wake
+            }
+            TaskInput::Lookup { result } => {
+                self.lookup_in_flight = false;
+                Input::Lookup { result }
+            }
+            TaskInput::Recover => Input::Recover,
+            TaskInput::Operator(op) => Input::Operator(op),
+            TaskInput::Outcome { attempt, outcome } => Input::Outcome { attempt, outcome },
+        };
+        let is_new = self.state.request.is_none();
+        let decision = match decide(
+            &self.state,
+            core_input,
+            Ctx {
+                now,
+                random: self.random(),
+                policy: &self.policy,
+            },
+        ) {
+            Ok(d) => d,
+            Err(e) => return Box::pin(fut::ready(Err(e.into()))),
+        };
+        let mut next = self.state.clone();
+        if next.task_id.is_none() {
+            next.task_id = Some(self.task_id);
+        }
+        next.apply_all(now, &decision.events);
+
+        let mut append = Append::default();
+        for (i, body) in decision.events.iter().enumerate() {
+            append.events.push(NewEvent {
+                task_id: self.task_id,
+                task_seq: self.state.next_seq + i as u32,
+                at: now,
+                body: body.clone(),
+            });
+        }
+        if !decision.events.is_empty() {
+            append.tasks.push((
+                self.task_id,
+                TaskSummary {
+                    phase: next.phase,
+                    next_seq: next.next_seq,
+                },
+            ));
+        }
+        if is_new {
+            if let (Some(req), Some(hash)) = (&next.request, next.payload_hash) {
+                append
+                    .identities
+                    .push((req.identity.clone(), self.task_id, hash));
+            }
+        }
+        if let Some(s) = source {
+            append.offsets.push((s.topic, s.partition, s.offset));
+        }
+        if let Some(due) = clear {
+            append.clear_timers.push((due, self.task_id));
+        }
+        if let Action::WakeAt(at) = decision.action {
+            let kind = if next.phase == Phase::RetryWait {
+                TimerKind::Retry
+            } else {
+                TimerKind::Check
+            };
+            append.set_timers.push((at, self.task_id, kind));
+        }
+        let names: Vec<&'static str> = decision.events.iter().map(EventBody::name).collect();
+        let ledger = self.shared.ledger.clone();
+        let task_id = self.task_id;
+        Box::pin(
+            async move {
+                let empty = append.events.is_empty() && append.offsets.is_empty() && append.clear_timers.is_empty() && append.set_timers.is_empty();
+                if empty {
+                    Ok(0..0)
+                } else {
+                    ledger.append(append).await
+                }
+            }
+            .into_actor(self)
+            .map(move |res, act, ctx| {
+                let lsns = res.map_err(|e| {
+                    tracing::error!(task_id = %task_id, error = %e, "ledger write failed; the task is reconciled when the engine restarts");
+                    e
+                })?;
+                act.state = next;
+                if is_new {
+                    act.set_policy();
+                }
+                act.perform(decision.action, ctx);
+                Ok(Reply { task_id, phase: act.state.phase, lsns, events: names })
+            }),
+        )
+    }
+
+    fn perform(&mut self, action: Action, ctx: &mut Context<Self>) {
+        let task_id = self.task_id;
+        match action {
+            Action::None => {}
+            Action::WakeAt(at) => self.shared.timers.do_send(Schedule { at, task_id }),
+            Action::Lookup => {
+                let Some(request) = self.state.request.clone() else {
+                    return;
+                };
+                self.lookup_in_flight = true;
+                let since = self.state.first_intent_at.unwrap_or(0);
+                self.shared.reconciler.do_send(LookupJob {
+                    task_id,
+                    request,
+                    since,
+                });
+            }
+            Action::Send {
+                attempt,
+                idempotency_key,
+            } => {
+                let Some(request) = &self.state.request else {
+                    return;
+                };
+                self.attempt_in_flight = true;
+                tracing::debug!(task_id = %task_id, attempt, "sending");
+                let send = self
+                    .shared
+                    .remote
+                    .attempt(request, idempotency_key.as_deref());
+                ctx.spawn(send.into_actor(self).map(move |outcome, act, ctx| {
+                    act.attempt_in_flight = false;
+                    tracing::debug!(task_id = %task_id, attempt, ?outcome, "attempt ended");
+                    let next = act.process(TaskInput::Outcome { attempt, outcome });
+                    ctx.wait(next.map(|res, act, ctx| {
+                        if let Err(e) = res {
+                            tracing::warn!(task_id = %act.task_id, error = %e, "attempt outcome not recorded");
+                        }
+                        act.idle_check(ctx);
+                    }));
+                }));
+            }
+        }
+    }
+
+    fn idle_check(&mut self, _ctx: &mut Context<Self>) {
+        if !self.attempt_in_flight && !self.lookup_in_flight {
+            self.shared.registry.do_send(Idle {
+                task_id: self.task_id,
+                handled: self.handled,
+            });
+        }
+    }
+}
+
+impl Actor for TaskActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        let task_id = self.task_id;
+        let ledger = self.shared.ledger.clone();
+        ctx.wait(async move { ledger.read(move |l| l.task_events(task_id)).await }.into_actor(self).map(
+            |res, act, _| match res {
+                Ok(events) => {
+                    act.state = sendledger_core::fold(&events);
+                    act.set_policy();
+                    act.loaded = Some(Ok(()));
+                }
+                Err(e) => {
+                    tracing::error!(task_id = %act.task_id, error = %e, "cannot load the task's events; it will not be processed");
+                    act.loaded = Some(Err(e.to_string()));
+                }
+            },
+        ));
+    }
+}
+
+impl Handler<TaskMsg> for TaskActor {
+    type Result = AtomicResponse<Self, Result<Reply>>;
+
+    fn handle(&mut self, msg: TaskMsg, _ctx: &mut Context<Self>) -> Self::Result {
+        self.handled += 1;
+        let fut = self.process(msg.0).map(|res, act, ctx| {
+            act.idle_check(ctx);
+            res
+        });
+        AtomicResponse::new(Box::pin(fut))
+    }
+}
