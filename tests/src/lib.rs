@@ -28,3 +28,87 @@ pub fn crash_event(task: u32, seq: u32, at: u64) -> NewEvent {
         body: crash_body(task, seq),
     }
 }
+
+pub mod engine {
+    //! Helpers of the engine tests: targets pointing at a simulated remote, waiting for tasks.
+
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use sendledger_actors::{Engine, EngineConfig, HttpRemote};
+    use sendledger_core::{Phase, Source, State, TaskId, TaskRequest};
+    use sendledger_effects::{TargetConfig, Targets};
+
+    /// A target creating records at `base` (a simulated remote), with fast timeouts and a
+    /// lookup by `request_key`. Adjust the JSON with `tweak` before it is parsed.
+    pub fn target(base: &str, tweak: impl FnOnce(&mut serde_json::Value)) -> TargetConfig {
+        let mut value = serde_json::json!({
+            "url": format!("{base}/records"),
+            "connect_timeout": "500ms",
+            "request_timeout": "400ms",
+            "body_fields": { "request_key": "{request_key}" },
+            "retry": { "max_attempts": 5, "initial_backoff": "20ms", "max_backoff": "200ms", "multiplier": 2.0 },
+            "lookup": {
+                "url": format!("{base}/records?request_key={{request_key}}"),
+                "first_check": "50ms",
+                "check_interval": "100ms",
+                "deadline": "3s"
+            }
+        });
+        tweak(&mut value);
+        serde_json::from_value(value).expect("valid target config")
+    }
+
+    pub fn targets(target: TargetConfig) -> Targets {
+        Targets::from_config(&BTreeMap::from([("sim".to_string(), target)])).expect("valid targets")
+    }
+
+    /// Starts an engine on `dir` with the one target `sim` (blocking; call outside async code
+    /// or within `block_in_place`).
+    pub fn start(dir: &std::path::Path, target: TargetConfig) -> Engine {
+        let mut config = EngineConfig::new(dir);
+        config.timer_tick = Duration::from_millis(5);
+        Engine::start(config, Arc::new(HttpRemote::new(targets(target)))).expect("engine starts")
+    }
+
+    pub fn request(key: &str) -> TaskRequest {
+        TaskRequest {
+            tenant: "acme".into(),
+            operation: "payment.create".into(),
+            request_key: key.into(),
+            target: "sim".into(),
+            payload: serde_json::json!({ "amount": 1250, "currency": "EUR" }),
+            metadata: Default::default(),
+        }
+    }
+
+    pub fn source(offset: i64) -> Source {
+        Source { topic: "test".into(), partition: 0, offset }
+    }
+
+    pub fn task_id(key: &str) -> TaskId {
+        TaskId::derive("acme", "payment.create", key)
+    }
+
+    /// Polls a task until `done` holds, or panics with its timeline after `timeout`.
+    pub async fn wait_for(engine: &Engine, task: TaskId, timeout: Duration, done: impl Fn(&State) -> bool) -> State {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let state = engine.state(task).await.expect("read task");
+            if done(&state) {
+                return state;
+            }
+            if Instant::now() > deadline {
+                let events = engine.events(task).await.unwrap_or_default();
+                let timeline: Vec<String> = events.iter().map(|e| format!("{} {:?}", e.at, e.body)).collect();
+                panic!("task {task} still {:?} after {timeout:?}:\n{}", state.phase, timeline.join("\n"));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn settled(state: &State) -> bool {
+        state.phase.is_terminal() || state.phase == Phase::ManualReview
+    }
+}

@@ -12,12 +12,14 @@
 //!   concurrency, and hands the evidence to the task actor.
 //! - [`engine::Engine`]: the handle library users and the binary start, submit to, and stop.
 //!
-//! This crate depends on the core and the store, never on Kafka or on a concrete HTTP client:
-//! side effects come in through the [`remote::Remote`] trait. It never calls RocksDB on an
-//! executor thread (reads go through the ledger's blocking pool, writes through its journal).
+//! This crate depends on the core, the store and the effects crates, never on Kafka. Task
+//! actors reach remotes only through the [`remote::Remote`] trait ([`http::HttpRemote`] is the
+//! real one). It never calls RocksDB on an executor thread (reads go through the ledger's
+//! blocking pool, writes through its journal).
 
 pub mod engine;
 pub mod error;
+pub mod http;
 pub mod reconciler;
 pub mod registry;
 pub mod remote;
@@ -26,6 +28,7 @@ pub mod timers;
 
 pub use engine::{Engine, EngineConfig, ReviewItem};
 pub use error::{Error, Result};
+pub use http::HttpRemote;
 pub use remote::{BoxFuture, Remote};
 pub use task::Reply;
 

@@ -19,6 +19,7 @@ pub trait Remote: Send + Sync + 'static {
     fn attempt(
         &self,
         request: &AcceptedRequest,
+        attempt: u32,
         idempotency_key: Option<&str>,
     ) -> BoxFuture<AttemptOutcome>;
 

@@ -1,6 +1,8 @@
 //! sendledger's workspace integration and fault tests: one test binary, one module per area.
 
 mod crash;
+mod engine;
+mod engine_kill;
 mod ledger;
 
 /// The seed of a randomized test: `SENDLEDGER_TEST_SEED` when set, else the given default.

@@ -1,0 +1,58 @@
+//! Child process of the engine kill tests: starts an engine on a ledger, submits tasks
+//! `<prefix>-0 .. <prefix>-<count-1>` (again after a restart, as Kafka would redeliver), waits
+//! until every one is settled, prints `settled`, and exits. The parent SIGKILLs it at random
+//! moments in between.
+//!
+//! Usage: `engine_child LEDGER_DIR TARGET_JSON PREFIX COUNT SEED`
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sendledger_actors::{Engine, EngineConfig, HttpRemote};
+use sendledger_tests::engine::{request, settled, source, targets};
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let [_, dir, target, prefix, count, seed] = &args[..] else {
+        panic!("usage: engine_child LEDGER_DIR TARGET_JSON PREFIX COUNT SEED");
+    };
+    let count: i64 = count.parse().expect("COUNT");
+    let target = serde_json::from_str(target).expect("TARGET_JSON");
+    let mut config = EngineConfig::new(dir);
+    config.seed = seed.parse().expect("SEED");
+    config.timer_tick = Duration::from_millis(5);
+    let remote = Arc::new(HttpRemote::new(targets(target)));
+    let engine = tokio::task::block_in_place(|| Engine::start(config, remote)).expect("engine starts");
+    println!("started");
+
+    let mut submits = tokio::task::JoinSet::new();
+    for i in 0..count {
+        let engine: Engine = engine.clone();
+        let key = format!("{prefix}-{i}");
+        submits.spawn(async move { engine.submit(request(&key), source(i)).await.map(|_| ()) });
+        while submits.len() >= 256 {
+            submits.join_next().await.unwrap().unwrap().expect("submit");
+        }
+    }
+    while let Some(r) = submits.join_next().await {
+        r.unwrap().expect("submit");
+    }
+    println!("submitted");
+
+    loop {
+        let mut open = 0;
+        for i in 0..count {
+            let task = sendledger_tests::engine::task_id(&format!("{prefix}-{i}"));
+            if !settled(&engine.state(task).await.expect("state")) {
+                open += 1;
+            }
+        }
+        if open == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!("settled");
+    engine.shutdown(Duration::from_secs(5)).await;
+}

@@ -1,0 +1,262 @@
+//! The engine end to end without Kafka: real RocksDB in a temporary directory, the simulated
+//! remote over real sockets. Every test checks the remote's records and the task's events.
+
+use std::time::Duration;
+
+use sendledger_core::decide::OperatorResolution;
+use sendledger_core::{EventBody, Evidence, NotSentCause, Phase, ReviewReason, UnknownCause};
+use sendledger_sim::{Faults, Sim, SimConfig};
+use sendledger_tests::engine::*;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn names(events: &[sendledger_core::Event]) -> Vec<&'static str> {
+    events.iter().map(|e| e.body.name()).collect()
+}
+
+async fn sim(faults: Faults) -> Sim {
+    Sim::start(SimConfig { faults, ..SimConfig::default() }).await.unwrap()
+}
+
+fn start_engine(dir: &std::path::Path, target: sendledger_effects::TargetConfig) -> sendledger_actors::Engine {
+    tokio::task::block_in_place(|| start(dir, target))
+}
+
+/// The remote refuses connections (nothing listens): the attempt certainly did not reach it,
+/// so it is retried with backoff, and succeeds once the remote is up — one record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_connections_are_retried_until_the_remote_is_up() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let base = format!("http://127.0.0.1:{port}");
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start_engine(dir.path(), target(&base, |t| t["retry"]["max_attempts"] = 50.into()));
+    engine.submit(request("r-1"), source(0)).await.unwrap();
+    wait_for(&engine, task_id("r-1"), WAIT, |s| s.attempts >= 2).await;
+    let sim = Sim::start(SimConfig { listen: ([127, 0, 0, 1], port).into(), ..SimConfig::default() }).await.unwrap();
+    let state = wait_for(&engine, task_id("r-1"), WAIT, settled).await;
+    assert_eq!(state.phase, Phase::Succeeded);
+    let records = sim.records_with_identity("r-1");
+    assert_eq!(records.len(), 1);
+    assert_eq!(state.remote_id.as_deref(), Some(records[0].id.as_str()));
+    let events = engine.events(task_id("r-1")).await.unwrap();
+    assert!(events.iter().any(|e| matches!(&e.body, EventBody::SendNotSent { cause: NotSentCause::Connect(_), .. })));
+    assert!(!events.iter().any(|e| matches!(e.body, EventBody::SendUnknown { .. })));
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+/// The remote commits, then drops the connection: unknown, reconciled by lookup to the one
+/// record it holds. Never resent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_response_is_confirmed_by_lookup() {
+    let sim = sim(Faults { commit_then_drop: 1.0, ..Faults::default() }).await;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start_engine(dir.path(), target(&sim.base_url(), |_| {}));
+    engine.submit(request("d-1"), source(0)).await.unwrap();
+    let state = wait_for(&engine, task_id("d-1"), WAIT, settled).await;
+    let records = sim.records_with_identity("d-1");
+    assert_eq!(records.len(), 1);
+    assert_eq!(state.phase, Phase::Succeeded);
+    assert_eq!(state.remote_id.as_deref(), Some(records[0].id.as_str()));
+    assert_eq!(state.evidence, Some(Evidence::Lookup));
+    let events = engine.events(task_id("d-1")).await.unwrap();
+    assert_eq!(names(&events), ["TaskAccepted", "SendIntended", "SendUnknown", "LookupPerformed", "Confirmed"]);
+    assert!(matches!(events[2].body, EventBody::SendUnknown { attempt: 1, cause: UnknownCause::ResetAfterWrite(_) }));
+    assert_eq!(sim.stats().posts, 1);
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+/// The same request ten times at once: one task, one record, nine recorded duplicates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_duplicates_execute_once() {
+    let sim = sim(Faults::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start_engine(dir.path(), target(&sim.base_url(), |_| {}));
+    let submits: Vec<_> = (0..10).map(|i| {
+        let engine = engine.clone();
+        tokio::spawn(async move { engine.submit(request("dup-1"), source(i)).await })
+    }).collect();
+    for s in submits {
+        s.await.unwrap().unwrap();
+    }
+    let state = wait_for(&engine, task_id("dup-1"), WAIT, settled).await;
+    assert_eq!(state.phase, Phase::Succeeded);
+    assert_eq!(state.duplicates, 9);
+    assert_eq!(sim.records_with_identity("dup-1").len(), 1);
+    assert_eq!(sim.stats().posts, 1);
+    // Same identity, different payload: a conflict, nothing executed.
+    let mut other = request("dup-1");
+    other.payload = serde_json::json!({ "amount": 99 });
+    let reply = engine.submit(other, source(10)).await.unwrap();
+    assert_eq!(reply.events, ["RequestConflict"]);
+    assert_eq!(sim.stats().posts, 1);
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+/// Records appear at lookups only after a lag: the first lookups find nothing, the task stays
+/// unknown, and a later one confirms it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookup_lag_keeps_the_task_unknown_until_the_record_shows() {
+    let sim = Sim::start(SimConfig {
+        lookup_lag: Duration::from_millis(600),
+        faults: Faults { commit_then_drop: 1.0, ..Faults::default() },
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start_engine(dir.path(), target(&sim.base_url(), |_| {}));
+    engine.submit(request("lag-1"), source(0)).await.unwrap();
+    let state = wait_for(&engine, task_id("lag-1"), WAIT, settled).await;
+    assert_eq!(state.phase, Phase::Succeeded);
+    let events = engine.events(task_id("lag-1")).await.unwrap();
+    let lookups: Vec<usize> = events.iter().filter_map(|e| match &e.body {
+        EventBody::LookupPerformed { matches, .. } => Some(matches.len()),
+        _ => None,
+    }).collect();
+    assert!(lookups.len() >= 2 && lookups[0] == 0 && *lookups.last().unwrap() == 1, "{lookups:?}");
+    assert_eq!(sim.records_with_identity("lag-1").len(), 1);
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+/// Two records already exist for the identity: manual review listing both; an operator
+/// resolves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_matches_go_to_review_and_an_operator_resolves() {
+    let sim = sim(Faults::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start_engine(dir.path(), target(&sim.base_url(), |_| {}));
+    sim.set_faults(Faults { commit_then_drop: 1.0, ..Faults::default() }).unwrap();
+    // Another task's record carries the same request_key at the remote.
+    let mut first = request("m-1");
+    first.operation = "payment.other".into();
+    engine.submit(first, source(0)).await.unwrap();
+    let other_task = sendledger_core::TaskId::derive("acme", "payment.other", "m-1");
+    wait_for(&engine, other_task, WAIT, settled).await;
+    engine.submit(request("m-1"), source(1)).await.unwrap();
+    let state = wait_for(&engine, task_id("m-1"), WAIT, settled).await;
+    assert_eq!(state.phase, Phase::ManualReview);
+    let ids: Vec<String> = sim.records_with_identity("m-1").into_iter().map(|r| r.id).collect();
+    assert_eq!(ids.len(), 2);
+    assert_eq!(state.review_reason, Some(ReviewReason::MultipleMatches { remote_ids: ids.clone() }));
+    let reviews = engine.reviews().await.unwrap();
+    assert!(reviews.iter().any(|r| r.task_id == task_id("m-1")));
+    let resolution = OperatorResolution::Succeeded { remote_id: ids[1].clone(), by: "ana".into(), reason: "second is ours".into() };
+    engine.resolve(task_id("m-1"), resolution).await.unwrap();
+    let state = engine.state(task_id("m-1")).await.unwrap();
+    assert_eq!(state.phase, Phase::Succeeded);
+    assert_eq!(state.evidence, Some(Evidence::Operator { by: "ana".into(), reason: "second is ours".into() }));
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+/// A 5xx without a record: unknown, nothing found by the deadline → manual review. With the
+/// resend-when-absent policy, a recorded authorization, then a new attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadline_without_record_reviews_or_resends_by_policy() {
+    let sim = sim(Faults { error: 1.0, ..Faults::default() }).await;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start_engine(dir.path(), target(&sim.base_url(), |t| t["lookup"]["deadline"] = "400ms".into()));
+    engine.submit(request("dl-1"), source(0)).await.unwrap();
+    let state = wait_for(&engine, task_id("dl-1"), WAIT, settled).await;
+    assert_eq!(state.phase, Phase::ManualReview);
+    assert!(matches!(state.review_reason, Some(ReviewReason::DeadlinePassed { .. })));
+    assert_eq!(sim.stats().posts, 1);
+    assert_eq!(sim.records().len(), 0);
+    engine.shutdown(Duration::from_secs(5)).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start_engine(dir.path(), target(&sim.base_url(), |t| {
+        t["lookup"]["deadline"] = "400ms".into();
+        t["lookup"]["resend_when_absent"] = true.into();
+    }));
+    engine.submit(request("dl-2"), source(0)).await.unwrap();
+    wait_for(&engine, task_id("dl-2"), WAIT, |s| s.lookups >= 1).await;
+    sim.set_faults(Faults::default()).unwrap();
+    let state = wait_for(&engine, task_id("dl-2"), WAIT, settled).await;
+    assert_eq!(state.phase, Phase::Succeeded);
+    let events = engine.events(task_id("dl-2")).await.unwrap();
+    let auth = events.iter().position(|e| matches!(&e.body, EventBody::ResendAuthorized { by, .. } if by == "policy:resend_when_absent")).expect("authorization recorded");
+    assert!(matches!(events[auth + 1].body, EventBody::SendIntended { attempt: 2, .. }));
+    assert_eq!(sim.records_with_identity("dl-2").len(), 1);
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+/// 429 with `Retry-After: 1`: not sent; the next attempt comes no earlier than a second later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttled_attempts_wait_for_retry_after() {
+    let sim = sim(Faults { throttle: 1.0, retry_after: Duration::from_secs(1), ..Faults::default() }).await;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start_engine(dir.path(), target(&sim.base_url(), |_| {}));
+    engine.submit(request("t-1"), source(0)).await.unwrap();
+    wait_for(&engine, task_id("t-1"), WAIT, |s| s.phase == Phase::RetryWait).await;
+    sim.set_faults(Faults::default()).unwrap();
+    let state = wait_for(&engine, task_id("t-1"), WAIT, settled).await;
+    assert_eq!(state.phase, Phase::Succeeded);
+    let events = engine.events(task_id("t-1")).await.unwrap();
+    let (not_sent_at, retry_at) = events.iter().find_map(|e| match e.body {
+        EventBody::SendNotSent { cause: NotSentCause::Throttled { status: 429 }, retry_at, .. } => Some((e.at, retry_at)),
+        _ => None,
+    }).expect("throttled attempt recorded");
+    assert!(retry_at >= not_sent_at + 1_000, "Retry-After honoured in the schedule");
+    let second = events.iter().find(|e| matches!(e.body, EventBody::SendIntended { attempt: 2, .. })).unwrap();
+    assert!(second.at >= retry_at, "second attempt at {} before {retry_at}", second.at);
+    assert_eq!(sim.records_with_identity("t-1").len(), 1);
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+/// 422 is rejected at once; refused connections until attempts run out end failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejections_are_final_and_exhausted_retries_fail() {
+    let sim = sim(Faults { reject: 1.0, ..Faults::default() }).await;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start_engine(dir.path(), target(&sim.base_url(), |_| {}));
+    engine.submit(request("x-1"), source(0)).await.unwrap();
+    let state = wait_for(&engine, task_id("x-1"), WAIT, settled).await;
+    assert_eq!(state.phase, Phase::Rejected);
+    assert_eq!(state.rejection.as_ref().map(|r| r.0), Some(422));
+    assert_eq!(state.attempts, 1);
+    assert_eq!(sim.stats().posts, 1);
+    engine.shutdown(Duration::from_secs(5)).await;
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start_engine(dir.path(), target(&format!("http://127.0.0.1:{port}"), |t| t["retry"]["max_attempts"] = 3.into()));
+    engine.submit(request("x-2"), source(0)).await.unwrap();
+    let state = wait_for(&engine, task_id("x-2"), WAIT, settled).await;
+    assert_eq!(state.phase, Phase::Failed);
+    assert_eq!(state.attempts, 3);
+    let events = engine.events(task_id("x-2")).await.unwrap();
+    assert_eq!(events.iter().filter(|e| matches!(e.body, EventBody::SendNotSent { .. })).count(), 3);
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+/// A remote that honours idempotency keys: an unknown outcome is resolved by resending with the
+/// same key, and the remote keeps one record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotent_target_resends_with_the_same_key() {
+    let sim = Sim::start(SimConfig {
+        idempotency_header: Some("Idempotency-Key".into()),
+        faults: Faults { commit_then_drop: 1.0, ..Faults::default() },
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start_engine(dir.path(), target(&sim.base_url(), |t| {
+        t["idempotency"] = serde_json::json!({ "header": "Idempotency-Key", "ttl": "1h" });
+        t.as_object_mut().unwrap().remove("lookup");
+    }));
+    engine.submit(request("k-1"), source(0)).await.unwrap();
+    wait_for(&engine, task_id("k-1"), WAIT, |s| s.attempts >= 2).await;
+    sim.set_faults(Faults::default()).unwrap();
+    let state = wait_for(&engine, task_id("k-1"), WAIT, settled).await;
+    assert_eq!(state.phase, Phase::Succeeded);
+    let events = engine.events(task_id("k-1")).await.unwrap();
+    let keys: Vec<Option<String>> = events.iter().filter_map(|e| match &e.body {
+        EventBody::SendIntended { idempotency_key, .. } => Some(idempotency_key.clone()),
+        _ => None,
+    }).collect();
+    assert!(keys.len() >= 2 && keys.iter().all(|k| k.is_some() && *k == keys[0]), "{keys:?}");
+    assert_eq!(sim.records_with_identity("k-1").len(), 1);
+    assert!(sim.stats().replays >= 1);
+    engine.shutdown(Duration::from_secs(5)).await;
+}
