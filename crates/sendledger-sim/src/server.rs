@@ -318,7 +318,8 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
         // Wait until the request has arrived (so the client has certainly written it), then
         // close without reading: unread data makes the kernel answer with a reset, and the
         // client gets no response.
-        let _ = tokio::time::timeout(Duration::from_secs(5), stream.readable()).await;
+        let mut probe = [0u8; 1];
+        let _ = tokio::time::timeout(Duration::from_secs(5), stream.peek(&mut probe)).await;
         drop(stream);
         return;
     }
