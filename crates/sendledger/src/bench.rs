@@ -14,6 +14,9 @@ use sendledger_store::{Append, Durability, Ledger, LedgerOptions};
 pub enum Bench {
     /// Durable appends per second: group commit with many appenders versus one fsync per append.
     Ledger(LedgerArgs),
+    /// Attempts per second through the effects layer against the simulated remote, and the
+    /// simulated remote's own capacity.
+    Effects(crate::bench_effects::EffectsArgs),
 }
 
 #[derive(Args)]
@@ -33,6 +36,7 @@ pub struct LedgerArgs {
 pub fn run(bench: Bench) -> anyhow::Result<()> {
     match bench {
         Bench::Ledger(args) => ledger(args),
+        Bench::Effects(args) => crate::bench_effects::run(args),
     }
 }
 

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod bench_effects;
 
 /// sendledger: a durable dispatcher for side effects that must happen once.
 #[derive(Parser)]

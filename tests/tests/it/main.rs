@@ -1,9 +1,11 @@
 //! sendledger's workspace integration and fault tests: one test binary, one module per area.
 
 mod crash;
+mod effects;
 mod engine;
 mod engine_kill;
 mod ledger;
+mod sim;
 
 /// The seed of a randomized test: `SENDLEDGER_TEST_SEED` when set, else the given default.
 /// Printed, so that a failure can be reproduced.

@@ -1,0 +1,231 @@
+//! Target configuration as written by an operator (serde), before validation.
+//!
+//! Validation and the resolution of environment variables happen in
+//! [`crate::Target::from_config`], which names the offending field in every error.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// One remote endpoint: how to send an attempt and how to look up what the remote holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetConfig {
+    /// Where attempts go (`http://host:port/path`); may contain `{field}` placeholders.
+    pub url: String,
+    /// HTTP method of an attempt.
+    #[serde(default = "default_method")]
+    pub method: String,
+    /// Headers sent with every attempt and lookup. Values are secret: never logged, never in
+    /// events, redacted in `Debug`.
+    #[serde(default)]
+    pub headers: BTreeMap<String, HeaderValueConfig>,
+    /// Extra top-level fields merged into the JSON body (templates, e.g. `"{request_key}"`).
+    /// The body is the request payload otherwise.
+    #[serde(default)]
+    pub body_fields: BTreeMap<String, String>,
+    /// Time allowed to resolve the host and open the TCP connection.
+    #[serde(default = "default_connect_timeout", with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Time allowed from writing the request to reading the whole response.
+    #[serde(default = "default_request_timeout", with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// How long an idle connection may be reused. `0s` opens a new connection per request.
+    /// Keep it below the remote's keep-alive timeout: a request written on a connection the
+    /// remote is closing is an unknown outcome.
+    #[serde(default = "default_pool_idle", with = "humantime_serde")]
+    pub pool_idle_timeout: Duration,
+    /// JSON pointer to the remote id in a 2xx response body.
+    #[serde(default = "default_id_pointer")]
+    pub response_id_pointer: String,
+    /// What a 5xx proves.
+    #[serde(default)]
+    pub on_5xx: ServerErrorPolicy,
+    /// What a 409 proves.
+    #[serde(default)]
+    pub on_409: ConflictPolicy,
+    /// Set when the remote honours an idempotency key header.
+    #[serde(default)]
+    pub idempotency: Option<IdempotencyConfig>,
+    #[serde(default)]
+    pub retry: RetryConfig,
+    /// How to ask the remote what it holds. Without it, unknown outcomes go to manual review.
+    #[serde(default)]
+    pub lookup: Option<LookupConfig>,
+}
+
+/// A header value: literal text, or read from an environment variable when the target is
+/// loaded (`{ env = "NAME", prefix = "Bearer " }`).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum HeaderValueConfig {
+    Literal(String),
+    Env {
+        env: String,
+        #[serde(default)]
+        prefix: String,
+    },
+}
+
+impl fmt::Debug for HeaderValueConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HeaderValueConfig::Literal(_) => f.write_str("Literal(<redacted>)"),
+            HeaderValueConfig::Env { env, .. } => f
+                .debug_struct("Env")
+                .field("env", env)
+                .field("prefix", &"<redacted>")
+                .finish(),
+        }
+    }
+}
+
+/// What a 5xx answer proves about an attempt.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServerErrorPolicy {
+    /// It may have been performed: reconcile (the safe default).
+    #[default]
+    Unknown,
+    /// The remote guarantees a 5xx performed nothing: retry with backoff.
+    NotSent,
+}
+
+/// What a 409 answer proves about an attempt.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConflictPolicy {
+    /// A client error like any other 4xx: rejected, terminal.
+    #[default]
+    Reject,
+    /// "Already exists": the outcome is unknown until a lookup finds the record.
+    Reconcile,
+}
+
+/// The remote's idempotency key support.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdempotencyConfig {
+    /// Header carrying the key, e.g. `Idempotency-Key`.
+    pub header: String,
+    /// How long the remote remembers a key.
+    #[serde(with = "humantime_serde")]
+    pub ttl: Duration,
+}
+
+/// Retries of attempts that certainly did not reach the remote.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryConfig {
+    /// Attempts in all, the first included.
+    pub max_attempts: u32,
+    #[serde(with = "humantime_serde")]
+    pub initial_backoff: Duration,
+    #[serde(with = "humantime_serde")]
+    pub max_backoff: Duration,
+    pub multiplier: f64,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        RetryConfig {
+            max_attempts: 8,
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(30),
+            multiplier: 2.0,
+        }
+    }
+}
+
+/// How to find the remote's records of a task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LookupConfig {
+    /// `GET` URL with `{field}` placeholders (percent-encoded when rendered), e.g.
+    /// `http://remote/records?request_key={request_key}`.
+    pub url: String,
+    /// JSON pointer to the array of records in the answer (`""`: the answer is the array).
+    #[serde(default)]
+    pub results_pointer: String,
+    /// JSON pointer to the id within one record.
+    #[serde(default = "default_id_pointer")]
+    pub id_pointer: String,
+    /// Keep only records whose value at the key (a JSON pointer into the record) equals the
+    /// request payload's value at the value (a JSON pointer into the payload).
+    #[serde(default)]
+    pub filters: BTreeMap<String, String>,
+    /// Keep only records created after the first intent of the task.
+    #[serde(default)]
+    pub created_after_intent: Option<CreatedAfterConfig>,
+    /// Delay between an unknown outcome and the first lookup.
+    #[serde(default = "default_first_check", with = "humantime_serde")]
+    pub first_check: Duration,
+    /// Delay between lookups that found nothing.
+    #[serde(default = "default_check_interval", with = "humantime_serde")]
+    pub check_interval: Duration,
+    /// Observation window: after this (from the first unknown outcome), no record means manual
+    /// review, or a resend when `resend_when_absent`.
+    #[serde(default = "default_deadline", with = "humantime_serde")]
+    pub deadline: Duration,
+    /// Authorize one resend (recorded as an event) when the deadline passes with no record.
+    /// Off by default: absence of evidence is not evidence of absence.
+    #[serde(default)]
+    pub resend_when_absent: bool,
+}
+
+/// Where a record's creation time is and how to read it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreatedAfterConfig {
+    /// JSON pointer to the creation time within one record.
+    pub pointer: String,
+    /// How the time is written.
+    #[serde(default)]
+    pub format: TimeFormat,
+    /// Clock difference tolerated between this process and the remote.
+    #[serde(default = "default_skew", with = "humantime_serde")]
+    pub skew: Duration,
+}
+
+/// How a remote writes a timestamp.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TimeFormat {
+    /// A number: milliseconds since the Unix epoch.
+    #[default]
+    UnixMillis,
+    /// A number: seconds since the Unix epoch.
+    UnixSeconds,
+    /// An RFC 3339 string.
+    Rfc3339,
+}
+
+fn default_method() -> String {
+    "POST".into()
+}
+fn default_connect_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+fn default_request_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_pool_idle() -> Duration {
+    Duration::from_secs(2)
+}
+fn default_id_pointer() -> String {
+    "/id".into()
+}
+fn default_first_check() -> Duration {
+    Duration::from_secs(1)
+}
+fn default_check_interval() -> Duration {
+    Duration::from_secs(5)
+}
+fn default_deadline() -> Duration {
+    Duration::from_secs(300)
+}
+fn default_skew() -> Duration {
+    Duration::from_secs(30)
+}

@@ -1,0 +1,303 @@
+//! HTTP/1.1 exchanges that know whether any byte of the request reached the socket.
+//!
+//! Every connection is a [`TcpStream`] wrapped in [`Tracked`], which counts the bytes the
+//! kernel accepted for writing. An exchange that fails is classified by that count, read only
+//! after the connection's task has been stopped, so no byte can be written after the count was
+//! taken: zero bytes means the request certainly did not leave this process.
+
+use std::collections::HashMap;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// Largest response body read; the rest of a larger one is treated as unreadable.
+pub(crate) const MAX_RESPONSE_BYTES: usize = 1024 * 1024;
+
+/// Idle connections kept per remote address.
+const MAX_IDLE_PER_ADDRESS: usize = 256;
+
+/// A TCP stream that counts the bytes it has written.
+struct Tracked {
+    stream: TcpStream,
+    written: Arc<AtomicU64>,
+}
+
+impl Tracked {
+    fn count(&self, result: &Poll<io::Result<usize>>) {
+        if let Poll::Ready(Ok(n)) = result {
+            if *n > 0 {
+                self.written.fetch_add(*n as u64, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+impl AsyncRead for Tracked {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Tracked {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let result = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.count(&result);
+        result
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let result = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.count(&result);
+        result
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+/// A connection's task, stopped when dropped.
+struct TaskGuard(Option<JoinHandle<()>>);
+
+impl Drop for TaskGuard {
+    fn drop(&mut self) {
+        if let Some(task) = &self.0 {
+            task.abort();
+        }
+    }
+}
+
+/// One HTTP/1.1 client connection. Dropping it stops its task and closes the socket.
+struct Conn {
+    sender: SendRequest<Full<Bytes>>,
+    written: Arc<AtomicU64>,
+    task: TaskGuard,
+    idle_since: Instant,
+}
+
+impl Conn {
+    /// Stops the connection and waits until its task is gone: after this no byte of it can be
+    /// written any more. Returns the bytes written in all.
+    async fn stop(mut self) -> u64 {
+        if let Some(task) = self.task.0.take() {
+            task.abort();
+            let _ = task.await;
+        }
+        self.written.load(Ordering::SeqCst)
+    }
+
+    fn is_usable(&self) -> bool {
+        self.sender.is_ready() && self.task.0.as_ref().is_some_and(|t| !t.is_finished())
+    }
+}
+
+/// The answer to an exchange.
+pub(crate) struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    /// The body, or why it could not be read (the status still counts).
+    pub body: Result<Bytes, String>,
+}
+
+/// Why an exchange got no answer, by what it proves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// No byte of the request was written: it certainly did not reach the remote.
+    NotWritten(String),
+    /// The request was (at least partly) written and no answer came in time.
+    TimedOut,
+    /// The request was (at least partly) written and the connection failed.
+    Broken(String),
+}
+
+/// Where and how to connect.
+#[derive(Debug, Clone)]
+pub(crate) struct Endpoint {
+    /// `host:port`, as written in the URL (resolved on each new connection).
+    pub address: String,
+    pub connect_timeout: Duration,
+    pub request_timeout: Duration,
+    pub pool_idle_timeout: Duration,
+}
+
+/// Idle connections by address.
+#[derive(Default)]
+pub(crate) struct Pool {
+    idle: Mutex<HashMap<String, Vec<Conn>>>,
+}
+
+impl Pool {
+    fn take(&self, endpoint: &Endpoint) -> Option<Conn> {
+        if endpoint.pool_idle_timeout.is_zero() {
+            return None;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let conns = idle.get_mut(&endpoint.address)?;
+        while let Some(conn) = conns.pop() {
+            if conn.idle_since.elapsed() < endpoint.pool_idle_timeout && conn.is_usable() {
+                return Some(conn);
+            }
+            // Stale or closed: dropped (its task stops).
+        }
+        None
+    }
+
+    fn put(&self, endpoint: &Endpoint, mut conn: Conn) {
+        if endpoint.pool_idle_timeout.is_zero() || !conn.is_usable() {
+            return;
+        }
+        conn.idle_since = Instant::now();
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let conns = idle.entry(endpoint.address.clone()).or_default();
+        if conns.len() < MAX_IDLE_PER_ADDRESS {
+            conns.push(conn);
+        }
+    }
+
+    /// Performs one exchange: a pooled or new connection, the request, the whole answer.
+    pub(crate) async fn exchange(
+        &self,
+        endpoint: &Endpoint,
+        request: Request<Full<Bytes>>,
+    ) -> Result<Answer, Failure> {
+        let mut conn = match self.take(endpoint) {
+            Some(conn) => conn,
+            None => connect(endpoint).await?,
+        };
+        let before = conn.written.load(Ordering::SeqCst);
+        let deadline = Instant::now() + endpoint.request_timeout;
+        let sent = tokio::time::timeout_at(deadline, async {
+            conn.sender.ready().await?;
+            conn.sender.send_request(request).await
+        })
+        .await;
+        let response = match sent {
+            Ok(Ok(response)) => response,
+            Ok(Err(e)) => {
+                let written = conn.stop().await > before;
+                let reason = describe_hyper(&e);
+                return Err(if written {
+                    Failure::Broken(reason)
+                } else {
+                    Failure::NotWritten(reason)
+                });
+            }
+            Err(_elapsed) => {
+                let written = conn.stop().await > before;
+                return Err(if written {
+                    Failure::TimedOut
+                } else {
+                    Failure::NotWritten(format!(
+                        "no request byte could be written within {}",
+                        humantime::format_duration(endpoint.request_timeout)
+                    ))
+                });
+            }
+        };
+        let (parts, body) = response.into_parts();
+        let body = tokio::time::timeout_at(deadline, Limited::new(body, MAX_RESPONSE_BYTES).collect())
+            .await;
+        let body = match body {
+            Ok(Ok(collected)) => {
+                self.put(endpoint, conn);
+                Ok(collected.to_bytes())
+            }
+            Ok(Err(e)) => {
+                drop(conn);
+                Err(format!("response body unreadable: {e}"))
+            }
+            Err(_elapsed) => {
+                drop(conn);
+                Err("response body not received within the request timeout".to_string())
+            }
+        };
+        Ok(Answer {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        })
+    }
+}
+
+async fn connect(endpoint: &Endpoint) -> Result<Conn, Failure> {
+    let address = &endpoint.address;
+    let stream = match tokio::time::timeout(
+        endpoint.connect_timeout,
+        TcpStream::connect(address.as_str()),
+    )
+    .await
+    {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(e)) => return Err(Failure::NotWritten(format!("connect to {address}: {e}"))),
+        Err(_) => {
+            return Err(Failure::NotWritten(format!(
+                "connect to {address}: no connection within {}",
+                humantime::format_duration(endpoint.connect_timeout)
+            )))
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    let written = Arc::new(AtomicU64::new(0));
+    let io = TokioIo::new(Tracked {
+        stream,
+        written: written.clone(),
+    });
+    let (sender, connection) = http1::handshake(io)
+        .await
+        .map_err(|e| Failure::NotWritten(format!("http handshake with {address}: {e}")))?;
+    let task = tokio::spawn(async move {
+        // Errors surface through the sender; nothing more to do here.
+        let _ = connection.await;
+    });
+    Ok(Conn {
+        sender,
+        written,
+        task: TaskGuard(Some(task)),
+        idle_since: Instant::now(),
+    })
+}
+
+/// A hyper error with its causes, in one line (hyper errors never contain header values).
+fn describe_hyper(e: &hyper::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}

@@ -1,0 +1,38 @@
+/// What can go wrong loading a target or performing a lookup. Attempts never fail with an
+/// error: every attempt ends in exactly one [`sendledger_core::decide::AttemptOutcome`].
+///
+/// No variant ever contains a configured header value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// A configuration field is invalid. `field` is the full path, e.g.
+    /// `targets.payments.lookup.url`.
+    #[error("{field}: {reason}")]
+    Config { field: String, reason: String },
+    /// The request lacks a value that a URL template or a filter needs.
+    #[error("cannot build the request for target {target}: {reason}")]
+    Render { target: String, reason: String },
+    /// The lookup request got no answer (connect failure, timeout, broken connection).
+    #[error("lookup on target {target} failed: {reason}; the remote will be asked again")]
+    LookupTransport { target: String, reason: String },
+    /// The lookup was answered with a non-2xx status.
+    #[error("lookup on target {target} answered {status}: {detail}")]
+    LookupStatus {
+        target: String,
+        status: u16,
+        detail: String,
+    },
+    /// The lookup answer does not have the configured shape.
+    #[error("lookup answer of target {target} is unusable: {reason}; check `lookup.results_pointer`, `lookup.id_pointer` and the filters")]
+    LookupAnswer { target: String, reason: String },
+}
+
+impl Error {
+    pub(crate) fn config(field: impl Into<String>, reason: impl Into<String>) -> Error {
+        Error::Config {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

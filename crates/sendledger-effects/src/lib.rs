@@ -1,0 +1,45 @@
+//! sendledger-effects: the side-effect layer. It sends one attempt of a task to its target and
+//! classifies what happened by **what it proves**, and it asks a remote which records it holds
+//! for a task (lookup), so unknown outcomes can be reconciled.
+//!
+//! # Classification (DESIGN.md §7)
+//!
+//! | what happened | outcome |
+//! |---|---|
+//! | DNS failure, connect refused or timed out, connection failed before any request byte was written | `NotSent{Connect}` |
+//! | 429, or 503 with `Retry-After` | `NotSent{Throttled}` with `retry_after_ms` |
+//! | 2xx | `Succeeded` with the id at `response_id_pointer` (empty when absent: a 2xx proves the effect, the id is informational) |
+//! | 4xx other than 408/429 (409 unless `on_409 = "reconcile"`) | `Rejected` |
+//! | request written, then timeout / reset / unreadable answer; 408; 5xx; 1xx/3xx; 409 with `on_409 = "reconcile"` | `Unknown` |
+//! | 5xx with `on_5xx = "not_sent"` | `NotSent{ServerError}` |
+//!
+//! "Written" is observed at the connection: every TCP stream is wrapped so that the bytes the
+//! kernel accepted are counted, and the count is read only after the connection's task has
+//! been stopped. Error strings are never used to guess it.
+//!
+//! # Invariants
+//! - An attempt never returns an error: it ends in exactly one
+//!   [`sendledger_core::decide::AttemptOutcome`].
+//! - Nothing that could have reached the remote is reported as `NotSent`.
+//! - Header values are secrets: never logged, never in outcomes or errors (remote-supplied text
+//!   is scrubbed of them), redacted in `Debug`.
+//!
+//! # Dependencies
+//! The core crate (for the outcome and policy types), tokio, hyper and serde. Never the ledger
+//! (RocksDB), Kafka or the actors: this crate performs I/O to remotes and nothing else, and
+//! holds no state beyond idle connections.
+
+mod classify;
+mod config;
+mod conn;
+mod error;
+mod target;
+mod template;
+
+pub use config::{
+    ConflictPolicy, CreatedAfterConfig, HeaderValueConfig, IdempotencyConfig, LookupConfig,
+    RetryConfig, ServerErrorPolicy, TargetConfig, TimeFormat,
+};
+pub use error::{Error, Result};
+pub use sendledger_core::decide::AttemptOutcome;
+pub use target::{Target, Targets};

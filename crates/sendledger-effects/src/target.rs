@@ -1,0 +1,692 @@
+//! A validated target: attempts, lookups and the policy handed to the core crate.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::header::{self, HeaderName, HeaderValue};
+use http::{Method, Request, Uri};
+use http_body_util::Full;
+use sendledger_core::decide::{AttemptOutcome, Policy, ReconcilePolicy};
+use sendledger_core::{AcceptedRequest, NotSentCause, RetryPolicy, UnknownCause};
+use serde_json::Value;
+use tracing::{debug, info, warn};
+
+use crate::classify::{self, id_text, Rules};
+use crate::config::{
+    CreatedAfterConfig, HeaderValueConfig, LookupConfig, TargetConfig, TimeFormat,
+};
+use crate::conn::{Answer, Endpoint, Failure, Pool};
+use crate::error::{Error, Result};
+use crate::template::Template;
+
+const REDACTED: &str = "<redacted>";
+
+/// Headers the client manages itself; configuring them is an error.
+const MANAGED_HEADERS: [&str; 5] = [
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "upgrade",
+];
+
+/// A remote endpoint, validated and ready: [`Target::execute`] performs attempts,
+/// [`Target::lookup`] asks what the remote holds, [`Target::policy`] tells the core crate how
+/// to drive tasks of this target. Share it behind an `Arc`; connections are pooled inside.
+pub struct Target {
+    name: String,
+    method: Method,
+    url: Template,
+    endpoint: Endpoint,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    /// Header values as text, removed from any remote-supplied text we keep.
+    secrets: Vec<String>,
+    body_fields: Vec<(String, Template)>,
+    rules: Rules,
+    idempotency: Option<(HeaderName, Duration)>,
+    retry: RetryPolicy,
+    lookup: Option<Lookup>,
+    pool: Pool,
+}
+
+struct Lookup {
+    url: Template,
+    endpoint: Endpoint,
+    results_pointer: String,
+    id_pointer: String,
+    filters: Vec<(String, String)>,
+    created_after: Option<CreatedAfterConfig>,
+    policy: ReconcilePolicy,
+}
+
+/// Every configured target by name.
+#[derive(Debug, Default, Clone)]
+pub struct Targets {
+    by_name: BTreeMap<String, Arc<Target>>,
+}
+
+impl Targets {
+    /// Loads and validates every target (`targets.<name>` in error messages), reading header
+    /// values from the environment where configured.
+    pub fn from_config(config: &BTreeMap<String, TargetConfig>) -> Result<Targets> {
+        Targets::from_config_with_env(config, |name| std::env::var(name).ok())
+    }
+
+    /// As [`Targets::from_config`], with environment variables read through `env`.
+    pub fn from_config_with_env(
+        config: &BTreeMap<String, TargetConfig>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Targets> {
+        let mut by_name = BTreeMap::new();
+        for (name, target) in config {
+            by_name.insert(
+                name.clone(),
+                Arc::new(Target::from_config_with_env(name, target, &env)?),
+            );
+        }
+        Ok(Targets { by_name })
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<Target>> {
+        self.by_name.get(name)
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.by_name.keys().map(String::as_str)
+    }
+}
+
+impl fmt::Debug for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let headers: Vec<(&str, &str)> = self
+            .headers
+            .iter()
+            .map(|(n, _)| (n.as_str(), REDACTED))
+            .collect();
+        f.debug_struct("Target")
+            .field("name", &self.name)
+            .field("method", &self.method)
+            .field("url", &self.url.source())
+            .field("headers", &headers)
+            .field("rules", &self.rules)
+            .field("idempotency", &self.idempotency)
+            .field("retry", &self.retry)
+            .field("lookup", &self.lookup.as_ref().map(|l| l.url.source()))
+            .finish_non_exhaustive()
+    }
+}
+
+/// A field path for error messages: `targets.<name>.<field>`.
+struct Path<'a>(&'a str);
+
+impl Path<'_> {
+    fn at(&self, field: &str) -> String {
+        format!("targets.{}.{field}", self.0)
+    }
+}
+
+impl Target {
+    /// Validates one target's configuration, reading header values from the environment where
+    /// configured. Errors name the field (`targets.<name>.<field>`) and never contain a header
+    /// value.
+    pub fn from_config(name: &str, config: &TargetConfig) -> Result<Target> {
+        Target::from_config_with_env(name, config, |var| std::env::var(var).ok())
+    }
+
+    /// As [`Target::from_config`], with environment variables read through `env`.
+    pub fn from_config_with_env(
+        name: &str,
+        config: &TargetConfig,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Target> {
+        let path = Path(name);
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            return Err(Error::config(
+                format!("targets.{name}"),
+                "a target name is made of ASCII letters, digits, `-`, `_` and `.`",
+            ));
+        }
+        let method = match config.method.to_ascii_uppercase().as_str() {
+            "POST" => Method::POST,
+            "PUT" => Method::PUT,
+            "PATCH" => Method::PATCH,
+            "DELETE" => Method::DELETE,
+            "GET" => Method::GET,
+            _ => {
+                return Err(Error::config(
+                    path.at("method"),
+                    format!(
+                        "`{}` is not supported; use POST, PUT, PATCH, DELETE or GET",
+                        config.method
+                    ),
+                ))
+            }
+        };
+        positive(&path, "connect_timeout", config.connect_timeout)?;
+        positive(&path, "request_timeout", config.request_timeout)?;
+        let (url, address) = url_template(&path.at("url"), &config.url)?;
+        let endpoint = Endpoint {
+            address,
+            connect_timeout: config.connect_timeout,
+            request_timeout: config.request_timeout,
+            pool_idle_timeout: config.pool_idle_timeout,
+        };
+
+        let mut headers = Vec::new();
+        let mut secrets = Vec::new();
+        for (header_name, value) in &config.headers {
+            let field = path.at(&format!("headers.{header_name}"));
+            let hn = HeaderName::from_bytes(header_name.as_bytes())
+                .map_err(|_| Error::config(&field, "is not a valid header name"))?;
+            if MANAGED_HEADERS.contains(&hn.as_str()) {
+                return Err(Error::config(&field, "is set by the client; remove it"));
+            }
+            let text = match value {
+                HeaderValueConfig::Literal(text) => text.clone(),
+                HeaderValueConfig::Env { env: var, prefix } => match env(var) {
+                    Some(v) => format!("{prefix}{v}"),
+                    None => {
+                        return Err(Error::config(
+                            &field,
+                            format!("environment variable `{var}` is not set; set it before starting"),
+                        ))
+                    }
+                },
+            };
+            let mut hv = HeaderValue::from_str(&text).map_err(|_| {
+                Error::config(
+                    &field,
+                    "the value is not a valid header value (control characters or non-ASCII)",
+                )
+            })?;
+            hv.set_sensitive(true);
+            headers.push((hn, hv));
+            if !text.trim().is_empty() {
+                secrets.push(text);
+            }
+        }
+
+        let mut body_fields = Vec::new();
+        for (key, template) in &config.body_fields {
+            let field = path.at(&format!("body_fields.{key}"));
+            let t = Template::parse(template).map_err(|reason| Error::config(&field, reason))?;
+            body_fields.push((key.clone(), t));
+        }
+
+        pointer(&path, "response_id_pointer", &config.response_id_pointer)?;
+
+        let idempotency = match &config.idempotency {
+            None => None,
+            Some(i) => {
+                let field = path.at("idempotency.header");
+                let hn = HeaderName::from_bytes(i.header.as_bytes())
+                    .map_err(|_| Error::config(&field, "is not a valid header name"))?;
+                if headers.iter().any(|(n, _)| *n == hn) || MANAGED_HEADERS.contains(&hn.as_str())
+                {
+                    return Err(Error::config(
+                        &field,
+                        "is also a configured or client-managed header",
+                    ));
+                }
+                positive(&path, "idempotency.ttl", i.ttl)?;
+                Some((hn, i.ttl))
+            }
+        };
+
+        let r = &config.retry;
+        if r.max_attempts == 0 {
+            return Err(Error::config(path.at("retry.max_attempts"), "must be at least 1"));
+        }
+        if !(r.multiplier.is_finite() && r.multiplier >= 1.0) {
+            return Err(Error::config(path.at("retry.multiplier"), "must be a number of at least 1.0"));
+        }
+        if r.initial_backoff > r.max_backoff {
+            return Err(Error::config(
+                path.at("retry.initial_backoff"),
+                "must not exceed retry.max_backoff",
+            ));
+        }
+        let retry = RetryPolicy {
+            max_attempts: r.max_attempts,
+            initial_backoff_ms: millis(r.initial_backoff),
+            max_backoff_ms: millis(r.max_backoff),
+            multiplier: r.multiplier,
+        };
+
+        let lookup = match &config.lookup {
+            None => None,
+            Some(l) => Some(lookup(&path, l, config)?),
+        };
+
+        Ok(Target {
+            name: name.to_string(),
+            method,
+            url,
+            endpoint,
+            headers,
+            secrets,
+            body_fields,
+            rules: Rules {
+                id_pointer: config.response_id_pointer.clone(),
+                on_5xx: config.on_5xx,
+                on_409: config.on_409,
+            },
+            idempotency,
+            retry,
+            lookup,
+            pool: Pool::default(),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether the target has a lookup (unknown outcomes can be reconciled).
+    pub fn has_lookup(&self) -> bool {
+        self.lookup.is_some()
+    }
+
+    /// How the core crate drives tasks of this target.
+    pub fn policy(&self) -> Policy {
+        Policy {
+            retry: self.retry.clone(),
+            reconcile: self.lookup.as_ref().map(|l| l.policy.clone()),
+            idempotency_ttl_ms: self.idempotency.as_ref().map(|(_, ttl)| millis(*ttl)),
+        }
+    }
+
+    /// Performs one attempt and classifies it by what it proves (DESIGN.md §7). Never fails:
+    /// every ending is one [`AttemptOutcome`].
+    ///
+    /// - Nothing written to the socket (DNS, connect refused or timed out, a connection that
+    ///   failed before the first byte): `NotSent{Connect}`.
+    /// - Written, then no answer within `request_timeout`: `Unknown{Timeout}`; written, then the
+    ///   connection failed: `Unknown{ResetAfterWrite}`.
+    /// - An answer: by status (see the crate documentation).
+    /// - The request cannot be built from this task (a template field missing from the
+    ///   payload): `Rejected{status: 0}`: nothing was sent and resending cannot help.
+    ///
+    /// `idempotency_key` is sent in the configured header when the target has one. The caller
+    /// must have made the attempt's intent durable before calling. Dropping the future may
+    /// leave the request written or not: treat that as unknown.
+    pub async fn execute(
+        &self,
+        request: &AcceptedRequest,
+        attempt: u32,
+        idempotency_key: Option<&str>,
+    ) -> AttemptOutcome {
+        let task_id = request.task_id();
+        let built = match self.build_attempt(request, idempotency_key) {
+            Ok(built) => built,
+            Err(reason) => {
+                warn!(target_name = %self.name, %task_id, attempt, %reason, "attempt cannot be built; rejected without sending");
+                return AttemptOutcome::Rejected {
+                    status: 0,
+                    detail: format!("request cannot be built for target {}: {reason}", self.name),
+                };
+            }
+        };
+        let outcome = match self.pool.exchange(&self.endpoint, built).await {
+            Ok(answer) => self.classify(answer),
+            Err(Failure::NotWritten(reason)) => AttemptOutcome::NotSent {
+                cause: NotSentCause::Connect(self.scrub(reason)),
+                retry_after_ms: None,
+            },
+            Err(Failure::TimedOut) => AttemptOutcome::Unknown {
+                cause: UnknownCause::Timeout,
+            },
+            Err(Failure::Broken(reason)) => AttemptOutcome::Unknown {
+                cause: UnknownCause::ResetAfterWrite(self.scrub(reason)),
+            },
+        };
+        match &outcome {
+            AttemptOutcome::Unknown { cause } => {
+                info!(target_name = %self.name, %task_id, attempt, ?cause, "attempt outcome unknown; to be reconciled")
+            }
+            AttemptOutcome::Succeeded { remote_id, status } if remote_id.is_empty() => {
+                warn!(target_name = %self.name, %task_id, attempt, status, pointer = %self.rules.id_pointer, "attempt succeeded but the answer has no remote id")
+            }
+            other => debug!(target_name = %self.name, %task_id, attempt, outcome = ?other, "attempt classified"),
+        }
+        outcome
+    }
+
+    /// Asks the remote which records match the task: the configured query, then the filters.
+    /// `intent_at_ms` (milliseconds since the Unix epoch) is the time of the task's first
+    /// intent, for the `created_after_intent` filter. Returns the matching remote ids, each
+    /// once, in the remote's order. An error is no evidence either way.
+    pub async fn lookup(
+        &self,
+        request: &AcceptedRequest,
+        intent_at_ms: Option<u64>,
+    ) -> Result<Vec<String>> {
+        let Some(lookup) = &self.lookup else {
+            return Err(Error::config(
+                format!("targets.{}.lookup", self.name),
+                "is not configured; add a lookup to reconcile unknown outcomes",
+            ));
+        };
+        let payload = request.payload_value();
+        let render_err = |reason: String| Error::Render {
+            target: self.name.clone(),
+            reason,
+        };
+        let url = lookup
+            .url
+            .render(request, &payload, true)
+            .map_err(render_err)?;
+        let mut req = self.request(Method::GET, &url, &lookup.endpoint, Bytes::new())?;
+        req.headers_mut().insert(
+            header::ACCEPT,
+            HeaderValue::from_static("application/json"),
+        );
+        let answer = self
+            .pool
+            .exchange(&lookup.endpoint, req)
+            .await
+            .map_err(|failure| Error::LookupTransport {
+                target: self.name.clone(),
+                reason: self.scrub(match failure {
+                    Failure::NotWritten(r) | Failure::Broken(r) => r,
+                    Failure::TimedOut => "no answer within the request timeout".into(),
+                }),
+            })?;
+        let answer_err = |reason: String| Error::LookupAnswer {
+            target: self.name.clone(),
+            reason,
+        };
+        let body = answer.body.map_err(answer_err)?;
+        if !answer.status.is_success() {
+            let text = String::from_utf8_lossy(&body);
+            let detail: String = text.trim().chars().take(512).collect();
+            return Err(Error::LookupStatus {
+                target: self.name.clone(),
+                status: answer.status.as_u16(),
+                detail: self.scrub(detail),
+            });
+        }
+        let doc: Value = serde_json::from_slice(&body)
+            .map_err(|e| answer_err(format!("not JSON: {e}")))?;
+        let ids = select(lookup, &doc, &payload, intent_at_ms).map_err(answer_err)?;
+        debug!(target_name = %self.name, task_id = %request.task_id(), matches = ids.len(), "lookup performed");
+        Ok(ids)
+    }
+
+    fn classify(&self, answer: Answer) -> AttemptOutcome {
+        let outcome = classify::classify(
+            &self.rules,
+            answer.status,
+            &answer.headers,
+            &answer.body,
+            SystemTime::now(),
+        );
+        match outcome {
+            AttemptOutcome::Rejected { status, detail } => AttemptOutcome::Rejected {
+                status,
+                detail: self.scrub(detail),
+            },
+            other => other,
+        }
+    }
+
+    /// Removes configured header values from text that may echo them.
+    fn scrub(&self, mut text: String) -> String {
+        for secret in &self.secrets {
+            if text.contains(secret.as_str()) {
+                text = text.replace(secret.as_str(), REDACTED);
+            }
+        }
+        text
+    }
+
+    fn build_attempt(
+        &self,
+        request: &AcceptedRequest,
+        idempotency_key: Option<&str>,
+    ) -> std::result::Result<Request<Full<Bytes>>, String> {
+        let payload = request.payload_value();
+        let url = self.url.render(request, &payload, true)?;
+        let body = if self.body_fields.is_empty() {
+            Bytes::from(request.payload.clone())
+        } else {
+            let mut object = match payload {
+                Value::Object(ref map) => map.clone(),
+                _ => return Err("the payload is not a JSON object".into()),
+            };
+            for (key, template) in &self.body_fields {
+                object.insert(
+                    key.clone(),
+                    Value::String(template.render(request, &payload, false)?),
+                );
+            }
+            Bytes::from(Value::Object(object).to_string())
+        };
+        let mut req = self
+            .request(self.method.clone(), &url, &self.endpoint, body)
+            .map_err(|e| e.to_string())?;
+        if let (Some((header_name, _)), Some(key)) = (&self.idempotency, idempotency_key) {
+            let value = HeaderValue::from_str(key)
+                .map_err(|_| "the idempotency key is not a valid header value".to_string())?;
+            req.headers_mut().insert(header_name.clone(), value);
+        }
+        Ok(req)
+    }
+
+    /// A request to a rendered URL, with the configured headers.
+    fn request(
+        &self,
+        method: Method,
+        url: &str,
+        endpoint: &Endpoint,
+        body: Bytes,
+    ) -> Result<Request<Full<Bytes>>> {
+        let render_err = |reason: String| Error::Render {
+            target: self.name.clone(),
+            reason,
+        };
+        let uri: Uri = url
+            .parse()
+            .map_err(|e| render_err(format!("the rendered URL is invalid: {e}")))?;
+        let path = uri
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/")
+            .parse::<Uri>()
+            .map_err(|e| render_err(format!("the rendered URL is invalid: {e}")))?;
+        let has_body = !body.is_empty();
+        let mut req = Request::new(Full::new(body));
+        *req.method_mut() = method;
+        *req.uri_mut() = path;
+        let headers = req.headers_mut();
+        headers.insert(
+            header::HOST,
+            HeaderValue::from_str(&endpoint.address)
+                .map_err(|_| render_err("the host is not a valid header value".into()))?,
+        );
+        headers.insert(
+            header::USER_AGENT,
+            HeaderValue::from_static(concat!("sendledger/", env!("CARGO_PKG_VERSION"))),
+        );
+        if has_body {
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+        }
+        for (n, v) in &self.headers {
+            headers.insert(n.clone(), v.clone());
+        }
+        Ok(req)
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn positive(path: &Path<'_>, field: &str, d: Duration) -> Result<()> {
+    if d.is_zero() {
+        return Err(Error::config(path.at(field), "must be longer than 0s"));
+    }
+    Ok(())
+}
+
+/// Checks JSON pointer syntax: empty, or `/`-separated tokens with `~0`/`~1` escapes only.
+fn pointer(path: &Path<'_>, field: &str, p: &str) -> Result<()> {
+    let bad_escape = p
+        .match_indices('~')
+        .any(|(i, _)| !matches!(p.as_bytes().get(i + 1), Some(b'0' | b'1')));
+    if !(p.is_empty() || p.starts_with('/')) || bad_escape {
+        return Err(Error::config(
+            path.at(field),
+            format!("`{p}` is not a JSON pointer (e.g. `/id` or `/data/0/id`)"),
+        ));
+    }
+    Ok(())
+}
+
+/// Parses a URL template and returns it with the `host:port` it connects to. The scheme and
+/// authority must be literal (no placeholders).
+fn url_template(field: &str, source: &str) -> Result<(Template, String)> {
+    let template = Template::parse(source).map_err(|reason| Error::config(field, reason))?;
+    let sample: Uri = template
+        .sample()
+        .parse()
+        .map_err(|e| Error::config(field, format!("`{source}` is not a URL: {e}")))?;
+    match sample.scheme_str() {
+        Some("http") => {}
+        Some("https") => {
+            return Err(Error::config(
+                field,
+                "https is not supported by this build; reach the remote through a TLS-terminating proxy on http",
+            ))
+        }
+        _ => {
+            return Err(Error::config(
+                field,
+                format!("`{source}` must be an absolute http:// URL"),
+            ))
+        }
+    }
+    let authority = sample
+        .authority()
+        .ok_or_else(|| Error::config(field, format!("`{source}` has no host")))?;
+    if !source.starts_with(&format!("http://{authority}")) || authority.as_str().contains('@') {
+        return Err(Error::config(
+            field,
+            "the host and port must be written literally (no placeholders, no user info)",
+        ));
+    }
+    let address = format!("{}:{}", authority.host(), authority.port_u16().unwrap_or(80));
+    Ok((template, address))
+}
+
+fn lookup(path: &Path<'_>, l: &LookupConfig, target: &TargetConfig) -> Result<Lookup> {
+    let (url, address) = url_template(&path.at("lookup.url"), &l.url)?;
+    pointer(path, "lookup.results_pointer", &l.results_pointer)?;
+    pointer(path, "lookup.id_pointer", &l.id_pointer)?;
+    let mut filters = Vec::new();
+    for (record, payload) in &l.filters {
+        let field = format!("lookup.filters.\"{record}\"");
+        pointer(path, &field, record)?;
+        pointer(path, &field, payload)?;
+        filters.push((record.clone(), payload.clone()));
+    }
+    if let Some(c) = &l.created_after_intent {
+        pointer(path, "lookup.created_after_intent.pointer", &c.pointer)?;
+    }
+    positive(path, "lookup.check_interval", l.check_interval)?;
+    if l.deadline < l.first_check {
+        return Err(Error::config(
+            path.at("lookup.deadline"),
+            "must not be shorter than lookup.first_check",
+        ));
+    }
+    Ok(Lookup {
+        url,
+        endpoint: Endpoint {
+            address,
+            connect_timeout: target.connect_timeout,
+            request_timeout: target.request_timeout,
+            pool_idle_timeout: target.pool_idle_timeout,
+        },
+        results_pointer: l.results_pointer.clone(),
+        id_pointer: l.id_pointer.clone(),
+        filters,
+        created_after: l.created_after_intent.clone(),
+        policy: ReconcilePolicy {
+            first_check_ms: millis(l.first_check),
+            check_interval_ms: millis(l.check_interval),
+            deadline_ms: millis(l.deadline),
+            resend_when_absent: l.resend_when_absent,
+        },
+    })
+}
+
+/// The ids of the records in a lookup answer that pass the filters.
+fn select(
+    lookup: &Lookup,
+    doc: &Value,
+    payload: &Value,
+    intent_at_ms: Option<u64>,
+) -> std::result::Result<Vec<String>, String> {
+    let records = doc
+        .pointer(&lookup.results_pointer)
+        .and_then(Value::as_array)
+        .ok_or_else(|| format!("no array at `{}`", lookup.results_pointer))?;
+    let mut wanted = Vec::with_capacity(lookup.filters.len());
+    for (record_pointer, payload_pointer) in &lookup.filters {
+        let value = payload
+            .pointer(payload_pointer)
+            .ok_or_else(|| format!("the payload has no value at `{payload_pointer}` for a filter"))?;
+        wanted.push((record_pointer.as_str(), value));
+    }
+    let mut ids: Vec<String> = Vec::new();
+    for (i, record) in records.iter().enumerate() {
+        if !wanted
+            .iter()
+            .all(|(p, v)| record.pointer(p) == Some(*v))
+        {
+            continue;
+        }
+        if let (Some(c), Some(intent)) = (&lookup.created_after, intent_at_ms) {
+            let at = record
+                .pointer(&c.pointer)
+                .and_then(|v| timestamp_ms(v, c.format))
+                .ok_or_else(|| {
+                    format!("record {i} has no readable creation time at `{}`", c.pointer)
+                })?;
+            if at.saturating_add(millis(c.skew)) < intent {
+                continue;
+            }
+        }
+        let id = record
+            .pointer(&lookup.id_pointer)
+            .and_then(id_text)
+            .ok_or_else(|| format!("record {i} has no id at `{}`", lookup.id_pointer))?;
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    Ok(ids)
+}
+
+fn timestamp_ms(v: &Value, format: TimeFormat) -> Option<u64> {
+    match format {
+        TimeFormat::UnixMillis => v.as_u64().or_else(|| v.as_f64().map(|f| f.max(0.0) as u64)),
+        TimeFormat::UnixSeconds => v.as_f64().map(|s| (s.max(0.0) * 1000.0) as u64),
+        TimeFormat::Rfc3339 => humantime::parse_rfc3339_weak(v.as_str()?)
+            .ok()?
+            .duration_since(UNIX_EPOCH)
+            .ok()
+            .map(millis),
+    }
+}

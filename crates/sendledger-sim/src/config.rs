@@ -1,0 +1,203 @@
+//! The simulator's configuration: one serde struct, human durations, validated at start.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// How the simulated remote behaves. Every field has a default, so `SimConfig::default()` is a
+/// well-behaved remote on a free loopback port.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SimConfig {
+    /// Address to listen on; port 0 picks a free port.
+    pub listen: SocketAddr,
+    /// `POST` here creates a record.
+    pub create_path: String,
+    /// `GET` here with `?field=value&...` lists matching records.
+    pub lookup_path: String,
+    /// `GET` here returns [`crate::Stats`] as JSON.
+    pub stats_path: String,
+    /// Dotted path of the body field that identifies a business intent (for duplicate counting).
+    pub identity_field: String,
+    /// When set, a repeated value of this request header returns the first record instead of
+    /// creating a new one. Unset: the remote has no idempotency at all.
+    pub idempotency_header: Option<String>,
+    /// Records become visible to lookups this long after creation (eventual consistency).
+    #[serde(with = "humantime_serde")]
+    pub lookup_lag: Duration,
+    /// When set, requests without this exact header value are answered 401 (nothing created).
+    pub require_header: Option<RequiredHeader>,
+    /// Largest accepted request body; larger ones are answered 413 (nothing created).
+    pub max_body_bytes: usize,
+    /// Seed of every random choice the simulator makes (faults, latency).
+    pub seed: u64,
+    pub faults: Faults,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            create_path: "/records".into(),
+            lookup_path: "/records".into(),
+            stats_path: "/_sim/stats".into(),
+            identity_field: "request_key".into(),
+            idempotency_header: None,
+            lookup_lag: Duration::ZERO,
+            require_header: None,
+            max_body_bytes: 1024 * 1024,
+            seed: 0,
+            faults: Faults::default(),
+        }
+    }
+}
+
+/// A header the remote requires (an API key, say). The value is never printed.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequiredHeader {
+    pub name: String,
+    pub value: String,
+}
+
+impl fmt::Debug for RequiredHeader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RequiredHeader")
+            .field("name", &self.name)
+            .field("value", &"<redacted>")
+            .finish()
+    }
+}
+
+/// Injected faults. Each probability applies to one create request; at most one fault is
+/// chosen per request (their sum must not exceed 1). `refuse` applies to each new connection.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Faults {
+    /// Close a new connection once the request has arrived, without reading it or answering.
+    /// Nothing is created.
+    pub refuse: f64,
+    /// Create the record, then close the connection without answering.
+    pub commit_then_drop: f64,
+    /// Create the record, then never answer (the connection stays open).
+    pub commit_then_hang: f64,
+    /// Create the record, then answer `error_status`.
+    pub commit_then_error: f64,
+    /// Answer `error_status` without creating anything.
+    pub error: f64,
+    /// Answer `throttle_status` with `Retry-After`, without creating anything.
+    pub throttle: f64,
+    /// Answer `reject_status` without creating anything.
+    pub reject: f64,
+    /// Status of `error` and `commit_then_error` (5xx).
+    pub error_status: u16,
+    /// Status of `throttle`: 429 or 503.
+    pub throttle_status: u16,
+    /// Status of `reject` (4xx).
+    pub reject_status: u16,
+    /// `Retry-After` sent with `throttle`, rounded up to whole seconds.
+    #[serde(with = "humantime_serde")]
+    pub retry_after: Duration,
+    /// Processing time of every create and lookup request.
+    #[serde(with = "humantime_serde")]
+    pub latency: Duration,
+    /// Extra processing time, uniform in `[0, latency_jitter]`, drawn from the seed.
+    #[serde(with = "humantime_serde")]
+    pub latency_jitter: Duration,
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Faults {
+            refuse: 0.0,
+            commit_then_drop: 0.0,
+            commit_then_hang: 0.0,
+            commit_then_error: 0.0,
+            error: 0.0,
+            throttle: 0.0,
+            reject: 0.0,
+            error_status: 500,
+            throttle_status: 429,
+            reject_status: 422,
+            retry_after: Duration::from_secs(1),
+            latency: Duration::ZERO,
+            latency_jitter: Duration::ZERO,
+        }
+    }
+}
+
+impl Faults {
+    /// Checks probabilities and statuses; errors name the field.
+    pub fn validate(&self) -> Result<()> {
+        let probabilities = [
+            ("faults.refuse", self.refuse),
+            ("faults.commit_then_drop", self.commit_then_drop),
+            ("faults.commit_then_hang", self.commit_then_hang),
+            ("faults.commit_then_error", self.commit_then_error),
+            ("faults.error", self.error),
+            ("faults.throttle", self.throttle),
+            ("faults.reject", self.reject),
+        ];
+        for (field, p) in probabilities {
+            if !(0.0..=1.0).contains(&p) {
+                return Err(Error::config(field, format!("{p} is not a probability in [0, 1]")));
+            }
+        }
+        let per_request: f64 = probabilities[1..].iter().map(|(_, p)| p).sum();
+        if per_request > 1.0 + 1e-9 {
+            return Err(Error::config(
+                "faults",
+                format!("the per-request fault probabilities add up to {per_request}, more than 1"),
+            ));
+        }
+        if !(500..=599).contains(&self.error_status) {
+            return Err(Error::config("faults.error_status", "must be a 5xx status"));
+        }
+        if !matches!(self.throttle_status, 429 | 503) {
+            return Err(Error::config("faults.throttle_status", "must be 429 or 503"));
+        }
+        if !(400..=499).contains(&self.reject_status) {
+            return Err(Error::config("faults.reject_status", "must be a 4xx status"));
+        }
+        Ok(())
+    }
+}
+
+impl SimConfig {
+    /// Checks the whole configuration; errors name the field.
+    pub fn validate(&self) -> Result<()> {
+        for (field, path) in [
+            ("create_path", &self.create_path),
+            ("lookup_path", &self.lookup_path),
+            ("stats_path", &self.stats_path),
+        ] {
+            if !path.starts_with('/') || path.contains('?') {
+                return Err(Error::config(field, "must start with `/` and have no query"));
+            }
+        }
+        if self.stats_path == self.create_path || self.stats_path == self.lookup_path {
+            return Err(Error::config("stats_path", "must differ from the create and lookup paths"));
+        }
+        if self.identity_field.is_empty() {
+            return Err(Error::config("identity_field", "must not be empty"));
+        }
+        if let Some(name) = &self.idempotency_header {
+            if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                return Err(Error::config("idempotency_header", "is not a valid header name"));
+            }
+        }
+        if let Some(h) = &self.require_header {
+            if http::HeaderName::from_bytes(h.name.as_bytes()).is_err() {
+                return Err(Error::config("require_header.name", "is not a valid header name"));
+            }
+        }
+        if self.max_body_bytes == 0 {
+            return Err(Error::config("max_body_bytes", "must be at least 1"));
+        }
+        self.faults.validate()
+    }
+}

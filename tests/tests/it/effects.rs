@@ -1,0 +1,829 @@
+//! Attempt classification and lookups over real sockets, against the simulated remote: one
+//! test per row of DESIGN.md §7 and per injected fault. Every test checks the remote's ground
+//! truth (its records) as well as the outcome.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sendledger_core::{AcceptedRequest, Limits, NotSentCause, TaskRequest, UnknownCause};
+use sendledger_effects::{AttemptOutcome, Target, TargetConfig, Targets};
+use sendledger_sim::{Faults, RequiredHeader, Sim, SimConfig};
+use serde_json::json;
+
+pub fn request(key: &str, payload: serde_json::Value) -> AcceptedRequest {
+    TaskRequest {
+        tenant: "acme".into(),
+        operation: "payment.create".into(),
+        request_key: key.into(),
+        target: "payments".into(),
+        payload,
+        metadata: Default::default(),
+    }
+    .accept(&Limits::default())
+    .expect("valid test request")
+}
+
+pub async fn start_sim(faults: Faults) -> Sim {
+    Sim::start(SimConfig {
+        faults,
+        ..SimConfig::default()
+    })
+    .await
+    .expect("sim starts")
+}
+
+/// A target against `sim` with short timeouts; `extra` is more TOML keys (no tables), which
+/// replace the defaults here.
+pub fn config(sim: &Sim, extra: &str) -> TargetConfig {
+    let base = format!(
+        r#"
+url = "{create}"
+connect_timeout = "1s"
+request_timeout = "400ms"
+body_fields = {{ request_key = "{{request_key}}" }}
+lookup = {{ url = "{lookup}?request_key={{request_key}}", first_check = "10ms", check_interval = "10ms", deadline = "1s" }}
+"#,
+        create = sim.create_url(),
+        lookup = sim.lookup_url(),
+    );
+    let mut table: toml::Table = toml::from_str(&base).expect("base test config");
+    let extra: toml::Table = toml::from_str(extra).unwrap_or_else(|e| panic!("test config: {e}\n{extra}"));
+    table.extend(extra);
+    toml::Value::Table(table)
+        .try_into()
+        .unwrap_or_else(|e| panic!("test config: {e}"))
+}
+
+pub fn target(sim: &Sim, extra: &str) -> Target {
+    Target::from_config("payments", &config(sim, extra)).expect("valid test target")
+}
+
+fn faults(f: impl FnOnce(&mut Faults)) -> Faults {
+    let mut faults = Faults::default();
+    f(&mut faults);
+    faults
+}
+
+/// Polls until the sim holds `n` records with this identity (work that finishes after the
+/// client gave up), or panics after a generous bound.
+async fn await_records(sim: &Sim, key: &str, n: usize) {
+    for _ in 0..500 {
+        if sim.records_with_identity(key).len() == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "expected {n} records for {key}, have {}",
+        sim.records_with_identity(key).len()
+    );
+}
+
+fn unknown(cause: UnknownCause) -> AttemptOutcome {
+    AttemptOutcome::Unknown { cause }
+}
+
+// ---- NotSent: nothing written ----
+
+#[tokio::test]
+async fn connection_refused_port_closed_is_not_sent() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = closed.local_addr().unwrap();
+    drop(closed);
+    let cfg: TargetConfig =
+        toml::from_str(&format!("url = \"http://{addr}/records\"\nconnect_timeout = \"1s\"")).unwrap();
+    let target = Target::from_config("payments", &cfg).unwrap();
+    match target.execute(&request("k1", json!({"amount": 1})), 1, None).await {
+        AttemptOutcome::NotSent {
+            cause: NotSentCause::Connect(reason),
+            retry_after_ms: None,
+        } => assert!(reason.contains("connect to"), "{reason}"),
+        other => panic!("expected NotSent, got {other:?}"),
+    }
+}
+
+/// A listener whose accept queue is full drops new SYNs: the connect times out, nothing is
+/// written.
+#[tokio::test]
+async fn connect_timeout_is_not_sent() {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(1).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut held = Vec::new();
+    for _ in 0..16 {
+        match tokio::time::timeout(Duration::from_millis(200), tokio::net::TcpStream::connect(addr)).await {
+            Ok(Ok(stream)) => held.push(stream),
+            _ => break,
+        }
+    }
+    let cfg: TargetConfig = toml::from_str(&format!(
+        "url = \"http://{addr}/records\"\nconnect_timeout = \"300ms\"\nrequest_timeout = \"300ms\""
+    ))
+    .unwrap();
+    let target = Target::from_config("payments", &cfg).unwrap();
+    match target.execute(&request("k1", json!({})), 1, None).await {
+        AttemptOutcome::NotSent {
+            cause: NotSentCause::Connect(reason),
+            ..
+        } => assert!(reason.contains("no connection within"), "{reason}"),
+        other => panic!("expected NotSent, got {other:?}"),
+    }
+    drop(listener);
+}
+
+// ---- Succeeded ----
+
+#[tokio::test]
+async fn created_2xx_is_succeeded_with_the_remote_id() {
+    let sim = start_sim(Faults::default()).await;
+    let target = target(&sim, "");
+    let outcome = target
+        .execute(&request("ord-1", json!({"amount": 1250, "currency": "EUR"})), 1, None)
+        .await;
+    let records = sim.records();
+    assert_eq!(records.len(), 1);
+    assert_eq!(
+        outcome,
+        AttemptOutcome::Succeeded {
+            remote_id: records[0].id.clone(),
+            status: 201
+        }
+    );
+    assert_eq!(
+        records[0].body,
+        json!({"amount": 1250, "currency": "EUR", "request_key": "ord-1"})
+    );
+}
+
+#[tokio::test]
+async fn success_without_an_id_is_still_succeeded() {
+    let sim = start_sim(Faults::default()).await;
+    let target = target(&sim, "response_id_pointer = \"/data/id\"");
+    let outcome = target.execute(&request("ord-1", json!({})), 1, None).await;
+    assert_eq!(
+        outcome,
+        AttemptOutcome::Succeeded {
+            remote_id: String::new(),
+            status: 201
+        }
+    );
+    assert_eq!(sim.stats().records, 1);
+}
+
+// ---- Unknown: written, no reliable answer ----
+
+#[tokio::test]
+async fn commit_then_drop_is_unknown_and_the_remote_holds_exactly_one_record() {
+    let sim = start_sim(faults(|f| f.commit_then_drop = 1.0)).await;
+    let target = target(&sim, "");
+    let outcome = target.execute(&request("ord-1", json!({})), 1, None).await;
+    assert!(
+        matches!(
+            outcome,
+            AttemptOutcome::Unknown {
+                cause: UnknownCause::ResetAfterWrite(_)
+            }
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(sim.records_with_identity("ord-1").len(), 1);
+    assert_eq!(sim.stats().dropped, 1);
+}
+
+#[tokio::test]
+async fn commit_then_hang_is_unknown_after_the_request_timeout() {
+    let sim = start_sim(faults(|f| f.commit_then_hang = 1.0)).await;
+    let target = target(&sim, "");
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(10),
+        target.execute(&request("ord-1", json!({})), 1, None),
+    )
+    .await
+    .expect("the request timeout ends the attempt");
+    assert_eq!(outcome, unknown(UnknownCause::Timeout));
+    assert_eq!(sim.records_with_identity("ord-1").len(), 1);
+    assert_eq!(sim.stats().hung, 1);
+}
+
+#[tokio::test]
+async fn refused_before_reading_is_unknown_and_nothing_was_created() {
+    let sim = start_sim(faults(|f| f.refuse = 1.0)).await;
+    let target = target(&sim, "");
+    let outcome = target.execute(&request("ord-1", json!({})), 1, None).await;
+    // The request was written: the client cannot know the remote did not read it.
+    assert!(
+        matches!(
+            outcome,
+            AttemptOutcome::Unknown {
+                cause: UnknownCause::ResetAfterWrite(_)
+            }
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(sim.stats().records, 0);
+    assert_eq!(sim.stats().refused, 1);
+}
+
+#[tokio::test]
+async fn slow_remote_past_the_timeout_is_unknown_and_the_record_still_appears() {
+    let sim = start_sim(faults(|f| f.latency = Duration::from_millis(700))).await;
+    let target = target(&sim, "request_timeout = \"200ms\"");
+    let outcome = target.execute(&request("ord-1", json!({})), 1, None).await;
+    assert_eq!(outcome, unknown(UnknownCause::Timeout));
+    // A timeout is not a failure: the remote performed the effect after the client gave up.
+    await_records(&sim, "ord-1", 1).await;
+}
+
+#[tokio::test]
+async fn server_error_500_before_commit_is_unknown() {
+    let sim = start_sim(faults(|f| f.error = 1.0)).await;
+    let outcome = target(&sim, "")
+        .execute(&request("ord-1", json!({})), 1, None)
+        .await;
+    assert_eq!(outcome, unknown(UnknownCause::Status(500)));
+    assert_eq!(sim.stats().records, 0);
+}
+
+#[tokio::test]
+async fn server_error_500_after_commit_is_unknown() {
+    let sim = start_sim(faults(|f| f.commit_then_error = 1.0)).await;
+    let outcome = target(&sim, "")
+        .execute(&request("ord-1", json!({})), 1, None)
+        .await;
+    assert_eq!(outcome, unknown(UnknownCause::Status(500)));
+    assert_eq!(sim.records_with_identity("ord-1").len(), 1);
+}
+
+#[tokio::test]
+async fn server_error_is_not_sent_when_the_target_says_so() {
+    let sim = start_sim(faults(|f| {
+        f.error = 1.0;
+        f.error_status = 502;
+    }))
+    .await;
+    let outcome = target(&sim, "on_5xx = \"not_sent\"")
+        .execute(&request("ord-1", json!({})), 1, None)
+        .await;
+    assert_eq!(
+        outcome,
+        AttemptOutcome::NotSent {
+            cause: NotSentCause::ServerError { status: 502 },
+            retry_after_ms: None
+        }
+    );
+    assert_eq!(sim.stats().records, 0);
+}
+
+#[tokio::test]
+async fn unavailable_503_without_retry_after_is_unknown() {
+    let sim = start_sim(faults(|f| {
+        f.error = 1.0;
+        f.error_status = 503;
+    }))
+    .await;
+    let outcome = target(&sim, "")
+        .execute(&request("ord-1", json!({})), 1, None)
+        .await;
+    assert_eq!(outcome, unknown(UnknownCause::Status(503)));
+}
+
+#[tokio::test]
+async fn request_timeout_408_is_unknown() {
+    let sim = start_sim(faults(|f| {
+        f.reject = 1.0;
+        f.reject_status = 408;
+    }))
+    .await;
+    let outcome = target(&sim, "")
+        .execute(&request("ord-1", json!({})), 1, None)
+        .await;
+    assert_eq!(outcome, unknown(UnknownCause::Status(408)));
+}
+
+// ---- NotSent: throttled ----
+
+#[tokio::test]
+async fn throttled_429_with_retry_after_2_is_not_sent_for_at_least_2s() {
+    let sim = start_sim(faults(|f| {
+        f.throttle = 1.0;
+        f.retry_after = Duration::from_secs(2);
+    }))
+    .await;
+    let outcome = target(&sim, "")
+        .execute(&request("ord-1", json!({})), 1, None)
+        .await;
+    match outcome {
+        AttemptOutcome::NotSent {
+            cause: NotSentCause::Throttled { status: 429 },
+            retry_after_ms: Some(ms),
+        } => assert!(ms >= 2_000, "{ms}"),
+        other => panic!("expected throttled, got {other:?}"),
+    }
+    assert_eq!(sim.stats().records, 0);
+}
+
+#[tokio::test]
+async fn unavailable_503_with_retry_after_is_not_sent() {
+    let sim = start_sim(faults(|f| {
+        f.throttle = 1.0;
+        f.throttle_status = 503;
+        f.retry_after = Duration::from_secs(3);
+    }))
+    .await;
+    let outcome = target(&sim, "")
+        .execute(&request("ord-1", json!({})), 1, None)
+        .await;
+    assert_eq!(
+        outcome,
+        AttemptOutcome::NotSent {
+            cause: NotSentCause::Throttled { status: 503 },
+            retry_after_ms: Some(3_000)
+        }
+    );
+    assert_eq!(sim.stats().records, 0);
+}
+
+// ---- Rejected ----
+
+async fn rejected_with(status: u16) {
+    let sim = start_sim(faults(|f| {
+        f.reject = 1.0;
+        f.reject_status = status;
+    }))
+    .await;
+    let outcome = target(&sim, "")
+        .execute(&request("ord-1", json!({})), 1, None)
+        .await;
+    match outcome {
+        AttemptOutcome::Rejected { status: s, detail } => {
+            assert_eq!(s, status);
+            assert!(detail.contains("rejected by the remote"), "{detail}");
+        }
+        other => panic!("expected rejected, got {other:?}"),
+    }
+    assert_eq!(sim.stats().records, 0);
+}
+
+#[tokio::test]
+async fn bad_request_400_is_rejected() {
+    rejected_with(400).await;
+}
+
+#[tokio::test]
+async fn unprocessable_422_is_rejected() {
+    rejected_with(422).await;
+}
+
+#[tokio::test]
+async fn conflict_409_is_rejected_by_default_and_unknown_when_set_to_reconcile() {
+    rejected_with(409).await;
+    let sim = start_sim(faults(|f| {
+        f.reject = 1.0;
+        f.reject_status = 409;
+    }))
+    .await;
+    let outcome = target(&sim, "on_409 = \"reconcile\"")
+        .execute(&request("ord-1", json!({})), 1, None)
+        .await;
+    assert_eq!(outcome, unknown(UnknownCause::Status(409)));
+}
+
+#[tokio::test]
+async fn a_request_that_cannot_be_built_is_rejected_without_sending() {
+    let sim = start_sim(Faults::default()).await;
+    let target = target(&sim, "body_fields = { customer = \"{payload.customer.id}\" }");
+    match target.execute(&request("ord-1", json!({})), 1, None).await {
+        AttemptOutcome::Rejected { status: 0, detail } => {
+            assert!(detail.contains("no field `customer.id`"), "{detail}")
+        }
+        other => panic!("expected rejected, got {other:?}"),
+    }
+    assert_eq!(sim.stats().posts, 0);
+}
+
+// ---- Idempotency keys and connections ----
+
+#[tokio::test]
+async fn a_reused_idempotency_key_returns_the_first_record() {
+    let sim = Sim::start(SimConfig {
+        idempotency_header: Some("Idempotency-Key".into()),
+        faults: faults(|f| f.commit_then_drop = 1.0),
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap();
+    let target = target(
+        &sim,
+        "idempotency = { header = \"Idempotency-Key\", ttl = \"1h\" }",
+    );
+    assert_eq!(target.policy().idempotency_ttl_ms, Some(3_600_000));
+    let req = request("ord-1", json!({}));
+    let first = target.execute(&req, 1, Some("key-1")).await;
+    assert!(matches!(first, AttemptOutcome::Unknown { .. }), "{first:?}");
+    sim.set_faults(Faults::default()).unwrap();
+    let second = target.execute(&req, 2, Some("key-1")).await;
+    let records = sim.records_with_identity("ord-1");
+    assert_eq!(records.len(), 1, "the same key must not create a second record");
+    assert_eq!(
+        second,
+        AttemptOutcome::Succeeded {
+            remote_id: records[0].id.clone(),
+            status: 201
+        }
+    );
+    assert_eq!(sim.stats().replays, 1);
+}
+
+#[tokio::test]
+async fn idle_connections_are_reused_only_when_pooling_is_on() {
+    let sim = start_sim(Faults::default()).await;
+    let pooled = target(&sim, "");
+    for i in 0..10 {
+        let outcome = pooled
+            .execute(&request(&format!("p-{i}"), json!({})), 1, None)
+            .await;
+        assert!(matches!(outcome, AttemptOutcome::Succeeded { .. }), "{outcome:?}");
+    }
+    assert_eq!(sim.stats().connections, 1);
+    let fresh = target(&sim, "pool_idle_timeout = \"0s\"");
+    for i in 0..10 {
+        let outcome = fresh
+            .execute(&request(&format!("f-{i}"), json!({})), 1, None)
+            .await;
+        assert!(matches!(outcome, AttemptOutcome::Succeeded { .. }), "{outcome:?}");
+    }
+    assert_eq!(sim.stats().connections, 11);
+    assert_eq!(sim.stats().records, 20);
+}
+
+#[tokio::test]
+async fn a_sim_shutdown_ends_a_hanging_attempt_as_unknown() {
+    let sim = start_sim(faults(|f| f.commit_then_hang = 1.0)).await;
+    let target = Arc::new(target(&sim, "request_timeout = \"30s\""));
+    let attempt = {
+        let target = target.clone();
+        tokio::spawn(async move { target.execute(&request("ord-1", json!({})), 1, None).await })
+    };
+    while sim.stats().hung == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    sim.shutdown().await;
+    let outcome = tokio::time::timeout(Duration::from_secs(5), attempt)
+        .await
+        .expect("shutdown closes hanging connections")
+        .unwrap();
+    assert!(
+        matches!(
+            outcome,
+            AttemptOutcome::Unknown {
+                cause: UnknownCause::ResetAfterWrite(_)
+            }
+        ),
+        "{outcome:?}"
+    );
+}
+
+// ---- Lookups ----
+
+#[tokio::test]
+async fn lookup_finds_zero_one_and_several_matches() {
+    let sim = start_sim(Faults::default()).await;
+    let target = target(&sim, "");
+    let req = request("ord-1", json!({"amount": 5}));
+    assert_eq!(target.lookup(&req, None).await.unwrap(), Vec::<String>::new());
+    target.execute(&req, 1, None).await;
+    let one = target.lookup(&req, None).await.unwrap();
+    assert_eq!(one, vec![sim.records()[0].id.clone()]);
+    // An unrelated task's record is not a match.
+    target.execute(&request("ord-2", json!({})), 1, None).await;
+    assert_eq!(target.lookup(&req, None).await.unwrap(), one);
+    // A duplicate at the remote: both records are reported.
+    target.execute(&req, 2, None).await;
+    let several = target.lookup(&req, None).await.unwrap();
+    let expected: Vec<String> = sim
+        .records_with_identity("ord-1")
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(several.len(), 2);
+    assert_eq!(several, expected);
+}
+
+#[tokio::test]
+async fn lookup_lag_hides_fresh_records_until_they_are_visible() {
+    let sim = Sim::start(SimConfig {
+        lookup_lag: Duration::from_secs(3600),
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap();
+    let target = target(&sim, "");
+    let req = request("ord-1", json!({}));
+    assert!(matches!(
+        target.execute(&req, 1, None).await,
+        AttemptOutcome::Succeeded { .. }
+    ));
+    assert!(target.lookup(&req, None).await.unwrap().is_empty());
+    sim.set_lookup_lag(Duration::ZERO);
+    assert_eq!(target.lookup(&req, None).await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn lookup_filters_exclude_records_whose_fields_differ() {
+    let sim = start_sim(Faults::default()).await;
+    let text = format!(
+        r#"
+url = "{create}"
+body_fields = {{ request_key = "{{request_key}}" }}
+[lookup]
+url = "{lookup}?request_key={{request_key}}"
+filters = {{ "/body/amount" = "/amount", "/body/currency" = "/currency" }}
+"#,
+        create = sim.create_url(),
+        lookup = sim.lookup_url()
+    );
+    let filtered = Target::from_config("payments", &toml::from_str(&text).unwrap()).unwrap();
+    let unfiltered = target(&sim, "");
+    let ours = request("ord-1", json!({"amount": 100, "currency": "EUR"}));
+    let other_amount = request("ord-1", json!({"amount": 200, "currency": "EUR"}));
+    let other_currency = request("ord-1", json!({"amount": 100, "currency": "USD"}));
+    let AttemptOutcome::Succeeded { remote_id, .. } = filtered.execute(&ours, 1, None).await else {
+        panic!("create failed")
+    };
+    filtered.execute(&other_amount, 1, None).await;
+    filtered.execute(&other_currency, 1, None).await;
+    assert_eq!(unfiltered.lookup(&ours, None).await.unwrap().len(), 3);
+    assert_eq!(filtered.lookup(&ours, None).await.unwrap(), vec![remote_id]);
+    // A payload without a filtered field cannot be judged: an error, not zero matches.
+    let err = filtered
+        .lookup(&request("ord-1", json!({"amount": 100})), None)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("`/currency`"), "{err}");
+}
+
+#[tokio::test]
+async fn lookup_created_after_intent_excludes_older_records() {
+    let sim = start_sim(Faults::default()).await;
+    let text = format!(
+        r#"
+url = "{create}"
+body_fields = {{ request_key = "{{request_key}}" }}
+[lookup]
+url = "{lookup}?request_key={{request_key}}"
+created_after_intent = {{ pointer = "/created_at", format = "unix_millis", skew = "0s" }}
+"#,
+        create = sim.create_url(),
+        lookup = sim.lookup_url()
+    );
+    let target = Target::from_config("payments", &toml::from_str(&text).unwrap()).unwrap();
+    let req = request("ord-1", json!({}));
+    target.execute(&req, 1, None).await;
+    let created_at = sim.records()[0].created_at;
+    assert_eq!(target.lookup(&req, Some(created_at - 1_000)).await.unwrap().len(), 1);
+    assert_eq!(target.lookup(&req, Some(created_at)).await.unwrap().len(), 1);
+    assert!(target
+        .lookup(&req, Some(created_at + 60_000))
+        .await
+        .unwrap()
+        .is_empty());
+    // Without an intent time the filter does not apply.
+    assert_eq!(target.lookup(&req, None).await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn lookup_url_encodes_request_fields() {
+    let sim = start_sim(Faults::default()).await;
+    let target = target(&sim, "");
+    let req = request("ord/1+2#x=y:z", json!({}));
+    target.execute(&req, 1, None).await;
+    target.execute(&request("ord/1", json!({})), 1, None).await;
+    assert_eq!(target.lookup(&req, None).await.unwrap().len(), 1);
+    assert_eq!(sim.records_with_identity("ord/1+2#x=y:z").len(), 1);
+}
+
+#[tokio::test]
+async fn failed_lookups_are_errors_not_evidence() {
+    let sim = start_sim(Faults::default()).await;
+    let req = request("ord-1", json!({}));
+    // Wrong shape: the answer is an array, not an object with `/data`.
+    let shaped = target(&sim, "");
+    let mut cfg = config(&sim, "");
+    if let Some(l) = cfg.lookup.as_mut() {
+        l.results_pointer = "/data".into();
+    }
+    let wrong_shape = Target::from_config("payments", &cfg).unwrap();
+    let err = wrong_shape.lookup(&req, None).await.unwrap_err();
+    assert!(matches!(err, sendledger_effects::Error::LookupAnswer { .. }), "{err}");
+    // Wrong path: 404.
+    let mut cfg = config(&sim, "");
+    if let Some(l) = cfg.lookup.as_mut() {
+        l.url = format!("{}/nope?k={{request_key}}", sim.base_url());
+    }
+    let err = Target::from_config("payments", &cfg)
+        .unwrap()
+        .lookup(&req, None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, sendledger_effects::Error::LookupStatus { status: 404, .. }),
+        "{err}"
+    );
+    // Remote gone.
+    let _ = shaped.lookup(&req, None).await.unwrap();
+    sim.shutdown().await;
+    let err = shaped.lookup(&req, None).await.unwrap_err();
+    assert!(
+        matches!(err, sendledger_effects::Error::LookupTransport { .. }),
+        "{err}"
+    );
+}
+
+// ---- Configuration ----
+
+#[test]
+fn config_errors_name_the_field() {
+    let base = "url = \"http://127.0.0.1:9/records\"\n";
+    let cases: &[(&str, &str)] = &[
+        ("method = \"BREW\"", "targets.t.method: `BREW` is not supported"),
+        ("request_timeout = \"0s\"", "targets.t.request_timeout: must be longer than 0s"),
+        ("response_id_pointer = \"id\"", "targets.t.response_id_pointer: `id` is not a JSON pointer"),
+        ("headers = { \"Bad Name\" = \"x\" }", "targets.t.headers.Bad Name: is not a valid header name"),
+        ("headers = { Host = \"x\" }", "targets.t.headers.Host: is set by the client"),
+        ("headers = { Authorization = { env = \"SENDLEDGER_TEST_UNSET_VAR\" } }",
+         "targets.t.headers.Authorization: environment variable `SENDLEDGER_TEST_UNSET_VAR` is not set"),
+        ("body_fields = { ref = \"{nope}\" }", "targets.t.body_fields.ref: unknown placeholder `{nope}`"),
+        ("retry = { max_attempts = 0 }", "targets.t.retry.max_attempts: must be at least 1"),
+        ("retry = { multiplier = 0.5 }", "targets.t.retry.multiplier"),
+        ("idempotency = { header = \"Idempotency-Key\", ttl = \"0s\" }", "targets.t.idempotency.ttl"),
+        ("lookup = { url = \"http://127.0.0.1:9/r?k={bogus}\" }", "targets.t.lookup.url: unknown placeholder `{bogus}`"),
+        ("lookup = { url = \"http://127.0.0.1:9/r\", id_pointer = \"x\" }", "targets.t.lookup.id_pointer"),
+        ("lookup = { url = \"http://127.0.0.1:9/r\", first_check = \"10s\", deadline = \"1s\" }", "targets.t.lookup.deadline"),
+    ];
+    for (extra, expected) in cases {
+        let cfg: TargetConfig = toml::from_str(&format!("{base}{extra}")).unwrap();
+        let err = Target::from_config_with_env("t", &cfg, |_| None).unwrap_err();
+        assert!(err.to_string().starts_with(expected), "{extra}: {err}");
+    }
+    for (url, expected) in [
+        ("https://x/y", "https is not supported"),
+        ("ftp://x/y", "absolute http:// URL"),
+        ("http://{tenant}.example/y", "written literally"),
+        ("/relative", "absolute http:// URL"),
+    ] {
+        let cfg: TargetConfig = toml::from_str(&format!("url = \"{url}\"")).unwrap();
+        let err = Target::from_config("t", &cfg).unwrap_err();
+        assert!(err.to_string().starts_with("targets.t.url: "), "{url}: {err}");
+        assert!(err.to_string().contains(expected), "{url}: {err}");
+    }
+    let err = toml::from_str::<TargetConfig>(&format!("{base}colour = \"red\"")).unwrap_err();
+    assert!(err.to_string().contains("unknown field `colour`"), "{err}");
+    let err = toml::from_str::<TargetConfig>(&format!("{base}connect_timeout = \"soon\"")).unwrap_err();
+    assert!(err.to_string().contains("connect_timeout"), "{err}");
+    let err = toml::from_str::<TargetConfig>(&format!("{base}on_5xx = \"retry\"")).unwrap_err();
+    assert!(err.to_string().contains("unknown variant `retry`"), "{err}");
+}
+
+#[test]
+fn a_target_maps_to_the_core_policy() {
+    let cfg: TargetConfig = toml::from_str(
+        r#"
+url = "http://127.0.0.1:9/records"
+idempotency = { header = "Idempotency-Key", ttl = "24h" }
+retry = { max_attempts = 5, initial_backoff = "200ms", max_backoff = "1m", multiplier = 3.0 }
+lookup = { url = "http://127.0.0.1:9/records?k={request_key}", first_check = "2s", check_interval = "15s", deadline = "10m", resend_when_absent = true }
+"#,
+    )
+    .unwrap();
+    let policy = Target::from_config("t", &cfg).unwrap().policy();
+    assert_eq!(
+        policy,
+        sendledger_core::Policy {
+            retry: sendledger_core::RetryPolicy {
+                max_attempts: 5,
+                initial_backoff_ms: 200,
+                max_backoff_ms: 60_000,
+                multiplier: 3.0
+            },
+            reconcile: Some(sendledger_core::ReconcilePolicy {
+                first_check_ms: 2_000,
+                check_interval_ms: 15_000,
+                deadline_ms: 600_000,
+                resend_when_absent: true,
+            }),
+            idempotency_ttl_ms: Some(86_400_000),
+        }
+    );
+    let plain: TargetConfig = toml::from_str("url = \"http://127.0.0.1:9/r\"").unwrap();
+    let policy = Target::from_config("t", &plain).unwrap().policy();
+    assert_eq!(policy.reconcile, None);
+    assert_eq!(policy.idempotency_ttl_ms, None);
+    assert_eq!(policy.retry, sendledger_core::RetryPolicy::default());
+    // Resending when absent is off unless asked for.
+    let with_lookup: TargetConfig =
+        toml::from_str("url = \"http://127.0.0.1:9/r\"\nlookup = { url = \"http://127.0.0.1:9/r\" }").unwrap();
+    let reconcile = Target::from_config("t", &with_lookup).unwrap().policy().reconcile.unwrap();
+    assert!(!reconcile.resend_when_absent);
+    let targets = Targets::from_config(&[("payments".to_string(), plain)].into()).unwrap();
+    assert_eq!(targets.names().collect::<Vec<_>>(), ["payments"]);
+}
+
+// ---- Secrets ----
+
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Every outcome, error, `Debug` and log line produced while a target with secret headers
+/// works through every kind of ending is free of the secret values.
+#[test]
+fn secret_header_values_never_appear_in_debug_logs_or_errors() {
+    const TOKEN: &str = "tok-5e3c7f1d9a";
+    const API_KEY: &str = "key-81b2aa0c44";
+    let capture = Capture::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .with_writer({
+            let capture = capture.clone();
+            move || capture.clone()
+        })
+        .finish();
+    let mut seen: Vec<String> = Vec::new();
+    tracing::subscriber::with_default(subscriber, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let sim = Sim::start(SimConfig {
+                require_header: Some(RequiredHeader {
+                    name: "Authorization".into(),
+                    value: format!("Bearer {TOKEN}"),
+                }),
+                ..SimConfig::default()
+            })
+            .await
+            .unwrap();
+            seen.push(format!("{:?}", sim.config()));
+            let secret_headers = format!(
+                "headers = {{ Authorization = {{ env = \"PAYMENTS_TOKEN\", prefix = \"Bearer \" }}, X-Api-Key = \"{API_KEY}\" }}"
+            );
+            let cfg = config(&sim, &secret_headers);
+            seen.push(format!("{cfg:?}"));
+            let env = |name: &str| (name == "PAYMENTS_TOKEN").then(|| TOKEN.to_string());
+            let target = Target::from_config_with_env("payments", &cfg, env).unwrap();
+            seen.push(format!("{target:?}"));
+            let req = request("ord-1", json!({"amount": 1}));
+            let mut outcomes = Vec::new();
+            // Accepted only with the right header: proves the secret was sent.
+            outcomes.push(target.execute(&req, 1, None).await);
+            assert!(matches!(outcomes[0], AttemptOutcome::Succeeded { .. }), "{:?}", outcomes[0]);
+            for f in [
+                faults(|f| f.commit_then_drop = 1.0),
+                faults(|f| f.commit_then_hang = 1.0),
+                faults(|f| f.error = 1.0),
+                faults(|f| f.reject = 1.0),
+                faults(|f| f.throttle = 1.0),
+                faults(|f| f.refuse = 1.0),
+            ] {
+                sim.set_faults(f).unwrap();
+                outcomes.push(target.execute(&req, 2, None).await);
+            }
+            sim.set_faults(Faults::default()).unwrap();
+            seen.push(format!("{:?}", target.lookup(&req, None).await));
+            // The remote without the header: 401, rejected.
+            let no_auth = Target::from_config("payments", &config(&sim, "")).unwrap();
+            outcomes.push(no_auth.execute(&req, 1, None).await);
+            assert!(matches!(outcomes.last(), Some(AttemptOutcome::Rejected { status: 401, .. })));
+            let bad = config(&sim, &format!("headers = {{ X-Api-Key = \"{API_KEY}\\n\" }}"));
+            sim.shutdown().await;
+            outcomes.push(target.execute(&req, 3, None).await);
+            let err = target.lookup(&req, None).await.unwrap_err();
+            seen.push(format!("{err} {err:?}"));
+            seen.push(format!("{outcomes:?}"));
+            // An invalid header value is reported without echoing it.
+            let err = Target::from_config("payments", &bad).unwrap_err();
+            seen.push(format!("{err} {err:?}"));
+        });
+    });
+    let logs = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
+    assert!(logs.contains("attempt outcome unknown"), "logging was not captured:\n{logs}");
+    seen.push(logs);
+    for text in &seen {
+        for secret in [TOKEN, API_KEY] {
+            assert!(!text.contains(secret), "secret leaked into:\n{text}");
+        }
+    }
+}
