@@ -17,6 +17,8 @@ pub enum Bench {
     /// Attempts per second through the effects layer against the simulated remote, and the
     /// simulated remote's own capacity.
     Effects(crate::bench_effects::EffectsArgs),
+    /// Tasks per second through the whole engine against the simulated remote.
+    Engine(crate::bench_engine::EngineArgs),
 }
 
 #[derive(Args)]
@@ -37,6 +39,7 @@ pub fn run(bench: Bench) -> anyhow::Result<()> {
     match bench {
         Bench::Ledger(args) => ledger(args),
         Bench::Effects(args) => crate::bench_effects::run(args),
+        Bench::Engine(args) => crate::bench_engine::run(args),
     }
 }
 

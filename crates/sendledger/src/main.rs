@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod bench_effects;
+mod bench_engine;
 
 /// sendledger: a durable dispatcher for side effects that must happen once.
 #[derive(Parser)]

@@ -1,0 +1,126 @@
+//! `sendledger bench engine`: tasks per second through the whole engine (durable acceptance,
+//! intent, attempt over HTTP, outcome) against the simulated remote, with task latencies and
+//! the fsyncs each task cost.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use sendledger_actors::{Engine, EngineConfig, HttpRemote};
+use sendledger_core::{EventBody, Source, TaskRequest};
+use sendledger_effects::{TargetConfig, Targets};
+use sendledger_sim::{Sim, SimConfig};
+use sendledger_store::Durability;
+
+#[derive(Args)]
+pub struct EngineArgs {
+    /// Tasks to run.
+    #[arg(long, default_value_t = 20_000)]
+    tasks: u64,
+    /// Submissions in flight at once (as an ingest with that many unacknowledged messages).
+    #[arg(long, default_value_t = 2_048)]
+    in_flight: usize,
+    /// `sync` (fsync per group commit) or `buffered` (no fsync; unsafe on power loss).
+    #[arg(long, default_value = "sync", value_parser = parse_durability)]
+    durability: Durability,
+}
+
+fn parse_durability(s: &str) -> Result<Durability, String> {
+    match s {
+        "sync" => Ok(Durability::Sync),
+        "buffered" => Ok(Durability::Buffered),
+        other => Err(format!("`{other}` is not a durability; use `sync` or `buffered`")),
+    }
+}
+
+pub fn run(args: EngineArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.tasks > 0 && args.in_flight > 0, "--tasks and --in-flight must be positive");
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    let sim = runtime.block_on(Sim::start(SimConfig::default())).context("starting the simulated remote")?;
+    let target: TargetConfig = serde_json::from_value(serde_json::json!({
+        "url": sim.create_url(),
+        "body_fields": { "request_key": "{request_key}" },
+        "lookup": { "url": format!("{}?request_key={{request_key}}", sim.lookup_url()) },
+    }))?;
+    let targets = Targets::from_config(&BTreeMap::from([("bench".to_string(), target)]))?;
+    let dir = tempfile::tempdir()?;
+    let mut config = EngineConfig::new(dir.path());
+    config.durability = args.durability;
+    config.max_live_tasks = args.in_flight * 2;
+    let engine = Engine::start(config, Arc::new(HttpRemote::new(targets)))?;
+
+    let started = Instant::now();
+    let total = args.tasks;
+    runtime.block_on(async {
+        let mut submits = tokio::task::JoinSet::new();
+        for n in 0..total {
+            let engine = engine.clone();
+            submits.spawn(async move { engine.submit(request(n), Source { topic: "bench".into(), partition: 0, offset: n as i64 }).await });
+            while submits.len() >= args.in_flight {
+                submits.join_next().await.expect("non-empty")??;
+            }
+        }
+        while let Some(r) = submits.join_next().await {
+            r??;
+        }
+        // Every task is done once the remote holds its record and no task is left active.
+        loop {
+            let active = engine.ledger().read(|l| Ok(l.active_tasks()?.len())).await?;
+            if active == 0 && sim.stats().records >= total {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        anyhow::Ok(())
+    })?;
+    let elapsed = started.elapsed().as_secs_f64();
+
+    let mut latencies = Vec::with_capacity(total as usize);
+    let mut succeeded = 0u64;
+    for n in 0..total {
+        let task = request(n).accept(&Default::default())?.task_id();
+        let events = engine.ledger().task_events(task)?;
+        let accepted = events.first().map(|e| e.at).unwrap_or(0);
+        if let Some(done) = events.iter().find(|e| matches!(e.body, EventBody::Confirmed { .. })) {
+            succeeded += 1;
+            latencies.push(done.at - accepted);
+        }
+    }
+    latencies.sort_unstable();
+    let pct = |p: f64| latencies.get(((latencies.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or(0);
+    let stats = engine.ledger().stats();
+    let batches = stats.batches.load(Ordering::Relaxed);
+    let events = stats.events.load(Ordering::Relaxed);
+    let remote = sim.stats();
+    let report = serde_json::json!({
+        "bench": "engine",
+        "tasks": total,
+        "succeeded": succeeded,
+        "durability": format!("{:?}", args.durability).to_lowercase(),
+        "seconds": (elapsed * 1000.0).round() / 1000.0,
+        "tasks_per_sec": (total as f64 / elapsed).round(),
+        "latency_ms_p50": pct(0.50),
+        "latency_ms_p99": pct(0.99),
+        "fsyncs_per_task": (batches as f64 / total as f64 * 10_000.0).round() / 10_000.0,
+        "events_per_task": (events as f64 / total as f64 * 100.0).round() / 100.0,
+        "remote_records": remote.records,
+        "remote_duplicates": remote.duplicates,
+    });
+    runtime.block_on(engine.shutdown(Duration::from_secs(5)));
+    println!("{report}");
+    Ok(())
+}
+
+fn request(n: u64) -> TaskRequest {
+    TaskRequest {
+        tenant: "bench".into(),
+        operation: "payment.create".into(),
+        request_key: format!("ord-{n}"),
+        target: "bench".into(),
+        payload: serde_json::json!({"order": n, "amount": 1250, "currency": "EUR"}),
+        metadata: Default::default(),
+    }
+}
