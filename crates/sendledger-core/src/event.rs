@@ -173,6 +173,7 @@ impl EventBody {
             EventBody::ResendAuthorized { .. } => "ResendAuthorized",
             EventBody::Failed { .. } => "Failed",
             EventBody::OperatorNote { .. } => "OperatorNote",
+            EventBody::InputRejected { .. } => "InputRejected",
         }
     }
 }

@@ -28,6 +28,23 @@ impl TaskId {
     }
 }
 
+impl TaskId {
+    /// The id under which an invalid message from a requests-topic position is recorded. A
+    /// domain tag of its own keeps it apart from every task identity.
+    pub fn for_rejected_input(topic: &str, partition: i32, offset: i64) -> TaskId {
+        let mut h = Sha256::new();
+        h.update(b"sendledger.rejected-input.v1");
+        h.update((topic.len() as u64).to_be_bytes());
+        h.update(topic.as_bytes());
+        h.update(partition.to_be_bytes());
+        h.update(offset.to_be_bytes());
+        let digest = h.finalize();
+        let mut id = [0u8; 16];
+        id.copy_from_slice(&digest[..16]);
+        TaskId(id)
+    }
+}
+
 impl fmt::Display for TaskId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write_hex(f, &self.0)

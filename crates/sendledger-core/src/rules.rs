@@ -75,6 +75,12 @@ pub fn check_task<'a>(
                 flag(Rule::Sequence, vec![lsn], "accepted twice".into())
             }
             EventBody::TaskAccepted { .. } => {}
+            EventBody::InputRejected { .. } if state.next_seq > 0 => flag(
+                Rule::Sequence,
+                vec![lsn],
+                "InputRejected is not the task's only event".into(),
+            ),
+            EventBody::InputRejected { .. } => {}
             _ if !accepted => flag(
                 Rule::Sequence,
                 vec![lsn],

@@ -223,6 +223,13 @@ impl State {
                 self.settle(Phase::Failed);
             }
             EventBody::OperatorNote { .. } => {}
+            EventBody::InputRejected { source, reason, .. } => {
+                if self.request.is_none() && self.phase == Phase::New {
+                    self.source = Some(source.clone());
+                    self.rejection = Some((0, reason.clone()));
+                    self.phase = Phase::Rejected;
+                }
+            }
         }
     }
 

@@ -28,8 +28,12 @@ pub struct Append {
     pub tasks: Vec<(TaskId, TaskSummary)>,
     /// First acceptances: identity → task and payload hash.
     pub identities: Vec<(Identity, TaskId, PayloadHash)>,
-    /// Processed-offset watermarks: (topic, partition, offset).
+    /// Offsets of the requests-topic messages these events record: (topic, partition,
+    /// offset). Each is marked processed atomically with the events.
     pub offsets: Vec<(String, i32, i64)>,
+    /// Watermarks to raise: (topic, partition, offset) says every offset up to and including
+    /// `offset` is processed; the markers it covers are removed.
+    pub offset_watermarks: Vec<(String, i32, i64)>,
     /// Timers removed, then timers set: (due at ms, task).
     pub clear_timers: Vec<(u64, TaskId)>,
     pub set_timers: Vec<(u64, TaskId, TimerKind)>,
@@ -165,7 +169,12 @@ fn build_batch(db: &DB, first_lsn: u64, pending: &[Request]) -> (WriteBatch, Vec
             batch.put_cf(identity, identity_key(id), v);
         }
         for (topic, partition, offset) in &a.offsets {
+            batch.put_cf(offsets, offset_marker_key(topic, *partition, *offset), []);
+        }
+        for (topic, partition, offset) in &a.offset_watermarks {
             batch.put_cf(offsets, offset_key(topic, *partition), offset.to_be_bytes());
+            let from = offset_marker_key(topic, *partition, 0);
+            batch.delete_range_cf(offsets, from, offset_marker_key(topic, *partition, offset.saturating_add(1)));
         }
         for (due, task) in &a.clear_timers {
             batch.delete_cf(timers, timer_key(*due, *task));

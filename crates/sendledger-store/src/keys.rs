@@ -54,22 +54,38 @@ pub fn identity_key(identity: &Identity) -> Vec<u8> {
     k
 }
 
-/// `topic ‖ 0x00 ‖ partition` (Kafka topic names never contain a NUL byte).
+/// `topic ‖ 0x00 ‖ partition`: the partition's watermark, the highest offset below which every
+/// offset is processed (Kafka topic names never contain a NUL byte).
 pub fn offset_key(topic: &str, partition: i32) -> Vec<u8> {
-    let mut k = Vec::with_capacity(topic.len() + 5);
+    let mut k = Vec::with_capacity(topic.len() + 13);
     k.extend_from_slice(topic.as_bytes());
     k.push(0);
     k.extend_from_slice(&partition.to_be_bytes());
     k
 }
 
-pub fn decode_offset_key(key: &[u8]) -> Option<(String, i32)> {
-    let split = key.len().checked_sub(5)?;
-    if key[split] != 0 {
-        return None;
+/// `topic ‖ 0x00 ‖ partition ‖ offset`: one processed offset above the watermark. Sorts right
+/// after the partition's watermark key, in offset order.
+pub fn offset_marker_key(topic: &str, partition: i32, offset: i64) -> Vec<u8> {
+    let mut k = offset_key(topic, partition);
+    k.extend_from_slice(&(offset.max(0) as u64).to_be_bytes());
+    k
+}
+
+/// `(topic, partition, Some(offset) for a marker / None for the watermark)`.
+pub fn decode_offset_key(key: &[u8]) -> Option<(String, i32, Option<i64>)> {
+    let nul = key.iter().position(|b| *b == 0)?;
+    let topic = String::from_utf8(key[..nul].to_vec()).ok()?;
+    let rest = &key[nul + 1..];
+    match rest.len() {
+        4 => Some((topic, i32::from_be_bytes(rest.try_into().ok()?), None)),
+        12 => Some((
+            topic,
+            i32::from_be_bytes(rest[..4].try_into().ok()?),
+            Some(u64::from_be_bytes(rest[4..].try_into().ok()?) as i64),
+        )),
+        _ => None,
     }
-    let topic = String::from_utf8(key[..split].to_vec()).ok()?;
-    Some((topic, i32::from_be_bytes(key[split + 1..].try_into().ok()?)))
 }
 
 /// `due_at_ms ‖ task_id`: iteration order is due order.

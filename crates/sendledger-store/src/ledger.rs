@@ -37,6 +37,36 @@ pub struct LedgerOptions {
     pub durability: Durability,
 }
 
+/// The processed offsets of one requests-topic partition.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Processed {
+    /// Every offset up to and including this one is processed.
+    pub watermark: Option<i64>,
+    /// Processed offsets above the watermark (out of order, not yet folded into it).
+    pub above: std::collections::BTreeSet<i64>,
+}
+
+impl Processed {
+    pub fn contains(&self, offset: i64) -> bool {
+        self.watermark.is_some_and(|w| offset <= w) || self.above.contains(&offset)
+    }
+
+    /// The highest offset below which everything is processed, counting the markers.
+    pub fn contiguous(&self) -> Option<i64> {
+        let mut w = self.watermark;
+        for &o in &self.above {
+            if o == w.map_or(0, |w| w + 1) {
+                w = Some(o);
+            } else if w.is_some_and(|w| o <= w) {
+                continue;
+            } else {
+                break;
+            }
+        }
+        w
+    }
+}
+
 /// The compact summary of a task kept for start-up: its phase and number of events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TaskSummary {
@@ -335,32 +365,24 @@ impl Ledger {
         )))
     }
 
-    pub fn offset(&self, topic: &str, partition: i32) -> Result<Option<i64>> {
-        self.inner
-            .db
-            .get_cf(self.cf(CF_OFFSETS), offset_key(topic, partition))?
-            .map(|v| {
-                decode_u64(&v)
-                    .map(|o| o as i64)
-                    .ok_or(Error::BadValue { what: "offsets" })
-            })
-            .transpose()
-    }
-
-    /// All processed-offset watermarks.
-    pub fn offsets(&self) -> Result<Vec<(String, i32, i64)>> {
-        let mut out = Vec::new();
-        for item in self
-            .inner
-            .db
-            .iterator_cf(self.cf(CF_OFFSETS), IteratorMode::Start)
-        {
+    /// What is processed of a requests-topic partition: the watermark and the offsets above it.
+    pub fn processed(&self, topic: &str, partition: i32) -> Result<Processed> {
+        let mut out = Processed::default();
+        let prefix = offset_key(topic, partition);
+        for item in self.inner.db.iterator_cf(self.cf(CF_OFFSETS), IteratorMode::From(&prefix, Direction::Forward)) {
             let (k, v) = item?;
-            let (topic, partition) = decode_offset_key(&k).ok_or(Error::BadValue {
-                what: "offsets key",
-            })?;
-            let offset = decode_u64(&v).ok_or(Error::BadValue { what: "offsets" })? as i64;
-            out.push((topic, partition, offset));
+            if !k.starts_with(&prefix) {
+                break;
+            }
+            match decode_offset_key(&k) {
+                Some((_, _, None)) => {
+                    out.watermark = Some(decode_u64(&v).ok_or(Error::BadValue { what: "offsets" })? as i64)
+                }
+                Some((_, _, Some(offset))) => {
+                    out.above.insert(offset);
+                }
+                None => return Err(Error::BadValue { what: "offsets key" }),
+            }
         }
         Ok(out)
     }

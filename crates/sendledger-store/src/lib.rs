@@ -20,4 +20,4 @@ pub mod ledger;
 
 pub use error::{Error, Result};
 pub use journal::{Append, JournalStats, TimerKind};
-pub use ledger::{Durability, Ledger, LedgerOptions, TaskSummary};
+pub use ledger::{Durability, Ledger, LedgerOptions, Processed, TaskSummary};
