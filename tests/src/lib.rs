@@ -84,7 +84,11 @@ pub mod engine {
     }
 
     pub fn source(offset: i64) -> Source {
-        Source { topic: "test".into(), partition: 0, offset }
+        Source {
+            topic: "test".into(),
+            partition: 0,
+            offset,
+        }
     }
 
     pub fn task_id(key: &str) -> TaskId {
@@ -92,7 +96,12 @@ pub mod engine {
     }
 
     /// Polls a task until `done` holds, or panics with its timeline after `timeout`.
-    pub async fn wait_for(engine: &Engine, task: TaskId, timeout: Duration, done: impl Fn(&State) -> bool) -> State {
+    pub async fn wait_for(
+        engine: &Engine,
+        task: TaskId,
+        timeout: Duration,
+        done: impl Fn(&State) -> bool,
+    ) -> State {
         let deadline = Instant::now() + timeout;
         loop {
             let state = engine.state(task).await.expect("read task");
@@ -101,8 +110,15 @@ pub mod engine {
             }
             if Instant::now() > deadline {
                 let events = engine.events(task).await.unwrap_or_default();
-                let timeline: Vec<String> = events.iter().map(|e| format!("{} {:?}", e.at, e.body)).collect();
-                panic!("task {task} still {:?} after {timeout:?}:\n{}", state.phase, timeline.join("\n"));
+                let timeline: Vec<String> = events
+                    .iter()
+                    .map(|e| format!("{} {:?}", e.at, e.body))
+                    .collect();
+                panic!(
+                    "task {task} still {:?} after {timeout:?}:\n{}",
+                    state.phase,
+                    timeline.join("\n")
+                );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use sendledger_core::decide::OperatorResolution;
-use sendledger_core::{Event, EventBody, Limits, NewEvent, Phase, Source, State, TaskId, TaskRequest};
+use sendledger_core::{
+    Event, EventBody, Limits, NewEvent, Phase, Source, State, TaskId, TaskRequest,
+};
 use sendledger_store::{Append, Durability, Ledger, LedgerOptions, TaskSummary};
 use tokio::sync::oneshot;
 
@@ -176,22 +178,51 @@ impl Engine {
     /// nothing new.
     pub async fn reject_input(&self, source: Source, reason: String, raw: &[u8]) -> Result<Reply> {
         let task_id = TaskId::for_rejected_input(&source.topic, source.partition, source.offset);
-        let known = self.inner.ledger.read(move |l| l.task_summary(task_id)).await?;
+        let known = self
+            .inner
+            .ledger
+            .read(move |l| l.task_summary(task_id))
+            .await?;
         if known.is_some() {
-            return Ok(Reply { task_id, phase: Phase::Rejected, lsns: 0..0, events: Vec::new() });
+            return Ok(Reply {
+                task_id,
+                phase: Phase::Rejected,
+                lsns: 0..0,
+                events: Vec::new(),
+            });
         }
         tracing::warn!(source = %source, %reason, "invalid request rejected");
         let offsets = vec![(source.topic.clone(), source.partition, source.offset)];
         let raw = raw[..raw.len().min(4096)].to_vec();
-        let body = EventBody::InputRejected { source, reason, raw };
+        let body = EventBody::InputRejected {
+            source,
+            reason,
+            raw,
+        };
         let append = Append {
-            events: vec![NewEvent { task_id, task_seq: 0, at: crate::now_ms(), body }],
-            tasks: vec![(task_id, TaskSummary { phase: Phase::Rejected, next_seq: 1 })],
+            events: vec![NewEvent {
+                task_id,
+                task_seq: 0,
+                at: crate::now_ms(),
+                body,
+            }],
+            tasks: vec![(
+                task_id,
+                TaskSummary {
+                    phase: Phase::Rejected,
+                    next_seq: 1,
+                },
+            )],
             offsets,
             ..Append::default()
         };
         let lsns = self.inner.ledger.append(append).await?;
-        Ok(Reply { task_id, phase: Phase::Rejected, lsns, events: vec!["InputRejected"] })
+        Ok(Reply {
+            task_id,
+            phase: Phase::Rejected,
+            lsns,
+            events: vec!["InputRejected"],
+        })
     }
 
     /// An operator's decision on a task in manual review (or a note on any task).

@@ -22,22 +22,40 @@ impl Remote for HttpRemote {
         self.targets.get(target).map(|t| t.policy())
     }
 
-    fn attempt(&self, request: &AcceptedRequest, attempt: u32, idempotency_key: Option<&str>) -> BoxFuture<AttemptOutcome> {
+    fn attempt(
+        &self,
+        request: &AcceptedRequest,
+        attempt: u32,
+        idempotency_key: Option<&str>,
+    ) -> BoxFuture<AttemptOutcome> {
         let Some(target) = self.targets.get(&request.target).cloned() else {
-            let cause = NotSentCause::Connect(format!("target `{}` is not configured", request.target));
-            return Box::pin(std::future::ready(AttemptOutcome::NotSent { cause, retry_after_ms: None }));
+            let cause =
+                NotSentCause::Connect(format!("target `{}` is not configured", request.target));
+            return Box::pin(std::future::ready(AttemptOutcome::NotSent {
+                cause,
+                retry_after_ms: None,
+            }));
         };
         let request = request.clone();
         let key = idempotency_key.map(str::to_owned);
         Box::pin(async move { target.execute(&request, attempt, key.as_deref()).await })
     }
 
-    fn lookup(&self, request: &AcceptedRequest, since: Millis) -> BoxFuture<Result<Vec<String>, String>> {
+    fn lookup(
+        &self,
+        request: &AcceptedRequest,
+        since: Millis,
+    ) -> BoxFuture<Result<Vec<String>, String>> {
         let Some(target) = self.targets.get(&request.target).cloned() else {
             let err = format!("target `{}` is not configured", request.target);
             return Box::pin(std::future::ready(Err(err)));
         };
         let request = request.clone();
-        Box::pin(async move { target.lookup(&request, Some(since)).await.map_err(|e| e.to_string()) })
+        Box::pin(async move {
+            target
+                .lookup(&request, Some(since))
+                .await
+                .map_err(|e| e.to_string())
+        })
     }
 }

@@ -174,7 +174,11 @@ fn build_batch(db: &DB, first_lsn: u64, pending: &[Request]) -> (WriteBatch, Vec
         for (topic, partition, offset) in &a.offset_watermarks {
             batch.put_cf(offsets, offset_key(topic, *partition), offset.to_be_bytes());
             let from = offset_marker_key(topic, *partition, 0);
-            batch.delete_range_cf(offsets, from, offset_marker_key(topic, *partition, offset.saturating_add(1)));
+            batch.delete_range_cf(
+                offsets,
+                from,
+                offset_marker_key(topic, *partition, offset.saturating_add(1)),
+            );
         }
         for (due, task) in &a.clear_timers {
             batch.delete_cf(timers, timer_key(*due, *task));

@@ -258,7 +258,11 @@ impl Ledger {
         &self.inner.stats
     }
 
-    fn cf(&self, name: &str) -> &rocksdb::ColumnFamily {
+    pub(crate) fn db(&self) -> &DB {
+        &self.inner.db
+    }
+
+    pub(crate) fn cf(&self, name: &str) -> &rocksdb::ColumnFamily {
         self.inner
             .db
             .cf_handle(name)
@@ -369,19 +373,27 @@ impl Ledger {
     pub fn processed(&self, topic: &str, partition: i32) -> Result<Processed> {
         let mut out = Processed::default();
         let prefix = offset_key(topic, partition);
-        for item in self.inner.db.iterator_cf(self.cf(CF_OFFSETS), IteratorMode::From(&prefix, Direction::Forward)) {
+        for item in self.inner.db.iterator_cf(
+            self.cf(CF_OFFSETS),
+            IteratorMode::From(&prefix, Direction::Forward),
+        ) {
             let (k, v) = item?;
             if !k.starts_with(&prefix) {
                 break;
             }
             match decode_offset_key(&k) {
                 Some((_, _, None)) => {
-                    out.watermark = Some(decode_u64(&v).ok_or(Error::BadValue { what: "offsets" })? as i64)
+                    out.watermark =
+                        Some(decode_u64(&v).ok_or(Error::BadValue { what: "offsets" })? as i64)
                 }
                 Some((_, _, Some(offset))) => {
                     out.above.insert(offset);
                 }
-                None => return Err(Error::BadValue { what: "offsets key" }),
+                None => {
+                    return Err(Error::BadValue {
+                        what: "offsets key",
+                    })
+                }
             }
         }
         Ok(out)

@@ -12,12 +12,14 @@
 //! never run on an async executor thread (the journal has its own thread; async callers only
 //! await an acknowledgement).
 
+pub mod audit;
 pub mod envelope;
 pub mod error;
 pub mod journal;
 pub mod keys;
 pub mod ledger;
 
+pub use audit::{audit, AuditReport, Finding};
 pub use error::{Error, Result};
 pub use journal::{Append, JournalStats, TimerKind};
 pub use ledger::{Durability, Ledger, LedgerOptions, Processed, TaskSummary};

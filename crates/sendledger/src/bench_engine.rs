@@ -32,14 +32,24 @@ fn parse_durability(s: &str) -> Result<Durability, String> {
     match s {
         "sync" => Ok(Durability::Sync),
         "buffered" => Ok(Durability::Buffered),
-        other => Err(format!("`{other}` is not a durability; use `sync` or `buffered`")),
+        other => Err(format!(
+            "`{other}` is not a durability; use `sync` or `buffered`"
+        )),
     }
 }
 
 pub fn run(args: EngineArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(args.tasks > 0 && args.in_flight > 0, "--tasks and --in-flight must be positive");
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
-    let sim = runtime.block_on(Sim::start(SimConfig::default())).context("starting the simulated remote")?;
+    anyhow::ensure!(
+        args.tasks > 0 && args.in_flight > 0,
+        "--tasks and --in-flight must be positive"
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let sim = runtime
+        .block_on(Sim::start(SimConfig::default()))
+        .context("starting the simulated remote")?;
     let target: TargetConfig = serde_json::from_value(serde_json::json!({
         "url": sim.create_url(),
         "body_fields": { "request_key": "{request_key}" },
@@ -58,7 +68,18 @@ pub fn run(args: EngineArgs) -> anyhow::Result<()> {
         let mut submits = tokio::task::JoinSet::new();
         for n in 0..total {
             let engine = engine.clone();
-            submits.spawn(async move { engine.submit(request(n), Source { topic: "bench".into(), partition: 0, offset: n as i64 }).await });
+            submits.spawn(async move {
+                engine
+                    .submit(
+                        request(n),
+                        Source {
+                            topic: "bench".into(),
+                            partition: 0,
+                            offset: n as i64,
+                        },
+                    )
+                    .await
+            });
             while submits.len() >= args.in_flight {
                 submits.join_next().await.expect("non-empty")??;
             }
@@ -68,7 +89,10 @@ pub fn run(args: EngineArgs) -> anyhow::Result<()> {
         }
         // Every task is done once the remote holds its record and no task is left active.
         loop {
-            let active = engine.ledger().read(|l| Ok(l.active_tasks()?.len())).await?;
+            let active = engine
+                .ledger()
+                .read(|l| Ok(l.active_tasks()?.len()))
+                .await?;
             if active == 0 && sim.stats().records >= total {
                 break;
             }
@@ -84,13 +108,21 @@ pub fn run(args: EngineArgs) -> anyhow::Result<()> {
         let task = request(n).accept(&Default::default())?.task_id();
         let events = engine.ledger().task_events(task)?;
         let accepted = events.first().map(|e| e.at).unwrap_or(0);
-        if let Some(done) = events.iter().find(|e| matches!(e.body, EventBody::Confirmed { .. })) {
+        if let Some(done) = events
+            .iter()
+            .find(|e| matches!(e.body, EventBody::Confirmed { .. }))
+        {
             succeeded += 1;
             latencies.push(done.at - accepted);
         }
     }
     latencies.sort_unstable();
-    let pct = |p: f64| latencies.get(((latencies.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or(0);
+    let pct = |p: f64| {
+        latencies
+            .get(((latencies.len() as f64 - 1.0) * p).round() as usize)
+            .copied()
+            .unwrap_or(0)
+    };
     let stats = engine.ledger().stats();
     let batches = stats.batches.load(Ordering::Relaxed);
     let events = stats.events.load(Ordering::Relaxed);

@@ -23,7 +23,8 @@ async fn main() {
     config.seed = seed.parse().expect("SEED");
     config.timer_tick = Duration::from_millis(5);
     let remote = Arc::new(HttpRemote::new(targets(target)));
-    let engine = tokio::task::block_in_place(|| Engine::start(config, remote)).expect("engine starts");
+    let engine =
+        tokio::task::block_in_place(|| Engine::start(config, remote)).expect("engine starts");
     println!("started");
 
     let mut submits = tokio::task::JoinSet::new();

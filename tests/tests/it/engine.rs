@@ -15,10 +15,18 @@ fn names(events: &[sendledger_core::Event]) -> Vec<&'static str> {
 }
 
 async fn sim(faults: Faults) -> Sim {
-    Sim::start(SimConfig { faults, ..SimConfig::default() }).await.unwrap()
+    Sim::start(SimConfig {
+        faults,
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap()
 }
 
-fn start_engine(dir: &std::path::Path, target: sendledger_effects::TargetConfig) -> sendledger_actors::Engine {
+fn start_engine(
+    dir: &std::path::Path,
+    target: sendledger_effects::TargetConfig,
+) -> sendledger_actors::Engine {
     tokio::task::block_in_place(|| start(dir, target))
 }
 
@@ -26,21 +34,41 @@ fn start_engine(dir: &std::path::Path, target: sendledger_effects::TargetConfig)
 /// so it is retried with backoff, and succeeds once the remote is up — one record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_connections_are_retried_until_the_remote_is_up() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let base = format!("http://127.0.0.1:{port}");
     let dir = tempfile::tempdir().unwrap();
-    let engine = start_engine(dir.path(), target(&base, |t| t["retry"]["max_attempts"] = 50.into()));
+    let engine = start_engine(
+        dir.path(),
+        target(&base, |t| t["retry"]["max_attempts"] = 50.into()),
+    );
     engine.submit(request("r-1"), source(0)).await.unwrap();
     wait_for(&engine, task_id("r-1"), WAIT, |s| s.attempts >= 2).await;
-    let sim = Sim::start(SimConfig { listen: ([127, 0, 0, 1], port).into(), ..SimConfig::default() }).await.unwrap();
+    let sim = Sim::start(SimConfig {
+        listen: ([127, 0, 0, 1], port).into(),
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap();
     let state = wait_for(&engine, task_id("r-1"), WAIT, settled).await;
     assert_eq!(state.phase, Phase::Succeeded);
     let records = sim.records_with_identity("r-1");
     assert_eq!(records.len(), 1);
     assert_eq!(state.remote_id.as_deref(), Some(records[0].id.as_str()));
     let events = engine.events(task_id("r-1")).await.unwrap();
-    assert!(events.iter().any(|e| matches!(&e.body, EventBody::SendNotSent { cause: NotSentCause::Connect(_), .. })));
-    assert!(!events.iter().any(|e| matches!(e.body, EventBody::SendUnknown { .. })));
+    assert!(events.iter().any(|e| matches!(
+        &e.body,
+        EventBody::SendNotSent {
+            cause: NotSentCause::Connect(_),
+            ..
+        }
+    )));
+    assert!(!events
+        .iter()
+        .any(|e| matches!(e.body, EventBody::SendUnknown { .. })));
     engine.shutdown(Duration::from_secs(5)).await;
 }
 
@@ -48,7 +76,11 @@ async fn refused_connections_are_retried_until_the_remote_is_up() {
 /// record it holds. Never resent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_response_is_confirmed_by_lookup() {
-    let sim = sim(Faults { commit_then_drop: 1.0, ..Faults::default() }).await;
+    let sim = sim(Faults {
+        commit_then_drop: 1.0,
+        ..Faults::default()
+    })
+    .await;
     let dir = tempfile::tempdir().unwrap();
     let engine = start_engine(dir.path(), target(&sim.base_url(), |_| {}));
     engine.submit(request("d-1"), source(0)).await.unwrap();
@@ -59,8 +91,23 @@ async fn dropped_response_is_confirmed_by_lookup() {
     assert_eq!(state.remote_id.as_deref(), Some(records[0].id.as_str()));
     assert_eq!(state.evidence, Some(Evidence::Lookup));
     let events = engine.events(task_id("d-1")).await.unwrap();
-    assert_eq!(names(&events), ["TaskAccepted", "SendIntended", "SendUnknown", "LookupPerformed", "Confirmed"]);
-    assert!(matches!(events[2].body, EventBody::SendUnknown { attempt: 1, cause: UnknownCause::ResetAfterWrite(_) }));
+    assert_eq!(
+        names(&events),
+        [
+            "TaskAccepted",
+            "SendIntended",
+            "SendUnknown",
+            "LookupPerformed",
+            "Confirmed"
+        ]
+    );
+    assert!(matches!(
+        events[2].body,
+        EventBody::SendUnknown {
+            attempt: 1,
+            cause: UnknownCause::ResetAfterWrite(_)
+        }
+    ));
     assert_eq!(sim.stats().posts, 1);
     engine.shutdown(Duration::from_secs(5)).await;
 }
@@ -71,10 +118,12 @@ async fn concurrent_duplicates_execute_once() {
     let sim = sim(Faults::default()).await;
     let dir = tempfile::tempdir().unwrap();
     let engine = start_engine(dir.path(), target(&sim.base_url(), |_| {}));
-    let submits: Vec<_> = (0..10).map(|i| {
-        let engine = engine.clone();
-        tokio::spawn(async move { engine.submit(request("dup-1"), source(i)).await })
-    }).collect();
+    let submits: Vec<_> = (0..10)
+        .map(|i| {
+            let engine = engine.clone();
+            tokio::spawn(async move { engine.submit(request("dup-1"), source(i)).await })
+        })
+        .collect();
     for s in submits {
         s.await.unwrap().unwrap();
     }
@@ -98,7 +147,10 @@ async fn concurrent_duplicates_execute_once() {
 async fn lookup_lag_keeps_the_task_unknown_until_the_record_shows() {
     let sim = Sim::start(SimConfig {
         lookup_lag: Duration::from_millis(600),
-        faults: Faults { commit_then_drop: 1.0, ..Faults::default() },
+        faults: Faults {
+            commit_then_drop: 1.0,
+            ..Faults::default()
+        },
         ..SimConfig::default()
     })
     .await
@@ -109,11 +161,17 @@ async fn lookup_lag_keeps_the_task_unknown_until_the_record_shows() {
     let state = wait_for(&engine, task_id("lag-1"), WAIT, settled).await;
     assert_eq!(state.phase, Phase::Succeeded);
     let events = engine.events(task_id("lag-1")).await.unwrap();
-    let lookups: Vec<usize> = events.iter().filter_map(|e| match &e.body {
-        EventBody::LookupPerformed { matches, .. } => Some(matches.len()),
-        _ => None,
-    }).collect();
-    assert!(lookups.len() >= 2 && lookups[0] == 0 && *lookups.last().unwrap() == 1, "{lookups:?}");
+    let lookups: Vec<usize> = events
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::LookupPerformed { matches, .. } => Some(matches.len()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        lookups.len() >= 2 && lookups[0] == 0 && *lookups.last().unwrap() == 1,
+        "{lookups:?}"
+    );
     assert_eq!(sim.records_with_identity("lag-1").len(), 1);
     engine.shutdown(Duration::from_secs(5)).await;
 }
@@ -125,7 +183,11 @@ async fn several_matches_go_to_review_and_an_operator_resolves() {
     let sim = sim(Faults::default()).await;
     let dir = tempfile::tempdir().unwrap();
     let engine = start_engine(dir.path(), target(&sim.base_url(), |_| {}));
-    sim.set_faults(Faults { commit_then_drop: 1.0, ..Faults::default() }).unwrap();
+    sim.set_faults(Faults {
+        commit_then_drop: 1.0,
+        ..Faults::default()
+    })
+    .unwrap();
     // Another task's record carries the same request_key at the remote.
     let mut first = request("m-1");
     first.operation = "payment.other".into();
@@ -135,16 +197,35 @@ async fn several_matches_go_to_review_and_an_operator_resolves() {
     engine.submit(request("m-1"), source(1)).await.unwrap();
     let state = wait_for(&engine, task_id("m-1"), WAIT, settled).await;
     assert_eq!(state.phase, Phase::ManualReview);
-    let ids: Vec<String> = sim.records_with_identity("m-1").into_iter().map(|r| r.id).collect();
+    let ids: Vec<String> = sim
+        .records_with_identity("m-1")
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
     assert_eq!(ids.len(), 2);
-    assert_eq!(state.review_reason, Some(ReviewReason::MultipleMatches { remote_ids: ids.clone() }));
+    assert_eq!(
+        state.review_reason,
+        Some(ReviewReason::MultipleMatches {
+            remote_ids: ids.clone()
+        })
+    );
     let reviews = engine.reviews().await.unwrap();
     assert!(reviews.iter().any(|r| r.task_id == task_id("m-1")));
-    let resolution = OperatorResolution::Succeeded { remote_id: ids[1].clone(), by: "ana".into(), reason: "second is ours".into() };
+    let resolution = OperatorResolution::Succeeded {
+        remote_id: ids[1].clone(),
+        by: "ana".into(),
+        reason: "second is ours".into(),
+    };
     engine.resolve(task_id("m-1"), resolution).await.unwrap();
     let state = engine.state(task_id("m-1")).await.unwrap();
     assert_eq!(state.phase, Phase::Succeeded);
-    assert_eq!(state.evidence, Some(Evidence::Operator { by: "ana".into(), reason: "second is ours".into() }));
+    assert_eq!(
+        state.evidence,
+        Some(Evidence::Operator {
+            by: "ana".into(),
+            reason: "second is ours".into()
+        })
+    );
     engine.shutdown(Duration::from_secs(5)).await;
 }
 
@@ -152,22 +233,37 @@ async fn several_matches_go_to_review_and_an_operator_resolves() {
 /// resend-when-absent policy, a recorded authorization, then a new attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deadline_without_record_reviews_or_resends_by_policy() {
-    let sim = sim(Faults { error: 1.0, ..Faults::default() }).await;
+    let sim = sim(Faults {
+        error: 1.0,
+        ..Faults::default()
+    })
+    .await;
     let dir = tempfile::tempdir().unwrap();
-    let engine = start_engine(dir.path(), target(&sim.base_url(), |t| t["lookup"]["deadline"] = "400ms".into()));
+    let engine = start_engine(
+        dir.path(),
+        target(&sim.base_url(), |t| {
+            t["lookup"]["deadline"] = "400ms".into()
+        }),
+    );
     engine.submit(request("dl-1"), source(0)).await.unwrap();
     let state = wait_for(&engine, task_id("dl-1"), WAIT, settled).await;
     assert_eq!(state.phase, Phase::ManualReview);
-    assert!(matches!(state.review_reason, Some(ReviewReason::DeadlinePassed { .. })));
+    assert!(matches!(
+        state.review_reason,
+        Some(ReviewReason::DeadlinePassed { .. })
+    ));
     assert_eq!(sim.stats().posts, 1);
     assert_eq!(sim.records().len(), 0);
     engine.shutdown(Duration::from_secs(5)).await;
 
     let dir = tempfile::tempdir().unwrap();
-    let engine = start_engine(dir.path(), target(&sim.base_url(), |t| {
-        t["lookup"]["deadline"] = "400ms".into();
-        t["lookup"]["resend_when_absent"] = true.into();
-    }));
+    let engine = start_engine(
+        dir.path(),
+        target(&sim.base_url(), |t| {
+            t["lookup"]["deadline"] = "400ms".into();
+            t["lookup"]["resend_when_absent"] = true.into();
+        }),
+    );
     engine.submit(request("dl-2"), source(0)).await.unwrap();
     wait_for(&engine, task_id("dl-2"), WAIT, |s| s.lookups >= 1).await;
     sim.set_faults(Faults::default()).unwrap();
@@ -175,7 +271,10 @@ async fn deadline_without_record_reviews_or_resends_by_policy() {
     assert_eq!(state.phase, Phase::Succeeded);
     let events = engine.events(task_id("dl-2")).await.unwrap();
     let auth = events.iter().position(|e| matches!(&e.body, EventBody::ResendAuthorized { by, .. } if by == "policy:resend_when_absent")).expect("authorization recorded");
-    assert!(matches!(events[auth + 1].body, EventBody::SendIntended { attempt: 2, .. }));
+    assert!(matches!(
+        events[auth + 1].body,
+        EventBody::SendIntended { attempt: 2, .. }
+    ));
     assert_eq!(sim.records_with_identity("dl-2").len(), 1);
     engine.shutdown(Duration::from_secs(5)).await;
 }
@@ -183,22 +282,47 @@ async fn deadline_without_record_reviews_or_resends_by_policy() {
 /// 429 with `Retry-After: 1`: not sent; the next attempt comes no earlier than a second later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn throttled_attempts_wait_for_retry_after() {
-    let sim = sim(Faults { throttle: 1.0, retry_after: Duration::from_secs(1), ..Faults::default() }).await;
+    let sim = sim(Faults {
+        throttle: 1.0,
+        retry_after: Duration::from_secs(1),
+        ..Faults::default()
+    })
+    .await;
     let dir = tempfile::tempdir().unwrap();
     let engine = start_engine(dir.path(), target(&sim.base_url(), |_| {}));
     engine.submit(request("t-1"), source(0)).await.unwrap();
-    wait_for(&engine, task_id("t-1"), WAIT, |s| s.phase == Phase::RetryWait).await;
+    wait_for(&engine, task_id("t-1"), WAIT, |s| {
+        s.phase == Phase::RetryWait
+    })
+    .await;
     sim.set_faults(Faults::default()).unwrap();
     let state = wait_for(&engine, task_id("t-1"), WAIT, settled).await;
     assert_eq!(state.phase, Phase::Succeeded);
     let events = engine.events(task_id("t-1")).await.unwrap();
-    let (not_sent_at, retry_at) = events.iter().find_map(|e| match e.body {
-        EventBody::SendNotSent { cause: NotSentCause::Throttled { status: 429 }, retry_at, .. } => Some((e.at, retry_at)),
-        _ => None,
-    }).expect("throttled attempt recorded");
-    assert!(retry_at >= not_sent_at + 1_000, "Retry-After honoured in the schedule");
-    let second = events.iter().find(|e| matches!(e.body, EventBody::SendIntended { attempt: 2, .. })).unwrap();
-    assert!(second.at >= retry_at, "second attempt at {} before {retry_at}", second.at);
+    let (not_sent_at, retry_at) = events
+        .iter()
+        .find_map(|e| match e.body {
+            EventBody::SendNotSent {
+                cause: NotSentCause::Throttled { status: 429 },
+                retry_at,
+                ..
+            } => Some((e.at, retry_at)),
+            _ => None,
+        })
+        .expect("throttled attempt recorded");
+    assert!(
+        retry_at >= not_sent_at + 1_000,
+        "Retry-After honoured in the schedule"
+    );
+    let second = events
+        .iter()
+        .find(|e| matches!(e.body, EventBody::SendIntended { attempt: 2, .. }))
+        .unwrap();
+    assert!(
+        second.at >= retry_at,
+        "second attempt at {} before {retry_at}",
+        second.at
+    );
     assert_eq!(sim.records_with_identity("t-1").len(), 1);
     engine.shutdown(Duration::from_secs(5)).await;
 }
@@ -206,7 +330,11 @@ async fn throttled_attempts_wait_for_retry_after() {
 /// 422 is rejected at once; refused connections until attempts run out end failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejections_are_final_and_exhausted_retries_fail() {
-    let sim = sim(Faults { reject: 1.0, ..Faults::default() }).await;
+    let sim = sim(Faults {
+        reject: 1.0,
+        ..Faults::default()
+    })
+    .await;
     let dir = tempfile::tempdir().unwrap();
     let engine = start_engine(dir.path(), target(&sim.base_url(), |_| {}));
     engine.submit(request("x-1"), source(0)).await.unwrap();
@@ -217,15 +345,30 @@ async fn rejections_are_final_and_exhausted_retries_fail() {
     assert_eq!(sim.stats().posts, 1);
     engine.shutdown(Duration::from_secs(5)).await;
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let dir = tempfile::tempdir().unwrap();
-    let engine = start_engine(dir.path(), target(&format!("http://127.0.0.1:{port}"), |t| t["retry"]["max_attempts"] = 3.into()));
+    let engine = start_engine(
+        dir.path(),
+        target(&format!("http://127.0.0.1:{port}"), |t| {
+            t["retry"]["max_attempts"] = 3.into()
+        }),
+    );
     engine.submit(request("x-2"), source(0)).await.unwrap();
     let state = wait_for(&engine, task_id("x-2"), WAIT, settled).await;
     assert_eq!(state.phase, Phase::Failed);
     assert_eq!(state.attempts, 3);
     let events = engine.events(task_id("x-2")).await.unwrap();
-    assert_eq!(events.iter().filter(|e| matches!(e.body, EventBody::SendNotSent { .. })).count(), 3);
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| matches!(e.body, EventBody::SendNotSent { .. }))
+            .count(),
+        3
+    );
     engine.shutdown(Duration::from_secs(5)).await;
 }
 
@@ -235,27 +378,41 @@ async fn rejections_are_final_and_exhausted_retries_fail() {
 async fn idempotent_target_resends_with_the_same_key() {
     let sim = Sim::start(SimConfig {
         idempotency_header: Some("Idempotency-Key".into()),
-        faults: Faults { commit_then_drop: 1.0, ..Faults::default() },
+        faults: Faults {
+            commit_then_drop: 1.0,
+            ..Faults::default()
+        },
         ..SimConfig::default()
     })
     .await
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let engine = start_engine(dir.path(), target(&sim.base_url(), |t| {
-        t["idempotency"] = serde_json::json!({ "header": "Idempotency-Key", "ttl": "1h" });
-        t.as_object_mut().unwrap().remove("lookup");
-    }));
+    let engine = start_engine(
+        dir.path(),
+        target(&sim.base_url(), |t| {
+            t["idempotency"] = serde_json::json!({ "header": "Idempotency-Key", "ttl": "1h" });
+            t.as_object_mut().unwrap().remove("lookup");
+        }),
+    );
     engine.submit(request("k-1"), source(0)).await.unwrap();
     wait_for(&engine, task_id("k-1"), WAIT, |s| s.attempts >= 2).await;
     sim.set_faults(Faults::default()).unwrap();
     let state = wait_for(&engine, task_id("k-1"), WAIT, settled).await;
     assert_eq!(state.phase, Phase::Succeeded);
     let events = engine.events(task_id("k-1")).await.unwrap();
-    let keys: Vec<Option<String>> = events.iter().filter_map(|e| match &e.body {
-        EventBody::SendIntended { idempotency_key, .. } => Some(idempotency_key.clone()),
-        _ => None,
-    }).collect();
-    assert!(keys.len() >= 2 && keys.iter().all(|k| k.is_some() && *k == keys[0]), "{keys:?}");
+    let keys: Vec<Option<String>> = events
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::SendIntended {
+                idempotency_key, ..
+            } => Some(idempotency_key.clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        keys.len() >= 2 && keys.iter().all(|k| k.is_some() && *k == keys[0]),
+        "{keys:?}"
+    );
     assert_eq!(sim.records_with_identity("k-1").len(), 1);
     assert!(sim.stats().replays >= 1);
     engine.shutdown(Duration::from_secs(5)).await;

@@ -35,11 +35,20 @@ async fn run(r: Run) -> Outcome {
     let mut rng = rand::rngs::StdRng::seed_from_u64(r.seed);
     let sim = Sim::start(r.sim.clone()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let target = serde_json::to_string(&target(&sim.base_url(), |t| t["retry"]["max_attempts"] = 10.into())).unwrap();
+    let target = serde_json::to_string(&target(&sim.base_url(), |t| {
+        t["retry"]["max_attempts"] = 10.into()
+    }))
+    .unwrap();
     let prefix = format!("k{}", r.seed);
     for round in 0..=r.kills {
         let mut child = Command::new(env!("CARGO_BIN_EXE_engine_child"))
-            .args([dir.path().to_str().unwrap(), &target, &prefix, &r.tasks.to_string(), &r.seed.to_string()])
+            .args([
+                dir.path().to_str().unwrap(),
+                &target,
+                &prefix,
+                &r.tasks.to_string(),
+                &r.seed.to_string(),
+            ])
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
@@ -50,28 +59,46 @@ async fn run(r: Run) -> Outcome {
                 let _ = tx.send(line);
             }
         });
-        assert_eq!(rx.recv().await.as_deref(), Some("started"), "round {round}: engine did not start");
+        assert_eq!(
+            rx.recv().await.as_deref(),
+            Some("started"),
+            "round {round}: engine did not start"
+        );
         if round < r.kills {
             // Kill while creates are in flight at the remote.
             let posts = sim.stats().posts;
-            let wait_posts = async { while sim.stats().posts == posts { tokio::time::sleep(Duration::from_millis(2)).await } };
-            tokio::time::timeout(Duration::from_secs(30), wait_posts).await.expect("no attempt reached the remote");
+            let wait_posts = async {
+                while sim.stats().posts == posts {
+                    tokio::time::sleep(Duration::from_millis(2)).await
+                }
+            };
+            tokio::time::timeout(Duration::from_secs(30), wait_posts)
+                .await
+                .expect("no attempt reached the remote");
             tokio::time::sleep(Duration::from_millis(rng.random_range(0..r.kill_within_ms))).await;
             child.kill().unwrap();
             child.wait().unwrap();
         } else {
-            let status = tokio::task::spawn_blocking(move || child.wait().unwrap()).await.unwrap();
+            let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+                .await
+                .unwrap();
             assert!(status.success(), "final run failed: {status}");
             let mut lines = Vec::new();
             while let Ok(line) = rx.try_recv() {
                 lines.push(line);
             }
-            assert!(lines.iter().any(|l| l == "settled"), "final run did not settle: {lines:?}");
+            assert!(
+                lines.iter().any(|l| l == "settled"),
+                "final run did not settle: {lines:?}"
+            );
         }
     }
 
     let stats = sim.stats();
-    assert_eq!(stats.duplicates, 0, "an identity got a second record: {stats:?}");
+    assert_eq!(
+        stats.duplicates, 0,
+        "an identity got a second record: {stats:?}"
+    );
     let ledger = Ledger::open(dir.path(), LedgerOptions::default()).unwrap();
     let mut outcome = Outcome::default();
     for i in 0..r.tasks {
@@ -85,22 +112,38 @@ async fn run(r: Run) -> Outcome {
             Phase::Succeeded => {
                 outcome.succeeded += 1;
                 assert_eq!(records.len(), 1, "{key} succeeded without a record");
-                assert_eq!(state.remote_id.as_deref(), Some(records[0].id.as_str()), "{key}");
+                assert_eq!(
+                    state.remote_id.as_deref(),
+                    Some(records[0].id.as_str()),
+                    "{key}"
+                );
             }
             Phase::ManualReview => {
                 outcome.review += 1;
-                assert!(state.review_reason.is_some(), "{key}: review without a reason");
+                assert!(
+                    state.review_reason.is_some(),
+                    "{key}: review without a reason"
+                );
             }
             Phase::Failed => {
                 outcome.failed += 1;
-                assert!(records.is_empty(), "{key} failed but the remote holds its record");
+                assert!(
+                    records.is_empty(),
+                    "{key} failed but the remote holds its record"
+                );
             }
             other => panic!("{key} ended {other:?}"),
         }
         for e in &events {
             match &e.body {
-                EventBody::SendUnknown { cause: UnknownCause::Recovery, .. } => outcome.recovered_unknowns += 1,
-                EventBody::Confirmed { evidence: sendledger_core::Evidence::Lookup, .. } => outcome.resolved_by_lookup += 1,
+                EventBody::SendUnknown {
+                    cause: UnknownCause::Recovery,
+                    ..
+                } => outcome.recovered_unknowns += 1,
+                EventBody::Confirmed {
+                    evidence: sendledger_core::Evidence::Lookup,
+                    ..
+                } => outcome.resolved_by_lookup += 1,
                 _ => {}
             }
         }
@@ -117,11 +160,25 @@ async fn sigkill_mid_flight_never_duplicates() {
     for seed in base..base + 3 {
         let sim = SimConfig {
             seed,
-            faults: Faults { latency: Duration::from_millis(200), latency_jitter: Duration::from_millis(200), ..Faults::default() },
+            faults: Faults {
+                latency: Duration::from_millis(200),
+                latency_jitter: Duration::from_millis(200),
+                ..Faults::default()
+            },
             ..SimConfig::default()
         };
-        let outcome = run(Run { seed, tasks: 60, kills: 2, kill_within_ms: 150, sim }).await;
-        assert!(outcome.recovered_unknowns >= 1, "no kill landed between intent and answer: {outcome:?}");
+        let outcome = run(Run {
+            seed,
+            tasks: 60,
+            kills: 2,
+            kill_within_ms: 150,
+            sim,
+        })
+        .await;
+        assert!(
+            outcome.recovered_unknowns >= 1,
+            "no kill landed between intent and answer: {outcome:?}"
+        );
         assert_eq!(outcome.succeeded + outcome.review, 60, "{outcome:?}");
     }
 }
@@ -144,7 +201,14 @@ async fn soak_with_faults_and_restarts() {
         },
         ..SimConfig::default()
     };
-    let outcome = run(Run { seed, tasks: 2_000, kills: 3, kill_within_ms: 2_000, sim }).await;
+    let outcome = run(Run {
+        seed,
+        tasks: 2_000,
+        kills: 3,
+        kill_within_ms: 2_000,
+        sim,
+    })
+    .await;
     assert!(outcome.resolved_by_lookup >= 100, "{outcome:?}");
     assert_eq!(outcome.succeeded + outcome.review + outcome.failed, 2_000);
 }

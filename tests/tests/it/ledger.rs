@@ -5,7 +5,9 @@ use std::os::unix::fs::PermissionsExt;
 
 use sendledger_core::*;
 use sendledger_store::envelope::{decode_event, encode_event};
-use sendledger_store::{Append, Durability, Ledger, LedgerOptions, Processed, TaskSummary, TimerKind};
+use sendledger_store::{
+    Append, Durability, Ledger, LedgerOptions, Processed, TaskSummary, TimerKind,
+};
 
 fn request(key: &str) -> AcceptedRequest {
     TaskRequest {
@@ -145,10 +147,16 @@ async fn append_then_read_everything_back() {
         Some((b, req.payload_hash()))
     );
     let processed = ledger.processed("sendledger.requests", 2).unwrap();
-    assert_eq!(processed.above.iter().copied().collect::<Vec<_>>(), [10, 11]);
+    assert_eq!(
+        processed.above.iter().copied().collect::<Vec<_>>(),
+        [10, 11]
+    );
     assert_eq!(processed.watermark, None);
     assert!(processed.contains(10) && processed.contains(11) && !processed.contains(9));
-    assert_eq!(ledger.processed("sendledger.requests", 3).unwrap(), Processed::default());
+    assert_eq!(
+        ledger.processed("sendledger.requests", 3).unwrap(),
+        Processed::default()
+    );
     assert_eq!(ledger.cursor("test").unwrap(), Some(11));
     assert_eq!(ledger.due_timers(4_999, 10).unwrap(), vec![]);
     assert_eq!(
@@ -158,10 +166,19 @@ async fn append_then_read_everything_back() {
     assert_eq!(ledger.next_timer().unwrap(), Some(5_000));
 
     // Raising the watermark folds the markers it covers.
-    let raise = Append { offset_watermarks: vec![("sendledger.requests".into(), 2, 10)], ..Append::default() };
+    let raise = Append {
+        offset_watermarks: vec![("sendledger.requests".into(), 2, 10)],
+        ..Append::default()
+    };
     ledger.append(raise).await.unwrap();
     let processed = ledger.processed("sendledger.requests", 2).unwrap();
-    assert_eq!((processed.watermark, processed.above.iter().copied().collect::<Vec<_>>()), (Some(10), vec![11]));
+    assert_eq!(
+        (
+            processed.watermark,
+            processed.above.iter().copied().collect::<Vec<_>>()
+        ),
+        (Some(10), vec![11])
+    );
     assert_eq!(processed.contiguous(), Some(11));
 
     // Reopen: everything is still there and LSNs continue without a gap.
