@@ -178,6 +178,80 @@ impl EventBody {
     }
 }
 
+impl EventBody {
+    /// The event's key fields in one line, for timelines read by a person on call.
+    pub fn summary(&self) -> String {
+        match self {
+            EventBody::TaskAccepted {
+                request,
+                payload_hash,
+                source,
+            } => format!(
+                "{}/{}/{} target={} from {source} payload={}",
+                request.identity.tenant,
+                request.identity.operation,
+                request.identity.request_key,
+                request.target,
+                &payload_hash.to_string()[..12]
+            ),
+            EventBody::DuplicateDelivery { source } => format!("same request again from {source}"),
+            EventBody::RequestConflict {
+                source,
+                payload_hash,
+            } => {
+                format!(
+                    "different payload {} from {source}: rejected",
+                    &payload_hash.to_string()[..12]
+                )
+            }
+            EventBody::SendIntended {
+                attempt,
+                idempotency_key,
+            } => match idempotency_key {
+                Some(key) => format!("attempt {attempt} key={key}"),
+                None => format!("attempt {attempt}"),
+            },
+            EventBody::SendNotSent {
+                attempt,
+                cause,
+                retry_at,
+            } => {
+                format!("attempt {attempt} not sent ({cause:?}); retry at {retry_at}")
+            }
+            EventBody::SendUnknown { attempt, cause } => {
+                format!("attempt {attempt} outcome unknown ({cause:?})")
+            }
+            EventBody::Confirmed {
+                remote_id,
+                evidence,
+            } => format!("remote_id={remote_id} evidence={evidence:?}"),
+            EventBody::Rejected { status, detail } => format!("status {status}: {detail}"),
+            EventBody::LookupPerformed {
+                matches,
+                next_check_at,
+            } => match next_check_at {
+                Some(at) => format!(
+                    "{} matches [{}]; next check at {at}",
+                    matches.len(),
+                    matches.join(", ")
+                ),
+                None => format!("{} matches [{}]", matches.len(), matches.join(", ")),
+            },
+            EventBody::ManualReviewRequired { reason } => reason.to_string(),
+            EventBody::ResendAuthorized { by, reason } => format!("by {by}: {reason}"),
+            EventBody::Failed { reason } => reason.clone(),
+            EventBody::OperatorNote { who, text } => format!("{who}: {text}"),
+            EventBody::InputRejected {
+                source,
+                reason,
+                raw,
+            } => {
+                format!("from {source}: {reason} ({} bytes kept)", raw.len())
+            }
+        }
+    }
+}
+
 /// An event before the journal has given it a log sequence number.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NewEvent {

@@ -188,19 +188,20 @@ impl Target {
             if MANAGED_HEADERS.contains(&hn.as_str()) {
                 return Err(Error::config(&field, "is set by the client; remove it"));
             }
-            let text =
-                match value {
-                    HeaderValueConfig::Literal(text) => text.clone(),
-                    HeaderValueConfig::Env { env: var, prefix } => match env(var) {
-                        Some(v) => format!("{prefix}{v}"),
-                        None => return Err(Error::config(
+            let text = match value {
+                HeaderValueConfig::Literal(text) => text.clone(),
+                HeaderValueConfig::Env { env: var, prefix } => match env(var) {
+                    Some(v) => format!("{prefix}{v}"),
+                    None => {
+                        return Err(Error::config(
                             &field,
                             format!(
                                 "environment variable `{var}` is not set; set it before starting"
                             ),
-                        )),
-                    },
-                };
+                        ))
+                    }
+                },
+            };
             let mut hv = HeaderValue::from_str(&text).map_err(|_| {
                 Error::config(
                     &field,

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod bench_effects;
 mod bench_engine;
+mod ops;
 
 /// sendledger: a durable dispatcher for side effects that must happen once.
 #[derive(Parser)]
@@ -18,6 +19,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// A task's timeline, one line per event.
+    Inspect(ops::InspectArgs),
+    /// Replay the whole ledger and check every rule; exits non-zero on any violation.
+    Audit(ops::AuditArgs),
     /// Measure a component and print one JSON object.
     Bench {
         #[command(subcommand)]
@@ -37,10 +42,13 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Bench { what } => bench::run(what),
+        Command::Inspect(args) => ops::inspect(args).map(|()| true),
+        Command::Audit(args) => ops::audit(args),
+        Command::Bench { what } => bench::run(what).map(|()| true),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(2),
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
