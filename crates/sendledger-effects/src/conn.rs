@@ -228,8 +228,9 @@ impl Pool {
             }
         };
         let (parts, body) = response.into_parts();
-        let body = tokio::time::timeout_at(deadline, Limited::new(body, MAX_RESPONSE_BYTES).collect())
-            .await;
+        let body =
+            tokio::time::timeout_at(deadline, Limited::new(body, MAX_RESPONSE_BYTES).collect())
+                .await;
         let body = match body {
             Ok(Ok(collected)) => {
                 self.put(endpoint, conn);

@@ -195,7 +195,9 @@ impl Target {
                     None => {
                         return Err(Error::config(
                             &field,
-                            format!("environment variable `{var}` is not set; set it before starting"),
+                            format!(
+                                "environment variable `{var}` is not set; set it before starting"
+                            ),
                         ))
                     }
                 },
@@ -228,8 +230,7 @@ impl Target {
                 let field = path.at("idempotency.header");
                 let hn = HeaderName::from_bytes(i.header.as_bytes())
                     .map_err(|_| Error::config(&field, "is not a valid header name"))?;
-                if headers.iter().any(|(n, _)| *n == hn) || MANAGED_HEADERS.contains(&hn.as_str())
-                {
+                if headers.iter().any(|(n, _)| *n == hn) || MANAGED_HEADERS.contains(&hn.as_str()) {
                     return Err(Error::config(
                         &field,
                         "is also a configured or client-managed header",
@@ -242,10 +243,16 @@ impl Target {
 
         let r = &config.retry;
         if r.max_attempts == 0 {
-            return Err(Error::config(path.at("retry.max_attempts"), "must be at least 1"));
+            return Err(Error::config(
+                path.at("retry.max_attempts"),
+                "must be at least 1",
+            ));
         }
         if !(r.multiplier.is_finite() && r.multiplier >= 1.0) {
-            return Err(Error::config(path.at("retry.multiplier"), "must be a number of at least 1.0"));
+            return Err(Error::config(
+                path.at("retry.multiplier"),
+                "must be a number of at least 1.0",
+            ));
         }
         if r.initial_backoff > r.max_backoff {
             return Err(Error::config(
@@ -354,7 +361,9 @@ impl Target {
             AttemptOutcome::Succeeded { remote_id, status } if remote_id.is_empty() => {
                 warn!(target_name = %self.name, %task_id, attempt, status, pointer = %self.rules.id_pointer, "attempt succeeded but the answer has no remote id")
             }
-            other => debug!(target_name = %self.name, %task_id, attempt, outcome = ?other, "attempt classified"),
+            other => {
+                debug!(target_name = %self.name, %task_id, attempt, outcome = ?other, "attempt classified")
+            }
         }
         outcome
     }
@@ -384,10 +393,8 @@ impl Target {
             .render(request, &payload, true)
             .map_err(render_err)?;
         let mut req = self.request(Method::GET, &url, &lookup.endpoint, Bytes::new())?;
-        req.headers_mut().insert(
-            header::ACCEPT,
-            HeaderValue::from_static("application/json"),
-        );
+        req.headers_mut()
+            .insert(header::ACCEPT, HeaderValue::from_static("application/json"));
         let answer = self
             .pool
             .exchange(&lookup.endpoint, req)
@@ -413,8 +420,8 @@ impl Target {
                 detail: self.scrub(detail),
             });
         }
-        let doc: Value = serde_json::from_slice(&body)
-            .map_err(|e| answer_err(format!("not JSON: {e}")))?;
+        let doc: Value =
+            serde_json::from_slice(&body).map_err(|e| answer_err(format!("not JSON: {e}")))?;
         let ids = select(lookup, &doc, &payload, intent_at_ms).map_err(answer_err)?;
         debug!(target_name = %self.name, task_id = %request.task_id(), matches = ids.len(), "lookup performed");
         Ok(ids)
@@ -585,7 +592,11 @@ fn url_template(field: &str, source: &str) -> Result<(Template, String)> {
             "the host and port must be written literally (no placeholders, no user info)",
         ));
     }
-    let address = format!("{}:{}", authority.host(), authority.port_u16().unwrap_or(80));
+    let address = format!(
+        "{}:{}",
+        authority.host(),
+        authority.port_u16().unwrap_or(80)
+    );
     Ok((template, address))
 }
 
@@ -644,17 +655,14 @@ fn select(
         .ok_or_else(|| format!("no array at `{}`", lookup.results_pointer))?;
     let mut wanted = Vec::with_capacity(lookup.filters.len());
     for (record_pointer, payload_pointer) in &lookup.filters {
-        let value = payload
-            .pointer(payload_pointer)
-            .ok_or_else(|| format!("the payload has no value at `{payload_pointer}` for a filter"))?;
+        let value = payload.pointer(payload_pointer).ok_or_else(|| {
+            format!("the payload has no value at `{payload_pointer}` for a filter")
+        })?;
         wanted.push((record_pointer.as_str(), value));
     }
     let mut ids: Vec<String> = Vec::new();
     for (i, record) in records.iter().enumerate() {
-        if !wanted
-            .iter()
-            .all(|(p, v)| record.pointer(p) == Some(*v))
-        {
+        if !wanted.iter().all(|(p, v)| record.pointer(p) == Some(*v)) {
             continue;
         }
         if let (Some(c), Some(intent)) = (&lookup.created_after, intent_at_ms) {
@@ -662,7 +670,10 @@ fn select(
                 .pointer(&c.pointer)
                 .and_then(|v| timestamp_ms(v, c.format))
                 .ok_or_else(|| {
-                    format!("record {i} has no readable creation time at `{}`", c.pointer)
+                    format!(
+                        "record {i} has no readable creation time at `{}`",
+                        c.pointer
+                    )
                 })?;
             if at.saturating_add(millis(c.skew)) < intent {
                 continue;

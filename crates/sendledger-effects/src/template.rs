@@ -167,9 +167,9 @@ fn value_of(f: &Field, request: &AcceptedRequest, payload: &Value) -> Result<Str
         Field::Payload(path) => {
             let mut v = payload;
             for p in path {
-                v = v.get(p).ok_or_else(|| {
-                    format!("the payload has no field `{}`", path.join("."))
-                })?;
+                v = v
+                    .get(p)
+                    .ok_or_else(|| format!("the payload has no field `{}`", path.join(".")))?;
             }
             match v {
                 Value::String(s) => s.clone(),
@@ -235,7 +235,10 @@ mod tests {
             ("{payload.list}", "not a string"),
             ("{metadata.zone}", "no metadata `zone`"),
         ] {
-            let err = Template::parse(t).unwrap().render(&r, &p, true).unwrap_err();
+            let err = Template::parse(t)
+                .unwrap()
+                .render(&r, &p, true)
+                .unwrap_err();
             assert!(err.contains(needle), "{t}: {err}");
         }
         for (t, needle) in [

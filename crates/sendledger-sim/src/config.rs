@@ -144,7 +144,10 @@ impl Faults {
         ];
         for (field, p) in probabilities {
             if !(0.0..=1.0).contains(&p) {
-                return Err(Error::config(field, format!("{p} is not a probability in [0, 1]")));
+                return Err(Error::config(
+                    field,
+                    format!("{p} is not a probability in [0, 1]"),
+                ));
             }
         }
         let per_request: f64 = probabilities[1..].iter().map(|(_, p)| p).sum();
@@ -158,10 +161,16 @@ impl Faults {
             return Err(Error::config("faults.error_status", "must be a 5xx status"));
         }
         if !matches!(self.throttle_status, 429 | 503) {
-            return Err(Error::config("faults.throttle_status", "must be 429 or 503"));
+            return Err(Error::config(
+                "faults.throttle_status",
+                "must be 429 or 503",
+            ));
         }
         if !(400..=499).contains(&self.reject_status) {
-            return Err(Error::config("faults.reject_status", "must be a 4xx status"));
+            return Err(Error::config(
+                "faults.reject_status",
+                "must be a 4xx status",
+            ));
         }
         Ok(())
     }
@@ -176,23 +185,35 @@ impl SimConfig {
             ("stats_path", &self.stats_path),
         ] {
             if !path.starts_with('/') || path.contains('?') {
-                return Err(Error::config(field, "must start with `/` and have no query"));
+                return Err(Error::config(
+                    field,
+                    "must start with `/` and have no query",
+                ));
             }
         }
         if self.stats_path == self.create_path || self.stats_path == self.lookup_path {
-            return Err(Error::config("stats_path", "must differ from the create and lookup paths"));
+            return Err(Error::config(
+                "stats_path",
+                "must differ from the create and lookup paths",
+            ));
         }
         if self.identity_field.is_empty() {
             return Err(Error::config("identity_field", "must not be empty"));
         }
         if let Some(name) = &self.idempotency_header {
             if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
-                return Err(Error::config("idempotency_header", "is not a valid header name"));
+                return Err(Error::config(
+                    "idempotency_header",
+                    "is not a valid header name",
+                ));
             }
         }
         if let Some(h) = &self.require_header {
             if http::HeaderName::from_bytes(h.name.as_bytes()).is_err() {
-                return Err(Error::config("require_header.name", "is not a valid header name"));
+                return Err(Error::config(
+                    "require_header.name",
+                    "is not a valid header name",
+                ));
             }
         }
         if self.max_body_bytes == 0 {

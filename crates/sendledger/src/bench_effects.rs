@@ -53,7 +53,11 @@ struct AttemptRun {
     outcomes: [u64; 4],
 }
 
-async fn attempts(target: Arc<Target>, in_flight: usize, seconds: f64) -> anyhow::Result<AttemptRun> {
+async fn attempts(
+    target: Arc<Target>,
+    in_flight: usize,
+    seconds: f64,
+) -> anyhow::Result<AttemptRun> {
     let started = Instant::now();
     let deadline = started + Duration::from_secs_f64(seconds);
     let mut workers = Vec::new();
@@ -79,7 +83,12 @@ async fn attempts(target: Arc<Target>, in_flight: usize, seconds: f64) -> anyhow
             anyhow::Ok((latencies, outcomes))
         }));
     }
-    let mut run = AttemptRun { attempts: 0, per_sec: 0.0, latencies_us: Vec::new(), outcomes: [0; 4] };
+    let mut run = AttemptRun {
+        attempts: 0,
+        per_sec: 0.0,
+        latencies_us: Vec::new(),
+        outcomes: [0; 4],
+    };
     for w in workers {
         let (latencies, outcomes) = w.await??;
         run.latencies_us.extend(latencies);
@@ -95,7 +104,12 @@ async fn attempts(target: Arc<Target>, in_flight: usize, seconds: f64) -> anyhow
 
 /// Bare HTTP/1.1 creates over `in_flight` keep-alive connections: no classification, no
 /// templates, the least a client can do. Returns (requests, requests per second).
-async fn bare_load(sim_addr: std::net::SocketAddr, path: String, in_flight: usize, seconds: f64) -> anyhow::Result<(u64, f64)> {
+async fn bare_load(
+    sim_addr: std::net::SocketAddr,
+    path: String,
+    in_flight: usize,
+    seconds: f64,
+) -> anyhow::Result<(u64, f64)> {
     let started = Instant::now();
     let deadline = started + Duration::from_secs_f64(seconds);
     let mut workers = Vec::new();
@@ -104,18 +118,24 @@ async fn bare_load(sim_addr: std::net::SocketAddr, path: String, in_flight: usiz
         workers.push(tokio::spawn(async move {
             let stream = tokio::net::TcpStream::connect(sim_addr).await?;
             stream.set_nodelay(true)?;
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+            let (mut sender, conn) =
+                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
             tokio::spawn(conn);
             let mut n = 0u64;
             while Instant::now() < deadline {
-                let body = format!(r#"{{"amount":1250,"currency":"EUR","request_key":"raw-{w}-{n}"}}"#);
+                let body =
+                    format!(r#"{{"amount":1250,"currency":"EUR","request_key":"raw-{w}-{n}"}}"#);
                 let request = http::Request::post(path.as_str())
                     .header(http::header::HOST, "sim")
                     .header(http::header::CONTENT_TYPE, "application/json")
                     .body(Full::new(Bytes::from(body)))?;
                 sender.ready().await?;
                 let response = sender.send_request(request).await?;
-                anyhow::ensure!(response.status().is_success(), "bare create answered {}", response.status());
+                anyhow::ensure!(
+                    response.status().is_success(),
+                    "bare create answered {}",
+                    response.status()
+                );
                 response.into_body().collect().await?;
                 n += 1;
             }
@@ -132,13 +152,18 @@ async fn bare_load(sim_addr: std::net::SocketAddr, path: String, in_flight: usiz
 pub fn run(args: EffectsArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.in_flight > 0, "--in-flight must be at least 1");
     anyhow::ensure!(args.seconds > 0.0, "--seconds must be positive");
-    anyhow::ensure!(args.sim_threads > 0 && args.client_threads > 0, "--sim-threads and --client-threads must be at least 1");
+    anyhow::ensure!(
+        args.sim_threads > 0 && args.client_threads > 0,
+        "--sim-threads and --client-threads must be at least 1"
+    );
     let sim_runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.sim_threads)
         .thread_name("sim")
         .enable_all()
         .build()?;
-    let sim = sim_runtime.block_on(Sim::start(SimConfig::default())).context("starting the simulated remote")?;
+    let sim = sim_runtime
+        .block_on(Sim::start(SimConfig::default()))
+        .context("starting the simulated remote")?;
     let client = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.client_threads)
         .thread_name("client")
@@ -154,9 +179,14 @@ pub fn run(args: EffectsArgs) -> anyhow::Result<()> {
     let before = sim.stats();
     let started = Instant::now();
     let run = client.block_on(attempts(target, args.in_flight, args.seconds))?;
-    let sim_posts_per_sec = (sim.stats().posts - before.posts) as f64 / started.elapsed().as_secs_f64();
-    let (bare, bare_per_sec) =
-        client.block_on(bare_load(sim.addr(), sim.config().create_path.clone(), args.in_flight, args.seconds))?;
+    let sim_posts_per_sec =
+        (sim.stats().posts - before.posts) as f64 / started.elapsed().as_secs_f64();
+    let (bare, bare_per_sec) = client.block_on(bare_load(
+        sim.addr(),
+        sim.config().create_path.clone(),
+        args.in_flight,
+        args.seconds,
+    ))?;
     let stats = sim.stats();
 
     let round = |x: f64| (x * 100.0).round() / 100.0;

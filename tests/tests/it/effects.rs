@@ -40,7 +40,7 @@ pub fn config(sim: &Sim, extra: &str) -> TargetConfig {
         r#"
 url = "{create}"
 connect_timeout = "1s"
-request_timeout = "400ms"
+request_timeout = "3s"
 body_fields = {{ request_key = "{{request_key}}" }}
 lookup = {{ url = "{lookup}?request_key={{request_key}}", first_check = "10ms", check_interval = "10ms", deadline = "1s" }}
 "#,
@@ -48,7 +48,8 @@ lookup = {{ url = "{lookup}?request_key={{request_key}}", first_check = "10ms", 
         lookup = sim.lookup_url(),
     );
     let mut table: toml::Table = toml::from_str(&base).expect("base test config");
-    let extra: toml::Table = toml::from_str(extra).unwrap_or_else(|e| panic!("test config: {e}\n{extra}"));
+    let extra: toml::Table =
+        toml::from_str(extra).unwrap_or_else(|e| panic!("test config: {e}\n{extra}"));
     table.extend(extra);
     toml::Value::Table(table)
         .try_into()
@@ -91,16 +92,42 @@ async fn connection_refused_port_closed_is_not_sent() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = closed.local_addr().unwrap();
     drop(closed);
-    let cfg: TargetConfig =
-        toml::from_str(&format!("url = \"http://{addr}/records\"\nconnect_timeout = \"1s\"")).unwrap();
+    let cfg: TargetConfig = toml::from_str(&format!(
+        "url = \"http://{addr}/records\"\nconnect_timeout = \"1s\""
+    ))
+    .unwrap();
     let target = Target::from_config("payments", &cfg).unwrap();
-    match target.execute(&request("k1", json!({"amount": 1})), 1, None).await {
+    match target
+        .execute(&request("k1", json!({"amount": 1})), 1, None)
+        .await
+    {
         AttemptOutcome::NotSent {
             cause: NotSentCause::Connect(reason),
             retry_after_ms: None,
         } => assert!(reason.contains("connect to"), "{reason}"),
         other => panic!("expected NotSent, got {other:?}"),
     }
+}
+
+/// A name that cannot resolve (`.invalid` is reserved): nothing can have been written.
+#[tokio::test]
+async fn dns_failure_is_not_sent() {
+    let cfg: TargetConfig = toml::from_str(
+        "url = \"http://sendledger-remote.invalid/records\"\nconnect_timeout = \"1s\"",
+    )
+    .unwrap();
+    let target = Target::from_config("payments", &cfg).unwrap();
+    let outcome = target.execute(&request("k1", json!({})), 1, None).await;
+    assert!(
+        matches!(
+            outcome,
+            AttemptOutcome::NotSent {
+                cause: NotSentCause::Connect(_),
+                retry_after_ms: None
+            }
+        ),
+        "{outcome:?}"
+    );
 }
 
 /// A listener whose accept queue is full drops new SYNs: the connect times out, nothing is
@@ -113,7 +140,12 @@ async fn connect_timeout_is_not_sent() {
     let addr = listener.local_addr().unwrap();
     let mut held = Vec::new();
     for _ in 0..16 {
-        match tokio::time::timeout(Duration::from_millis(200), tokio::net::TcpStream::connect(addr)).await {
+        match tokio::time::timeout(
+            Duration::from_millis(200),
+            tokio::net::TcpStream::connect(addr),
+        )
+        .await
+        {
             Ok(Ok(stream)) => held.push(stream),
             _ => break,
         }
@@ -140,7 +172,11 @@ async fn created_2xx_is_succeeded_with_the_remote_id() {
     let sim = start_sim(Faults::default()).await;
     let target = target(&sim, "");
     let outcome = target
-        .execute(&request("ord-1", json!({"amount": 1250, "currency": "EUR"})), 1, None)
+        .execute(
+            &request("ord-1", json!({"amount": 1250, "currency": "EUR"})),
+            1,
+            None,
+        )
         .await;
     let records = sim.records();
     assert_eq!(records.len(), 1);
@@ -195,7 +231,7 @@ async fn commit_then_drop_is_unknown_and_the_remote_holds_exactly_one_record() {
 #[tokio::test]
 async fn commit_then_hang_is_unknown_after_the_request_timeout() {
     let sim = start_sim(faults(|f| f.commit_then_hang = 1.0)).await;
-    let target = target(&sim, "");
+    let target = target(&sim, "request_timeout = \"300ms\"");
     let outcome = tokio::time::timeout(
         Duration::from_secs(10),
         target.execute(&request("ord-1", json!({})), 1, None),
@@ -393,7 +429,10 @@ async fn conflict_409_is_rejected_by_default_and_unknown_when_set_to_reconcile()
 #[tokio::test]
 async fn a_request_that_cannot_be_built_is_rejected_without_sending() {
     let sim = start_sim(Faults::default()).await;
-    let target = target(&sim, "body_fields = { customer = \"{payload.customer.id}\" }");
+    let target = target(
+        &sim,
+        "body_fields = { customer = \"{payload.customer.id}\" }",
+    );
     match target.execute(&request("ord-1", json!({})), 1, None).await {
         AttemptOutcome::Rejected { status: 0, detail } => {
             assert!(detail.contains("no field `customer.id`"), "{detail}")
@@ -425,7 +464,11 @@ async fn a_reused_idempotency_key_returns_the_first_record() {
     sim.set_faults(Faults::default()).unwrap();
     let second = target.execute(&req, 2, Some("key-1")).await;
     let records = sim.records_with_identity("ord-1");
-    assert_eq!(records.len(), 1, "the same key must not create a second record");
+    assert_eq!(
+        records.len(),
+        1,
+        "the same key must not create a second record"
+    );
     assert_eq!(
         second,
         AttemptOutcome::Succeeded {
@@ -444,7 +487,10 @@ async fn idle_connections_are_reused_only_when_pooling_is_on() {
         let outcome = pooled
             .execute(&request(&format!("p-{i}"), json!({})), 1, None)
             .await;
-        assert!(matches!(outcome, AttemptOutcome::Succeeded { .. }), "{outcome:?}");
+        assert!(
+            matches!(outcome, AttemptOutcome::Succeeded { .. }),
+            "{outcome:?}"
+        );
     }
     assert_eq!(sim.stats().connections, 1);
     let fresh = target(&sim, "pool_idle_timeout = \"0s\"");
@@ -452,7 +498,10 @@ async fn idle_connections_are_reused_only_when_pooling_is_on() {
         let outcome = fresh
             .execute(&request(&format!("f-{i}"), json!({})), 1, None)
             .await;
-        assert!(matches!(outcome, AttemptOutcome::Succeeded { .. }), "{outcome:?}");
+        assert!(
+            matches!(outcome, AttemptOutcome::Succeeded { .. }),
+            "{outcome:?}"
+        );
     }
     assert_eq!(sim.stats().connections, 11);
     assert_eq!(sim.stats().records, 20);
@@ -492,7 +541,10 @@ async fn lookup_finds_zero_one_and_several_matches() {
     let sim = start_sim(Faults::default()).await;
     let target = target(&sim, "");
     let req = request("ord-1", json!({"amount": 5}));
-    assert_eq!(target.lookup(&req, None).await.unwrap(), Vec::<String>::new());
+    assert_eq!(
+        target.lookup(&req, None).await.unwrap(),
+        Vec::<String>::new()
+    );
     target.execute(&req, 1, None).await;
     let one = target.lookup(&req, None).await.unwrap();
     assert_eq!(one, vec![sim.records()[0].id.clone()]);
@@ -582,8 +634,18 @@ created_after_intent = {{ pointer = "/created_at", format = "unix_millis", skew 
     let req = request("ord-1", json!({}));
     target.execute(&req, 1, None).await;
     let created_at = sim.records()[0].created_at;
-    assert_eq!(target.lookup(&req, Some(created_at - 1_000)).await.unwrap().len(), 1);
-    assert_eq!(target.lookup(&req, Some(created_at)).await.unwrap().len(), 1);
+    assert_eq!(
+        target
+            .lookup(&req, Some(created_at - 1_000))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(
+        target.lookup(&req, Some(created_at)).await.unwrap().len(),
+        1
+    );
     assert!(target
         .lookup(&req, Some(created_at + 60_000))
         .await
@@ -616,7 +678,10 @@ async fn failed_lookups_are_errors_not_evidence() {
     }
     let wrong_shape = Target::from_config("payments", &cfg).unwrap();
     let err = wrong_shape.lookup(&req, None).await.unwrap_err();
-    assert!(matches!(err, sendledger_effects::Error::LookupAnswer { .. }), "{err}");
+    assert!(
+        matches!(err, sendledger_effects::Error::LookupAnswer { .. }),
+        "{err}"
+    );
     // Wrong path: 404.
     let mut cfg = config(&sim, "");
     if let Some(l) = cfg.lookup.as_mut() {
@@ -628,7 +693,10 @@ async fn failed_lookups_are_errors_not_evidence() {
         .await
         .unwrap_err();
     assert!(
-        matches!(err, sendledger_effects::Error::LookupStatus { status: 404, .. }),
+        matches!(
+            err,
+            sendledger_effects::Error::LookupStatus { status: 404, .. }
+        ),
         "{err}"
     );
     // Remote gone.
@@ -675,12 +743,16 @@ fn config_errors_name_the_field() {
     ] {
         let cfg: TargetConfig = toml::from_str(&format!("url = \"{url}\"")).unwrap();
         let err = Target::from_config("t", &cfg).unwrap_err();
-        assert!(err.to_string().starts_with("targets.t.url: "), "{url}: {err}");
+        assert!(
+            err.to_string().starts_with("targets.t.url: "),
+            "{url}: {err}"
+        );
         assert!(err.to_string().contains(expected), "{url}: {err}");
     }
     let err = toml::from_str::<TargetConfig>(&format!("{base}colour = \"red\"")).unwrap_err();
     assert!(err.to_string().contains("unknown field `colour`"), "{err}");
-    let err = toml::from_str::<TargetConfig>(&format!("{base}connect_timeout = \"soon\"")).unwrap_err();
+    let err =
+        toml::from_str::<TargetConfig>(&format!("{base}connect_timeout = \"soon\"")).unwrap_err();
     assert!(err.to_string().contains("connect_timeout"), "{err}");
     let err = toml::from_str::<TargetConfig>(&format!("{base}on_5xx = \"retry\"")).unwrap_err();
     assert!(err.to_string().contains("unknown variant `retry`"), "{err}");
@@ -722,9 +794,15 @@ lookup = { url = "http://127.0.0.1:9/records?k={request_key}", first_check = "2s
     assert_eq!(policy.idempotency_ttl_ms, None);
     assert_eq!(policy.retry, sendledger_core::RetryPolicy::default());
     // Resending when absent is off unless asked for.
-    let with_lookup: TargetConfig =
-        toml::from_str("url = \"http://127.0.0.1:9/r\"\nlookup = { url = \"http://127.0.0.1:9/r\" }").unwrap();
-    let reconcile = Target::from_config("t", &with_lookup).unwrap().policy().reconcile.unwrap();
+    let with_lookup: TargetConfig = toml::from_str(
+        "url = \"http://127.0.0.1:9/r\"\nlookup = { url = \"http://127.0.0.1:9/r\" }",
+    )
+    .unwrap();
+    let reconcile = Target::from_config("t", &with_lookup)
+        .unwrap()
+        .policy()
+        .reconcile
+        .unwrap();
     assert!(!reconcile.resend_when_absent);
     let targets = Targets::from_config(&[("payments".to_string(), plain)].into()).unwrap();
     assert_eq!(targets.names().collect::<Vec<_>>(), ["payments"]);
@@ -778,7 +856,7 @@ fn secret_header_values_never_appear_in_debug_logs_or_errors() {
             .unwrap();
             seen.push(format!("{:?}", sim.config()));
             let secret_headers = format!(
-                "headers = {{ Authorization = {{ env = \"PAYMENTS_TOKEN\", prefix = \"Bearer \" }}, X-Api-Key = \"{API_KEY}\" }}"
+                "request_timeout = \"1s\"\nheaders = {{ Authorization = {{ env = \"PAYMENTS_TOKEN\", prefix = \"Bearer \" }}, X-Api-Key = \"{API_KEY}\" }}"
             );
             let cfg = config(&sim, &secret_headers);
             seen.push(format!("{cfg:?}"));
@@ -819,11 +897,31 @@ fn secret_header_values_never_appear_in_debug_logs_or_errors() {
         });
     });
     let logs = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
-    assert!(logs.contains("attempt outcome unknown"), "logging was not captured:\n{logs}");
+    assert!(
+        logs.contains("attempt outcome unknown"),
+        "logging was not captured:\n{logs}"
+    );
     seen.push(logs);
     for text in &seen {
         for secret in [TOKEN, API_KEY] {
             assert!(!text.contains(secret), "secret leaked into:\n{text}");
         }
     }
+}
+
+#[test]
+fn the_example_configs_parse_and_validate() {
+    let text = include_str!("../../../schemas/targets.example.toml");
+    let mut doc: toml::Table = toml::from_str(text).unwrap();
+    let targets: std::collections::BTreeMap<String, TargetConfig> =
+        doc.remove("targets").unwrap().try_into().unwrap();
+    let env = |name: &str| (name == "PAYMENTS_TOKEN").then(|| "t".to_string());
+    let loaded = Targets::from_config_with_env(&targets, env).unwrap();
+    let payments = loaded.get("payments").unwrap();
+    assert!(payments.has_lookup());
+    assert_eq!(payments.policy().retry.max_attempts, 8);
+    let sim: SimConfig =
+        toml::from_str(include_str!("../../../schemas/sim-remote.example.toml")).unwrap();
+    sim.validate().unwrap();
+    assert_eq!(sim.identity_field, "reference");
 }

@@ -20,7 +20,10 @@ async fn get(sim: &Sim, path_and_query: &str) -> (u16, String) {
     stream.read_to_end(&mut raw).await.unwrap();
     let text = String::from_utf8(raw).unwrap();
     let status = text[9..12].parse().unwrap();
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     (status, body)
 }
 
@@ -55,7 +58,11 @@ async fn run_seeded(seed: u64) -> (Vec<String>, Stats) {
     let target = target(&sim, "");
     let mut kinds = Vec::new();
     for i in 0..60 {
-        kinds.push(kind(&target.execute(&request(&format!("k-{i}"), json!({})), 1, None).await));
+        kinds.push(kind(
+            &target
+                .execute(&request(&format!("k-{i}"), json!({})), 1, None)
+                .await,
+        ));
     }
     (kinds, sim.stats())
 }
@@ -74,7 +81,10 @@ async fn faults_are_seeded_and_reproducible() {
         *counts.entry(k.as_str()).or_insert(0u64) += 1;
     }
     for expected in ["ok201", "not_sent", "rejected422", "unknown"] {
-        assert!(counts.contains_key(expected), "{expected} never drawn: {counts:?}");
+        assert!(
+            counts.contains_key(expected),
+            "{expected} never drawn: {counts:?}"
+        );
     }
     // Ground truth agrees with what the client saw: every success created one record, every
     // 5xx is unknown (some of them committed), throttles and rejections created nothing.
@@ -84,7 +94,10 @@ async fn faults_are_seeded_and_reproducible() {
     assert_eq!(stats_a.throttled, count("not_sent"));
     assert_eq!(stats_a.rejected, count("rejected422"));
     let committed_then_failed = stats_a.records - count("ok201");
-    assert!(committed_then_failed > 0 && committed_then_failed < count("unknown"), "{stats_a:?}");
+    assert!(
+        committed_then_failed > 0 && committed_then_failed < count("unknown"),
+        "{stats_a:?}"
+    );
 }
 
 #[tokio::test]
@@ -95,7 +108,15 @@ async fn stats_endpoint_reports_posts_records_and_duplicates() {
     target.execute(&request("dup", json!({})), 2, None).await;
     target.execute(&request("single", json!({})), 1, None).await;
     let stats = sim.stats();
-    assert_eq!((stats.posts, stats.records, stats.identities, stats.duplicates), (3, 3, 2, 1));
+    assert_eq!(
+        (
+            stats.posts,
+            stats.records,
+            stats.identities,
+            stats.duplicates
+        ),
+        (3, 3, 2, 1)
+    );
     let (status, body) = get(&sim, &sim.config().stats_path.clone()).await;
     assert_eq!(status, 200);
     let over_http: Stats = serde_json::from_str(&body).unwrap();
@@ -132,16 +153,52 @@ latency_jitter = "5ms"
     let err = toml::from_str::<SimConfig>("[faults]\nexplode = 1.0").unwrap_err();
     assert!(err.to_string().contains("unknown field `explode`"), "{err}");
     for (faults, field) in [
-        (Faults { error: 1.5, ..Faults::default() }, "faults.error:"),
-        (Faults { error: 0.6, reject: 0.6, ..Faults::default() }, "faults:"),
-        (Faults { throttle_status: 500, ..Faults::default() }, "faults.throttle_status:"),
-        (Faults { reject_status: 500, ..Faults::default() }, "faults.reject_status:"),
+        (
+            Faults {
+                error: 1.5,
+                ..Faults::default()
+            },
+            "faults.error:",
+        ),
+        (
+            Faults {
+                error: 0.6,
+                reject: 0.6,
+                ..Faults::default()
+            },
+            "faults:",
+        ),
+        (
+            Faults {
+                throttle_status: 500,
+                ..Faults::default()
+            },
+            "faults.throttle_status:",
+        ),
+        (
+            Faults {
+                reject_status: 500,
+                ..Faults::default()
+            },
+            "faults.reject_status:",
+        ),
     ] {
-        let err = Sim::start(SimConfig { faults, ..SimConfig::default() }).await.err().unwrap();
+        let err = Sim::start(SimConfig {
+            faults,
+            ..SimConfig::default()
+        })
+        .await
+        .err()
+        .unwrap();
         assert!(err.to_string().starts_with(field), "{err}");
     }
     let sim = Sim::start(SimConfig::default()).await.unwrap();
-    let err = sim.set_faults(Faults { refuse: -0.1, ..Faults::default() }).unwrap_err();
+    let err = sim
+        .set_faults(Faults {
+            refuse: -0.1,
+            ..Faults::default()
+        })
+        .unwrap_err();
     assert!(err.to_string().starts_with("faults.refuse:"), "{err}");
 }
 
@@ -155,8 +212,13 @@ async fn concurrent_creates_are_all_recorded_once() {
         let target = target.clone();
         workers.push(tokio::spawn(async move {
             for i in 0..40 {
-                let outcome = target.execute(&request(&format!("w{w}-{i}"), json!({})), 1, None).await;
-                assert!(matches!(outcome, AttemptOutcome::Succeeded { .. }), "{outcome:?}");
+                let outcome = target
+                    .execute(&request(&format!("w{w}-{i}"), json!({})), 1, None)
+                    .await;
+                assert!(
+                    matches!(outcome, AttemptOutcome::Succeeded { .. }),
+                    "{outcome:?}"
+                );
             }
         }));
     }
@@ -164,6 +226,18 @@ async fn concurrent_creates_are_all_recorded_once() {
         w.await.unwrap();
     }
     let stats = sim.stats();
-    assert_eq!((stats.posts, stats.records, stats.identities, stats.duplicates), (2560, 2560, 2560, 0));
-    assert!(stats.connections <= 64 + 8, "connections are pooled: {}", stats.connections);
+    assert_eq!(
+        (
+            stats.posts,
+            stats.records,
+            stats.identities,
+            stats.duplicates
+        ),
+        (2560, 2560, 2560, 0)
+    );
+    assert!(
+        stats.connections <= 64 + 8,
+        "connections are pooled: {}",
+        stats.connections
+    );
 }
