@@ -40,7 +40,7 @@ pub fn config(sim: &Sim, extra: &str) -> TargetConfig {
         r#"
 url = "{create}"
 connect_timeout = "1s"
-request_timeout = "400ms"
+request_timeout = "3s"
 body_fields = {{ request_key = "{{request_key}}" }}
 lookup = {{ url = "{lookup}?request_key={{request_key}}", first_check = "10ms", check_interval = "10ms", deadline = "1s" }}
 "#,
@@ -107,6 +107,27 @@ async fn connection_refused_port_closed_is_not_sent() {
         } => assert!(reason.contains("connect to"), "{reason}"),
         other => panic!("expected NotSent, got {other:?}"),
     }
+}
+
+/// A name that cannot resolve (`.invalid` is reserved): nothing can have been written.
+#[tokio::test]
+async fn dns_failure_is_not_sent() {
+    let cfg: TargetConfig = toml::from_str(
+        "url = \"http://sendledger-remote.invalid/records\"\nconnect_timeout = \"1s\"",
+    )
+    .unwrap();
+    let target = Target::from_config("payments", &cfg).unwrap();
+    let outcome = target.execute(&request("k1", json!({})), 1, None).await;
+    assert!(
+        matches!(
+            outcome,
+            AttemptOutcome::NotSent {
+                cause: NotSentCause::Connect(_),
+                retry_after_ms: None
+            }
+        ),
+        "{outcome:?}"
+    );
 }
 
 /// A listener whose accept queue is full drops new SYNs: the connect times out, nothing is
@@ -210,7 +231,7 @@ async fn commit_then_drop_is_unknown_and_the_remote_holds_exactly_one_record() {
 #[tokio::test]
 async fn commit_then_hang_is_unknown_after_the_request_timeout() {
     let sim = start_sim(faults(|f| f.commit_then_hang = 1.0)).await;
-    let target = target(&sim, "");
+    let target = target(&sim, "request_timeout = \"300ms\"");
     let outcome = tokio::time::timeout(
         Duration::from_secs(10),
         target.execute(&request("ord-1", json!({})), 1, None),
@@ -835,7 +856,7 @@ fn secret_header_values_never_appear_in_debug_logs_or_errors() {
             .unwrap();
             seen.push(format!("{:?}", sim.config()));
             let secret_headers = format!(
-                "headers = {{ Authorization = {{ env = \"PAYMENTS_TOKEN\", prefix = \"Bearer \" }}, X-Api-Key = \"{API_KEY}\" }}"
+                "request_timeout = \"1s\"\nheaders = {{ Authorization = {{ env = \"PAYMENTS_TOKEN\", prefix = \"Bearer \" }}, X-Api-Key = \"{API_KEY}\" }}"
             );
             let cfg = config(&sim, &secret_headers);
             seen.push(format!("{cfg:?}"));
@@ -886,4 +907,21 @@ fn secret_header_values_never_appear_in_debug_logs_or_errors() {
             assert!(!text.contains(secret), "secret leaked into:\n{text}");
         }
     }
+}
+
+#[test]
+fn the_example_configs_parse_and_validate() {
+    let text = include_str!("../../../schemas/targets.example.toml");
+    let mut doc: toml::Table = toml::from_str(text).unwrap();
+    let targets: std::collections::BTreeMap<String, TargetConfig> =
+        doc.remove("targets").unwrap().try_into().unwrap();
+    let env = |name: &str| (name == "PAYMENTS_TOKEN").then(|| "t".to_string());
+    let loaded = Targets::from_config_with_env(&targets, env).unwrap();
+    let payments = loaded.get("payments").unwrap();
+    assert!(payments.has_lookup());
+    assert_eq!(payments.policy().retry.max_attempts, 8);
+    let sim: SimConfig =
+        toml::from_str(include_str!("../../../schemas/sim-remote.example.toml")).unwrap();
+    sim.validate().unwrap();
+    assert_eq!(sim.identity_field, "reference");
 }
