@@ -68,12 +68,9 @@ fn acknowledged_appends_survive_sigkill() {
         }
         verify(dir.path(), &acked, cycle);
     }
-    // The kills landed while appends were going on, not before the first one.
-    assert!(
-        total_killed_after.iter().filter(|n| **n > 0).count() >= CYCLES / 2,
-        "{total_killed_after:?}"
-    );
-    eprintln!("acknowledged appends per cycle: {total_killed_after:?}");
+    // Every kill landed while appends were going on (the first one was acknowledged).
+    assert!(acks_per_cycle.iter().all(|n| *n > 0), "{acks_per_cycle:?}");
+    eprintln!("acknowledged events per cycle: {acks_per_cycle:?}");
 }
 
 fn verify(dir: &std::path::Path, acked: &BTreeMap<u64, (u32, u32)>, cycle: usize) {
