@@ -111,7 +111,15 @@ impl TaskActor {
 
     /// Decides, appends, waits for durability, then acts. Runs while no other message of the
     /// task is handled (callers wrap it in an atomic response or `ctx.wait`).
+    ///
+    /// The decision is taken when the future first runs, not when it is created: actix may
+    /// poll a spawned future (an attempt ending) between a handler registering its wait and
+    /// that wait running, so a decision taken eagerly could start from a stale state.
     fn process(&mut self, input: TaskInput) -> ResponseActFuture<Self, Result<Reply>> {
+        Box::pin(fut::ready(()).then(move |(), act: &mut Self, _| act.decide_and_append(input)))
+    }
+
+    fn decide_and_append(&mut self, input: TaskInput) -> ResponseActFuture<Self, Result<Reply>> {
         if let Some(Err(e)) = &self.loaded {
             let err = Error::Ledger(sendledger_store::Error::Corrupt {
                 lsn: 0,
@@ -140,6 +148,12 @@ impl TaskActor {
             TaskInput::Outcome { attempt, outcome } => Input::Outcome { attempt, outcome },
         };
         let is_new = self.state.request.is_none();
+        if let (true, Input::Deliver { request, .. }) = (is_new, &core_input) {
+            // The first delivery decides the first attempt: it needs the target's policy.
+            if let Some(policy) = self.shared.remote.policy(&request.target) {
+                self.policy = policy;
+            }
+        }
         let decision = match decide(
             &self.state,
             core_input,
@@ -216,9 +230,6 @@ impl TaskActor {
                     e
                 })?;
                 act.state = next;
-                if is_new {
-                    act.set_policy();
-                }
                 act.perform(decision.action, ctx);
                 Ok(Reply { task_id, phase: act.state.phase, lsns, events: names })
             }),

@@ -114,9 +114,15 @@ mod tests {
         let t = TaskId([7; 16]);
         assert!(timer_key(1_000, t) < timer_key(1_001, TaskId([0; 16])));
         assert_eq!(decode_timer_key(&timer_key(42, t)), Some((42, t)));
-        assert_eq!(decode_offset_key(&offset_key("requests", 3)), Some(("requests".into(), 3, None)));
+        assert_eq!(
+            decode_offset_key(&offset_key("requests", 3)),
+            Some(("requests".into(), 3, None))
+        );
         let marker = offset_marker_key("requests", 3, 77);
-        assert_eq!(decode_offset_key(&marker), Some(("requests".into(), 3, Some(77))));
+        assert_eq!(
+            decode_offset_key(&marker),
+            Some(("requests".into(), 3, Some(77)))
+        );
         assert!(offset_key("requests", 3) < marker);
         assert!(marker < offset_marker_key("requests", 3, 256));
         assert!(offset_marker_key("requests", 3, i64::MAX) < offset_key("requests", 4));
