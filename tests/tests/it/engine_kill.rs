@@ -24,6 +24,7 @@ struct Run {
 /// Summary of a finished run, for the assertions and the test output.
 #[derive(Debug, Default)]
 struct Outcome {
+    kills: usize,
     succeeded: usize,
     review: usize,
     failed: usize,
@@ -40,6 +41,7 @@ async fn run(r: Run) -> Outcome {
     }))
     .unwrap();
     let prefix = format!("k{}", r.seed);
+    let mut kills = 0;
     for round in 0..=r.kills {
         let mut child = Command::new(env!("CARGO_BIN_EXE_engine_child"))
             .args([
@@ -64,20 +66,20 @@ async fn run(r: Run) -> Outcome {
             Some("started"),
             "round {round}: engine did not start"
         );
-        if round < r.kills {
-            // Kill while creates are in flight at the remote.
-            let posts = sim.stats().posts;
-            let wait_posts = async {
-                while sim.stats().posts == posts {
-                    tokio::time::sleep(Duration::from_millis(2)).await
-                }
-            };
-            tokio::time::timeout(Duration::from_secs(30), wait_posts)
-                .await
-                .expect("no attempt reached the remote");
+        // Kill while requests (creates or lookups) are in flight at the remote; a run that
+        // has nothing left to send is let finish.
+        let requests = sim.stats().requests;
+        let busy = async {
+            while sim.stats().requests == requests {
+                tokio::time::sleep(Duration::from_millis(2)).await
+            }
+        };
+        let busy = round < r.kills && tokio::time::timeout(Duration::from_secs(10), busy).await.is_ok();
+        if busy {
             tokio::time::sleep(Duration::from_millis(rng.random_range(0..r.kill_within_ms))).await;
             child.kill().unwrap();
             child.wait().unwrap();
+            kills += 1;
         } else {
             let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
                 .await
@@ -100,7 +102,7 @@ async fn run(r: Run) -> Outcome {
         "an identity got a second record: {stats:?}"
     );
     let ledger = Ledger::open(dir.path(), LedgerOptions::default()).unwrap();
-    let mut outcome = Outcome::default();
+    let mut outcome = Outcome { kills, ..Outcome::default() };
     for i in 0..r.tasks {
         let key = format!("{prefix}-{i}");
         let events = ledger.task_events(task_id(&key)).unwrap();
