@@ -74,7 +74,10 @@ async fn run(r: Run) -> Outcome {
                 tokio::time::sleep(Duration::from_millis(2)).await
             }
         };
-        let busy = round < r.kills && tokio::time::timeout(Duration::from_secs(10), busy).await.is_ok();
+        let busy = round < r.kills
+            && tokio::time::timeout(Duration::from_secs(10), busy)
+                .await
+                .is_ok();
         if busy {
             tokio::time::sleep(Duration::from_millis(rng.random_range(0..r.kill_within_ms))).await;
             child.kill().unwrap();
@@ -102,7 +105,10 @@ async fn run(r: Run) -> Outcome {
         "an identity got a second record: {stats:?}"
     );
     let ledger = Ledger::open(dir.path(), LedgerOptions::default()).unwrap();
-    let mut outcome = Outcome { kills, ..Outcome::default() };
+    let mut outcome = Outcome {
+        kills,
+        ..Outcome::default()
+    };
     for i in 0..r.tasks {
         let key = format!("{prefix}-{i}");
         let events = ledger.task_events(task_id(&key)).unwrap();
@@ -207,10 +213,11 @@ async fn soak_with_faults_and_restarts() {
         seed,
         tasks: 2_000,
         kills: 3,
-        kill_within_ms: 2_000,
+        kill_within_ms: 400,
         sim,
     })
     .await;
+    assert_eq!(outcome.kills, 3, "{outcome:?}");
     assert!(outcome.resolved_by_lookup >= 100, "{outcome:?}");
     assert_eq!(outcome.succeeded + outcome.review + outcome.failed, 2_000);
 }
