@@ -69,7 +69,7 @@ pub struct TaskActor {
     shared: Arc<Shared>,
     policy: Policy,
     loaded: Option<std::result::Result<(), String>>,
-    /// External messages handled, compared by the registry with those it forwarded.
+    /// External messages fully processed, compared by the registry with those it forwarded.
     handled: u64,
     attempt_in_flight: bool,
     lookup_in_flight: bool,
@@ -317,8 +317,10 @@ impl Handler<TaskMsg> for TaskActor {
     type Result = AtomicResponse<Self, Result<Reply>>;
 
     fn handle(&mut self, msg: TaskMsg, _ctx: &mut Context<Self>) -> Self::Result {
-        self.handled += 1;
         let fut = self.process(msg.0).map(|res, act, ctx| {
+            // Counted when done, not when received: the registry drops an actor only once every
+            // message it forwarded is fully processed.
+            act.handled += 1;
             act.idle_check(ctx);
             res
         });

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod bench_effects;
 mod bench_engine;
+mod demo;
 mod ops;
 
 /// sendledger: a durable dispatcher for side effects that must happen once.
@@ -19,6 +20,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The whole pipeline on embedded defaults against a fault-injecting remote, ending in an
+    /// audit; exits non-zero if any invariant fails.
+    Demo(demo::DemoArgs),
     /// A task's timeline, one line per event.
     Inspect(ops::InspectArgs),
     /// Replay the whole ledger and check every rule; exits non-zero on any violation.
@@ -42,6 +46,7 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Demo(args) => demo::run(args),
         Command::Inspect(args) => ops::inspect(args).map(|()| true),
         Command::Audit(args) => ops::audit(args),
         Command::Bench { what } => bench::run(what).map(|()| true),

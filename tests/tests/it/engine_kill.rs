@@ -105,6 +105,9 @@ async fn run(r: Run) -> Outcome {
         "an identity got a second record: {stats:?}"
     );
     let ledger = Ledger::open(dir.path(), LedgerOptions::default()).unwrap();
+    // The whole log replays clean: contiguous LSNs, every event indexed, summaries agree.
+    let audit = sendledger_store::audit(&ledger, |_| {}).unwrap();
+    assert!(audit.is_clean(), "audit: {:?}", audit.violations);
     let mut outcome = Outcome {
         kills,
         ..Outcome::default()
