@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use rand::seq::SliceRandom;
+use rand::seq::{IndexedRandom, SliceRandom};
 use rand::SeedableRng;
 use sendledger_actors::{Engine, EngineConfig, HttpRemote};
 use sendledger_core::{Phase, Source, TaskRequest};
