@@ -188,7 +188,9 @@ impl EventBody {
 
 impl EventBody {
     /// The event's key fields in one line, for timelines read by a person on call.
-    pub fn summary(&self) -> String {
+    /// Times are shown relative to `at`, the event's own time.
+    pub fn summary(&self, at: Millis) -> String {
+        let after = |t: Millis| t.saturating_sub(at);
         match self {
             EventBody::TaskAccepted {
                 request,
@@ -224,7 +226,10 @@ impl EventBody {
                 cause,
                 retry_at,
             } => {
-                format!("attempt {attempt} not sent ({cause:?}); retry at {retry_at}")
+                format!(
+                    "attempt {attempt} not sent ({cause:?}); retry in {} ms",
+                    after(*retry_at)
+                )
             }
             EventBody::SendUnknown { attempt, cause } => {
                 format!("attempt {attempt} outcome unknown ({cause:?})")
@@ -238,10 +243,11 @@ impl EventBody {
                 matches,
                 next_check_at,
             } => match next_check_at {
-                Some(at) => format!(
-                    "{} matches [{}]; next check at {at}",
+                Some(next) => format!(
+                    "{} matches [{}]; next check in {} ms",
                     matches.len(),
-                    matches.join(", ")
+                    matches.join(", "),
+                    after(*next)
                 ),
                 None => format!("{} matches [{}]", matches.len(), matches.join(", ")),
             },

@@ -75,7 +75,7 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
     if args.json {
         let timeline: Vec<_> = events
             .iter()
-            .map(|e| serde_json::json!({ "lsn": e.lsn, "seq": e.task_seq, "at": time(e.at), "event": e.body.name(), "detail": e.body.summary() }))
+            .map(|e| serde_json::json!({ "lsn": e.lsn, "seq": e.task_seq, "at": time(e.at), "event": e.body.name(), "detail": e.body.summary(e.at) }))
             .collect();
         let out = serde_json::json!({ "task_id": task.to_string(), "state": state.phase.name(), "attempts": state.attempts, "remote_id": state.remote_id, "events": timeline });
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -93,7 +93,7 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
             time(e.at),
             e.task_seq,
             e.body.name(),
-            e.body.summary()
+            e.body.summary(e.at)
         );
     }
     Ok(())
