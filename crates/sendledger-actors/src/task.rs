@@ -73,6 +73,9 @@ pub struct TaskActor {
     handled: u64,
     attempt_in_flight: bool,
     lookup_in_flight: bool,
+    /// Inputs accepted for processing whose decision is not yet durable and acted on. The
+    /// actor is idle (and may be dropped) only when there are none.
+    unfinished: u32,
 }
 
 impl TaskActor {
@@ -86,6 +89,7 @@ impl TaskActor {
             handled: 0,
             attempt_in_flight: false,
             lookup_in_flight: false,
+            unfinished: 0,
         }
     }
 
@@ -116,7 +120,15 @@ impl TaskActor {
     /// poll a spawned future (an attempt ending) between a handler registering its wait and
     /// that wait running, so a decision taken eagerly could start from a stale state.
     fn process(&mut self, input: TaskInput) -> ResponseActFuture<Self, Result<Reply>> {
-        Box::pin(fut::ready(()).then(move |(), act: &mut Self, _| act.decide_and_append(input)))
+        self.unfinished += 1;
+        Box::pin(
+            fut::ready(())
+                .then(move |(), act: &mut Self, _| act.decide_and_append(input))
+                .map(|res, act, _| {
+                    act.unfinished -= 1;
+                    res
+                }),
+        )
     }
 
     fn decide_and_append(&mut self, input: TaskInput) -> ResponseActFuture<Self, Result<Reply>> {
@@ -282,7 +294,7 @@ impl TaskActor {
     }
 
     fn idle_check(&mut self, _ctx: &mut Context<Self>) {
-        if !self.attempt_in_flight && !self.lookup_in_flight {
+        if self.unfinished == 0 && !self.attempt_in_flight && !self.lookup_in_flight {
             self.shared.registry.do_send(Idle {
                 task_id: self.task_id,
                 handled: self.handled,

@@ -84,9 +84,14 @@ async fn run(r: Run) -> Outcome {
             child.wait().unwrap();
             kills += 1;
         } else {
-            let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
-                .await
-                .unwrap();
+            let pid = child.id();
+            let wait = tokio::task::spawn_blocking(move || child.wait().unwrap());
+            let Ok(status) = tokio::time::timeout(Duration::from_secs(120), wait).await else {
+                // SAFETY: kill(2) on our own child's pid.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                panic!("final run did not settle within 120 s; ledger kept at {}", dir.keep().display());
+            };
+            let status = status.unwrap();
             assert!(status.success(), "final run failed: {status}");
             let mut lines = Vec::new();
             while let Ok(line) = rx.try_recv() {
