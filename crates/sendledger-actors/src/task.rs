@@ -254,7 +254,7 @@ impl TaskActor {
                 let send = self
                     .shared
                     .remote
-                    .attempt(request, idempotency_key.as_deref());
+                    .attempt(request, attempt, idempotency_key.as_deref());
                 ctx.spawn(send.into_actor(self).map(move |outcome, act, ctx| {
                     act.attempt_in_flight = false;
                     tracing::debug!(task_id = %task_id, attempt, ?outcome, "attempt ended");

@@ -154,6 +154,14 @@ pub enum EventBody {
         who: String,
         text: String,
     },
+    /// A requests-topic message that is not a valid request, recorded under
+    /// `TaskId::for_rejected_input` so its rejected result is published and its offset counts
+    /// as processed. `raw` keeps at most the first 4 KiB of the message.
+    InputRejected {
+        source: Source,
+        reason: String,
+        raw: Vec<u8>,
+    },
 }
 
 impl EventBody {
