@@ -215,3 +215,45 @@ impl Kafka {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::Message;
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    use rdkafka::util::Timeout;
+
+    /// The embedded cluster has the topics, and the producer and consumer configurations that
+    /// sendledger builds are accepted by librdkafka and work against it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn embedded_cluster_round_trip() {
+        let kafka = tokio::task::block_in_place(|| Kafka::connect(KafkaConfig::default())).unwrap();
+        let producer: FutureProducer = kafka.client_config(Role::Producer).create().unwrap();
+        let topic = kafka.config().requests_topic.clone();
+        producer
+            .send(
+                FutureRecord::to(&topic).key("k").payload("hello").partition(1),
+                Timeout::Never,
+            )
+            .await
+            .unwrap();
+        let consumer: BaseConsumer = kafka.client_config(Role::Ingest).create().unwrap();
+        consumer.subscribe(&[&topic]).unwrap();
+        let got = tokio::task::spawn_blocking(move || {
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while std::time::Instant::now() < deadline {
+                if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+                    return Some((m.partition(), m.payload().map(<[u8]>::to_vec)));
+                }
+            }
+            None
+        })
+        .await
+        .unwrap();
+        assert_eq!(got, Some((1, Some(b"hello".to_vec()))));
+        let cluster = kafka.embedded().unwrap();
+        cluster.broker_down(1).unwrap();
+        cluster.broker_up(1).unwrap();
+    }
+}

@@ -231,8 +231,10 @@ mod tests {
     #[test]
     fn defaults_are_valid_and_errors_name_the_field() {
         KafkaConfig::default().validate().unwrap();
-        let mut c = KafkaConfig::default();
-        c.results_topic = "bad topic".into();
+        let c = KafkaConfig {
+            results_topic: "bad topic".into(),
+            ..KafkaConfig::default()
+        };
         let err = c.validate().unwrap_err().to_string();
         assert!(err.contains("`results_topic`"), "{err}");
         let mut c = KafkaConfig::default();

@@ -103,6 +103,7 @@ impl Ingest {
             orphans: 0,
             done_rx,
             chains: HashMap::new(),
+            next_chain: 0,
             paused: false,
             fatal: None,
         }));
@@ -137,7 +138,6 @@ impl Ingest {
             max_unfinished: config.max_unfinished,
             max_message_bytes: config.max_message_bytes,
             commit_interval: config.commit_interval,
-            next_chain: 0,
         };
         let thread = std::thread::Builder::new()
             .name("sendledger-ingest".into())
@@ -229,6 +229,7 @@ struct Tracker {
     /// Per task identity: the last message handed to the sink, and the signal it sends when
     /// done (taken by the next message of the same identity).
     chains: HashMap<String, (u64, Option<oneshot::Receiver<()>>)>,
+    next_chain: u64,
     paused: bool,
     fatal: Option<String>,
 }
@@ -343,11 +344,7 @@ impl ConsumerContext for IngestContext {
             }
             return;
         };
-        let revoked: Vec<i32> = tpl
-            .elements_for_topic(&self.topic)
-            .iter()
-            .map(|e| e.partition())
-            .collect();
+        let revoked = partitions_of(tpl, &self.topic);
         let mut t = lock(&self.tracker);
         let deadline = Instant::now() + self.revoke_grace;
         let pending = |t: &Tracker| {
@@ -375,11 +372,7 @@ impl ConsumerContext for IngestContext {
         let Rebalance::Assign(tpl) = rebalance else {
             return;
         };
-        let assigned: Vec<i32> = tpl
-            .elements_for_topic(&self.topic)
-            .iter()
-            .map(|e| e.partition())
-            .collect();
+        let assigned = partitions_of(tpl, &self.topic);
         let mut t = lock(&self.tracker);
         for p in &assigned {
             t.assign(*p);
@@ -407,7 +400,6 @@ struct Worker<S: RequestSink> {
     max_unfinished: usize,
     max_message_bytes: usize,
     commit_interval: Duration,
-    next_chain: u64,
 }
 
 /// What to do with one message.
@@ -417,7 +409,7 @@ enum Work {
 }
 
 impl<S: RequestSink> Worker<S> {
-    fn run(mut self) -> Result<()> {
+    fn run(self) -> Result<()> {
         let mut last_commit = Instant::now();
         let mut result = Ok(());
         while !self.stop.load(Ordering::SeqCst) {
@@ -462,9 +454,6 @@ impl<S: RequestSink> Worker<S> {
         }
         self.drain();
         self.checkpoint(CommitMode::Sync);
-        if let Err(e) = self.consumer.unsubscribe_checked() {
-            tracing::debug!(error = %e, "unsubscribe");
-        }
         tracing::info!("ingest stopped");
         result
     }
@@ -570,7 +559,7 @@ impl<S: RequestSink> Worker<S> {
         }
     }
 
-    fn handle(&mut self, msg: &rdkafka::message::BorrowedMessage<'_>) -> Result<()> {
+    fn handle(&self, msg: &rdkafka::message::BorrowedMessage<'_>) -> Result<()> {
         self.stats.received.fetch_add(1, Ordering::Relaxed);
         let (partition, offset) = (msg.partition(), msg.offset());
         if msg.topic() != self.topic {
@@ -636,10 +625,10 @@ impl<S: RequestSink> Worker<S> {
         let (chain, prev, signal) = match &work {
             Work::Submit(r) => {
                 let id = format!("{}\u{0}{}\u{0}{}", r.tenant, r.operation, r.request_key);
-                let seq = self.next_chain;
-                self.next_chain += 1;
                 let (tx, rx) = oneshot::channel();
                 let mut t = lock(&self.tracker);
+                let seq = t.next_chain;
+                t.next_chain += 1;
                 let prev = t
                     .chains
                     .insert(id.clone(), (seq, Some(rx)))
@@ -780,7 +769,6 @@ impl<S: RequestSink> Job<S> {
 }
 
 /// The partitions of a list that belong to `topic`.
-#[allow(dead_code)]
 fn partitions_of(tpl: &TopicPartitionList, topic: &str) -> Vec<i32> {
     tpl.elements_for_topic(topic)
         .iter()

@@ -155,8 +155,8 @@ fn build_batch(ledger: &Ledger, from: u64, limit: usize) -> Result<Batch> {
     let events = ledger.read_log(from, limit)?;
     let mut histories: HashMap<TaskId, Vec<Event>> = HashMap::new();
     for e in &events {
-        if !histories.contains_key(&e.task_id) {
-            histories.insert(e.task_id, ledger.task_events(e.task_id)?);
+        if let std::collections::hash_map::Entry::Vacant(slot) = histories.entry(e.task_id) {
+            slot.insert(ledger.task_events(e.task_id)?);
         }
     }
     let mut records = Vec::with_capacity(events.len() + events.len() / 2);
