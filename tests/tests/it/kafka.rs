@@ -19,7 +19,6 @@ use sendledger_bus::rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use sendledger_bus::rdkafka::message::{Headers, Message};
 use sendledger_bus::rdkafka::producer::{FutureProducer, FutureRecord};
 use sendledger_bus::rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
-use sendledger_bus::rdkafka::util::Timeout;
 use sendledger_bus::rdkafka::{Offset, TopicPartitionList};
 use sendledger_bus::{
     Ingest, IngestStats, Kafka, KafkaConfig, Publisher, ResultStatus, Role, TaskResult, EVENT_ID_HEADER,
@@ -277,7 +276,7 @@ async fn assert_events_published(kafka: &Kafka, last_lsn: u64) {
     .await;
     validate_all(&raw, "event.schema.json");
     let lsns: BTreeSet<u64> = raw.iter().map(|r| r.value["lsn"].as_u64().unwrap()).collect();
-    assert_eq!(lsns, (1..=last_lsn).collect(), "events topic misses or invents log positions");
+    assert_eq!(lsns, (1..=last_lsn).collect::<BTreeSet<u64>>(), "events topic misses or invents log positions");
 }
 
 /// The main scenario: `n` requests, 20% delivered twice, a remote that drops 10% of responses
@@ -315,7 +314,7 @@ async fn end_to_end(kafka: &Kafka, n: usize, seed: u64) {
 
     // The log: one acceptance per task, one recorded duplicate per second delivery.
     pipeline.published().await;
-    let events = pipeline.engine.ledger().read_log(1, usize::MAX).unwrap();
+    let events = tokio::task::block_in_place(|| pipeline.engine.ledger().read_log(1, usize::MAX)).unwrap();
     let count = |name: &str| events.iter().filter(|e| e.body.name() == name).count();
     assert_eq!(count("TaskAccepted"), n);
     assert_eq!(count("DuplicateDelivery"), twice.len());
@@ -374,7 +373,7 @@ async fn restart_from_an_old_committed_offset_drops_redeliveries() {
     assert_eq!(IngestStats::get(&stats.duplicates_dropped), 200, "every redelivery dropped");
     assert_eq!(IngestStats::get(&stats.submitted), 50, "only new messages reach the engine");
     assert_eq!(sim.stats().posts, 250, "nothing executed twice");
-    let events = pipeline.engine.ledger().read_log(1, usize::MAX).unwrap();
+    let events = tokio::task::block_in_place(|| pipeline.engine.ledger().read_log(1, usize::MAX)).unwrap();
     assert!(!events.iter().any(|e| matches!(e.body, EventBody::DuplicateDelivery { .. })));
     assert_eq!(events.iter().filter(|e| e.body.name() == "TaskAccepted").count(), 250);
     assert_exactly_one_terminal(&results, &task_ids(&all));
@@ -489,7 +488,7 @@ async fn bad_input_is_rejected_and_the_partition_keeps_flowing() {
         let reason = r.reason.as_deref().unwrap_or_default();
         assert!(reason.contains(expect), "{name}: reason {reason:?} does not name {expect:?}");
     }
-    let events = pipeline.engine.ledger().read_log(1, usize::MAX).unwrap();
+    let events = tokio::task::block_in_place(|| pipeline.engine.ledger().read_log(1, usize::MAX)).unwrap();
     let rejected = events.iter().filter(|e| matches!(e.body, EventBody::InputRejected { .. })).count();
     assert_eq!(rejected, bad.len());
 
