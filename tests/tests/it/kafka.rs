@@ -600,3 +600,78 @@ async fn end_to_end_against_a_separate_broker_process() {
     kafka.ensure_topics(1, Duration::from_secs(10)).await.expect("topics created");
     end_to_end(&kafka, 300, crate::seed(0x7a45_5e0)).await;
 }
+
+/// Against the separate broker process, the sendledger process is SIGKILLed while it works
+/// and started again on the same ledger: the remote still holds one record per identity, and
+/// every task has exactly one terminal result after dedupe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn process_killed_mid_run_against_a_separate_broker() {
+    let seed = crate::seed(0x6b69_6c6c);
+    let tansu = tokio::task::block_in_place(start_tansu);
+    let brokers = format!("127.0.0.1:{}", tansu.port);
+    let kafka = Kafka::connect(config(&brokers)).unwrap();
+    kafka.ensure_topics(1, Duration::from_secs(10)).await.expect("topics created");
+    let sim = Sim::start(SimConfig {
+        seed,
+        faults: Faults { commit_then_drop: 0.1, latency: Duration::from_millis(2), ..Faults::default() },
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let target_json = serde_json::to_string(&target(&sim.base_url(), |_| {})).unwrap();
+
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let keys: Vec<String> = (0..300).map(|i| format!("kill-{i}")).collect();
+    let mut deliveries: Vec<&String> = keys.iter().collect();
+    deliveries.extend(keys.iter().filter(|_| rng.random_bool(0.2)));
+    deliveries.shuffle(&mut rng);
+    produce(&kafka, deliveries.iter().map(|k| (None, identity_key(k), Some(request_json(k)))).collect()).await;
+
+    let spawn = || {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_pipeline_child"))
+            .args([dir.path().to_str().unwrap(), &target_json, &brokers])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+        assert_eq!(line.trim(), "started");
+        // Keep reading, so that the child never writes to a closed pipe.
+        std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+        child
+    };
+    let mut child = tokio::task::block_in_place(spawn);
+    // Kill once a third of the creates reached the remote.
+    let deadline = Instant::now() + WAIT;
+    while sim.stats().posts < 100 {
+        assert!(Instant::now() < deadline, "the first process made no progress");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(rng.random_range(0..50))).await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let posts_at_kill = sim.stats().posts;
+
+    let mut child = tokio::task::block_in_place(spawn);
+    let tasks = task_ids(&keys);
+    let (raw, results) = results_for(&kafka, tasks.clone()).await;
+    drop(child.stdin.take());
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap()).await.unwrap();
+    assert!(status.success(), "second process did not stop cleanly: {status}");
+
+    assert!(posts_at_kill < keys.len() as u64, "the kill came after every create was sent");
+    validate_all(&raw, "task-result.schema.json");
+    assert_exactly_one_terminal(&results, &tasks);
+    assert_one_record_each(&sim, &keys, &results);
+    assert_ordered_per_key(&raw);
+    let ledger = tokio::task::block_in_place(|| {
+        sendledger_store::Ledger::open(dir.path(), sendledger_store::LedgerOptions::default())
+    })
+    .unwrap();
+    let events = tokio::task::block_in_place(|| ledger.read_log(1, usize::MAX)).unwrap();
+    assert_eq!(events.iter().filter(|e| e.body.name() == "TaskAccepted").count(), keys.len());
+    sim.shutdown().await;
+}
