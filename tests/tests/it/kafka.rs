@@ -675,3 +675,33 @@ async fn process_killed_mid_run_against_a_separate_broker() {
     assert_eq!(events.iter().filter(|e| e.body.name() == "TaskAccepted").count(), keys.len());
     sim.shutdown().await;
 }
+
+/// Not a pass/fail test: end-to-end throughput on the embedded cluster with `sync` durability
+/// and a fault-free remote. Run with `--ignored --nocapture`; `SENDLEDGER_KAFKA_TASKS` sets the
+/// number of tasks (default 10,000).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore]
+async fn throughput() {
+    let n: usize = std::env::var("SENDLEDGER_KAFKA_TASKS").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000);
+    let kafka = embedded();
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let keys: Vec<String> = (0..n).map(|i| format!("tp-{i}")).collect();
+    // Produce first, so the measured time is the pipeline's, not the producer's.
+    produce(&kafka, keys.iter().map(|k| (None, identity_key(k), Some(request_json(k)))).collect()).await;
+    let started = Instant::now();
+    let pipeline = Pipeline::start(&kafka, dir.path(), &sim);
+    let tasks = task_ids(&keys);
+    let (_, results) = results_for(&kafka, tasks.clone()).await;
+    let elapsed = started.elapsed();
+    assert_exactly_one_terminal(&results, &tasks);
+    let stats = pipeline.engine.ledger().stats();
+    let batches = stats.batches.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!(
+        "{n} tasks in {elapsed:?}: {:.0} tasks/s end to end (embedded kafka, sync durability, {:.2} fsyncs per task)",
+        n as f64 / elapsed.as_secs_f64(),
+        batches as f64 / n as f64
+    );
+    pipeline.stop().await;
+    sim.shutdown().await;
+}
