@@ -61,9 +61,8 @@ impl EmbeddedCluster {
                 };
                 for (name, partitions) in &topics {
                     if let Err(e) = cluster.create_topic(name, *partitions, 1) {
-                        let _ = ready_tx.send(Err(Error::Embedded(format!(
-                            "creating topic {name}: {e}"
-                        ))));
+                        let _ = ready_tx
+                            .send(Err(Error::Embedded(format!("creating topic {name}: {e}"))));
                         return;
                     }
                 }
@@ -73,9 +72,9 @@ impl EmbeddedCluster {
                 }
             })
             .map_err(|e| Error::Embedded(e.to_string()))?;
-        let bootstrap = ready_rx
-            .recv()
-            .map_err(|_| Error::Thread { what: "embedded kafka" })??;
+        let bootstrap = ready_rx.recv().map_err(|_| Error::Thread {
+            what: "embedded kafka",
+        })??;
         tracing::info!(bootstrap = %bootstrap, brokers, "embedded kafka cluster started");
         Ok(EmbeddedCluster {
             inner: Arc::new(EmbeddedInner {
@@ -98,7 +97,10 @@ impl EmbeddedCluster {
 
     /// Runs `f` on the cluster's thread and returns its result. Blocks briefly (mock
     /// operations only enqueue work for the cluster).
-    pub fn with<R: Send + 'static>(&self, f: impl FnOnce(&Mock) -> R + Send + 'static) -> Result<R> {
+    pub fn with<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Mock) -> R + Send + 'static,
+    ) -> Result<R> {
         let (tx, rx) = mpsc::channel();
         {
             let guard = self.inner.tx.lock().unwrap_or_else(|e| e.into_inner());
@@ -192,13 +194,18 @@ impl Kafka {
         if self.embedded.is_some() {
             return Ok(());
         }
-        let admin: AdminClient<DefaultClientContext> =
-            self.client_config(Role::Admin).create()?;
+        let admin: AdminClient<DefaultClientContext> = self.client_config(Role::Admin).create()?;
         let topics: Vec<NewTopic<'_>> = self
             .config
             .topics()
             .into_iter()
-            .map(|t| NewTopic::new(t, self.config.partitions, TopicReplication::Fixed(replication)))
+            .map(|t| {
+                NewTopic::new(
+                    t,
+                    self.config.partitions,
+                    TopicReplication::Fixed(replication),
+                )
+            })
             .collect();
         let opts = AdminOptions::new().operation_timeout(Some(timeout));
         for result in admin.create_topics(&topics, &opts).await? {
@@ -233,7 +240,10 @@ mod tests {
         let topic = kafka.config().requests_topic.clone();
         producer
             .send(
-                FutureRecord::to(&topic).key("k").payload("hello").partition(1),
+                FutureRecord::to(&topic)
+                    .key("k")
+                    .payload("hello")
+                    .partition(1),
                 Timeout::Never,
             )
             .await

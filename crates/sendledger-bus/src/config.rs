@@ -251,8 +251,10 @@ mod tests {
     #[test]
     fn guarantees_override_pass_through_properties() {
         let mut c = KafkaConfig::default();
-        c.properties.insert("security.protocol".into(), "sasl_plaintext".into());
-        c.properties.insert("message.timeout.ms".into(), "30000".into());
+        c.properties
+            .insert("security.protocol".into(), "sasl_plaintext".into());
+        c.properties
+            .insert("message.timeout.ms".into(), "30000".into());
         let p = c.client_config(Role::Producer, "h:1");
         assert_eq!(p.get("security.protocol"), Some("sasl_plaintext"));
         assert_eq!(p.get("message.timeout.ms"), Some("30000"));
@@ -274,6 +276,8 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(c.commit_interval, Duration::from_millis(250));
-        assert!(serde_json::from_value::<KafkaConfig>(serde_json::json!({ "broker": "x" })).is_err());
+        assert!(
+            serde_json::from_value::<KafkaConfig>(serde_json::json!({ "broker": "x" })).is_err()
+        );
     }
 }

@@ -284,7 +284,10 @@ impl Tracker {
         if !matches!(done.outcome, Outcome::Recorded) {
             return;
         }
-        if let Ok(i) = part.inflight.binary_search_by_key(&done.offset, |(o, _)| *o) {
+        if let Ok(i) = part
+            .inflight
+            .binary_search_by_key(&done.offset, |(o, _)| *o)
+        {
             part.inflight[i].1 = true;
         }
         advance(consumer, topic, done.partition, part);
@@ -322,7 +325,9 @@ fn commit(consumer: &BaseConsumer<IngestContext>, mode: CommitMode, stats: &Inge
             stats.commits.fetch_add(1, Ordering::Relaxed);
         }
         Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
-        Err(e) => tracing::warn!(error = %e, "offset commit failed; it is retried at the next interval"),
+        Err(e) => {
+            tracing::warn!(error = %e, "offset commit failed; it is retried at the next interval")
+        }
     }
 }
 
@@ -525,7 +530,9 @@ impl<S: RequestSink> Worker<S> {
         if marks.is_empty() {
             return;
         }
-        let fut = self.sink.raise_watermarks(self.topic.clone(), marks.clone());
+        let fut = self
+            .sink
+            .raise_watermarks(self.topic.clone(), marks.clone());
         match self.runtime.block_on(fut) {
             Ok(()) => {
                 let mut t = lock(&self.tracker);
@@ -683,7 +690,11 @@ impl<S: RequestSink> Job<S> {
             Work::Submit(request) => {
                 let mut delay = RETRY_INITIAL;
                 loop {
-                    match self.sink.submit((*request).clone(), self.source.clone()).await {
+                    match self
+                        .sink
+                        .submit((*request).clone(), self.source.clone())
+                        .await
+                    {
                         Ok(()) => {
                             self.stats.submitted.fetch_add(1, Ordering::Relaxed);
                             return Outcome::Recorded;
@@ -739,7 +750,10 @@ impl<S: RequestSink> Job<S> {
                         break;
                     }
                     Err((e, _)) => {
-                        if !self.wait_retry(&mut delay, &format!("dead letter: {e}")).await {
+                        if !self
+                            .wait_retry(&mut delay, &format!("dead letter: {e}"))
+                            .await
+                        {
                             return Outcome::Abandoned;
                         }
                     }

@@ -214,7 +214,11 @@ impl Worker {
                 continue;
             }
             let from = cursor + 1;
-            let batch = match self.ledger.read(move |l| Ok(build_batch(l, from, BATCH))).await {
+            let batch = match self
+                .ledger
+                .read(move |l| Ok(build_batch(l, from, BATCH)))
+                .await
+            {
                 Ok(Ok(b)) => b,
                 Ok(Err(e)) => {
                     tracing::error!(from, error = %e, "cannot read the log to publish; retrying");

@@ -5,9 +5,9 @@
 //! Both are pure functions of the log: a record built from the same events is the same record,
 //! byte for byte, which is what makes a re-publication after a crash a harmless duplicate.
 
+use sendledger_core::{fold, Event, EventBody, Evidence, Phase, ReviewReason, Source, TaskId};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sendledger_core::{fold, Event, EventBody, Evidence, Phase, ReviewReason, Source, TaskId};
 
 /// What happened to a task, as its requester sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -30,7 +30,10 @@ pub enum ResultStatus {
 impl ResultStatus {
     /// Terminal statuses: at most one per task.
     pub fn is_terminal(self) -> bool {
-        matches!(self, ResultStatus::Succeeded | ResultStatus::Rejected | ResultStatus::Failed)
+        matches!(
+            self,
+            ResultStatus::Succeeded | ResultStatus::Rejected | ResultStatus::Failed
+        )
     }
 }
 
@@ -141,9 +144,11 @@ pub fn record_key(task_id: TaskId, history: &[Event]) -> String {
 pub fn event_record(event: &Event) -> EventRecord {
     let mut body = match serde_json::to_value(&event.body) {
         // Externally tagged: `{"Variant": {fields}}`.
-        Ok(Value::Object(map)) if map.len() == 1 => {
-            map.into_iter().next().map(|(_, v)| v).unwrap_or(Value::Null)
-        }
+        Ok(Value::Object(map)) if map.len() == 1 => map
+            .into_iter()
+            .next()
+            .map(|(_, v)| v)
+            .unwrap_or(Value::Null),
         Ok(other) => other,
         Err(_) => Value::Null,
     };
@@ -203,7 +208,11 @@ pub fn result_for(event: &Event, history: &[Event]) -> Option<TaskResult> {
             let last = upto.iter().rev().find(|e| announces_result(&e.body))?;
             result_for(last, history)
         }
-        EventBody::InputRejected { source, reason, raw } => {
+        EventBody::InputRejected {
+            source,
+            reason,
+            raw,
+        } => {
             let (tenant, operation, request_key, target) = identity_from_raw(raw);
             Some(TaskResult {
                 event_id: event_id(event.task_id, event.lsn),
@@ -302,7 +311,12 @@ pub fn result_for(event: &Event, history: &[Event]) -> Option<TaskResult> {
     }
 }
 
-type RawIdentity = (Option<String>, Option<String>, Option<String>, Option<String>);
+type RawIdentity = (
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
 
 /// Best effort: the identity fields of an invalid message that is still a JSON object, so its
 /// requester can correlate the rejection.
@@ -396,7 +410,10 @@ mod tests {
         assert_eq!(first.source, Some(ResultSource::from(&src(7))));
         assert_eq!(record_key(task, &h), "acme/pay/k-1");
         let again = result_for(&h[3], &h).unwrap();
-        assert_eq!(serde_json::to_vec(&again).unwrap(), serde_json::to_vec(&first).unwrap());
+        assert_eq!(
+            serde_json::to_vec(&again).unwrap(),
+            serde_json::to_vec(&first).unwrap()
+        );
     }
 
     #[test]

@@ -22,7 +22,8 @@ async fn main() {
     let mut config = EngineConfig::new(dir);
     config.timer_tick = Duration::from_millis(5);
     let remote = Arc::new(HttpRemote::new(targets(target)));
-    let engine = tokio::task::block_in_place(|| Engine::start(config, remote)).expect("engine starts");
+    let engine =
+        tokio::task::block_in_place(|| Engine::start(config, remote)).expect("engine starts");
     let mut kafka_config = KafkaConfig {
         brokers: brokers.clone(),
         partitions: 3,
@@ -30,8 +31,12 @@ async fn main() {
         ..KafkaConfig::default()
     };
     // A killed predecessor's group membership expires quickly.
-    kafka_config.properties.insert("session.timeout.ms".into(), "6000".into());
-    kafka_config.properties.insert("heartbeat.interval.ms".into(), "500".into());
+    kafka_config
+        .properties
+        .insert("session.timeout.ms".into(), "6000".into());
+    kafka_config
+        .properties
+        .insert("heartbeat.interval.ms".into(), "500".into());
     let kafka = Kafka::connect(kafka_config).expect("kafka config");
     let ingest = Ingest::start(&kafka, Arc::new(engine.clone())).expect("ingest starts");
     let publisher = Publisher::start(&kafka, engine.ledger().clone()).expect("publisher starts");
@@ -43,8 +48,14 @@ async fn main() {
         let _ = std::io::stdin().read_to_end(&mut sink);
     })
     .await;
-    ingest.shutdown(Duration::from_secs(10)).await.expect("ingest stops");
-    publisher.shutdown(Duration::from_secs(10)).await.expect("publisher stops");
+    ingest
+        .shutdown(Duration::from_secs(10))
+        .await
+        .expect("ingest stops");
+    publisher
+        .shutdown(Duration::from_secs(10))
+        .await
+        .expect("publisher stops");
     engine.shutdown(Duration::from_secs(5)).await;
     println!("stopped");
 }

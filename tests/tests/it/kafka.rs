@@ -21,7 +21,8 @@ use sendledger_bus::rdkafka::producer::{FutureProducer, FutureRecord};
 use sendledger_bus::rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use sendledger_bus::rdkafka::{Offset, TopicPartitionList};
 use sendledger_bus::{
-    Ingest, IngestStats, Kafka, KafkaConfig, Publisher, ResultStatus, Role, TaskResult, EVENT_ID_HEADER,
+    Ingest, IngestStats, Kafka, KafkaConfig, Publisher, ResultStatus, Role, TaskResult,
+    EVENT_ID_HEADER,
 };
 use sendledger_core::EventBody;
 use sendledger_sim::{Faults, Sim, SimConfig};
@@ -61,8 +62,14 @@ impl Pipeline {
     }
 
     async fn stop(self) {
-        self.ingest.shutdown(Duration::from_secs(10)).await.expect("ingest stops cleanly");
-        self.publisher.shutdown(Duration::from_secs(10)).await.expect("publisher stops cleanly");
+        self.ingest
+            .shutdown(Duration::from_secs(10))
+            .await
+            .expect("ingest stops cleanly");
+        self.publisher
+            .shutdown(Duration::from_secs(10))
+            .await
+            .expect("publisher stops cleanly");
         self.engine.shutdown(Duration::from_secs(5)).await;
     }
 
@@ -74,7 +81,11 @@ impl Pipeline {
             if self.publisher.cursor() >= last && last > 0 {
                 return;
             }
-            assert!(Instant::now() < deadline, "publisher stuck at {} of {last}", self.publisher.cursor());
+            assert!(
+                Instant::now() < deadline,
+                "publisher stuck at {} of {last}",
+                self.publisher.cursor()
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -86,8 +97,14 @@ fn identity_key(key: &str) -> String {
 
 /// Produces `(partition, key, value)` to the requests topic and waits for every ack. A `None`
 /// partition lets the key choose; a `None` value is a tombstone.
-async fn produce(kafka: &Kafka, messages: Vec<(Option<i32>, String, Option<Vec<u8>>)>) -> Vec<(i32, i64)> {
-    let producer: FutureProducer = kafka.client_config(Role::Producer).create().expect("producer");
+async fn produce(
+    kafka: &Kafka,
+    messages: Vec<(Option<i32>, String, Option<Vec<u8>>)>,
+) -> Vec<(i32, i64)> {
+    let producer: FutureProducer = kafka
+        .client_config(Role::Producer)
+        .create()
+        .expect("producer");
     let topic = kafka.config().requests_topic.clone();
     let mut acks = Vec::new();
     for (partition, key, value) in &messages {
@@ -98,11 +115,20 @@ async fn produce(kafka: &Kafka, messages: Vec<(Option<i32>, String, Option<Vec<u
         if let Some(p) = partition {
             record = record.partition(*p);
         }
-        acks.push(producer.send_result(record).map_err(|(e, _)| e).expect("enqueued"));
+        acks.push(
+            producer
+                .send_result(record)
+                .map_err(|(e, _)| e)
+                .expect("enqueued"),
+        );
     }
     let mut out = Vec::new();
     for ack in acks {
-        let delivery = ack.await.expect("not cancelled").map_err(|(e, _)| e).expect("request delivered");
+        let delivery = ack
+            .await
+            .expect("not cancelled")
+            .map_err(|(e, _)| e)
+            .expect("request delivered");
         out.push((delivery.partition, delivery.offset));
     }
     out
@@ -121,7 +147,11 @@ struct Rec {
 }
 
 /// Reads every partition of `topic` from the start until `done` holds for what was read.
-async fn read_until(kafka: &Kafka, topic: &str, done: impl Fn(&[Rec]) -> bool + Send + 'static) -> Vec<Rec> {
+async fn read_until(
+    kafka: &Kafka,
+    topic: &str,
+    done: impl Fn(&[Rec]) -> bool + Send + 'static,
+) -> Vec<Rec> {
     let mut cfg = kafka.client_config(Role::Admin);
     cfg.set("group.id", format!("reader-{topic}-{}", std::process::id()))
         .set("enable.auto.commit", "false")
@@ -129,7 +159,8 @@ async fn read_until(kafka: &Kafka, topic: &str, done: impl Fn(&[Rec]) -> bool + 
     let consumer: BaseConsumer = cfg.create().expect("reader");
     let mut tpl = TopicPartitionList::new();
     for p in 0..PARTITIONS {
-        tpl.add_partition_offset(topic, p, Offset::Beginning).unwrap();
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .unwrap();
     }
     consumer.assign(&tpl).expect("assign");
     let topic = topic.to_string();
@@ -142,13 +173,18 @@ async fn read_until(kafka: &Kafka, topic: &str, done: impl Fn(&[Rec]) -> bool + 
                 let m = res.expect("read");
                 let event_id = m
                     .headers()
-                    .and_then(|h| h.iter().find(|h| h.key == EVENT_ID_HEADER).and_then(|h| h.value))
+                    .and_then(|h| {
+                        h.iter()
+                            .find(|h| h.key == EVENT_ID_HEADER)
+                            .and_then(|h| h.value)
+                    })
                     .map(|v| String::from_utf8_lossy(v).into_owned())
                     .expect("every record carries an event id header");
                 out.push(Rec {
                     key: String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
                     event_id,
-                    value: serde_json::from_slice(m.payload().unwrap_or_default()).expect("JSON record"),
+                    value: serde_json::from_slice(m.payload().unwrap_or_default())
+                        .expect("JSON record"),
                 });
                 if last_check.elapsed() < Duration::from_millis(200) {
                     continue;
@@ -158,7 +194,11 @@ async fn read_until(kafka: &Kafka, topic: &str, done: impl Fn(&[Rec]) -> bool + 
             if done(&out) {
                 return out;
             }
-            assert!(Instant::now() < deadline, "{topic}: condition not met after {WAIT:?} with {} records", out.len());
+            assert!(
+                Instant::now() < deadline,
+                "{topic}: condition not met after {WAIT:?} with {} records",
+                out.len()
+            );
         }
     })
     .await
@@ -175,7 +215,8 @@ fn dedupe(records: &[Rec]) -> Vec<TaskResult> {
             Some(v) => assert_eq!(*v, &r.value, "same event id, different record"),
             None => {
                 seen.insert(&r.event_id, &r.value);
-                let result: TaskResult = serde_json::from_value(r.value.clone()).expect("a TaskResult");
+                let result: TaskResult =
+                    serde_json::from_value(r.value.clone()).expect("a TaskResult");
                 assert_eq!(result.event_id, r.event_id, "header and record disagree");
                 out.push(result);
             }
@@ -193,7 +234,9 @@ fn terminal_by_task(results: &[TaskResult]) -> BTreeMap<String, Vec<&TaskResult>
 }
 
 fn schema(name: &str) -> jsonschema::Validator {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../schemas").join(name);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../schemas")
+        .join(name);
     let schema: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     jsonschema::validator_for(&schema).expect("a valid schema")
 }
@@ -210,15 +253,30 @@ fn validate_all(records: &[Rec], schema_name: &str) {
 /// The remote holds exactly one record per identity, and each task's result names it.
 fn assert_one_record_each(sim: &Sim, keys: &[String], results: &[TaskResult]) {
     let stats = sim.stats();
-    assert_eq!(stats.duplicates, 0, "identities with more than one record: {stats:?}");
+    assert_eq!(
+        stats.duplicates, 0,
+        "identities with more than one record: {stats:?}"
+    );
     let terminal = terminal_by_task(results);
     for key in keys {
         let records = sim.records_with_identity(key);
-        assert_eq!(records.len(), 1, "{key}: {} records at the remote", records.len());
+        assert_eq!(
+            records.len(),
+            1,
+            "{key}: {} records at the remote",
+            records.len()
+        );
         let task = sendledger_tests::engine::task_id(key).to_string();
-        let result = terminal.get(&task).and_then(|r| r.first()).unwrap_or_else(|| panic!("{key}: no terminal result"));
+        let result = terminal
+            .get(&task)
+            .and_then(|r| r.first())
+            .unwrap_or_else(|| panic!("{key}: no terminal result"));
         assert_eq!(result.status, ResultStatus::Succeeded, "{key}: {result:?}");
-        assert_eq!(result.remote_id.as_deref(), Some(records[0].id.as_str()), "{key}");
+        assert_eq!(
+            result.remote_id.as_deref(),
+            Some(records[0].id.as_str()),
+            "{key}"
+        );
     }
 }
 
@@ -229,7 +287,11 @@ async fn results_for(kafka: &Kafka, tasks: BTreeSet<String>) -> (Vec<Rec>, Vec<T
     let raw = read_until(kafka, &topic, move |recs| {
         let have: BTreeSet<String> = recs
             .iter()
-            .filter(|r| r.value["status"].as_str().is_some_and(|s| ["succeeded", "rejected", "failed"].contains(&s)))
+            .filter(|r| {
+                r.value["status"]
+                    .as_str()
+                    .is_some_and(|s| ["succeeded", "rejected", "failed"].contains(&s))
+            })
             .filter_map(|r| r.value["task_id"].as_str().map(str::to_string))
             .collect();
         tasks.is_subset(&have)
@@ -240,7 +302,9 @@ async fn results_for(kafka: &Kafka, tasks: BTreeSet<String>) -> (Vec<Rec>, Vec<T
 }
 
 fn task_ids(keys: &[String]) -> BTreeSet<String> {
-    keys.iter().map(|k| sendledger_tests::engine::task_id(k).to_string()).collect()
+    keys.iter()
+        .map(|k| sendledger_tests::engine::task_id(k).to_string())
+        .collect()
 }
 
 /// Every task has exactly one terminal result after dedupe by event id.
@@ -271,12 +335,23 @@ fn assert_ordered_per_key(raw: &[Rec]) {
 async fn assert_events_published(kafka: &Kafka, last_lsn: u64) {
     let topic = kafka.config().events_topic.clone();
     let raw = read_until(kafka, &topic, move |recs| {
-        recs.iter().map(|r| r.event_id.as_str()).collect::<BTreeSet<_>>().len() as u64 >= last_lsn
+        recs.iter()
+            .map(|r| r.event_id.as_str())
+            .collect::<BTreeSet<_>>()
+            .len() as u64
+            >= last_lsn
     })
     .await;
     validate_all(&raw, "event.schema.json");
-    let lsns: BTreeSet<u64> = raw.iter().map(|r| r.value["lsn"].as_u64().unwrap()).collect();
-    assert_eq!(lsns, (1..=last_lsn).collect::<BTreeSet<u64>>(), "events topic misses or invents log positions");
+    let lsns: BTreeSet<u64> = raw
+        .iter()
+        .map(|r| r.value["lsn"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        lsns,
+        (1..=last_lsn).collect::<BTreeSet<u64>>(),
+        "events topic misses or invents log positions"
+    );
 }
 
 /// The main scenario: `n` requests, 20% delivered twice, a remote that drops 10% of responses
@@ -284,7 +359,10 @@ async fn assert_events_published(kafka: &Kafka, last_lsn: u64) {
 async fn end_to_end(kafka: &Kafka, n: usize, seed: u64) {
     let sim = Sim::start(SimConfig {
         seed,
-        faults: Faults { commit_then_drop: 0.1, ..Faults::default() },
+        faults: Faults {
+            commit_then_drop: 0.1,
+            ..Faults::default()
+        },
         ..SimConfig::default()
     })
     .await
@@ -299,26 +377,45 @@ async fn end_to_end(kafka: &Kafka, n: usize, seed: u64) {
     deliveries.extend(twice.iter().copied());
     deliveries.shuffle(&mut rng);
     let started = Instant::now();
-    produce(kafka, deliveries.iter().map(|k| (None, identity_key(k), Some(request_json(k)))).collect()).await;
+    produce(
+        kafka,
+        deliveries
+            .iter()
+            .map(|k| (None, identity_key(k), Some(request_json(k))))
+            .collect(),
+    )
+    .await;
 
     let tasks = task_ids(&keys);
     let (raw, results) = results_for(kafka, tasks.clone()).await;
     let elapsed = started.elapsed();
-    eprintln!("{n} tasks ({} deliveries) end to end in {elapsed:?}: {:.0} tasks/s", deliveries.len(), n as f64 / elapsed.as_secs_f64());
+    eprintln!(
+        "{n} tasks ({} deliveries) end to end in {elapsed:?}: {:.0} tasks/s",
+        deliveries.len(),
+        n as f64 / elapsed.as_secs_f64()
+    );
 
     validate_all(&raw, "task-result.schema.json");
     assert_exactly_one_terminal(&results, &tasks);
     assert_one_record_each(&sim, &keys, &results);
     assert_ordered_per_key(&raw);
-    assert!(sim.stats().dropped > 0, "the fault was not exercised: {:?}", sim.stats());
+    assert!(
+        sim.stats().dropped > 0,
+        "the fault was not exercised: {:?}",
+        sim.stats()
+    );
 
     // The log: one acceptance per task, one recorded duplicate per second delivery.
     pipeline.published().await;
-    let events = tokio::task::block_in_place(|| pipeline.engine.ledger().read_log(1, usize::MAX)).unwrap();
+    let events =
+        tokio::task::block_in_place(|| pipeline.engine.ledger().read_log(1, usize::MAX)).unwrap();
     let count = |name: &str| events.iter().filter(|e| e.body.name() == name).count();
     assert_eq!(count("TaskAccepted"), n);
     assert_eq!(count("DuplicateDelivery"), twice.len());
-    assert_eq!(IngestStats::get(&pipeline.ingest.stats().submitted), deliveries.len() as u64);
+    assert_eq!(
+        IngestStats::get(&pipeline.ingest.stats().submitted),
+        deliveries.len() as u64
+    );
     let last = pipeline.engine.ledger().last_lsn();
     assert_events_published(kafka, last).await;
     pipeline.stop().await;
@@ -347,7 +444,14 @@ async fn restart_from_an_old_committed_offset_drops_redeliveries() {
     let first: Vec<String> = (0..200).map(|i| format!("old-{i}")).collect();
 
     let pipeline = Pipeline::start(&kafka, dir.path(), &sim);
-    produce(&kafka, first.iter().map(|k| (None, identity_key(k), Some(request_json(k)))).collect()).await;
+    produce(
+        &kafka,
+        first
+            .iter()
+            .map(|k| (None, identity_key(k), Some(request_json(k))))
+            .collect(),
+    )
+    .await;
     results_for(&kafka, task_ids(&first)).await;
     pipeline.stop().await;
     let posts = sim.stats().posts;
@@ -359,23 +463,48 @@ async fn restart_from_an_old_committed_offset_drops_redeliveries() {
     let rewinder: BaseConsumer = cfg.create().unwrap();
     let mut tpl = TopicPartitionList::new();
     for p in 0..PARTITIONS {
-        tpl.add_partition_offset(&kafka.config().requests_topic, p, Offset::Offset(0)).unwrap();
+        tpl.add_partition_offset(&kafka.config().requests_topic, p, Offset::Offset(0))
+            .unwrap();
     }
     tokio::task::block_in_place(|| rewinder.commit(&tpl, CommitMode::Sync)).expect("rewind");
     drop(rewinder);
 
     let pipeline = Pipeline::start(&kafka, dir.path(), &sim);
     let second: Vec<String> = (0..50).map(|i| format!("new-{i}")).collect();
-    produce(&kafka, second.iter().map(|k| (None, identity_key(k), Some(request_json(k)))).collect()).await;
+    produce(
+        &kafka,
+        second
+            .iter()
+            .map(|k| (None, identity_key(k), Some(request_json(k))))
+            .collect(),
+    )
+    .await;
     let all: Vec<String> = first.iter().chain(&second).cloned().collect();
     let (_, results) = results_for(&kafka, task_ids(&second)).await;
     let stats = pipeline.ingest.stats().clone();
-    assert_eq!(IngestStats::get(&stats.duplicates_dropped), 200, "every redelivery dropped");
-    assert_eq!(IngestStats::get(&stats.submitted), 50, "only new messages reach the engine");
+    assert_eq!(
+        IngestStats::get(&stats.duplicates_dropped),
+        200,
+        "every redelivery dropped"
+    );
+    assert_eq!(
+        IngestStats::get(&stats.submitted),
+        50,
+        "only new messages reach the engine"
+    );
     assert_eq!(sim.stats().posts, 250, "nothing executed twice");
-    let events = tokio::task::block_in_place(|| pipeline.engine.ledger().read_log(1, usize::MAX)).unwrap();
-    assert!(!events.iter().any(|e| matches!(e.body, EventBody::DuplicateDelivery { .. })));
-    assert_eq!(events.iter().filter(|e| e.body.name() == "TaskAccepted").count(), 250);
+    let events =
+        tokio::task::block_in_place(|| pipeline.engine.ledger().read_log(1, usize::MAX)).unwrap();
+    assert!(!events
+        .iter()
+        .any(|e| matches!(e.body, EventBody::DuplicateDelivery { .. })));
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.body.name() == "TaskAccepted")
+            .count(),
+        250
+    );
     assert_exactly_one_terminal(&results, &task_ids(&all));
     assert_one_record_each(&sim, &all, &results);
     pipeline.stop().await;
@@ -396,18 +525,46 @@ async fn broker_faults_delay_but_never_lose_or_duplicate() {
 
     use RDKafkaRespErr::*;
     tokio::task::block_in_place(|| {
-        cluster.request_errors(RDKafkaApiKey::Produce, vec![RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 8]).unwrap();
-        cluster.request_errors(RDKafkaApiKey::Fetch, vec![RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION; 4]).unwrap();
-        cluster.request_errors(RDKafkaApiKey::OffsetCommit, vec![RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT; 4]).unwrap();
+        cluster
+            .request_errors(
+                RDKafkaApiKey::Produce,
+                vec![RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 8],
+            )
+            .unwrap();
+        cluster
+            .request_errors(
+                RDKafkaApiKey::Fetch,
+                vec![RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION; 4],
+            )
+            .unwrap();
+        cluster
+            .request_errors(
+                RDKafkaApiKey::OffsetCommit,
+                vec![RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT; 4],
+            )
+            .unwrap();
     });
-    produce(&kafka, keys[..200].iter().map(|k| (None, identity_key(k), Some(request_json(k)))).collect()).await;
+    produce(
+        &kafka,
+        keys[..200]
+            .iter()
+            .map(|k| (None, identity_key(k), Some(request_json(k))))
+            .collect(),
+    )
+    .await;
 
     tokio::time::sleep(Duration::from_millis(300)).await;
     tokio::task::block_in_place(|| cluster.broker_down(1)).unwrap();
     let kafka2 = kafka.clone();
     let late: Vec<String> = keys[200..].to_vec();
     let producing = tokio::spawn(async move {
-        produce(&kafka2, late.iter().map(|k| (None, identity_key(k), Some(request_json(k)))).collect()).await
+        produce(
+            &kafka2,
+            late.iter()
+                .map(|k| (None, identity_key(k), Some(request_json(k))))
+                .collect(),
+        )
+        .await
     });
     tokio::time::sleep(Duration::from_secs(2)).await;
     tokio::task::block_in_place(|| cluster.broker_up(1)).unwrap();
@@ -446,15 +603,49 @@ async fn bad_input_is_rejected_and_the_partition_keeps_flowing() {
         Some(serde_json::to_vec(&v).unwrap())
     };
     let bad: Vec<(&str, Option<Vec<u8>>, &str)> = vec![
-        ("json", Some(b"{\"tenant\": \"acme\", oops".to_vec()), "invalid request JSON"),
+        (
+            "json",
+            Some(b"{\"tenant\": \"acme\", oops".to_vec()),
+            "invalid request JSON",
+        ),
         ("tombstone", None, "no value"),
-        ("missing", with(&|v| { v.as_object_mut().unwrap().remove("target"); }), "missing field `target`"),
-        ("unknown-field", with(&|v| v["colour"] = "red".into()), "unknown field `colour`"),
-        ("not-object", with(&|v| v["payload"] = serde_json::json!([1, 2])), "payload must be a JSON object"),
-        ("bad-char", with(&|v| v["request_key"] = "a b".into()), "field `request_key` contains ' '"),
-        ("unknown-target", with(&|v| v["target"] = "nowhere".into()), "unknown target `nowhere`"),
-        ("payload-too-large", with(&|v| v["payload"] = serde_json::json!({ "blob": "x".repeat(70_000) })), "payload is"),
-        ("oversize", Some(vec![b'x'; 250_000]), "more than the limit of 200000"),
+        (
+            "missing",
+            with(&|v| {
+                v.as_object_mut().unwrap().remove("target");
+            }),
+            "missing field `target`",
+        ),
+        (
+            "unknown-field",
+            with(&|v| v["colour"] = "red".into()),
+            "unknown field `colour`",
+        ),
+        (
+            "not-object",
+            with(&|v| v["payload"] = serde_json::json!([1, 2])),
+            "payload must be a JSON object",
+        ),
+        (
+            "bad-char",
+            with(&|v| v["request_key"] = "a b".into()),
+            "field `request_key` contains ' '",
+        ),
+        (
+            "unknown-target",
+            with(&|v| v["target"] = "nowhere".into()),
+            "unknown target `nowhere`",
+        ),
+        (
+            "payload-too-large",
+            with(&|v| v["payload"] = serde_json::json!({ "blob": "x".repeat(70_000) })),
+            "payload is",
+        ),
+        (
+            "oversize",
+            Some(vec![b'x'; 250_000]),
+            "more than the limit of 200000",
+        ),
     ];
     let mut messages = Vec::new();
     let mut good = Vec::new();
@@ -465,14 +656,21 @@ async fn bad_input_is_rejected_and_the_partition_keeps_flowing() {
         messages.push((Some(0), format!("bad-{name}"), value.clone()));
     }
     let last_good = "good-last".to_string();
-    messages.push((Some(0), identity_key(&last_good), Some(request_json(&last_good))));
+    messages.push((
+        Some(0),
+        identity_key(&last_good),
+        Some(request_json(&last_good)),
+    ));
     good.push(last_good);
     let acks = produce(&kafka, messages).await;
 
     let mut tasks = task_ids(&good);
     for (i, _) in bad.iter().enumerate() {
         let (p, offset) = acks[2 * i + 1];
-        tasks.insert(sendledger_core::TaskId::for_rejected_input(&kafka.config().requests_topic, p, offset).to_string());
+        tasks.insert(
+            sendledger_core::TaskId::for_rejected_input(&kafka.config().requests_topic, p, offset)
+                .to_string(),
+        );
     }
     let (raw, results) = results_for(&kafka, tasks.clone()).await;
     validate_all(&raw, "task-result.schema.json");
@@ -482,14 +680,25 @@ async fn bad_input_is_rejected_and_the_partition_keeps_flowing() {
         let (_, offset) = acks[2 * i + 1];
         let r = results
             .iter()
-            .find(|r| r.source.as_ref().is_some_and(|s| s.offset == offset && s.partition == 0))
+            .find(|r| {
+                r.source
+                    .as_ref()
+                    .is_some_and(|s| s.offset == offset && s.partition == 0)
+            })
             .unwrap_or_else(|| panic!("{name}: no result for offset {offset}"));
         assert_eq!(r.status, ResultStatus::Rejected, "{name}: {r:?}");
         let reason = r.reason.as_deref().unwrap_or_default();
-        assert!(reason.contains(expect), "{name}: reason {reason:?} does not name {expect:?}");
+        assert!(
+            reason.contains(expect),
+            "{name}: reason {reason:?} does not name {expect:?}"
+        );
     }
-    let events = tokio::task::block_in_place(|| pipeline.engine.ledger().read_log(1, usize::MAX)).unwrap();
-    let rejected = events.iter().filter(|e| matches!(e.body, EventBody::InputRejected { .. })).count();
+    let events =
+        tokio::task::block_in_place(|| pipeline.engine.ledger().read_log(1, usize::MAX)).unwrap();
+    let rejected = events
+        .iter()
+        .filter(|e| matches!(e.body, EventBody::InputRejected { .. }))
+        .count();
     assert_eq!(rejected, bad.len());
 
     // One dead letter per bad message, with its reason.
@@ -497,7 +706,11 @@ async fn bad_input_is_rejected_and_the_partition_keeps_flowing() {
     assert_eq!(dead.len(), bad.len(), "{dead:?}");
     for (name, _, expect) in &bad {
         let key = format!("bad-{name}");
-        assert!(dead.iter().any(|(k, reason)| *k == key && reason.contains(expect)), "{key}: {dead:?}");
+        assert!(
+            dead.iter()
+                .any(|(k, reason)| *k == key && reason.contains(expect)),
+            "{key}: {dead:?}"
+        );
     }
     pipeline.stop().await;
 
@@ -507,20 +720,30 @@ async fn bad_input_is_rejected_and_the_partition_keeps_flowing() {
     let probe: BaseConsumer = cfg.create().unwrap();
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition(&kafka.config().requests_topic, 0);
-    let committed = tokio::task::block_in_place(|| probe.committed_offsets(tpl, Duration::from_secs(10))).unwrap();
+    let committed =
+        tokio::task::block_in_place(|| probe.committed_offsets(tpl, Duration::from_secs(10)))
+            .unwrap();
     let end = acks.last().unwrap().1 + 1;
-    assert_eq!(committed.find_partition(&kafka.config().requests_topic, 0).unwrap().offset(), Offset::Offset(end));
+    assert_eq!(
+        committed
+            .find_partition(&kafka.config().requests_topic, 0)
+            .unwrap()
+            .offset(),
+        Offset::Offset(end)
+    );
     sim.shutdown().await;
 }
 
 /// The dead-letter records: (key, reason header), once `n` are there.
 async fn dead_letters(kafka: &Kafka, n: usize) -> Vec<(String, String)> {
     let mut cfg = kafka.client_config(Role::Admin);
-    cfg.set("group.id", "dead-letter-reader").set("enable.auto.commit", "false");
+    cfg.set("group.id", "dead-letter-reader")
+        .set("enable.auto.commit", "false");
     let consumer: BaseConsumer = cfg.create().unwrap();
     let mut tpl = TopicPartitionList::new();
     for p in 0..PARTITIONS {
-        tpl.add_partition_offset("sendledger.dead", p, Offset::Beginning).unwrap();
+        tpl.add_partition_offset("sendledger.dead", p, Offset::Beginning)
+            .unwrap();
     }
     consumer.assign(&tpl).unwrap();
     tokio::task::spawn_blocking(move || {
@@ -530,10 +753,17 @@ async fn dead_letters(kafka: &Kafka, n: usize) -> Vec<(String, String)> {
             if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
                 let reason = m
                     .headers()
-                    .and_then(|h| h.iter().find(|h| h.key == sendledger_bus::ingest::REASON_HEADER).and_then(|h| h.value))
+                    .and_then(|h| {
+                        h.iter()
+                            .find(|h| h.key == sendledger_bus::ingest::REASON_HEADER)
+                            .and_then(|h| h.value)
+                    })
                     .map(|v| String::from_utf8_lossy(v).into_owned())
                     .unwrap_or_default();
-                out.push((String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(), reason));
+                out.push((
+                    String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
+                    reason,
+                ));
             }
         }
         out
@@ -576,10 +806,22 @@ fn tansu_binary() -> PathBuf {
 }
 
 fn start_tansu() -> Tansu {
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let url = format!("tcp://127.0.0.1:{port}");
     let child = Command::new(tansu_binary())
-        .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url, "--storage-engine", "memory://tansu/"])
+        .args([
+            "broker",
+            "--listener-url",
+            &url,
+            "--advertised-listener-url",
+            &url,
+            "--storage-engine",
+            "memory://tansu/",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -597,7 +839,10 @@ fn start_tansu() -> Tansu {
 async fn end_to_end_against_a_separate_broker_process() {
     let tansu = tokio::task::block_in_place(start_tansu);
     let kafka = Kafka::connect(config(&format!("127.0.0.1:{}", tansu.port))).unwrap();
-    kafka.ensure_topics(1, Duration::from_secs(10)).await.expect("topics created");
+    kafka
+        .ensure_topics(1, Duration::from_secs(10))
+        .await
+        .expect("topics created");
     end_to_end(&kafka, 300, crate::seed(0x7a45_5e0)).await;
 }
 
@@ -610,10 +855,17 @@ async fn process_killed_mid_run_against_a_separate_broker() {
     let tansu = tokio::task::block_in_place(start_tansu);
     let brokers = format!("127.0.0.1:{}", tansu.port);
     let kafka = Kafka::connect(config(&brokers)).unwrap();
-    kafka.ensure_topics(1, Duration::from_secs(10)).await.expect("topics created");
+    kafka
+        .ensure_topics(1, Duration::from_secs(10))
+        .await
+        .expect("topics created");
     let sim = Sim::start(SimConfig {
         seed,
-        faults: Faults { commit_then_drop: 0.1, latency: Duration::from_millis(2), ..Faults::default() },
+        faults: Faults {
+            commit_then_drop: 0.1,
+            latency: Duration::from_millis(2),
+            ..Faults::default()
+        },
         ..SimConfig::default()
     })
     .await
@@ -626,7 +878,14 @@ async fn process_killed_mid_run_against_a_separate_broker() {
     let mut deliveries: Vec<&String> = keys.iter().collect();
     deliveries.extend(keys.iter().filter(|_| rng.random_bool(0.2)));
     deliveries.shuffle(&mut rng);
-    produce(&kafka, deliveries.iter().map(|k| (None, identity_key(k), Some(request_json(k)))).collect()).await;
+    produce(
+        &kafka,
+        deliveries
+            .iter()
+            .map(|k| (None, identity_key(k), Some(request_json(k))))
+            .collect(),
+    )
+    .await;
 
     let spawn = || {
         let mut child = Command::new(env!("CARGO_BIN_EXE_pipeline_child"))
@@ -647,7 +906,10 @@ async fn process_killed_mid_run_against_a_separate_broker() {
     // Kill once a third of the creates reached the remote.
     let deadline = Instant::now() + WAIT;
     while sim.stats().posts < 100 {
-        assert!(Instant::now() < deadline, "the first process made no progress");
+        assert!(
+            Instant::now() < deadline,
+            "the first process made no progress"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     tokio::time::sleep(Duration::from_millis(rng.random_range(0..50))).await;
@@ -659,10 +921,18 @@ async fn process_killed_mid_run_against_a_separate_broker() {
     let tasks = task_ids(&keys);
     let (raw, results) = results_for(&kafka, tasks.clone()).await;
     drop(child.stdin.take());
-    let status = tokio::task::spawn_blocking(move || child.wait().unwrap()).await.unwrap();
-    assert!(status.success(), "second process did not stop cleanly: {status}");
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        status.success(),
+        "second process did not stop cleanly: {status}"
+    );
 
-    assert!(posts_at_kill < keys.len() as u64, "the kill came after every create was sent");
+    assert!(
+        posts_at_kill < keys.len() as u64,
+        "the kill came after every create was sent"
+    );
     validate_all(&raw, "task-result.schema.json");
     assert_exactly_one_terminal(&results, &tasks);
     assert_one_record_each(&sim, &keys, &results);
@@ -672,7 +942,13 @@ async fn process_killed_mid_run_against_a_separate_broker() {
     })
     .unwrap();
     let events = tokio::task::block_in_place(|| ledger.read_log(1, usize::MAX)).unwrap();
-    assert_eq!(events.iter().filter(|e| e.body.name() == "TaskAccepted").count(), keys.len());
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.body.name() == "TaskAccepted")
+            .count(),
+        keys.len()
+    );
     sim.shutdown().await;
 }
 
@@ -682,13 +958,22 @@ async fn process_killed_mid_run_against_a_separate_broker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore]
 async fn throughput() {
-    let n: usize = std::env::var("SENDLEDGER_KAFKA_TASKS").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000);
+    let n: usize = std::env::var("SENDLEDGER_KAFKA_TASKS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
     let kafka = embedded();
     let sim = Sim::start(SimConfig::default()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let keys: Vec<String> = (0..n).map(|i| format!("tp-{i}")).collect();
     // Produce first, so the measured time is the pipeline's, not the producer's.
-    produce(&kafka, keys.iter().map(|k| (None, identity_key(k), Some(request_json(k)))).collect()).await;
+    produce(
+        &kafka,
+        keys.iter()
+            .map(|k| (None, identity_key(k), Some(request_json(k))))
+            .collect(),
+    )
+    .await;
     let started = Instant::now();
     let pipeline = Pipeline::start(&kafka, dir.path(), &sim);
     let tasks = task_ids(&keys);
