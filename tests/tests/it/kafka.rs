@@ -194,11 +194,11 @@ async fn read_until(
             if done(&out) {
                 return out;
             }
-            assert!(
-                Instant::now() < deadline,
-                "{topic}: condition not met after {WAIT:?} with {} records",
-                out.len()
-            );
+            if Instant::now() >= deadline {
+                // The caller's assertions say what is missing.
+                eprintln!("{topic}: condition not met after {WAIT:?} with {} records", out.len());
+                return out;
+            }
         }
     })
     .await
@@ -307,6 +307,34 @@ fn task_ids(keys: &[String]) -> BTreeSet<String> {
         .collect()
 }
 
+/// Fails with the timeline of every task that has no terminal result on the topic.
+async fn explain_missing(engine: &Engine, results: &[TaskResult], tasks: &BTreeSet<String>) {
+    let terminal = terminal_by_task(results);
+    let mut report = Vec::new();
+    for t in tasks.iter().filter(|t| !terminal.contains_key(*t)) {
+        let id: sendledger_core::TaskId = t.parse().unwrap();
+        let events = engine.events(id).await.unwrap_or_default();
+        let names: Vec<&str> = events.iter().map(|e| e.body.name()).collect();
+        let ledger = engine.ledger().clone();
+        let in_log: Vec<String> = tokio::task::block_in_place(|| {
+            ledger
+                .log_from(1)
+                .filter_map(Result::ok)
+                .filter(|e| e.task_id == id)
+                .map(|e| format!("{}#{} {}", e.lsn, e.task_seq, e.body.name()))
+                .collect()
+        });
+        report.push(format!("{t}: by task {names:?}; in the log {in_log:?}"));
+    }
+    assert!(
+        report.is_empty(),
+        "{} tasks without a terminal result (ledger last lsn {}):\n{}",
+        report.len(),
+        engine.ledger().last_lsn(),
+        report.join("\n")
+    );
+}
+
 /// Every task has exactly one terminal result after dedupe by event id.
 fn assert_exactly_one_terminal(results: &[TaskResult], tasks: &BTreeSet<String>) {
     let terminal = terminal_by_task(results);
@@ -395,6 +423,7 @@ async fn end_to_end(kafka: &Kafka, n: usize, seed: u64) {
         n as f64 / elapsed.as_secs_f64()
     );
 
+    explain_missing(&pipeline.engine, &results, &tasks).await;
     validate_all(&raw, "task-result.schema.json");
     assert_exactly_one_terminal(&results, &tasks);
     assert_one_record_each(&sim, &keys, &results);
@@ -466,7 +495,17 @@ async fn restart_from_an_old_committed_offset_drops_redeliveries() {
         tpl.add_partition_offset(&kafka.config().requests_topic, p, Offset::Offset(0))
             .unwrap();
     }
-    tokio::task::block_in_place(|| rewinder.commit(&tpl, CommitMode::Sync)).expect("rewind");
+    // Join the group (the broker takes commits from members only), then commit.
+    rewinder.subscribe(&[&kafka.config().requests_topic]).unwrap();
+    tokio::task::block_in_place(|| {
+        let deadline = Instant::now() + WAIT;
+        while rewinder.assignment().map_or(0, |a| a.count()) < PARTITIONS as usize {
+            assert!(Instant::now() < deadline, "rewinder got no assignment");
+            let _ = rewinder.poll(Duration::from_millis(50));
+        }
+        rewinder.commit(&tpl, CommitMode::Sync)
+    })
+    .expect("rewind");
     drop(rewinder);
 
     let pipeline = Pipeline::start(&kafka, dir.path(), &sim);
