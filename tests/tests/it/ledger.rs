@@ -234,7 +234,7 @@ async fn concurrent_appends_get_contiguous_lsns_and_share_fsyncs() {
         stats.appends.load(std::sync::atomic::Ordering::Relaxed),
         1280
     );
-    assert!(batches >= 1 && batches <= 1280, "{batches}");
+    assert!((1..=1280).contains(&batches), "{batches}");
 }
 
 /// The events whose encodings are pinned in `tests/fixtures/events-v1.txt`.
