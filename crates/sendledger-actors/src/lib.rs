@@ -12,11 +12,14 @@
 //!   concurrency, and hands the evidence to the task actor.
 //! - [`engine::Engine`]: the handle library users and the binary start, submit to, and stop.
 //!
-//! This crate depends on the core, the store and the effects crates, never on Kafka. Task
-//! actors reach remotes only through the [`remote::Remote`] trait ([`http::HttpRemote`] is the
-//! real one). It never calls RocksDB on an executor thread (reads go through the ledger's
-//! blocking pool, writes through its journal).
+//! [`bus`] makes the [`Engine`] the Kafka consumer's request sink.
+//!
+//! This crate depends on the core, the store and the effects crates, and on the bus crate only
+//! for its sink trait; it never uses Kafka itself. Task actors reach remotes only through the
+//! [`remote::Remote`] trait ([`http::HttpRemote`] is the real one). It never calls RocksDB on an
+//! executor thread (reads go through the ledger's blocking pool, writes through its journal).
 
+pub mod bus;
 pub mod engine;
 pub mod error;
 pub mod http;

@@ -4,6 +4,7 @@ mod crash;
 mod effects;
 mod engine;
 mod engine_kill;
+mod kafka;
 mod ledger;
 mod sim;
 

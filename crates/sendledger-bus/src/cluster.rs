@@ -1,0 +1,269 @@
+//! Where the brokers are: a bootstrap list, or the embedded in-process mock cluster.
+
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::DefaultProducerContext;
+use rdkafka::types::{RDKafkaApiKey, RDKafkaErrorCode, RDKafkaRespErr};
+use rdkafka::ClientConfig;
+
+use crate::config::{KafkaConfig, Role};
+use crate::error::{Error, Result};
+
+/// The mock cluster type of librdkafka, as the embedded cluster owns it.
+pub type Mock = MockCluster<'static, DefaultProducerContext>;
+
+type MockOp = Box<dyn FnOnce(&Mock) + Send>;
+
+/// librdkafka's in-process Kafka-protocol cluster (experimental in librdkafka; meant for the
+/// demo, tests and trying sendledger without setup). It lives until the last clone of this
+/// handle is dropped. The cluster is owned by one thread, and every operation on it runs there.
+#[derive(Clone)]
+pub struct EmbeddedCluster {
+    inner: Arc<EmbeddedInner>,
+}
+
+struct EmbeddedInner {
+    bootstrap: String,
+    brokers: i32,
+    tx: Mutex<Option<mpsc::Sender<MockOp>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for EmbeddedInner {
+    fn drop(&mut self) {
+        self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl EmbeddedCluster {
+    /// Starts a cluster of `brokers` brokers and creates `topics` (name, partitions).
+    pub fn start(brokers: i32, topics: &[(String, i32)]) -> Result<EmbeddedCluster> {
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<String>>();
+        let (tx, rx) = mpsc::channel::<MockOp>();
+        let topics = topics.to_vec();
+        let thread = std::thread::Builder::new()
+            .name("sendledger-embedded-kafka".into())
+            .spawn(move || {
+                let cluster = match Mock::new(brokers) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(Error::Embedded(e.to_string())));
+                        return;
+                    }
+                };
+                for (name, partitions) in &topics {
+                    if let Err(e) = cluster.create_topic(name, *partitions, 1) {
+                        let _ = ready_tx
+                            .send(Err(Error::Embedded(format!("creating topic {name}: {e}"))));
+                        return;
+                    }
+                }
+                let _ = ready_tx.send(Ok(cluster.bootstrap_servers()));
+                while let Ok(op) = rx.recv() {
+                    op(&cluster);
+                }
+            })
+            .map_err(|e| Error::Embedded(e.to_string()))?;
+        let bootstrap = ready_rx.recv().map_err(|_| Error::Thread {
+            what: "embedded kafka",
+        })??;
+        tracing::info!(bootstrap = %bootstrap, brokers, "embedded kafka cluster started");
+        Ok(EmbeddedCluster {
+            inner: Arc::new(EmbeddedInner {
+                bootstrap,
+                brokers,
+                tx: Mutex::new(Some(tx)),
+                thread: Mutex::new(Some(thread)),
+            }),
+        })
+    }
+
+    pub fn bootstrap_servers(&self) -> &str {
+        &self.inner.bootstrap
+    }
+
+    /// Broker ids are 1 to this.
+    pub fn brokers(&self) -> i32 {
+        self.inner.brokers
+    }
+
+    /// Runs `f` on the cluster's thread and returns its result. Blocks briefly (mock
+    /// operations only enqueue work for the cluster).
+    pub fn with<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Mock) -> R + Send + 'static,
+    ) -> Result<R> {
+        let (tx, rx) = mpsc::channel();
+        {
+            let guard = self.inner.tx.lock().unwrap_or_else(|e| e.into_inner());
+            let sender = guard.as_ref().ok_or(Error::Thread {
+                what: "embedded kafka",
+            })?;
+            sender
+                .send(Box::new(move |c: &Mock| {
+                    let _ = tx.send(f(c));
+                }))
+                .map_err(|_| Error::Thread {
+                    what: "embedded kafka",
+                })?;
+        }
+        rx.recv().map_err(|_| Error::Thread {
+            what: "embedded kafka",
+        })
+    }
+
+    /// Takes broker `id` down: its connections close and it refuses new ones.
+    pub fn broker_down(&self, id: i32) -> Result<()> {
+        Ok(self.with(move |c| c.broker_down(id))??)
+    }
+
+    pub fn broker_up(&self, id: i32) -> Result<()> {
+        Ok(self.with(move |c| c.broker_up(id))??)
+    }
+
+    /// The next requests of kind `api` fail with `errors`, one each, in order.
+    pub fn request_errors(&self, api: RDKafkaApiKey, errors: Vec<RDKafkaRespErr>) -> Result<()> {
+        self.with(move |c| c.request_errors(api, &errors))
+    }
+
+    pub fn clear_request_errors(&self, api: RDKafkaApiKey) -> Result<()> {
+        self.with(move |c| c.clear_request_errors(api))
+    }
+}
+
+/// A validated Kafka configuration and the brokers it talks to. Cheap to clone; holds the
+/// embedded cluster alive when there is one.
+#[derive(Clone)]
+pub struct Kafka {
+    config: Arc<KafkaConfig>,
+    bootstrap: String,
+    embedded: Option<EmbeddedCluster>,
+}
+
+impl Kafka {
+    /// Validates the configuration; with `brokers = "embedded"` starts the in-process cluster
+    /// with every topic created. Blocking (starting the embedded cluster takes a moment).
+    pub fn connect(config: KafkaConfig) -> Result<Kafka> {
+        config.validate()?;
+        let (bootstrap, embedded) = if config.is_embedded() {
+            let topics: Vec<(String, i32)> = config
+                .topics()
+                .into_iter()
+                .map(|t| (t.to_string(), config.partitions))
+                .collect();
+            let cluster = EmbeddedCluster::start(1, &topics)?;
+            (cluster.bootstrap_servers().to_string(), Some(cluster))
+        } else {
+            (config.brokers.clone(), None)
+        };
+        Ok(Kafka {
+            config: Arc::new(config),
+            bootstrap,
+            embedded,
+        })
+    }
+
+    pub fn config(&self) -> &KafkaConfig {
+        &self.config
+    }
+
+    pub fn bootstrap_servers(&self) -> &str {
+        &self.bootstrap
+    }
+
+    pub fn embedded(&self) -> Option<&EmbeddedCluster> {
+        self.embedded.as_ref()
+    }
+
+    /// The librdkafka configuration of a client in `role` (see [`KafkaConfig::client_config`]).
+    pub fn client_config(&self, role: Role) -> ClientConfig {
+        self.config.client_config(role, &self.bootstrap)
+    }
+
+    /// Creates the topics that do not exist yet, with `partitions` partitions (for external
+    /// brokers; the embedded cluster creates them at start). Existing topics are left alone.
+    pub async fn ensure_topics(&self, replication: i32, timeout: Duration) -> Result<()> {
+        if self.embedded.is_some() {
+            return Ok(());
+        }
+        let admin: AdminClient<DefaultClientContext> = self.client_config(Role::Admin).create()?;
+        let topics: Vec<NewTopic<'_>> = self
+            .config
+            .topics()
+            .into_iter()
+            .map(|t| {
+                NewTopic::new(
+                    t,
+                    self.config.partitions,
+                    TopicReplication::Fixed(replication),
+                )
+            })
+            .collect();
+        let opts = AdminOptions::new().operation_timeout(Some(timeout));
+        for result in admin.create_topics(&topics, &opts).await? {
+            match result {
+                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((topic, code)) => {
+                    return Err(Error::Config {
+                        field: "brokers".into(),
+                        problem: format!("cannot create topic {topic}: {code}; create it yourself or grant the permission"),
+                    })
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::Message;
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    use rdkafka::util::Timeout;
+
+    /// The embedded cluster has the topics, and the producer and consumer configurations that
+    /// sendledger builds are accepted by librdkafka and work against it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn embedded_cluster_round_trip() {
+        let kafka = tokio::task::block_in_place(|| Kafka::connect(KafkaConfig::default())).unwrap();
+        let producer: FutureProducer = kafka.client_config(Role::Producer).create().unwrap();
+        let topic = kafka.config().requests_topic.clone();
+        producer
+            .send(
+                FutureRecord::to(&topic)
+                    .key("k")
+                    .payload("hello")
+                    .partition(1),
+                Timeout::Never,
+            )
+            .await
+            .unwrap();
+        let consumer: BaseConsumer = kafka.client_config(Role::Ingest).create().unwrap();
+        consumer.subscribe(&[&topic]).unwrap();
+        let got = tokio::task::spawn_blocking(move || {
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while std::time::Instant::now() < deadline {
+                if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+                    return Some((m.partition(), m.payload().map(<[u8]>::to_vec)));
+                }
+            }
+            None
+        })
+        .await
+        .unwrap();
+        assert_eq!(got, Some((1, Some(b"hello".to_vec()))));
+        let cluster = kafka.embedded().unwrap();
+        cluster.broker_down(1).unwrap();
+        cluster.broker_up(1).unwrap();
+    }
+}

@@ -1,0 +1,283 @@
+//! The Kafka section of the configuration, and the one function that builds every librdkafka
+//! `ClientConfig`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// `brokers` value that starts the in-process mock cluster.
+pub const EMBEDDED: &str = "embedded";
+
+/// Where sendledger reads requests and writes results and events.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KafkaConfig {
+    /// `"embedded"` for librdkafka's in-process mock cluster, or a bootstrap list
+    /// (`host:port,host:port`).
+    pub brokers: String,
+    /// Consumer group of the requests topic.
+    pub group_id: String,
+    pub requests_topic: String,
+    pub results_topic: String,
+    pub events_topic: String,
+    /// Where invalid request messages are copied (raw, with the reason in a header). None: they
+    /// are only recorded in the ledger and announced as rejected results.
+    pub dead_letter_topic: Option<String>,
+    /// Partitions of each topic created in the embedded cluster.
+    pub partitions: i32,
+    /// Most request messages received and not yet durable; beyond it the consumer pauses its
+    /// partitions.
+    pub max_unfinished: usize,
+    /// Largest request message accepted; larger ones are rejected before they are parsed.
+    pub max_message_bytes: usize,
+    /// How often stored offsets are committed and processed markers folded into watermarks.
+    #[serde(with = "humantime_serde")]
+    pub commit_interval: Duration,
+    /// Passed to librdkafka as they are (security, SASL, timeouts, ...). The properties that
+    /// sendledger's guarantees rest on cannot be set here.
+    pub properties: BTreeMap<String, String>,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        KafkaConfig {
+            brokers: EMBEDDED.into(),
+            group_id: "sendledger".into(),
+            requests_topic: "sendledger.requests".into(),
+            results_topic: "sendledger.results".into(),
+            events_topic: "sendledger.events".into(),
+            dead_letter_topic: None,
+            partitions: 4,
+            max_unfinished: 10_000,
+            max_message_bytes: 256 * 1024,
+            commit_interval: Duration::from_secs(1),
+            properties: BTreeMap::new(),
+        }
+    }
+}
+
+/// Which client a `ClientConfig` is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The requests-topic consumer: manual offset store and commit.
+    Ingest,
+    /// The idempotent producer of results, events and dead letters.
+    Producer,
+    /// Metadata and topic administration.
+    Admin,
+}
+
+/// Properties sendledger sets itself; the configuration may not override them.
+const RESERVED: &[&str] = &[
+    "bootstrap.servers",
+    "metadata.broker.list",
+    "group.id",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "enable.idempotence",
+    "acks",
+    "request.required.acks",
+    "enable.partition.eof",
+];
+
+impl KafkaConfig {
+    /// Checks every field; the error names the field and what to change.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |field: &str, problem: String| Error::Config {
+            field: field.into(),
+            problem,
+        };
+        if self.brokers.trim().is_empty() {
+            return Err(bad(
+                "brokers",
+                "is empty; set \"embedded\" or a bootstrap list like \"localhost:9092\"".into(),
+            ));
+        }
+        if self.group_id.trim().is_empty() {
+            return Err(bad("group_id", "is empty".into()));
+        }
+        let mut topics = vec![
+            ("requests_topic", &self.requests_topic),
+            ("results_topic", &self.results_topic),
+            ("events_topic", &self.events_topic),
+        ];
+        if let Some(dlq) = &self.dead_letter_topic {
+            topics.push(("dead_letter_topic", dlq));
+        }
+        for (field, topic) in &topics {
+            check_topic(topic).map_err(|p| bad(field, p))?;
+        }
+        for (i, (a, ta)) in topics.iter().enumerate() {
+            if let Some((b, _)) = topics[i + 1..].iter().find(|(_, tb)| tb == ta) {
+                return Err(bad(b, format!("names the same topic as `{a}` ({ta:?})")));
+            }
+        }
+        if !(1..=10_000).contains(&self.partitions) {
+            return Err(bad(
+                "partitions",
+                format!("is {}; use 1 to 10000", self.partitions),
+            ));
+        }
+        if self.max_unfinished == 0 {
+            return Err(bad("max_unfinished", "must be at least 1".into()));
+        }
+        if self.max_message_bytes < 1024 {
+            return Err(bad(
+                "max_message_bytes",
+                format!("is {}; use at least 1024", self.max_message_bytes),
+            ));
+        }
+        if self.commit_interval.is_zero() {
+            return Err(bad("commit_interval", "must be longer than zero".into()));
+        }
+        for key in self.properties.keys() {
+            if RESERVED.contains(&key.as_str()) {
+                return Err(bad(
+                    &format!("properties.{key}"),
+                    "is set by sendledger (its delivery guarantees rest on it); remove it".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn is_embedded(&self) -> bool {
+        self.brokers == EMBEDDED
+    }
+
+    /// The one place a librdkafka configuration is built: the pass-through properties first,
+    /// then what sendledger's guarantees need, which nothing overrides.
+    pub fn client_config(&self, role: Role, bootstrap_servers: &str) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        // Defaults the properties may change.
+        c.set("client.id", "sendledger");
+        match role {
+            Role::Ingest => {
+                // Without a committed offset, start from the oldest message: one skipped
+                // request would be a lost task.
+                c.set("auto.offset.reset", "earliest");
+            }
+            Role::Producer => {
+                // A broker outage delays delivery; it never fails a message (which would
+                // leave a gap in a partition and let later results overtake it).
+                c.set("message.timeout.ms", "0");
+                c.set("linger.ms", "5");
+            }
+            Role::Admin => {}
+        }
+        for (k, v) in &self.properties {
+            c.set(k, v);
+        }
+        c.set("bootstrap.servers", bootstrap_servers);
+        match role {
+            Role::Ingest => {
+                c.set("group.id", &self.group_id);
+                c.set("enable.auto.commit", "false");
+                c.set("enable.auto.offset.store", "false");
+                c.set("enable.partition.eof", "false");
+            }
+            Role::Producer => {
+                c.set("enable.idempotence", "true");
+                c.set("acks", "all");
+            }
+            Role::Admin => {}
+        }
+        c
+    }
+
+    /// The topics sendledger uses, with the dead-letter topic when configured.
+    pub fn topics(&self) -> Vec<&str> {
+        let mut t = vec![
+            self.requests_topic.as_str(),
+            self.results_topic.as_str(),
+            self.events_topic.as_str(),
+        ];
+        if let Some(d) = &self.dead_letter_topic {
+            t.push(d);
+        }
+        t
+    }
+}
+
+fn check_topic(topic: &str) -> std::result::Result<(), String> {
+    if topic.is_empty() || topic.len() > 249 {
+        return Err(format!(
+            "is {} characters; a topic name has 1 to 249",
+            topic.len()
+        ));
+    }
+    if topic == "." || topic == ".." {
+        return Err(format!("{topic:?} is not a valid topic name"));
+    }
+    if let Some(c) = topic
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || "._-".contains(*c)))
+    {
+        return Err(format!(
+            "contains {c:?}; topic names use ASCII letters, digits, '.', '_' and '-'"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_errors_name_the_field() {
+        KafkaConfig::default().validate().unwrap();
+        let c = KafkaConfig {
+            results_topic: "bad topic".into(),
+            ..KafkaConfig::default()
+        };
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("`results_topic`"), "{err}");
+        let mut c = KafkaConfig::default();
+        c.events_topic = c.requests_topic.clone();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("`events_topic` names the same topic"), "{err}");
+        let mut c = KafkaConfig::default();
+        c.properties
+            .insert("enable.auto.commit".into(), "true".into());
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("`properties.enable.auto.commit`"), "{err}");
+    }
+
+    #[test]
+    fn guarantees_override_pass_through_properties() {
+        let mut c = KafkaConfig::default();
+        c.properties
+            .insert("security.protocol".into(), "sasl_plaintext".into());
+        c.properties
+            .insert("message.timeout.ms".into(), "30000".into());
+        let p = c.client_config(Role::Producer, "h:1");
+        assert_eq!(p.get("security.protocol"), Some("sasl_plaintext"));
+        assert_eq!(p.get("message.timeout.ms"), Some("30000"));
+        assert_eq!(p.get("enable.idempotence"), Some("true"));
+        assert_eq!(p.get("acks"), Some("all"));
+        let i = c.client_config(Role::Ingest, "h:1");
+        assert_eq!(i.get("enable.auto.offset.store"), Some("false"));
+        assert_eq!(i.get("enable.auto.commit"), Some("false"));
+        assert_eq!(i.get("group.id"), Some("sendledger"));
+        assert_eq!(i.get("bootstrap.servers"), Some("h:1"));
+    }
+
+    #[test]
+    fn parses_from_toml_like_json_and_refuses_unknown_fields() {
+        let c: KafkaConfig = serde_json::from_value(serde_json::json!({
+            "brokers": "localhost:9092",
+            "commit_interval": "250ms",
+            "properties": { "sasl.mechanism": "PLAIN" }
+        }))
+        .unwrap();
+        assert_eq!(c.commit_interval, Duration::from_millis(250));
+        assert!(
+            serde_json::from_value::<KafkaConfig>(serde_json::json!({ "broker": "x" })).is_err()
+        );
+    }
+}

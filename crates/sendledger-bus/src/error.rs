@@ -1,0 +1,23 @@
+//! Errors of the Kafka layer.
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid kafka configuration: `{field}` {problem}")]
+    Config { field: String, problem: String },
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("cannot start the embedded kafka cluster: {0}")]
+    Embedded(String),
+    #[error("ledger: {0}")]
+    Ledger(#[from] sendledger_store::Error),
+    #[error("the request sink failed and will not accept more messages: {0}; restart after fixing its cause")]
+    SinkFatal(String),
+    #[error("cannot encode a record: {0}")]
+    Encode(String),
+    #[error("must be called within a tokio runtime")]
+    NoRuntime,
+    #[error("{what} thread stopped unexpectedly")]
+    Thread { what: &'static str },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,791 @@
+//! The requests-topic consumer.
+//!
+//! One thread owns the consumer (polls, offset stores, commits and rebalance callbacks all run
+//! there, never on an async executor thread). Each message is checked and handed to the
+//! [`RequestSink`] in a task of its own on the tokio runtime; when the sink's future resolves,
+//! the message is durable and the task reports back. Per partition, the thread keeps the
+//! offsets it received in order and stores the Kafka offset of the longest prefix that is done,
+//! so an offset is never stored before everything below it is durable.
+//!
+//! - Duplicates: when a partition is assigned, its processed offsets are read from the ledger;
+//!   a message at an offset the ledger holds as processed is dropped (and counted) without
+//!   reaching the sink.
+//! - Bad input (no value, oversize, invalid JSON, a request the sink refuses) is handed to
+//!   [`RequestSink::reject`] (after a copy to the dead-letter topic when configured); its offset
+//!   advances like any other.
+//! - Backpressure: at `max_unfinished` messages received and not yet durable, the assigned
+//!   partitions are paused; they resume once half of them are done.
+//! - Rebalances: before partitions are revoked, the thread waits (bounded) for their messages in
+//!   flight, stores their offsets and commits synchronously; messages of revoked partitions that
+//!   finish later are durable in the ledger and dropped by whichever consumer gets them again.
+//! - Messages of one task identity reach the sink in partition order, so the first of two
+//!   conflicting requests is the one accepted.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::util::Timeout;
+use rdkafka::{ClientContext, TopicPartitionList};
+use sendledger_core::{Source, TaskRequest};
+use sendledger_store::Processed;
+use tokio::runtime::Handle;
+use tokio::sync::oneshot;
+
+use crate::cluster::Kafka;
+use crate::config::Role;
+use crate::error::{Error, Result};
+use crate::sink::{RequestSink, SinkError};
+
+/// Header of a dead letter: why the message was rejected.
+pub const REASON_HEADER: &str = "sendledger-reason";
+/// Header of a dead letter: where it came from, `topic/partition@offset`.
+pub const SOURCE_HEADER: &str = "sendledger-source";
+
+const RETRY_INITIAL: Duration = Duration::from_millis(50);
+const RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// Counters of a running ingest.
+#[derive(Debug, Default)]
+pub struct IngestStats {
+    /// Messages received from Kafka.
+    pub received: AtomicU64,
+    /// Requests the sink recorded (acceptances, duplicate deliveries, conflicts).
+    pub submitted: AtomicU64,
+    /// Invalid messages recorded as rejected.
+    pub rejected: AtomicU64,
+    /// Messages dropped because the ledger already held their offset as processed.
+    pub duplicates_dropped: AtomicU64,
+    /// Sink calls retried after a transient failure.
+    pub retries: AtomicU64,
+    /// Invalid messages copied to the dead-letter topic.
+    pub dead_lettered: AtomicU64,
+    /// Times the partitions were paused because too many messages were unfinished.
+    pub pauses: AtomicU64,
+    /// Offset commits requested.
+    pub commits: AtomicU64,
+}
+
+impl IngestStats {
+    pub fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+}
+
+/// A running consumer of the requests topic.
+pub struct Ingest {
+    stop: Arc<AtomicBool>,
+    grace: Arc<Mutex<Duration>>,
+    thread: Option<JoinHandle<Result<()>>>,
+    stats: Arc<IngestStats>,
+}
+
+impl Ingest {
+    /// Subscribes to the requests topic and starts consuming into `sink`. Must be called within
+    /// a tokio runtime: the sink's futures run on it.
+    pub fn start<S: RequestSink>(kafka: &Kafka, sink: Arc<S>) -> Result<Ingest> {
+        let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
+        let config = kafka.config().clone();
+        let stats = Arc::new(IngestStats::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let grace = Arc::new(Mutex::new(Duration::from_secs(10)));
+        let (done_tx, done_rx) = mpsc::channel();
+        let tracker = Arc::new(Mutex::new(Tracker {
+            parts: BTreeMap::new(),
+            next_generation: 1,
+            orphans: 0,
+            done_rx,
+            chains: HashMap::new(),
+            next_chain: 0,
+            paused: false,
+            fatal: None,
+        }));
+        let context = IngestContext {
+            tracker: tracker.clone(),
+            topic: config.requests_topic.clone(),
+            revoke_grace: Duration::from_secs(10),
+            stats: stats.clone(),
+        };
+        let consumer: BaseConsumer<IngestContext> = kafka
+            .client_config(Role::Ingest)
+            .create_with_context(context)?;
+        consumer.subscribe(&[&config.requests_topic])?;
+        let dead_letters = match &config.dead_letter_topic {
+            Some(topic) => Some(Arc::new(DeadLetters {
+                producer: kafka.client_config(Role::Producer).create()?,
+                topic: topic.clone(),
+            })),
+            None => None,
+        };
+        let worker = Worker {
+            consumer,
+            tracker,
+            sink,
+            runtime,
+            stop: stop.clone(),
+            grace: grace.clone(),
+            stats: stats.clone(),
+            done_tx,
+            dead_letters,
+            topic: config.requests_topic.clone(),
+            max_unfinished: config.max_unfinished,
+            max_message_bytes: config.max_message_bytes,
+            commit_interval: config.commit_interval,
+        };
+        let thread = std::thread::Builder::new()
+            .name("sendledger-ingest".into())
+            .spawn(move || worker.run())
+            .map_err(|_| Error::Thread { what: "ingest" })?;
+        tracing::info!(topic = %config.requests_topic, group = %config.group_id, "ingest started");
+        Ok(Ingest {
+            stop,
+            grace,
+            thread: Some(thread),
+            stats,
+        })
+    }
+
+    pub fn stats(&self) -> &Arc<IngestStats> {
+        &self.stats
+    }
+
+    /// False once the consumer stopped by itself (the sink failed for good).
+    pub fn is_running(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
+    /// Stops taking messages, waits up to `grace` for those in flight, stores and commits their
+    /// offsets, and leaves the group. Messages not finished by then are delivered again later
+    /// (and dropped if they turn out to be recorded).
+    pub async fn shutdown(mut self, grace: Duration) -> Result<()> {
+        *self.grace.lock().unwrap_or_else(|e| e.into_inner()) = grace;
+        self.stop.store(true, Ordering::SeqCst);
+        let Some(thread) = self.thread.take() else {
+            return Ok(());
+        };
+        tokio::task::spawn_blocking(move || thread.join())
+            .await
+            .map_err(|_| Error::Thread { what: "ingest" })?
+            .map_err(|_| Error::Thread { what: "ingest" })?
+    }
+}
+
+impl Drop for Ingest {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+struct DeadLetters {
+    producer: FutureProducer,
+    topic: String,
+}
+
+/// How a message's task ended.
+enum Outcome {
+    /// Durable in the ledger: its offset may be stored.
+    Recorded,
+    /// Given up because the ingest is stopping: its offset must not be stored.
+    Abandoned,
+    /// The sink will never accept anything again.
+    Fatal(String),
+}
+
+struct Done {
+    partition: i32,
+    generation: u64,
+    offset: i64,
+    outcome: Outcome,
+    chain: Option<(String, u64)>,
+}
+
+/// What the thread knows of one assigned partition.
+struct PartitionState {
+    generation: u64,
+    /// The ledger's processed offsets, read at the first message after assignment.
+    processed: Option<Processed>,
+    /// Offsets received, in order, with whether each is done.
+    inflight: VecDeque<(i64, bool)>,
+    unfinished: usize,
+    /// Highest offset of the done prefix (stored to Kafka as the next offset to read).
+    done_through: Option<i64>,
+    /// The ledger's watermark as last read or raised.
+    folded: Option<i64>,
+}
+
+struct Tracker {
+    parts: BTreeMap<i32, PartitionState>,
+    next_generation: u64,
+    /// Unfinished messages of partitions no longer assigned.
+    orphans: usize,
+    done_rx: mpsc::Receiver<Done>,
+    /// Per task identity: the last message handed to the sink, and the signal it sends when
+    /// done (taken by the next message of the same identity).
+    chains: HashMap<String, (u64, Option<oneshot::Receiver<()>>)>,
+    next_chain: u64,
+    paused: bool,
+    fatal: Option<String>,
+}
+
+impl Tracker {
+    fn unfinished(&self) -> usize {
+        self.orphans + self.parts.values().map(|p| p.unfinished).sum::<usize>()
+    }
+
+    fn assign(&mut self, partition: i32) {
+        let generation = self.next_generation;
+        self.next_generation += 1;
+        if let Some(old) = self.parts.insert(
+            partition,
+            PartitionState {
+                generation,
+                processed: None,
+                inflight: VecDeque::new(),
+                unfinished: 0,
+                done_through: None,
+                folded: None,
+            },
+        ) {
+            self.orphans += old.unfinished;
+        }
+    }
+
+    fn revoke(&mut self, partition: i32) {
+        if let Some(old) = self.parts.remove(&partition) {
+            self.orphans += old.unfinished;
+        }
+    }
+
+    /// Applies a finished message; stores the partition's new done prefix.
+    fn apply(&mut self, consumer: &BaseConsumer<IngestContext>, topic: &str, done: Done) {
+        if let Some((key, seq)) = &done.chain {
+            if self.chains.get(key).is_some_and(|(s, _)| s == seq) {
+                self.chains.remove(key);
+            }
+        }
+        if let Outcome::Fatal(e) = &done.outcome {
+            self.fatal.get_or_insert_with(|| e.clone());
+        }
+        let part = match self.parts.get_mut(&done.partition) {
+            Some(p) if p.generation == done.generation => p,
+            _ => {
+                self.orphans = self.orphans.saturating_sub(1);
+                return;
+            }
+        };
+        part.unfinished = part.unfinished.saturating_sub(1);
+        if !matches!(done.outcome, Outcome::Recorded) {
+            return;
+        }
+        if let Ok(i) = part
+            .inflight
+            .binary_search_by_key(&done.offset, |(o, _)| *o)
+        {
+            part.inflight[i].1 = true;
+        }
+        advance(consumer, topic, done.partition, part);
+    }
+}
+
+/// Pops the done prefix of a partition and stores the offset after it.
+fn advance(
+    consumer: &BaseConsumer<IngestContext>,
+    topic: &str,
+    partition: i32,
+    part: &mut PartitionState,
+) {
+    let mut last = None;
+    while let Some((offset, true)) = part.inflight.front().copied() {
+        part.inflight.pop_front();
+        last = Some(offset);
+    }
+    if let Some(offset) = last {
+        part.done_through = Some(offset);
+        // Stores `offset + 1`, the next offset to read.
+        if let Err(e) = consumer.store_offset(topic, partition, offset) {
+            tracing::debug!(partition, offset, error = %e, "offset not stored (partition no longer assigned)");
+        }
+    }
+}
+
+fn lock(tracker: &Mutex<Tracker>) -> MutexGuard<'_, Tracker> {
+    tracker.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn commit(consumer: &BaseConsumer<IngestContext>, mode: CommitMode, stats: &IngestStats) {
+    match consumer.commit_consumer_state(mode) {
+        Ok(()) => {
+            stats.commits.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
+        Err(e) => {
+            tracing::warn!(error = %e, "offset commit failed; it is retried at the next interval")
+        }
+    }
+}
+
+/// The consumer's context: rebalance callbacks run inside `poll`, on the ingest thread.
+struct IngestContext {
+    tracker: Arc<Mutex<Tracker>>,
+    topic: String,
+    revoke_grace: Duration,
+    stats: Arc<IngestStats>,
+}
+
+impl ClientContext for IngestContext {}
+
+impl ConsumerContext for IngestContext {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let Rebalance::Revoke(tpl) = rebalance else {
+            if let Rebalance::Error(e) = rebalance {
+                tracing::warn!(error = %e, "rebalance error");
+            }
+            return;
+        };
+        let revoked = partitions_of(tpl, &self.topic);
+        let mut t = lock(&self.tracker);
+        let deadline = Instant::now() + self.revoke_grace;
+        let pending = |t: &Tracker| {
+            revoked
+                .iter()
+                .filter_map(|p| t.parts.get(p))
+                .map(|p| p.unfinished)
+                .sum::<usize>()
+        };
+        while pending(&t) > 0 && Instant::now() < deadline {
+            match t.done_rx.recv_timeout(Duration::from_millis(20)) {
+                Ok(done) => t.apply(consumer, &self.topic, done),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        commit(consumer, CommitMode::Sync, &self.stats);
+        for p in &revoked {
+            t.revoke(*p);
+        }
+        tracing::info!(partitions = ?revoked, "partitions revoked");
+    }
+
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let Rebalance::Assign(tpl) = rebalance else {
+            return;
+        };
+        let assigned = partitions_of(tpl, &self.topic);
+        let mut t = lock(&self.tracker);
+        for p in &assigned {
+            t.assign(*p);
+        }
+        if t.paused {
+            if let Err(e) = consumer.pause(tpl) {
+                tracing::warn!(error = %e, "cannot pause newly assigned partitions");
+            }
+        }
+        tracing::info!(partitions = ?assigned, "partitions assigned");
+    }
+}
+
+struct Worker<S: RequestSink> {
+    consumer: BaseConsumer<IngestContext>,
+    tracker: Arc<Mutex<Tracker>>,
+    sink: Arc<S>,
+    runtime: Handle,
+    stop: Arc<AtomicBool>,
+    grace: Arc<Mutex<Duration>>,
+    stats: Arc<IngestStats>,
+    done_tx: mpsc::Sender<Done>,
+    dead_letters: Option<Arc<DeadLetters>>,
+    topic: String,
+    max_unfinished: usize,
+    max_message_bytes: usize,
+    commit_interval: Duration,
+}
+
+/// What to do with one message.
+enum Work {
+    Submit(Box<TaskRequest>),
+    Reject(String),
+}
+
+impl<S: RequestSink> Worker<S> {
+    fn run(self) -> Result<()> {
+        let mut last_commit = Instant::now();
+        let mut result = Ok(());
+        while !self.stop.load(Ordering::SeqCst) {
+            let paused = {
+                let mut t = lock(&self.tracker);
+                while let Ok(done) = t.done_rx.try_recv() {
+                    t.apply(&self.consumer, &self.topic, done);
+                }
+                if let Some(e) = t.fatal.take() {
+                    tracing::error!(error = %e, "the request sink stopped; ingest stops, nothing more is consumed");
+                    result = Err(Error::SinkFatal(e));
+                    break;
+                }
+                self.backpressure(&mut t);
+                if t.paused {
+                    // Wait for a message to finish rather than spin.
+                    if let Ok(done) = t.done_rx.recv_timeout(Duration::from_millis(5)) {
+                        t.apply(&self.consumer, &self.topic, done);
+                    }
+                }
+                t.paused
+            };
+            let timeout = if paused {
+                Duration::ZERO
+            } else {
+                Duration::from_millis(20)
+            };
+            match self.consumer.poll(timeout) {
+                None => {}
+                Some(Err(e)) => tracing::warn!(error = %e, "kafka consumer error"),
+                Some(Ok(msg)) => {
+                    if let Err(e) = self.handle(&msg) {
+                        result = Err(e);
+                        break;
+                    }
+                }
+            }
+            if last_commit.elapsed() >= self.commit_interval {
+                self.checkpoint(CommitMode::Async);
+                last_commit = Instant::now();
+            }
+        }
+        self.drain();
+        self.checkpoint(CommitMode::Sync);
+        tracing::info!("ingest stopped");
+        result
+    }
+
+    fn backpressure(&self, t: &mut Tracker) {
+        let unfinished = t.unfinished();
+        let pause = !t.paused && unfinished >= self.max_unfinished;
+        let resume = t.paused && unfinished <= self.max_unfinished / 2;
+        if !(pause || resume) {
+            return;
+        }
+        let assignment = match self.consumer.assignment() {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the assignment");
+                return;
+            }
+        };
+        let res = if pause {
+            self.stats.pauses.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(unfinished, "pausing partitions");
+            self.consumer.pause(&assignment)
+        } else {
+            tracing::debug!(unfinished, "resuming partitions");
+            self.consumer.resume(&assignment)
+        };
+        match res {
+            Ok(()) => t.paused = pause,
+            Err(e) => tracing::warn!(error = %e, "cannot pause or resume partitions"),
+        }
+    }
+
+    /// Waits (up to the grace period) for messages in flight, applying them as they finish.
+    fn drain(&self) {
+        let grace = *self.grace.lock().unwrap_or_else(|e| e.into_inner());
+        let deadline = Instant::now() + grace;
+        let mut t = lock(&self.tracker);
+        while t.unfinished() > 0 && Instant::now() < deadline {
+            match t.done_rx.recv_timeout(Duration::from_millis(20)) {
+                Ok(done) => t.apply(&self.consumer, &self.topic, done),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        let left = t.unfinished();
+        if left > 0 {
+            tracing::warn!(
+                unfinished = left,
+                "messages still unfinished at shutdown; they are delivered again at the next start"
+            );
+        }
+    }
+
+    /// Commits stored offsets and raises the ledger's watermarks to the done prefixes.
+    fn checkpoint(&self, mode: CommitMode) {
+        commit(&self.consumer, mode, &self.stats);
+        let marks: Vec<(i32, i64)> = {
+            let t = lock(&self.tracker);
+            t.parts
+                .iter()
+                .filter(|(_, p)| p.processed.is_some())
+                .filter_map(|(&i, p)| match (p.done_through, p.folded) {
+                    (Some(d), Some(f)) if d <= f => None,
+                    (Some(d), _) => Some((i, d)),
+                    _ => None,
+                })
+                .collect()
+        };
+        if marks.is_empty() {
+            return;
+        }
+        let fut = self
+            .sink
+            .raise_watermarks(self.topic.clone(), marks.clone());
+        match self.runtime.block_on(fut) {
+            Ok(()) => {
+                let mut t = lock(&self.tracker);
+                for (p, d) in marks {
+                    if let Some(part) = t.parts.get_mut(&p) {
+                        part.folded = Some(part.folded.map_or(d, |f| f.max(d)));
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "processed watermarks not raised; retried later"),
+        }
+    }
+
+    /// Reads the ledger's processed offsets of a partition, retrying while the ledger fails.
+    fn load_processed(&self, partition: i32) -> Result<Option<Processed>> {
+        let mut delay = RETRY_INITIAL;
+        loop {
+            let fut = self.sink.processed(self.topic.clone(), partition);
+            match self.runtime.block_on(fut) {
+                Ok(p) => return Ok(Some(p)),
+                Err(SinkError::Fatal(e)) => return Err(Error::SinkFatal(e)),
+                Err(e) => {
+                    tracing::warn!(partition, error = %e, "cannot read processed offsets; retrying");
+                    if self.stop.load(Ordering::SeqCst) {
+                        return Ok(None);
+                    }
+                    std::thread::sleep(delay);
+                    delay = (delay * 2).min(RETRY_MAX);
+                }
+            }
+        }
+    }
+
+    fn handle(&self, msg: &rdkafka::message::BorrowedMessage<'_>) -> Result<()> {
+        self.stats.received.fetch_add(1, Ordering::Relaxed);
+        let (partition, offset) = (msg.partition(), msg.offset());
+        if msg.topic() != self.topic {
+            return Ok(());
+        }
+        let needs_load = {
+            let t = lock(&self.tracker);
+            match t.parts.get(&partition) {
+                // Not (or no longer) ours: whoever owns it reads it again.
+                None => return Ok(()),
+                Some(p) => p.processed.is_none(),
+            }
+        };
+        if needs_load {
+            let Some(processed) = self.load_processed(partition)? else {
+                return Ok(());
+            };
+            let mut t = lock(&self.tracker);
+            if let Some(p) = t.parts.get_mut(&partition) {
+                tracing::debug!(partition, watermark = ?processed.watermark, above = processed.above.len(), "processed offsets loaded");
+                p.folded = processed.watermark;
+                p.processed = Some(processed);
+            }
+        }
+        let generation = {
+            let mut t = lock(&self.tracker);
+            let Some(part) = t.parts.get_mut(&partition) else {
+                return Ok(());
+            };
+            if part.processed.as_ref().is_some_and(|p| p.contains(offset)) {
+                self.stats
+                    .duplicates_dropped
+                    .fetch_add(1, Ordering::Relaxed);
+                part.inflight.push_back((offset, true));
+                advance(&self.consumer, &self.topic, partition, part);
+                return Ok(());
+            }
+            part.inflight.push_back((offset, false));
+            part.unfinished += 1;
+            part.generation
+        };
+
+        let source = Source {
+            topic: self.topic.clone(),
+            partition,
+            offset,
+        };
+        let raw = msg.payload().map(<[u8]>::to_vec);
+        let key = msg.key().map(<[u8]>::to_vec);
+        let work = match &raw {
+            None => Work::Reject("the message has no value (a tombstone or an empty record); a request is a JSON object".into()),
+            Some(bytes) if bytes.len() > self.max_message_bytes => Work::Reject(format!(
+                "the message is {} bytes, more than the limit of {} (max_message_bytes)",
+                bytes.len(),
+                self.max_message_bytes
+            )),
+            Some(bytes) => match TaskRequest::from_json(bytes) {
+                Ok(request) => Work::Submit(Box::new(request)),
+                Err(e) => Work::Reject(e.to_string()),
+            },
+        };
+        // Messages of one identity reach the sink in partition order.
+        let (chain, prev, signal) = match &work {
+            Work::Submit(r) => {
+                let id = format!("{}\u{0}{}\u{0}{}", r.tenant, r.operation, r.request_key);
+                let (tx, rx) = oneshot::channel();
+                let mut t = lock(&self.tracker);
+                let seq = t.next_chain;
+                t.next_chain += 1;
+                let prev = t
+                    .chains
+                    .insert(id.clone(), (seq, Some(rx)))
+                    .and_then(|(_, rx)| rx);
+                (Some((id, seq)), prev, Some(tx))
+            }
+            Work::Reject(_) => (None, None, None),
+        };
+        let job = Job {
+            sink: self.sink.clone(),
+            stop: self.stop.clone(),
+            stats: self.stats.clone(),
+            dead_letters: self.dead_letters.clone(),
+            source,
+            raw: raw.unwrap_or_default(),
+            key,
+        };
+        let done_tx = self.done_tx.clone();
+        self.runtime.spawn(async move {
+            if let Some(prev) = prev {
+                let _ = prev.await;
+            }
+            let outcome = job.run(work).await;
+            drop(signal);
+            let _ = done_tx.send(Done {
+                partition,
+                generation,
+                offset,
+                outcome,
+                chain,
+            });
+        });
+        Ok(())
+    }
+}
+
+/// One message on its way into the sink.
+struct Job<S: RequestSink> {
+    sink: Arc<S>,
+    stop: Arc<AtomicBool>,
+    stats: Arc<IngestStats>,
+    dead_letters: Option<Arc<DeadLetters>>,
+    source: Source,
+    raw: Vec<u8>,
+    key: Option<Vec<u8>>,
+}
+
+impl<S: RequestSink> Job<S> {
+    async fn run(self, work: Work) -> Outcome {
+        match work {
+            Work::Reject(reason) => self.reject(reason).await,
+            Work::Submit(request) => {
+                let mut delay = RETRY_INITIAL;
+                loop {
+                    match self
+                        .sink
+                        .submit((*request).clone(), self.source.clone())
+                        .await
+                    {
+                        Ok(()) => {
+                            self.stats.submitted.fetch_add(1, Ordering::Relaxed);
+                            return Outcome::Recorded;
+                        }
+                        Err(SinkError::Invalid(reason)) => return self.reject(reason).await,
+                        Err(SinkError::Fatal(e)) => return Outcome::Fatal(e),
+                        Err(SinkError::Retry(e)) => {
+                            if !self.wait_retry(&mut delay, &e).await {
+                                return Outcome::Abandoned;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sleeps before a retry; false when the ingest is stopping instead.
+    async fn wait_retry(&self, delay: &mut Duration, error: &str) -> bool {
+        if self.stop.load(Ordering::SeqCst) {
+            return false;
+        }
+        self.stats.retries.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(source = %self.source, error, retry_in = ?*delay, "message not recorded; retrying");
+        tokio::time::sleep(*delay).await;
+        *delay = (*delay * 2).min(RETRY_MAX);
+        !self.stop.load(Ordering::SeqCst)
+    }
+
+    async fn reject(&self, reason: String) -> Outcome {
+        let mut delay = RETRY_INITIAL;
+        if let Some(dl) = &self.dead_letters {
+            let source = self.source.to_string();
+            loop {
+                let headers = OwnedHeaders::new()
+                    .insert(Header {
+                        key: REASON_HEADER,
+                        value: Some(reason.as_str()),
+                    })
+                    .insert(Header {
+                        key: SOURCE_HEADER,
+                        value: Some(source.as_str()),
+                    });
+                let mut record = FutureRecord::to(&dl.topic)
+                    .payload(&self.raw)
+                    .headers(headers);
+                if let Some(k) = &self.key {
+                    record = record.key(k);
+                }
+                match dl.producer.send(record, Timeout::Never).await {
+                    Ok(_) => {
+                        self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                        break;
+                    }
+                    Err((e, _)) => {
+                        if !self
+                            .wait_retry(&mut delay, &format!("dead letter: {e}"))
+                            .await
+                        {
+                            return Outcome::Abandoned;
+                        }
+                    }
+                }
+            }
+        }
+        let mut delay = RETRY_INITIAL;
+        loop {
+            match self
+                .sink
+                .reject(self.source.clone(), reason.clone(), self.raw.clone())
+                .await
+            {
+                Ok(()) => {
+                    self.stats.rejected.fetch_add(1, Ordering::Relaxed);
+                    return Outcome::Recorded;
+                }
+                Err(SinkError::Fatal(e)) => return Outcome::Fatal(e),
+                Err(e) => {
+                    if !self.wait_retry(&mut delay, &e.to_string()).await {
+                        return Outcome::Abandoned;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The partitions of a list that belong to `topic`.
+fn partitions_of(tpl: &TopicPartitionList, topic: &str) -> Vec<i32> {
+    tpl.elements_for_topic(topic)
+        .iter()
+        .map(|e| e.partition())
+        .collect()
+}

@@ -1,0 +1,45 @@
+//! sendledger-bus: the Kafka layer of sendledger.
+//!
+//! - [`Kafka`]: a validated [`KafkaConfig`] and where its brokers are. With
+//!   `brokers = "embedded"` it starts librdkafka's in-process mock cluster ([`EmbeddedCluster`])
+//!   and creates the topics, so the whole pipeline runs on one machine with no setup.
+//!   [`KafkaConfig::client_config`] is the one place that builds a librdkafka `ClientConfig`.
+//! - [`Ingest`]: the consumer group on the requests topic. Each message is parsed, checked and
+//!   handed to a [`RequestSink`] (the engine); bad input is handed over as rejected. Offsets the
+//!   ledger already holds as processed are dropped as duplicates. A Kafka offset is stored only
+//!   after the sink returned (the message's effect and its processed marker are durable), in
+//!   partition order, and committed periodically, on revocation and at shutdown.
+//! - [`Publisher`]: the outbox. It tails the ledger by LSN from a durable cursor and produces
+//!   every event to the events topic and one [`TaskResult`] per result-bearing event to the
+//!   results topic with the idempotent producer; the cursor advances only after every record up
+//!   to it is acknowledged.
+//!
+//! This is the only crate that depends on `rdkafka`. It depends on `sendledger-core` (the types
+//! it carries) and `sendledger-store` (the publisher reads the ledger, the ingest reads processed
+//! offsets), never on the actors crate: the engine plugs in through [`RequestSink`].
+//!
+//! Invariants: a message's offset is never stored before its effect is durable; offsets are
+//! stored in partition order; a record is never skipped by the publisher's cursor; bad input
+//! never stops a partition. RocksDB is read on the blocking pool, and librdkafka calls that can
+//! block (polls, synchronous commits) run on the ingest's own thread, never on an async executor
+//! thread.
+
+pub mod cluster;
+pub mod config;
+pub mod error;
+pub mod ingest;
+pub mod publisher;
+pub mod records;
+pub mod sink;
+
+pub use cluster::{EmbeddedCluster, Kafka};
+pub use config::{KafkaConfig, Role};
+pub use error::{Error, Result};
+pub use ingest::{Ingest, IngestStats};
+pub use publisher::{Publisher, PublisherStats, EVENT_ID_HEADER, PUBLISHER_CURSOR};
+pub use records::{EventRecord, ResultSource, ResultStatus, TaskResult};
+pub use sink::{BoxFuture, RequestSink, SinkError};
+
+/// The librdkafka binding, re-exported so that users (and tests) of this crate can inject
+/// faults into the embedded cluster without depending on `rdkafka` themselves.
+pub use rdkafka;

