@@ -89,7 +89,10 @@ async fn run(r: Run) -> Outcome {
             let Ok(status) = tokio::time::timeout(Duration::from_secs(120), wait).await else {
                 // SAFETY: kill(2) on our own child's pid.
                 unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-                panic!("final run did not settle within 120 s; ledger kept at {}", dir.keep().display());
+                panic!(
+                    "final run did not settle within 120 s; ledger kept at {}",
+                    dir.keep().display()
+                );
             };
             let status = status.unwrap();
             assert!(status.success(), "final run failed: {status}");
