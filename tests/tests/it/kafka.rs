@@ -354,6 +354,54 @@ fn assert_exactly_one_terminal(results: &[TaskResult], tasks: &BTreeSet<String>)
     }
 }
 
+/// After a SIGKILL, an attempt cut off before its request was written leaves no record, so a
+/// lookup never finds one: such a task ends in manual review (rule 4), never resent. Every other
+/// task has exactly one terminal result and one record; no identity ever has two records.
+fn assert_settled_after_a_kill(sim: &Sim, keys: &[String], results: &[TaskResult]) {
+    assert_eq!(
+        sim.stats().duplicates,
+        0,
+        "identities with more than one record"
+    );
+    let terminal = terminal_by_task(results);
+    let mut reviews = 0;
+    for key in keys {
+        let task = sendledger_tests::engine::task_id(key).to_string();
+        let records = sim.records_with_identity(key);
+        match terminal.get(&task).map(Vec::as_slice) {
+            Some([one]) => {
+                assert_eq!(one.status, ResultStatus::Succeeded, "{key}: {one:?}");
+                assert_eq!(records.len(), 1, "{key}: {} records", records.len());
+                assert_eq!(
+                    one.remote_id.as_deref(),
+                    Some(records[0].id.as_str()),
+                    "{key}"
+                );
+            }
+            Some(many) => panic!("{key}: {} terminal results", many.len()),
+            None => {
+                let review = results
+                    .iter()
+                    .find(|r| r.task_id == task && r.status == ResultStatus::ManualReview);
+                assert!(
+                    review.is_some(),
+                    "{key}: neither a terminal nor a review result"
+                );
+                assert!(
+                    records.is_empty(),
+                    "{key}: in review but the remote holds its record"
+                );
+                reviews += 1;
+            }
+        }
+    }
+    eprintln!(
+        "{} tasks: {} succeeded, {reviews} in review",
+        keys.len(),
+        keys.len() - reviews
+    );
+}
+
 /// A task's results reach the topic in log order: per key, first occurrences by increasing LSN.
 fn assert_ordered_per_key(raw: &[Rec]) {
     let mut last: HashMap<&str, u64> = HashMap::new();
@@ -985,10 +1033,8 @@ async fn process_killed_mid_run_against_a_separate_broker() {
         sendledger_store::Ledger::open(dir.path(), sendledger_store::LedgerOptions::default())
     })
     .unwrap();
-    explain_missing(&ledger, &results, &tasks);
     validate_all(&raw, "task-result.schema.json");
-    assert_exactly_one_terminal(&results, &tasks);
-    assert_one_record_each(&sim, &keys, &results);
+    assert_settled_after_a_kill(&sim, &keys, &results);
     assert_ordered_per_key(&raw);
     let events = tokio::task::block_in_place(|| ledger.read_log(1, usize::MAX)).unwrap();
     assert_eq!(
