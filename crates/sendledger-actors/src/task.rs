@@ -93,13 +93,11 @@ impl TaskActor {
         }
     }
 
-    fn set_policy(&mut self) {
-        if let Some(req) = &self.state.request {
-            self.policy = self.shared.remote.policy(&req.target).unwrap_or_else(|| {
-                tracing::warn!(task_id = %self.task_id, target = %req.target, "target no longer configured; attempts will not be sent");
-                Policy::default()
-            });
-        }
+    fn set_policy(&mut self, target: &str) {
+        self.policy = self.shared.remote.policy(target).unwrap_or_else(|| {
+            tracing::warn!(task_id = %self.task_id, %target, "target no longer configured; attempts will not be sent");
+            Policy::default()
+        });
     }
 
     fn random(&self) -> u64 {
@@ -162,9 +160,7 @@ impl TaskActor {
         let is_new = self.state.request.is_none();
         if let (true, Input::Deliver { request, .. }) = (is_new, &core_input) {
             // The first delivery decides the first attempt: it needs the target's policy.
-            if let Some(policy) = self.shared.remote.policy(&request.target) {
-                self.policy = policy;
-            }
+            self.set_policy(&request.target);
         }
         let decision = match decide(
             &self.state,
@@ -313,7 +309,9 @@ impl Actor for TaskActor {
             |res, act, _| match res {
                 Ok(events) => {
                     act.state = sendledger_core::fold(&events);
-                    act.set_policy();
+                    if let Some(target) = act.state.request.as_ref().map(|r| r.target.clone()) {
+                        act.set_policy(&target);
+                    }
                     act.loaded = Some(Ok(()));
                 }
                 Err(e) => {

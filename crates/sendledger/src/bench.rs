@@ -43,18 +43,23 @@ pub fn run(bench: Bench) -> anyhow::Result<()> {
     }
 }
 
-/// A realistic first append of a task: its acceptance and its first intent.
-fn task_append(n: u64) -> Append {
-    let request = TaskRequest {
+/// The `n`-th request of every benchmark, for `target`.
+pub fn bench_request(n: u64, target: &str) -> TaskRequest {
+    TaskRequest {
         tenant: "bench".into(),
         operation: "payment.create".into(),
         request_key: format!("ord-{n}"),
-        target: "payments".into(),
+        target: target.into(),
         payload: serde_json::json!({"order": n, "amount": 1250, "currency": "EUR", "customer": "c-8812"}),
         metadata: Default::default(),
     }
-    .accept(&Limits::default())
-    .expect("valid bench request");
+}
+
+/// A realistic first append of a task: its acceptance and its first intent.
+fn task_append(n: u64) -> Append {
+    let request = bench_request(n, "payments")
+        .accept(&Limits::default())
+        .expect("valid bench request");
     let task_id = request.task_id();
     let payload_hash = request.payload_hash();
     let source = Source {

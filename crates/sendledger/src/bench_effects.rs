@@ -10,7 +10,7 @@ use bytes::Bytes;
 use clap::Args;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use sendledger_core::{AcceptedRequest, Limits, TaskRequest};
+use sendledger_core::{AcceptedRequest, Limits};
 use sendledger_effects::{AttemptOutcome, Target, TargetConfig};
 use sendledger_sim::{Sim, SimConfig};
 
@@ -34,16 +34,9 @@ pub struct EffectsArgs {
 }
 
 fn bench_request(n: u64) -> anyhow::Result<AcceptedRequest> {
-    TaskRequest {
-        tenant: "bench".into(),
-        operation: "payment.create".into(),
-        request_key: format!("ord-{n}"),
-        target: "payments".into(),
-        payload: serde_json::json!({"order": n, "amount": 1250, "currency": "EUR", "customer": "c-8812"}),
-        metadata: Default::default(),
-    }
-    .accept(&Limits::default())
-    .context("bench request")
+    crate::bench::bench_request(n, "payments")
+        .accept(&Limits::default())
+        .context("bench request")
 }
 
 struct AttemptRun {

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Args;
 use sendledger_actors::{Engine, EngineConfig, HttpRemote};
-use sendledger_core::{EventBody, Source, TaskRequest};
+use sendledger_core::{EventBody, Source};
+
+use crate::bench::bench_request;
 use sendledger_effects::{TargetConfig, Targets};
 use sendledger_sim::{Sim, SimConfig};
 use sendledger_store::Durability;
@@ -71,7 +73,7 @@ pub fn run(args: EngineArgs) -> anyhow::Result<()> {
             submits.spawn(async move {
                 engine
                     .submit(
-                        request(n),
+                        bench_request(n, "bench"),
                         Source {
                             topic: "bench".into(),
                             partition: 0,
@@ -105,7 +107,9 @@ pub fn run(args: EngineArgs) -> anyhow::Result<()> {
     let mut latencies = Vec::with_capacity(total as usize);
     let mut succeeded = 0u64;
     for n in 0..total {
-        let task = request(n).accept(&Default::default())?.task_id();
+        let task = bench_request(n, "bench")
+            .accept(&Default::default())?
+            .task_id();
         let events = engine.ledger().task_events(task)?;
         let accepted = events.first().map(|e| e.at).unwrap_or(0);
         if let Some(done) = events
@@ -144,15 +148,4 @@ pub fn run(args: EngineArgs) -> anyhow::Result<()> {
     runtime.block_on(engine.shutdown(Duration::from_secs(5)));
     println!("{report}");
     Ok(())
-}
-
-fn request(n: u64) -> TaskRequest {
-    TaskRequest {
-        tenant: "bench".into(),
-        operation: "payment.create".into(),
-        request_key: format!("ord-{n}"),
-        target: "bench".into(),
-        payload: serde_json::json!({"order": n, "amount": 1250, "currency": "EUR"}),
-        metadata: Default::default(),
-    }
 }
