@@ -27,8 +27,11 @@ pub struct KafkaConfig {
     /// Where invalid request messages are copied (raw, with the reason in a header). None: they
     /// are only recorded in the ledger and announced as rejected results.
     pub dead_letter_topic: Option<String>,
-    /// Partitions of each topic created in the embedded cluster.
+    /// Partitions of each topic sendledger creates (in the embedded cluster, or on external
+    /// brokers when a topic is missing).
     pub partitions: i32,
+    /// Replication factor of topics created on external brokers; -1 uses the brokers' default.
+    pub replication_factor: i32,
     /// Most request messages received and not yet durable; beyond it the consumer pauses its
     /// partitions.
     pub max_unfinished: usize,
@@ -52,6 +55,7 @@ impl Default for KafkaConfig {
             events_topic: "sendledger.events".into(),
             dead_letter_topic: None,
             partitions: 4,
+            replication_factor: -1,
             max_unfinished: 10_000,
             max_message_bytes: 256 * 1024,
             commit_interval: Duration::from_secs(1),
@@ -120,6 +124,15 @@ impl KafkaConfig {
             return Err(bad(
                 "partitions",
                 format!("is {}; use 1 to 10000", self.partitions),
+            ));
+        }
+        if !(self.replication_factor == -1 || (1..=32).contains(&self.replication_factor)) {
+            return Err(bad(
+                "replication_factor",
+                format!(
+                    "is {}; use -1 (the brokers' default) or 1 to 32",
+                    self.replication_factor
+                ),
             ));
         }
         if self.max_unfinished == 0 {

@@ -14,6 +14,9 @@
 //!   results topic with the idempotent producer; the cursor advances only after every record up
 //!   to it is acknowledged.
 //!
+//! - [`RequestProducer`]: produces request messages keyed by identity (`sendledger produce`,
+//!   the demo).
+//!
 //! This is the only crate that depends on `rdkafka`. It depends on `sendledger-core` (the types
 //! it carries) and `sendledger-store` (the publisher reads the ledger, the ingest reads processed
 //! offsets), never on the actors crate: the engine plugs in through [`RequestSink`].
@@ -28,6 +31,7 @@ pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod ingest;
+pub mod produce;
 pub mod publisher;
 pub mod records;
 pub mod sink;
@@ -36,6 +40,7 @@ pub use cluster::{EmbeddedCluster, Kafka};
 pub use config::{KafkaConfig, Role};
 pub use error::{Error, Result};
 pub use ingest::{Ingest, IngestStats};
+pub use produce::{request_key, RequestProducer};
 pub use publisher::{Publisher, PublisherStats, EVENT_ID_HEADER, PUBLISHER_CURSOR};
 pub use records::{EventRecord, ResultSource, ResultStatus, TaskResult};
 pub use sink::{BoxFuture, RequestSink, SinkError};

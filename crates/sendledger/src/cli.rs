@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::{bench, demo, ops};
+use crate::{bench, demo, ops, produce, serve};
 
 /// sendledger: a durable dispatcher for side effects that must happen once.
 #[derive(Parser)]
@@ -16,9 +16,16 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The service: consume requests from Kafka, perform them, publish results (stops cleanly
+    /// on SIGINT/SIGTERM).
+    Run(serve::RunArgs),
     /// The whole pipeline on embedded defaults against a fault-injecting remote, ending in an
     /// audit; exits non-zero if any invariant fails.
     Demo(demo::DemoArgs),
+    /// Send JSON request lines (stdin or a file) to the requests topic, keyed by identity.
+    Produce(produce::ProduceArgs),
+    /// Start the simulated third-party remote (seeded faults, ground-truth stats).
+    SimRemote(serve::SimRemoteArgs),
     /// A task's timeline, one line per event.
     Inspect(ops::InspectArgs),
     /// Replay the whole ledger and check every rule; exits non-zero on any violation.
@@ -35,14 +42,23 @@ pub fn main() -> ExitCode {
     // Ledger files are created private to the owner (the ledger directory is 0700 as well).
     // SAFETY: umask only changes this process's file-creation mask; it cannot fail.
     unsafe { libc::umask(0o077) };
+    let cli = Cli::parse();
+    // The service logs what it does; the other commands only what goes wrong.
+    let default_level = match cli.command {
+        Command::Run(_) | Command::SimRemote(_) => "info",
+        _ => "warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default_level.into()),
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
     let result = match cli.command {
+        Command::Run(args) => serve::run(args),
+        Command::Produce(args) => produce::produce(args),
+        Command::SimRemote(args) => serve::sim_remote(args),
         Command::Demo(args) => demo::run(args),
         Command::Inspect(args) => ops::inspect(args).map(|()| true),
         Command::Audit(args) => ops::audit(args),

@@ -911,7 +911,7 @@ fn secret_header_values_never_appear_in_debug_logs_or_errors() {
 
 #[test]
 fn the_example_configs_parse_and_validate() {
-    let text = include_str!("../../../schemas/targets.example.toml");
+    let text = include_str!("../../../schemas/sendledger.example.toml");
     let mut doc: toml::Table = toml::from_str(text).unwrap();
     let targets: std::collections::BTreeMap<String, TargetConfig> =
         doc.remove("targets").unwrap().try_into().unwrap();

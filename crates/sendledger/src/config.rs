@@ -1,0 +1,338 @@
+//! The service's configuration: one TOML file (see `schemas/sendledger.example.toml`) with one
+//! section per subsystem, overridable from the environment.
+//!
+//! Environment overrides: `SENDLEDGER__<SECTION>__<FIELD>=value` sets `<section>.<field>`
+//! (names are lower-cased; `__` separates levels), e.g. `SENDLEDGER__KAFKA__BROKERS=kafka:9092`
+//! or `SENDLEDGER__ADMIN__TOKEN=...`. Under `kafka.properties` a single `_` becomes a `.`, so
+//! `SENDLEDGER__KAFKA__PROPERTIES__SASL_PASSWORD` sets the librdkafka property `sasl.password`.
+//! A value is read as a TOML literal when it is one (`4`, `true`, `["a"]`), else as a string.
+//!
+//! Every error names the field (`kafka.brokers: ...`) and, for an override, the variable.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use sendledger_actors::EngineConfig;
+use sendledger_bus::KafkaConfig;
+use sendledger_core::Limits;
+use sendledger_effects::{TargetConfig, Targets};
+use sendledger_store::Durability;
+use serde::{Deserialize, Serialize};
+
+/// Prefix of the environment variables that override the file.
+pub const ENV_PREFIX: &str = "SENDLEDGER__";
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub storage: StorageConfig,
+    pub engine: EngineSection,
+    pub kafka: KafkaConfig,
+    pub admin: AdminConfig,
+    /// The remotes requests may name, by name.
+    pub targets: BTreeMap<String, TargetConfig>,
+}
+
+/// Where the ledger lives and how durable an acknowledged write is.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageConfig {
+    /// Ledger directory (created `0700` if missing).
+    pub data: PathBuf,
+    /// `sync` (fsync before acknowledging; the only safe choice in production) or `buffered`.
+    pub durability: Durability,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        StorageConfig {
+            data: PathBuf::from("sendledger-data"),
+            durability: Durability::Sync,
+        }
+    }
+}
+
+/// The task engine.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineSection {
+    /// Threads running task actors and their HTTP attempts.
+    pub workers: usize,
+    /// Most task actors alive at once; further messages wait (and the consumer pauses).
+    pub max_live_tasks: usize,
+    /// Most lookups in flight at once.
+    pub lookup_concurrency: usize,
+    /// How often due retries and checks are looked for.
+    #[serde(with = "humantime_serde")]
+    pub timer_tick: Duration,
+    /// Largest request payload (canonical JSON bytes); larger requests are rejected.
+    pub max_payload_bytes: usize,
+    /// Largest request metadata (JSON bytes).
+    pub max_metadata_bytes: usize,
+    /// How long a stopping service lets tasks finish their current step and the publisher
+    /// flush. Whatever is cut off is safe: it is reconciled at the next start.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for EngineSection {
+    fn default() -> Self {
+        let engine = EngineConfig::new("");
+        EngineSection {
+            workers: engine.workers,
+            max_live_tasks: engine.max_live_tasks,
+            lookup_concurrency: engine.lookup_concurrency,
+            timer_tick: engine.timer_tick,
+            max_payload_bytes: engine.limits.max_payload_bytes,
+            max_metadata_bytes: engine.limits.max_metadata_bytes,
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The admin HTTP endpoint: metrics, health, task timelines, manual review.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Listen address; loopback by default. `enabled = false` turns the endpoint off.
+    pub listen: SocketAddr,
+    pub enabled: bool,
+    /// Bearer token required by mutating calls (review resolutions). Unset: they are refused.
+    /// Prefer `SENDLEDGER__ADMIN__TOKEN` to writing it in the file.
+    pub token: Option<String>,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
+            enabled: true,
+            token: None,
+        }
+    }
+}
+
+impl Config {
+    /// Reads the file, applies the environment overrides, and validates everything.
+    pub fn load(path: &Path) -> anyhow::Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the configuration {}", path.display()))?;
+        Config::parse(&text, &std::env::vars().collect())
+            .with_context(|| format!("configuration {}", path.display()))
+    }
+
+    /// Parses `text` with the overrides found in `env` (the process environment, or a
+    /// stand-in for it), and validates.
+    pub fn parse(text: &str, env: &BTreeMap<String, String>) -> anyhow::Result<Config> {
+        let mut doc: toml::Table = toml::from_str(text)?;
+        let mut overrides = Vec::new();
+        for (name, value) in env {
+            let Some(path) = name.strip_prefix(ENV_PREFIX) else {
+                continue;
+            };
+            let path = override_path(path).with_context(|| format!("environment {name}"))?;
+            set(&mut doc, &path, literal(value)).with_context(|| format!("environment {name}"))?;
+            overrides.push((path.join("."), name));
+        }
+        let config: Config =
+            serde_path_to_error::deserialize(toml::Value::Table(doc)).map_err(|e| {
+                let field = e.path().to_string();
+                let by = overrides
+                    .iter()
+                    .find(|(p, _)| field.starts_with(p.as_str()) || p.starts_with(&field))
+                    .map(|(_, var)| format!(" (set by {var})"))
+                    .unwrap_or_default();
+                anyhow::anyhow!("{field}{by}: {}", e.into_inner())
+            })?;
+        config.validate(env)?;
+        Ok(config)
+    }
+
+    /// Checks what serde cannot: ranges, and the targets (which also reads header values
+    /// from the environment).
+    pub fn validate(&self, env: &BTreeMap<String, String>) -> anyhow::Result<()> {
+        let e = &self.engine;
+        for (field, value) in [
+            ("engine.workers", e.workers),
+            ("engine.max_live_tasks", e.max_live_tasks),
+            ("engine.lookup_concurrency", e.lookup_concurrency),
+            ("engine.max_payload_bytes", e.max_payload_bytes),
+            ("engine.max_metadata_bytes", e.max_metadata_bytes),
+        ] {
+            if value == 0 {
+                bail!("{field}: must be at least 1");
+            }
+        }
+        if e.workers > 256 {
+            bail!("engine.workers: is {}; use 1 to 256", e.workers);
+        }
+        if e.timer_tick.is_zero() || e.timer_tick > Duration::from_secs(10) {
+            bail!("engine.timer_tick: use a duration between 1ms and 10s");
+        }
+        if self.storage.data.as_os_str().is_empty() {
+            bail!("storage.data: is empty; name the ledger directory");
+        }
+        if let Err(e) = self.kafka.validate() {
+            match e {
+                sendledger_bus::Error::Config { field, problem } => {
+                    bail!("kafka.{field}: {problem}")
+                }
+                e => return Err(e.into()),
+            }
+        }
+        if self.targets.is_empty() {
+            bail!("targets: none configured; add a [targets.NAME] section (see schemas/sendledger.example.toml)");
+        }
+        Targets::from_config_with_env(&self.targets, |name| env.get(name).cloned())?;
+        Ok(())
+    }
+
+    /// The targets, loaded and validated (header values read from the environment).
+    pub fn load_targets(&self) -> anyhow::Result<Targets> {
+        Ok(Targets::from_config(&self.targets)?)
+    }
+
+    /// The engine's configuration.
+    pub fn engine_config(&self) -> EngineConfig {
+        let mut c = EngineConfig::new(&self.storage.data);
+        c.durability = self.storage.durability;
+        c.workers = self.engine.workers;
+        c.max_live_tasks = self.engine.max_live_tasks;
+        c.lookup_concurrency = self.engine.lookup_concurrency;
+        c.timer_tick = self.engine.timer_tick;
+        c.limits = Limits {
+            max_payload_bytes: self.engine.max_payload_bytes,
+            max_metadata_bytes: self.engine.max_metadata_bytes,
+            ..Limits::default()
+        };
+        c
+    }
+}
+
+/// `KAFKA__PROPERTIES__SASL_PASSWORD` → `["kafka", "properties", "sasl.password"]`.
+fn override_path(path: &str) -> anyhow::Result<Vec<String>> {
+    let parts: Vec<&str> = path.split("__").collect();
+    if parts.iter().any(|p| p.is_empty()) {
+        bail!("has an empty name between `__` separators");
+    }
+    let mut out: Vec<String> = parts.iter().map(|p| p.to_ascii_lowercase()).collect();
+    if out.len() == 3 && out[0] == "kafka" && out[1] == "properties" {
+        out[2] = out[2].replace('_', ".");
+    }
+    Ok(out)
+}
+
+/// A TOML literal when `value` is one, else the string itself.
+fn literal(value: &str) -> toml::Value {
+    toml::from_str::<toml::Table>(&format!("v = {value}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(value.to_string()))
+}
+
+fn set(doc: &mut toml::Table, path: &[String], value: toml::Value) -> anyhow::Result<()> {
+    let (last, parents) = path.split_last().expect("override paths are not empty");
+    let mut table = doc;
+    for (i, key) in parents.iter().enumerate() {
+        let entry = table
+            .entry(key.clone())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        table = match entry {
+            toml::Value::Table(t) => t,
+            _ => bail!("`{}` is not a section", parents[..=i].join(".")),
+        };
+    }
+    table.insert(last.clone(), value);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+        [targets.payments]
+        url = "http://127.0.0.1:8600/records"
+    "#;
+
+    fn parse(text: &str, env: &[(&str, &str)]) -> anyhow::Result<Config> {
+        Config::parse(
+            text,
+            &env.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn the_example_in_schemas_is_valid() {
+        let text = include_str!("../../../schemas/sendledger.example.toml");
+        let config = parse(text, &[("PAYMENTS_TOKEN", "x")]).unwrap();
+        assert!(config.targets.contains_key("payments"));
+    }
+
+    #[test]
+    fn defaults_fill_everything_but_the_targets() {
+        let c = parse(MINIMAL, &[]).unwrap();
+        assert_eq!(c.kafka.brokers, "embedded");
+        assert_eq!(c.admin.listen.to_string(), "127.0.0.1:9464");
+        assert_eq!(c.storage.durability, Durability::Sync);
+        let err = parse("", &[]).unwrap_err().to_string();
+        assert!(err.starts_with("targets: none configured"), "{err}");
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let c = parse(
+            MINIMAL,
+            &[
+                ("SENDLEDGER__KAFKA__BROKERS", "k1:9092,k2:9092"),
+                ("SENDLEDGER__KAFKA__PARTITIONS", "12"),
+                ("SENDLEDGER__KAFKA__PROPERTIES__SASL_PASSWORD", "s3cret"),
+                ("SENDLEDGER__ADMIN__TOKEN", "t0ken"),
+                ("SENDLEDGER__ENGINE__TIMER_TICK", "50ms"),
+                ("UNRELATED", "x"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.kafka.brokers, "k1:9092,k2:9092");
+        assert_eq!(c.kafka.partitions, 12);
+        assert_eq!(c.kafka.properties["sasl.password"], "s3cret");
+        assert_eq!(c.admin.token.as_deref(), Some("t0ken"));
+        assert_eq!(c.engine.timer_tick, Duration::from_millis(50));
+    }
+
+    #[test]
+    fn errors_name_the_field_and_the_variable() {
+        let err = parse(&format!("{MINIMAL}\n[kafka]\nbroker = \"x\""), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("kafka") && err.contains("broker"), "{err}");
+        let err = parse(MINIMAL, &[("SENDLEDGER__ENGINE__WORKERS", "many")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("engine.workers (set by SENDLEDGER__ENGINE__WORKERS)"),
+            "{err}"
+        );
+        let err = parse(MINIMAL, &[("SENDLEDGER__ENGINE__WORKERS", "0")])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(err, "engine.workers: must be at least 1");
+        let err = parse(MINIMAL, &[("SENDLEDGER__KAFKA__PARTITIONS", "0")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("kafka.partitions"), "{err}");
+        let err = parse(
+            r#"[targets.payments]
+               url = "ftp://x/records""#,
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.starts_with("targets.payments.url"), "{err}");
+    }
+}

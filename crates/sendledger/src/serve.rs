@@ -1,0 +1,134 @@
+//! The long-running commands: `run` (the service) and `sim-remote` (the simulated remote).
+//! Both stop gracefully on SIGINT or SIGTERM.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use sendledger_actors::HttpRemote;
+use sendledger_bus::Kafka;
+use sendledger_sim::{Sim, SimConfig};
+
+use crate::config::Config;
+use crate::service::Service;
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// Configuration file (TOML; commented example: schemas/sendledger.example.toml).
+    /// `SENDLEDGER__SECTION__KEY` environment variables override it.
+    #[arg(long, short)]
+    config: PathBuf,
+}
+
+#[derive(Args)]
+pub struct SimRemoteArgs {
+    /// Configuration file (TOML; commented example: schemas/sim-remote.example.toml). Without
+    /// it: a well-behaved remote with no faults.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// Listen address, overriding the file (e.g. 127.0.0.1:8600).
+    #[arg(long)]
+    listen: Option<std::net::SocketAddr>,
+    /// Seed of the injected faults, overriding the file.
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
+}
+
+/// Resolves on SIGINT or SIGTERM with the signal's name.
+pub async fn shutdown_signal() -> anyhow::Result<&'static str> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    Ok(tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    })
+}
+
+/// `sendledger run`: the service until a signal (exit 0 after a clean stop) or until the
+/// consumer fails for good (an error).
+pub fn run(args: RunArgs) -> anyhow::Result<bool> {
+    let config = Config::load(&args.config)?;
+    runtime()?.block_on(async {
+        let signal = tokio::spawn(shutdown_signal());
+        let kafka = tokio::task::block_in_place(|| Kafka::connect(config.kafka.clone()))
+            .context("kafka")?;
+        let remote = Arc::new(HttpRemote::new(config.load_targets()?));
+        let service = Service::start(&config, &kafka, remote).await?;
+        tracing::info!(
+            ledger = %config.storage.data.display(),
+            brokers = %kafka.bootstrap_servers(),
+            embedded = kafka.embedded().is_some(),
+            targets = config.targets.len(),
+            "sendledger running"
+        );
+        // One line on stdout for scripts and supervisors that wait for readiness.
+        println!(
+            "ready ledger={} brokers={}",
+            config.storage.data.display(),
+            kafka.bootstrap_servers()
+        );
+        let failure = tokio::select! {
+            s = signal => {
+                let s = s.context("signal handler")??;
+                tracing::info!(signal = s, "stopping");
+                None
+            }
+            () = async {
+                while service.is_healthy() {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+            } => Some("the requests consumer stopped after a ledger failure (see the error above); fix its cause and start again"),
+        };
+        service.shutdown().await?;
+        match failure {
+            Some(why) => anyhow::bail!(why),
+            None => {
+                tracing::info!("stopped cleanly");
+                Ok(true)
+            }
+        }
+    })
+}
+
+/// `sendledger sim-remote`: serves until a signal, then prints its ground-truth stats as JSON.
+pub fn sim_remote(args: SimRemoteArgs) -> anyhow::Result<bool> {
+    let mut config = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            toml::from_str::<SimConfig>(&text).with_context(|| format!("{}", path.display()))?
+        }
+        None => SimConfig::default(),
+    };
+    if let Some(listen) = args.listen {
+        config.listen = listen;
+    }
+    if let Some(seed) = args.seed {
+        config.seed = seed;
+    }
+    runtime()?.block_on(async {
+        let signal = tokio::spawn(shutdown_signal());
+        let sim = Sim::start(config).await?;
+        println!(
+            "ready create=POST {} lookup=GET {}?FIELD=VALUE stats=GET {}",
+            sim.create_url(),
+            sim.lookup_url(),
+            sim.stats_url()
+        );
+        signal.await??;
+        let stats = sim.stats();
+        println!("{}", serde_json::to_string(&stats)?);
+        sim.shutdown().await;
+        Ok(true)
+    })
+}

@@ -1,0 +1,93 @@
+//! The service: engine, Kafka ingest and outbox publisher on one ledger, started and stopped
+//! in the order that keeps every guarantee.
+//!
+//! Start: the engine first (it resumes unfinished tasks and reconciles interrupted attempts),
+//! then the publisher, then the ingest. Stop: the ingest first (no new work; offsets of
+//! finished messages committed), then the engine (live tasks finish their current step), then
+//! the publisher once it has published everything the ledger holds, or the grace has passed.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use sendledger_actors::{Engine, Remote};
+use sendledger_bus::{Ingest, Kafka, Publisher};
+
+use crate::config::Config;
+
+/// How long topic creation on external brokers may take.
+const TOPIC_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub struct Service {
+    engine: Engine,
+    ingest: Ingest,
+    publisher: Publisher,
+    grace: Duration,
+}
+
+impl Service {
+    /// Starts everything on `kafka` (which outlives the service: the demo restarts the service
+    /// on the same embedded cluster). Missing topics are created on external brokers. Must be
+    /// called within a multi-threaded tokio runtime.
+    pub async fn start(
+        config: &Config,
+        kafka: &Kafka,
+        remote: Arc<dyn Remote>,
+    ) -> anyhow::Result<Service> {
+        kafka
+            .ensure_topics(config.kafka.replication_factor, TOPIC_TIMEOUT)
+            .await
+            .context("creating the topics")?;
+        let engine_config = config.engine_config();
+        let engine = tokio::task::block_in_place(|| Engine::start(engine_config, remote))
+            .with_context(|| format!("starting the engine on {}", config.storage.data.display()))?;
+        let publisher =
+            Publisher::start(kafka, engine.ledger().clone()).context("starting the publisher")?;
+        let ingest =
+            Ingest::start(kafka, Arc::new(engine.clone())).context("starting the ingest")?;
+        Ok(Service {
+            engine,
+            ingest,
+            publisher,
+            grace: config.engine.shutdown_grace,
+        })
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    pub fn publisher(&self) -> &Publisher {
+        &self.publisher
+    }
+
+    /// False once the consumer stopped by itself (the ledger failed for good).
+    pub fn is_healthy(&self) -> bool {
+        self.ingest.is_running()
+    }
+
+    /// Stops in order within the configured grace. Whatever is cut off is safe: unfinished
+    /// messages are delivered again, interrupted attempts are reconciled at the next start,
+    /// unpublished events are published then.
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + self.grace;
+        let left = || deadline.saturating_duration_since(Instant::now());
+        let ingest = self.ingest.shutdown(left()).await;
+        let ledger = self.engine.ledger().clone();
+        self.engine.shutdown(left()).await;
+        if !self.publisher.wait_for(ledger.last_lsn(), left()).await {
+            tracing::warn!(
+                cursor = self.publisher.cursor(),
+                last_lsn = ledger.last_lsn(),
+                "not every event was published before the grace ran out; the rest is published at the next start"
+            );
+        }
+        let publisher = self
+            .publisher
+            .shutdown(left().max(Duration::from_secs(1)))
+            .await;
+        ingest.context("stopping the ingest")?;
+        publisher.context("stopping the publisher")?;
+        Ok(())
+    }
+}
