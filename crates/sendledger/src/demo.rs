@@ -1,19 +1,31 @@
-//! `sendledger demo`: the whole engine on embedded defaults against a fault-injecting simulated
-//! remote, with duplicate deliveries and a restart in the middle, ending in an audit.
+//! `sendledger demo`: the whole service on embedded defaults. An in-process Kafka cluster, a
+//! simulated remote with faults (dropped responses, hangs, 429s, lookup lag), requests produced
+//! to the requests topic with duplicate deliveries, the service restarted in the middle, every
+//! result read back from the results topic, and an audit of the ledger at the end.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
 use rand::seq::{IndexedRandom, SliceRandom};
 use rand::SeedableRng;
-use sendledger_actors::{Engine, EngineConfig, HttpRemote};
-use sendledger_core::{Phase, Source, TaskRequest};
-use sendledger_effects::{TargetConfig, Targets};
+use sendledger_actors::HttpRemote;
+use sendledger_bus::rdkafka::consumer::{BaseConsumer, Consumer};
+use sendledger_bus::rdkafka::message::{Headers, Message};
+use sendledger_bus::rdkafka::{Offset, TopicPartitionList};
+use sendledger_bus::{
+    request_key, Kafka, KafkaConfig, RequestProducer, ResultStatus, Role, TaskResult,
+    EVENT_ID_HEADER,
+};
+use sendledger_core::TaskRequest;
 use sendledger_sim::{Faults, Sim, SimConfig};
+
+use crate::config::{AdminConfig, Config};
+use crate::service::Service;
 
 #[derive(Args)]
 pub struct DemoArgs {
@@ -26,7 +38,7 @@ pub struct DemoArgs {
     /// Seed of the remote's faults and of the delivery order.
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// Ledger directory (a temporary one by default).
+    /// Ledger directory (a temporary one by default). Inspect or audit it afterwards.
     #[arg(long)]
     data: Option<PathBuf>,
 }
@@ -43,10 +55,14 @@ pub fn run(args: DemoArgs) -> anyhow::Result<bool> {
         .clone()
         .unwrap_or_else(|| temp.path().join("ledger"));
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
+        .worker_threads(2)
         .enable_all()
         .build()?;
-    let sim = runtime.block_on(Sim::start(SimConfig {
+    runtime.block_on(demo(args, data))
+}
+
+async fn demo(args: DemoArgs, data: PathBuf) -> anyhow::Result<bool> {
+    let sim = Sim::start(SimConfig {
         seed: args.seed,
         lookup_lag: Duration::from_millis(300),
         faults: Faults {
@@ -58,23 +74,34 @@ pub fn run(args: DemoArgs) -> anyhow::Result<bool> {
             ..Faults::default()
         },
         ..SimConfig::default()
-    }))?;
-    let target: TargetConfig = serde_json::from_value(serde_json::json!({
-        "url": sim.create_url(),
-        "request_timeout": "1s",
-        "body_fields": { "request_key": "{request_key}" },
-        "lookup": {
-            "url": format!("{}?request_key={{request_key}}", sim.lookup_url()),
-            "first_check": "200ms", "check_interval": "300ms", "deadline": "30s"
+    })
+    .await?;
+    let mut config = Config {
+        admin: AdminConfig {
+            enabled: false,
+            ..AdminConfig::default()
         },
-    }))?;
-    let targets = Targets::from_config(&BTreeMap::from([("payments".to_string(), target)]))?;
-    let remote = Arc::new(HttpRemote::new(targets));
-    let start = |data: &PathBuf| -> anyhow::Result<Engine> {
-        let mut config = EngineConfig::new(data);
-        config.seed = args.seed;
-        Engine::start(config, remote.clone()).context("starting the engine")
+        ..Config::default()
     };
+    config.storage.data = data.clone();
+    config.engine.shutdown_grace = Duration::from_secs(3);
+    config.kafka.commit_interval = Duration::from_millis(200);
+    config.targets.insert(
+        "payments".into(),
+        serde_json::from_value(serde_json::json!({
+            "url": sim.create_url(),
+            "request_timeout": "1s",
+            "body_fields": { "request_key": "{request_key}" },
+            "lookup": {
+                "url": format!("{}?request_key={{request_key}}", sim.lookup_url()),
+                "first_check": "200ms", "check_interval": "300ms", "deadline": "30s"
+            },
+        }))?,
+    );
+    config.validate(&BTreeMap::new())?;
+    let kafka = tokio::task::block_in_place(|| Kafka::connect(config.kafka.clone()))
+        .context("starting the embedded kafka cluster")?;
+    let remote = Arc::new(HttpRemote::new(config.load_targets()?));
 
     // Every request once, a share of them twice, in a seeded random order.
     let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
@@ -84,73 +111,66 @@ pub fn run(args: DemoArgs) -> anyhow::Result<bool> {
     deliveries.shuffle(&mut rng);
     let total = deliveries.len();
     eprintln!(
-        "sendledger demo: {} tasks, {total} deliveries ({twice} duplicates), remote at {}",
+        "sendledger demo: {} tasks, {total} deliveries ({twice} duplicates) through Kafka at {}, remote at {}",
         args.tasks,
+        kafka.bootstrap_servers(),
         sim.base_url()
     );
 
+    let results = ResultsReader::start(&kafka)?;
     let started = Instant::now();
-    let mut engine = start(&data)?;
-    let restart_at = total / 2;
-    for (chunk_start, chunk) in deliveries
-        .chunks(1_000)
-        .enumerate()
-        .map(|(i, c)| (i * 1_000, c))
-    {
-        if chunk_start >= restart_at && chunk_start < restart_at + 1_000 {
-            eprintln!("\nrestarting the engine mid-run");
-            runtime.block_on(engine.shutdown(Duration::from_secs(2)));
-            engine = start(&data)?;
-        }
-        runtime.block_on(async {
-            let mut set = tokio::task::JoinSet::new();
-            for (i, n) in chunk.iter().enumerate() {
-                let engine = engine.clone();
-                let source = Source {
-                    topic: "demo".into(),
-                    partition: 0,
-                    offset: (chunk_start + i) as i64,
-                };
-                let request = request(*n);
-                set.spawn(async move { engine.submit(request, source).await });
-            }
-            while let Some(r) = set.join_next().await {
-                r??;
-            }
-            anyhow::Ok(())
-        })?;
-        progress("delivered", chunk_start + chunk.len(), total);
-    }
-    eprintln!();
-    // Wait until every task is settled: terminal or in review.
+    let mut service = Service::start(&config, &kafka, remote.clone()).await?;
+    let producer = RequestProducer::new(&kafka)?;
+    let messages: Vec<(Option<String>, Vec<u8>)> = deliveries
+        .iter()
+        .map(|n| {
+            let r = request(*n);
+            (Some(request_key(&r)), serde_json::to_vec(&r).expect("JSON"))
+        })
+        .collect();
+    let produce = tokio::spawn(async move { producer.send_all(messages, |_| {}).await });
+
+    // Restart once half of the tasks have their result.
+    let n = args.tasks as usize;
+    let mut restarted = false;
     loop {
-        let open = runtime.block_on(engine.ledger().read(|l| {
-            Ok(l.active_tasks()?
-                .iter()
-                .filter(|(_, s)| s.phase != Phase::ManualReview)
-                .count())
-        }))?;
-        progress(
-            "settled",
-            args.tasks as usize - open.min(args.tasks as usize),
-            args.tasks as usize,
-        );
-        if open == 0 {
+        let (done, _) = results.progress();
+        progress("results", done, n);
+        if done >= n {
             break;
         }
-        std::thread::sleep(Duration::from_millis(200));
+        if !restarted && done >= n / 2 {
+            eprintln!("\nrestarting the service mid-run");
+            service.shutdown().await?;
+            service = Service::start(&config, &kafka, remote.clone()).await?;
+            restarted = true;
+        }
+        anyhow::ensure!(
+            service.is_healthy(),
+            "the service stopped consuming; see the error above"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let elapsed = started.elapsed().as_secs_f64();
     eprintln!();
-    runtime.block_on(engine.shutdown(Duration::from_secs(2)));
+    produce.await??;
+    service.shutdown().await?;
+    let (with_result, more_than_one_terminal) = results.stop();
 
-    let ledger = sendledger_store::Ledger::open(&data, Default::default())?;
-    let report = sendledger_store::audit(&ledger, |_| {})?;
+    let ledger = tokio::task::block_in_place(|| {
+        sendledger_store::Ledger::open(&data, Default::default())
+    })?;
+    let report = tokio::task::block_in_place(|| sendledger_store::audit(&ledger, |_| {}))?;
     let stats = sim.stats();
     let succeeded = report.tasks_by_state.get("succeeded").copied().unwrap_or(0);
     let rows = [
         ("tasks", report.tasks.to_string()),
         ("deliveries", total.to_string()),
+        ("tasks with a result on the topic", with_result.to_string()),
+        (
+            "tasks with two different terminal results",
+            more_than_one_terminal.to_string(),
+        ),
         ("succeeded", succeeded.to_string()),
         ("in manual review", report.manual_reviews_open.to_string()),
         (
@@ -168,7 +188,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<bool> {
             report.unknowns_resolved_by_lookup.to_string(),
         ),
         (
-            "  after the restart (recovery)",
+            "  interrupted by the restart",
             report.recovered_after_crash.to_string(),
         ),
         ("duplicates dropped", report.duplicates_dropped.to_string()),
@@ -180,18 +200,22 @@ pub fn run(args: DemoArgs) -> anyhow::Result<bool> {
     ];
     println!();
     for (name, value) in rows {
-        println!("  {name:<40} {value:>12}");
+        println!("  {name:<44} {value:>12}");
     }
-    let ok = stats.duplicates == 0 && report.is_clean() && report.tasks == args.tasks;
+    let ok = stats.duplicates == 0
+        && report.is_clean()
+        && report.tasks == args.tasks
+        && with_result == n
+        && more_than_one_terminal == 0;
     println!(
         "\n  {}",
         if ok {
-            "OK: every task done once, no duplicate at the remote, audit clean"
+            "OK: every task done once, one result each, no duplicate at the remote, audit clean"
         } else {
             "FAILED: an invariant is broken (see above)"
         }
     );
-    runtime.block_on(sim.shutdown());
+    sim.shutdown().await;
     Ok(ok)
 }
 
@@ -208,10 +232,103 @@ fn request(n: u64) -> TaskRequest {
 
 fn progress(what: &str, done: usize, total: usize) {
     let width = 40;
-    let filled = done * width / total.max(1);
+    let filled = (done * width / total.max(1)).min(width);
     eprint!(
         "\r{what:>9} [{}{}] {done}/{total}",
         "#".repeat(filled),
         ".".repeat(width - filled)
     );
+}
+
+/// Reads the results topic from the beginning, as a consumer of sendledger would: deduplicates
+/// by event id and keeps, per task, its terminal results and whether it has any result.
+struct ResultsReader {
+    state: Arc<Mutex<Seen>>,
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+#[derive(Default)]
+struct Seen {
+    event_ids: HashSet<String>,
+    /// Task id → its distinct terminal results (event ids).
+    terminal: HashMap<String, HashSet<String>>,
+    /// Tasks with a terminal or manual-review result.
+    answered: HashSet<String>,
+}
+
+impl ResultsReader {
+    fn start(kafka: &Kafka) -> anyhow::Result<ResultsReader> {
+        let KafkaConfig {
+            results_topic,
+            partitions,
+            ..
+        } = kafka.config().clone();
+        let mut cfg = kafka.client_config(Role::Admin);
+        cfg.set("group.id", "sendledger-demo-reader")
+            .set("enable.auto.commit", "false")
+            .set("enable.partition.eof", "false");
+        let consumer: BaseConsumer = cfg.create()?;
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..partitions {
+            tpl.add_partition_offset(&results_topic, p, Offset::Beginning)?;
+        }
+        consumer.assign(&tpl)?;
+        let state = Arc::new(Mutex::new(Seen::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, st) = (state.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            while !st.load(Ordering::Relaxed) {
+                let Some(Ok(m)) = consumer.poll(Duration::from_millis(50)) else {
+                    continue;
+                };
+                let id = m.headers().and_then(|h| {
+                    h.iter()
+                        .find(|h| h.key == EVENT_ID_HEADER)
+                        .and_then(|h| h.value)
+                        .map(|v| String::from_utf8_lossy(v).into_owned())
+                });
+                let result: Option<TaskResult> =
+                    m.payload().and_then(|p| serde_json::from_slice(p).ok());
+                let (Some(id), Some(result)) = (id, result) else {
+                    tracing::error!("a results record without event id or not a TaskResult");
+                    continue;
+                };
+                let mut seen = s.lock().unwrap_or_else(|e| e.into_inner());
+                if !seen.event_ids.insert(id.clone()) {
+                    continue;
+                }
+                if result.status.is_terminal() {
+                    seen.terminal
+                        .entry(result.task_id.clone())
+                        .or_default()
+                        .insert(id);
+                }
+                if result.status.is_terminal() || result.status == ResultStatus::ManualReview {
+                    seen.answered.insert(result.task_id);
+                }
+            }
+        });
+        Ok(ResultsReader {
+            state,
+            stop,
+            thread,
+        })
+    }
+
+    /// Tasks answered so far, and tasks with more than one distinct terminal result.
+    fn progress(&self) -> (usize, usize) {
+        let seen = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        (
+            seen.answered.len(),
+            seen.terminal.values().filter(|t| t.len() > 1).count(),
+        )
+    }
+
+    fn stop(self) -> (usize, usize) {
+        let out = self.progress();
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.thread.join();
+        out
+    }
 }
