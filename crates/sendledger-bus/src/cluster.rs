@@ -189,16 +189,29 @@ impl Kafka {
     }
 
     /// Creates the topics that do not exist yet, with `partitions` partitions (for external
-    /// brokers; the embedded cluster creates them at start). Existing topics are left alone.
+    /// brokers; the embedded cluster creates them at start). Existing topics are left alone,
+    /// and when all exist nothing is asked of the brokers' admin API.
     pub async fn ensure_topics(&self, replication: i32, timeout: Duration) -> Result<()> {
         if self.embedded.is_some() {
             return Ok(());
         }
-        let admin: AdminClient<DefaultClientContext> = self.client_config(Role::Admin).create()?;
+        let admin: Arc<AdminClient<DefaultClientContext>> =
+            Arc::new(self.client_config(Role::Admin).create()?);
+        let meta = admin.clone();
+        let existing: Vec<String> = tokio::task::spawn_blocking(move || {
+            meta.inner()
+                .fetch_metadata(None, timeout)
+                .map(|m| m.topics().iter().map(|t| t.name().to_string()).collect())
+        })
+        .await
+        .map_err(|_| Error::Thread {
+            what: "kafka metadata",
+        })??;
         let topics: Vec<NewTopic<'_>> = self
             .config
             .topics()
             .into_iter()
+            .filter(|t| !existing.iter().any(|e| e == t))
             .map(|t| {
                 NewTopic::new(
                     t,
@@ -207,6 +220,9 @@ impl Kafka {
                 )
             })
             .collect();
+        if topics.is_empty() {
+            return Ok(());
+        }
         let opts = AdminOptions::new().operation_timeout(Some(timeout));
         for result in admin.create_topics(&topics, &opts).await? {
             match result {

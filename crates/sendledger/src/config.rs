@@ -128,25 +128,38 @@ impl Config {
     /// stand-in for it), and validates.
     pub fn parse(text: &str, env: &BTreeMap<String, String>) -> anyhow::Result<Config> {
         let mut doc: toml::Table = toml::from_str(text)?;
+        // (path, variable, raw value, whether it was read as a non-string literal)
         let mut overrides = Vec::new();
         for (name, value) in env {
             let Some(path) = name.strip_prefix(ENV_PREFIX) else {
                 continue;
             };
             let path = override_path(path).with_context(|| format!("environment {name}"))?;
-            set(&mut doc, &path, literal(value)).with_context(|| format!("environment {name}"))?;
-            overrides.push((path.join("."), name));
+            let value_literal = literal(value);
+            let typed = !value_literal.is_str();
+            set(&mut doc, &path, value_literal).with_context(|| format!("environment {name}"))?;
+            overrides.push((path, name.clone(), value.clone(), typed));
         }
-        let config: Config =
-            serde_path_to_error::deserialize(toml::Value::Table(doc)).map_err(|e| {
-                let field = e.path().to_string();
-                let by = overrides
-                    .iter()
-                    .find(|(p, _)| field.starts_with(p.as_str()) || p.starts_with(&field))
-                    .map(|(_, var)| format!(" (set by {var})"))
-                    .unwrap_or_default();
-                anyhow::anyhow!("{field}{by}: {}", e.into_inner())
-            })?;
+        let config: Config = loop {
+            match serde_path_to_error::deserialize(toml::Value::Table(doc.clone())) {
+                Ok(config) => break config,
+                Err(e) => {
+                    let field = e.path().to_string();
+                    let by = overrides.iter_mut().find(|(p, ..)| p.join(".") == field);
+                    match by {
+                        // `12345` was read as a number where a string is expected: the text.
+                        Some((path, _, raw, typed)) if *typed => {
+                            *typed = false;
+                            set(&mut doc, path, toml::Value::String(raw.clone()))?;
+                        }
+                        Some((_, var, ..)) => {
+                            anyhow::bail!("{field} (set by {var}): {}", e.into_inner())
+                        }
+                        None => anyhow::bail!("{field}: {}", e.into_inner()),
+                    }
+                }
+            }
+        };
         config.validate(env)?;
         Ok(config)
     }
@@ -292,7 +305,7 @@ mod tests {
                 ("SENDLEDGER__KAFKA__BROKERS", "k1:9092,k2:9092"),
                 ("SENDLEDGER__KAFKA__PARTITIONS", "12"),
                 ("SENDLEDGER__KAFKA__PROPERTIES__SASL_PASSWORD", "s3cret"),
-                ("SENDLEDGER__ADMIN__TOKEN", "t0ken"),
+                ("SENDLEDGER__ADMIN__TOKEN", "12345"),
                 ("SENDLEDGER__ENGINE__TIMER_TICK", "50ms"),
                 ("UNRELATED", "x"),
             ],
@@ -301,7 +314,7 @@ mod tests {
         assert_eq!(c.kafka.brokers, "k1:9092,k2:9092");
         assert_eq!(c.kafka.partitions, 12);
         assert_eq!(c.kafka.properties["sasl.password"], "s3cret");
-        assert_eq!(c.admin.token.as_deref(), Some("t0ken"));
+        assert_eq!(c.admin.token.as_deref(), Some("12345"));
         assert_eq!(c.engine.timer_tick, Duration::from_millis(50));
     }
 

@@ -157,9 +157,8 @@ async fn demo(args: DemoArgs, data: PathBuf) -> anyhow::Result<bool> {
     service.shutdown().await?;
     let (with_result, more_than_one_terminal) = results.stop();
 
-    let ledger = tokio::task::block_in_place(|| {
-        sendledger_store::Ledger::open(&data, Default::default())
-    })?;
+    let ledger =
+        tokio::task::block_in_place(|| sendledger_store::Ledger::open(&data, Default::default()))?;
     let report = tokio::task::block_in_place(|| sendledger_store::audit(&ledger, |_| {}))?;
     let stats = sim.stats();
     let succeeded = report.tasks_by_state.get("succeeded").copied().unwrap_or(0);

@@ -933,6 +933,32 @@ fn start_tansu() -> Tansu {
     Tansu { child, port }
 }
 
+/// The configuration file of a `sendledger run` process on `dir` against `brokers`, with the
+/// test target at `sim`. A killed predecessor's group membership expires quickly.
+fn service_config(dir: &Path, brokers: &str, sim: &Sim) -> String {
+    let mut config = sendledger::config::Config::default();
+    config.storage.data = dir.join("ledger");
+    config.engine.timer_tick = Duration::from_millis(5);
+    config.kafka = config_for_process(brokers);
+    config.admin.enabled = false;
+    config
+        .targets
+        .insert("sim".into(), target(&sim.base_url(), |_| {}));
+    toml::to_string(&config).expect("a config serializes to TOML")
+}
+
+fn config_for_process(brokers: &str) -> KafkaConfig {
+    let mut kafka = config(brokers);
+    kafka.replication_factor = 1;
+    for (k, v) in [
+        ("session.timeout.ms", "6000"),
+        ("heartbeat.interval.ms", "500"),
+    ] {
+        kafka.properties.insert(k.into(), v.into());
+    }
+    kafka
+}
+
 /// The end-to-end scenario against a separate broker process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn end_to_end_against_a_separate_broker_process() {
@@ -971,7 +997,8 @@ async fn process_killed_mid_run_against_a_separate_broker() {
     .await
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let target_json = serde_json::to_string(&target(&sim.base_url(), |_| {})).unwrap();
+    let config_file = dir.path().join("sendledger.toml");
+    std::fs::write(&config_file, service_config(dir.path(), &brokers, &sim)).unwrap();
 
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let keys: Vec<String> = (0..300).map(|i| format!("kill-{i}")).collect();
@@ -988,16 +1015,20 @@ async fn process_killed_mid_run_against_a_separate_broker() {
     produce(&kafka, messages(early)).await;
 
     let spawn = || {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_pipeline_child"))
-            .args([dir.path().to_str().unwrap(), &target_json, &brokers])
-            .stdin(Stdio::piped())
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sendledger_cli"))
+            .arg("run")
+            .arg("--config")
+            .arg(&config_file)
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
         let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
         std::io::BufRead::read_line(&mut out, &mut line).unwrap();
-        assert_eq!(line.trim(), "started");
+        assert!(
+            line.starts_with("ready "),
+            "unexpected first line: {line:?}"
+        );
         // Keep reading, so that the child never writes to a closed pipe.
         std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
         child
@@ -1020,17 +1051,22 @@ async fn process_killed_mid_run_against_a_separate_broker() {
     let mut child = tokio::task::block_in_place(spawn);
     let tasks = task_ids(&keys);
     let (raw, results) = results_for(&kafka, tasks.clone()).await;
-    drop(child.stdin.take());
+    // SIGTERM: the service stops cleanly and exits 0.
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
     let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
         .await
         .unwrap();
     assert!(
         status.success(),
-        "second process did not stop cleanly: {status}"
+        "second process did not stop cleanly on SIGTERM: {status}"
     );
 
     let ledger = tokio::task::block_in_place(|| {
-        sendledger_store::Ledger::open(dir.path(), sendledger_store::LedgerOptions::default())
+        sendledger_store::Ledger::open(
+            dir.path().join("ledger"),
+            sendledger_store::LedgerOptions::default(),
+        )
     })
     .unwrap();
     validate_all(&raw, "task-result.schema.json");
@@ -1044,5 +1080,106 @@ async fn process_killed_mid_run_against_a_separate_broker() {
             .count(),
         keys.len()
     );
+    sim.shutdown().await;
+}
+
+/// The commands a user runs: `sendledger run --config FILE` against brokers reachable over
+/// TCP (the embedded cluster of this test process), fed by `sendledger produce`. Invalid lines
+/// stop `produce` before anything is sent, unless `--raw`; then the invalid line becomes a
+/// rejected result and every valid request one succeeded result. SIGTERM stops `run` cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn run_and_produce_commands() {
+    let kafka = tokio::task::block_in_place(|| Kafka::connect(config("embedded"))).unwrap();
+    let brokers = kafka.bootstrap_servers().to_string();
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config_file = dir.path().join("sendledger.toml");
+    std::fs::write(&config_file, service_config(dir.path(), &brokers, &sim)).unwrap();
+    let cli = || Command::new(env!("CARGO_BIN_EXE_sendledger_cli"));
+
+    let mut run = cli()
+        .args(["run", "--config"])
+        .arg(&config_file)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(run.stdout.take().unwrap());
+    let mut line = String::new();
+    tokio::task::block_in_place(|| std::io::BufRead::read_line(&mut out, &mut line)).unwrap();
+    assert!(
+        line.starts_with("ready "),
+        "unexpected first line: {line:?}"
+    );
+
+    let keys: Vec<String> = (0..20).map(|i| format!("cli-{i}")).collect();
+    let mut lines: Vec<String> = keys
+        .iter()
+        .map(|k| String::from_utf8(request_json(k)).unwrap())
+        .collect();
+    lines.push("{\"tenant\": \"acme\", this is not json".into());
+    let file = dir.path().join("requests.jsonl");
+    std::fs::write(&file, lines.join("\n")).unwrap();
+
+    let refused = cli()
+        .args(["produce", "--brokers", &brokers])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("line 21: ") && stderr.contains("nothing sent"),
+        "{stderr}"
+    );
+    let sent = cli()
+        .args(["produce", "--raw", "--brokers", &brokers])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        sent.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sent.stderr)
+    );
+    assert!(String::from_utf8_lossy(&sent.stdout).starts_with("produced 21 request(s)"));
+
+    let tasks = task_ids(&keys);
+    let topic = kafka.config().results_topic.clone();
+    let raw = read_until(&kafka, &topic, move |recs| {
+        let done: BTreeSet<String> = recs
+            .iter()
+            .filter(|r| r.value["status"] == "succeeded")
+            .filter_map(|r| r.value["task_id"].as_str().map(str::to_string))
+            .collect();
+        tasks.is_subset(&done)
+            && recs
+                .iter()
+                .any(|r| r.value["status"] == "rejected" && r.value["tenant"].is_null())
+    })
+    .await;
+    let results = dedupe(&raw);
+    validate_all(&raw, "task-result.schema.json");
+    assert_exactly_one_terminal(&results, &task_ids(&keys));
+    let rejected: Vec<&TaskResult> = results
+        .iter()
+        .filter(|r| r.status == ResultStatus::Rejected)
+        .collect();
+    assert_eq!(rejected.len(), 1, "{rejected:?}");
+    assert!(
+        rejected[0]
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.contains("JSON")),
+        "{:?}",
+        rejected[0]
+    );
+    assert_eq!((sim.stats().records, sim.stats().duplicates), (20, 0));
+
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(run.id() as i32, libc::SIGTERM) }, 0);
+    let status = tokio::task::spawn_blocking(move || run.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(status.success(), "run did not stop cleanly: {status}");
     sim.shutdown().await;
 }

@@ -1,6 +1,8 @@
 //! sendledger's workspace integration and fault tests: one test binary, one module per area.
 
+mod cli;
 mod crash;
+mod deploy;
 mod effects;
 mod engine;
 mod engine_kill;
