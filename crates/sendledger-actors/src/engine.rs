@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use sendledger_core::decide::OperatorResolution;
+use sendledger_core::decide::{decide, Ctx, Input, OperatorResolution};
 use sendledger_core::{
     Event, EventBody, Limits, NewEvent, Phase, Source, State, TaskId, TaskRequest,
 };
@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::reconciler::Reconciler;
 use crate::registry::{Drain, Load, Registry, Route};
 use crate::remote::Remote;
-use crate::task::{Reply, Shared, TaskInput};
+use crate::task::{record, Reply, Shared, TaskInput};
 use crate::timers::{Schedule, Timers};
 
 #[derive(Debug, Clone)]
@@ -278,6 +278,44 @@ impl Engine {
                 Ok(out)
             })
             .await?)
+    }
+
+    /// Records an operator's resolution on a ledger that no engine has open (the service is
+    /// stopped), through the same `decide` the task's actor uses and the ledger's journal.
+    /// The process holding the ledger open is its only writer (RocksDB's lock makes that
+    /// exclusive with a running service), so this call is the task's single writer while it
+    /// runs.
+    ///
+    /// A resend is only authorized here, never sent (no remote is at hand): the task becomes
+    /// unknown again with a due timer, and the next [`Engine::start`] resumes it and sends the
+    /// attempt. Blocking.
+    pub fn resolve_stopped(
+        ledger: &Ledger,
+        task_id: TaskId,
+        resolution: OperatorResolution,
+    ) -> Result<Reply> {
+        let events = ledger.task_events(task_id)?;
+        if events.is_empty() {
+            return Err(Error::NoSuchTask(task_id));
+        }
+        let state = sendledger_core::fold(&events);
+        let now = crate::now_ms();
+        // Operator decisions use neither the target's policy nor randomness.
+        let policy = sendledger_core::Policy::default();
+        let ctx = Ctx {
+            now,
+            random: 0,
+            policy: &policy,
+        };
+        let decision = decide(&state, Input::Operator(resolution), ctx)?;
+        let (next, append) = record(task_id, &state, &decision, now);
+        let lsns = ledger.append_blocking(append)?;
+        Ok(Reply {
+            task_id,
+            phase: next.phase,
+            lsns,
+            events: decision.events.iter().map(EventBody::name).collect(),
+        })
     }
 
     /// Live task actors and messages waiting for room.
