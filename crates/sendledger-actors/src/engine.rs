@@ -59,6 +59,23 @@ pub struct ReviewItem {
     pub state: State,
 }
 
+impl ReviewItem {
+    /// The tasks of a ledger in manual review. Blocking: scans the task summaries and folds
+    /// the events of each task in review.
+    pub fn list(ledger: &Ledger) -> sendledger_store::Result<Vec<ReviewItem>> {
+        let mut out = Vec::new();
+        for (task_id, summary) in ledger.active_tasks()? {
+            if summary.phase == Phase::ManualReview {
+                out.push(ReviewItem {
+                    task_id,
+                    state: sendledger_core::fold(&ledger.task_events(task_id)?),
+                });
+            }
+        }
+        Ok(out)
+    }
+}
+
 /// A running engine. Cheap to clone.
 #[derive(Clone)]
 pub struct Engine {
@@ -262,22 +279,7 @@ impl Engine {
 
     /// Tasks waiting for a person.
     pub async fn reviews(&self) -> Result<Vec<ReviewItem>> {
-        Ok(self
-            .inner
-            .ledger
-            .read(|l| {
-                let mut out = Vec::new();
-                for (task_id, summary) in l.active_tasks()? {
-                    if summary.phase == Phase::ManualReview {
-                        out.push(ReviewItem {
-                            task_id,
-                            state: sendledger_core::fold(&l.task_events(task_id)?),
-                        });
-                    }
-                }
-                Ok(out)
-            })
-            .await?)
+        Ok(self.inner.ledger.read(ReviewItem::list).await?)
     }
 
     /// Records an operator's resolution on a ledger that no engine has open (the service is

@@ -4,9 +4,12 @@
 //!
 //! This crate may depend on every other sendledger crate; none depends on it.
 
+pub mod admin;
 mod bench;
 mod bench_effects;
 mod bench_engine;
 pub mod cli;
 mod demo;
 mod ops;
+mod review;
+pub mod timeline;
