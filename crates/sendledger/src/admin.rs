@@ -204,7 +204,9 @@ impl From<sendledger_actors::Error> for Failure {
         use sendledger_actors::Error as E;
         let status = match &e {
             E::NoSuchTask(_) => StatusCode::NOT_FOUND,
-            E::Invalid(sendledger_core::Error::NotInReview { .. }) => StatusCode::CONFLICT,
+            E::Invalid(inner @ sendledger_core::Error::NotInReview { .. }) => {
+                return Failure(StatusCode::CONFLICT, inner.to_string())
+            }
             E::Invalid(_) => StatusCode::BAD_REQUEST,
             E::ShuttingDown | E::Stopped => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,

@@ -63,6 +63,9 @@ enum ReviewCommand {
         /// Why (recorded).
         #[arg(long)]
         reason: String,
+        /// The admin token (`admin.token` of the service's configuration), with --admin.
+        #[arg(long, env = "SENDLEDGER_ADMIN_TOKEN", hide_env_values = true)]
+        token: Option<String>,
     },
 }
 
@@ -82,9 +85,6 @@ struct At {
     /// A stopped service's ledger directory.
     #[arg(long, value_name = "DIR")]
     data: Option<PathBuf>,
-    /// The admin token (mutating calls through --admin).
-    #[arg(long, env = "SENDLEDGER_ADMIN_TOKEN", hide_env_values = true)]
-    token: Option<String>,
 }
 
 pub fn run(args: ReviewArgs) -> anyhow::Result<()> {
@@ -108,6 +108,7 @@ pub fn run(args: ReviewArgs) -> anyhow::Result<()> {
             remote_id,
             by,
             reason,
+            token,
         } => {
             let body = ResolveBody {
                 resolve_as: resolve_as.map(|o| match o {
@@ -126,7 +127,7 @@ pub fn run(args: ReviewArgs) -> anyhow::Result<()> {
                         percent_encoding::utf8_percent_encode(&task, percent_encoding::NON_ALPHANUMERIC)
                     );
                     let body = serde_json::to_vec(&body)?;
-                    let out = call(url, Method::POST, &path, Some(body), at.token.as_deref())?;
+                    let out = call(url, Method::POST, &path, Some(body), token.as_deref())?;
                     println!("{}", serde_json::to_string_pretty(&out)?);
                 }
                 (None, Some(dir)) => {
