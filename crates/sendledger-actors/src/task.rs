@@ -304,7 +304,9 @@ pub(crate) fn record(
     }
     if state.request.is_none() {
         if let (Some(req), Some(hash)) = (&next.request, next.payload_hash) {
-            append.identities.push((req.identity.clone(), task_id, hash));
+            append
+                .identities
+                .push((req.identity.clone(), task_id, hash));
         }
     }
     if let Action::WakeAt(at) = decision.action {

@@ -35,9 +35,9 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Reb
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::statistics::Statistics;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::util::Timeout;
-use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, TopicPartitionList};
 use sendledger_core::{Source, TaskRequest};
 use sendledger_store::Processed;

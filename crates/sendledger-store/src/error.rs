@@ -11,7 +11,9 @@ pub enum Error {
     },
     #[error("rocksdb: {0}")]
     Rocks(#[from] rocksdb::Error),
-    #[error("the ledger at {path} is in use by another process (a running service holds its lock)")]
+    #[error(
+        "the ledger at {path} is in use by another process (a running service holds its lock)"
+    )]
     InUse { path: PathBuf },
     #[error(
         "ledger at {path} has storage format {found}, newer than {supported} which this build \

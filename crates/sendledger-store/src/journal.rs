@@ -112,7 +112,8 @@ pub(crate) fn run(
             Ok(()) => {
                 metrics::histogram!("sendledger_journal_fsync_seconds")
                     .record(write_started.elapsed().as_secs_f64());
-                metrics::histogram!("sendledger_journal_batch_appends").record(pending.len() as f64);
+                metrics::histogram!("sendledger_journal_batch_appends")
+                    .record(pending.len() as f64);
                 next_lsn += events;
                 last_lsn.store(next_lsn - 1, Ordering::SeqCst);
                 stats.batches.fetch_add(1, Ordering::Relaxed);

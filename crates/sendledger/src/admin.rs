@@ -159,7 +159,11 @@ impl Admin {
     }
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stopped: watch::Receiver<bool>) {
+async fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    mut stopped: watch::Receiver<bool>,
+) {
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -401,9 +405,9 @@ impl ResolveBody {
             (Some("failed"), false, None) => Ok(OperatorResolution::Failed { by, reason }),
             (None, true, None) => Ok(OperatorResolution::Resend { by, reason }),
             (_, _, Some(_)) => Err("`remote_id` goes only with `as: succeeded`".into()),
-            (Some(other), false, _) => {
-                Err(format!("`as` must be `succeeded` or `failed`, not `{other}`"))
-            }
+            (Some(other), false, _) => Err(format!(
+                "`as` must be `succeeded` or `failed`, not `{other}`"
+            )),
             _ => Err("give exactly one of `as` (succeeded or failed) and `resend: true`".into()),
         }
     }
@@ -445,7 +449,12 @@ async fn resolve(shared: &Shared, segment: &str, req: Request<Incoming>) -> Answ
     let body = Limited::new(req.into_body(), MAX_BODY)
         .collect()
         .await
-        .map_err(|e| Failure::new(StatusCode::BAD_REQUEST, format!("cannot read the body: {e}")))?
+        .map_err(|e| {
+            Failure::new(
+                StatusCode::BAD_REQUEST,
+                format!("cannot read the body: {e}"),
+            )
+        })?
         .to_bytes();
     let body: ResolveBody = serde_json::from_slice(&body)
         .map_err(|e| Failure::new(StatusCode::BAD_REQUEST, format!("bad body: {e}")))?;
@@ -458,4 +467,138 @@ async fn resolve(shared: &Shared, segment: &str, req: Request<Incoming>) -> Answ
         StatusCode::OK,
         &json!({ "task_id": task_id.to_string(), "state": reply.phase.name(), "recorded": reply.events }),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sendledger_core::{EventBody, Limits, NewEvent, Source, TaskId, TaskRequest, UnknownCause};
+    use sendledger_store::{Append, LedgerOptions, TaskSummary};
+
+    /// Appends `bodies` as the whole history of task `key`, the first at `at`.
+    fn task(ledger: &Ledger, key: &str, at: u64, bodies: Vec<EventBody>) -> TaskId {
+        let request = TaskRequest {
+            tenant: "acme".into(),
+            operation: "op".into(),
+            request_key: key.into(),
+            target: "sim".into(),
+            payload: json!({ "n": 1 }),
+            metadata: Default::default(),
+        }
+        .accept(&Limits::default())
+        .unwrap();
+        let task_id = request.task_id();
+        let mut all = vec![EventBody::TaskAccepted {
+            payload_hash: request.payload_hash(),
+            request,
+            source: Source {
+                topic: "t".into(),
+                partition: 0,
+                offset: 0,
+            },
+        }];
+        all.extend(bodies);
+        let events: Vec<NewEvent> = all
+            .into_iter()
+            .enumerate()
+            .map(|(i, body)| NewEvent {
+                task_id,
+                task_seq: i as u32,
+                at: at + i as u64,
+                body,
+            })
+            .collect();
+        let state = fold(
+            &events
+                .iter()
+                .map(|e| e.clone().with_lsn(0))
+                .collect::<Vec<_>>(),
+        );
+        let summary = TaskSummary {
+            phase: state.phase,
+            next_seq: state.next_seq,
+        };
+        ledger
+            .append_blocking(Append {
+                events,
+                tasks: vec![(task_id, summary)],
+                ..Append::default()
+            })
+            .unwrap();
+        task_id
+    }
+
+    #[test]
+    fn ledger_gauges_count_every_task_and_date_the_oldest_unknown() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(dir.path(), LedgerOptions::default()).unwrap();
+        let intend = || EventBody::SendIntended {
+            attempt: 1,
+            idempotency_key: None,
+        };
+        let unknown = || EventBody::SendUnknown {
+            attempt: 1,
+            cause: UnknownCause::Timeout,
+        };
+        task(&ledger, "a", 1_000, vec![intend(), unknown()]);
+        task(&ledger, "b", 5_000, vec![intend(), unknown()]);
+        let ok = EventBody::Confirmed {
+            remote_id: "r".into(),
+            evidence: sendledger_core::Evidence::Response { status: 201 },
+        };
+        task(&ledger, "c", 500, vec![intend(), ok]);
+        task(&ledger, "d", 700, vec![intend()]);
+
+        let g = ledger_gauges(&ledger).unwrap();
+        assert_eq!(g.unknowns_open, 2);
+        // TaskAccepted at 1000, SendIntended at 1001, SendUnknown at 1002.
+        assert_eq!(g.oldest_unknown_since, Some(1_002));
+        let by_phase: Vec<(Phase, u64)> = g.by_phase.into_iter().collect();
+        assert_eq!(
+            by_phase,
+            [
+                (Phase::Sending, 1),
+                (Phase::Unknown, 2),
+                (Phase::Succeeded, 1)
+            ]
+        );
+    }
+
+    #[test]
+    fn resolve_bodies_map_to_resolutions_or_name_the_field() {
+        let body = |v: Value| serde_json::from_value::<ResolveBody>(v).map_err(|e| e.to_string());
+        let ok =
+            body(json!({ "as": "succeeded", "remote_id": "X", "by": "ana", "reason": "seen" }))
+                .unwrap()
+                .resolution()
+                .unwrap();
+        assert!(matches!(ok, OperatorResolution::Succeeded { remote_id, .. } if remote_id == "X"));
+        let resend = body(json!({ "resend": true, "by": "ana", "reason": "none there" })).unwrap();
+        assert!(matches!(
+            resend.resolution(),
+            Ok(OperatorResolution::Resend { .. })
+        ));
+        for (v, field) in [
+            (json!({ "as": "failed", "by": "ana" }), "reason"),
+            (json!({ "as": "failed", "by": "", "reason": "x" }), "by"),
+            (json!({ "as": "done", "by": "a", "reason": "x" }), "as"),
+            (
+                json!({ "as": "failed", "resend": true, "by": "a", "reason": "x" }),
+                "resend",
+            ),
+            (
+                json!({ "as": "failed", "remote_id": "X", "by": "a", "reason": "x" }),
+                "remote_id",
+            ),
+            (
+                json!({ "as": "failed", "by": "a", "reason": "x", "extra": 1 }),
+                "extra",
+            ),
+        ] {
+            let err = body(v.clone())
+                .and_then(|b| b.resolution().map(|_| ()))
+                .expect_err(&v.to_string());
+            assert!(err.contains(field), "{v}: {err}");
+        }
+    }
 }

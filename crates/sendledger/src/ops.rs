@@ -51,7 +51,10 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
         args.data.display()
     );
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&task_json(task, &events))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&task_json(task, &events))?
+        );
         return Ok(());
     }
     let state = fold(&events);

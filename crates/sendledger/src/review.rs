@@ -49,7 +49,12 @@ enum ReviewCommand {
         #[command(flatten)]
         at: At,
         /// What the task is now: `succeeded` (needs --remote-id) or `failed`.
-        #[arg(long = "as", value_enum, conflicts_with = "resend", required_unless_present = "resend")]
+        #[arg(
+            long = "as",
+            value_enum,
+            conflicts_with = "resend",
+            required_unless_present = "resend"
+        )]
         resolve_as: Option<Outcome>,
         /// Authorize one new attempt instead (after checking the remote has no record).
         #[arg(long)]
@@ -124,7 +129,10 @@ pub fn run(args: ReviewArgs) -> anyhow::Result<()> {
                 (Some(url), _) => {
                     let path = format!(
                         "/reviews/{}",
-                        percent_encoding::utf8_percent_encode(&task, percent_encoding::NON_ALPHANUMERIC)
+                        percent_encoding::utf8_percent_encode(
+                            &task,
+                            percent_encoding::NON_ALPHANUMERIC
+                        )
                     );
                     let body = serde_json::to_vec(&body)?;
                     let out = call(url, Method::POST, &path, Some(body), token.as_deref())?;
@@ -139,7 +147,9 @@ pub fn run(args: ReviewArgs) -> anyhow::Result<()> {
                     let out = serde_json::json!({ "task_id": task_id.to_string(), "state": reply.phase.name(), "recorded": reply.events });
                     println!("{}", serde_json::to_string_pretty(&out)?);
                     if resend {
-                        eprintln!("resend authorized: the service sends the attempt when it next starts");
+                        eprintln!(
+                            "resend authorized: the service sends the attempt when it next starts"
+                        );
                     }
                 }
                 (None, None) => unreachable!("clap requires --admin or --data"),
@@ -150,7 +160,11 @@ pub fn run(args: ReviewArgs) -> anyhow::Result<()> {
 }
 
 fn open(dir: &PathBuf) -> anyhow::Result<Ledger> {
-    anyhow::ensure!(dir.exists(), "no ledger at {}; pass --data DIR", dir.display());
+    anyhow::ensure!(
+        dir.exists(),
+        "no ledger at {}; pass --data DIR",
+        dir.display()
+    );
     match Ledger::open(dir, LedgerOptions::default()) {
         Ok(ledger) => Ok(ledger),
         Err(sendledger_store::Error::InUse { .. }) => anyhow::bail!(
@@ -204,11 +218,18 @@ fn call(
         .enable_all()
         .build()?;
     let (status, bytes) = runtime.block_on(async {
-        let addr = format!("{}:{}", authority.host(), authority.port_u16().unwrap_or(80));
+        let addr = format!(
+            "{}:{}",
+            authority.host(),
+            authority.port_u16().unwrap_or(80)
+        );
         let stream = tokio::net::TcpStream::connect(&addr)
             .await
-            .with_context(|| format!("connecting to the admin endpoint at {addr}; is the service running?"))?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+            .with_context(|| {
+                format!("connecting to the admin endpoint at {addr}; is the service running?")
+            })?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
         tokio::spawn(conn);
         let mut req = Request::builder()
             .method(method)
@@ -224,8 +245,9 @@ fn call(
         let bytes = resp.into_body().collect().await?.to_bytes();
         anyhow::Ok((status, bytes))
     })?;
-    let value: Value = serde_json::from_slice(&bytes)
-        .with_context(|| format!("the admin endpoint answered {status} with a body that is not JSON"))?;
+    let value: Value = serde_json::from_slice(&bytes).with_context(|| {
+        format!("the admin endpoint answered {status} with a body that is not JSON")
+    })?;
     if status == StatusCode::OK {
         return Ok(value);
     }

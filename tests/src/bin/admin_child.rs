@@ -31,12 +31,19 @@ fn main() {
         .expect("runtime");
     let listen = ([127, 0, 0, 1], 0).into();
     let admin = runtime
-        .block_on(Admin::start(listen, Some(token.clone()), engine.clone(), metrics))
+        .block_on(Admin::start(
+            listen,
+            Some(token.clone()),
+            engine.clone(),
+            metrics,
+        ))
         .expect("admin endpoint starts");
     println!("admin {}", admin.local_addr());
     for (offset, line) in std::io::stdin().lines().enumerate() {
         let line = line.expect("stdin");
-        let key = line.strip_prefix("submit ").expect("a `submit KEY` command");
+        let key = line
+            .strip_prefix("submit ")
+            .expect("a `submit KEY` command");
         let reply = runtime
             .block_on(engine.submit(request(key), source(offset as i64)))
             .expect("submitted");

@@ -231,20 +231,30 @@ impl Scrape {
     /// Checks a histogram's buckets: cumulative, ending in `+Inf` equal to the count. Returns
     /// the count.
     fn histogram_count(&self, name: &str) -> f64 {
-        assert_eq!(self.types.get(name).map(String::as_str), Some("histogram"), "{name}");
+        assert_eq!(
+            self.types.get(name).map(String::as_str),
+            Some("histogram"),
+            "{name}"
+        );
         let buckets: Vec<(f64, f64)> = self
             .samples
             .iter()
             .filter(|s| s.name == format!("{name}_bucket"))
             .map(|s| {
                 let le = &s.labels["le"];
-                let le = if le == "+Inf" { f64::INFINITY } else { le.parse().unwrap() };
+                let le = if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().unwrap()
+                };
                 (le, s.value)
             })
             .collect();
         assert!(buckets.len() >= 2, "{name} has buckets: {buckets:?}");
         assert!(
-            buckets.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1),
+            buckets
+                .windows(2)
+                .all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1),
             "{name} buckets cumulative: {buckets:?}"
         );
         let count = self.value(&format!("{name}_count"), &[]);
@@ -272,7 +282,10 @@ impl Service {
         let stdin = child.stdin.take();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let first = lines.next().expect("the child starts").unwrap();
-        let addr = first.strip_prefix("admin ").expect("admin ADDR").to_string();
+        let addr = first
+            .strip_prefix("admin ")
+            .expect("admin ADDR")
+            .to_string();
         Service {
             child,
             stdin,
@@ -326,7 +339,9 @@ fn cli(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
 async fn admin_endpoint_metrics_and_review_round_trips() {
     let sim = Sim::start(SimConfig::default()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let target_config = target(&sim.base_url(), |t| t["lookup"]["deadline"] = "400ms".into());
+    let target_config = target(&sim.base_url(), |t| {
+        t["lookup"]["deadline"] = "400ms".into()
+    });
     let target_json = serde_json::to_string(&target_config).unwrap();
     let mut service = tokio::task::block_in_place(|| Service::start(dir.path(), &target_json));
     let addr = service.addr.clone();
@@ -365,8 +380,14 @@ async fn admin_endpoint_metrics_and_review_round_trips() {
         1.0
     );
     let lookups_none = m.value("sendledger_lookups_total", &[("outcome", "none")]);
-    assert!(lookups_none >= 4.0, "each review looked at least once: {lookups_none}");
-    assert_eq!(m.value("sendledger_lookups_total", &[("outcome", "one")]), 0.0);
+    assert!(
+        lookups_none >= 4.0,
+        "each review looked at least once: {lookups_none}"
+    );
+    assert_eq!(
+        m.value("sendledger_lookups_total", &[("outcome", "one")]),
+        0.0
+    );
     let tasks = |state| m.value("sendledger_tasks", &[("state", state)]);
     assert_eq!(tasks("succeeded"), 3.0);
     assert_eq!(tasks("manual_review"), 4.0);
@@ -398,7 +419,12 @@ async fn admin_endpoint_metrics_and_review_round_trips() {
         .collect();
     assert_eq!(
         names,
-        ["TaskAccepted", "SendIntended", "Confirmed", "DuplicateDelivery"]
+        [
+            "TaskAccepted",
+            "SendIntended",
+            "Confirmed",
+            "DuplicateDelivery"
+        ]
     );
     let (status, body) = http(&addr, "GET", "/tasks/acme%2Fnope%2Fx", None, None).await;
     assert_eq!(status, 404, "{body}");
@@ -411,13 +437,27 @@ async fn admin_endpoint_metrics_and_review_round_trips() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|r| (r["identity"]["request_key"].as_str().unwrap().to_string(), r))
+        .map(|r| {
+            (
+                r["identity"]["request_key"].as_str().unwrap().to_string(),
+                r,
+            )
+        })
         .collect();
-    assert_eq!(listed.keys().collect::<Vec<_>>(), ["rv-1", "rv-2", "rv-3", "rv-4"]);
+    assert_eq!(
+        listed.keys().collect::<Vec<_>>(),
+        ["rv-1", "rv-2", "rv-3", "rv-4"]
+    );
     let rv1 = listed["rv-1"];
     assert_eq!(rv1["task_id"], task_id("rv-1").to_string());
-    assert!(rv1["review_reason"]["DeadlinePassed"].is_object(), "{rv1:#}");
-    assert!(rv1["reason"].as_str().unwrap().contains("deadline"), "{rv1:#}");
+    assert!(
+        rv1["review_reason"]["DeadlinePassed"].is_object(),
+        "{rv1:#}"
+    );
+    assert!(
+        rv1["reason"].as_str().unwrap().contains("deadline"),
+        "{rv1:#}"
+    );
     assert_eq!(rv1["evidence"]["attempts"], 1);
 
     // Mutations need the token.
@@ -427,12 +467,30 @@ async fn admin_endpoint_metrics_and_review_round_trips() {
     assert_eq!(status, 401, "{err}");
     let (status, err) = resolve(&addr, &rv1_ref, Some("wrong"), succeeded.clone()).await;
     assert_eq!(status, 401, "{err}");
-    assert!(err["error"].as_str().unwrap().contains("admin.token"), "{err}");
+    assert!(
+        err["error"].as_str().unwrap().contains("admin.token"),
+        "{err}"
+    );
     // A bad body names the field.
-    let (status, err) = resolve(&addr, &rv1_ref, Some(TOKEN), json!({ "as": "succeeded", "by": "ana", "reason": "x" })).await;
+    let (status, err) = resolve(
+        &addr,
+        &rv1_ref,
+        Some(TOKEN),
+        json!({ "as": "succeeded", "by": "ana", "reason": "x" }),
+    )
+    .await;
     assert_eq!(status, 400);
-    assert!(err["error"].as_str().unwrap().contains("remote_id"), "{err}");
-    let (status, err) = resolve(&addr, &rv1_ref, Some(TOKEN), json!({ "as": "failed", "reason": "x" })).await;
+    assert!(
+        err["error"].as_str().unwrap().contains("remote_id"),
+        "{err}"
+    );
+    let (status, err) = resolve(
+        &addr,
+        &rv1_ref,
+        Some(TOKEN),
+        json!({ "as": "failed", "reason": "x" }),
+    )
+    .await;
     assert_eq!(status, 400);
     assert!(err["error"].as_str().unwrap().contains("`by`"), "{err}");
     let (status, err) = resolve(&addr, &task_ref("nope"), Some(TOKEN), succeeded.clone()).await;
@@ -447,14 +505,29 @@ async fn admin_endpoint_metrics_and_review_round_trips() {
     assert_eq!(rv1["remote_id"], "rec-manual-1");
     let confirmed = rv1["events"].as_array().unwrap().last().unwrap();
     assert_eq!(confirmed["event"], "Confirmed");
-    assert!(confirmed["detail"].as_str().unwrap().contains("ana"), "{confirmed}");
+    assert!(
+        confirmed["detail"].as_str().unwrap().contains("ana"),
+        "{confirmed}"
+    );
     // Not in review any more.
     let (status, err) = resolve(&addr, &rv1_ref, Some(TOKEN), succeeded).await;
     assert_eq!(status, 409, "{err}");
-    assert!(err["error"].as_str().unwrap().contains("not in manual review"), "{err}");
+    assert!(
+        err["error"]
+            .as_str()
+            .unwrap()
+            .contains("not in manual review"),
+        "{err}"
+    );
 
     // A resend through the running service: one new attempt, one record at the remote.
-    let (status, answer) = resolve(&addr, &task_ref("rv-4"), Some(TOKEN), json!({ "resend": true, "by": "ana", "reason": "no record at the remote" })).await;
+    let (status, answer) = resolve(
+        &addr,
+        &task_ref("rv-4"),
+        Some(TOKEN),
+        json!({ "resend": true, "by": "ana", "reason": "no record at the remote" }),
+    )
+    .await;
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["recorded"], json!(["ResendAuthorized"]));
     let rv4 = wait_state(&addr, "rv-4", "succeeded").await;
@@ -466,9 +539,24 @@ async fn admin_endpoint_metrics_and_review_round_trips() {
     let url = format!("http://{addr}");
     let (ok, out, err) = cli(&["review", "list", "--admin", &url], &[]);
     assert!(ok, "{err}");
-    assert!(out.contains("2 task(s) in manual review") && out.contains("rv-2") && out.contains("rv-3"), "{out}");
+    assert!(
+        out.contains("2 task(s) in manual review") && out.contains("rv-2") && out.contains("rv-3"),
+        "{out}"
+    );
     let rv3 = "acme/payment.create/rv-3";
-    let resolve_rv3 = ["review", "resolve", rv3, "--admin", &url, "--as", "failed", "--by", "bo", "--reason", "customer cancelled"];
+    let resolve_rv3 = [
+        "review",
+        "resolve",
+        rv3,
+        "--admin",
+        &url,
+        "--as",
+        "failed",
+        "--by",
+        "bo",
+        "--reason",
+        "customer cancelled",
+    ];
     let (ok, _, err) = cli(&resolve_rv3, &[]);
     assert!(!ok && err.contains("401"), "{err}");
     let (ok, out, err) = cli(&resolve_rv3, &[("SENDLEDGER_ADMIN_TOKEN", TOKEN)]);
@@ -477,16 +565,25 @@ async fn admin_endpoint_metrics_and_review_round_trips() {
     let data = dir.path().to_str().unwrap();
     let (ok, _, err) = cli(&["review", "list", "--data", data], &[]);
     assert!(!ok);
-    assert!(err.contains("in use by a running service; use --admin URL"), "{err}");
+    assert!(
+        err.contains("in use by a running service; use --admin URL"),
+        "{err}"
+    );
 
     // Metrics after the resolutions: the resend's attempt, and the gauges still consistent
     // with the ledger (they are cached for a few seconds).
     tokio::time::sleep(sendledger::admin::LEDGER_GAUGES_TTL).await;
     let m = Scrape::take(&addr).await;
-    assert_eq!(m.value("sendledger_attempts_total", &[("class", "succeeded")]), 4.0);
+    assert_eq!(
+        m.value("sendledger_attempts_total", &[("class", "succeeded")]),
+        4.0
+    );
     assert_eq!(m.value("sendledger_tasks", &[("state", "succeeded")]), 5.0);
     assert_eq!(m.value("sendledger_tasks", &[("state", "failed")]), 1.0);
-    assert_eq!(m.value("sendledger_tasks", &[("state", "manual_review")]), 1.0);
+    assert_eq!(
+        m.value("sendledger_tasks", &[("state", "manual_review")]),
+        1.0
+    );
     tokio::task::block_in_place(|| service.stop());
 
     // The service is stopped: review rv-2 on the ledger itself.
@@ -496,14 +593,32 @@ async fn admin_endpoint_metrics_and_review_round_trips() {
     assert_eq!(list.as_array().unwrap().len(), 1);
     assert_eq!(list[0]["task_id"], task_id("rv-2").to_string());
     let rv2 = task_id("rv-2").to_string();
-    let resend = ["review", "resolve", &rv2, "--data", data, "--resend", "--by", "cy", "--reason", "checked: no record"];
+    let resend = [
+        "review",
+        "resolve",
+        &rv2,
+        "--data",
+        data,
+        "--resend",
+        "--by",
+        "cy",
+        "--reason",
+        "checked: no record",
+    ];
     let (ok, out, err) = cli(&resend, &[]);
     assert!(ok, "{err}");
-    assert!(out.contains("ResendAuthorized") && err.contains("when it next starts"), "{out}\n{err}");
+    assert!(
+        out.contains("ResendAuthorized") && err.contains("when it next starts"),
+        "{out}\n{err}"
+    );
     let (ok, _, err) = cli(&resend, &[]);
     assert!(!ok, "a second resend is refused");
     assert!(err.contains("not in manual review"), "{err}");
-    assert_eq!(sim.records_with_identity("rv-2").len(), 0, "nothing sent while stopped");
+    assert_eq!(
+        sim.records_with_identity("rv-2").len(),
+        0,
+        "nothing sent while stopped"
+    );
     let posts_before = sim.stats().posts;
 
     // The next start performs the authorized attempt, exactly once.
@@ -511,7 +626,13 @@ async fn admin_endpoint_metrics_and_review_round_trips() {
     let state = wait_for(&engine, task_id("rv-2"), WAIT, settled).await;
     assert_eq!(state.phase, Phase::Succeeded);
     assert_eq!(state.attempts, 2);
-    assert_eq!(state.evidence.as_ref().map(|e| matches!(e, Evidence::Response { .. })), Some(true));
+    assert_eq!(
+        state
+            .evidence
+            .as_ref()
+            .map(|e| matches!(e, Evidence::Response { .. })),
+        Some(true)
+    );
     let records = sim.records_with_identity("rv-2");
     assert_eq!(records.len(), 1);
     assert_eq!(state.remote_id.as_deref(), Some(records[0].id.as_str()));
@@ -521,7 +642,10 @@ async fn admin_endpoint_metrics_and_review_round_trips() {
         .iter()
         .position(|e| matches!(&e.body, EventBody::ResendAuthorized { by, .. } if by == "cy"))
         .expect("authorization recorded");
-    assert!(matches!(events[auth + 1].body, EventBody::SendIntended { attempt: 2, .. }));
+    assert!(matches!(
+        events[auth + 1].body,
+        EventBody::SendIntended { attempt: 2, .. }
+    ));
     let report = sendledger_store::audit(engine.ledger(), |_| {}).unwrap();
     assert!(report.is_clean(), "{:?}", report.violations);
     engine.shutdown(Duration::from_secs(5)).await;
@@ -534,15 +658,30 @@ async fn without_a_token_mutations_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let engine = tokio::task::block_in_place(|| start(dir.path(), target(&sim.base_url(), |_| {})));
     // A handle of a recorder that is not installed: this process's metrics are not asserted.
-    let handle = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder().handle();
-    let admin = sendledger::admin::Admin::start(([127, 0, 0, 1], 0).into(), None, engine.clone(), handle)
-        .await
-        .unwrap();
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .build_recorder()
+        .handle();
+    let admin =
+        sendledger::admin::Admin::start(([127, 0, 0, 1], 0).into(), None, engine.clone(), handle)
+            .await
+            .unwrap();
     let addr = admin.local_addr().to_string();
     assert!(admin.local_addr().ip().is_loopback());
-    let (status, body) = resolve(&addr, &task_ref("x"), Some("anything"), json!({ "as": "failed", "by": "a", "reason": "b" })).await;
+    let (status, body) = resolve(
+        &addr,
+        &task_ref("x"),
+        Some("anything"),
+        json!({ "as": "failed", "by": "a", "reason": "b" }),
+    )
+    .await;
     assert_eq!(status, 403);
-    assert!(body["error"].as_str().unwrap().contains("set `admin.token`"), "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("set `admin.token`"),
+        "{body}"
+    );
     let (status, _) = http(&addr, "DELETE", "/reviews", None, None).await;
     assert_eq!(status, 405);
     let (status, _) = http(&addr, "GET", "/nothing", None, None).await;
