@@ -144,7 +144,7 @@ fn parse_prometheus(text: &str) -> (Vec<Sample>, BTreeMap<String, String>) {
                 }
                 let key_start = i;
                 let mut key_end = i;
-                while let Some((j, c)) = chars.next() {
+                for (j, c) in chars.by_ref() {
                     if c == '=' {
                         key_end = j;
                         break;
