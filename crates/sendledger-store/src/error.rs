@@ -12,7 +12,7 @@ pub enum Error {
     #[error("rocksdb: {0}")]
     Rocks(#[from] rocksdb::Error),
     #[error(
-        "the ledger at {path} is in use by another process (a running service holds its lock)"
+        "the ledger at {path} is in use: a running service (or another open handle) holds its lock"
     )]
     InUse { path: PathBuf },
     #[error(

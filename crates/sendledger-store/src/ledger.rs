@@ -162,8 +162,10 @@ impl Ledger {
             .iter()
             .map(|n| ColumnFamilyDescriptor::new(n, Options::default()));
         let db = DB::open_cf_descriptors(&opts, &path, cfs).map_err(|e| {
-            // RocksDB reports its lock only in the message ("While lock file: …/LOCK: …").
-            if e.to_string().contains("lock file") {
+            // RocksDB reports its lock only in the message: held by another process ("While
+            // lock file: …/LOCK: …") or by another open handle of this one.
+            let message = e.to_string();
+            if message.contains("While lock file") || message.contains("lock hold by current") {
                 Error::InUse { path: path.clone() }
             } else {
                 Error::Rocks(e)
@@ -498,6 +500,16 @@ mod tests {
                 .contains("run a sendledger version that supports it"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_ledger_open_elsewhere_is_reported_in_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let _open = Ledger::open(dir.path(), LedgerOptions::default()).unwrap();
+        let err = Ledger::open(dir.path(), LedgerOptions::default())
+            .err()
+            .expect("locked");
+        assert!(matches!(err, Error::InUse { .. }), "{err}");
     }
 
     #[test]
