@@ -10,6 +10,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use sendledger_bus::rdkafka::producer::{FutureProducer, FutureRecord};
+use sendledger_bus::{Kafka, KafkaConfig, Role};
 use sendledger_core::{EventBody, Evidence, Phase};
 use sendledger_sim::{Faults, Sim, SimConfig};
 use sendledger_tests::engine::*;
@@ -214,6 +216,10 @@ impl Scrape {
     /// The value of the series with exactly these labels (0 when absent, as a counter that
     /// never moved).
     fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.get(name, labels).unwrap_or(0.0)
+    }
+
+    fn get(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         let want: BTreeMap<String, String> = labels
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -225,7 +231,7 @@ impl Scrape {
             .map(|s| s.value)
             .collect();
         assert!(found.len() <= 1, "{name} {labels:?} appears twice");
-        found.first().copied().unwrap_or(0.0)
+        found.first().copied()
     }
 
     /// Checks a histogram's buckets: cumulative, ending in `+Inf` equal to the count. Returns
@@ -272,9 +278,11 @@ struct Service {
 }
 
 impl Service {
-    fn start(dir: &std::path::Path, target: &str) -> Service {
+    /// Starts the child; with `brokers` it also consumes requests and publishes results.
+    fn start(dir: &std::path::Path, target: &str, brokers: Option<&str>) -> Service {
         let mut child = Command::new(env!("CARGO_BIN_EXE_admin_child"))
             .args([dir.to_str().unwrap(), target, TOKEN])
+            .args(brokers)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -343,7 +351,8 @@ async fn admin_endpoint_metrics_and_review_round_trips() {
         t["lookup"]["deadline"] = "400ms".into()
     });
     let target_json = serde_json::to_string(&target_config).unwrap();
-    let mut service = tokio::task::block_in_place(|| Service::start(dir.path(), &target_json));
+    let mut service =
+        tokio::task::block_in_place(|| Service::start(dir.path(), &target_json, None));
     let addr = service.addr.clone();
 
     // Three tasks succeed; one is delivered twice.
@@ -691,4 +700,101 @@ async fn without_a_token_mutations_are_refused() {
     assert_eq!(status, 200);
     admin.shutdown().await;
     engine.shutdown(Duration::from_secs(5)).await;
+}
+
+/// Through Kafka: requests consumed from the topic, their results published, and the consumer
+/// lag of every partition (from librdkafka's statistics) down to zero once all is consumed;
+/// then a restart that gets every message again drops each one by its processed offset.
+/// Everything scraped from the service's endpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_metrics_count_published_results_and_report_lag() {
+    const N: usize = 30;
+    let kafka = tokio::task::block_in_place(|| {
+        Kafka::connect(KafkaConfig {
+            brokers: "embedded".into(),
+            partitions: 3,
+            ..KafkaConfig::default()
+        })
+        .expect("embedded cluster")
+    });
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let target_json = serde_json::to_string(&target(&sim.base_url(), |_| {})).unwrap();
+    let service = tokio::task::block_in_place(|| {
+        Service::start(dir.path(), &target_json, Some(kafka.bootstrap_servers()))
+    });
+    let producer: FutureProducer = kafka.client_config(Role::Producer).create().unwrap();
+    let topic = kafka.config().requests_topic.clone();
+    for i in 0..N {
+        let key = format!("kf-{i}");
+        let value = serde_json::to_vec(&request(&key)).unwrap();
+        let identity = format!("acme/payment.create/{key}");
+        producer
+            .send(
+                FutureRecord::to(&topic).key(&identity).payload(&value),
+                Duration::from_secs(10),
+            )
+            .await
+            .map_err(|(e, _)| e)
+            .expect("request produced");
+    }
+
+    let lag = |m: &Scrape, p: &str| m.get("sendledger_consumer_lag_messages", &[("partition", p)]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let m = loop {
+        let m = Scrape::take(&service.addr).await;
+        let published = m.value("sendledger_results_published_total", &[]);
+        if published >= N as f64 && ["0", "1", "2"].iter().all(|p| lag(&m, p) == Some(0.0)) {
+            break m;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "published {published} of {N}, lags {:?}",
+            ["0", "1", "2"].map(|p| lag(&m, p))
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(m.types["sendledger_consumer_lag_messages"], "gauge");
+    assert_eq!(m.value("sendledger_results_published_total", &[]), N as f64);
+    assert_eq!(
+        m.value("sendledger_attempts_total", &[("class", "succeeded")]),
+        N as f64
+    );
+    assert_eq!(
+        m.value("sendledger_duplicates_dropped_total", &[("by", "offset")]),
+        0.0
+    );
+    assert_eq!(sim.records().len(), N);
+    tokio::task::block_in_place(|| service.stop());
+
+    // A second service on the ledger, in a new consumer group: every request comes again from
+    // the start of the topic, and every one is dropped by the ledger's processed offsets.
+    let service = tokio::task::block_in_place(|| {
+        Service::start(dir.path(), &target_json, Some(kafka.bootstrap_servers()))
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let m = loop {
+        let m = Scrape::take(&service.addr).await;
+        let dropped = m.value("sendledger_duplicates_dropped_total", &[("by", "offset")]);
+        if dropped >= N as f64 && ["0", "1", "2"].iter().all(|p| lag(&m, p) == Some(0.0)) {
+            break m;
+        }
+        assert!(Instant::now() < deadline, "dropped {dropped} of {N}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        m.value("sendledger_duplicates_dropped_total", &[("by", "offset")]),
+        N as f64
+    );
+    assert_eq!(m.value("sendledger_results_published_total", &[]), 0.0);
+    assert_eq!(
+        m.value("sendledger_attempts_total", &[("class", "succeeded")]),
+        0.0
+    );
+    assert_eq!(
+        m.value("sendledger_tasks", &[("state", "succeeded")]),
+        N as f64
+    );
+    assert_eq!(sim.records().len(), N);
+    tokio::task::block_in_place(|| service.stop());
 }
