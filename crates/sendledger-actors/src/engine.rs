@@ -242,7 +242,10 @@ impl Engine {
         })
     }
 
-    /// An operator's decision on a task in manual review (or a note on any task).
+    /// An operator's decision on a task in manual review (or a note on any task), handled by
+    /// the task's actor. A resend is recorded as `ResendAuthorized`; the one new attempt
+    /// follows at the task's next wake (at once). A task not in review is refused with
+    /// `sendledger_core::Error::NotInReview`.
     pub async fn resolve(&self, task_id: TaskId, resolution: OperatorResolution) -> Result<Reply> {
         let known = self
             .inner
