@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use sendledger_core::decide::OperatorResolution;
+use sendledger_core::decide::{decide, Ctx, Input, OperatorResolution};
 use sendledger_core::{
     Event, EventBody, Limits, NewEvent, Phase, Source, State, TaskId, TaskRequest,
 };
@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::reconciler::Reconciler;
 use crate::registry::{Drain, Load, Registry, Route};
 use crate::remote::Remote;
-use crate::task::{Reply, Shared, TaskInput};
+use crate::task::{record, Reply, Shared, TaskInput};
 use crate::timers::{Schedule, Timers};
 
 #[derive(Debug, Clone)]
@@ -57,6 +57,23 @@ impl EngineConfig {
 pub struct ReviewItem {
     pub task_id: TaskId,
     pub state: State,
+}
+
+impl ReviewItem {
+    /// The tasks of a ledger in manual review. Blocking: scans the task summaries and folds
+    /// the events of each task in review.
+    pub fn list(ledger: &Ledger) -> sendledger_store::Result<Vec<ReviewItem>> {
+        let mut out = Vec::new();
+        for (task_id, summary) in ledger.active_tasks()? {
+            if summary.phase == Phase::ManualReview {
+                out.push(ReviewItem {
+                    task_id,
+                    state: sendledger_core::fold(&ledger.task_events(task_id)?),
+                });
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// A running engine. Cheap to clone.
@@ -225,7 +242,10 @@ impl Engine {
         })
     }
 
-    /// An operator's decision on a task in manual review (or a note on any task).
+    /// An operator's decision on a task in manual review (or a note on any task), handled by
+    /// the task's actor. A resend is recorded as `ResendAuthorized`; the one new attempt
+    /// follows at the task's next wake (at once). A task not in review is refused with
+    /// `sendledger_core::Error::NotInReview`.
     pub async fn resolve(&self, task_id: TaskId, resolution: OperatorResolution) -> Result<Reply> {
         let known = self
             .inner
@@ -262,22 +282,45 @@ impl Engine {
 
     /// Tasks waiting for a person.
     pub async fn reviews(&self) -> Result<Vec<ReviewItem>> {
-        Ok(self
-            .inner
-            .ledger
-            .read(|l| {
-                let mut out = Vec::new();
-                for (task_id, summary) in l.active_tasks()? {
-                    if summary.phase == Phase::ManualReview {
-                        out.push(ReviewItem {
-                            task_id,
-                            state: sendledger_core::fold(&l.task_events(task_id)?),
-                        });
-                    }
-                }
-                Ok(out)
-            })
-            .await?)
+        Ok(self.inner.ledger.read(ReviewItem::list).await?)
+    }
+
+    /// Records an operator's resolution on a ledger that no engine has open (the service is
+    /// stopped), through the same `decide` the task's actor uses and the ledger's journal.
+    /// The process holding the ledger open is its only writer (RocksDB's lock makes that
+    /// exclusive with a running service), so this call is the task's single writer while it
+    /// runs.
+    ///
+    /// A resend is only authorized here, never sent (no remote is at hand): the task becomes
+    /// unknown again with a due timer, and the next [`Engine::start`] resumes it and sends the
+    /// attempt. Blocking.
+    pub fn resolve_stopped(
+        ledger: &Ledger,
+        task_id: TaskId,
+        resolution: OperatorResolution,
+    ) -> Result<Reply> {
+        let events = ledger.task_events(task_id)?;
+        if events.is_empty() {
+            return Err(Error::NoSuchTask(task_id));
+        }
+        let state = sendledger_core::fold(&events);
+        let now = crate::now_ms();
+        // Operator decisions use neither the target's policy nor randomness.
+        let policy = sendledger_core::Policy::default();
+        let ctx = Ctx {
+            now,
+            random: 0,
+            policy: &policy,
+        };
+        let decision = decide(&state, Input::Operator(resolution), ctx)?;
+        let (next, append) = record(task_id, &state, &decision, now);
+        let lsns = ledger.append_blocking(append)?;
+        Ok(Reply {
+            task_id,
+            phase: next.phase,
+            lsns,
+            events: decision.events.iter().map(EventBody::name).collect(),
+        })
     }
 
     /// Live task actors and messages waiting for room.

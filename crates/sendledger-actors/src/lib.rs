@@ -15,7 +15,8 @@
 //! [`bus`] makes the [`Engine`] the Kafka consumer's request sink.
 //!
 //! This crate depends on the core, the store and the effects crates, and on the bus crate only
-//! for its sink trait; it never uses Kafka itself. Task actors reach remotes only through the
+//! for its sink trait; it never uses Kafka itself. It records metrics through the `metrics`
+//! facade only (the binary installs the exporter). Task actors reach remotes only through the
 //! [`remote::Remote`] trait ([`http::HttpRemote`] is the real one). It never calls RocksDB on an
 //! executor thread (reads go through the ledger's blocking pool, writes through its journal).
 

@@ -1,6 +1,9 @@
 //! The reconciler: runs lookups for tasks whose outcome is unknown, at most `concurrency` at a
 //! time, and hands each result (evidence, or the lookup's own failure) to the task's actor,
 //! which records it. It never sends an attempt.
+//!
+//! Metric: `sendledger_lookups_total{outcome="none|one|several|error"}` (lookups ended, by how
+//! many records matched, or the lookup's own failure).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -54,10 +57,17 @@ impl Reconciler {
             let task_id = job.task_id;
             ctx.spawn(lookup.into_actor(self).map(move |result, act, ctx| {
                 act.running -= 1;
-                match &result {
-                    Ok(matches) => tracing::debug!(task_id = %task_id, matches = matches.len(), "lookup done"),
-                    Err(e) => tracing::warn!(task_id = %task_id, error = %e, "lookup failed; will check again"),
-                }
+                let outcome = match &result {
+                    Ok(matches) => {
+                        tracing::debug!(task_id = %task_id, matches = matches.len(), "lookup done");
+                        ["none", "one"].get(matches.len()).copied().unwrap_or("several")
+                    }
+                    Err(e) => {
+                        tracing::warn!(task_id = %task_id, error = %e, "lookup failed; will check again");
+                        "error"
+                    }
+                };
+                metrics::counter!("sendledger_lookups_total", "outcome" => outcome).increment(1);
                 act.registry.do_send(Route { task_id, input: TaskInput::Lookup { result } });
                 act.pump(ctx);
             }));

@@ -1,11 +1,19 @@
 //! The task actor: the only writer of one task's events.
+//!
+//! Metrics: `sendledger_attempts_total{class="succeeded|rejected|not_sent|unknown"}` (attempt
+//! outcomes recorded; an attempt found sending at start-up counts as unknown) and
+//! `sendledger_duplicates_dropped_total{by="identity"}` (redeliveries of a known request).
 
 use std::ops::Range;
 use std::sync::Arc;
 
 use actix::prelude::*;
-use sendledger_core::decide::{decide, Action, AttemptOutcome, Ctx, Input, OperatorResolution};
-use sendledger_core::{AcceptedRequest, EventBody, NewEvent, Phase, Policy, Source, State, TaskId};
+use sendledger_core::decide::{
+    decide, Action, AttemptOutcome, Ctx, Decision, Input, OperatorResolution,
+};
+use sendledger_core::{
+    AcceptedRequest, EventBody, Evidence, NewEvent, Phase, Policy, Source, State, TaskId,
+};
 use sendledger_store::{Append, Ledger, TaskSummary, TimerKind};
 
 use crate::error::{Error, Result};
@@ -174,50 +182,12 @@ impl TaskActor {
             Ok(d) => d,
             Err(e) => return Box::pin(fut::ready(Err(e.into()))),
         };
-        let mut next = self.state.clone();
-        if next.task_id.is_none() {
-            next.task_id = Some(self.task_id);
-        }
-        next.apply_all(now, &decision.events);
-
-        let mut append = Append::default();
-        for (i, body) in decision.events.iter().enumerate() {
-            append.events.push(NewEvent {
-                task_id: self.task_id,
-                task_seq: self.state.next_seq + i as u32,
-                at: now,
-                body: body.clone(),
-            });
-        }
-        if !decision.events.is_empty() {
-            append.tasks.push((
-                self.task_id,
-                TaskSummary {
-                    phase: next.phase,
-                    next_seq: next.next_seq,
-                },
-            ));
-        }
-        if is_new {
-            if let (Some(req), Some(hash)) = (&next.request, next.payload_hash) {
-                append
-                    .identities
-                    .push((req.identity.clone(), self.task_id, hash));
-            }
-        }
+        let (next, mut append) = record(self.task_id, &self.state, &decision, now);
         if let Some(s) = source {
             append.offsets.push((s.topic, s.partition, s.offset));
         }
         if let Some(due) = clear {
             append.clear_timers.push((due, self.task_id));
-        }
-        if let Action::WakeAt(at) = decision.action {
-            let kind = if next.phase == Phase::RetryWait {
-                TimerKind::Retry
-            } else {
-                TimerKind::Check
-            };
-            append.set_timers.push((at, self.task_id, kind));
         }
         let names: Vec<&'static str> = decision.events.iter().map(EventBody::name).collect();
         let ledger = self.shared.ledger.clone();
@@ -237,6 +207,7 @@ impl TaskActor {
                     tracing::error!(task_id = %task_id, error = %e, "ledger write failed; the task is reconciled when the engine restarts");
                     e
                 })?;
+                count_recorded(&decision.events);
                 act.state = next;
                 act.perform(decision.action, ctx);
                 Ok(Reply { task_id, phase: act.state.phase, lsns, events: names })
@@ -296,6 +267,78 @@ impl TaskActor {
                 handled: self.handled,
             });
         }
+    }
+}
+
+/// What the task's writer appends for a decision: its events, the task's new summary, the
+/// identity on first acceptance, and the timer of a `WakeAt`. Returns the state after it.
+pub(crate) fn record(
+    task_id: TaskId,
+    state: &State,
+    decision: &Decision,
+    now: u64,
+) -> (State, Append) {
+    let mut next = state.clone();
+    if next.task_id.is_none() {
+        next.task_id = Some(task_id);
+    }
+    next.apply_all(now, &decision.events);
+
+    let mut append = Append::default();
+    for (i, body) in decision.events.iter().enumerate() {
+        append.events.push(NewEvent {
+            task_id,
+            task_seq: state.next_seq + i as u32,
+            at: now,
+            body: body.clone(),
+        });
+    }
+    if !decision.events.is_empty() {
+        append.tasks.push((
+            task_id,
+            TaskSummary {
+                phase: next.phase,
+                next_seq: next.next_seq,
+            },
+        ));
+    }
+    if state.request.is_none() {
+        if let (Some(req), Some(hash)) = (&next.request, next.payload_hash) {
+            append
+                .identities
+                .push((req.identity.clone(), task_id, hash));
+        }
+    }
+    if let Action::WakeAt(at) = decision.action {
+        let kind = if next.phase == Phase::RetryWait {
+            TimerKind::Retry
+        } else {
+            TimerKind::Check
+        };
+        append.set_timers.push((at, task_id, kind));
+    }
+    (next, append)
+}
+
+/// Counts what was just made durable: attempt outcomes by class, duplicate deliveries dropped.
+fn count_recorded(events: &[EventBody]) {
+    for body in events {
+        let class = match body {
+            EventBody::Confirmed {
+                evidence: Evidence::Response { .. },
+                ..
+            } => "succeeded",
+            EventBody::Rejected { .. } => "rejected",
+            EventBody::SendNotSent { .. } => "not_sent",
+            EventBody::SendUnknown { .. } => "unknown",
+            EventBody::DuplicateDelivery { .. } => {
+                metrics::counter!("sendledger_duplicates_dropped_total", "by" => "identity")
+                    .increment(1);
+                continue;
+            }
+            _ => continue,
+        };
+        metrics::counter!("sendledger_attempts_total", "class" => class).increment(1);
     }
 }
 

@@ -173,6 +173,8 @@ impl KafkaConfig {
                 // Without a committed offset, start from the oldest message: one skipped
                 // request would be a lost task.
                 c.set("auto.offset.reset", "earliest");
+                // Statistics carry the consumer lag exported as a metric.
+                c.set("statistics.interval.ms", "5000");
             }
             Role::Producer => {
                 // A broker outage delays delivery; it never fails a message (which would

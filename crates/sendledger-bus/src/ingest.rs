@@ -20,6 +20,10 @@
 //!   finish later are durable in the ledger and dropped by whichever consumer gets them again.
 //! - Messages of one task identity reach the sink in partition order, so the first of two
 //!   conflicting requests is the one accepted.
+//!
+//! Metrics: `sendledger_duplicates_dropped_total{by="offset"}` (messages dropped by the
+//! processed-offset check) and the gauge `sendledger_consumer_lag_messages{partition}` (from
+//! librdkafka's statistics, emitted every `statistics.interval.ms`, 5 s unless configured).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -31,6 +35,7 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Reb
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::statistics::Statistics;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::util::Timeout;
 use rdkafka::{ClientContext, TopicPartitionList};
@@ -339,7 +344,19 @@ struct IngestContext {
     stats: Arc<IngestStats>,
 }
 
-impl ClientContext for IngestContext {}
+impl ClientContext for IngestContext {
+    /// librdkafka's statistics, every `statistics.interval.ms`: the lag of each partition of
+    /// the requests topic this consumer fetches (unknown lags, reported as -1, are skipped).
+    fn stats(&self, statistics: Statistics) {
+        let partitions = statistics.topics.get(&self.topic).map(|t| &t.partitions);
+        for p in partitions.into_iter().flat_map(|p| p.values()) {
+            if p.partition >= 0 && p.consumer_lag >= 0 {
+                metrics::gauge!("sendledger_consumer_lag_messages", "partition" => p.partition.to_string())
+                    .set(p.consumer_lag as f64);
+            }
+        }
+    }
+}
 
 impl ConsumerContext for IngestContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -600,6 +617,8 @@ impl<S: RequestSink> Worker<S> {
                 self.stats
                     .duplicates_dropped
                     .fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("sendledger_duplicates_dropped_total", "by" => "offset")
+                    .increment(1);
                 part.inflight.push_back((offset, true));
                 advance(&self.consumer, &self.topic, partition, part);
                 return Ok(());

@@ -19,7 +19,8 @@
 //!
 //! This is the only crate that depends on `rdkafka`. It depends on `sendledger-core` (the types
 //! it carries) and `sendledger-store` (the publisher reads the ledger, the ingest reads processed
-//! offsets), never on the actors crate: the engine plugs in through [`RequestSink`].
+//! offsets), never on the actors crate: the engine plugs in through [`RequestSink`]. Metrics go
+//! through the `metrics` facade; the binary installs the exporter.
 //!
 //! Invariants: a message's offset is never stored before its effect is durable; offsets are
 //! stored in partition order; a record is never skipped by the publisher's cursor; bad input

@@ -12,6 +12,9 @@
 //! a broker outage delays a partition's records without leaving a gap that later ones could
 //! overtake.
 //!
+//! Metric: `sendledger_results_published_total` (result records acknowledged by Kafka; a batch
+//! published again after a failure counts again).
+//!
 //! [`TaskResult`]: crate::records::TaskResult
 
 use std::collections::HashMap;
@@ -250,6 +253,7 @@ impl Worker {
                     self.stats.cursor.store(cursor, Ordering::SeqCst);
                     self.stats.events.fetch_add(events, Ordering::Relaxed);
                     self.stats.results.fetch_add(results, Ordering::Relaxed);
+                    metrics::counter!("sendledger_results_published_total").increment(results);
                     delay = RETRY_INITIAL;
                 }
                 Err(e) => {

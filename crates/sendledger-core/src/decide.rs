@@ -474,12 +474,12 @@ fn operator(
                 reason: format!("resolved as failed by {by}: {reason}"),
             });
         }
+        // Only the authorization: the attempt follows at the next wake, so the same decision can
+        // be recorded on a stopped ledger (no remote at hand) and the service sends on its start.
         OperatorResolution::Resend { by, reason } => {
             in_review()?;
             d.events.push(EventBody::ResendAuthorized { by, reason });
-            let mut after = state.clone();
-            after.apply_all(ctx.now, &d.events);
-            intend(&after, false, ctx, d);
+            d.action = Action::WakeAt(ctx.now);
         }
     }
     Ok(())

@@ -208,13 +208,24 @@ fn several_matches_or_deadline_go_to_review() {
         h.state.review_reason,
         Some(ReviewReason::DeadlinePassed { lookups: 1 })
     );
-    // An operator may authorize a resend; it is recorded before the attempt.
+    // An operator may authorize a resend; it is recorded before the attempt, which follows at
+    // the task's next wake (the task is unknown again, so a resumed engine sends it too).
     let action = h
         .step(Input::Operator(OperatorResolution::Resend {
             by: "ana".into(),
             reason: "remote confirmed by phone".into(),
         }))
         .unwrap();
+    assert_eq!(action, Action::WakeAt(h.now));
+    assert_eq!(h.state.phase, Phase::Unknown);
+    let again = h.step(Input::Operator(OperatorResolution::Resend {
+        by: "ana".into(),
+        reason: "twice".into(),
+    }));
+    assert!(again.is_err(), "a second authorization is refused");
+    let action = h.step(Input::Recover).unwrap();
+    assert_eq!(action, Action::WakeAt(h.now));
+    let action = h.step(Input::Wake).unwrap();
     assert!(matches!(action, Action::Send { attempt: 2, .. }));
     assert_eq!(
         h.names()[h.log.len() - 2..],

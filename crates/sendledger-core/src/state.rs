@@ -216,7 +216,14 @@ impl State {
                 self.next_check_at = None;
                 self.phase = Phase::ManualReview;
             }
-            EventBody::ResendAuthorized { .. } => self.resend_authorized = true,
+            EventBody::ResendAuthorized { .. } => {
+                self.resend_authorized = true;
+                // An operator's authorization ends the review: the task is unknown again, with
+                // its next attempt allowed (sent at its next wake, or when the engine resumes it).
+                if self.phase == Phase::ManualReview {
+                    self.phase = Phase::Unknown;
+                }
+            }
             EventBody::Failed { reason } => {
                 self.in_flight = None;
                 self.failure = Some(reason.clone());

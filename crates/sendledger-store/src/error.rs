@@ -12,6 +12,10 @@ pub enum Error {
     #[error("rocksdb: {0}")]
     Rocks(#[from] rocksdb::Error),
     #[error(
+        "the ledger at {path} is in use: a running service (or another open handle) holds its lock"
+    )]
+    InUse { path: PathBuf },
+    #[error(
         "ledger at {path} has storage format {found}, newer than {supported} which this build \
          reads; run a sendledger version that supports it"
     )]

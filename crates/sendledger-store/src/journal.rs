@@ -4,6 +4,11 @@
 //! journal thread takes every append that is pending, writes them all in one `WriteBatch`
 //! (with `sync = true` unless durability is `buffered`), assigns LSNs in commit order, and only
 //! then acknowledges each caller with the LSNs of its events. Many tasks share one fsync.
+//!
+//! Metrics (through the `metrics` facade; the binary installs the exporter):
+//! `sendledger_journal_batch_appends` (appends per write batch) and
+//! `sendledger_journal_fsync_seconds` (time of each batch write, its fsync included with `sync`
+//! durability), both histograms.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -102,8 +107,13 @@ pub(crate) fn run(
         let started = std::time::Instant::now();
         let (batch, ranges) = build_batch(&db, next_lsn, &pending);
         let events = ranges.last().map_or(0, |r| r.end - next_lsn);
+        let write_started = std::time::Instant::now();
         match db.write_opt(batch, &write_opts) {
             Ok(()) => {
+                metrics::histogram!("sendledger_journal_fsync_seconds")
+                    .record(write_started.elapsed().as_secs_f64());
+                metrics::histogram!("sendledger_journal_batch_appends")
+                    .record(pending.len() as f64);
                 next_lsn += events;
                 last_lsn.store(next_lsn - 1, Ordering::SeqCst);
                 stats.batches.fetch_add(1, Ordering::Relaxed);

@@ -161,7 +161,16 @@ impl Ledger {
         let cfs = names
             .iter()
             .map(|n| ColumnFamilyDescriptor::new(n, Options::default()));
-        let db = DB::open_cf_descriptors(&opts, &path, cfs)?;
+        let db = DB::open_cf_descriptors(&opts, &path, cfs).map_err(|e| {
+            // RocksDB reports its lock only in the message: held by another process ("While
+            // lock file: …/LOCK: …") or by another open handle of this one.
+            let message = e.to_string();
+            if message.contains("While lock file") || message.contains("lock hold by current") {
+                Error::InUse { path: path.clone() }
+            } else {
+                Error::Rocks(e)
+            }
+        })?;
 
         let meta = db.cf_handle(CF_META).expect("created above");
         match db.get_cf(meta, META_FORMAT)?.as_deref() {
@@ -330,22 +339,29 @@ impl Ledger {
             .transpose()
     }
 
-    /// Every task not in a terminal state, for resumption at start-up.
-    pub fn active_tasks(&self) -> Result<Vec<(TaskId, TaskSummary)>> {
-        let mut out = Vec::new();
-        for item in self
-            .inner
+    /// Every task's summary in task id order. Reads the whole `tasks` column family (six bytes
+    /// per task), so the cost grows with every task ever recorded.
+    pub fn task_summaries(&self) -> impl Iterator<Item = Result<(TaskId, TaskSummary)>> + '_ {
+        self.inner
             .db
             .iterator_cf(self.cf(CF_TASKS), IteratorMode::Start)
-        {
-            let (k, v) = item?;
-            let summary = TaskSummary::decode(&v)?;
-            if !summary.phase.is_terminal() {
+            .map(|item| {
+                let (k, v) = item?;
                 let id = TaskId(
                     k[..]
                         .try_into()
                         .map_err(|_| Error::BadValue { what: "tasks key" })?,
                 );
+                Ok((id, TaskSummary::decode(&v)?))
+            })
+    }
+
+    /// Every task not in a terminal state, for resumption at start-up.
+    pub fn active_tasks(&self) -> Result<Vec<(TaskId, TaskSummary)>> {
+        let mut out = Vec::new();
+        for item in self.task_summaries() {
+            let (id, summary) = item?;
+            if !summary.phase.is_terminal() {
                 out.push((id, summary));
             }
         }
@@ -484,6 +500,16 @@ mod tests {
                 .contains("run a sendledger version that supports it"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_ledger_open_elsewhere_is_reported_in_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let _open = Ledger::open(dir.path(), LedgerOptions::default()).unwrap();
+        let err = Ledger::open(dir.path(), LedgerOptions::default())
+            .err()
+            .expect("locked");
+        assert!(matches!(err, Error::InUse { .. }), "{err}");
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //! commit order with no gaps.
 //!
 //! This is the only crate that depends on `rocksdb`. It may depend on `sendledger-core` for the
-//! types it stores, never on Kafka, actors or HTTP. Invariants: the log is append-only; an
+//! types it stores, and on the `metrics` facade (never an exporter: the binary installs one),
+//! never on Kafka, actors or HTTP. Invariants: the log is append-only; an
 //! event's index, offset, timer and cursor updates commit atomically with it; RocksDB calls
 //! never run on an async executor thread (the journal has its own thread; async callers only
 //! await an acknowledgement).

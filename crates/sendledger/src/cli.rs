@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::{bench, demo, ops, produce, serve};
+use crate::{bench, demo, ops, produce, review, serve};
 
 /// sendledger: a durable dispatcher for side effects that must happen once.
 #[derive(Parser)]
@@ -30,6 +30,9 @@ enum Command {
     Inspect(ops::InspectArgs),
     /// Replay the whole ledger and check every rule; exits non-zero on any violation.
     Audit(ops::AuditArgs),
+    /// List and resolve tasks in manual review, on a running service (--admin URL) or on a
+    /// stopped ledger (--data DIR).
+    Review(review::ReviewArgs),
     /// Measure a component and print one JSON object.
     Bench {
         #[command(subcommand)]
@@ -62,6 +65,7 @@ pub fn main() -> ExitCode {
         Command::Demo(args) => demo::run(args),
         Command::Inspect(args) => ops::inspect(args).map(|()| true),
         Command::Audit(args) => ops::audit(args),
+        Command::Review(args) => review::run(args).map(|()| true),
         Command::Bench { what } => bench::run(what).map(|()| true),
     };
     match result {

@@ -119,7 +119,7 @@ async fn demo(args: DemoArgs, data: PathBuf) -> anyhow::Result<bool> {
 
     let results = ResultsReader::start(&kafka)?;
     let started = Instant::now();
-    let mut service = Service::start(&config, &kafka, remote.clone()).await?;
+    let mut service = Service::start(&config, &kafka, remote.clone(), None).await?;
     let producer = RequestProducer::new(&kafka)?;
     let messages: Vec<(Option<String>, Vec<u8>)> = deliveries
         .iter()
@@ -142,7 +142,7 @@ async fn demo(args: DemoArgs, data: PathBuf) -> anyhow::Result<bool> {
         if !restarted && done >= n / 2 {
             eprintln!("\nrestarting the service mid-run");
             service.shutdown().await?;
-            service = Service::start(&config, &kafka, remote.clone()).await?;
+            service = Service::start(&config, &kafka, remote.clone(), None).await?;
             restarted = true;
         }
         anyhow::ensure!(

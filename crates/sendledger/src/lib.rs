@@ -2,8 +2,13 @@
 //! operator, demo and benchmark commands. The binary (`main.rs`) only calls [`cli::main`]; the
 //! library exists so the workspace tests can drive the same code.
 //!
+//! Operations: [`admin`] is the admin HTTP endpoint (metrics, health, task timelines, manual
+//! review) and installs the process's metrics recorder; the libraries only record through the
+//! `metrics` facade. `sendledger review` works through that endpoint, or on a stopped ledger.
+//!
 //! This crate may depend on every other sendledger crate; none depends on it.
 
+pub mod admin;
 mod bench;
 mod bench_effects;
 mod bench_engine;
@@ -12,5 +17,7 @@ pub mod config;
 mod demo;
 mod ops;
 mod produce;
+mod review;
 mod serve;
 pub mod service;
+pub mod timeline;

@@ -1,12 +1,13 @@
 //! Operator commands on a ledger directory: `inspect` and `audit`.
 
 use std::path::PathBuf;
-use std::time::{Duration, UNIX_EPOCH};
 
 use anyhow::Context;
 use clap::Args;
-use sendledger_core::{fold, Identity, TaskId};
+use sendledger_core::fold;
 use sendledger_store::{Ledger, LedgerOptions};
+
+use crate::timeline::{parse_task, task_json, time};
 
 #[derive(Args)]
 pub struct InspectArgs {
@@ -40,28 +41,6 @@ fn open(data: &PathBuf) -> anyhow::Result<Ledger> {
         .with_context(|| format!("opening the ledger at {}", data.display()))
 }
 
-fn parse_task(task: &str) -> anyhow::Result<TaskId> {
-    if let Ok(id) = task.parse::<TaskId>() {
-        return Ok(id);
-    }
-    let parts: Vec<&str> = task.splitn(3, '/').collect();
-    let [tenant, operation, request_key] = parts[..] else {
-        anyhow::bail!(
-            "`{task}` is neither a task id (32 hex digits) nor tenant/operation/request_key"
-        );
-    };
-    let identity = Identity {
-        tenant: tenant.into(),
-        operation: operation.into(),
-        request_key: request_key.into(),
-    };
-    Ok(identity.task_id())
-}
-
-pub fn time(at_ms: u64) -> String {
-    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(at_ms)).to_string()
-}
-
 pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
     let ledger = open(&args.data)?;
     let task = parse_task(&args.task)?;
@@ -71,16 +50,14 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
         "task {task} is not in the ledger at {}",
         args.data.display()
     );
-    let state = fold(&events);
     if args.json {
-        let timeline: Vec<_> = events
-            .iter()
-            .map(|e| serde_json::json!({ "lsn": e.lsn, "seq": e.task_seq, "at": time(e.at), "event": e.body.name(), "detail": e.body.summary(e.at) }))
-            .collect();
-        let out = serde_json::json!({ "task_id": task.to_string(), "state": state.phase.name(), "attempts": state.attempts, "remote_id": state.remote_id, "events": timeline });
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&task_json(task, &events))?
+        );
         return Ok(());
     }
+    let state = fold(&events);
     println!(
         "task {task}: {} after {} events, {} attempts",
         state.phase.name(),

@@ -63,17 +63,25 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
         let kafka = tokio::task::block_in_place(|| Kafka::connect(config.kafka.clone()))
             .context("kafka")?;
         let remote = Arc::new(HttpRemote::new(config.load_targets()?));
-        let service = Service::start(&config, &kafka, remote).await?;
+        let metrics = match config.admin.enabled {
+            true => Some(crate::admin::install_recorder()?),
+            false => None,
+        };
+        let service = Service::start(&config, &kafka, remote, metrics).await?;
+        let admin = service
+            .admin_addr()
+            .map_or_else(|| "off".to_string(), |a| format!("http://{a}"));
         tracing::info!(
             ledger = %config.storage.data.display(),
             brokers = %kafka.bootstrap_servers(),
             embedded = kafka.embedded().is_some(),
             targets = config.targets.len(),
+            %admin,
             "sendledger running"
         );
         // One line on stdout for scripts and supervisors that wait for readiness.
         println!(
-            "ready ledger={} brokers={}",
+            "ready ledger={} brokers={} admin={admin}",
             config.storage.data.display(),
             kafka.bootstrap_servers()
         );

@@ -4,15 +4,18 @@
 //! Start: the engine first (it resumes unfinished tasks and reconciles interrupted attempts),
 //! then the publisher, then the ingest. Stop: the ingest first (no new work; offsets of
 //! finished messages committed), then the engine (live tasks finish their current step), then
-//! the publisher once it has published everything the ledger holds, or the grace has passed.
+//! the publisher once it has published everything the ledger holds, or the grace has passed;
+//! the admin endpoint last, so the drain can be watched.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use metrics_exporter_prometheus::PrometheusHandle;
 use sendledger_actors::{Engine, Remote};
 use sendledger_bus::{Ingest, Kafka, Publisher};
 
+use crate::admin::Admin;
 use crate::config::Config;
 
 /// How long topic creation on external brokers may take.
@@ -22,18 +25,28 @@ pub struct Service {
     engine: Engine,
     ingest: Ingest,
     publisher: Publisher,
+    admin: Option<Admin>,
     grace: Duration,
 }
 
 impl Service {
     /// Starts everything on `kafka` (which outlives the service: the demo restarts the service
     /// on the same embedded cluster). Missing topics are created on external brokers. Must be
-    /// called within a multi-threaded tokio runtime.
+    /// called within a multi-threaded tokio runtime. With `admin.enabled`, the admin endpoint
+    /// serves `metrics` (the handle of [`crate::admin::install_recorder`]).
     pub async fn start(
         config: &Config,
         kafka: &Kafka,
         remote: Arc<dyn Remote>,
+        metrics: Option<PrometheusHandle>,
     ) -> anyhow::Result<Service> {
+        let metrics = match (config.admin.enabled, metrics) {
+            (true, Some(m)) => Some(m),
+            (true, None) => {
+                anyhow::bail!("the admin endpoint needs the metrics recorder; install it first")
+            }
+            (false, _) => None,
+        };
         kafka
             .ensure_topics(config.kafka.replication_factor, TOPIC_TIMEOUT)
             .await
@@ -43,12 +56,25 @@ impl Service {
             .with_context(|| format!("starting the engine on {}", config.storage.data.display()))?;
         let publisher =
             Publisher::start(kafka, engine.ledger().clone()).context("starting the publisher")?;
+        let admin = match metrics {
+            Some(metrics) => Some(
+                Admin::start(
+                    config.admin.listen,
+                    config.admin.token.clone(),
+                    engine.clone(),
+                    metrics,
+                )
+                .await?,
+            ),
+            None => None,
+        };
         let ingest =
             Ingest::start(kafka, Arc::new(engine.clone())).context("starting the ingest")?;
         Ok(Service {
             engine,
             ingest,
             publisher,
+            admin,
             grace: config.engine.shutdown_grace,
         })
     }
@@ -59,6 +85,11 @@ impl Service {
 
     pub fn publisher(&self) -> &Publisher {
         &self.publisher
+    }
+
+    /// Where the admin endpoint listens, when it is enabled.
+    pub fn admin_addr(&self) -> Option<std::net::SocketAddr> {
+        self.admin.as_ref().map(Admin::local_addr)
     }
 
     /// False once the consumer stopped by itself (the ledger failed for good).
@@ -86,6 +117,9 @@ impl Service {
             .publisher
             .shutdown(left().max(Duration::from_secs(1)))
             .await;
+        if let Some(admin) = self.admin {
+            admin.shutdown().await;
+        }
         ingest.context("stopping the ingest")?;
         publisher.context("stopping the publisher")?;
         Ok(())

@@ -1094,7 +1094,13 @@ async fn run_and_produce_commands() {
     let sim = Sim::start(SimConfig::default()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let config_file = dir.path().join("sendledger.toml");
-    std::fs::write(&config_file, service_config(dir.path(), &brokers, &sim)).unwrap();
+    // With the admin endpoint, on a free loopback port.
+    let config = service_config(dir.path(), &brokers, &sim).replace(
+        "[admin]\nlisten = \"127.0.0.1:9464\"\nenabled = false",
+        "[admin]\nlisten = \"127.0.0.1:0\"\nenabled = true",
+    );
+    assert!(config.contains("127.0.0.1:0"), "{config}");
+    std::fs::write(&config_file, config).unwrap();
     let cli = || Command::new(env!("CARGO_BIN_EXE_sendledger_cli"));
 
     let mut run = cli()
@@ -1175,6 +1181,24 @@ async fn run_and_produce_commands() {
     );
     assert_eq!((sim.stats().records, sim.stats().duplicates), (20, 0));
 
+    // The service's admin endpoint counts what happened.
+    let admin = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("admin=http://"))
+        .expect("run prints its admin address")
+        .to_string();
+    let metrics = tokio::task::block_in_place(|| http_get(&admin, "/metrics"));
+    for series in [
+        "sendledger_attempts_total{class=\"succeeded\"} 20",
+        "sendledger_tasks{state=\"succeeded\"} 20",
+        "sendledger_tasks{state=\"rejected\"} 1",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == series),
+            "no `{series}` in:\n{metrics}"
+        );
+    }
+
     // SAFETY: kill(2) on our own child's pid.
     assert_eq!(unsafe { libc::kill(run.id() as i32, libc::SIGTERM) }, 0);
     let status = tokio::task::spawn_blocking(move || run.wait().unwrap())
@@ -1182,4 +1206,20 @@ async fn run_and_produce_commands() {
         .unwrap();
     assert!(status.success(), "run did not stop cleanly: {status}");
     sim.shutdown().await;
+}
+
+/// The body of `GET path` on `addr` (HTTP/1.1, connection closed by the server).
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    body.to_string()
 }

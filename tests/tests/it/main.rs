@@ -1,5 +1,6 @@
 //! sendledger's workspace integration and fault tests: one test binary, one module per area.
 
+mod admin;
 mod cli;
 mod crash;
 mod deploy;

@@ -1,0 +1,604 @@
+//! The admin HTTP endpoint of a running service: metrics, health, task timelines and manual
+//! review. Plain HTTP/1.1 on one socket; bind it to loopback (the configuration's default)
+//! or put it behind something that authenticates.
+//!
+//! | route | what |
+//! |---|---|
+//! | `GET /metrics` | Prometheus text: every `sendledger_*` metric of the process, plus gauges computed from the ledger (see [`Admin`]) |
+//! | `GET /healthz` | `{"ok": true, "last_lsn", "live_tasks", "waiting"}`; 503 when the engine has stopped |
+//! | `GET /tasks/{id}` | a task's state and timeline, as `sendledger inspect --json` (task id, or `tenant/operation/request_key` URL-encoded) |
+//! | `GET /reviews` | the tasks in manual review, with reason and evidence |
+//! | `POST /reviews/{id}` | resolve a review: `{"as": "succeeded", "remote_id", "by", "reason"}`, `{"as": "failed", "by", "reason"}` or `{"resend": true, "by", "reason"}` |
+//!
+//! Mutating calls need `Authorization: Bearer <admin.token>`; with no token configured they are
+//! refused (403). Errors are JSON `{"error": "..."}`: 400 for a bad body (naming the field),
+//! 401 for a missing or wrong token, 404 for an unknown task, 409 for a task not in review.
+//!
+//! A resolution goes to the task's actor through [`Engine::resolve`], like every other input of
+//! the task: the admin endpoint never writes the ledger itself.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use bytes::Bytes;
+use http::{header, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use sendledger_actors::Engine;
+use sendledger_core::decide::OperatorResolution;
+use sendledger_core::{fold, Phase};
+use sendledger_store::Ledger;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::timeline::{parse_task, review_json, task_json};
+
+/// How long the gauges computed from the ledger are reused between scrapes.
+pub const LEDGER_GAUGES_TTL: Duration = Duration::from_secs(5);
+
+/// Largest request body accepted.
+const MAX_BODY: usize = 64 * 1024;
+
+/// The phases reported by `sendledger_tasks{state}` (every one, zeros included).
+const PHASES: [Phase; 8] = [
+    Phase::Accepted,
+    Phase::Sending,
+    Phase::RetryWait,
+    Phase::Unknown,
+    Phase::ManualReview,
+    Phase::Succeeded,
+    Phase::Rejected,
+    Phase::Failed,
+];
+
+/// Installs the process-wide recorder of the `metrics` facade, exporting Prometheus text, and
+/// returns the handle [`Admin::start`] renders. Call it once per process, before the engine
+/// starts (metrics recorded earlier are lost). Histograms get explicit buckets so they render
+/// as Prometheus histograms.
+pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
+    const SECONDS: [f64; 12] = [
+        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+    ];
+    const APPENDS: [f64; 12] = [
+        1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
+    ];
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &SECONDS)?
+        .set_buckets_for_metric(Matcher::Suffix("_appends".into()), &APPENDS)?
+        .install_recorder()
+        .context("installing the metrics recorder (one per process)")
+}
+
+/// A running admin endpoint.
+///
+/// Besides the metrics the libraries record, `GET /metrics` reports gauges computed from the
+/// ledger at scrape time: `sendledger_tasks{state}` (every task ever recorded, by phase),
+/// `sendledger_unknowns_open` (tasks in phase unknown, reconciling) and
+/// `sendledger_unknown_oldest_age_seconds` (since the oldest of them became unknown; 0 when
+/// none). Cost: a scan of the whole `tasks` column family (six bytes per task) plus a fold of
+/// each unknown task's events, on the blocking pool; the result is reused for
+/// [`LEDGER_GAUGES_TTL`], so frequent scrapes stay cheap.
+pub struct Admin {
+    addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+struct Shared {
+    token: Option<String>,
+    engine: Engine,
+    metrics: PrometheusHandle,
+    /// When the ledger gauges were last computed.
+    gauges_at: Mutex<Option<Instant>>,
+}
+
+impl Admin {
+    /// Binds `listen` and serves until [`Admin::shutdown`]. `metrics` is the handle of the
+    /// installed recorder ([`install_recorder`]); `token` guards the mutating routes (none
+    /// configured: they are refused).
+    pub async fn start(
+        listen: SocketAddr,
+        token: Option<String>,
+        engine: Engine,
+        metrics: PrometheusHandle,
+    ) -> anyhow::Result<Admin> {
+        let listener = TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("binding the admin endpoint to {listen}"))?;
+        let addr = listener.local_addr()?;
+        let (stop, stopped) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            token: token.filter(|t| !t.is_empty()),
+            engine,
+            metrics,
+            gauges_at: Mutex::new(None),
+        });
+        // The recorder buffers histogram samples until upkeep drains them: run it even when
+        // nothing scrapes.
+        let upkeep = {
+            let (handle, mut stopped) = (shared.metrics.clone(), stopped.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = tokio::time::sleep(LEDGER_GAUGES_TTL) => handle.run_upkeep(),
+                        _ = stopped.wait_for(|s| *s) => return,
+                    }
+                }
+            })
+        };
+        let accept = tokio::spawn(accept_loop(listener, shared, stopped));
+        tracing::info!(%addr, "admin endpoint listening");
+        Ok(Admin {
+            addr,
+            stop,
+            tasks: vec![accept, upkeep],
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting and closes open connections.
+    pub async fn shutdown(self) {
+        self.stop.send_replace(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stopped.wait_for(|s| *s) => return,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                tracing::warn!(error = %e, "admin endpoint: accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let (shared, mut stopped) = (shared.clone(), stopped.clone());
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let shared = shared.clone();
+                async move { Ok::<_, Infallible>(handle(&shared, req).await) }
+            });
+            let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                result = conn => if let Err(e) = result {
+                    tracing::debug!(error = %e, "admin endpoint: connection ended with an error");
+                },
+                _ = stopped.wait_for(|s| *s) => {}
+            }
+        });
+    }
+}
+
+/// An error answer: its status and message.
+struct Failure(StatusCode, String);
+
+impl Failure {
+    fn new(status: StatusCode, message: impl Into<String>) -> Failure {
+        Failure(status, message.into())
+    }
+}
+
+impl From<sendledger_actors::Error> for Failure {
+    fn from(e: sendledger_actors::Error) -> Failure {
+        use sendledger_actors::Error as E;
+        let status = match &e {
+            E::NoSuchTask(_) => StatusCode::NOT_FOUND,
+            E::Invalid(inner @ sendledger_core::Error::NotInReview { .. }) => {
+                return Failure(StatusCode::CONFLICT, inner.to_string())
+            }
+            E::Invalid(_) => StatusCode::BAD_REQUEST,
+            E::ShuttingDown | E::Stopped => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        Failure(status, e.to_string())
+    }
+}
+
+impl From<sendledger_store::Error> for Failure {
+    fn from(e: sendledger_store::Error) -> Failure {
+        Failure(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+    }
+}
+
+type Answer = Result<Response<Full<Bytes>>, Failure>;
+
+async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let answer = match (&method, segments.as_slice()) {
+        (&Method::GET, ["metrics"]) => metrics(shared).await,
+        (&Method::GET, ["healthz"]) => healthz(shared).await,
+        (&Method::GET, ["tasks", id]) => task(shared, id).await,
+        (&Method::GET, ["reviews"]) => reviews(shared).await,
+        (&Method::POST, ["reviews", id]) => resolve(shared, id, req).await,
+        (_, ["metrics" | "healthz" | "reviews"] | ["tasks" | "reviews", _]) => Err(Failure::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("{method} is not allowed on {path}"),
+        )),
+        _ => Err(Failure::new(
+            StatusCode::NOT_FOUND,
+            format!("no route {path}; see GET /metrics, /healthz, /tasks/{{id}}, /reviews, POST /reviews/{{id}}"),
+        )),
+    };
+    answer.unwrap_or_else(|Failure(status, message)| {
+        if status.is_server_error() {
+            tracing::warn!(%method, %path, %status, error = %message, "admin request failed");
+        }
+        json_response(status, &json!({ "error": message }))
+    })
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+async fn metrics(shared: &Shared) -> Answer {
+    let stale = shared
+        .gauges_at
+        .lock()
+        .map(|at| at.is_none_or(|at| at.elapsed() >= LEDGER_GAUGES_TTL))
+        .unwrap_or(true);
+    if stale {
+        let gauges = shared.engine.ledger().read(ledger_gauges).await?;
+        gauges.publish();
+        if let Ok(mut at) = shared.gauges_at.lock() {
+            *at = Some(Instant::now());
+        }
+    }
+    let mut resp = Response::new(Full::new(Bytes::from(shared.metrics.render())));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    Ok(resp)
+}
+
+/// What `GET /metrics` reports from the ledger itself.
+struct LedgerGauges {
+    by_phase: BTreeMap<Phase, u64>,
+    unknowns_open: u64,
+    /// When the oldest open unknown became unknown (ms since the epoch).
+    oldest_unknown_since: Option<u64>,
+}
+
+impl LedgerGauges {
+    fn publish(&self) {
+        for phase in PHASES {
+            let n = self.by_phase.get(&phase).copied().unwrap_or(0);
+            metrics::gauge!("sendledger_tasks", "state" => phase.name()).set(n as f64);
+        }
+        metrics::gauge!("sendledger_unknowns_open").set(self.unknowns_open as f64);
+        let age_ms = self
+            .oldest_unknown_since
+            .map_or(0, |since| sendledger_actors::now_ms().saturating_sub(since));
+        metrics::gauge!("sendledger_unknown_oldest_age_seconds").set(age_ms as f64 / 1000.0);
+    }
+}
+
+fn ledger_gauges(ledger: &Ledger) -> sendledger_store::Result<LedgerGauges> {
+    let mut by_phase = BTreeMap::new();
+    let mut unknown = Vec::new();
+    for item in ledger.task_summaries() {
+        let (task_id, summary) = item?;
+        *by_phase.entry(summary.phase).or_default() += 1;
+        if summary.phase == Phase::Unknown {
+            unknown.push(task_id);
+        }
+    }
+    let mut oldest_unknown_since: Option<u64> = None;
+    for task_id in &unknown {
+        if let Some(since) = fold(&ledger.task_events(*task_id)?).unknown_since {
+            oldest_unknown_since = Some(oldest_unknown_since.map_or(since, |o| o.min(since)));
+        }
+    }
+    Ok(LedgerGauges {
+        by_phase,
+        unknowns_open: unknown.len() as u64,
+        oldest_unknown_since,
+    })
+}
+
+async fn healthz(shared: &Shared) -> Answer {
+    let (live_tasks, waiting) = shared.engine.load().await?;
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({ "ok": true, "last_lsn": shared.engine.ledger().last_lsn(), "live_tasks": live_tasks, "waiting": waiting }),
+    ))
+}
+
+/// A task named in a path segment: a task id, or `tenant/operation/request_key` URL-encoded.
+fn task_ref(segment: &str) -> Result<sendledger_core::TaskId, Failure> {
+    let decoded = percent_encoding::percent_decode_str(segment)
+        .decode_utf8()
+        .map_err(|_| Failure::new(StatusCode::BAD_REQUEST, "task reference is not UTF-8"))?;
+    parse_task(&decoded).map_err(|e| Failure::new(StatusCode::BAD_REQUEST, e.to_string()))
+}
+
+async fn task(shared: &Shared, segment: &str) -> Answer {
+    let task_id = task_ref(segment)?;
+    let events = shared.engine.events(task_id).await?;
+    if events.is_empty() {
+        return Err(Failure::new(
+            StatusCode::NOT_FOUND,
+            format!("task {task_id} is not in the ledger"),
+        ));
+    }
+    Ok(json_response(StatusCode::OK, &task_json(task_id, &events)))
+}
+
+async fn reviews(shared: &Shared) -> Answer {
+    let items = shared.engine.reviews().await?;
+    let list: Vec<Value> = items.iter().map(review_json).collect();
+    Ok(json_response(StatusCode::OK, &Value::Array(list)))
+}
+
+/// The body of `POST /reviews/{id}` (and what `sendledger review resolve --admin` sends).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResolveBody {
+    /// `succeeded` or `failed`; absent for a resend.
+    #[serde(rename = "as", default, skip_serializing_if = "Option::is_none")]
+    pub resolve_as: Option<String>,
+    /// `true` authorizes one new attempt.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub resend: bool,
+    /// The remote record that is the task's (with `as: succeeded`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_id: Option<String>,
+    pub by: String,
+    pub reason: String,
+}
+
+impl ResolveBody {
+    /// The operator's decision, or what is wrong with the body (naming the field).
+    pub fn resolution(self) -> Result<OperatorResolution, String> {
+        if self.by.trim().is_empty() {
+            return Err("`by` must name the operator".into());
+        }
+        if self.reason.trim().is_empty() {
+            return Err("`reason` must say why".into());
+        }
+        let (by, reason) = (self.by, self.reason);
+        match (self.resolve_as.as_deref(), self.resend, self.remote_id) {
+            (Some("succeeded"), false, Some(remote_id)) if !remote_id.is_empty() => {
+                Ok(OperatorResolution::Succeeded {
+                    remote_id,
+                    by,
+                    reason,
+                })
+            }
+            (Some("succeeded"), false, _) => {
+                Err("`remote_id` is required with `as: succeeded`".into())
+            }
+            (Some("failed"), false, None) => Ok(OperatorResolution::Failed { by, reason }),
+            (None, true, None) => Ok(OperatorResolution::Resend { by, reason }),
+            (_, _, Some(_)) => Err("`remote_id` goes only with `as: succeeded`".into()),
+            (Some(other), false, _) => Err(format!(
+                "`as` must be `succeeded` or `failed`, not `{other}`"
+            )),
+            _ => Err("give exactly one of `as` (succeeded or failed) and `resend: true`".into()),
+        }
+    }
+}
+
+fn authorize(shared: &Shared, req: &Request<Incoming>) -> Result<(), Failure> {
+    let Some(token) = &shared.token else {
+        return Err(Failure::new(
+            StatusCode::FORBIDDEN,
+            "mutating calls are disabled: set `admin.token` in the configuration and send it as `Authorization: Bearer <token>`",
+        ));
+    };
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match given {
+        Some(given) if constant_time_eq(given.as_bytes(), token.as_bytes()) => Ok(()),
+        Some(_) => Err(Failure::new(
+            StatusCode::UNAUTHORIZED,
+            "wrong admin token; send the configured `admin.token` as `Authorization: Bearer <token>`",
+        )),
+        None => Err(Failure::new(
+            StatusCode::UNAUTHORIZED,
+            "missing `Authorization: Bearer <token>` (the configured `admin.token`)",
+        )),
+    }
+}
+
+/// Compares without stopping at the first difference, so timing does not reveal the token.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn resolve(shared: &Shared, segment: &str, req: Request<Incoming>) -> Answer {
+    authorize(shared, &req)?;
+    let task_id = task_ref(segment)?;
+    let body = Limited::new(req.into_body(), MAX_BODY)
+        .collect()
+        .await
+        .map_err(|e| {
+            Failure::new(
+                StatusCode::BAD_REQUEST,
+                format!("cannot read the body: {e}"),
+            )
+        })?
+        .to_bytes();
+    let body: ResolveBody = serde_json::from_slice(&body)
+        .map_err(|e| Failure::new(StatusCode::BAD_REQUEST, format!("bad body: {e}")))?;
+    let resolution = body
+        .resolution()
+        .map_err(|e| Failure::new(StatusCode::BAD_REQUEST, format!("bad body: {e}")))?;
+    let reply = shared.engine.resolve(task_id, resolution).await?;
+    tracing::info!(task_id = %task_id, events = ?reply.events, phase = reply.phase.name(), "review resolved");
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({ "task_id": task_id.to_string(), "state": reply.phase.name(), "recorded": reply.events }),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sendledger_core::{EventBody, Limits, NewEvent, Source, TaskId, TaskRequest, UnknownCause};
+    use sendledger_store::{Append, LedgerOptions, TaskSummary};
+
+    /// Appends `bodies` as the whole history of task `key`, the first at `at`.
+    fn task(ledger: &Ledger, key: &str, at: u64, bodies: Vec<EventBody>) -> TaskId {
+        let request = TaskRequest {
+            tenant: "acme".into(),
+            operation: "op".into(),
+            request_key: key.into(),
+            target: "sim".into(),
+            payload: json!({ "n": 1 }),
+            metadata: Default::default(),
+        }
+        .accept(&Limits::default())
+        .unwrap();
+        let task_id = request.task_id();
+        let mut all = vec![EventBody::TaskAccepted {
+            payload_hash: request.payload_hash(),
+            request,
+            source: Source {
+                topic: "t".into(),
+                partition: 0,
+                offset: 0,
+            },
+        }];
+        all.extend(bodies);
+        let events: Vec<NewEvent> = all
+            .into_iter()
+            .enumerate()
+            .map(|(i, body)| NewEvent {
+                task_id,
+                task_seq: i as u32,
+                at: at + i as u64,
+                body,
+            })
+            .collect();
+        let state = fold(
+            &events
+                .iter()
+                .map(|e| e.clone().with_lsn(0))
+                .collect::<Vec<_>>(),
+        );
+        let summary = TaskSummary {
+            phase: state.phase,
+            next_seq: state.next_seq,
+        };
+        ledger
+            .append_blocking(Append {
+                events,
+                tasks: vec![(task_id, summary)],
+                ..Append::default()
+            })
+            .unwrap();
+        task_id
+    }
+
+    #[test]
+    fn ledger_gauges_count_every_task_and_date_the_oldest_unknown() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(dir.path(), LedgerOptions::default()).unwrap();
+        let intend = || EventBody::SendIntended {
+            attempt: 1,
+            idempotency_key: None,
+        };
+        let unknown = || EventBody::SendUnknown {
+            attempt: 1,
+            cause: UnknownCause::Timeout,
+        };
+        task(&ledger, "a", 1_000, vec![intend(), unknown()]);
+        task(&ledger, "b", 5_000, vec![intend(), unknown()]);
+        let ok = EventBody::Confirmed {
+            remote_id: "r".into(),
+            evidence: sendledger_core::Evidence::Response { status: 201 },
+        };
+        task(&ledger, "c", 500, vec![intend(), ok]);
+        task(&ledger, "d", 700, vec![intend()]);
+
+        let g = ledger_gauges(&ledger).unwrap();
+        assert_eq!(g.unknowns_open, 2);
+        // TaskAccepted at 1000, SendIntended at 1001, SendUnknown at 1002.
+        assert_eq!(g.oldest_unknown_since, Some(1_002));
+        let by_phase: Vec<(Phase, u64)> = g.by_phase.into_iter().collect();
+        assert_eq!(
+            by_phase,
+            [
+                (Phase::Sending, 1),
+                (Phase::Unknown, 2),
+                (Phase::Succeeded, 1)
+            ]
+        );
+    }
+
+    #[test]
+    fn resolve_bodies_map_to_resolutions_or_name_the_field() {
+        let body = |v: Value| serde_json::from_value::<ResolveBody>(v).map_err(|e| e.to_string());
+        let ok =
+            body(json!({ "as": "succeeded", "remote_id": "X", "by": "ana", "reason": "seen" }))
+                .unwrap()
+                .resolution()
+                .unwrap();
+        assert!(matches!(ok, OperatorResolution::Succeeded { remote_id, .. } if remote_id == "X"));
+        let resend = body(json!({ "resend": true, "by": "ana", "reason": "none there" })).unwrap();
+        assert!(matches!(
+            resend.resolution(),
+            Ok(OperatorResolution::Resend { .. })
+        ));
+        for (v, field) in [
+            (json!({ "as": "failed", "by": "ana" }), "reason"),
+            (json!({ "as": "failed", "by": "", "reason": "x" }), "by"),
+            (json!({ "as": "done", "by": "a", "reason": "x" }), "as"),
+            (
+                json!({ "as": "failed", "resend": true, "by": "a", "reason": "x" }),
+                "resend",
+            ),
+            (
+                json!({ "as": "failed", "remote_id": "X", "by": "a", "reason": "x" }),
+                "remote_id",
+            ),
+            (
+                json!({ "as": "failed", "by": "a", "reason": "x", "extra": 1 }),
+                "extra",
+            ),
+        ] {
+            let err = body(v.clone())
+                .and_then(|b| b.resolution().map(|_| ()))
+                .expect_err(&v.to_string());
+            assert!(err.contains(field), "{v}: {err}");
+        }
+    }
+}

@@ -1,0 +1,256 @@
+//! `sendledger review`: list and resolve tasks in manual review, on a running service (through
+//! its admin endpoint) or on a stopped ledger.
+//!
+//! On a stopped ledger a resolution is decided by the same core `decide` the task's actor
+//! uses and appended through the ledger's journal ([`Engine::resolve_stopped`]); RocksDB's
+//! lock makes that exclusive with a running service. A resend is only authorized there: the
+//! next service start performs the one new attempt.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use bytes::Bytes;
+use clap::{Args, Subcommand, ValueEnum};
+use http::{header, Method, Request, StatusCode, Uri};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use sendledger_actors::{Engine, ReviewItem};
+use sendledger_store::{Ledger, LedgerOptions};
+use serde_json::Value;
+
+use crate::admin::ResolveBody;
+use crate::timeline::{parse_task, review_json};
+
+#[derive(Args)]
+pub struct ReviewArgs {
+    #[command(subcommand)]
+    command: ReviewCommand,
+}
+
+#[derive(Subcommand)]
+enum ReviewCommand {
+    /// The tasks in manual review, with reason and evidence.
+    List {
+        #[command(flatten)]
+        at: At,
+        /// Print JSON (the same as the admin endpoint's `GET /reviews`).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Resolve a task in review: as succeeded (with the remote record that is the task's), as
+    /// failed, or by authorizing one resend. The operator's name and reason are recorded.
+    ///
+    /// With --data (a stopped ledger), --resend records only the authorization; the attempt is
+    /// sent by the service when it next starts. A second resolution of the same review is
+    /// refused.
+    Resolve {
+        /// Task id (32 hex digits), or `tenant/operation/request_key`.
+        task: String,
+        #[command(flatten)]
+        at: At,
+        /// What the task is now: `succeeded` (needs --remote-id) or `failed`.
+        #[arg(
+            long = "as",
+            value_enum,
+            conflicts_with = "resend",
+            required_unless_present = "resend"
+        )]
+        resolve_as: Option<Outcome>,
+        /// Authorize one new attempt instead (after checking the remote has no record).
+        #[arg(long)]
+        resend: bool,
+        /// The id of the remote record that is the task's (with `--as succeeded`).
+        #[arg(long, required_if_eq("resolve_as", "succeeded"))]
+        remote_id: Option<String>,
+        /// Who decides (recorded).
+        #[arg(long)]
+        by: String,
+        /// Why (recorded).
+        #[arg(long)]
+        reason: String,
+        /// The admin token (`admin.token` of the service's configuration), with --admin.
+        #[arg(long, env = "SENDLEDGER_ADMIN_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Outcome {
+    Succeeded,
+    Failed,
+}
+
+/// Where the ledger is: exactly one of a running service or a stopped ledger directory.
+#[derive(Args)]
+#[group(required = true, multiple = false)]
+struct At {
+    /// A running service's admin endpoint, e.g. `http://127.0.0.1:9464`.
+    #[arg(long, value_name = "URL")]
+    admin: Option<Uri>,
+    /// A stopped service's ledger directory.
+    #[arg(long, value_name = "DIR")]
+    data: Option<PathBuf>,
+}
+
+pub fn run(args: ReviewArgs) -> anyhow::Result<()> {
+    match args.command {
+        ReviewCommand::List { at, json } => {
+            let list = match (&at.admin, &at.data) {
+                (Some(url), _) => call(url, Method::GET, "/reviews", None, None)?,
+                (None, Some(dir)) => {
+                    let items = ReviewItem::list(&open(dir)?)?;
+                    Value::Array(items.iter().map(review_json).collect())
+                }
+                (None, None) => unreachable!("clap requires --admin or --data"),
+            };
+            print_list(&list, json)
+        }
+        ReviewCommand::Resolve {
+            task,
+            at,
+            resolve_as,
+            resend,
+            remote_id,
+            by,
+            reason,
+            token,
+        } => {
+            let body = ResolveBody {
+                resolve_as: resolve_as.map(|o| match o {
+                    Outcome::Succeeded => "succeeded".into(),
+                    Outcome::Failed => "failed".into(),
+                }),
+                resend,
+                remote_id,
+                by,
+                reason,
+            };
+            match (&at.admin, &at.data) {
+                (Some(url), _) => {
+                    let path = format!(
+                        "/reviews/{}",
+                        percent_encoding::utf8_percent_encode(
+                            &task,
+                            percent_encoding::NON_ALPHANUMERIC
+                        )
+                    );
+                    let body = serde_json::to_vec(&body)?;
+                    let out = call(url, Method::POST, &path, Some(body), token.as_deref())?;
+                    println!("{}", serde_json::to_string_pretty(&out)?);
+                }
+                (None, Some(dir)) => {
+                    let task_id = parse_task(&task)?;
+                    let resolution = body.resolution().map_err(anyhow::Error::msg)?;
+                    let ledger = open(dir)?;
+                    let reply = Engine::resolve_stopped(&ledger, task_id, resolution)
+                        .with_context(|| format!("resolving task {task_id}"))?;
+                    let out = serde_json::json!({ "task_id": task_id.to_string(), "state": reply.phase.name(), "recorded": reply.events });
+                    println!("{}", serde_json::to_string_pretty(&out)?);
+                    if resend {
+                        eprintln!(
+                            "resend authorized: the service sends the attempt when it next starts"
+                        );
+                    }
+                }
+                (None, None) => unreachable!("clap requires --admin or --data"),
+            }
+            Ok(())
+        }
+    }
+}
+
+fn open(dir: &PathBuf) -> anyhow::Result<Ledger> {
+    anyhow::ensure!(
+        dir.exists(),
+        "no ledger at {}; pass --data DIR",
+        dir.display()
+    );
+    match Ledger::open(dir, LedgerOptions::default()) {
+        Ok(ledger) => Ok(ledger),
+        Err(sendledger_store::Error::InUse { .. }) => anyhow::bail!(
+            "the ledger at {} is in use by a running service; use --admin URL",
+            dir.display()
+        ),
+        Err(e) => Err(e).with_context(|| format!("opening the ledger at {}", dir.display())),
+    }
+}
+
+fn print_list(list: &Value, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(list)?);
+        return Ok(());
+    }
+    let items = list.as_array().map(Vec::as_slice).unwrap_or_default();
+    println!("{} task(s) in manual review", items.len());
+    for item in items {
+        let field = |k: &str| item[k].as_str().unwrap_or("-").to_owned();
+        let identity = &item["identity"];
+        println!(
+            "{}  {}/{}/{}  since {}: {}",
+            field("task_id"),
+            identity["tenant"].as_str().unwrap_or("-"),
+            identity["operation"].as_str().unwrap_or("-"),
+            identity["request_key"].as_str().unwrap_or("-"),
+            field("since"),
+            field("reason"),
+        );
+    }
+    Ok(())
+}
+
+/// One request to the admin endpoint; its JSON answer, or its error message.
+fn call(
+    base: &Uri,
+    method: Method,
+    path: &str,
+    body: Option<Vec<u8>>,
+    token: Option<&str>,
+) -> anyhow::Result<Value> {
+    anyhow::ensure!(
+        base.scheme_str() == Some("http"),
+        "--admin must be an http:// URL, e.g. http://127.0.0.1:9464"
+    );
+    let authority = base
+        .authority()
+        .context("--admin needs a host and port, e.g. http://127.0.0.1:9464")?
+        .clone();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (status, bytes) = runtime.block_on(async {
+        let addr = format!(
+            "{}:{}",
+            authority.host(),
+            authority.port_u16().unwrap_or(80)
+        );
+        let stream = tokio::net::TcpStream::connect(&addr)
+            .await
+            .with_context(|| {
+                format!("connecting to the admin endpoint at {addr}; is the service running?")
+            })?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(conn);
+        let mut req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(header::HOST, authority.as_str())
+            .header(header::CONTENT_TYPE, "application/json");
+        if let Some(token) = token {
+            req = req.header(header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let req = req.body(Full::new(Bytes::from(body.unwrap_or_default())))?;
+        let resp = sender.send_request(req).await?;
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await?.to_bytes();
+        anyhow::Ok((status, bytes))
+    })?;
+    let value: Value = serde_json::from_slice(&bytes).with_context(|| {
+        format!("the admin endpoint answered {status} with a body that is not JSON")
+    })?;
+    if status == StatusCode::OK {
+        return Ok(value);
+    }
+    let message = value["error"].as_str().unwrap_or("no message");
+    anyhow::bail!("the admin endpoint answered {status}: {message}")
+}
