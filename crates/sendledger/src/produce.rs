@@ -100,8 +100,11 @@ pub fn produce(args: ProduceArgs) -> anyhow::Result<bool> {
     Ok(true)
 }
 
-/// The `(key, value)` of every non-empty line, and an error naming each invalid line.
-fn messages(text: &str, raw: bool) -> (Vec<(Option<String>, Vec<u8>)>, Vec<String>) {
+/// A message to produce: optional key, value.
+type Message = (Option<String>, Vec<u8>);
+
+/// The message of every non-empty line, and an error naming each invalid line.
+fn messages(text: &str, raw: bool) -> (Vec<Message>, Vec<String>) {
     let mut out = Vec::new();
     let mut errors = Vec::new();
     for (i, line) in text.lines().enumerate() {
