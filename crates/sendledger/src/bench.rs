@@ -19,6 +19,9 @@ pub enum Bench {
     Effects(crate::bench_effects::EffectsArgs),
     /// Tasks per second through the whole engine against the simulated remote.
     Engine(crate::bench_engine::EngineArgs),
+    /// Tasks per second end to end through Kafka (embedded cluster): ingest, engine, publisher,
+    /// until every result is read back from the results topic.
+    Kafka(crate::bench_kafka::KafkaArgs),
 }
 
 #[derive(Args)]
@@ -40,6 +43,7 @@ pub fn run(bench: Bench) -> anyhow::Result<()> {
         Bench::Ledger(args) => ledger(args),
         Bench::Effects(args) => crate::bench_effects::run(args),
         Bench::Engine(args) => crate::bench_engine::run(args),
+        Bench::Kafka(args) => crate::bench_kafka::run(args),
     }
 }
 

@@ -30,7 +30,7 @@ pub struct EngineArgs {
     durability: Durability,
 }
 
-fn parse_durability(s: &str) -> Result<Durability, String> {
+pub fn parse_durability(s: &str) -> Result<Durability, String> {
     match s {
         "sync" => Ok(Durability::Sync),
         "buffered" => Ok(Durability::Buffered),

@@ -241,7 +241,7 @@ fn progress(what: &str, done: usize, total: usize) {
 
 /// Reads the results topic from the beginning, as a consumer of sendledger would: deduplicates
 /// by event id and keeps, per task, its terminal results and whether it has any result.
-struct ResultsReader {
+pub struct ResultsReader {
     state: Arc<Mutex<Seen>>,
     stop: Arc<AtomicBool>,
     thread: std::thread::JoinHandle<()>,
@@ -257,7 +257,7 @@ struct Seen {
 }
 
 impl ResultsReader {
-    fn start(kafka: &Kafka) -> anyhow::Result<ResultsReader> {
+    pub fn start(kafka: &Kafka) -> anyhow::Result<ResultsReader> {
         let KafkaConfig {
             results_topic,
             partitions,
@@ -316,7 +316,7 @@ impl ResultsReader {
     }
 
     /// Tasks answered so far, and tasks with more than one distinct terminal result.
-    fn progress(&self) -> (usize, usize) {
+    pub fn progress(&self) -> (usize, usize) {
         let seen = self.state.lock().unwrap_or_else(|e| e.into_inner());
         (
             seen.answered.len(),
@@ -324,7 +324,7 @@ impl ResultsReader {
         )
     }
 
-    fn stop(self) -> (usize, usize) {
+    pub fn stop(self) -> (usize, usize) {
         let out = self.progress();
         self.stop.store(true, Ordering::Relaxed);
         let _ = self.thread.join();

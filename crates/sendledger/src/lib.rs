@@ -12,6 +12,7 @@ pub mod admin;
 mod bench;
 mod bench_effects;
 mod bench_engine;
+mod bench_kafka;
 pub mod cli;
 pub mod config;
 mod demo;
