@@ -447,6 +447,22 @@ impl Ledger {
     }
 }
 
+/// Damage for the audit tests. Test-only: compiled only with the `fault-injection` feature,
+/// which only the workspace test crate enables.
+#[cfg(feature = "fault-injection")]
+impl Ledger {
+    /// Stores `bytes` under `lsn` in the log as they are, bypassing the journal, the envelope
+    /// and the indexes (an undecodable event, or an event the index does not know).
+    pub fn inject_raw_log_entry(&self, lsn: u64, bytes: &[u8]) -> Result<()> {
+        Ok(self.inner.db.put_cf(self.cf(CF_LOG), lsn_key(lsn), bytes)?)
+    }
+
+    /// Removes the log entry at `lsn` and nothing else (a gap the index still points into).
+    pub fn delete_log_entry(&self, lsn: u64) -> Result<()> {
+        Ok(self.inner.db.delete_cf(self.cf(CF_LOG), lsn_key(lsn))?)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

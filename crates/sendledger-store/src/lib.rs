@@ -19,7 +19,8 @@ pub mod journal;
 pub mod keys;
 pub mod ledger;
 
-pub use audit::{audit, AuditReport, Finding};
+pub use audit::audit;
+pub use sendledger_core::audit::{AuditReport, Finding};
 pub use error::{Error, Result};
 pub use journal::{Append, JournalStats, TimerKind};
 pub use ledger::{Durability, Ledger, LedgerOptions, Processed, TaskSummary};

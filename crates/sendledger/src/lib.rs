@@ -5,6 +5,7 @@
 //! This crate may depend on every other sendledger crate; none depends on it.
 
 mod bench;
+mod bench_audit;
 mod bench_effects;
 mod bench_engine;
 pub mod cli;
