@@ -161,7 +161,7 @@ impl TaskAudit {
 
     /// Counts the task's final state into the report and returns it.
     pub fn finish(self, report: &mut AuditReport) -> State {
-        let state = self.check.state().clone();
+        let state = self.check.into_state();
         report.tasks += 1;
         *report.tasks_by_state.entry(state.phase.name()).or_default() += 1;
         report.attempts += u64::from(state.attempts);

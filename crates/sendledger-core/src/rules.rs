@@ -85,6 +85,10 @@ impl TaskCheck {
         &self.state
     }
 
+    pub fn into_state(self) -> State {
+        self.state
+    }
+
     /// Checks the task's next event, adds what it breaks to `violations`, and folds it in.
     pub fn push(&mut self, event: &Event, violations: &mut Vec<Violation>) {
         let state = &self.state;

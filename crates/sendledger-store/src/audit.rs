@@ -16,9 +16,10 @@
 //! index entry points elsewhere. Only when they differ does a slower pass look up each index
 //! entry in the log to name what is wrong.
 
-use std::collections::HashMap;
+use std::collections::hash_map::{Entry, HashMap};
+use std::sync::mpsc;
 
-use rocksdb::{IteratorMode, ReadOptions};
+use rocksdb::{Direction, IteratorMode, ReadOptions};
 use sendledger_core::audit::{AuditReport, Finding, Integrity, LsnSequence, TaskAudit};
 use sendledger_core::{Event, TaskId};
 
@@ -33,8 +34,16 @@ const PROGRESS_EVERY: u64 = 100_000;
 /// A task between its first event and its last.
 struct Open {
     audit: TaskAudit,
-    summary: Option<TaskSummary>,
+    /// `None` until looked up (in batches); then the stored summary, if there is one.
+    summary: Option<Option<TaskSummary>>,
     last_lsn: u64,
+}
+
+impl Open {
+    /// Has every event its summary announces.
+    fn complete(&self) -> bool {
+        matches!(self.summary, Some(Some(s)) if self.audit.state().next_seq >= s.next_seq)
+    }
 }
 
 /// Count and wrapping sum of the hashes of `(task, seq, lsn)`: equal for two sets of entries
@@ -77,78 +86,163 @@ pub fn audit(ledger: &Ledger, mut progress: impl FnMut(u64)) -> Result<AuditRepo
         last_lsn: ledger.last_lsn(),
         ..AuditReport::default()
     };
-    let (log_print, undecodable, index_print) = std::thread::scope(|s| {
+    let (tx, rx) = mpsc::sync_channel::<Batch>(4);
+    let (read, index_print) = std::thread::scope(|s| {
+        let reader = s.spawn(|| read_log(ledger, tx));
         let index = s.spawn(|| index_fingerprint(ledger));
-        let log = replay_log(ledger, &mut report, &mut progress);
+        let checked = check_tasks(ledger, rx, &mut report, &mut progress);
+        let read = reader.join().expect("the log reader does not panic");
         let index = index.join().expect("the index scan does not panic");
-        let (log_print, undecodable) = log?;
-        Ok::<_, crate::Error>((log_print, undecodable, index?))
+        checked?;
+        Ok::<_, crate::Error>((read?, index?))
     })?;
-    if log_print != index_print || !undecodable.is_empty() {
-        compare_index(ledger, log_print, &undecodable, &mut report)?;
+    report.events = read.entries;
+    // Damage to the log first, then what the tasks broke.
+    report.violations.splice(0..0, read.findings);
+    if read.print != index_print || !read.undecodable.is_empty() {
+        compare_index(ledger, read.print, &read.undecodable, &mut report)?;
     }
     Ok(report)
 }
 
-/// The log pass. Returns the fingerprint of the decoded events and the LSNs that did not
-/// decode.
-fn replay_log(
-    ledger: &Ledger,
-    report: &mut AuditReport,
-    progress: &mut impl FnMut(u64),
-) -> Result<(Fingerprint, Vec<u64>)> {
-    let db = ledger.db();
+/// Decoded events in LSN order, and how many log entries were read up to them.
+struct Batch {
+    events: Vec<Event>,
+    entries: u64,
+}
+
+/// What the log reader found besides the events.
+struct Read {
+    entries: u64,
+    print: Fingerprint,
+    undecodable: Vec<u64>,
+    findings: Vec<Finding>,
+}
+
+const BATCH: usize = 4096;
+
+/// Reads and decodes the log in LSN order (its own thread, so decoding and checking overlap).
+fn read_log(ledger: &Ledger, tx: mpsc::SyncSender<Batch>) -> Result<Read> {
+    let mut scratch = AuditReport::default();
     let mut lsns = LsnSequence::default();
-    let mut print = Fingerprint::default();
-    let mut undecodable = Vec::new();
-    let mut open: HashMap<TaskId, Open> = HashMap::new();
-    for item in db.iterator_cf_opt(ledger.cf(CF_LOG), scan_options(), IteratorMode::Start) {
-        let (k, v) = item?;
-        report.events += 1;
-        if report.events % PROGRESS_EVERY == 0 {
-            progress(report.events);
-        }
-        let Some(lsn) = decode_u64(&k) else {
-            report.violations.push(Finding::integrity(
+    let mut read = Read {
+        entries: 0,
+        print: Fingerprint::default(),
+        undecodable: Vec::new(),
+        findings: Vec::new(),
+    };
+    let mut events = Vec::with_capacity(BATCH);
+    let mut it = ledger
+        .db()
+        .raw_iterator_cf_opt(ledger.cf(CF_LOG), scan_options());
+    it.seek_to_first();
+    while let (Some(k), Some(v)) = (it.key(), it.value()) {
+        read.entries += 1;
+        match decode_u64(k) {
+            None => read.findings.push(Finding::integrity(
                 Integrity::EventDecodable,
                 None,
                 vec![],
                 format!("malformed log key {k:02x?}"),
-            ));
-            continue;
-        };
-        lsns.push(lsn, report);
-        let event = match decode_event(lsn, &v) {
-            Ok(event) => event,
-            Err(_) => {
-                undecodable.push(lsn);
-                continue;
+            )),
+            Some(lsn) => {
+                lsns.push(lsn, &mut scratch);
+                match decode_event(lsn, v) {
+                    Ok(event) => {
+                        read.print.add(&event.task_id.0, event.task_seq, lsn);
+                        events.push(event);
+                    }
+                    Err(_) => read.undecodable.push(lsn),
+                }
             }
-        };
-        print.add(&event.task_id.0, event.task_seq, lsn);
-        let task = event.task_id;
-        let entry = match open.entry(task) {
-            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => v.insert(reopen(ledger, &event)?),
-        };
-        entry.audit.push(&event, report);
-        entry.last_lsn = lsn;
-        if entry
-            .summary
-            .is_some_and(|s| entry.audit.state().next_seq >= s.next_seq)
-        {
-            let done = open.remove(&task).expect("present");
-            close(task, done, report);
+        }
+        if events.len() == BATCH {
+            let batch = Batch {
+                events: std::mem::replace(&mut events, Vec::with_capacity(BATCH)),
+                entries: read.entries,
+            };
+            if tx.send(batch).is_err() {
+                break; // the checker stopped on an error of its own
+            }
+        }
+        it.next();
+    }
+    it.status()?;
+    let _ = tx.send(Batch {
+        events,
+        entries: read.entries,
+    });
+    read.findings.append(&mut scratch.violations);
+    Ok(read)
+}
+
+/// Feeds every event to its open task, closing tasks as they complete.
+fn check_tasks(
+    ledger: &Ledger,
+    rx: mpsc::Receiver<Batch>,
+    report: &mut AuditReport,
+    progress: &mut impl FnMut(u64),
+) -> Result<()> {
+    let mut open: HashMap<TaskId, Open> = HashMap::new();
+    // Opened tasks whose summary is not looked up yet.
+    let mut unresolved: Vec<TaskId> = Vec::new();
+    let mut reported = 0;
+    for batch in rx {
+        for event in &batch.events {
+            let task = event.task_id;
+            let entry = match open.entry(task) {
+                Entry::Occupied(o) => o.into_mut(),
+                Entry::Vacant(v) => {
+                    unresolved.push(task);
+                    v.insert(reopen(ledger, event)?)
+                }
+            };
+            entry.audit.push(event, report);
+            entry.last_lsn = event.lsn;
+            if entry.complete() {
+                let done = open.remove(&task).expect("present");
+                close(task, done, report);
+            }
+        }
+        resolve_summaries(ledger, &mut unresolved, &mut open, report)?;
+        if batch.entries / PROGRESS_EVERY > reported {
+            reported = batch.entries / PROGRESS_EVERY;
+            progress(batch.entries);
         }
     }
-    progress(report.events);
     // Tasks with fewer events than their summary says, or without a summary.
     let mut rest: Vec<_> = open.into_iter().collect();
     rest.sort_unstable_by_key(|(task, _)| *task);
     for (task, done) in rest {
         close(task, done, report);
     }
-    Ok((print, undecodable))
+    Ok(())
+}
+
+/// Looks up the summaries of newly opened tasks in one batched read, and closes those that
+/// turn out complete.
+fn resolve_summaries(
+    ledger: &Ledger,
+    unresolved: &mut Vec<TaskId>,
+    open: &mut HashMap<TaskId, Open>,
+    report: &mut AuditReport,
+) -> Result<()> {
+    unresolved.retain(|t| open.contains_key(t));
+    unresolved.sort_unstable();
+    let keys: Vec<&[u8]> = unresolved.iter().map(|t| &t.0[..]).collect();
+    let values = ledger
+        .db()
+        .batched_multi_get_cf(ledger.cf(CF_TASKS), keys, true);
+    for (task, value) in unresolved.drain(..).zip(values) {
+        let summary = value?.and_then(|v| TaskSummary::decode(&v).ok());
+        let entry = open.get_mut(&task).expect("retained above");
+        entry.summary = Some(summary);
+        if entry.complete() {
+            let done = open.remove(&task).expect("present");
+            close(task, done, report);
+        }
+    }
+    Ok(())
 }
 
 /// Opens a task at `event`: its summary, and its earlier events when `event` is not its first
@@ -163,7 +257,7 @@ fn reopen(ledger: &Ledger, event: &Event) -> Result<Open> {
     }
     Ok(Open {
         audit,
-        summary: ledger.task_summary(event.task_id).unwrap_or(None),
+        summary: None,
         last_lsn: event.lsn,
     })
 }
@@ -176,7 +270,7 @@ fn events_before(ledger: &Ledger, task: TaskId, lsn: u64) -> Result<Vec<Event>> 
     let mut lsns = Vec::new();
     for item in db.iterator_cf(
         ledger.cf(CF_TASK_EVENTS),
-        IteratorMode::From(&start, rocksdb::Direction::Forward),
+        IteratorMode::From(&start, Direction::Forward),
     ) {
         let (k, v) = item?;
         if k[..16] != task.0 {
@@ -196,7 +290,7 @@ fn events_before(ledger: &Ledger, task: TaskId, lsn: u64) -> Result<Vec<Event>> 
 }
 
 fn close(task: TaskId, done: Open, report: &mut AuditReport) {
-    let summary = done.summary;
+    let summary = done.summary.flatten();
     let state = done.audit.finish(report);
     if summary.is_some_and(|s| s.phase == state.phase && s.next_seq == state.next_seq) {
         return;
@@ -221,19 +315,19 @@ fn close(task: TaskId, done: Open, report: &mut AuditReport) {
 /// The fingerprint of the per-task index.
 fn index_fingerprint(ledger: &Ledger) -> Result<Fingerprint> {
     let mut print = Fingerprint::default();
-    let iter = ledger.db().iterator_cf_opt(
-        ledger.cf(CF_TASK_EVENTS),
-        scan_options(),
-        IteratorMode::Start,
-    );
-    for item in iter {
-        let (k, v) = item?;
-        match (decode_task_event_key(&k), decode_u64(&v)) {
+    let mut it = ledger
+        .db()
+        .raw_iterator_cf_opt(ledger.cf(CF_TASK_EVENTS), scan_options());
+    it.seek_to_first();
+    while let (Some(k), Some(v)) = (it.key(), it.value()) {
+        match (decode_task_event_key(k), decode_u64(v)) {
             (Some((task, seq)), Some(lsn)) => print.add(&task.0, seq, lsn),
             // Counted apart, so that a malformed entry always makes the prints differ.
             _ => print.count += 1 << 32,
         }
+        it.next();
     }
+    it.status()?;
     Ok(print)
 }
 

@@ -94,7 +94,7 @@ impl TaskSummary {
         [1, code, seq[0], seq[1], seq[2], seq[3]]
     }
 
-    fn decode(bytes: &[u8]) -> Result<TaskSummary> {
+    pub(crate) fn decode(bytes: &[u8]) -> Result<TaskSummary> {
         match bytes {
             [1, code, seq @ ..] if seq.len() == 4 => Ok(TaskSummary {
                 phase: *PHASES
@@ -236,6 +236,13 @@ impl Ledger {
         self.submit(append)?
             .blocking_recv()
             .map_err(|_| Error::Closed)?
+    }
+
+    /// Writes every column family's memtable to disk, so the next open has no write-ahead log
+    /// to replay. Blocking.
+    pub fn flush(&self) -> Result<()> {
+        let cfs: Vec<_> = ALL_CFS.iter().map(|n| self.cf(n)).collect();
+        Ok(self.inner.db.flush_cfs_opt(&cfs, &rocksdb::FlushOptions::default())?)
     }
 
     /// Runs reads on the blocking pool, never on an async executor thread.

@@ -397,7 +397,9 @@ pub fn run(args: AuditArgs) -> anyhow::Result<()> {
             },
         )
         .context("opening the bench ledger")?;
-        generate(&ledger, &args)?
+        let generated = generate(&ledger, &args)?;
+        ledger.flush().context("flushing the bench ledger")?;
+        generated
     };
     let generate_seconds = started.elapsed().as_secs_f64();
     let audit = audit_in_child(&dir)?;

@@ -21,7 +21,8 @@ enum Command {
     Demo(demo::DemoArgs),
     /// A task's timeline, one line per event.
     Inspect(ops::InspectArgs),
-    /// Replay the whole ledger and check every rule; exits non-zero on any violation.
+    /// Replay the whole ledger (or, with --from-kafka, the events topic) and check every rule;
+    /// exits 0 when clean, 2 on any violation, 1 when the audit could not run.
     Audit(ops::AuditArgs),
     /// Measure a component and print one JSON object.
     Bench {
