@@ -610,7 +610,8 @@ mod tests {
             let record: EventRecord = serde_json::from_slice(&json).unwrap();
             assert_eq!(event_from_record(&record).unwrap(), event);
         }
-        let mut wrong = event_record(&history(task, vec![EventBody::DuplicateDelivery { source: src(1) }])[0]);
+        let mut wrong =
+            event_record(&history(task, vec![EventBody::DuplicateDelivery { source: src(1) }])[0]);
         wrong.lsn += 1;
         assert!(event_from_record(&wrong).is_err());
     }

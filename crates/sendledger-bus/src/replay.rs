@@ -78,14 +78,12 @@ pub fn audit_topic(
     };
     let mut tasks: BTreeMap<TaskId, Vec<Event>> = BTreeMap::new();
     while !ends.is_empty() {
-        let message = consumer
-            .poll(TIMEOUT)
-            .ok_or_else(|| {
-                failed(format!(
-                    "no record within {TIMEOUT:?} while partitions {:?} were not read to their end",
-                    ends.keys().collect::<Vec<_>>()
-                ))
-            })??;
+        let message = consumer.poll(TIMEOUT).ok_or_else(|| {
+            failed(format!(
+                "no record within {TIMEOUT:?} while partitions {:?} were not read to their end",
+                ends.keys().collect::<Vec<_>>()
+            ))
+        })??;
         let (partition, offset) = (message.partition(), message.offset());
         match ends.get(&partition) {
             Some(&end) if offset < end => {

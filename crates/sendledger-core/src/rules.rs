@@ -93,8 +93,9 @@ impl TaskCheck {
     pub fn push(&mut self, event: &Event, violations: &mut Vec<Violation>) {
         let state = &self.state;
         let lsn = event.lsn;
-        let mut flag =
-            |rule, lsns: Vec<u64>, detail: String| violations.push(Violation { rule, lsns, detail });
+        let mut flag = |rule, lsns: Vec<u64>, detail: String| {
+            violations.push(Violation { rule, lsns, detail })
+        };
         if event.task_seq != state.next_seq {
             flag(
                 Rule::Sequence,

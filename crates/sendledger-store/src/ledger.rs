@@ -242,7 +242,10 @@ impl Ledger {
     /// to replay. Blocking.
     pub fn flush(&self) -> Result<()> {
         let cfs: Vec<_> = ALL_CFS.iter().map(|n| self.cf(n)).collect();
-        Ok(self.inner.db.flush_cfs_opt(&cfs, &rocksdb::FlushOptions::default())?)
+        Ok(self
+            .inner
+            .db
+            .flush_cfs_opt(&cfs, &rocksdb::FlushOptions::default())?)
     }
 
     /// Runs reads on the blocking pool, never on an async executor thread.

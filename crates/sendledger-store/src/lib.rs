@@ -20,7 +20,7 @@ pub mod keys;
 pub mod ledger;
 
 pub use audit::audit;
-pub use sendledger_core::audit::{AuditReport, Finding};
 pub use error::{Error, Result};
 pub use journal::{Append, JournalStats, TimerKind};
 pub use ledger::{Durability, Ledger, LedgerOptions, Processed, TaskSummary};
+pub use sendledger_core::audit::{AuditReport, Finding};

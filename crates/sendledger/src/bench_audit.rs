@@ -282,9 +282,7 @@ fn generate(ledger: &Ledger, args: &AuditArgs) -> anyhow::Result<Generated> {
                 if let (Some((id, hash)), EventBody::TaskAccepted { request, .. }) =
                     (identity, &first.body)
                 {
-                    append
-                        .identities
-                        .push((request.identity.clone(), id, hash));
+                    append.identities.push((request.identity.clone(), id, hash));
                 }
                 live.push(Live {
                     id: first.task_id,
@@ -403,9 +401,7 @@ pub fn run(args: AuditArgs) -> anyhow::Result<()> {
     };
     let generate_seconds = started.elapsed().as_secs_f64();
     let audit = audit_in_child(&dir)?;
-    let violations = audit.report["violations"]
-        .as_array()
-        .map_or(0, Vec::len);
+    let violations = audit.report["violations"].as_array().map_or(0, Vec::len);
     anyhow::ensure!(
         violations == 0,
         "the audit found {violations} violations in the generated log (a bug in the generator or the audit): {}",

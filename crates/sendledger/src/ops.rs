@@ -6,8 +6,8 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use anyhow::Context;
 use clap::Args;
-use sendledger_core::{fold, Identity, TaskId};
 use sendledger_bus::{Kafka, KafkaConfig};
+use sendledger_core::{fold, Identity, TaskId};
 use sendledger_store::{AuditReport, Ledger, LedgerOptions};
 
 #[derive(Args)]
@@ -138,7 +138,11 @@ impl Progress {
     }
 
     fn update(&mut self, done: u64, total: u64) {
-        if !self.enabled || self.drawn.is_some_and(|t| t.elapsed() < Duration::from_millis(100)) {
+        if !self.enabled
+            || self
+                .drawn
+                .is_some_and(|t| t.elapsed() < Duration::from_millis(100))
+        {
             return;
         }
         self.drawn = Some(Instant::now());

@@ -1,5 +1,6 @@
 //! sendledger's workspace integration and fault tests: one test binary, one module per area.
 
+mod audit;
 mod crash;
 mod effects;
 mod engine;
