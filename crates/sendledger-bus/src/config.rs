@@ -73,6 +73,8 @@ pub enum Role {
     Producer,
     /// Metadata and topic administration.
     Admin,
+    /// A reader of whole topics (the audit): assigned partitions, nothing committed.
+    Replay,
 }
 
 /// Properties sendledger sets itself; the configuration may not override them.
@@ -182,7 +184,7 @@ impl KafkaConfig {
                 c.set("message.timeout.ms", "0");
                 c.set("linger.ms", "5");
             }
-            Role::Admin => {}
+            Role::Admin | Role::Replay => {}
         }
         for (k, v) in &self.properties {
             c.set(k, v);
@@ -198,6 +200,12 @@ impl KafkaConfig {
             Role::Producer => {
                 c.set("enable.idempotence", "true");
                 c.set("acks", "all");
+            }
+            Role::Replay => {
+                c.set("group.id", format!("{}.replay", self.group_id));
+                c.set("enable.auto.commit", "false");
+                c.set("enable.auto.offset.store", "false");
+                c.set("enable.partition.eof", "false");
             }
             Role::Admin => {}
         }

@@ -14,6 +14,10 @@ pub enum Error {
     SinkFatal(String),
     #[error("cannot encode a record: {0}")]
     Encode(String),
+    #[error("event record {event_id} cannot be read back: {detail}")]
+    BadRecord { event_id: String, detail: String },
+    #[error("replaying topic {topic}: {detail}")]
+    Replay { topic: String, detail: String },
     #[error("must be called within a tokio runtime")]
     NoRuntime,
     #[error("{what} thread stopped unexpectedly")]

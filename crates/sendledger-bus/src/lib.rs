@@ -13,6 +13,8 @@
 //!   every event to the events topic and one [`TaskResult`] per result-bearing event to the
 //!   results topic with the idempotent producer; the cursor advances only after every record up
 //!   to it is acknowledged.
+//! - [`audit_topic`]: the audit of an events topic instead of a local ledger: every record read
+//!   back into a ledger event ([`event_from_record`]) and checked with the same rules.
 //!
 //! - [`RequestProducer`]: produces request messages keyed by identity (`sendledger produce`,
 //!   the demo).
@@ -35,6 +37,7 @@ pub mod ingest;
 pub mod produce;
 pub mod publisher;
 pub mod records;
+pub mod replay;
 pub mod sink;
 
 pub use cluster::{EmbeddedCluster, Kafka};
@@ -43,7 +46,8 @@ pub use error::{Error, Result};
 pub use ingest::{Ingest, IngestStats};
 pub use produce::{request_key, RequestProducer};
 pub use publisher::{Publisher, PublisherStats, EVENT_ID_HEADER, PUBLISHER_CURSOR};
-pub use records::{EventRecord, ResultSource, ResultStatus, TaskResult};
+pub use records::{event_from_record, EventRecord, ResultSource, ResultStatus, TaskResult};
+pub use replay::audit_topic;
 pub use sink::{BoxFuture, RequestSink, SinkError};
 
 /// The librdkafka binding, re-exported so that users (and tests) of this crate can inject

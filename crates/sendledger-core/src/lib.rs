@@ -2,12 +2,14 @@
 //!
 //! Task identity and ids, validated requests, the events of the ledger, the task [`State`]
 //! as a pure [`fold`] of events, the decision functions that say what a task does next, the
-//! retry math, and the rule checker that audits an event sequence.
+//! retry math, the rule checker that audits an event sequence, and the audit's report and
+//! per-task accounting shared by every replay.
 //!
 //! This crate must never depend on RocksDB, Kafka, an async runtime, a clock or a source of
 //! randomness: time and random numbers are passed in. Everything here is deterministic, so
 //! rebuilding an actor, `inspect` and `audit` all reach the same answer from the same events.
 
+pub mod audit;
 pub mod decide;
 pub mod error;
 pub mod event;
@@ -30,5 +32,5 @@ pub use event::{
 pub use ids::{PayloadHash, TaskId};
 pub use request::{AcceptedRequest, Identity, Limits, TaskRequest};
 pub use retry::RetryPolicy;
-pub use rules::{check_task, Rule, Violation};
+pub use rules::{check_task, Rule, TaskCheck, Violation};
 pub use state::{fold, Phase, State};

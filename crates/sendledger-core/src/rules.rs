@@ -50,15 +50,52 @@ pub fn check_task<'a>(
     events: impl IntoIterator<Item = &'a Event>,
     key_ttl_ms: Option<u64>,
 ) -> (State, Vec<Violation>) {
-    let mut state = State::default();
+    let mut check = TaskCheck::new(key_ttl_ms);
     let mut violations = Vec::new();
-    let mut intent_lsn = 0u64;
-    let mut unknown_lsn = 0u64;
-    let mut terminal_lsn = 0u64;
-    let mut flag =
-        |rule, lsns: Vec<u64>, detail: String| violations.push(Violation { rule, lsns, detail });
     for event in events {
+        check.push(event, &mut violations);
+    }
+    (check.state, violations)
+}
+
+/// [`check_task`] one event at a time, for replays that see a task's events interleaved with
+/// other tasks' (the audit) and cannot hold them all.
+#[derive(Debug, Clone)]
+pub struct TaskCheck {
+    state: State,
+    key_ttl_ms: Option<u64>,
+    intent_lsn: u64,
+    unknown_lsn: u64,
+    terminal_lsn: u64,
+}
+
+impl TaskCheck {
+    pub fn new(key_ttl_ms: Option<u64>) -> TaskCheck {
+        TaskCheck {
+            state: State::default(),
+            key_ttl_ms,
+            intent_lsn: 0,
+            unknown_lsn: 0,
+            terminal_lsn: 0,
+        }
+    }
+
+    /// The task's state after the events pushed so far.
+    pub fn state(&self) -> &State {
+        &self.state
+    }
+
+    pub fn into_state(self) -> State {
+        self.state
+    }
+
+    /// Checks the task's next event, adds what it breaks to `violations`, and folds it in.
+    pub fn push(&mut self, event: &Event, violations: &mut Vec<Violation>) {
+        let state = &self.state;
         let lsn = event.lsn;
+        let mut flag = |rule, lsns: Vec<u64>, detail: String| {
+            violations.push(Violation { rule, lsns, detail })
+        };
         if event.task_seq != state.next_seq {
             flag(
                 Rule::Sequence,
@@ -98,7 +135,7 @@ pub fn check_task<'a>(
         {
             flag(
                 Rule::TerminalIsFinal,
-                vec![terminal_lsn, lsn],
+                vec![self.terminal_lsn, lsn],
                 format!(
                     "{} after the task was {}",
                     event.body.name(),
@@ -121,28 +158,28 @@ pub fn check_task<'a>(
                 if let Some(open) = state.in_flight {
                     flag(
                         Rule::IntentBeforeAttempt,
-                        vec![intent_lsn, lsn],
+                        vec![self.intent_lsn, lsn],
                         format!("attempt {attempt} intended while attempt {open} had no outcome"),
                     );
                 }
                 if state.unresolved_unknown && !state.resend_authorized {
                     let same_key =
                         idempotency_key.is_some() && *idempotency_key == state.idempotency_key;
-                    let in_ttl = match (key_ttl_ms, state.key_since) {
+                    let in_ttl = match (self.key_ttl_ms, state.key_since) {
                         (Some(ttl), Some(since)) => event.at < since.saturating_add(ttl),
                         _ => true,
                     };
                     if !same_key {
-                        flag(Rule::NoBlindResend, vec![unknown_lsn, lsn], format!("attempt {attempt} after an unknown outcome with neither the same idempotency key nor a ResendAuthorized"));
+                        flag(Rule::NoBlindResend, vec![self.unknown_lsn, lsn], format!("attempt {attempt} after an unknown outcome with neither the same idempotency key nor a ResendAuthorized"));
                     } else if !in_ttl {
                         flag(
                             Rule::NoBlindResend,
-                            vec![unknown_lsn, lsn],
+                            vec![self.unknown_lsn, lsn],
                             format!("attempt {attempt} reused the idempotency key after its TTL"),
                         );
                     }
                 }
-                intent_lsn = lsn;
+                self.intent_lsn = lsn;
             }
             EventBody::SendNotSent { attempt, .. } | EventBody::SendUnknown { attempt, .. }
                 if state.in_flight != Some(*attempt) =>
@@ -177,7 +214,7 @@ pub fn check_task<'a>(
             {
                 flag(
                     Rule::UnknownNotFailed,
-                    vec![unknown_lsn, lsn],
+                    vec![self.unknown_lsn, lsn],
                     "failed while an attempt's outcome was unknown, without review".into(),
                 );
             }
@@ -185,13 +222,12 @@ pub fn check_task<'a>(
         }
         if let EventBody::SendUnknown { .. } = event.body {
             if !state.unresolved_unknown {
-                unknown_lsn = lsn;
+                self.unknown_lsn = lsn;
             }
         }
-        state.apply(event.task_id, event.at, &event.body);
-        if state.phase.is_terminal() && terminal_lsn == 0 {
-            terminal_lsn = lsn;
+        self.state.apply(event.task_id, event.at, &event.body);
+        if self.state.phase.is_terminal() && self.terminal_lsn == 0 {
+            self.terminal_lsn = lsn;
         }
     }
-    (state, violations)
 }

@@ -42,6 +42,16 @@ pub fn task_event_key(task: TaskId, seq: u32) -> [u8; 20] {
     k
 }
 
+pub fn decode_task_event_key(key: &[u8]) -> Option<(TaskId, u32)> {
+    if key.len() != 20 {
+        return None;
+    }
+    Some((
+        TaskId(key[..16].try_into().ok()?),
+        u32::from_be_bytes(key[16..].try_into().ok()?),
+    ))
+}
+
 /// `tenant ‖ operation ‖ request_key`, each with a u16 length prefix so boundaries are exact.
 pub fn identity_key(identity: &Identity) -> Vec<u8> {
     let mut k = Vec::with_capacity(
@@ -127,6 +137,7 @@ mod tests {
         assert!(marker < offset_marker_key("requests", 3, 256));
         assert!(offset_marker_key("requests", 3, i64::MAX) < offset_key("requests", 4));
         assert!(task_event_key(t, 9) < task_event_key(t, 10));
+        assert_eq!(decode_task_event_key(&task_event_key(t, 9)), Some((t, 9)));
         let a = Identity {
             tenant: "ab".into(),
             operation: "c".into(),

@@ -94,7 +94,7 @@ impl TaskSummary {
         [1, code, seq[0], seq[1], seq[2], seq[3]]
     }
 
-    fn decode(bytes: &[u8]) -> Result<TaskSummary> {
+    pub(crate) fn decode(bytes: &[u8]) -> Result<TaskSummary> {
         match bytes {
             [1, code, seq @ ..] if seq.len() == 4 => Ok(TaskSummary {
                 phase: *PHASES
@@ -245,6 +245,22 @@ impl Ledger {
         self.submit(append)?
             .blocking_recv()
             .map_err(|_| Error::Closed)?
+    }
+
+    /// Writes every column family's memtable to disk and compacts it fully, so the next open
+    /// has no write-ahead log to replay and no compaction to catch up on. Blocking, and as
+    /// long as rewriting the whole ledger: for tools (the audit benchmark), not the service.
+    pub fn compact(&self) -> Result<()> {
+        let cfs: Vec<_> = ALL_CFS.iter().map(|n| self.cf(n)).collect();
+        self.inner
+            .db
+            .flush_cfs_opt(&cfs, &rocksdb::FlushOptions::default())?;
+        for cf in cfs {
+            self.inner
+                .db
+                .compact_range_cf(cf, None::<&[u8]>, None::<&[u8]>);
+        }
+        Ok(())
     }
 
     /// Runs reads on the blocking pool, never on an async executor thread.
@@ -460,6 +476,22 @@ impl Ledger {
             .get_cf(self.cf(CF_CURSORS), name.as_bytes())?
             .map(|v| decode_u64(&v).ok_or(Error::BadValue { what: "cursors" }))
             .transpose()
+    }
+}
+
+/// Damage for the audit tests. Test-only: compiled only with the `fault-injection` feature,
+/// which only the workspace test crate enables.
+#[cfg(feature = "fault-injection")]
+impl Ledger {
+    /// Stores `bytes` under `lsn` in the log as they are, bypassing the journal, the envelope
+    /// and the indexes (an undecodable event, or an event the index does not know).
+    pub fn inject_raw_log_entry(&self, lsn: u64, bytes: &[u8]) -> Result<()> {
+        Ok(self.inner.db.put_cf(self.cf(CF_LOG), lsn_key(lsn), bytes)?)
+    }
+
+    /// Removes the log entry at `lsn` and nothing else (a gap the index still points into).
+    pub fn delete_log_entry(&self, lsn: u64) -> Result<()> {
+        Ok(self.inner.db.delete_cf(self.cf(CF_LOG), lsn_key(lsn))?)
     }
 }
 

@@ -4,7 +4,12 @@
 //! (events per task, task summaries, identities), Kafka processed offsets, durable timers and
 //! publisher cursors. Every write goes through one group-commit [`journal`] thread, which turns
 //! all pending appends into one `WriteBatch` and one fsync, and assigns log sequence numbers in
-//! commit order with no gaps.
+//! commit order with no gaps. [`audit()`] replays the whole ledger against the rules of
+//! DESIGN.md §2 and the integrity of the log and its indexes, in memory bounded by the tasks in
+//! progress.
+//!
+//! The `fault-injection` feature (test-only; only the workspace test crate enables it) adds raw
+//! writes to the log, to build damaged ledgers for the audit tests.
 //!
 //! This is the only crate that depends on `rocksdb`. It may depend on `sendledger-core` for the
 //! types it stores, and on the `metrics` facade (never an exporter: the binary installs one),
@@ -20,7 +25,8 @@ pub mod journal;
 pub mod keys;
 pub mod ledger;
 
-pub use audit::{audit, AuditReport, Finding};
+pub use audit::audit;
 pub use error::{Error, Result};
 pub use journal::{Append, JournalStats, TimerKind};
 pub use ledger::{Durability, Ledger, LedgerOptions, Processed, TaskSummary};
+pub use sendledger_core::audit::{AuditReport, Finding};

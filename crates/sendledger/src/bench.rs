@@ -19,6 +19,8 @@ pub enum Bench {
     Effects(crate::bench_effects::EffectsArgs),
     /// Tasks per second through the whole engine against the simulated remote.
     Engine(crate::bench_engine::EngineArgs),
+    /// Events per second through `sendledger audit` on a generated ledger, and its peak memory.
+    Audit(crate::bench_audit::AuditArgs),
     /// Tasks per second end to end through Kafka (embedded cluster): ingest, engine, publisher,
     /// until every result is read back from the results topic.
     Kafka(crate::bench_kafka::KafkaArgs),
@@ -43,6 +45,7 @@ pub fn run(bench: Bench) -> anyhow::Result<()> {
         Bench::Ledger(args) => ledger(args),
         Bench::Effects(args) => crate::bench_effects::run(args),
         Bench::Engine(args) => crate::bench_engine::run(args),
+        Bench::Audit(args) => crate::bench_audit::run(args),
         Bench::Kafka(args) => crate::bench_kafka::run(args),
     }
 }

@@ -28,7 +28,8 @@ enum Command {
     SimRemote(serve::SimRemoteArgs),
     /// A task's timeline, one line per event.
     Inspect(ops::InspectArgs),
-    /// Replay the whole ledger and check every rule; exits non-zero on any violation.
+    /// Replay the whole ledger (or, with --from-kafka, the events topic) and check every rule;
+    /// exits 0 when clean, 2 on any violation, 1 when the audit could not run.
     Audit(ops::AuditArgs),
     /// List and resolve tasks in manual review, on a running service (--admin URL) or on a
     /// stopped ledger (--data DIR).

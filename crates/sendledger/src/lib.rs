@@ -10,6 +10,7 @@
 
 pub mod admin;
 mod bench;
+mod bench_audit;
 mod bench_effects;
 mod bench_engine;
 mod bench_kafka;

@@ -1,11 +1,14 @@
-//! Operator commands on a ledger directory: `inspect` and `audit`.
+//! Operator commands: `inspect` a task, `audit` a ledger directory or an events topic.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
+use sendledger_bus::{Kafka, KafkaConfig};
 use sendledger_core::fold;
-use sendledger_store::{Ledger, LedgerOptions};
+use sendledger_store::{AuditReport, Ledger, LedgerOptions};
 
 use crate::timeline::{parse_task, task_json, time};
 
@@ -29,6 +32,25 @@ pub struct AuditArgs {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+    /// Replay this events topic instead of the local ledger: the same rule checks, without the
+    /// index checks that exist only for a ledger. Holds the topic's events in memory.
+    #[arg(long, value_name = "TOPIC")]
+    from_kafka: Option<String>,
+    /// Bootstrap servers of the cluster holding the topic (with --from-kafka) [default:
+    /// localhost:9092].
+    #[arg(long, value_name = "HOST:PORT,...", requires = "from_kafka")]
+    brokers: Option<String>,
+    /// A librdkafka property for the Kafka client, such as `security.protocol=SSL`
+    /// (repeatable; with --from-kafka).
+    #[arg(long = "kafka-property", value_name = "KEY=VALUE", value_parser = parse_property, requires = "from_kafka")]
+    kafka_properties: Vec<(String, String)>,
+}
+
+fn parse_property(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .filter(|(k, _)| !k.is_empty())
+        .ok_or_else(|| format!("`{s}` is not KEY=VALUE"))
 }
 
 fn open(data: &PathBuf) -> anyhow::Result<Ledger> {
@@ -76,26 +98,90 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Returns whether the ledger is clean.
-pub fn audit(args: AuditArgs) -> anyhow::Result<bool> {
-    let ledger = open(&args.data)?;
-    let last = ledger.last_lsn().max(1);
-    let report = sendledger_store::audit(&ledger, |n| {
-        if !args.json {
-            eprint!(
-                "\raudit: {n} of {last} events ({:.0}%)",
-                n as f64 * 100.0 / last as f64
-            );
+/// A one-line progress bar on stderr, drawn only when stderr is a terminal, at most ten times
+/// a second.
+struct Progress {
+    enabled: bool,
+    started: Instant,
+    drawn: Option<Instant>,
+}
+
+impl Progress {
+    fn new() -> Progress {
+        Progress {
+            enabled: std::io::stderr().is_terminal(),
+            started: Instant::now(),
+            drawn: None,
         }
-    })?;
+    }
+
+    fn update(&mut self, done: u64, total: u64) {
+        if !self.enabled
+            || self
+                .drawn
+                .is_some_and(|t| t.elapsed() < Duration::from_millis(100))
+        {
+            return;
+        }
+        self.drawn = Some(Instant::now());
+        let total = total.max(done).max(1);
+        let width = 30;
+        let filled = (done * width / total) as usize;
+        let rate = done as f64 / self.started.elapsed().as_secs_f64().max(1e-3);
+        eprint!(
+            "\raudit [{}{}] {:>3}%  {done}/{total} events  {rate:.0}/s ",
+            "#".repeat(filled),
+            ".".repeat(width as usize - filled),
+            done * 100 / total
+        );
+    }
+
+    fn finish(&self) {
+        if self.drawn.is_some() {
+            eprintln!();
+        }
+    }
+}
+
+/// Audits the ledger, or the events topic with `--from-kafka`. Returns whether it is clean.
+pub fn audit(args: AuditArgs) -> anyhow::Result<bool> {
+    let mut progress = Progress::new();
+    let report = match &args.from_kafka {
+        Some(topic) => {
+            let brokers = args.brokers.as_deref().unwrap_or("localhost:9092");
+            anyhow::ensure!(
+                brokers != sendledger_bus::config::EMBEDDED,
+                "an embedded cluster starts empty; pass the --brokers that hold {topic}"
+            );
+            let config = KafkaConfig {
+                brokers: brokers.into(),
+                events_topic: topic.clone(),
+                properties: args.kafka_properties.iter().cloned().collect(),
+                ..KafkaConfig::default()
+            };
+            let kafka = Kafka::connect(config).context("configuring the Kafka client")?;
+            sendledger_bus::audit_topic(&kafka, topic, |n, total| progress.update(n, total))
+                .with_context(|| format!("auditing topic {topic} at {brokers}"))?
+        }
+        None => {
+            let ledger = open(&args.data)?;
+            let total = ledger.last_lsn();
+            sendledger_store::audit(&ledger, |n| progress.update(n, total))?
+        }
+    };
+    progress.finish();
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(report.is_clean());
+    } else {
+        print_report(&report);
     }
-    eprintln!();
+    Ok(report.is_clean())
+}
+
+fn print_report(report: &AuditReport) {
     println!(
-        "events {}   tasks {}   attempts {}",
-        report.events, report.tasks, report.attempts
+        "{}: events {}   tasks {}   attempts {}",
+        report.source, report.events, report.tasks, report.attempts
     );
     for (state, n) in &report.tasks_by_state {
         println!("  {state:<14} {n}");
@@ -117,6 +203,9 @@ pub fn audit(args: AuditArgs) -> anyhow::Result<bool> {
         report.conflicts,
         report.rejected_inputs
     );
+    for skipped in &report.skipped_checks {
+        println!("not checked: {skipped}");
+    }
     if report.is_clean() {
         println!("violations: none");
     } else {
@@ -131,5 +220,4 @@ pub fn audit(args: AuditArgs) -> anyhow::Result<bool> {
             );
         }
     }
-    Ok(report.is_clean())
 }

@@ -1,6 +1,7 @@
 //! sendledger's workspace integration and fault tests: one test binary, one module per area.
 
 mod admin;
+mod audit;
 mod cli;
 mod crash;
 mod deploy;

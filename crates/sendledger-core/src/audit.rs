@@ -1,0 +1,236 @@
+//! The audit's report and the accounting every replay shares.
+//!
+//! A replay (of the local ledger in the store crate, of the events topic in the bus crate) feeds
+//! each task's events in task order to a [`TaskAudit`], which checks them against the rules of
+//! DESIGN.md §2 ([`crate::rules`]) and counts what they add to the [`AuditReport`]; it feeds
+//! every LSN in order to an [`LsnSequence`]. What it finds about the log itself is an
+//! [`Integrity`] finding. So both replays report the same rules with the same names.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::event::{Event, EventBody, Evidence, UnknownCause};
+use crate::ids::TaskId;
+use crate::rules::{TaskCheck, Violation};
+use crate::state::{Phase, State};
+
+/// Damage to the log itself (as opposed to a [`crate::rules::Rule`] broken by a task's events).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Integrity {
+    /// LSNs run 1, 2, 3... with no gap and no position holding two different events.
+    LsnContiguous,
+    /// Every stored event decodes (known envelope version, valid bincode, stored under its own
+    /// LSN; on the events topic: a valid JSON event record).
+    EventDecodable,
+    /// The local ledger's indexes agree with the log: every event is indexed under its task
+    /// and sequence number, every index entry points to that event, and each task's stored
+    /// summary (phase, number of events) equals the fold of its events.
+    IndexConsistent,
+}
+
+impl Integrity {
+    pub fn name(self) -> &'static str {
+        match self {
+            Integrity::LsnContiguous => "lsn-contiguous",
+            Integrity::EventDecodable => "event-decodable",
+            Integrity::IndexConsistent => "index-consistent",
+        }
+    }
+}
+
+/// A broken rule or a damaged log, naming the task (when it is known) and the LSNs involved.
+///
+/// `rule` is a [`crate::rules::Rule`] name (`intent-before-attempt`, `no-blind-resend`, `unknown-not-failed`,
+/// `terminal-is-final`, `sequence`) or an [`Integrity`] name (`lsn-contiguous`,
+/// `event-decodable`, `index-consistent`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    pub task_id: Option<String>,
+    pub rule: &'static str,
+    pub lsns: Vec<u64>,
+    pub detail: String,
+}
+
+impl Finding {
+    pub fn integrity(
+        kind: Integrity,
+        task: Option<TaskId>,
+        lsns: Vec<u64>,
+        detail: impl Into<String>,
+    ) -> Finding {
+        Finding {
+            task_id: task.map(|t| t.to_string()),
+            rule: kind.name(),
+            lsns,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// What an audit found. Violations are listed in the order they were found.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct AuditReport {
+    /// What was replayed: `ledger <dir>` or `kafka topic <name>`.
+    pub source: String,
+    pub events: u64,
+    pub last_lsn: u64,
+    pub tasks: u64,
+    pub tasks_by_state: BTreeMap<&'static str, u64>,
+    pub attempts: u64,
+    pub unknown_outcomes: u64,
+    pub unknowns_resolved_by_lookup: u64,
+    pub unknowns_resolved_by_same_key_resend: u64,
+    pub unknowns_resolved_by_authorized_resend: u64,
+    pub unknowns_resolved_by_operator: u64,
+    pub unknowns_open: u64,
+    pub recovered_after_crash: u64,
+    pub manual_reviews_open: u64,
+    pub duplicates_dropped: u64,
+    pub conflicts: u64,
+    pub rejected_inputs: u64,
+    /// Checks this replay could not make, and why (e.g. index checks on a topic replay).
+    pub skipped_checks: Vec<String>,
+    pub violations: Vec<Finding>,
+}
+
+impl AuditReport {
+    pub fn is_clean(&self) -> bool {
+        self.violations.is_empty()
+    }
+}
+
+/// One task under audit: its events are pushed in task order, then it is finished once.
+#[derive(Debug, Clone)]
+pub struct TaskAudit {
+    task: TaskId,
+    check: TaskCheck,
+    unknown: bool,
+    authorized: bool,
+    scratch: Vec<Violation>,
+}
+
+impl TaskAudit {
+    pub fn new(task: TaskId) -> TaskAudit {
+        TaskAudit {
+            task,
+            check: TaskCheck::new(None),
+            unknown: false,
+            authorized: false,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// The task's state after the events pushed so far.
+    pub fn state(&self) -> &State {
+        self.check.state()
+    }
+
+    /// Checks the task's next event, reports what it breaks and counts what it adds.
+    pub fn push(&mut self, event: &Event, report: &mut AuditReport) {
+        self.check.push(event, &mut self.scratch);
+        for v in self.scratch.drain(..) {
+            report.violations.push(Finding {
+                task_id: Some(self.task.to_string()),
+                rule: v.rule.name(),
+                lsns: v.lsns,
+                detail: v.detail,
+            });
+        }
+        match &event.body {
+            EventBody::SendUnknown { cause, .. } => {
+                report.unknown_outcomes += 1;
+                if *cause == UnknownCause::Recovery {
+                    report.recovered_after_crash += 1;
+                }
+                self.unknown = true;
+            }
+            EventBody::ResendAuthorized { .. } => self.authorized = true,
+            EventBody::Confirmed { evidence, .. } if self.unknown => match evidence {
+                Evidence::Lookup => report.unknowns_resolved_by_lookup += 1,
+                Evidence::Response { .. } if self.authorized => {
+                    report.unknowns_resolved_by_authorized_resend += 1
+                }
+                Evidence::Response { .. } => report.unknowns_resolved_by_same_key_resend += 1,
+                Evidence::Operator { .. } => report.unknowns_resolved_by_operator += 1,
+            },
+            EventBody::InputRejected { .. } => report.rejected_inputs += 1,
+            _ => {}
+        }
+    }
+
+    /// Counts the task's final state into the report and returns it.
+    pub fn finish(self, report: &mut AuditReport) -> State {
+        let state = self.check.into_state();
+        report.tasks += 1;
+        *report.tasks_by_state.entry(state.phase.name()).or_default() += 1;
+        report.attempts += u64::from(state.attempts);
+        report.duplicates_dropped += u64::from(state.duplicates);
+        report.conflicts += u64::from(state.conflicts);
+        if state.phase == Phase::ManualReview {
+            report.manual_reviews_open += 1;
+        }
+        if state.unresolved_unknown {
+            report.unknowns_open += 1;
+        }
+        state
+    }
+}
+
+/// Checks that LSNs fed in ascending order run 1, 2, 3... without a gap.
+#[derive(Debug, Clone)]
+pub struct LsnSequence {
+    expected: u64,
+}
+
+impl Default for LsnSequence {
+    fn default() -> Self {
+        LsnSequence { expected: 1 }
+    }
+}
+
+impl LsnSequence {
+    /// The next LSN present; a gap before it is reported.
+    pub fn push(&mut self, lsn: u64, report: &mut AuditReport) {
+        if lsn > self.expected {
+            let missing = if lsn == self.expected + 1 {
+                self.expected.to_string()
+            } else {
+                format!("{}..{}", self.expected, lsn - 1)
+            };
+            report.violations.push(Finding::integrity(
+                Integrity::LsnContiguous,
+                None,
+                vec![self.expected - 1, lsn],
+                format!("LSN gap: {missing} missing"),
+            ));
+        }
+        self.expected = self.expected.max(lsn + 1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gaps_name_the_positions_around_them() {
+        let mut report = AuditReport::default();
+        let mut seq = LsnSequence::default();
+        for lsn in [1, 2, 4, 7, 8] {
+            seq.push(lsn, &mut report);
+        }
+        let found: Vec<_> = report
+            .violations
+            .iter()
+            .map(|f| (f.rule, f.lsns.clone(), f.detail.as_str()))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ("lsn-contiguous", vec![2, 4], "LSN gap: 3 missing"),
+                ("lsn-contiguous", vec![4, 7], "LSN gap: 5..6 missing"),
+            ]
+        );
+    }
+}
