@@ -73,11 +73,59 @@ pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
     const APPENDS: [f64; 12] = [
         1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
     ];
-    PrometheusBuilder::new()
+    let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &SECONDS)?
         .set_buckets_for_metric(Matcher::Suffix("_appends".into()), &APPENDS)?
         .install_recorder()
-        .context("installing the metrics recorder (one per process)")
+        .context("installing the metrics recorder (one per process)")?;
+    describe();
+    Ok(handle)
+}
+
+/// `# HELP` text of every metric.
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(
+        "sendledger_attempts_total",
+        "Attempt outcomes recorded, by class (succeeded, rejected, not_sent, unknown)."
+    );
+    describe_counter!(
+        "sendledger_lookups_total",
+        "Lookups at remotes, by outcome (none, one, several, error)."
+    );
+    describe_counter!(
+        "sendledger_duplicates_dropped_total",
+        "Deliveries dropped as duplicates: by identity (a known request) or offset (already processed)."
+    );
+    describe_counter!(
+        "sendledger_results_published_total",
+        "Result records acknowledged by Kafka."
+    );
+    describe_histogram!(
+        "sendledger_journal_batch_appends",
+        Unit::Count,
+        "Appends per journal write batch (group commit)."
+    );
+    describe_histogram!(
+        "sendledger_journal_fsync_seconds",
+        Unit::Seconds,
+        "Time of each journal batch write, its fsync included."
+    );
+    describe_gauge!(
+        "sendledger_consumer_lag_messages",
+        Unit::Count,
+        "Requests-topic consumer lag per partition."
+    );
+    describe_gauge!("sendledger_tasks", "Tasks in the ledger, by state.");
+    describe_gauge!(
+        "sendledger_unknowns_open",
+        "Tasks whose outcome is unknown and being reconciled."
+    );
+    describe_gauge!(
+        "sendledger_unknown_oldest_age_seconds",
+        Unit::Seconds,
+        "Age of the oldest open unknown outcome."
+    );
 }
 
 /// A running admin endpoint.

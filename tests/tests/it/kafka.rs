@@ -1188,6 +1188,10 @@ async fn run_and_produce_commands() {
         .expect("run prints its admin address")
         .to_string();
     let metrics = tokio::task::block_in_place(|| http_get(&admin, "/metrics"));
+    assert!(
+        metrics.contains("# HELP sendledger_attempts_total Attempt outcomes"),
+        "{metrics}"
+    );
     for series in [
         "sendledger_attempts_total{class=\"succeeded\"} 20",
         "sendledger_tasks{state=\"succeeded\"} 20",
