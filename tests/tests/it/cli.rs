@@ -107,3 +107,149 @@ fn sim_remote_serves_until_sigterm() {
     assert_eq!(stats["records"], 1, "{stats}");
     assert_eq!(stats["duplicates"], 0, "{stats}");
 }
+
+/// The commented example configurations work together as shipped: `sim-remote` with
+/// `schemas/sim-remote.example.toml` (faults and lookup lag included), `run` with
+/// `schemas/sendledger.example.toml` (its own embedded Kafka; only the ledger directory, the
+/// admin port, the target's address and its token set from the environment), fed by `produce`.
+#[test]
+fn the_example_configs_run_together() {
+    let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+    let dir = tempfile::tempdir().unwrap();
+    let mut sim = cli()
+        .args(["sim-remote", "--listen", "127.0.0.1:0", "--config"])
+        .arg(root.join("schemas/sim-remote.example.toml"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut sim_out = std::io::BufReader::new(sim.stdout.take().unwrap());
+    let mut line = String::new();
+    sim_out.read_line(&mut line).unwrap();
+    let base = line
+        .split_whitespace()
+        .skip_while(|w| *w != "create=POST")
+        .nth(1)
+        .and_then(|u| u.strip_suffix("/records"))
+        .unwrap_or_else(|| panic!("no create url in {line:?}"))
+        .to_string();
+
+    let mut run = cli()
+        .args(["run", "--config"])
+        .arg(root.join("schemas/sendledger.example.toml"))
+        .env("SENDLEDGER__STORAGE__DATA", dir.path().join("ledger"))
+        .env("SENDLEDGER__ADMIN__LISTEN", "127.0.0.1:0")
+        .env(
+            "SENDLEDGER__TARGETS__PAYMENTS__URL",
+            format!("{base}/records"),
+        )
+        .env(
+            "SENDLEDGER__TARGETS__PAYMENTS__LOOKUP__URL",
+            format!("{base}/records?reference={{tenant}}:{{request_key}}"),
+        )
+        .env("PAYMENTS_TOKEN", "example-token")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut run_out = std::io::BufReader::new(run.stdout.take().unwrap());
+    let mut ready = String::new();
+    run_out.read_line(&mut ready).unwrap();
+    let word = |prefix: &str| {
+        ready
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} in {ready:?}"))
+            .to_string()
+    };
+    let (brokers, admin) = (word("brokers="), word("admin=http://"));
+
+    let lines: Vec<String> = (0..20)
+        .map(|i| {
+            serde_json::json!({
+                "tenant": "acme", "operation": "payment.create", "request_key": format!("ex-{i}"),
+                "target": "payments", "payload": { "amount": 100 + i, "currency": "EUR" }
+            })
+            .to_string()
+        })
+        .collect();
+    let file = dir.path().join("requests.jsonl");
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    let sent = cli()
+        .args(["produce", "--brokers", &brokers])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        sent.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sent.stderr)
+    );
+
+    // Every task accepted; most succeed at once (the rest wait for lookups or retries).
+    let gauge = |metrics: &str, state: &str| -> u64 {
+        let prefix = format!("sendledger_tasks{{state=\"{state}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .map_or(0, |v| v.parse().unwrap())
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let metrics = loop {
+        let metrics = http_get(&admin, "/metrics");
+        let states = [
+            "accepted",
+            "sending",
+            "retry_wait",
+            "unknown",
+            "manual_review",
+            "succeeded",
+            "rejected",
+            "failed",
+        ];
+        let total: u64 = states.iter().map(|s| gauge(&metrics, s)).sum();
+        if total == 20 && gauge(&metrics, "succeeded") >= 15 {
+            break metrics;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not settled:\n{metrics}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    };
+    assert_eq!(
+        gauge(&metrics, "failed") + gauge(&metrics, "rejected"),
+        0,
+        "{metrics}"
+    );
+
+    // SAFETY: kill(2) on our own children's pids.
+    unsafe {
+        assert_eq!(libc::kill(run.id() as i32, libc::SIGTERM), 0);
+        assert_eq!(libc::kill(sim.id() as i32, libc::SIGTERM), 0);
+    }
+    assert!(run.wait().unwrap().success());
+    let mut stats = String::new();
+    sim_out.read_line(&mut stats).unwrap();
+    assert!(sim.wait().unwrap().success());
+    let stats: serde_json::Value = serde_json::from_str(&stats).unwrap();
+    assert_eq!(stats["duplicates"], 0, "{stats}");
+    assert!(
+        stats["records"].as_u64().unwrap() >= gauge(&metrics, "succeeded"),
+        "{stats}"
+    );
+}
+
+/// The body of `GET path` on `addr` (HTTP/1.1, connection closed by the server).
+pub fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    body.to_string()
+}
