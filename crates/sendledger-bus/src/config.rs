@@ -177,6 +177,13 @@ impl KafkaConfig {
                 c.set("auto.offset.reset", "earliest");
                 // Statistics carry the consumer lag exported as a metric.
                 c.set("statistics.interval.ms", "5000");
+                if self.is_embedded() {
+                    // The cluster lives in this process: no network to be lenient about, and a
+                    // restarted consumer should not wait out the default 45 s session of the
+                    // member it replaces.
+                    c.set("session.timeout.ms", "6000");
+                    c.set("heartbeat.interval.ms", "500");
+                }
             }
             Role::Producer => {
                 // A broker outage delays delivery; it never fails a message (which would
