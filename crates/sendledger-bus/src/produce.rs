@@ -1,7 +1,11 @@
 //! Producing request messages: what `sendledger produce` and the demo use to feed the requests
-//! topic, the way a client application would.
+//! topic, the way a client application would; and the one way records are handed to a
+//! producer (waiting while its queue is full), used by the publisher too.
+
+use std::time::Duration;
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::ToBytes;
 use rdkafka::producer::future_producer::DeliveryFuture;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use sendledger_core::TaskRequest;
@@ -38,44 +42,45 @@ impl RequestProducer {
     }
 
     /// Sends every `(key, value)` message in order and waits until each is acknowledged;
-    /// returns their `(partition, offset)`. `after_ack` is called with the number acknowledged
-    /// so far. Must be called within a tokio runtime.
+    /// returns their `(partition, offset)`. Must be called within a tokio runtime.
     pub async fn send_all(
         &self,
         messages: impl IntoIterator<Item = (Option<String>, Vec<u8>)>,
-        mut after_ack: impl FnMut(usize),
     ) -> Result<Vec<(i32, i64)>> {
-        let mut pending: std::collections::VecDeque<DeliveryFuture> = Default::default();
-        let mut acked = Vec::new();
+        let mut pending = Vec::new();
         for (key, value) in messages {
             let mut record = FutureRecord::to(&self.topic).payload(&value);
             if let Some(k) = &key {
                 record = record.key(k.as_str());
             }
-            loop {
-                match self.producer.send_result(record) {
-                    Ok(delivery) => {
-                        pending.push_back(delivery);
-                        break;
-                    }
-                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                        record = r;
-                        let Some(oldest) = pending.pop_front() else {
-                            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                            continue;
-                        };
-                        acked.push(ack(oldest).await?);
-                        after_ack(acked.len());
-                    }
-                    Err((e, _)) => return Err(e.into()),
-                }
-            }
+            pending.push(enqueue(&self.producer, record).await?);
         }
-        while let Some(delivery) = pending.pop_front() {
+        let mut acked = Vec::with_capacity(pending.len());
+        for delivery in pending {
             acked.push(ack(delivery).await?);
-            after_ack(acked.len());
         }
         Ok(acked)
+    }
+}
+
+/// Hands `record` to the producer, waiting while its queue is full.
+pub(crate) async fn enqueue<K, P>(
+    producer: &FutureProducer,
+    mut record: FutureRecord<'_, K, P>,
+) -> std::result::Result<DeliveryFuture, KafkaError>
+where
+    K: ToBytes + ?Sized,
+    P: ToBytes + ?Sized,
+{
+    loop {
+        match producer.send_result(record) {
+            Ok(delivery) => return Ok(delivery),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                record = r;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            Err((e, _)) => return Err(e),
+        }
     }
 }
 

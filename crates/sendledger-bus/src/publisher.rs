@@ -22,10 +22,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::produce::enqueue;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
-use rdkafka::types::RDKafkaErrorCode;
 use sendledger_core::{Event, TaskId};
 use sendledger_store::{Append, Ledger};
 
@@ -293,28 +293,16 @@ impl Worker {
                 key: EVENT_ID_HEADER,
                 value: Some(rec.event_id.as_str()),
             });
-            let mut record = FutureRecord::to(topic)
+            let record = FutureRecord::to(topic)
                 .key(&rec.key)
                 .payload(&rec.payload)
                 .headers(headers);
-            loop {
-                match self.producer.send_result(record) {
-                    Ok(delivery) => {
-                        pending.push(delivery);
-                        break;
-                    }
-                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                        record = r;
-                        tokio::time::sleep(Duration::from_millis(2)).await;
-                    }
-                    Err((e, _)) => {
-                        failed = Some(e);
-                        break;
-                    }
+            match enqueue(&self.producer, record).await {
+                Ok(delivery) => pending.push(delivery),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
                 }
-            }
-            if failed.is_some() {
-                break;
             }
         }
         for delivery in pending {

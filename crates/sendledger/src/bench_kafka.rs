@@ -65,9 +65,7 @@ async fn bench(args: KafkaArgs) -> anyhow::Result<()> {
         (Some(request_key(&r)), serde_json::to_vec(&r).expect("JSON"))
     });
     let produce_started = Instant::now();
-    RequestProducer::new(&kafka)?
-        .send_all(messages, |_| {})
-        .await?;
+    RequestProducer::new(&kafka)?.send_all(messages).await?;
     let produce_secs = produce_started.elapsed().as_secs_f64();
 
     let results = ResultsReader::start(&kafka)?;

@@ -128,7 +128,7 @@ async fn demo(args: DemoArgs, data: PathBuf) -> anyhow::Result<bool> {
             (Some(request_key(&r)), serde_json::to_vec(&r).expect("JSON"))
         })
         .collect();
-    let produce = tokio::spawn(async move { producer.send_all(messages, |_| {}).await });
+    let produce = tokio::spawn(async move { producer.send_all(messages).await });
 
     // Restart once half of the tasks have their result.
     let n = args.tasks as usize;

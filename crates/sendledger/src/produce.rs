@@ -82,7 +82,7 @@ pub fn produce(args: ProduceArgs) -> anyhow::Result<bool> {
     let producer = RequestProducer::new(&kafka)?;
     let acked = runtime
         .block_on(async {
-            tokio::time::timeout(args.timeout, producer.send_all(messages, |_| {})).await
+            tokio::time::timeout(args.timeout, producer.send_all(messages)).await
         })
         .map_err(|_| {
             anyhow::anyhow!(

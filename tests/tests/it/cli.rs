@@ -1,10 +1,40 @@
 //! The `sendledger` command as a user runs it: a child process, its exit code and output.
 
 use std::io::BufRead;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 
-fn cli() -> Command {
+pub fn cli() -> Command {
     Command::new(env!("CARGO_BIN_EXE_sendledger_cli"))
+}
+
+/// Starts `sendledger run --config FILE` with `env` added, waits for its `ready` line, and
+/// returns the child and that line. Later output is drained, so the child never blocks on (or
+/// writes to) a closed pipe.
+pub fn start_run(config: &std::path::Path, env: &[(&str, String)]) -> (Child, String) {
+    let mut child = cli()
+        .args(["run", "--config"])
+        .arg(config)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert!(
+        line.starts_with("ready "),
+        "unexpected first line: {line:?}"
+    );
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    (child, line)
+}
+
+/// The value after `prefix` in a `ready` line (`brokers=`, `admin=http://`, ...).
+pub fn ready_field(line: &str, prefix: &str) -> String {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(prefix))
+        .unwrap_or_else(|| panic!("no {prefix} in {line:?}"))
+        .to_string()
 }
 
 /// The main job: the whole pipeline through embedded Kafka with faults, duplicates and a
@@ -133,34 +163,27 @@ fn the_example_configs_run_together() {
         .unwrap_or_else(|| panic!("no create url in {line:?}"))
         .to_string();
 
-    let mut run = cli()
-        .args(["run", "--config"])
-        .arg(root.join("schemas/sendledger.example.toml"))
-        .env("SENDLEDGER__STORAGE__DATA", dir.path().join("ledger"))
-        .env("SENDLEDGER__ADMIN__LISTEN", "127.0.0.1:0")
-        .env(
-            "SENDLEDGER__TARGETS__PAYMENTS__URL",
-            format!("{base}/records"),
-        )
-        .env(
-            "SENDLEDGER__TARGETS__PAYMENTS__LOOKUP__URL",
-            format!("{base}/records?reference={{tenant}}:{{request_key}}"),
-        )
-        .env("PAYMENTS_TOKEN", "example-token")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut run_out = std::io::BufReader::new(run.stdout.take().unwrap());
-    let mut ready = String::new();
-    run_out.read_line(&mut ready).unwrap();
-    let word = |prefix: &str| {
-        ready
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix(prefix))
-            .unwrap_or_else(|| panic!("no {prefix} in {ready:?}"))
-            .to_string()
-    };
-    let (brokers, admin) = (word("brokers="), word("admin=http://"));
+    let (mut run, ready) = start_run(
+        &root.join("schemas/sendledger.example.toml"),
+        &[
+            (
+                "SENDLEDGER__STORAGE__DATA",
+                dir.path().join("ledger").display().to_string(),
+            ),
+            ("SENDLEDGER__ADMIN__LISTEN", "127.0.0.1:0".into()),
+            (
+                "SENDLEDGER__TARGETS__PAYMENTS__URL",
+                format!("{base}/records"),
+            ),
+            (
+                "SENDLEDGER__TARGETS__PAYMENTS__LOOKUP__URL",
+                format!("{base}/records?reference={{tenant}}:{{request_key}}"),
+            ),
+            ("PAYMENTS_TOKEN", "example-token".into()),
+        ],
+    );
+    let brokers = ready_field(&ready, "brokers=");
+    let admin = ready_field(&ready, "admin=http://");
 
     let lines: Vec<String> = (0..20)
         .map(|i| {

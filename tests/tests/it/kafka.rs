@@ -1014,25 +1014,7 @@ async fn process_killed_mid_run_against_a_separate_broker() {
     };
     produce(&kafka, messages(early)).await;
 
-    let spawn = || {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sendledger_cli"))
-            .arg("run")
-            .arg("--config")
-            .arg(&config_file)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
-        assert!(
-            line.starts_with("ready "),
-            "unexpected first line: {line:?}"
-        );
-        // Keep reading, so that the child never writes to a closed pipe.
-        std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-        child
-    };
+    let spawn = || crate::cli::start_run(&config_file, &[]).0;
     let mut child = tokio::task::block_in_place(spawn);
     // Kill while creates are in flight at the remote.
     let deadline = Instant::now() + WAIT;
@@ -1101,21 +1083,9 @@ async fn run_and_produce_commands() {
     );
     assert!(config.contains("127.0.0.1:0"), "{config}");
     std::fs::write(&config_file, config).unwrap();
-    let cli = || Command::new(env!("CARGO_BIN_EXE_sendledger_cli"));
+    let cli = crate::cli::cli;
 
-    let mut run = cli()
-        .args(["run", "--config"])
-        .arg(&config_file)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = std::io::BufReader::new(run.stdout.take().unwrap());
-    let mut line = String::new();
-    tokio::task::block_in_place(|| std::io::BufRead::read_line(&mut out, &mut line)).unwrap();
-    assert!(
-        line.starts_with("ready "),
-        "unexpected first line: {line:?}"
-    );
+    let (mut run, line) = tokio::task::block_in_place(|| crate::cli::start_run(&config_file, &[]));
 
     let keys: Vec<String> = (0..20).map(|i| format!("cli-{i}")).collect();
     let mut lines: Vec<String> = keys
@@ -1182,11 +1152,7 @@ async fn run_and_produce_commands() {
     assert_eq!((sim.stats().records, sim.stats().duplicates), (20, 0));
 
     // The service's admin endpoint counts what happened.
-    let admin = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("admin=http://"))
-        .expect("run prints its admin address")
-        .to_string();
+    let admin = crate::cli::ready_field(&line, "admin=http://");
     let metrics = tokio::task::block_in_place(|| crate::cli::http_get(&admin, "/metrics"));
     assert!(
         metrics.contains("# HELP sendledger_attempts_total Attempt outcomes"),
