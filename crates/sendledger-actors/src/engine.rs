@@ -6,11 +6,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use sendledger_core::decide::{decide, Ctx, Input, OperatorResolution};
+use sendledger_core::decide::{decide, Ctx, Input, OperatorResolution, REJECTED_RAW_KEEP};
 use sendledger_core::{
-    Event, EventBody, Limits, NewEvent, Phase, Source, State, TaskId, TaskRequest,
+    AcceptedRequest, Event, EventBody, Identity, Limits, Phase, Source, State, TaskId,
+    TaskRequest,
 };
-use sendledger_store::{Append, Durability, Ledger, LedgerOptions, TaskSummary};
+use sendledger_store::{Durability, Ledger, LedgerOptions};
 use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
@@ -87,6 +88,7 @@ struct Inner {
     ledger: Ledger,
     remote: Arc<dyn Remote>,
     limits: Limits,
+    durability: Durability,
     system: System,
     stopped: std::sync::Mutex<Option<oneshot::Receiver<()>>>,
 }
@@ -103,6 +105,19 @@ impl Engine {
                 durability: config.durability,
             },
         )?;
+        if config.durability == Durability::Buffered {
+            tracing::warn!(
+                ledger = %config.ledger_dir.display(),
+                "durability is `buffered`: acknowledged events are not fsynced and can be lost on \
+                 power loss or an OS crash, and with them the proof that a request was sent; \
+                 use `storage.durability = \"sync\"` in production"
+            );
+        }
+        let mode = match config.durability {
+            Durability::Sync => "sync",
+            Durability::Buffered => "buffered",
+        };
+        metrics::gauge!("sendledger_ledger_durability", "mode" => mode).set(1.0);
         let active = ledger.active_tasks()?;
         let timers = ledger.due_timers(u64::MAX, usize::MAX)?;
 
@@ -167,6 +182,7 @@ impl Engine {
                 ledger,
                 remote,
                 limits: config.limits,
+                durability: config.durability,
                 system,
                 stopped: std::sync::Mutex::new(Some(stopped_rx)),
             }),
@@ -177,69 +193,86 @@ impl Engine {
         &self.inner.ledger
     }
 
+    /// Whether appends are fsynced before they are acknowledged.
+    pub fn durability(&self) -> Durability {
+        self.inner.durability
+    }
+
     /// Validates a request and hands it to its task. Returns once what it caused is durable:
     /// the acceptance (and first intent), a duplicate delivery, or a conflict.
+    ///
+    /// A request whose identity the ledger already knows goes to its task even when it no
+    /// longer passes today's checks (a limit tightened, its target removed since): it is a
+    /// redelivery or a conflict, never a new rejected task.
     pub async fn submit(&self, request: TaskRequest, source: Source) -> Result<Reply> {
-        let request = request.accept(&self.inner.limits)?;
-        if self.inner.remote.policy(&request.target).is_none() {
-            return Err(Error::UnknownTarget(request.target));
+        let accepted = match self.validate(&request) {
+            Ok(accepted) => accepted,
+            Err(invalid) => match self.known(&request).await? {
+                Some(accepted) => accepted,
+                None => return Err(invalid),
+            },
+        };
+        let task_id = accepted.task_id();
+        self.route(
+            task_id,
+            TaskInput::Deliver {
+                request: accepted,
+                source,
+            },
+        )
+        .await
+    }
+
+    fn validate(&self, request: &TaskRequest) -> Result<AcceptedRequest> {
+        let accepted = request.accept(&self.inner.limits)?;
+        if self.inner.remote.policy(&accepted.target).is_none() {
+            return Err(Error::UnknownTarget(accepted.target));
         }
-        let task_id = request.task_id();
-        self.route(task_id, TaskInput::Deliver { request, source })
-            .await
+        Ok(accepted)
+    }
+
+    /// The request as its task compares it, when the ledger knows its identity.
+    async fn known(&self, request: &TaskRequest) -> Result<Option<AcceptedRequest>> {
+        let identity = Identity {
+            tenant: request.tenant.clone(),
+            operation: request.operation.clone(),
+            request_key: request.request_key.clone(),
+        };
+        let known = self
+            .inner
+            .ledger
+            .read(move |l| l.identity(&identity))
+            .await?;
+        if known.is_none() {
+            return Ok(None);
+        }
+        // Only the size limits are lifted: the message itself was bounded by the consumer.
+        let unbounded = Limits {
+            max_identity_len: usize::MAX,
+            max_target_len: usize::MAX,
+            max_payload_bytes: usize::MAX,
+            max_metadata_bytes: usize::MAX,
+        };
+        Ok(request.accept(&unbounded).ok())
     }
 
     /// Records a message of the requests topic that is not a valid request, so that its
     /// rejected result is published like any other and its offset counts as processed.
-    /// `raw` keeps at most 4 KiB of the message. A second call for the same source records
-    /// nothing new.
+    /// The ledger keeps at most 4 KiB of `raw`. It goes through the task actor of the message's
+    /// own task id, so concurrent calls for one message record it once.
     pub async fn reject_input(&self, source: Source, reason: String, raw: &[u8]) -> Result<Reply> {
         let task_id = TaskId::for_rejected_input(&source.topic, source.partition, source.offset);
-        let known = self
-            .inner
-            .ledger
-            .read(move |l| l.task_summary(task_id))
-            .await?;
-        if known.is_some() {
-            return Ok(Reply {
-                task_id,
-                phase: Phase::Rejected,
-                lsns: 0..0,
-                events: Vec::new(),
-            });
-        }
         tracing::warn!(source = %source, %reason, "invalid request rejected");
-        let offsets = vec![(source.topic.clone(), source.partition, source.offset)];
-        let raw = raw[..raw.len().min(4096)].to_vec();
-        let body = EventBody::InputRejected {
-            source,
-            reason,
-            raw,
-        };
-        let append = Append {
-            events: vec![NewEvent {
-                task_id,
-                task_seq: 0,
-                at: crate::now_ms(),
-                body,
-            }],
-            tasks: vec![(
-                task_id,
-                TaskSummary {
-                    phase: Phase::Rejected,
-                    next_seq: 1,
-                },
-            )],
-            offsets,
-            ..Append::default()
-        };
-        let lsns = self.inner.ledger.append(append).await?;
-        Ok(Reply {
+        let raw = raw[..raw.len().min(REJECTED_RAW_KEEP)].to_vec();
+        self.route(
             task_id,
-            phase: Phase::Rejected,
-            lsns,
-            events: vec!["InputRejected"],
-        })
+            TaskInput::Reject {
+                source,
+                reason,
+                raw,
+            },
+        )
+        .await
     }
 
     /// An operator's decision on a task in manual review (or a note on any task), handled by

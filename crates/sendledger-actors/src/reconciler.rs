@@ -20,6 +20,8 @@ use crate::task::TaskInput;
 pub struct LookupJob {
     pub task_id: TaskId,
     pub request: AcceptedRequest,
+    /// The task's latest attempt when the lookup was issued; its result is about this attempt.
+    pub attempt: u32,
     /// Records created before this time cannot be the task's.
     pub since: u64,
 }
@@ -54,7 +56,7 @@ impl Reconciler {
             };
             self.running += 1;
             let lookup = self.remote.lookup(&job.request, job.since);
-            let task_id = job.task_id;
+            let (task_id, attempt) = (job.task_id, job.attempt);
             ctx.spawn(lookup.into_actor(self).map(move |result, act, ctx| {
                 act.running -= 1;
                 let outcome = match &result {
@@ -68,7 +70,7 @@ impl Reconciler {
                     }
                 };
                 metrics::counter!("sendledger_lookups_total", "outcome" => outcome).increment(1);
-                act.registry.do_send(Route { task_id, input: TaskInput::Lookup { result } });
+                act.registry.do_send(Route { task_id, input: TaskInput::Lookup { attempt, result } });
                 act.pump(ctx);
             }));
         }

@@ -132,7 +132,10 @@ impl Handler<Route> for Registry {
         let Route { task_id, input } = msg;
         let live = self.live.contains_key(&task_id);
         let takes_new_work =
-            matches!(input, TaskInput::Deliver { .. } | TaskInput::Operator(_)) || !live;
+            matches!(
+            input,
+            TaskInput::Deliver { .. } | TaskInput::Reject { .. } | TaskInput::Operator(_)
+        ) || !live;
         if self.draining && takes_new_work && !matches!(input, TaskInput::Lookup { .. }) {
             return Box::pin(async { Err(Error::ShuttingDown) });
         }

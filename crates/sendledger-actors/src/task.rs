@@ -45,9 +45,16 @@ pub enum TaskInput {
         due: u64,
     },
     Lookup {
+        attempt: u32,
         result: std::result::Result<Vec<String>, String>,
     },
     Recover,
+    /// A requests-topic message that is not a valid request (see [`Input::Reject`]).
+    Reject {
+        source: Source,
+        reason: String,
+        raw: Vec<u8>,
+    },
     Operator(OperatorResolution),
     /// An attempt of the task ended (internal: sent by the actor to itself).
     Outcome {
@@ -157,9 +164,21 @@ impl TaskActor {
                 clear = Some(due);
                 Input::Wake
             }
-            TaskInput::Lookup { result } => {
+            TaskInput::Lookup { attempt, result } => {
                 self.lookup_in_flight = false;
-                Input::Lookup { result }
+                Input::Lookup { attempt, result }
+            }
+            TaskInput::Reject {
+                source: s,
+                reason,
+                raw,
+            } => {
+                source = Some(s.clone());
+                Input::Reject {
+                    source: s,
+                    reason,
+                    raw,
+                }
             }
             TaskInput::Recover => Input::Recover,
             TaskInput::Operator(op) => Input::Operator(op),
@@ -220,7 +239,12 @@ impl TaskActor {
         match action {
             Action::None => {}
             Action::WakeAt(at) => self.shared.timers.do_send(Schedule { at, task_id }),
-            Action::Lookup => {
+            Action::Lookup { attempt } => {
+                // At most one lookup per task: a second wake while one is out (a stored timer
+                // and recovery's wake, say) waits for its result, which schedules what follows.
+                if self.lookup_in_flight {
+                    return;
+                }
                 let Some(request) = self.state.request.clone() else {
                     return;
                 };
@@ -229,6 +253,7 @@ impl TaskActor {
                 self.shared.reconciler.do_send(LookupJob {
                     task_id,
                     request,
+                    attempt,
                     since,
                 });
             }

@@ -88,6 +88,8 @@ const RESERVED: &[&str] = &[
     "acks",
     "request.required.acks",
     "enable.partition.eof",
+    // `latest` would skip requests that were never processed.
+    "auto.offset.reset",
 ];
 
 impl KafkaConfig {
@@ -276,6 +278,11 @@ mod tests {
             .insert("enable.auto.commit".into(), "true".into());
         let err = c.validate().unwrap_err().to_string();
         assert!(err.contains("`properties.enable.auto.commit`"), "{err}");
+        let mut c = KafkaConfig::default();
+        c.properties
+            .insert("auto.offset.reset".into(), "latest".into());
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("`properties.auto.offset.reset`"), "{err}");
     }
 
     #[test]

@@ -56,6 +56,8 @@ pub const SOURCE_HEADER: &str = "sendledger-source";
 
 const RETRY_INITIAL: Duration = Duration::from_millis(50);
 const RETRY_MAX: Duration = Duration::from_secs(5);
+/// Longest wait for a partition's start and end offsets.
+const WATERMARK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Counters of a running ingest.
 #[derive(Debug, Default)]
@@ -76,11 +78,22 @@ pub struct IngestStats {
     pub pauses: AtomicU64,
     /// Offset commits requested.
     pub commits: AtomicU64,
+    /// Requests deleted from the topic (retention, or a broker's size limit) before they were
+    /// processed: offsets the consumer's position jumped over.
+    pub lost: AtomicU64,
+    /// Partitions refused because the ledger's processed offsets cannot belong to them (the
+    /// topic was recreated), with why.
+    pub blocked: Mutex<BTreeMap<i32, String>>,
 }
 
 impl IngestStats {
     pub fn get(counter: &AtomicU64) -> u64 {
         counter.load(Ordering::Relaxed)
+    }
+
+    /// The refused partitions and why.
+    pub fn blocked(&self) -> BTreeMap<i32, String> {
+        self.blocked.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
 
@@ -208,7 +221,7 @@ struct Done {
     generation: u64,
     offset: i64,
     outcome: Outcome,
-    chain: Option<(String, u64)>,
+    chain: (String, u64),
 }
 
 /// What the thread knows of one assigned partition.
@@ -223,6 +236,10 @@ struct PartitionState {
     done_through: Option<i64>,
     /// The ledger's watermark as last read or raised.
     folded: Option<i64>,
+    /// The last offset received, to notice the position jumping over deleted messages.
+    last_seen: Option<i64>,
+    /// The partition is refused: its messages are ignored and no offset is stored.
+    blocked: bool,
 }
 
 struct Tracker {
@@ -256,6 +273,8 @@ impl Tracker {
                 unfinished: 0,
                 done_through: None,
                 folded: None,
+                last_seen: None,
+                blocked: false,
             },
         ) {
             self.orphans += old.unfinished;
@@ -270,10 +289,9 @@ impl Tracker {
 
     /// Applies a finished message; stores the partition's new done prefix.
     fn apply(&mut self, consumer: &BaseConsumer<IngestContext>, topic: &str, done: Done) {
-        if let Some((key, seq)) = &done.chain {
-            if self.chains.get(key).is_some_and(|(s, _)| s == seq) {
-                self.chains.remove(key);
-            }
+        let (key, seq) = &done.chain;
+        if self.chains.get(key).is_some_and(|(s, _)| s == seq) {
+            self.chains.remove(key);
         }
         if let Outcome::Fatal(e) = &done.outcome {
             self.fatal.get_or_insert_with(|| e.clone());
@@ -563,6 +581,104 @@ impl<S: RequestSink> Worker<S> {
         }
     }
 
+    /// Checks a newly assigned partition against the ledger's watermark. Returns whether it must
+    /// be refused: a watermark at or above the partition's end means the processed offsets
+    /// belong to another incarnation of the topic (deleted and recreated while the ledger was
+    /// kept); consuming would drop new requests as duplicates of old ones. Unprocessed offsets
+    /// below the partition's start were deleted before they were processed: counted as lost.
+    fn check_partition(&self, partition: i32, watermark: Option<i64>) -> bool {
+        let was_blocked = self
+            .stats
+            .blocked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&partition)
+            .is_some();
+        if was_blocked {
+            metrics::gauge!("sendledger_partition_blocked", "partition" => partition.to_string())
+                .set(0.0);
+        }
+        let Some(watermark) = watermark else {
+            return false;
+        };
+        let (low, high) = match self
+            .consumer
+            .fetch_watermarks(&self.topic, partition, WATERMARK_TIMEOUT)
+        {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(partition, error = %e, "cannot read the partition's offsets; not checked against the ledger");
+                return false;
+            }
+        };
+        if watermark >= high {
+            let why = format!(
+                "the ledger processed offsets of {}/{partition} up to {watermark}, but the partition \
+                 ends at {high}: the topic was recreated (or the ledger belongs to another cluster). \
+                 Nothing of it is consumed. If the old topic is gone for good, stop the service and \
+                 run `sendledger offsets reset --data DIR --topic {} --partition {partition}`",
+                self.topic, self.topic
+            );
+            tracing::error!(topic = %self.topic, partition, watermark, high, "{why}");
+            metrics::gauge!("sendledger_partition_blocked", "partition" => partition.to_string())
+                .set(1.0);
+            self.stats
+                .blocked
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(partition, why);
+            if let Err(e) = self.pause_partition(partition) {
+                tracing::warn!(partition, error = %e, "cannot pause the refused partition; its messages are ignored");
+            }
+            return true;
+        }
+        self.count_deleted(partition, watermark + 1, low);
+        false
+    }
+
+    /// Offsets from `from` up to `to` (exclusive) that the partition no longer holds (below its
+    /// start offset) were deleted before they were processed: an error, counted per partition.
+    /// Gaps above the start offset are normal (transaction markers, compaction).
+    fn count_deleted(&self, partition: i32, from: i64, to: i64) {
+        let low = if to > from {
+            match self
+                .consumer
+                .fetch_watermarks(&self.topic, partition, WATERMARK_TIMEOUT)
+            {
+                Ok((low, _)) => low,
+                Err(e) => {
+                    tracing::warn!(partition, error = %e, "cannot read the partition's start offset; a gap is not checked");
+                    return;
+                }
+            }
+        } else {
+            return;
+        };
+        let end = low.min(to);
+        if end <= from {
+            return;
+        }
+        let lost = (end - from) as u64;
+        tracing::error!(
+            topic = %self.topic,
+            partition,
+            first = from,
+            last = end - 1,
+            lost,
+            "requests were deleted from the topic before they were processed (retention or the \
+             broker's size limit): they are lost to sendledger; ask their producers to send them again"
+        );
+        self.stats.lost.fetch_add(lost, Ordering::Relaxed);
+        metrics::counter!("sendledger_requests_lost_total", "partition" => partition.to_string())
+            .increment(lost);
+    }
+
+    fn pause_partition(&self, partition: i32) -> rdkafka::error::KafkaResult<()> {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&self.topic, partition);
+        self.consumer.pause(&tpl)
+    }
+
     /// Reads the ledger's processed offsets of a partition, retrying while the ledger fails.
     fn load_processed(&self, partition: i32) -> Result<Option<Processed>> {
         let mut delay = RETRY_INITIAL;
@@ -601,11 +717,14 @@ impl<S: RequestSink> Worker<S> {
             let Some(processed) = self.load_processed(partition)? else {
                 return Ok(());
             };
+            let blocked = self.check_partition(partition, processed.watermark);
             let mut t = lock(&self.tracker);
             if let Some(p) = t.parts.get_mut(&partition) {
                 tracing::debug!(partition, watermark = ?processed.watermark, above = processed.above.len(), "processed offsets loaded");
                 p.folded = processed.watermark;
+                p.last_seen = processed.watermark;
                 p.processed = Some(processed);
+                p.blocked = blocked;
             }
         }
         let generation = {
@@ -613,6 +732,14 @@ impl<S: RequestSink> Worker<S> {
             let Some(part) = t.parts.get_mut(&partition) else {
                 return Ok(());
             };
+            if part.blocked {
+                return Ok(());
+            }
+            let jumped = part.last_seen.filter(|last| offset > last + 1);
+            part.last_seen = Some(part.last_seen.map_or(offset, |last| last.max(offset)));
+            if let Some(last) = jumped {
+                self.count_deleted(partition, last + 1, offset);
+            }
             if part.processed.as_ref().is_some_and(|p| p.contains(offset)) {
                 self.stats
                     .duplicates_dropped
@@ -647,22 +774,25 @@ impl<S: RequestSink> Worker<S> {
                 Err(e) => Work::Reject(e.to_string()),
             },
         };
-        // Messages of one identity reach the sink in partition order.
-        let (chain, prev, signal) = match &work {
-            Work::Submit(r) => {
-                let id = format!("{}\u{0}{}\u{0}{}", r.tenant, r.operation, r.request_key);
-                let (tx, rx) = oneshot::channel();
-                let mut t = lock(&self.tracker);
-                let seq = t.next_chain;
-                t.next_chain += 1;
-                let prev = t
-                    .chains
-                    .insert(id.clone(), (seq, Some(rx)))
-                    .and_then(|(_, rx)| rx);
-                (Some((id, seq)), prev, Some(tx))
-            }
-            Work::Reject(_) => (None, None, None),
+        // Messages of one identity reach the sink in partition order, and two jobs for one
+        // message (redelivered across a rebalance while the first is still at work) one after
+        // the other.
+        let id = match &work {
+            Work::Submit(r) => format!("{}\u{0}{}\u{0}{}", r.tenant, r.operation, r.request_key),
+            Work::Reject(_) => format!("\u{1}{partition}\u{0}{offset}"),
         };
+        let (tx, rx) = oneshot::channel();
+        let (seq, prev) = {
+            let mut t = lock(&self.tracker);
+            let seq = t.next_chain;
+            t.next_chain += 1;
+            let prev = t
+                .chains
+                .insert(id.clone(), (seq, Some(rx)))
+                .and_then(|(_, rx)| rx);
+            (seq, prev)
+        };
+        let (chain, signal) = ((id, seq), tx);
         let job = Job {
             sink: self.sink.clone(),
             stop: self.stop.clone(),
@@ -745,6 +875,15 @@ impl<S: RequestSink> Job<S> {
 
     async fn reject(&self, reason: String) -> Outcome {
         let mut delay = RETRY_INITIAL;
+        // Recorded already by an earlier job for the same message: no second dead letter.
+        let recorded = self
+            .sink
+            .processed(self.source.topic.clone(), self.source.partition)
+            .await
+            .is_ok_and(|p| p.contains(self.source.offset));
+        if recorded {
+            return Outcome::Recorded;
+        }
         if let Some(dl) = &self.dead_letters {
             let source = self.source.to_string();
             loop {

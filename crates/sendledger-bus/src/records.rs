@@ -70,6 +70,40 @@ pub enum ResultEvidence {
     Operator { by: String, reason: String },
 }
 
+/// Why a task is in manual review, for machines (`reason` says it in words).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ResultReview {
+    /// Several remote records match the task (listed in `remote_ids`).
+    MultipleMatches,
+    /// The latest unknown attempt's observation window closed and the lookups found no record.
+    DeadlinePassed { lookups: u32 },
+    /// The window closed while the lookups themselves failed: whether a record exists is not
+    /// known. Not evidence of absence.
+    LookupsFailed { lookups: u32, last_error: String },
+    /// The outcome is unknown and the target has no lookup.
+    NoLookup,
+}
+
+impl From<&ReviewReason> for ResultReview {
+    fn from(reason: &ReviewReason) -> Self {
+        match reason {
+            ReviewReason::MultipleMatches { .. } => ResultReview::MultipleMatches,
+            ReviewReason::DeadlinePassed { lookups } => ResultReview::DeadlinePassed {
+                lookups: *lookups,
+            },
+            ReviewReason::LookupsFailed {
+                lookups,
+                last_error,
+            } => ResultReview::LookupsFailed {
+                lookups: *lookups,
+                last_error: last_error.clone(),
+            },
+            ReviewReason::NoLookup => ResultReview::NoLookup,
+        }
+    }
+}
+
 /// One result of one task on the results topic.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -89,6 +123,8 @@ pub struct TaskResult {
     pub evidence: Option<ResultEvidence>,
     /// Why the task did not succeed, in words.
     pub reason: Option<String>,
+    /// Why the task needs a person (manual_review only).
+    pub review: Option<ResultReview>,
     /// The remote's answer to a refused request.
     pub detail: Option<String>,
     /// The remote's HTTP status of a refused request.
@@ -281,6 +317,7 @@ pub fn result_for(event: &Event, history: &[Event]) -> Option<TaskResult> {
                 remote_id: None,
                 evidence: None,
                 reason: Some(reason.clone()),
+                review: None,
                 detail: None,
                 http_status: None,
                 remote_ids: Vec::new(),
@@ -308,6 +345,7 @@ pub fn result_for(event: &Event, history: &[Event]) -> Option<TaskResult> {
                 remote_id: None,
                 evidence: None,
                 reason: None,
+                review: None,
                 detail: None,
                 http_status: None,
                 remote_ids: Vec::new(),
@@ -346,6 +384,7 @@ pub fn result_for(event: &Event, history: &[Event]) -> Option<TaskResult> {
                 EventBody::ManualReviewRequired { reason } => {
                     r.status = ResultStatus::ManualReview;
                     r.reason = Some(reason.to_string());
+                    r.review = Some(reason.into());
                     if let ReviewReason::MultipleMatches { remote_ids } = reason {
                         r.remote_ids = remote_ids.clone();
                     }
@@ -497,6 +536,46 @@ mod tests {
         assert_eq!(rec.body["source"]["offset"], 9);
     }
 
+    /// A review after lookups that failed until the deadline says so, for people and machines,
+    /// and never reads as "no record found".
+    #[test]
+    fn a_review_result_tells_failed_lookups_from_absent_records() {
+        use sendledger_core::UnknownCause;
+        let (task, acc) = accepted();
+        let review = |reason| {
+            let h = history(
+                task,
+                vec![
+                    acc.clone(),
+                    EventBody::SendIntended {
+                        attempt: 1,
+                        idempotency_key: None,
+                    },
+                    EventBody::SendUnknown {
+                        attempt: 1,
+                        cause: UnknownCause::Timeout,
+                    },
+                    EventBody::ManualReviewRequired { reason },
+                ],
+            );
+            result_for(&h[3], &h).unwrap()
+        };
+        let failed = review(ReviewReason::LookupsFailed {
+            lookups: 0,
+            last_error: "lookup answered 503".into(),
+        });
+        assert_eq!(failed.status, ResultStatus::ManualReview);
+        let json = serde_json::to_value(&failed).unwrap();
+        assert_eq!(json["review"]["kind"], "lookups_failed");
+        assert_eq!(json["review"]["last_error"], "lookup answered 503");
+        let reason = failed.reason.unwrap();
+        assert!(reason.contains("lookups failed") && reason.contains("503"), "{reason}");
+        assert!(!reason.contains("no remote record found"), "{reason}");
+        let absent = review(ReviewReason::DeadlinePassed { lookups: 5 });
+        let json = serde_json::to_value(&absent).unwrap();
+        assert_eq!(json["review"], serde_json::json!({ "kind": "deadline_passed", "lookups": 5 }));
+    }
+
     /// Every kind of event body (and every variant inside one) survives the events topic.
     #[test]
     fn every_event_reads_back_from_its_record() {
@@ -585,6 +664,12 @@ mod tests {
             },
             EventBody::ManualReviewRequired {
                 reason: ReviewReason::NoLookup,
+            },
+            EventBody::ManualReviewRequired {
+                reason: ReviewReason::LookupsFailed {
+                    lookups: 2,
+                    last_error: "lookup answered 503".into(),
+                },
             },
             EventBody::ResendAuthorized {
                 by: "ann".into(),

@@ -22,7 +22,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 use sendledger_core::audit::{AuditReport, Finding, Integrity, LsnSequence, TaskAudit};
-use sendledger_core::{Event, TaskId};
+use sendledger_core::{CheckConfig, Event, TaskId};
 
 use crate::cluster::Kafka;
 use crate::config::Role;
@@ -36,6 +36,7 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 pub fn audit_topic(
     kafka: &Kafka,
     topic: &str,
+    config: CheckConfig,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<AuditReport> {
     let failed = |detail: String| Error::Replay {
@@ -115,7 +116,7 @@ pub fn audit_topic(
     for (task, mut events) in tasks {
         events.sort_by_key(|e| e.lsn);
         events.dedup();
-        let mut audit = TaskAudit::new(task);
+        let mut audit = TaskAudit::new(task, config);
         for event in &events {
             lsns.push(event.lsn);
             audit.push(event, &mut report);

@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use crate::event::{Event, EventBody, Evidence, UnknownCause};
 use crate::ids::TaskId;
-use crate::rules::{TaskCheck, Violation};
+use crate::rules::{CheckConfig, TaskCheck, Violation};
 use crate::state::{Phase, State};
 
 /// Damage to the log itself (as opposed to a [`crate::rules::Rule`] broken by a task's events).
@@ -42,7 +42,7 @@ impl Integrity {
 /// A broken rule or a damaged log, naming the task (when it is known) and the LSNs involved.
 ///
 /// `rule` is a [`crate::rules::Rule`] name (`intent-before-attempt`, `no-blind-resend`, `unknown-not-failed`,
-/// `terminal-is-final`, `sequence`) or an [`Integrity`] name (`lsn-contiguous`,
+/// `terminal-is-final`, `sequence`, `policy-resend-limit`) or an [`Integrity`] name (`lsn-contiguous`,
 /// `event-decodable`, `index-consistent`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Finding {
@@ -111,10 +111,10 @@ pub struct TaskAudit {
 }
 
 impl TaskAudit {
-    pub fn new(task: TaskId) -> TaskAudit {
+    pub fn new(task: TaskId, config: CheckConfig) -> TaskAudit {
         TaskAudit {
             task,
-            check: TaskCheck::new(None),
+            check: TaskCheck::new(config),
             unknown: false,
             authorized: false,
             scratch: Vec::new(),

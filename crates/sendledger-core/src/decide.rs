@@ -21,7 +21,19 @@ pub struct Policy {
     pub reconcile: Option<ReconcilePolicy>,
     /// Set when the target honours an idempotency key: how long the remote remembers one.
     pub idempotency_ttl_ms: Option<u64>,
+    /// A key is reused only while it has at least this long left to live, so a resend never
+    /// reaches the remote after it forgot the key (clock skew, queueing, the request's time in
+    /// flight).
+    pub idempotency_ttl_margin_ms: u64,
 }
+
+/// The `by` of a `ResendAuthorized` recorded by a target's policy rather than by a person.
+/// Operator names may not start with [`POLICY_PREFIX`].
+pub const POLICY_RESEND_BY: &str = "policy:resend_when_absent";
+pub const POLICY_PREFIX: &str = "policy:";
+
+/// How many resends `resend_when_absent` authorizes per task unless configured otherwise.
+pub const DEFAULT_MAX_POLICY_RESENDS: u32 = 1;
 
 /// How unknown outcomes are reconciled by asking the remote.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,11 +42,14 @@ pub struct ReconcilePolicy {
     pub first_check_ms: u64,
     /// Delay between lookups that found nothing.
     pub check_interval_ms: u64,
-    /// From the first unknown outcome: after this, zero matches leads to manual review (or an
-    /// authorized resend when `resend_when_absent`).
+    /// The observation window of each attempt whose outcome became unknown, counted from that
+    /// outcome: after it, zero matches lead to manual review (or an authorized resend when
+    /// `resend_when_absent`).
     pub deadline_ms: u64,
-    /// Authorize one resend, recorded as an event, when the deadline passes with no record.
+    /// Authorize a resend, recorded as an event, when the deadline passes with no record.
     pub resend_when_absent: bool,
+    /// At most this many resends are authorized by the policy per task; after that, review.
+    pub max_policy_resends: u32,
 }
 
 /// What the caller supplies to a decision: the time and a random number.
@@ -102,8 +117,11 @@ pub enum Input {
         attempt: u32,
         outcome: AttemptOutcome,
     },
-    /// A lookup ended: the matching remote ids, or why the lookup itself failed.
+    /// A lookup ended: the matching remote ids, or why the lookup itself failed. `attempt` is
+    /// the task's latest attempt when the lookup was issued: a result issued before a later
+    /// attempt says nothing about that attempt and is ignored.
     Lookup {
+        attempt: u32,
         result: std::result::Result<Vec<String>, String>,
     },
     /// A timer of the task is due (retry or check).
@@ -111,7 +129,17 @@ pub enum Input {
     /// The process started and found the task not terminal.
     Recover,
     Operator(OperatorResolution),
+    /// A requests-topic message that is not a valid request, recorded as the only event of
+    /// its own task (`TaskId::for_rejected_input`). A second delivery of it records nothing.
+    Reject {
+        source: Source,
+        reason: String,
+        raw: Vec<u8>,
+    },
 }
+
+/// How much of a rejected message's raw bytes the ledger keeps.
+pub const REJECTED_RAW_KEEP: usize = 4096;
 
 /// What the caller does once the decision's events are durable.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -124,8 +152,8 @@ pub enum Action {
     },
     /// Wake the task (deliver [`Input::Wake`]) at this time.
     WakeAt(Millis),
-    /// Ask the remote for records matching the task.
-    Lookup,
+    /// Ask the remote for records matching the task, about this attempt (the latest).
+    Lookup { attempt: u32 },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -155,8 +183,11 @@ pub fn decide(state: &State, input: Input, ctx: Ctx<'_>) -> Result<Decision> {
                 outcome_of(state, attempt, outcome, ctx, &mut d);
             }
         }
-        Input::Lookup { result } => {
-            if state.phase == Phase::Unknown && state.in_flight.is_none() {
+        Input::Lookup { attempt, result } => {
+            if state.phase == Phase::Unknown
+                && state.in_flight.is_none()
+                && attempt == state.attempts
+            {
                 lookup_result(state, result, ctx, &mut d);
             }
         }
@@ -174,6 +205,20 @@ pub fn decide(state: &State, input: Input, ctx: Ctx<'_>) -> Result<Decision> {
             _ => {}
         },
         Input::Operator(resolution) => operator(state, resolution, ctx, &mut d)?,
+        Input::Reject {
+            source,
+            reason,
+            mut raw,
+        } => {
+            if state.phase == Phase::New {
+                raw.truncate(REJECTED_RAW_KEEP);
+                d.events.push(EventBody::InputRejected {
+                    source,
+                    reason,
+                    raw,
+                });
+            }
+        }
     }
     Ok(d)
 }
@@ -214,7 +259,7 @@ fn intend(state: &State, fresh_key: bool, ctx: Ctx<'_>, d: &mut Decision) {
     let idempotency_key = ctx.policy.idempotency_ttl_ms.map(|ttl| {
         match (
             &state.idempotency_key,
-            key_alive(state, ttl, ctx.now) && !fresh_key,
+            key_alive(state, ctx.policy, ttl, ctx.now) && !fresh_key,
         ) {
             (Some(key), true) => key.clone(),
             _ => format!("{}-{}", task_id_hex(state), state.key_generation + 1),
@@ -238,15 +283,19 @@ fn task_id_hex(state: &State) -> String {
         .unwrap_or_default()
 }
 
-fn key_alive(state: &State, ttl: u64, now: Millis) -> bool {
-    matches!((&state.idempotency_key, state.key_since), (Some(_), Some(since)) if now < since.saturating_add(ttl))
+/// The current key has more than the margin left to live: a request sent now reaches a remote
+/// that still remembers it.
+fn key_alive(state: &State, policy: &Policy, ttl: u64, now: Millis) -> bool {
+    matches!((&state.idempotency_key, state.key_since), (Some(_), Some(since))
+        if now.saturating_add(policy.idempotency_ttl_margin_ms) < since.saturating_add(ttl))
 }
 
 /// After an unknown outcome the same key may be resent while the remote remembers it.
 fn can_resend_same_key(state: &State, ctx: Ctx<'_>) -> bool {
     match ctx.policy.idempotency_ttl_ms {
         Some(ttl) => {
-            key_alive(state, ttl, ctx.now) && state.attempts < ctx.policy.retry.max_attempts
+            key_alive(state, ctx.policy, ttl, ctx.now)
+                && state.attempts < ctx.policy.retry.max_attempts
         }
         None => false,
     }
@@ -385,12 +434,16 @@ fn lookup_result(
                 matches: Vec::new(),
                 next_check_at: None,
             });
-            if policy.resend_when_absent {
+            if policy.resend_when_absent && state.policy_resends < policy.max_policy_resends {
                 d.events.push(EventBody::ResendAuthorized {
-                    by: "policy:resend_when_absent".into(),
+                    by: POLICY_RESEND_BY.into(),
                     reason: format!(
-                        "no remote record {} ms after the outcome became unknown",
-                        policy.deadline_ms
+                        "no remote record {} ms after attempt {}'s outcome became unknown \
+                         (policy resend {} of at most {})",
+                        policy.deadline_ms,
+                        state.attempts,
+                        state.policy_resends + 1,
+                        policy.max_policy_resends
                     ),
                 });
                 let mut after = state.clone();
@@ -406,9 +459,12 @@ fn lookup_result(
         }
         // A failed lookup is no evidence either way: try again later, the deadline still holds.
         Err(_) if ctx.now < deadline => d.action = Action::WakeAt(next_check),
-        Err(_) => d.events.push(EventBody::ManualReviewRequired {
-            reason: ReviewReason::DeadlinePassed {
+        // Nor is it evidence at the deadline: the review says the lookups failed (never "no
+        // record found"), and no policy resend is authorized on it.
+        Err(last_error) => d.events.push(EventBody::ManualReviewRequired {
+            reason: ReviewReason::LookupsFailed {
                 lookups: state.lookups,
+                last_error,
             },
         }),
     }
@@ -427,7 +483,11 @@ fn wake(state: &State, ctx: Ctx<'_>, d: &mut Decision) {
                 Some(at) if ctx.now < at => d.action = Action::WakeAt(at),
                 _ if state.resend_authorized => intend(state, false, ctx, d),
                 _ if can_resend_same_key(state, ctx) => intend(state, false, ctx, d),
-                _ if ctx.policy.reconcile.is_some() => d.action = Action::Lookup,
+                _ if ctx.policy.reconcile.is_some() => {
+                    d.action = Action::Lookup {
+                        attempt: state.attempts,
+                    }
+                }
                 _ => d.events.push(EventBody::ManualReviewRequired {
                     reason: ReviewReason::NoLookup,
                 }),
@@ -449,6 +509,15 @@ fn operator(
             phase: phase.name(),
         }),
     };
+    let by = match &resolution {
+        OperatorResolution::Succeeded { by, .. }
+        | OperatorResolution::Failed { by, .. }
+        | OperatorResolution::Resend { by, .. }
+        | OperatorResolution::Note { by, .. } => by,
+    };
+    if by.starts_with(POLICY_PREFIX) {
+        return Err(Error::ReservedOperator { by: by.clone() });
+    }
     match resolution {
         OperatorResolution::Note { by, text } => {
             d.events.push(EventBody::OperatorNote { who: by, text })

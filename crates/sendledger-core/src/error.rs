@@ -23,6 +23,8 @@ pub enum Error {
     PayloadNotObject { found: &'static str },
     #[error("the task is {phase}, not in manual review; only notes can be added")]
     NotInReview { phase: &'static str },
+    #[error("operator name `{by}` is reserved: names starting with `policy:` mark what a target's policy recorded; give a person's name")]
+    ReservedOperator { by: String },
     #[error("invalid request JSON: {0}")]
     Json(String),
 }

@@ -71,10 +71,18 @@ pub enum Evidence {
 pub enum ReviewReason {
     /// More than one remote record matches the task: a duplicate exists at the remote.
     MultipleMatches { remote_ids: Vec<String> },
-    /// The observation deadline passed and no record was found.
+    /// The observation deadline of the latest unknown attempt passed and the lookups found no
+    /// record.
     DeadlinePassed { lookups: u32 },
     /// The outcome is unknown and the target has no lookup to reconcile with.
     NoLookup,
+    /// The observation deadline passed while the lookups themselves failed: nothing is known
+    /// about the remote record, which is not evidence that it is absent. (Envelope version 2.)
+    LookupsFailed {
+        /// Lookups that completed (found nothing) in the task's life.
+        lookups: u32,
+        last_error: String,
+    },
 }
 
 impl std::fmt::Display for ReviewReason {
@@ -95,6 +103,14 @@ impl std::fmt::Display for ReviewReason {
                 )
             }
             ReviewReason::NoLookup => write!(f, "outcome unknown and the target has no lookup"),
+            ReviewReason::LookupsFailed {
+                lookups,
+                last_error,
+            } => write!(
+                f,
+                "lookups failed until the deadline, so whether a remote record exists is not \
+                 known (last error: {last_error}; {lookups} lookups completed)"
+            ),
         }
     }
 }

@@ -32,5 +32,5 @@ pub use event::{
 pub use ids::{PayloadHash, TaskId};
 pub use request::{AcceptedRequest, Identity, Limits, TaskRequest};
 pub use retry::RetryPolicy;
-pub use rules::{check_task, Rule, TaskCheck, Violation};
+pub use rules::{check_task, CheckConfig, Rule, TaskCheck, Violation};
 pub use state::{fold, Phase, State};

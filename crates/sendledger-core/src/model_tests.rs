@@ -8,7 +8,7 @@ use crate::decide::{
 use crate::event::{Event, EventBody, Evidence, NotSentCause, ReviewReason, Source, UnknownCause};
 use crate::request::{Limits, TaskRequest};
 use crate::retry::RetryPolicy;
-use crate::rules::check_task;
+use crate::rules::{check_task, CheckConfig, Rule};
 use crate::state::{fold, Phase, State};
 
 /// A task driven through `decide`, its events kept as a log.
@@ -117,8 +117,10 @@ fn lookup_policy() -> Policy {
             check_interval_ms: 1_000,
             deadline_ms: 10_000,
             resend_when_absent: false,
+            max_policy_resends: 1,
         }),
         idempotency_ttl_ms: None,
+        idempotency_ttl_margin_ms: 0,
     }
 }
 
@@ -139,16 +141,17 @@ fn unknown_is_reconciled_by_lookup_not_resent() {
         .unwrap();
     assert_eq!(wake, Action::WakeAt(h.now + 500));
     h.now += 500;
-    assert_eq!(h.step(Input::Wake).unwrap(), Action::Lookup);
+    assert_eq!(h.step(Input::Wake).unwrap(), Action::Lookup { attempt: 1 });
     // Zero matches before the deadline: still unknown, check again later.
     assert_eq!(
-        h.step(Input::Lookup { result: Ok(vec![]) }).unwrap(),
+        h.step(Input::Lookup { attempt: h.state.attempts, result: Ok(vec![]) }).unwrap(),
         Action::WakeAt(h.now + 1_000)
     );
     assert_eq!(h.state.phase, Phase::Unknown);
     h.now += 1_000;
-    assert_eq!(h.step(Input::Wake).unwrap(), Action::Lookup);
+    assert_eq!(h.step(Input::Wake).unwrap(), Action::Lookup { attempt: 1 });
     h.step(Input::Lookup {
+        attempt: h.state.attempts,
         result: Ok(vec!["r-1".into()]),
     })
     .unwrap();
@@ -167,7 +170,7 @@ fn unknown_is_reconciled_by_lookup_not_resent() {
             "Confirmed"
         ]
     );
-    assert!(check_task(&h.log, None).1.is_empty());
+    assert!(check_task(&h.log, CheckConfig::default()).1.is_empty());
 }
 
 #[test]
@@ -182,6 +185,7 @@ fn several_matches_or_deadline_go_to_review() {
     })
     .unwrap();
     h.step(Input::Lookup {
+        attempt: h.state.attempts,
         result: Ok(vec!["a".into(), "b".into()]),
     })
     .unwrap();
@@ -203,7 +207,7 @@ fn several_matches_or_deadline_go_to_review() {
     })
     .unwrap();
     h.now += 10_000;
-    h.step(Input::Lookup { result: Ok(vec![]) }).unwrap();
+    h.step(Input::Lookup { attempt: h.state.attempts, result: Ok(vec![]) }).unwrap();
     assert_eq!(
         h.state.review_reason,
         Some(ReviewReason::DeadlinePassed { lookups: 1 })
@@ -231,7 +235,7 @@ fn several_matches_or_deadline_go_to_review() {
         h.names()[h.log.len() - 2..],
         ["ResendAuthorized", "SendIntended"]
     );
-    assert!(check_task(&h.log, None).1.is_empty());
+    assert!(check_task(&h.log, CheckConfig::default()).1.is_empty());
 }
 
 #[test]
@@ -248,10 +252,10 @@ fn resend_when_absent_policy_is_recorded() {
     })
     .unwrap();
     h.now += 20_000;
-    let action = h.step(Input::Lookup { result: Ok(vec![]) }).unwrap();
+    let action = h.step(Input::Lookup { attempt: h.state.attempts, result: Ok(vec![]) }).unwrap();
     assert!(matches!(action, Action::Send { attempt: 2, .. }));
     assert!(h.log.iter().any(|e| matches!(&e.body, EventBody::ResendAuthorized { by, .. } if by == "policy:resend_when_absent")));
-    assert!(check_task(&h.log, None).1.is_empty());
+    assert!(check_task(&h.log, CheckConfig::default()).1.is_empty());
 }
 
 #[test]
@@ -278,7 +282,7 @@ fn not_sent_retries_until_exhausted_then_fails() {
     }
     assert_eq!(h.state.phase, Phase::Failed);
     assert_eq!(h.sends.len(), 3);
-    assert!(check_task(&h.log, None).1.is_empty());
+    assert!(check_task(&h.log, CheckConfig::default()).1.is_empty());
 }
 
 #[test]
@@ -320,7 +324,7 @@ fn idempotent_target_resends_with_the_same_key() {
     h.step(Input::Wake).unwrap();
     assert_eq!(h.sends.len(), 2);
     assert_eq!(h.sends[0].1, h.sends[1].1, "same key");
-    assert!(check_task(&h.log, Some(60_000)).1.is_empty());
+    assert!(check_task(&h.log, CheckConfig { key_ttl_ms: Some(60_000), ..CheckConfig::default() }).1.is_empty());
 }
 
 #[test]
@@ -374,7 +378,7 @@ fn the_checker_catches_a_blind_resend() {
             idempotency_key: None,
         },
     });
-    let (_, violations) = check_task(&h.log, None);
+    let (_, violations) = check_task(&h.log, CheckConfig::default());
     assert_eq!(violations.len(), 1);
     assert_eq!(violations[0].rule, crate::rules::Rule::NoBlindResend);
     assert_eq!(violations[0].lsns, vec![3, 99]);
@@ -391,6 +395,7 @@ enum Step {
     StaleOutcome,
     Lookup { matches: u8 },
     LookupFailed,
+    StaleLookup,
     Wake,
     Crash,
     Review(u8),
@@ -407,6 +412,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::StaleOutcome),
         1 => (0u8..4).prop_map(|matches| Step::Lookup { matches }),
         1 => Just(Step::LookupFailed),
+        1 => Just(Step::StaleLookup),
         3 => Just(Step::Wake),
         1 => Just(Step::Crash),
         1 => (0u8..4).prop_map(Step::Review),
@@ -420,9 +426,11 @@ fn policy() -> impl Strategy<Value = Policy> {
         any::<bool>(),
         any::<bool>(),
         proptest::option::of(1_000u64..30_000),
+        0u32..3,
+        0u64..2_000,
     )
         .prop_map(
-            |(max_attempts, lookup, resend_when_absent, idempotency_ttl_ms)| Policy {
+            |(max_attempts, lookup, resend_when_absent, idempotency_ttl_ms, max_policy_resends, idempotency_ttl_margin_ms)| Policy {
                 retry: RetryPolicy {
                     max_attempts,
                     initial_backoff_ms: 50,
@@ -434,8 +442,10 @@ fn policy() -> impl Strategy<Value = Policy> {
                     check_interval_ms: 1_000,
                     deadline_ms: 15_000,
                     resend_when_absent,
+                    max_policy_resends,
                 }),
                 idempotency_ttl_ms,
+                idempotency_ttl_margin_ms,
             },
         )
 }
@@ -483,9 +493,15 @@ fn to_input(h: &mut Harness, s: Step, offset: &mut i64) -> Option<Input> {
             },
         },
         Step::Lookup { matches } => Input::Lookup {
+            attempt: h.state.attempts,
             result: Ok((0..matches).map(|i| format!("m{i}")).collect()),
         },
+        Step::StaleLookup => Input::Lookup {
+            attempt: h.state.attempts.wrapping_sub(1),
+            result: Ok(vec!["stale".into()]),
+        },
         Step::LookupFailed => Input::Lookup {
+            attempt: h.state.attempts,
             result: Err("503".into()),
         },
         Step::Wake => Input::Wake,
@@ -581,6 +597,7 @@ fn generated_inputs_reach_every_corner() {
         "MultipleMatches",
         "DeadlinePassed",
         "NoLookup",
+        "LookupsFailed",
     ] {
         assert!(
             seen.iter().any(|s| s.starts_with(corner)),
@@ -597,6 +614,7 @@ proptest! {
     #[test]
     fn no_input_sequence_breaks_the_rules(policy in policy(), steps in proptest::collection::vec(step(), 1..60)) {
         let ttl = policy.idempotency_ttl_ms;
+        let max_policy_resends = policy.reconcile.as_ref().map_or(0, |r| r.max_policy_resends);
         let mut h = Harness::new(policy);
         h.step(deliver(5, 0)).unwrap();
         let mut offset = 1;
@@ -614,8 +632,233 @@ proptest! {
             }
             prop_assert_eq!(&fold(&h.log), &h.state);
         }
-        let (state, violations) = check_task(&h.log, ttl);
+        let (state, violations) = check_task(&h.log, CheckConfig { key_ttl_ms: ttl, max_policy_resends });
         prop_assert!(violations.is_empty(), "{:?}\n{:#?}", violations, h.log);
         prop_assert_eq!(state, h.state);
     }
+}
+
+fn unknown_outcome(h: &mut Harness) -> Action {
+    let attempt = h.state.in_flight.expect("an attempt in flight");
+    h.step(Input::Outcome {
+        attempt,
+        outcome: AttemptOutcome::Unknown {
+            cause: UnknownCause::Timeout,
+        },
+    })
+    .unwrap()
+}
+
+fn lookup(h: &mut Harness, result: Result<Vec<String>, String>) -> Action {
+    h.step(Input::Lookup {
+        attempt: h.state.attempts,
+        result,
+    })
+    .unwrap()
+}
+
+/// Each unknown attempt gets the whole observation window, and the policy authorizes at most
+/// `max_policy_resends` resends: an attempt authorized by the policy that is unknown again is
+/// not resent at its first empty lookup (that shrank the window to `first_check`).
+#[test]
+fn each_unknown_attempt_has_its_own_window_and_policy_resends_are_bounded() {
+    let mut policy = lookup_policy();
+    policy.reconcile.as_mut().unwrap().resend_when_absent = true;
+    let mut h = Harness::new(policy);
+    h.step(deliver(5, 0)).unwrap();
+    unknown_outcome(&mut h);
+    h.now += 10_000;
+    assert!(matches!(
+        lookup(&mut h, Ok(vec![])),
+        Action::Send { attempt: 2, .. }
+    ));
+    unknown_outcome(&mut h);
+    // The first check of attempt 2, long after attempt 1's deadline: keep observing.
+    h.now += 500;
+    assert_eq!(lookup(&mut h, Ok(vec![])), Action::WakeAt(h.now + 1_000));
+    assert_eq!(h.sends.len(), 2);
+    // Attempt 2's own deadline: the one allowed policy resend is used, so a person decides.
+    h.now += 9_500;
+    assert_eq!(lookup(&mut h, Ok(vec![])), Action::None);
+    assert_eq!(h.state.phase, Phase::ManualReview);
+    assert_eq!(
+        h.state.review_reason,
+        Some(ReviewReason::DeadlinePassed { lookups: 3 })
+    );
+    assert_eq!(h.sends.len(), 2);
+    assert!(check_task(&h.log, CheckConfig::default()).1.is_empty());
+}
+
+#[test]
+fn the_checker_catches_a_policy_resend_over_the_limit() {
+    let mut policy = lookup_policy();
+    let reconcile = policy.reconcile.as_mut().unwrap();
+    reconcile.resend_when_absent = true;
+    reconcile.max_policy_resends = 2;
+    let mut h = Harness::new(policy);
+    h.step(deliver(5, 0)).unwrap();
+    for attempt in 2..=3 {
+        unknown_outcome(&mut h);
+        h.now += 10_000;
+        assert!(matches!(lookup(&mut h, Ok(vec![])), Action::Send { attempt: a, .. } if a == attempt));
+    }
+    let allowed = CheckConfig {
+        max_policy_resends: 2,
+        ..CheckConfig::default()
+    };
+    assert!(check_task(&h.log, allowed).1.is_empty());
+    let (_, violations) = check_task(&h.log, CheckConfig::default());
+    assert_eq!(violations.len(), 1, "{violations:?}");
+    assert_eq!(violations[0].rule, Rule::PolicyResendLimit);
+    assert!(violations[0].detail.contains("policy resend 2 where at most 1"));
+
+    // A policy resend that no final empty lookup preceded is a violation too.
+    let mut h = Harness::new(lookup_policy());
+    h.step(deliver(5, 0)).unwrap();
+    unknown_outcome(&mut h);
+    lookup(&mut h, Ok(vec![]));
+    let task_id = h.state.task_id.unwrap();
+    h.log.push(Event {
+        lsn: 99,
+        task_id,
+        task_seq: h.state.next_seq,
+        at: h.now,
+        body: EventBody::ResendAuthorized {
+            by: crate::decide::POLICY_RESEND_BY.into(),
+            reason: "early".into(),
+        },
+    });
+    let (_, violations) = check_task(&h.log, CheckConfig::default());
+    assert_eq!(violations.len(), 1, "{violations:?}");
+    assert_eq!(violations[0].rule, Rule::PolicyResendLimit);
+}
+
+/// A lookup result belongs to the attempt it was issued for: one issued before a later attempt
+/// is ignored, whatever it says.
+#[test]
+fn a_lookup_result_for_an_earlier_attempt_is_ignored() {
+    let mut policy = lookup_policy();
+    policy.reconcile.as_mut().unwrap().resend_when_absent = true;
+    let mut h = Harness::new(policy);
+    h.step(deliver(5, 0)).unwrap();
+    unknown_outcome(&mut h);
+    h.now += 10_000;
+    lookup(&mut h, Ok(vec![]));
+    unknown_outcome(&mut h);
+    let events = h.log.len();
+    for result in [Ok(vec![]), Ok(vec!["r-1".into()]), Err("503".into())] {
+        h.now += 20_000;
+        let action = h
+            .step(Input::Lookup {
+                attempt: 1,
+                result,
+            })
+            .unwrap();
+        assert_eq!(action, Action::None);
+        assert_eq!(h.log.len(), events, "nothing recorded for a stale lookup");
+    }
+    assert_eq!(h.state.phase, Phase::Unknown);
+}
+
+/// Lookups that failed until the deadline are not evidence of absence: the review says they
+/// failed (with the last error), and the policy does not authorize a resend on them.
+#[test]
+fn lookups_failing_until_the_deadline_say_so() {
+    let mut policy = lookup_policy();
+    policy.reconcile.as_mut().unwrap().resend_when_absent = true;
+    let mut h = Harness::new(policy);
+    h.step(deliver(5, 0)).unwrap();
+    unknown_outcome(&mut h);
+    h.now += 500;
+    assert_eq!(
+        lookup(&mut h, Err("connection refused".into())),
+        Action::WakeAt(h.now + 1_000)
+    );
+    h.now += 10_000;
+    assert_eq!(lookup(&mut h, Err("503 from the lookup".into())), Action::None);
+    assert_eq!(h.state.phase, Phase::ManualReview);
+    let reason = h.state.review_reason.clone().unwrap();
+    assert_eq!(
+        reason,
+        ReviewReason::LookupsFailed {
+            lookups: 0,
+            last_error: "503 from the lookup".into()
+        }
+    );
+    assert!(reason.to_string().contains("lookups failed"), "{reason}");
+    assert!(!reason.to_string().contains("no remote record found"));
+    assert_eq!(h.sends.len(), 1, "no resend on failed lookups");
+}
+
+/// A same-key resend happens only while the key has more than the margin left to live.
+#[test]
+fn same_key_resend_stops_short_of_the_key_ttl() {
+    let mut policy = lookup_policy();
+    policy.idempotency_ttl_ms = Some(60_000);
+    policy.idempotency_ttl_margin_ms = 5_000;
+    policy.retry.max_attempts = 5;
+    for (wait, resends) in [(54_000, true), (55_000, false), (59_999, false)] {
+        let mut h = Harness::new(policy.clone());
+        h.step(deliver(5, 0)).unwrap();
+        h.now += wait;
+        let action = unknown_outcome(&mut h);
+        match action {
+            Action::WakeAt(at) => {
+                h.now = at;
+                let action = h.step(Input::Wake).unwrap();
+                assert_eq!(
+                    matches!(action, Action::Send { .. }),
+                    resends,
+                    "{wait}: {action:?}"
+                );
+            }
+            other => panic!("{wait}: {other:?}"),
+        }
+        if resends {
+            assert_eq!(h.sends[0].1, h.sends[1].1);
+        } else {
+            assert_eq!(h.sends.len(), 1, "{wait}: resent after the key's margin");
+        }
+    }
+}
+
+#[test]
+fn operators_cannot_sign_as_the_policy() {
+    let mut h = Harness::new(lookup_policy());
+    h.step(deliver(5, 0)).unwrap();
+    unknown_outcome(&mut h);
+    h.now += 10_000;
+    lookup(&mut h, Ok(vec![]));
+    assert_eq!(h.state.phase, Phase::ManualReview);
+    let err = h
+        .step(Input::Operator(OperatorResolution::Resend {
+            by: "policy:resend_when_absent".into(),
+            reason: "me".into(),
+        }))
+        .unwrap_err();
+    assert!(err.to_string().contains("reserved"), "{err}");
+    assert_eq!(h.state.phase, Phase::ManualReview);
+}
+
+#[test]
+fn a_rejected_input_is_recorded_once() {
+    let source = Source {
+        topic: "requests".into(),
+        partition: 3,
+        offset: 17,
+    };
+    let reject = || Input::Reject {
+        source: source.clone(),
+        reason: "bad".into(),
+        raw: vec![b'x'; 10_000],
+    };
+    let mut h = Harness::new(lookup_policy());
+    h.step(reject()).unwrap();
+    h.step(reject()).unwrap();
+    assert_eq!(h.names(), ["InputRejected"]);
+    let EventBody::InputRejected { raw, .. } = &h.log[0].body else {
+        unreachable!()
+    };
+    assert_eq!(raw.len(), crate::decide::REJECTED_RAW_KEEP);
+    assert_eq!(h.state.phase, Phase::Rejected);
 }

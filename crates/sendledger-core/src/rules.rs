@@ -3,6 +3,7 @@
 
 use serde::Serialize;
 
+use crate::decide::POLICY_PREFIX;
 use crate::event::{Event, EventBody, Evidence};
 use crate::state::{Phase, State};
 
@@ -21,6 +22,9 @@ pub enum Rule {
     /// The task's events start with its acceptance, sequence numbers are contiguous from 0,
     /// and attempts are numbered 1, 2, 3...
     Sequence,
+    /// Rule 4: a target's policy authorizes a bounded number of resends per task, each only
+    /// after a lookup that found nothing when the latest attempt's window had closed.
+    PolicyResendLimit,
 }
 
 impl Rule {
@@ -31,6 +35,7 @@ impl Rule {
             Rule::UnknownNotFailed => "unknown-not-failed",
             Rule::TerminalIsFinal => "terminal-is-final",
             Rule::Sequence => "sequence",
+            Rule::PolicyResendLimit => "policy-resend-limit",
         }
     }
 }
@@ -43,14 +48,32 @@ pub struct Violation {
     pub detail: String,
 }
 
+/// What the checker knows of the targets' configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckConfig {
+    /// When known: how long after the key's first use a same-key resend may come.
+    pub key_ttl_ms: Option<u64>,
+    /// The most resends a target's policy may authorize per task (the highest
+    /// `lookup.max_policy_resends` of the configured targets).
+    pub max_policy_resends: u32,
+}
+
+impl Default for CheckConfig {
+    fn default() -> Self {
+        CheckConfig {
+            key_ttl_ms: None,
+            max_policy_resends: crate::decide::DEFAULT_MAX_POLICY_RESENDS,
+        }
+    }
+}
+
 /// Checks one task's events (in task order) against the rules and returns its state and every
-/// violation found. `key_ttl_ms`, when known from the target's configuration, also bounds how
-/// long a same-key resend may come after the key's first use.
+/// violation found.
 pub fn check_task<'a>(
     events: impl IntoIterator<Item = &'a Event>,
-    key_ttl_ms: Option<u64>,
+    config: CheckConfig,
 ) -> (State, Vec<Violation>) {
-    let mut check = TaskCheck::new(key_ttl_ms);
+    let mut check = TaskCheck::new(config);
     let mut violations = Vec::new();
     for event in events {
         check.push(event, &mut violations);
@@ -63,19 +86,21 @@ pub fn check_task<'a>(
 #[derive(Debug, Clone)]
 pub struct TaskCheck {
     state: State,
-    key_ttl_ms: Option<u64>,
+    config: CheckConfig,
     intent_lsn: u64,
     unknown_lsn: u64,
+    lookup_lsn: u64,
     terminal_lsn: u64,
 }
 
 impl TaskCheck {
-    pub fn new(key_ttl_ms: Option<u64>) -> TaskCheck {
+    pub fn new(config: CheckConfig) -> TaskCheck {
         TaskCheck {
             state: State::default(),
-            key_ttl_ms,
+            config,
             intent_lsn: 0,
             unknown_lsn: 0,
+            lookup_lsn: 0,
             terminal_lsn: 0,
         }
     }
@@ -165,7 +190,7 @@ impl TaskCheck {
                 if state.unresolved_unknown && !state.resend_authorized {
                     let same_key =
                         idempotency_key.is_some() && *idempotency_key == state.idempotency_key;
-                    let in_ttl = match (self.key_ttl_ms, state.key_since) {
+                    let in_ttl = match (self.config.key_ttl_ms, state.key_since) {
                         (Some(ttl), Some(since)) => event.at < since.saturating_add(ttl),
                         _ => true,
                     };
@@ -209,6 +234,33 @@ impl TaskCheck {
                     ),
                 );
             }
+            EventBody::ResendAuthorized { by, .. } if by.starts_with(POLICY_PREFIX) => {
+                if state.policy_resends >= self.config.max_policy_resends {
+                    flag(
+                        Rule::PolicyResendLimit,
+                        vec![lsn],
+                        format!(
+                            "policy resend {} where at most {} are allowed",
+                            state.policy_resends + 1,
+                            self.config.max_policy_resends
+                        ),
+                    );
+                }
+                if state.phase != Phase::Unknown
+                    || state.in_flight.is_some()
+                    || state.next_check_at.is_some()
+                    || !state.last_matches.is_empty()
+                    || self.lookup_lsn < self.unknown_lsn
+                {
+                    flag(
+                        Rule::PolicyResendLimit,
+                        vec![self.unknown_lsn, lsn],
+                        "policy resend without a final lookup that found nothing after the \
+                         latest unknown outcome"
+                            .into(),
+                    );
+                }
+            }
             EventBody::Failed { .. }
                 if state.unresolved_unknown && state.phase != Phase::ManualReview =>
             {
@@ -220,10 +272,10 @@ impl TaskCheck {
             }
             _ => {}
         }
-        if let EventBody::SendUnknown { .. } = event.body {
-            if !state.unresolved_unknown {
-                self.unknown_lsn = lsn;
-            }
+        match event.body {
+            EventBody::SendUnknown { .. } => self.unknown_lsn = lsn,
+            EventBody::LookupPerformed { .. } => self.lookup_lsn = lsn,
+            _ => {}
         }
         self.state.apply(event.task_id, event.at, &event.body);
         if self.state.phase.is_terminal() && self.terminal_lsn == 0 {

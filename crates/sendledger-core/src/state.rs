@@ -67,8 +67,11 @@ pub struct State {
     pub retry_at: Option<Millis>,
     /// Some attempt may have reached the remote and nothing confirmed or settled it.
     pub unresolved_unknown: bool,
-    /// When the current unresolved unknown began: the observation deadline counts from here.
+    /// When the latest attempt's outcome became unknown: its observation deadline counts from
+    /// here (each unknown attempt has its own window).
     pub unknown_since: Option<Millis>,
+    /// Resends authorized by the target's policy (not by a person) so far.
+    pub policy_resends: u32,
     /// A resend after an unknown was authorized and not yet used by an attempt that may
     /// have reached the remote.
     pub resend_authorized: bool,
@@ -105,6 +108,7 @@ impl Default for State {
             retry_at: None,
             unresolved_unknown: false,
             unknown_since: None,
+            policy_resends: 0,
             resend_authorized: false,
             idempotency_key: None,
             key_since: None,
@@ -183,10 +187,8 @@ impl State {
             EventBody::SendUnknown { .. } => {
                 self.in_flight = None;
                 self.resend_authorized = false;
-                if !self.unresolved_unknown {
-                    self.unresolved_unknown = true;
-                    self.unknown_since = Some(at);
-                }
+                self.unresolved_unknown = true;
+                self.unknown_since = Some(at);
                 self.phase = Phase::Unknown;
             }
             EventBody::Confirmed {
@@ -216,8 +218,11 @@ impl State {
                 self.next_check_at = None;
                 self.phase = Phase::ManualReview;
             }
-            EventBody::ResendAuthorized { .. } => {
+            EventBody::ResendAuthorized { by, .. } => {
                 self.resend_authorized = true;
+                if by.starts_with(crate::decide::POLICY_PREFIX) {
+                    self.policy_resends += 1;
+                }
                 // An operator's authorization ends the review: the task is unknown again, with
                 // its next attempt allowed (sent at its next wake, or when the engine resumes it).
                 if self.phase == Phase::ManualReview {

@@ -113,6 +113,18 @@ pub struct IdempotencyConfig {
     /// How long the remote remembers a key.
     #[serde(with = "humantime_serde")]
     pub ttl: Duration,
+    /// A key is reused only while it has at least this long left to live (default: a tenth
+    /// of `ttl`, at most one minute), so no resend arrives after the remote forgot the key.
+    #[serde(default, with = "humantime_serde")]
+    pub ttl_margin: Option<Duration>,
+}
+
+impl IdempotencyConfig {
+    /// `ttl_margin`, or its default.
+    pub fn margin(&self) -> Duration {
+        self.ttl_margin
+            .unwrap_or_else(|| (self.ttl / 10).min(Duration::from_secs(60)))
+    }
 }
 
 /// Retries of attempts that certainly did not reach the remote.
@@ -165,14 +177,23 @@ pub struct LookupConfig {
     /// Delay between lookups that found nothing.
     #[serde(default = "default_check_interval", with = "humantime_serde")]
     pub check_interval: Duration,
-    /// Observation window: after this (from the first unknown outcome), no record means manual
-    /// review, or a resend when `resend_when_absent`.
+    /// Observation window of each attempt whose outcome became unknown, counted from that
+    /// outcome: after it, no record means manual review, or a resend when
+    /// `resend_when_absent`.
     #[serde(default = "default_deadline", with = "humantime_serde")]
     pub deadline: Duration,
-    /// Authorize one resend (recorded as an event) when the deadline passes with no record.
+    /// Authorize a resend (recorded as an event) when the deadline passes with no record.
     /// Off by default: absence of evidence is not evidence of absence.
     #[serde(default)]
     pub resend_when_absent: bool,
+    /// With `resend_when_absent`: at most this many resends per task are authorized by the
+    /// policy; after that, manual review.
+    #[serde(default = "default_max_policy_resends")]
+    pub max_policy_resends: u32,
+}
+
+fn default_max_policy_resends() -> u32 {
+    sendledger_core::decide::DEFAULT_MAX_POLICY_RESENDS
 }
 
 /// Where a record's creation time is and how to read it.

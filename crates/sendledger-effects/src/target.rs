@@ -46,7 +46,8 @@ pub struct Target {
     secrets: Vec<String>,
     body_fields: Vec<(String, Template)>,
     rules: Rules,
-    idempotency: Option<(HeaderName, Duration)>,
+    /// Header, key TTL and margin.
+    idempotency: Option<(HeaderName, Duration, Duration)>,
     retry: RetryPolicy,
     lookup: Option<Lookup>,
     pool: Pool,
@@ -237,7 +238,13 @@ impl Target {
                     ));
                 }
                 positive(&path, "idempotency.ttl", i.ttl)?;
-                Some((hn, i.ttl))
+                if i.margin() >= i.ttl {
+                    return Err(Error::config(
+                        path.at("idempotency.ttl_margin"),
+                        "must be shorter than idempotency.ttl",
+                    ));
+                }
+                Some((hn, i.ttl, i.margin()))
             }
         };
 
@@ -306,7 +313,11 @@ impl Target {
         Policy {
             retry: self.retry.clone(),
             reconcile: self.lookup.as_ref().map(|l| l.policy.clone()),
-            idempotency_ttl_ms: self.idempotency.as_ref().map(|(_, ttl)| millis(*ttl)),
+            idempotency_ttl_ms: self.idempotency.as_ref().map(|(_, ttl, _)| millis(*ttl)),
+            idempotency_ttl_margin_ms: self
+                .idempotency
+                .as_ref()
+                .map_or(0, |(_, _, margin)| millis(*margin)),
         }
     }
 
@@ -479,7 +490,7 @@ impl Target {
         let mut req = self
             .request(self.method.clone(), &url, &self.endpoint, body)
             .map_err(|e| e.to_string())?;
-        if let (Some((header_name, _)), Some(key)) = (&self.idempotency, idempotency_key) {
+        if let (Some((header_name, _, _)), Some(key)) = (&self.idempotency, idempotency_key) {
             let value = HeaderValue::from_str(key)
                 .map_err(|_| "the idempotency key is not a valid header value".to_string())?;
             req.headers_mut().insert(header_name.clone(), value);
@@ -638,6 +649,7 @@ fn lookup(path: &Path<'_>, l: &LookupConfig, target: &TargetConfig) -> Result<Lo
             check_interval_ms: millis(l.check_interval),
             deadline_ms: millis(l.deadline),
             resend_when_absent: l.resend_when_absent,
+            max_policy_resends: l.max_policy_resends,
         },
     })
 }

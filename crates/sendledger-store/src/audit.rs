@@ -21,7 +21,7 @@ use std::sync::mpsc;
 
 use rocksdb::{Direction, IteratorMode, ReadOptions};
 use sendledger_core::audit::{AuditReport, Finding, Integrity, LsnSequence, TaskAudit};
-use sendledger_core::{Event, TaskId};
+use sendledger_core::{CheckConfig, Event, TaskId};
 
 use crate::envelope::decode_event;
 use crate::error::Result;
@@ -80,7 +80,13 @@ fn scan_options() -> ReadOptions {
 }
 
 /// Replays the ledger. `progress` is called with the number of log entries read so far.
-pub fn audit(ledger: &Ledger, mut progress: impl FnMut(u64)) -> Result<AuditReport> {
+///
+/// `config` is what the checker knows of the targets' configuration.
+pub fn audit(
+    ledger: &Ledger,
+    config: CheckConfig,
+    mut progress: impl FnMut(u64),
+) -> Result<AuditReport> {
     let mut report = AuditReport {
         source: format!("ledger {}", ledger.path().display()),
         last_lsn: ledger.last_lsn(),
@@ -90,7 +96,7 @@ pub fn audit(ledger: &Ledger, mut progress: impl FnMut(u64)) -> Result<AuditRepo
     let (read, index_print) = std::thread::scope(|s| {
         let reader = s.spawn(|| read_log(ledger, tx));
         let index = s.spawn(|| index_fingerprint(ledger));
-        let checked = check_tasks(ledger, rx, &mut report, &mut progress);
+        let checked = check_tasks(ledger, config, rx, &mut report, &mut progress);
         let read = reader.join().expect("the log reader does not panic");
         let index = index.join().expect("the index scan does not panic");
         checked?;
@@ -179,6 +185,7 @@ fn read_log(ledger: &Ledger, tx: mpsc::SyncSender<Batch>) -> Result<Read> {
 /// Feeds every event to its open task, closing tasks as they complete.
 fn check_tasks(
     ledger: &Ledger,
+    config: CheckConfig,
     rx: mpsc::Receiver<Batch>,
     report: &mut AuditReport,
     progress: &mut impl FnMut(u64),
@@ -194,7 +201,7 @@ fn check_tasks(
                 Entry::Occupied(o) => o.into_mut(),
                 Entry::Vacant(v) => {
                     unresolved.push(task);
-                    v.insert(reopen(ledger, event)?)
+                    v.insert(reopen(ledger, config, event)?)
                 }
             };
             entry.audit.push(event, report);
@@ -247,8 +254,8 @@ fn resolve_summaries(
 
 /// Opens a task at `event`: its summary, and its earlier events when `event` is not its first
 /// (they were checked and counted already, so they are folded in silently).
-fn reopen(ledger: &Ledger, event: &Event) -> Result<Open> {
-    let mut audit = TaskAudit::new(event.task_id);
+fn reopen(ledger: &Ledger, config: CheckConfig, event: &Event) -> Result<Open> {
+    let mut audit = TaskAudit::new(event.task_id, config);
     if event.task_seq > 0 {
         let mut scratch = AuditReport::default();
         for earlier in events_before(ledger, event.task_id, event.lsn)? {

@@ -263,6 +263,34 @@ impl Ledger {
         Ok(())
     }
 
+    /// Forgets the processed offsets of a requests-topic partition, so that its messages count
+    /// as new again: for a topic that was deleted and recreated while the ledger was kept (the
+    /// service refuses such a partition). Returns how many entries were removed. Blocking; for
+    /// a stopped ledger (the command holds the ledger's lock, so no service writes meanwhile).
+    /// Identities stay known: a redelivered old request is still a duplicate of its task.
+    pub fn reset_offsets(&self, topic: &str, partition: i32) -> Result<u64> {
+        let cf = self.cf(CF_OFFSETS);
+        let prefix = offset_key(topic, partition);
+        let mut batch = rocksdb::WriteBatch::default();
+        let mut removed = 0;
+        for item in self
+            .inner
+            .db
+            .iterator_cf(cf, IteratorMode::From(&prefix, Direction::Forward))
+        {
+            let (k, _) = item?;
+            if !k.starts_with(&prefix) {
+                break;
+            }
+            batch.delete_cf(cf, k);
+            removed += 1;
+        }
+        let mut sync = rocksdb::WriteOptions::default();
+        sync.set_sync(true);
+        self.inner.db.write_opt(batch, &sync)?;
+        Ok(removed)
+    }
+
     /// Runs reads on the blocking pool, never on an async executor thread.
     pub async fn read<T: Send + 'static>(
         &self,

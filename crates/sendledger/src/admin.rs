@@ -5,7 +5,7 @@
 //! | route | what |
 //! |---|---|
 //! | `GET /metrics` | Prometheus text: every `sendledger_*` metric of the process, plus gauges computed from the ledger (see [`Admin`]) |
-//! | `GET /healthz` | `{"ok": true, "last_lsn", "live_tasks", "waiting"}`; 503 when the engine has stopped |
+//! | `GET /healthz` | `{"ok": true, "last_lsn", "live_tasks", "waiting", "durability"}` (and a `warning` with `buffered` durability); 503 when the engine has stopped |
 //! | `GET /tasks/{id}` | a task's state and timeline, as `sendledger inspect --json` (task id, or `tenant/operation/request_key` URL-encoded) |
 //! | `GET /reviews` | the tasks in manual review, with reason and evidence |
 //! | `POST /reviews/{id}` | resolve a review: `{"as": "succeeded", "remote_id", "by", "reason"}`, `{"as": "failed", "by", "reason"}` or `{"resend": true, "by", "reason"}` |
@@ -118,6 +118,10 @@ fn describe() {
     );
     describe_gauge!("sendledger_tasks", "Tasks in the ledger, by state.");
     describe_gauge!(
+        "sendledger_ledger_durability",
+        "1 for the ledger's durability mode (sync, or buffered: appends not fsynced, unsafe for production)."
+    );
+    describe_gauge!(
         "sendledger_unknowns_open",
         "Tasks whose outcome is unknown and being reconciled."
     );
@@ -149,6 +153,8 @@ struct Shared {
     metrics: PrometheusHandle,
     /// When the ledger gauges were last computed.
     gauges_at: Mutex<Option<Instant>>,
+    /// The consumer's counters, once it runs: refused partitions and lost requests.
+    ingest: Mutex<Option<Arc<IngestStats>>>,
 }
 
 impl Admin {
@@ -171,6 +177,7 @@ impl Admin {
             engine,
             metrics,
             gauges_at: Mutex::new(None),
+            ingest: Mutex::new(None),
         });
         // The recorder buffers histogram samples until upkeep drains them: run it even when
         // nothing scrapes.
@@ -380,10 +387,24 @@ fn ledger_gauges(ledger: &Ledger) -> sendledger_store::Result<LedgerGauges> {
 
 async fn healthz(shared: &Shared) -> Answer {
     let (live_tasks, waiting) = shared.engine.load().await?;
-    Ok(json_response(
-        StatusCode::OK,
-        &json!({ "ok": true, "last_lsn": shared.engine.ledger().last_lsn(), "live_tasks": live_tasks, "waiting": waiting }),
-    ))
+    let mut body = json!({ "ok": true, "last_lsn": shared.engine.ledger().last_lsn(), "live_tasks": live_tasks, "waiting": waiting, "durability": "sync" });
+    let mut status = StatusCode::OK;
+    if shared.engine.durability() == sendledger_store::Durability::Buffered {
+        body["durability"] = json!("buffered");
+        body["warning"] = json!("storage.durability is `buffered`: acknowledged events are not fsynced and can be lost on power loss or an OS crash; use `sync` in production");
+    }
+    let ingest = shared.ingest.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    if let Some(stats) = ingest {
+        body["requests_lost"] = json!(IngestStats::get(&stats.lost));
+        let blocked = stats.blocked();
+        if !blocked.is_empty() {
+            // A partition nobody consumes: an operator must act (see each reason).
+            status = StatusCode::SERVICE_UNAVAILABLE;
+            body["ok"] = json!(false);
+            body["blocked_partitions"] = json!(blocked);
+        }
+    }
+    Ok(json_response(status, &body))
 }
 
 /// A task named in a path segment: a task id, or `tenant/operation/request_key` URL-encoded.

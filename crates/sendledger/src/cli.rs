@@ -34,11 +34,23 @@ enum Command {
     /// List and resolve tasks in manual review, on a running service (--admin URL) or on a
     /// stopped ledger (--data DIR).
     Review(review::ReviewArgs),
+    /// Processed-offset markers of the requests topic.
+    Offsets {
+        #[command(subcommand)]
+        what: OffsetsCommand,
+    },
     /// Measure a component and print one JSON object.
     Bench {
         #[command(subcommand)]
         what: bench::Bench,
     },
+}
+
+#[derive(Subcommand)]
+enum OffsetsCommand {
+    /// Forget a partition's processed offsets (stopped ledger): for a requests topic that was
+    /// deleted and recreated, which the service refuses to consume until this is done.
+    Reset(ops::OffsetsResetArgs),
 }
 
 /// Runs the command line of this process and returns its exit code.
@@ -67,6 +79,9 @@ pub fn main() -> ExitCode {
         Command::Inspect(args) => ops::inspect(args).map(|()| true),
         Command::Audit(args) => ops::audit(args),
         Command::Review(args) => review::run(args).map(|()| true),
+        Command::Offsets {
+            what: OffsetsCommand::Reset(args),
+        } => ops::offsets_reset(args).map(|()| true),
         Command::Bench { what } => bench::run(what).map(|()| true),
     };
     match result {

@@ -44,6 +44,10 @@ pub struct AuditArgs {
     /// (repeatable; with --from-kafka).
     #[arg(long = "kafka-property", value_name = "KEY=VALUE", value_parser = parse_property, requires = "from_kafka")]
     kafka_properties: Vec<(String, String)>,
+    /// The most resends a target's policy may authorize per task: the highest
+    /// `lookup.max_policy_resends` of the configured targets. A task with more is a violation.
+    #[arg(long, default_value_t = sendledger_core::decide::DEFAULT_MAX_POLICY_RESENDS)]
+    max_policy_resends: u32,
 }
 
 fn parse_property(s: &str) -> Result<(String, String), String> {
@@ -146,6 +150,10 @@ impl Progress {
 /// Audits the ledger, or the events topic with `--from-kafka`. Returns whether it is clean.
 pub fn audit(args: AuditArgs) -> anyhow::Result<bool> {
     let mut progress = Progress::new();
+    let check = sendledger_core::CheckConfig {
+        max_policy_resends: args.max_policy_resends,
+        ..sendledger_core::CheckConfig::default()
+    };
     let report = match &args.from_kafka {
         Some(topic) => {
             let brokers = args.brokers.as_deref().unwrap_or("localhost:9092");
@@ -160,13 +168,13 @@ pub fn audit(args: AuditArgs) -> anyhow::Result<bool> {
                 ..KafkaConfig::default()
             };
             let kafka = Kafka::connect(config).context("configuring the Kafka client")?;
-            sendledger_bus::audit_topic(&kafka, topic, |n, total| progress.update(n, total))
+            sendledger_bus::audit_topic(&kafka, topic, check, |n, total| progress.update(n, total))
                 .with_context(|| format!("auditing topic {topic} at {brokers}"))?
         }
         None => {
             let ledger = open(&args.data)?;
             let total = ledger.last_lsn();
-            sendledger_store::audit(&ledger, |n| progress.update(n, total))?
+            sendledger_store::audit(&ledger, check, |n| progress.update(n, total))?
         }
     };
     progress.finish();
@@ -220,4 +228,36 @@ fn print_report(report: &AuditReport) {
             );
         }
     }
+}
+
+#[derive(Args)]
+pub struct OffsetsResetArgs {
+    /// Ledger directory (the service must be stopped).
+    #[arg(long, default_value = "sendledger-data")]
+    data: PathBuf,
+    /// The requests topic.
+    #[arg(long)]
+    topic: String,
+    /// The partition whose processed offsets are forgotten.
+    #[arg(long)]
+    partition: i32,
+}
+
+/// Forgets a partition's processed offsets on a stopped ledger: what to do when the service
+/// refuses a partition because the requests topic was deleted and recreated.
+pub fn offsets_reset(args: OffsetsResetArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.partition >= 0, "--partition must be 0 or more");
+    let ledger = Ledger::open(&args.data, LedgerOptions::default())
+        .with_context(|| format!("opening the ledger at {} (stop the service first)", args.data.display()))?;
+    let before = ledger.processed(&args.topic, args.partition)?;
+    let removed = ledger.reset_offsets(&args.topic, args.partition)?;
+    println!(
+        "{}/{}: forgot {removed} processed-offset entries (watermark was {}); its messages are consumed as new at the next start, and a redelivered known request is still a duplicate of its task",
+        args.topic,
+        args.partition,
+        before
+            .watermark
+            .map_or_else(|| "none".to_string(), |w| w.to_string())
+    );
+    Ok(())
 }

@@ -437,14 +437,14 @@ async fn the_events_topic_audits_like_the_ledger() {
         let from_kafka = {
             let (kafka, topic) = (kafka.clone(), topic.clone());
             tokio::task::spawn_blocking(move || {
-                sendledger_bus::audit_topic(&kafka, &topic, |_, _| {})
+                sendledger_bus::audit_topic(&kafka, &topic, Default::default(), |_, _| {})
             })
             .await
             .unwrap()
             .unwrap()
         };
         let from_ledger = tokio::task::block_in_place(|| {
-            sendledger_store::audit(&open(dir.path()), |_| {}).unwrap()
+            sendledger_store::audit(&open(dir.path()), Default::default(), |_| {}).unwrap()
         });
         assert_eq!(from_kafka.events, from_ledger.events);
         assert_eq!(from_kafka.last_lsn, from_ledger.last_lsn);

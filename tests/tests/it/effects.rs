@@ -784,8 +784,11 @@ lookup = { url = "http://127.0.0.1:9/records?k={request_key}", first_check = "2s
                 check_interval_ms: 15_000,
                 deadline_ms: 600_000,
                 resend_when_absent: true,
+                max_policy_resends: 1,
             }),
             idempotency_ttl_ms: Some(86_400_000),
+            // A tenth of the TTL, at most a minute.
+            idempotency_ttl_margin_ms: 60_000,
         }
     );
     let plain: TargetConfig = toml::from_str("url = \"http://127.0.0.1:9/r\"").unwrap();

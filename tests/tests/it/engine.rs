@@ -417,3 +417,155 @@ async fn idempotent_target_resends_with_the_same_key() {
     assert!(sim.stats().replays >= 1);
     engine.shutdown(Duration::from_secs(5)).await;
 }
+
+/// The resend-when-absent policy gives each unknown attempt its own observation window and
+/// authorizes at most `max_policy_resends` resends: a remote that answers 5xx (no record) to
+/// every attempt gets two attempts, then a person decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_resends_are_bounded_and_each_attempt_is_observed() {
+    let sim = sim(Faults {
+        error: 1.0,
+        ..Faults::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start_engine(
+        dir.path(),
+        target(&sim.base_url(), |t| {
+            t["lookup"]["deadline"] = "400ms".into();
+            t["lookup"]["resend_when_absent"] = true.into();
+        }),
+    );
+    engine.submit(request("pr-1"), source(0)).await.unwrap();
+    let state = wait_for(&engine, task_id("pr-1"), WAIT, settled).await;
+    assert_eq!(state.phase, Phase::ManualReview);
+    assert!(matches!(
+        state.review_reason,
+        Some(ReviewReason::DeadlinePassed { .. })
+    ));
+    assert_eq!(sim.stats().posts, 2, "one policy resend, no more");
+    let events = engine.events(task_id("pr-1")).await.unwrap();
+    let unknown_at = |attempt: u32| {
+        events
+            .iter()
+            .find(|e| matches!(e.body, EventBody::SendUnknown { attempt: a, .. } if a == attempt))
+            .map(|e| e.at)
+            .unwrap()
+    };
+    // Attempt 2 was observed for its whole window before the review.
+    let review_at = events.last().unwrap().at;
+    assert!(review_at >= unknown_at(2) + 400, "{events:#?}");
+    let report = tokio::task::block_in_place(|| {
+        sendledger_store::audit(engine.ledger(), Default::default(), |_| {})
+    })
+    .unwrap();
+    assert!(report.is_clean(), "{:?}", report.violations);
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+/// After a restart, an unknown task whose first check is past due gets its stored timer and
+/// recovery's wake at once: one lookup goes out, not two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_task_has_one_lookup_in_flight() {
+    let sim = Sim::start(SimConfig {
+        faults: Faults {
+            commit_then_drop: 1.0,
+            ..Faults::default()
+        },
+        lookup_lag: Duration::ZERO,
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap();
+    let slow_first_check = |t: &mut serde_json::Value| t["lookup"]["first_check"] = "1s".into();
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start_engine(dir.path(), target(&sim.base_url(), slow_first_check));
+    engine.submit(request("one-1"), source(0)).await.unwrap();
+    wait_for(&engine, task_id("one-1"), WAIT, |s| s.phase == Phase::Unknown).await;
+    engine.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(sim.stats().lookups, 0, "stopped before the first check");
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+
+    let engine = start_engine(dir.path(), target(&sim.base_url(), slow_first_check));
+    let state = wait_for(&engine, task_id("one-1"), WAIT, settled).await;
+    assert_eq!(state.phase, Phase::Succeeded);
+    assert_eq!(state.evidence, Some(Evidence::Lookup));
+    // Give a second lookup, had one been issued, the time to arrive.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(sim.stats().lookups, 1);
+    assert_eq!(sim.records_with_identity("one-1").len(), 1);
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+/// A redelivery of an identity the ledger knows is a duplicate (or a conflict) even after its
+/// target was removed and a limit tightened: never a new rejected task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_known_identity_stays_a_duplicate_when_the_configuration_changes() {
+    let sim = sim(Faults::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start_engine(dir.path(), target(&sim.base_url(), |_| {}));
+    engine.submit(request("kn-1"), source(0)).await.unwrap();
+    wait_for(&engine, task_id("kn-1"), WAIT, settled).await;
+    engine.shutdown(Duration::from_secs(5)).await;
+
+    // The target is now called something else, and payloads are limited to 8 bytes.
+    let mut config = sendledger_actors::EngineConfig::new(dir.path());
+    config.limits.max_payload_bytes = 8;
+    let targets = sendledger_effects::Targets::from_config(&std::collections::BTreeMap::from([(
+        "elsewhere".to_string(),
+        target(&sim.base_url(), |_| {}),
+    )]))
+    .unwrap();
+    let remote = std::sync::Arc::new(sendledger_actors::HttpRemote::new(targets));
+    let engine =
+        tokio::task::block_in_place(|| sendledger_actors::Engine::start(config, remote)).unwrap();
+    let reply = engine.submit(request("kn-1"), source(1)).await.unwrap();
+    assert_eq!(reply.events, ["DuplicateDelivery"]);
+    assert_eq!(reply.task_id, task_id("kn-1"));
+    let mut changed = request("kn-1");
+    changed.payload = serde_json::json!({ "amount": 1 });
+    let reply = engine.submit(changed, source(2)).await.unwrap();
+    assert_eq!(reply.events, ["RequestConflict"]);
+    // A new identity is judged by today's configuration.
+    let err = engine.submit(request("kn-2"), source(3)).await.unwrap_err();
+    assert!(err.to_string().contains("payload"), "{err}");
+    let log = engine.ledger().read_log(1, 1_000).unwrap();
+    assert!(!log
+        .iter()
+        .any(|e| matches!(e.body, EventBody::InputRejected { .. })));
+    assert_eq!(sim.records_with_identity("kn-1").len(), 1);
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+/// Two jobs rejecting the same message at once (a redelivery racing a slow first job) record
+/// it once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_rejections_of_one_message_record_it_once() {
+    let sim = sim(Faults::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start_engine(dir.path(), target(&sim.base_url(), |_| {}));
+    let jobs: Vec<_> = (0..16)
+        .map(|i| {
+            let engine = engine.clone();
+            tokio::spawn(async move {
+                engine
+                    .reject_input(source(5), format!("not JSON ({i})"), b"{oops")
+                    .await
+            })
+        })
+        .collect();
+    for job in jobs {
+        job.await.unwrap().unwrap();
+    }
+    let log = engine.ledger().read_log(1, 1_000).unwrap();
+    let rejected = log
+        .iter()
+        .filter(|e| matches!(e.body, EventBody::InputRejected { .. }))
+        .count();
+    assert_eq!(rejected, 1, "{log:#?}");
+    let task = sendledger_core::TaskId::for_rejected_input("test", 0, 5);
+    assert_eq!(engine.events(task).await.unwrap().len(), 1);
+    let processed = engine.ledger().processed("test", 0).unwrap();
+    assert!(processed.contains(5));
+    engine.shutdown(Duration::from_secs(5)).await;
+}

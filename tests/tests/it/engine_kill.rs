@@ -114,7 +114,7 @@ async fn run(r: Run) -> Outcome {
     );
     let ledger = Ledger::open(dir.path(), LedgerOptions::default()).unwrap();
     // The whole log replays clean: contiguous LSNs, every event indexed, summaries agree.
-    let audit = sendledger_store::audit(&ledger, |_| {}).unwrap();
+    let audit = sendledger_store::audit(&ledger, Default::default(), |_| {}).unwrap();
     assert!(audit.is_clean(), "audit: {:?}", audit.violations);
     let mut outcome = Outcome {
         kills,
