@@ -8,8 +8,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use sendledger_core::decide::{decide, Ctx, Input, OperatorResolution, REJECTED_RAW_KEEP};
 use sendledger_core::{
-    AcceptedRequest, Event, EventBody, Identity, Limits, Phase, Source, State, TaskId,
-    TaskRequest,
+    AcceptedRequest, Event, EventBody, Identity, Limits, Phase, Source, State, TaskId, TaskRequest,
 };
 use sendledger_store::{Durability, Ledger, LedgerOptions};
 use tokio::sync::oneshot;

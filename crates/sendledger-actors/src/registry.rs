@@ -131,8 +131,7 @@ impl Handler<Route> for Registry {
     fn handle(&mut self, msg: Route, _ctx: &mut Context<Self>) -> Self::Result {
         let Route { task_id, input } = msg;
         let live = self.live.contains_key(&task_id);
-        let takes_new_work =
-            matches!(
+        let takes_new_work = matches!(
             input,
             TaskInput::Deliver { .. } | TaskInput::Reject { .. } | TaskInput::Operator(_)
         ) || !live;

@@ -93,7 +93,10 @@ impl IngestStats {
 
     /// The refused partitions and why.
     pub fn blocked(&self) -> BTreeMap<i32, String> {
-        self.blocked.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.blocked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 
@@ -582,11 +585,12 @@ impl<S: RequestSink> Worker<S> {
     }
 
     /// Checks a newly assigned partition against the ledger's watermark. Returns whether it must
-    /// be refused: a watermark at or above the partition's end means the processed offsets
+    /// be refused, and the offset through which it is accounted for (processed, or lost).
+    /// Refused: a watermark at or above the partition's end means the processed offsets
     /// belong to another incarnation of the topic (deleted and recreated while the ledger was
     /// kept); consuming would drop new requests as duplicates of old ones. Unprocessed offsets
     /// below the partition's start were deleted before they were processed: counted as lost.
-    fn check_partition(&self, partition: i32, watermark: Option<i64>) -> bool {
+    fn check_partition(&self, partition: i32, watermark: Option<i64>) -> (bool, Option<i64>) {
         let was_blocked = self
             .stats
             .blocked
@@ -599,16 +603,17 @@ impl<S: RequestSink> Worker<S> {
                 .set(0.0);
         }
         let Some(watermark) = watermark else {
-            return false;
+            return (false, None);
         };
-        let (low, high) = match self
-            .consumer
-            .fetch_watermarks(&self.topic, partition, WATERMARK_TIMEOUT)
-        {
+        let (low, high) = match self.consumer.fetch_watermarks(
+            &self.topic,
+            partition,
+            WATERMARK_TIMEOUT,
+        ) {
             Ok(w) => w,
             Err(e) => {
                 tracing::warn!(partition, error = %e, "cannot read the partition's offsets; not checked against the ledger");
-                return false;
+                return (false, Some(watermark));
             }
         };
         if watermark >= high {
@@ -630,10 +635,10 @@ impl<S: RequestSink> Worker<S> {
             if let Err(e) = self.pause_partition(partition) {
                 tracing::warn!(partition, error = %e, "cannot pause the refused partition; its messages are ignored");
             }
-            return true;
+            return (true, Some(watermark));
         }
         self.count_deleted(partition, watermark + 1, low);
-        false
+        (false, Some(watermark.max(low - 1)))
     }
 
     /// Offsets from `from` up to `to` (exclusive) that the partition no longer holds (below its
@@ -717,12 +722,12 @@ impl<S: RequestSink> Worker<S> {
             let Some(processed) = self.load_processed(partition)? else {
                 return Ok(());
             };
-            let blocked = self.check_partition(partition, processed.watermark);
+            let (blocked, seen_through) = self.check_partition(partition, processed.watermark);
             let mut t = lock(&self.tracker);
             if let Some(p) = t.parts.get_mut(&partition) {
                 tracing::debug!(partition, watermark = ?processed.watermark, above = processed.above.len(), "processed offsets loaded");
                 p.folded = processed.watermark;
-                p.last_seen = processed.watermark;
+                p.last_seen = seen_through;
                 p.processed = Some(processed);
                 p.blocked = blocked;
             }

@@ -89,9 +89,9 @@ impl From<&ReviewReason> for ResultReview {
     fn from(reason: &ReviewReason) -> Self {
         match reason {
             ReviewReason::MultipleMatches { .. } => ResultReview::MultipleMatches,
-            ReviewReason::DeadlinePassed { lookups } => ResultReview::DeadlinePassed {
-                lookups: *lookups,
-            },
+            ReviewReason::DeadlinePassed { lookups } => {
+                ResultReview::DeadlinePassed { lookups: *lookups }
+            }
             ReviewReason::LookupsFailed {
                 lookups,
                 last_error,
@@ -569,11 +569,17 @@ mod tests {
         assert_eq!(json["review"]["kind"], "lookups_failed");
         assert_eq!(json["review"]["last_error"], "lookup answered 503");
         let reason = failed.reason.unwrap();
-        assert!(reason.contains("lookups failed") && reason.contains("503"), "{reason}");
+        assert!(
+            reason.contains("lookups failed") && reason.contains("503"),
+            "{reason}"
+        );
         assert!(!reason.contains("no remote record found"), "{reason}");
         let absent = review(ReviewReason::DeadlinePassed { lookups: 5 });
         let json = serde_json::to_value(&absent).unwrap();
-        assert_eq!(json["review"], serde_json::json!({ "kind": "deadline_passed", "lookups": 5 }));
+        assert_eq!(
+            json["review"],
+            serde_json::json!({ "kind": "deadline_passed", "lookups": 5 })
+        );
     }
 
     /// Every kind of event body (and every variant inside one) survives the events topic.

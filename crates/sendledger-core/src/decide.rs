@@ -153,7 +153,9 @@ pub enum Action {
     /// Wake the task (deliver [`Input::Wake`]) at this time.
     WakeAt(Millis),
     /// Ask the remote for records matching the task, about this attempt (the latest).
-    Lookup { attempt: u32 },
+    Lookup {
+        attempt: u32,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -144,7 +144,11 @@ fn unknown_is_reconciled_by_lookup_not_resent() {
     assert_eq!(h.step(Input::Wake).unwrap(), Action::Lookup { attempt: 1 });
     // Zero matches before the deadline: still unknown, check again later.
     assert_eq!(
-        h.step(Input::Lookup { attempt: h.state.attempts, result: Ok(vec![]) }).unwrap(),
+        h.step(Input::Lookup {
+            attempt: h.state.attempts,
+            result: Ok(vec![])
+        })
+        .unwrap(),
         Action::WakeAt(h.now + 1_000)
     );
     assert_eq!(h.state.phase, Phase::Unknown);
@@ -207,7 +211,11 @@ fn several_matches_or_deadline_go_to_review() {
     })
     .unwrap();
     h.now += 10_000;
-    h.step(Input::Lookup { attempt: h.state.attempts, result: Ok(vec![]) }).unwrap();
+    h.step(Input::Lookup {
+        attempt: h.state.attempts,
+        result: Ok(vec![]),
+    })
+    .unwrap();
     assert_eq!(
         h.state.review_reason,
         Some(ReviewReason::DeadlinePassed { lookups: 1 })
@@ -252,7 +260,12 @@ fn resend_when_absent_policy_is_recorded() {
     })
     .unwrap();
     h.now += 20_000;
-    let action = h.step(Input::Lookup { attempt: h.state.attempts, result: Ok(vec![]) }).unwrap();
+    let action = h
+        .step(Input::Lookup {
+            attempt: h.state.attempts,
+            result: Ok(vec![]),
+        })
+        .unwrap();
     assert!(matches!(action, Action::Send { attempt: 2, .. }));
     assert!(h.log.iter().any(|e| matches!(&e.body, EventBody::ResendAuthorized { by, .. } if by == "policy:resend_when_absent")));
     assert!(check_task(&h.log, CheckConfig::default()).1.is_empty());
@@ -324,7 +337,15 @@ fn idempotent_target_resends_with_the_same_key() {
     h.step(Input::Wake).unwrap();
     assert_eq!(h.sends.len(), 2);
     assert_eq!(h.sends[0].1, h.sends[1].1, "same key");
-    assert!(check_task(&h.log, CheckConfig { key_ttl_ms: Some(60_000), ..CheckConfig::default() }).1.is_empty());
+    assert!(check_task(
+        &h.log,
+        CheckConfig {
+            key_ttl_ms: Some(60_000),
+            ..CheckConfig::default()
+        }
+    )
+    .1
+    .is_empty());
 }
 
 #[test]
@@ -430,7 +451,14 @@ fn policy() -> impl Strategy<Value = Policy> {
         0u64..2_000,
     )
         .prop_map(
-            |(max_attempts, lookup, resend_when_absent, idempotency_ttl_ms, max_policy_resends, idempotency_ttl_margin_ms)| Policy {
+            |(
+                max_attempts,
+                lookup,
+                resend_when_absent,
+                idempotency_ttl_ms,
+                max_policy_resends,
+                idempotency_ttl_margin_ms,
+            )| Policy {
                 retry: RetryPolicy {
                     max_attempts,
                     initial_backoff_ms: 50,
@@ -700,7 +728,9 @@ fn the_checker_catches_a_policy_resend_over_the_limit() {
     for attempt in 2..=3 {
         unknown_outcome(&mut h);
         h.now += 10_000;
-        assert!(matches!(lookup(&mut h, Ok(vec![])), Action::Send { attempt: a, .. } if a == attempt));
+        assert!(
+            matches!(lookup(&mut h, Ok(vec![])), Action::Send { attempt: a, .. } if a == attempt)
+        );
     }
     let allowed = CheckConfig {
         max_policy_resends: 2,
@@ -710,7 +740,9 @@ fn the_checker_catches_a_policy_resend_over_the_limit() {
     let (_, violations) = check_task(&h.log, CheckConfig::default());
     assert_eq!(violations.len(), 1, "{violations:?}");
     assert_eq!(violations[0].rule, Rule::PolicyResendLimit);
-    assert!(violations[0].detail.contains("policy resend 2 where at most 1"));
+    assert!(violations[0]
+        .detail
+        .contains("policy resend 2 where at most 1"));
 
     // A policy resend that no final empty lookup preceded is a violation too.
     let mut h = Harness::new(lookup_policy());
@@ -748,12 +780,7 @@ fn a_lookup_result_for_an_earlier_attempt_is_ignored() {
     let events = h.log.len();
     for result in [Ok(vec![]), Ok(vec!["r-1".into()]), Err("503".into())] {
         h.now += 20_000;
-        let action = h
-            .step(Input::Lookup {
-                attempt: 1,
-                result,
-            })
-            .unwrap();
+        let action = h.step(Input::Lookup { attempt: 1, result }).unwrap();
         assert_eq!(action, Action::None);
         assert_eq!(h.log.len(), events, "nothing recorded for a stale lookup");
     }
@@ -775,7 +802,10 @@ fn lookups_failing_until_the_deadline_say_so() {
         Action::WakeAt(h.now + 1_000)
     );
     h.now += 10_000;
-    assert_eq!(lookup(&mut h, Err("503 from the lookup".into())), Action::None);
+    assert_eq!(
+        lookup(&mut h, Err("503 from the lookup".into())),
+        Action::None
+    );
     assert_eq!(h.state.phase, Phase::ManualReview);
     let reason = h.state.review_reason.clone().unwrap();
     assert_eq!(

@@ -33,6 +33,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use sendledger_actors::Engine;
+use sendledger_bus::IngestStats;
 use sendledger_core::decide::OperatorResolution;
 use sendledger_core::{fold, Phase};
 use sendledger_store::Ledger;
@@ -143,6 +144,7 @@ fn describe() {
 /// [`LEDGER_GAUGES_TTL`], so frequent scrapes stay cheap.
 pub struct Admin {
     addr: SocketAddr,
+    shared: Arc<Shared>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -192,10 +194,11 @@ impl Admin {
                 }
             })
         };
-        let accept = tokio::spawn(accept_loop(listener, shared, stopped));
+        let accept = tokio::spawn(accept_loop(listener, shared.clone(), stopped));
         tracing::info!(%addr, "admin endpoint listening");
         Ok(Admin {
             addr,
+            shared,
             stop,
             tasks: vec![accept, upkeep],
         })
@@ -203,6 +206,11 @@ impl Admin {
 
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Shows the consumer's refused partitions and lost requests in `/healthz`.
+    pub fn watch_ingest(&self, stats: Arc<IngestStats>) {
+        *self.shared.ingest.lock().unwrap_or_else(|e| e.into_inner()) = Some(stats);
     }
 
     /// Stops accepting and closes open connections.
@@ -393,7 +401,11 @@ async fn healthz(shared: &Shared) -> Answer {
         body["durability"] = json!("buffered");
         body["warning"] = json!("storage.durability is `buffered`: acknowledged events are not fsynced and can be lost on power loss or an OS crash; use `sync` in production");
     }
-    let ingest = shared.ingest.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let ingest = shared
+        .ingest
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
     if let Some(stats) = ingest {
         body["requests_lost"] = json!(IngestStats::get(&stats.lost));
         let blocked = stats.blocked();

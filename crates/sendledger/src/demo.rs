@@ -159,7 +159,9 @@ async fn demo(args: DemoArgs, data: PathBuf) -> anyhow::Result<bool> {
 
     let ledger =
         tokio::task::block_in_place(|| sendledger_store::Ledger::open(&data, Default::default()))?;
-    let report = tokio::task::block_in_place(|| sendledger_store::audit(&ledger, Default::default(), |_| {}))?;
+    let report = tokio::task::block_in_place(|| {
+        sendledger_store::audit(&ledger, Default::default(), |_| {})
+    })?;
     let stats = sim.stats();
     let succeeded = report.tasks_by_state.get("succeeded").copied().unwrap_or(0);
     let rows = [

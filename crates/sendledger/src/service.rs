@@ -70,6 +70,9 @@ impl Service {
         };
         let ingest =
             Ingest::start(kafka, Arc::new(engine.clone())).context("starting the ingest")?;
+        if let Some(admin) = &admin {
+            admin.watch_ingest(ingest.stats().clone());
+        }
         Ok(Service {
             engine,
             ingest,

@@ -655,7 +655,7 @@ async fn admin_endpoint_metrics_and_review_round_trips() {
         events[auth + 1].body,
         EventBody::SendIntended { attempt: 2, .. }
     ));
-    let report = sendledger_store::audit(engine.ledger(), |_| {}).unwrap();
+    let report = sendledger_store::audit(engine.ledger(), Default::default(), |_| {}).unwrap();
     assert!(report.is_clean(), "{:?}", report.violations);
     engine.shutdown(Duration::from_secs(5)).await;
 }

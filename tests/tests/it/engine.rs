@@ -481,7 +481,10 @@ async fn a_restarted_task_has_one_lookup_in_flight() {
     let dir = tempfile::tempdir().unwrap();
     let engine = start_engine(dir.path(), target(&sim.base_url(), slow_first_check));
     engine.submit(request("one-1"), source(0)).await.unwrap();
-    wait_for(&engine, task_id("one-1"), WAIT, |s| s.phase == Phase::Unknown).await;
+    wait_for(&engine, task_id("one-1"), WAIT, |s| {
+        s.phase == Phase::Unknown
+    })
+    .await;
     engine.shutdown(Duration::from_secs(5)).await;
     assert_eq!(sim.stats().lookups, 0, "stopped before the first check");
     tokio::time::sleep(Duration::from_millis(1_200)).await;

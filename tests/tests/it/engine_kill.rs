@@ -123,7 +123,7 @@ async fn run(r: Run) -> Outcome {
     for i in 0..r.tasks {
         let key = format!("{prefix}-{i}");
         let events = ledger.task_events(task_id(&key)).unwrap();
-        let (state, violations) = check_task(&events, None);
+        let (state, violations) = check_task(&events, Default::default());
         assert!(violations.is_empty(), "{key}: {violations:?}");
         let records = sim.records_with_identity(&key);
         assert!(records.len() <= 1, "{key}: {} records", records.len());

@@ -1225,3 +1225,166 @@ fn request_schema_agrees_with_the_service() {
         );
     }
 }
+
+/// The requests topic is recreated (a new cluster here) while the ledger is kept: the ledger's
+/// watermark lies beyond the new partition's end. The partition is refused with a clear error
+/// (nothing consumed, nothing dropped as a duplicate) until `sendledger offsets reset`; then the
+/// new requests are performed, and a redelivered old request is still only a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_recreated_requests_topic_is_refused_until_its_offsets_are_reset() {
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let old: Vec<String> = (0..20).map(|i| format!("gen1-{i}")).collect();
+    let to_p0 = |keys: &[String]| {
+        keys.iter()
+            .map(|k| (Some(0), identity_key(k), Some(request_json(k))))
+            .collect::<Vec<_>>()
+    };
+    {
+        let kafka = embedded();
+        let pipeline = Pipeline::start(&kafka, dir.path(), &sim);
+        produce(&kafka, to_p0(&old)).await;
+        results_for(&kafka, task_ids(&old)).await;
+        pipeline.stop().await;
+    }
+    assert_eq!(sim.stats().posts, 20);
+
+    let kafka = embedded();
+    let new: Vec<String> = (0..3).map(|i| format!("gen2-{i}")).collect();
+    produce(&kafka, to_p0(&new)).await;
+    let pipeline = Pipeline::start(&kafka, dir.path(), &sim);
+    let stats = pipeline.ingest.stats().clone();
+    let deadline = Instant::now() + WAIT;
+    while stats.blocked().is_empty() {
+        assert!(Instant::now() < deadline, "partition 0 was not refused");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let why = stats.blocked()[&0].clone();
+    assert!(
+        why.contains("recreated") && why.contains("sendledger offsets reset"),
+        "{why}"
+    );
+    // Time for anything wrongly consumed to show.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        IngestStats::get(&stats.duplicates_dropped),
+        0,
+        "nothing dropped"
+    );
+    assert_eq!(IngestStats::get(&stats.submitted), 0, "nothing consumed");
+    assert_eq!(sim.stats().posts, 20);
+    pipeline.stop().await;
+
+    // The stopped engine's last threads may hold the ledger's lock for a moment longer.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let out = loop {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sendledger_cli"))
+            .args(["offsets", "reset", "--data"])
+            .arg(dir.path())
+            .args([
+                "--topic",
+                &kafka.config().requests_topic,
+                "--partition",
+                "0",
+            ])
+            .output()
+            .unwrap();
+        let in_use = String::from_utf8_lossy(&out.stderr).contains("in use");
+        if out.status.success() || !in_use || Instant::now() > deadline {
+            break out;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("watermark was 19"));
+
+    // An old request delivered again on the new topic is a duplicate of its task.
+    produce(&kafka, to_p0(&old[..1])).await;
+    let pipeline = Pipeline::start(&kafka, dir.path(), &sim);
+    let (_, results) = results_for(&kafka, task_ids(&new)).await;
+    assert_exactly_one_terminal(&results, &task_ids(&new));
+    let deadline = Instant::now() + WAIT;
+    while IngestStats::get(&pipeline.ingest.stats().submitted) < 4 {
+        assert!(Instant::now() < deadline, "the redelivery was not consumed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(pipeline.ingest.stats().blocked().is_empty());
+    assert_eq!(
+        sim.stats().posts,
+        23,
+        "the new requests once, the old one never again"
+    );
+    let all: Vec<String> = old.iter().chain(&new).cloned().collect();
+    for key in &all {
+        assert_eq!(sim.records_with_identity(key).len(), 1, "{key}");
+    }
+    pipeline.stop().await;
+    sim.shutdown().await;
+}
+
+/// Requests deleted from the topic before they were processed (here by the embedded cluster's
+/// 5 MiB per-partition limit while the service was stopped) are reported: an error log, the
+/// `lost` count and `sendledger_requests_lost_total`. The rest is processed as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn requests_deleted_before_processing_are_counted_as_lost() {
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kafka = embedded();
+    let first = vec!["keep-0".to_string()];
+    let pipeline = Pipeline::start(&kafka, dir.path(), &sim);
+    produce(
+        &kafka,
+        vec![(
+            Some(0),
+            identity_key(&first[0]),
+            Some(request_json(&first[0])),
+        )],
+    )
+    .await;
+    results_for(&kafka, task_ids(&first)).await;
+    pipeline.stop().await;
+
+    // ~7.5 MiB to partition 0 while stopped: the cluster keeps the newest 5 MiB.
+    let big: Vec<String> = (0..150).map(|i| format!("big-{i}")).collect();
+    let blob = "x".repeat(50_000);
+    let messages = big
+        .iter()
+        .map(|k| {
+            let mut r = request(k);
+            r.payload = serde_json::json!({ "amount": 1, "blob": blob });
+            (
+                Some(0),
+                identity_key(k),
+                Some(serde_json::to_vec(&r).unwrap()),
+            )
+        })
+        .collect();
+    let acks = produce(&kafka, messages).await;
+    let consumer: BaseConsumer = kafka.client_config(Role::Replay).create().unwrap();
+    let (low, high) = tokio::task::block_in_place(|| {
+        consumer.fetch_watermarks(&kafka.config().requests_topic, 0, Duration::from_secs(10))
+    })
+    .unwrap();
+    assert_eq!(high, acks.last().unwrap().1 + 1);
+    assert!(
+        low > 1,
+        "the cluster deleted nothing (low {low}); the test needs it to"
+    );
+
+    let pipeline = Pipeline::start(&kafka, dir.path(), &sim);
+    let survivors: Vec<String> = big[(low - 1) as usize..].to_vec();
+    results_for(&kafka, task_ids(&survivors)).await;
+    let stats = pipeline.ingest.stats().clone();
+    assert_eq!(
+        IngestStats::get(&stats.lost),
+        (low - 1) as u64,
+        "offsets 1..{low} were never processed"
+    );
+    assert_eq!(sim.stats().posts, 1 + survivors.len() as u64);
+    pipeline.stop().await;
+    sim.shutdown().await;
+}

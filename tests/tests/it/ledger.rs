@@ -393,7 +393,12 @@ fn event_encoding_matches_golden_fixtures() {
     let v1 = golden_events();
     for ((lsn, bytes), event) in fixture("events-v1.txt", &v1).iter().zip(&v1) {
         assert_eq!(bytes[0], 1);
-        assert_eq!(&decode_event(*lsn, bytes).unwrap(), event, "decoding v1 {}", event.body.name());
+        assert_eq!(
+            &decode_event(*lsn, bytes).unwrap(),
+            event,
+            "decoding v1 {}",
+            event.body.name()
+        );
     }
     let v2 = golden_events_v2();
     if std::env::var_os("SENDLEDGER_BLESS").is_some() {
@@ -406,8 +411,16 @@ fn event_encoding_matches_golden_fixtures() {
     }
     for ((lsn, bytes), event) in fixture("events-v2.txt", &v2).iter().zip(&v2) {
         let name = event.body.name();
-        assert_eq!(&decode_event(*lsn, bytes).unwrap(), event, "decoding v2 {name}");
-        assert_eq!(hex(&encode_event(event)), hex(bytes), "encoding of {name} changed");
+        assert_eq!(
+            &decode_event(*lsn, bytes).unwrap(),
+            event,
+            "decoding v2 {name}"
+        );
+        assert_eq!(
+            hex(&encode_event(event)),
+            hex(bytes),
+            "encoding of {name} changed"
+        );
     }
 }
 
