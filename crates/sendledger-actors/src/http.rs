@@ -5,7 +5,7 @@ use sendledger_core::event::{Millis, NotSentCause};
 use sendledger_core::{AcceptedRequest, Policy};
 use sendledger_effects::Targets;
 
-use crate::remote::{BoxFuture, Remote};
+use crate::remote::{BoxFuture, Remote, Slot};
 
 pub struct HttpRemote {
     targets: Targets,
@@ -20,6 +20,13 @@ impl HttpRemote {
 impl Remote for HttpRemote {
     fn policy(&self, target: &str) -> Option<Policy> {
         self.targets.get(target).map(|t| t.policy())
+    }
+
+    fn reserve(&self, target: &str) -> BoxFuture<Slot> {
+        match self.targets.get(target).cloned() {
+            Some(target) => Box::pin(async move { Box::new(target.reserve().await) as Slot }),
+            None => Box::pin(std::future::ready(Box::new(()) as Slot)),
+        }
     }
 
     fn attempt(

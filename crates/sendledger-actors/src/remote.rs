@@ -10,9 +10,19 @@ use sendledger_core::{AcceptedRequest, Policy};
 
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
+/// Room to send one attempt, held until the attempt ends: dropping it frees the room.
+pub type Slot = Box<dyn std::any::Any + Send>;
+
 pub trait Remote: Send + Sync + 'static {
     /// The decision policy of a configured target; `None` when the target is unknown.
     fn policy(&self, target: &str) -> Option<Policy>;
+
+    /// Waits for room to send one attempt to `target` (its limits on attempts in flight and
+    /// per second). A task takes it before it records the attempt's intent. Unlimited unless
+    /// the remote says otherwise.
+    fn reserve(&self, _target: &str) -> BoxFuture<Slot> {
+        Box::pin(std::future::ready(Box::new(()) as Slot))
+    }
 
     /// Performs one attempt and classifies what it proves. Must always complete (bounded by
     /// the target's timeouts).

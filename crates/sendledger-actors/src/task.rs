@@ -19,7 +19,7 @@ use sendledger_store::{Append, Ledger, TaskSummary, TimerKind};
 use crate::error::{Error, Result};
 use crate::reconciler::{LookupJob, Reconciler};
 use crate::registry::{Idle, Registry};
-use crate::remote::Remote;
+use crate::remote::{Remote, Slot};
 use crate::timers::{Schedule, Timers};
 
 /// What every task actor shares.
@@ -88,6 +88,8 @@ pub struct TaskActor {
     handled: u64,
     attempt_in_flight: bool,
     lookup_in_flight: bool,
+    /// Room at the target for the attempt being decided, taken before its intent is recorded.
+    slot: Option<Slot>,
     /// Inputs accepted for processing whose decision is not yet durable and acted on. The
     /// actor is idle (and may be dropped) only when there are none.
     unfinished: u32,
@@ -104,6 +106,7 @@ impl TaskActor {
             handled: 0,
             attempt_in_flight: false,
             lookup_in_flight: false,
+            slot: None,
             unfinished: 0,
         }
     }
@@ -155,6 +158,7 @@ impl TaskActor {
         let now = crate::now_ms();
         let mut clear = None;
         let mut source = None;
+        let again = input.clone();
         let core_input = match input {
             TaskInput::Deliver { request, source: s } => {
                 source = Some(s.clone());
@@ -201,6 +205,16 @@ impl TaskActor {
             Ok(d) => d,
             Err(e) => return Box::pin(fut::ready(Err(e.into()))),
         };
+        if let (Action::Send { .. }, None) = (&decision.action, &self.slot) {
+            // Room at the target first, then the intent: wait, and decide again from now.
+            if let Some(target) = target_of(&self.state, &decision) {
+                let reserve = self.shared.remote.reserve(&target);
+                return Box::pin(reserve.into_actor(self).then(move |slot, act, _| {
+                    act.slot = Some(slot);
+                    act.decide_and_append(again)
+                }));
+            }
+        }
         let (next, mut append) = record(self.task_id, &self.state, &decision, now);
         if let Some(s) = source {
             append.offsets.push((s.topic, s.partition, s.offset));
@@ -222,19 +236,21 @@ impl TaskActor {
             }
             .into_actor(self)
             .map(move |res, act, ctx| {
+                let slot = act.slot.take();
                 let lsns = res.map_err(|e| {
                     tracing::error!(task_id = %task_id, error = %e, "ledger write failed; the task is reconciled when the engine restarts");
                     e
                 })?;
                 count_recorded(&decision.events);
                 act.state = next;
-                act.perform(decision.action, ctx);
+                act.perform(decision.action, slot, ctx);
                 Ok(Reply { task_id, phase: act.state.phase, lsns, events: names })
             }),
         )
     }
 
-    fn perform(&mut self, action: Action, ctx: &mut Context<Self>) {
+    /// Acts on a durable decision; `slot` is the target's room for an attempt to send.
+    fn perform(&mut self, action: Action, slot: Option<Slot>, ctx: &mut Context<Self>) {
         let task_id = self.task_id;
         match action {
             Action::None => {}
@@ -271,6 +287,7 @@ impl TaskActor {
                     .remote
                     .attempt(request, attempt, idempotency_key.as_deref());
                 ctx.spawn(send.into_actor(self).map(move |outcome, act, ctx| {
+                    drop(slot);
                     act.attempt_in_flight = false;
                     tracing::debug!(task_id = %task_id, attempt, ?outcome, "attempt ended");
                     let next = act.process(TaskInput::Outcome { attempt, outcome });
@@ -293,6 +310,16 @@ impl TaskActor {
             });
         }
     }
+}
+
+/// The target of the task a decision is about (accepted just now, or earlier).
+fn target_of(state: &State, decision: &Decision) -> Option<String> {
+    state.request.as_ref().map(|r| r.target.clone()).or_else(|| {
+        decision.events.iter().find_map(|e| match e {
+            EventBody::TaskAccepted { request, .. } => Some(request.target.clone()),
+            _ => None,
+        })
+    })
 }
 
 /// What the task's writer appends for a decision: its events, the task's new summary, the

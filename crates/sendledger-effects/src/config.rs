@@ -51,6 +51,15 @@ pub struct TargetConfig {
     pub idempotency: Option<IdempotencyConfig>,
     #[serde(default)]
     pub retry: RetryConfig,
+    /// Most attempts in flight at this target at once; tasks beyond it wait for a slot before
+    /// they record their intent. Keep it within what the remote serves before its answers slow
+    /// past `request_timeout` (each such timeout is an unknown outcome to reconcile).
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: usize,
+    /// Most attempts per second at this target (a token bucket with one second of burst);
+    /// unlimited when unset.
+    #[serde(default)]
+    pub rate_limit: Option<f64>,
     /// How to ask the remote what it holds. Without it, unknown outcomes go to manual review.
     #[serde(default)]
     pub lookup: Option<LookupConfig>,
@@ -190,6 +199,10 @@ pub struct LookupConfig {
     /// policy; after that, manual review.
     #[serde(default = "default_max_policy_resends")]
     pub max_policy_resends: u32,
+}
+
+fn default_max_in_flight() -> usize {
+    256
 }
 
 fn default_max_policy_resends() -> u32 {

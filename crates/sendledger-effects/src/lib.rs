@@ -33,6 +33,7 @@ mod classify;
 mod config;
 mod conn;
 mod error;
+mod limit;
 mod target;
 mod template;
 
@@ -41,5 +42,6 @@ pub use config::{
     RetryConfig, ServerErrorPolicy, TargetConfig, TimeFormat,
 };
 pub use error::{Error, Result};
+pub use limit::{SendLimiter, SendSlot};
 pub use sendledger_core::decide::AttemptOutcome;
 pub use target::{Target, Targets};

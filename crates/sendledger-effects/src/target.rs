@@ -20,6 +20,7 @@ use crate::config::{
 };
 use crate::conn::{Answer, Endpoint, Failure, Pool};
 use crate::error::{Error, Result};
+use crate::limit::{SendLimiter, SendSlot};
 use crate::template::Template;
 
 const REDACTED: &str = "<redacted>";
@@ -51,6 +52,7 @@ pub struct Target {
     retry: RetryPolicy,
     lookup: Option<Lookup>,
     pool: Pool,
+    limiter: Arc<SendLimiter>,
 }
 
 struct Lookup {
@@ -248,6 +250,17 @@ impl Target {
             }
         };
 
+        if config.max_in_flight == 0 {
+            return Err(Error::config(path.at("max_in_flight"), "must be at least 1"));
+        }
+        if let Some(rate) = config.rate_limit {
+            if !(rate.is_finite() && rate > 0.0) {
+                return Err(Error::config(
+                    path.at("rate_limit"),
+                    "must be a positive number of attempts per second",
+                ));
+            }
+        }
         let r = &config.retry;
         if r.max_attempts == 0 {
             return Err(Error::config(
@@ -296,11 +309,18 @@ impl Target {
             retry,
             lookup,
             pool: Pool::default(),
+            limiter: Arc::new(SendLimiter::new(config.max_in_flight, config.rate_limit)),
         })
     }
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Waits for room to send one attempt (`max_in_flight`, `rate_limit`). Take it before
+    /// recording the attempt's intent and hold it until the attempt ends.
+    pub async fn reserve(&self) -> SendSlot {
+        self.limiter.acquire().await
     }
 
     /// Whether the target has a lookup (unknown outcomes can be reconciled).

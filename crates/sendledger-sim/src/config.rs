@@ -33,6 +33,10 @@ pub struct SimConfig {
     pub require_header: Option<RequiredHeader>,
     /// Largest accepted request body; larger ones are answered 413 (nothing created).
     pub max_body_bytes: usize,
+    /// When set, at most this many creates are worked on at once (a small server's worker
+    /// pool); the others wait their turn, and their time waiting counts against the client's
+    /// timeout like any latency.
+    pub capacity: Option<usize>,
     /// Seed of every random choice the simulator makes (faults, latency).
     pub seed: u64,
     pub faults: Faults,
@@ -50,6 +54,7 @@ impl Default for SimConfig {
             lookup_lag: Duration::ZERO,
             require_header: None,
             max_body_bytes: 1024 * 1024,
+            capacity: None,
             seed: 0,
             faults: Faults::default(),
         }

@@ -100,6 +100,8 @@ struct Shared {
     store: Mutex<Store>,
     counters: Counters,
     shutdown: watch::Receiver<bool>,
+    /// The worker pool of `capacity`.
+    workers: Option<tokio::sync::Semaphore>,
 }
 
 /// A running simulated remote. Dropping it stops it; [`Sim::shutdown`] also waits for the
@@ -189,6 +191,9 @@ impl Sim {
             source,
         })?;
         let (stop, shutdown) = watch::channel(false);
+        let workers = config
+            .capacity
+            .map(|n| tokio::sync::Semaphore::new(n.max(1)));
         let shared = Arc::new(Shared {
             faults: RwLock::new(config.faults),
             lag_ms: AtomicU64::new(config.lookup_lag.as_millis() as u64),
@@ -196,6 +201,7 @@ impl Sim {
             store: Mutex::new(Store::default()),
             counters: Counters::default(),
             shutdown,
+            workers,
         });
         let accept = tokio::spawn(accept_loop(listener, shared.clone()));
         debug!(%addr, "simulated remote listening");
@@ -424,6 +430,10 @@ async fn process(
     key: Option<String>,
     authorized: bool,
 ) -> Ending {
+    let _worker = match &shared.workers {
+        Some(pool) => pool.acquire().await.ok(),
+        None => None,
+    };
     let faults = shared.faults();
     let seed = shared.config.seed;
     shared.delay(&faults, n).await;

@@ -572,3 +572,63 @@ async fn concurrent_rejections_of_one_message_record_it_once() {
     assert!(processed.contains(5));
     engine.shutdown(Duration::from_secs(5)).await;
 }
+
+/// A backlog far beyond what the remote serves at once: a remote that works on 4 creates at a
+/// time, 25 ms each, gets 400 tasks. Unlimited, the queue at the remote outlasts the request
+/// timeout and attempts end unknown by our own doing; with `max_in_flight = 4`, tasks wait for
+/// a slot before recording their intent, and every attempt gets its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_in_flight_keeps_a_backlog_from_timing_out_at_a_modest_remote() {
+    async fn run(max_in_flight: usize, wait_settled: bool) -> (usize, Sim) {
+        let sim = Sim::start(SimConfig {
+            capacity: Some(4),
+            faults: Faults {
+                latency: Duration::from_millis(25),
+                ..Faults::default()
+            },
+            ..SimConfig::default()
+        })
+        .await
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let engine = start_engine(
+            dir.path(),
+            target(&sim.base_url(), |t| t["max_in_flight"] = max_in_flight.into()),
+        );
+        let keys: Vec<String> = (0..400).map(|i| format!("bl-{i}")).collect();
+        let submits: Vec<_> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| {
+                let engine = engine.clone();
+                let k = k.clone();
+                tokio::spawn(async move { engine.submit(request(&k), source(i as i64)).await })
+            })
+            .collect();
+        for s in submits {
+            s.await.unwrap().unwrap();
+        }
+        if wait_settled {
+            for k in &keys {
+                let state = wait_for(&engine, task_id(k), Duration::from_secs(60), settled).await;
+                assert_eq!(state.phase, Phase::Succeeded, "{k}");
+            }
+        } else {
+            // Long enough for the queue at the remote to outlast the 400 ms request timeout.
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
+        }
+        let log = engine.ledger().read_log(1, usize::MAX).unwrap();
+        let unknowns = log
+            .iter()
+            .filter(|e| matches!(e.body, EventBody::SendUnknown { .. }))
+            .count();
+        engine.shutdown(Duration::from_secs(5)).await;
+        (unknowns, sim)
+    }
+    let (unknowns, _) = run(10_000, false).await;
+    assert!(unknowns > 0, "the unlimited backlog should overload the remote");
+    let (unknowns, sim) = run(4, true).await;
+    assert_eq!(unknowns, 0);
+    assert_eq!(sim.stats().posts, 400);
+    assert_eq!(sim.stats().duplicates, 0);
+}

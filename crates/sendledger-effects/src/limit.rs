@@ -1,0 +1,111 @@
+//! How fast a target may be sent to: at most `max_in_flight` attempts at once, and optionally
+//! at most `rate_limit` attempts per second (a token bucket with one second of burst).
+//!
+//! A task takes its slot *before* it records the intent of an attempt, so waiting for room at
+//! a busy remote never turns into an attempt that times out (an unknown outcome of our own
+//! making), and an intent is never recorded long before its request leaves.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+/// The sending limits of one target.
+#[derive(Debug)]
+pub struct SendLimiter {
+    slots: Arc<Semaphore>,
+    rate: Option<Mutex<Bucket>>,
+}
+
+/// The generic cell rate algorithm: `tat` is when the bucket is next empty.
+#[derive(Debug)]
+struct Bucket {
+    interval: Duration,
+    burst: Duration,
+    tat: Instant,
+}
+
+/// Room for one attempt; dropping it frees the room.
+#[derive(Debug)]
+pub struct SendSlot {
+    _permit: OwnedSemaphorePermit,
+}
+
+impl SendLimiter {
+    /// `max_in_flight` at least 1; `rate_limit` in attempts per second, positive and finite.
+    pub fn new(max_in_flight: usize, rate_limit: Option<f64>) -> SendLimiter {
+        SendLimiter {
+            slots: Arc::new(Semaphore::new(max_in_flight.max(1))),
+            rate: rate_limit.map(|rate| {
+                let interval = Duration::from_secs_f64(1.0 / rate);
+                Mutex::new(Bucket {
+                    interval,
+                    // One second's worth of attempts may go at once.
+                    burst: interval.mul_f64((rate - 1.0).max(0.0)),
+                    tat: Instant::now(),
+                })
+            }),
+        }
+    }
+
+    /// Waits for room for one attempt: a free slot, then the rate's turn.
+    pub async fn acquire(&self) -> SendSlot {
+        let permit = self
+            .slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        if let Some(bucket) = &self.rate {
+            let wait = {
+                let mut b = bucket.lock().unwrap_or_else(|e| e.into_inner());
+                let now = Instant::now();
+                let tat = b.tat.max(now);
+                b.tat = tat + b.interval;
+                tat.saturating_duration_since(now).saturating_sub(b.burst)
+            };
+            if !wait.is_zero() {
+                tokio::time::sleep(wait).await;
+            }
+        }
+        SendSlot { _permit: permit }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn slots_bound_attempts_in_flight() {
+        let limiter = Arc::new(SendLimiter::new(2, None));
+        let a = limiter.acquire().await;
+        let _b = limiter.acquire().await;
+        let third = tokio::spawn({
+            let limiter = limiter.clone();
+            async move { limiter.acquire().await }
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(!third.is_finished(), "a third attempt waits");
+        drop(a);
+        third.await.unwrap();
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn the_rate_allows_a_second_of_burst_then_spaces_attempts() {
+        let limiter = SendLimiter::new(1_000, Some(10.0));
+        let start = tokio::time::Instant::now();
+        let mut slots = Vec::new();
+        for _ in 0..10 {
+            slots.push(limiter.acquire().await);
+        }
+        assert!(start.elapsed() < Duration::from_millis(1), "the burst goes at once");
+        for _ in 0..10 {
+            slots.push(limiter.acquire().await);
+        }
+        // Ten more at 10/s take about a second.
+        let took = start.elapsed();
+        assert!(took >= Duration::from_millis(990) && took <= Duration::from_millis(1_100), "{took:?}");
+    }
+}
