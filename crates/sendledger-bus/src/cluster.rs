@@ -139,6 +139,12 @@ impl EmbeddedCluster {
     }
 }
 
+/// The embedded cluster (librdkafka's mock cluster) keeps at most this many messages per
+/// partition, and deletes the oldest beyond it...
+pub const EMBEDDED_MAX_MESSAGES_PER_PARTITION: u64 = 100_000;
+/// ...or beyond this many bytes per partition.
+pub const EMBEDDED_MAX_BYTES_PER_PARTITION: u64 = 5 * 1024 * 1024;
+
 /// A validated Kafka configuration and the brokers it talks to. Cheap to clone; holds the
 /// embedded cluster alive when there is one.
 #[derive(Clone)]
@@ -149,6 +155,32 @@ pub struct Kafka {
 }
 
 impl Kafka {
+    /// Refuses a backlog of `messages` (of `bytes` in all) produced at once to the requests
+    /// topic of an embedded cluster when a partition could exceed what the cluster keeps:
+    /// the oldest requests would be deleted before they were processed. Counts a partition
+    /// as holding up to a third more than its share (keys do not hash evenly).
+    pub fn check_embedded_backlog(&self, messages: u64, bytes: u64) -> Result<()> {
+        if self.embedded.is_none() {
+            return Ok(());
+        }
+        let partitions = self.config.partitions.max(1) as u64;
+        let worst = |total: u64| total.div_ceil(partitions).saturating_mul(4) / 3;
+        if worst(messages) > EMBEDDED_MAX_MESSAGES_PER_PARTITION
+            || worst(bytes) > EMBEDDED_MAX_BYTES_PER_PARTITION
+        {
+            return Err(Error::Config {
+                field: "partitions".into(),
+                problem: format!(
+                    "{messages} messages ({bytes} bytes) over {partitions} partitions may exceed \
+                     what the embedded cluster keeps per partition ({EMBEDDED_MAX_MESSAGES_PER_PARTITION} \
+                     messages or {EMBEDDED_MAX_BYTES_PER_PARTITION} bytes; older ones are deleted \
+                     before they are processed): send fewer at once, use more partitions, or a real broker"
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// Validates the configuration; with `brokers = "embedded"` starts the in-process cluster
     /// with every topic created. Blocking (starting the embedded cluster takes a moment).
     pub fn connect(config: KafkaConfig) -> Result<Kafka> {
@@ -246,6 +278,18 @@ mod tests {
     use rdkafka::message::Message;
     use rdkafka::producer::{FutureProducer, FutureRecord};
     use rdkafka::util::Timeout;
+
+    #[test]
+    fn a_backlog_the_embedded_cluster_would_truncate_is_refused() {
+        let kafka = Kafka::connect(KafkaConfig::default()).unwrap();
+        assert!(kafka.check_embedded_backlog(200_000, 12_000_000).is_ok());
+        let err = kafka
+            .check_embedded_backlog(1_000_000, 200_000_000)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("100000 messages"), "{err}");
+        assert!(kafka.check_embedded_backlog(10_000, 30_000_000).is_err(), "bytes count too");
+    }
 
     /// The embedded cluster has the topics, and the producer and consumer configurations that
     /// sendledger builds are accepted by librdkafka and work against it.

@@ -60,6 +60,8 @@ async fn bench(args: KafkaArgs) -> anyhow::Result<()> {
     let kafka = tokio::task::block_in_place(|| Kafka::connect(config.kafka.clone()))?;
 
     let n = args.tasks as usize;
+    let one = serde_json::to_vec(&bench_request(0, "payments"))?.len() as u64;
+    kafka.check_embedded_backlog(args.tasks, args.tasks * (one + 64))?;
     let messages = (0..args.tasks).map(|i| {
         let r = bench_request(i, "payments");
         (Some(request_key(&r)), serde_json::to_vec(&r).expect("JSON"))

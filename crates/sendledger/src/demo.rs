@@ -128,6 +128,8 @@ async fn demo(args: DemoArgs, data: PathBuf) -> anyhow::Result<bool> {
             (Some(request_key(&r)), serde_json::to_vec(&r).expect("JSON"))
         })
         .collect();
+    let bytes = messages.iter().map(|(_, v)| v.len() as u64).sum();
+    kafka.check_embedded_backlog(messages.len() as u64, bytes)?;
     let produce = tokio::spawn(async move { producer.send_all(messages).await });
 
     // Restart once half of the tasks have their result.
