@@ -123,6 +123,8 @@ pub struct RetryConfig {
     pub max_attempts: u32,
     #[serde(with = "humantime_serde")]
     pub initial_backoff: Duration,
+    /// Longest backoff; a remote's `Retry-After` is honoured up to 1 hour, or up to this when
+    /// it is longer.
     #[serde(with = "humantime_serde")]
     pub max_backoff: Duration,
     pub multiplier: f64,

@@ -7,7 +7,7 @@
 //! | what happened | outcome |
 //! |---|---|
 //! | DNS failure, connect refused or timed out, connection failed before any request byte was written | `NotSent{Connect}` |
-//! | 429, or 503 with `Retry-After` | `NotSent{Throttled}` with `retry_after_ms` |
+//! | 429, or 503 with `Retry-After` | `NotSent{Throttled}` with `retry_after_ms` (at most 1 hour, or `retry.max_backoff` when longer) |
 //! | 2xx | `Succeeded` with the id at `response_id_pointer` (empty when absent: a 2xx proves the effect, the id is informational) |
 //! | 4xx other than 408/429 (409 unless `on_409 = "reconcile"`) | `Rejected` |
 //! | request written, then timeout / reset / unreadable answer; 408; 5xx; 1xx/3xx; 409 with `on_409 = "reconcile"` | `Unknown` |

@@ -14,7 +14,7 @@ use sendledger_core::{AcceptedRequest, NotSentCause, RetryPolicy, UnknownCause};
 use serde_json::Value;
 use tracing::{debug, info, warn};
 
-use crate::classify::{self, id_text, Rules};
+use crate::classify::{self, id_text, Rules, MAX_RETRY_AFTER};
 use crate::config::{
     CreatedAfterConfig, HeaderValueConfig, LookupConfig, TargetConfig, TimeFormat,
 };
@@ -284,6 +284,7 @@ impl Target {
                 id_pointer: config.response_id_pointer.clone(),
                 on_5xx: config.on_5xx,
                 on_409: config.on_409,
+                max_retry_after: MAX_RETRY_AFTER.max(r.max_backoff),
             },
             idempotency,
             retry,
