@@ -42,7 +42,8 @@ pub struct Target {
     url: Template,
     endpoint: Endpoint,
     headers: Vec<(HeaderName, HeaderValue)>,
-    /// Header values as text, removed from any remote-supplied text we keep.
+    /// Header values and their significant parts ([`secret_fragments`]), longest first:
+    /// removed from any remote-supplied text we keep.
     secrets: Vec<String>,
     body_fields: Vec<(String, Template)>,
     rules: Rules,
@@ -210,10 +211,11 @@ impl Target {
             })?;
             hv.set_sensitive(true);
             headers.push((hn, hv));
-            if !text.trim().is_empty() {
-                secrets.push(text);
-            }
+            secrets.extend(secret_fragments(&text));
         }
+        // Longest first, so a value is removed whole before its parts are looked for.
+        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        secrets.dedup();
 
         let mut body_fields = Vec::new();
         for (key, template) in &config.body_fields {
@@ -338,7 +340,10 @@ impl Target {
                 warn!(target_name = %self.name, %task_id, attempt, %reason, "attempt cannot be built; rejected without sending");
                 return AttemptOutcome::Rejected {
                     status: 0,
-                    detail: format!("request cannot be built for target {}: {reason}", self.name),
+                    detail: self.scrub(format!(
+                        "request cannot be built for target {}: {reason}",
+                        self.name
+                    )),
                 };
             }
         };
@@ -409,7 +414,7 @@ impl Target {
             })?;
         let answer_err = |reason: String| Error::LookupAnswer {
             target: self.name.clone(),
-            reason,
+            reason: self.scrub(reason),
         };
         let body = answer.body.map_err(answer_err)?;
         if !answer.status.is_success() {
@@ -445,7 +450,8 @@ impl Target {
         }
     }
 
-    /// Removes configured header values from text that may echo them.
+    /// Removes configured header values, and their parts a remote may quote, from text that
+    /// may echo them.
     fn scrub(&self, mut text: String) -> String {
         for secret in &self.secrets {
             if text.contains(secret.as_str()) {
@@ -534,6 +540,33 @@ impl Target {
         }
         Ok(req)
     }
+}
+
+/// Shortest part of a header value that is redacted on its own: shorter ones (a scheme, a
+/// version) would blank out ordinary words.
+const MIN_SECRET_FRAGMENT: usize = 6;
+
+/// What to redact for one header value: the value itself, the credentials after a scheme
+/// (`Bearer abc…` → `abc…`), and each of their tokens (split at whitespace, `,`, `;`, `=` and
+/// `"`), parts of at least [`MIN_SECRET_FRAGMENT`] characters only: a remote may quote any of
+/// them. The scheme itself (`Bearer`) is no secret.
+fn secret_fragments(value: &str) -> Vec<String> {
+    let value = value.trim();
+    let mut out = Vec::new();
+    if value.is_empty() {
+        return out;
+    }
+    out.push(value.to_string());
+    let credentials = value
+        .split_once(char::is_whitespace)
+        .map_or(value, |(_scheme, rest)| rest.trim());
+    let tokens = credentials.split(|c: char| c.is_whitespace() || ",;=\"".contains(c));
+    for part in std::iter::once(credentials).chain(tokens) {
+        if part.chars().count() >= MIN_SECRET_FRAGMENT && !out.iter().any(|o| o == part) {
+            out.push(part.to_string());
+        }
+    }
+    out
 }
 
 fn millis(d: Duration) -> u64 {
@@ -700,5 +733,37 @@ fn timestamp_ms(v: &Value, format: TimeFormat) -> Option<u64> {
             .duration_since(UNIX_EPOCH)
             .ok()
             .map(millis),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_fragments_cover_the_bare_credentials() {
+        assert_eq!(
+            secret_fragments(" Bearer s3cr3t-token "),
+            ["Bearer s3cr3t-token", "s3cr3t-token"]
+        );
+        assert_eq!(
+            secret_fragments("Basic dXNlcjpwYXNzd29yZA=="),
+            [
+                "Basic dXNlcjpwYXNzd29yZA==",
+                "dXNlcjpwYXNzd29yZA==",
+                "dXNlcjpwYXNzd29yZA"
+            ]
+        );
+        assert_eq!(
+            secret_fragments("Signature keyId=\"abcdef1\",sig=\"xyz\""),
+            [
+                "Signature keyId=\"abcdef1\",sig=\"xyz\"",
+                "keyId=\"abcdef1\",sig=\"xyz\"",
+                "abcdef1"
+            ]
+        );
+        // Short parts are not redacted on their own; the whole value always is.
+        assert_eq!(secret_fragments("ab cd"), ["ab cd"]);
+        assert!(secret_fragments("  ").is_empty());
     }
 }

@@ -909,6 +909,78 @@ fn secret_header_values_never_appear_in_debug_logs_or_errors() {
     }
 }
 
+/// A remote that answers every request 401, quoting the bare credentials of the
+/// `Authorization` header it got (and the whole header, its scheme included).
+async fn remote_quoting_the_token() -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&head).into_owned();
+                let auth = head
+                    .lines()
+                    .find(|l| l.to_ascii_lowercase().starts_with("authorization:"))
+                    .map_or("", |l| l["authorization:".len()..].trim());
+                let bare = auth.split_once(' ').map_or(auth, |(_, t)| t);
+                let body =
+                    format!("{{\"error\":\"token {bare} is not allowed\",\"got\":\"{auth}\"}}");
+                let resp = format!(
+                    "HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(resp.as_bytes()).await;
+            });
+        }
+    });
+    addr
+}
+
+/// A remote that quotes the bare token in its 401: the rejection detail and the lookup error
+/// keep the remote's words but not the token (nor the whole header value).
+#[tokio::test]
+async fn a_token_quoted_by_the_remote_is_redacted() {
+    const TOKEN: &str = "s3cr3t-7f1d9a0c";
+    let addr = remote_quoting_the_token().await;
+    let cfg: TargetConfig = toml::from_str(&format!(
+        r#"
+url = "http://{addr}/records"
+request_timeout = "2s"
+body_fields = {{ reference = "{{task_id}}" }}
+headers = {{ Authorization = {{ env = "PAYMENTS_TOKEN", prefix = "Bearer " }} }}
+lookup = {{ url = "http://{addr}/records?reference={{task_id}}" }}
+"#
+    ))
+    .unwrap();
+    let env = |name: &str| (name == "PAYMENTS_TOKEN").then(|| TOKEN.to_string());
+    let target = Target::from_config_with_env("payments", &cfg, env).unwrap();
+    let req = request("ord-1", json!({"amount": 1}));
+    let AttemptOutcome::Rejected { status, detail } = target.execute(&req, 1, None).await else {
+        panic!("a 401 is a rejection")
+    };
+    assert_eq!(status, 401);
+    assert!(detail.contains("is not allowed"), "{detail}");
+    assert!(!detail.contains(TOKEN), "token leaked: {detail}");
+    assert!(detail.contains("token <redacted> is not allowed"), "{detail}");
+    let err = target.lookup(&req, None).await.unwrap_err();
+    let text = format!("{err} {err:?}");
+    assert!(
+        matches!(err, sendledger_effects::Error::LookupStatus { status: 401, .. }),
+        "{text}"
+    );
+    assert!(text.contains("is not allowed"), "{text}");
+    assert!(!text.contains(TOKEN), "token leaked: {text}");
+}
+
 #[test]
 fn the_example_configs_parse_and_validate() {
     let text = include_str!("../../../schemas/sendledger.example.toml");
