@@ -20,7 +20,7 @@ use crate::config::{
 };
 use crate::conn::{Answer, Endpoint, Failure, Pool};
 use crate::error::{Error, Result};
-use crate::template::Template;
+use crate::template::{self, Template};
 
 const REDACTED: &str = "<redacted>";
 
@@ -271,7 +271,7 @@ impl Target {
 
         let lookup = match &config.lookup {
             None => None,
-            Some(l) => Some(lookup(&path, l, config)?),
+            Some(l) => Some(lookup(&path, l, config, &body_fields)?),
         };
 
         Ok(Target {
@@ -396,7 +396,7 @@ impl Target {
         };
         let url = lookup
             .url
-            .render(request, &payload, true)
+            .render_url(request, &payload)
             .map_err(render_err)?;
         let mut req = self.request(Method::GET, &url, &lookup.endpoint, Bytes::new())?;
         req.headers_mut()
@@ -467,7 +467,7 @@ impl Target {
         idempotency_key: Option<&str>,
     ) -> std::result::Result<Request<Full<Bytes>>, String> {
         let payload = request.payload_value();
-        let url = self.url.render(request, &payload, true)?;
+        let url = self.url.render_url(request, &payload)?;
         let body = if self.body_fields.is_empty() {
             Bytes::from(request.payload.clone())
         } else {
@@ -478,7 +478,7 @@ impl Target {
             for (key, template) in &self.body_fields {
                 object.insert(
                     key.clone(),
-                    Value::String(template.render(request, &payload, false)?),
+                    Value::String(template.render_text(request, &payload)?),
                 );
             }
             Bytes::from(Value::Object(object).to_string())
@@ -626,6 +626,12 @@ fn url_template(field: &str, source: &str) -> Result<(Template, String)> {
             "the host and port must be written literally (no placeholders, no user info)",
         ));
     }
+    if let Some(segment) = template::dot_segment(&template.sample()) {
+        return Err(Error::config(
+            field,
+            format!("has the path segment `{segment}`; write the path without `.` and `..` segments"),
+        ));
+    }
     let address = format!(
         "{}:{}",
         authority.host(),
@@ -634,8 +640,58 @@ fn url_template(field: &str, source: &str) -> Result<(Template, String)> {
     Ok((template, address))
 }
 
-fn lookup(path: &Path<'_>, l: &LookupConfig, target: &TargetConfig) -> Result<Lookup> {
+/// Why a lookup URL must identify its task: with a URL that two tasks render alike, one
+/// task's lookup finds the other's record and confirms it with that record's id.
+const LOOKUP_IDENTITY_RULE: &str = "does not tell tasks apart, so one task's lookup could confirm another task's record: \
+     the lookup URL must contain `{task_id}` (e.g. `?reference={task_id}` with `body_fields.reference = \"{task_id}\"`), \
+     or each of `{tenant}`, `{operation}` and `{request_key}` alone in a path segment or query value; \
+     joined values are ambiguous (`{tenant}:{request_key}` reads `t:1:k` for tenant `t:1` with key `k` and for tenant `t` with key `1:k`)";
+
+/// Checks that a lookup finds only its own task's records: the URL identifies the task
+/// ([`Template::identifies_task`]; refused when it uses identity fields ambiguously, a warning
+/// when it matches on payload or metadata values only, which may be unique by design), and
+/// each body field the URL queries by name (`?reference=` ↔ `body_fields.reference`) is
+/// stored with the template it is looked up by.
+fn check_lookup_identity(
+    path: &Path<'_>,
+    url: &Template,
+    body_fields: &[(String, Template)],
+) -> Result<()> {
+    if !url.identifies_task() {
+        if url.uses_identity() {
+            return Err(Error::config(path.at("lookup.url"), LOOKUP_IDENTITY_RULE));
+        }
+        warn!(
+            target_name = path.0,
+            lookup_url = url.source(),
+            "lookup.url has neither {{task_id}} nor all three identity fields: a record of another task with the same values would confirm this task; prefer `?reference={{task_id}}` with `body_fields.reference = \"{{task_id}}\"`"
+        );
+    }
+    for (name, value) in url.query_params() {
+        if let Some((_, stored)) = body_fields.iter().find(|(key, _)| *key == name) {
+            if !stored.renders_like(&value) {
+                return Err(Error::config(
+                    path.at(&format!("body_fields.{name}")),
+                    format!(
+                        "is `{}` but lookup.url queries `{name}` with `{}`: records are stored under one and looked up by the other; use the same template in both (e.g. `{{task_id}}`)",
+                        stored.source(),
+                        value.source()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn lookup(
+    path: &Path<'_>,
+    l: &LookupConfig,
+    target: &TargetConfig,
+    body_fields: &[(String, Template)],
+) -> Result<Lookup> {
     let (url, address) = url_template(&path.at("lookup.url"), &l.url)?;
+    check_lookup_identity(path, &url, body_fields)?;
     pointer(path, "lookup.results_pointer", &l.results_pointer)?;
     pointer(path, "lookup.id_pointer", &l.id_pointer)?;
     let mut filters = Vec::new();
