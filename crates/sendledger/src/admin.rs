@@ -10,9 +10,10 @@
 //! | `GET /reviews` | the tasks in manual review, with reason and evidence |
 //! | `POST /reviews/{id}` | resolve a review: `{"as": "succeeded", "remote_id", "by", "reason"}`, `{"as": "failed", "by", "reason"}` or `{"resend": true, "by", "reason"}` |
 //!
-//! Mutating calls need `Authorization: Bearer <admin.token>`; with no token configured they are
-//! refused (403). Errors are JSON `{"error": "..."}`: 400 for a bad body (naming the field),
-//! 401 for a missing or wrong token, 404 for an unknown task, 409 for a task not in review.
+//! Mutating calls need `Authorization: Bearer <admin.token>` (the scheme in any case); with no
+//! token configured they are refused (403). Errors are JSON `{"error": "..."}`: 400 for a bad
+//! body (naming the field), 401 for a missing or wrong token, 404 for an unknown task, 409 for
+//! a task not in review.
 //!
 //! A resolution goes to the task's actor through [`Engine::resolve`], like every other input of
 //! the task: the admin endpoint never writes the ledger itself.
@@ -472,7 +473,7 @@ fn authorize(shared: &Shared, req: &Request<Incoming>) -> Result<(), Failure> {
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(bearer_token);
     match given {
         Some(given) if constant_time_eq(given.as_bytes(), token.as_bytes()) => Ok(()),
         Some(_) => Err(Failure::new(
@@ -484,6 +485,15 @@ fn authorize(shared: &Shared, req: &Request<Incoming>) -> Result<(), Failure> {
             "missing `Authorization: Bearer <token>` (the configured `admin.token`)",
         )),
     }
+}
+
+/// The token of an `Authorization: Bearer <token>` value; the scheme is case-insensitive
+/// (RFC 7235).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start())
 }
 
 /// Compares without stopping at the first difference, so timing does not reveal the token.
@@ -610,6 +620,16 @@ mod tests {
                 (Phase::Succeeded, 1)
             ]
         );
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        for value in ["Bearer tok en", "bearer tok en", "BEARER  tok en", " bEaReR tok en"] {
+            assert_eq!(bearer_token(value), Some("tok en"), "{value}");
+        }
+        for value in ["Basic tok", "Bearertok", "tok", ""] {
+            assert_eq!(bearer_token(value), None, "{value}");
+        }
     }
 
     #[test]
