@@ -13,7 +13,7 @@
 //! Mutating calls need `Authorization: Bearer <admin.token>` (the scheme in any case); with no
 //! token configured they are refused (403). Errors are JSON `{"error": "..."}`: 400 for a bad
 //! body (naming the field), 401 for a missing or wrong token, 404 for an unknown task, 409 for
-//! a task not in review.
+//! a task not in review. The GET routes need no token: listening beyond loopback logs a warning.
 //!
 //! A resolution goes to the task's actor through [`Engine::resolve`], like every other input of
 //! the task: the admin endpoint never writes the ledger itself.
@@ -166,9 +166,17 @@ impl Admin {
             .await
             .with_context(|| format!("binding the admin endpoint to {listen}"))?;
         let addr = listener.local_addr()?;
+        let token = token.filter(|t| !t.is_empty());
+        if reads_exposed(&addr) {
+            tracing::warn!(
+                %addr,
+                mutations_need_token = token.is_some(),
+                "admin endpoint listens beyond loopback and its GET routes (metrics, task timelines with payloads, reviews) need no token: bind it to loopback or put it behind something that authenticates"
+            );
+        }
         let (stop, stopped) = watch::channel(false);
         let shared = Arc::new(Shared {
-            token: token.filter(|t| !t.is_empty()),
+            token,
             engine,
             metrics,
             gauges_at: Mutex::new(None),
@@ -206,6 +214,11 @@ impl Admin {
             let _ = task.await;
         }
     }
+}
+
+/// Whether `listen` can be reached from other machines (the GET routes need no token).
+fn reads_exposed(listen: &SocketAddr) -> bool {
+    !listen.ip().to_canonical().is_loopback()
 }
 
 async fn accept_loop(
@@ -629,6 +642,16 @@ mod tests {
         }
         for value in ["Basic tok", "Bearertok", "tok", ""] {
             assert_eq!(bearer_token(value), None, "{value}");
+        }
+    }
+
+    #[test]
+    fn reads_are_exposed_beyond_loopback_only() {
+        for listen in ["127.0.0.1:9464", "[::1]:9464", "[::ffff:127.0.0.1]:9464"] {
+            assert!(!reads_exposed(&listen.parse().unwrap()), "{listen}");
+        }
+        for listen in ["0.0.0.0:9464", "[::]:9464", "10.1.2.3:9464", "[::ffff:10.0.0.1]:1"] {
+            assert!(reads_exposed(&listen.parse().unwrap()), "{listen}");
         }
     }
 
