@@ -132,7 +132,9 @@ impl Path<'_> {
 impl Target {
     /// Validates one target's configuration, reading header values from the environment where
     /// configured. Errors name the field (`targets.<name>.<field>`) and never contain a header
-    /// value.
+    /// value. A lookup must tell tasks apart: its URL contains `{task_id}`, or each of
+    /// `{tenant}`, `{operation}` and `{request_key}` alone in a path segment or query value,
+    /// and a body field it queries by name has the same template as the query value.
     pub fn from_config(name: &str, config: &TargetConfig) -> Result<Target> {
         Target::from_config_with_env(name, config, |var| std::env::var(var).ok())
     }
@@ -629,7 +631,9 @@ fn url_template(field: &str, source: &str) -> Result<(Template, String)> {
     if let Some(segment) = template::dot_segment(&template.sample()) {
         return Err(Error::config(
             field,
-            format!("has the path segment `{segment}`; write the path without `.` and `..` segments"),
+            format!(
+                "has the path segment `{segment}`; write the path without `.` and `..` segments"
+            ),
         ));
     }
     let address = format!(
