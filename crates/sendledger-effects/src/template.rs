@@ -397,10 +397,7 @@ mod tests {
             ("{payload.list}", "not a string"),
             ("{metadata.zone}", "no metadata `zone`"),
         ] {
-            let err = Template::parse(t)
-                .unwrap()
-                .render_url(&r, &p)
-                .unwrap_err();
+            let err = Template::parse(t).unwrap().render_url(&r, &p).unwrap_err();
             assert!(err.contains(needle), "{t}: {err}");
         }
         for (t, needle) in [
@@ -420,7 +417,8 @@ mod tests {
     fn dot_segments_from_fields_are_refused() {
         let t = Template::parse("http://r/p/{request_key}/x?k={request_key}").unwrap();
         let joined = Template::parse("http://r/p/{tenant}{request_key}/x").unwrap();
-        for (template, tenant, key) in [(&t, "acme", ".."), (&t, "acme", "."), (&joined, ".", ".")] {
+        for (template, tenant, key) in [(&t, "acme", ".."), (&t, "acme", "."), (&joined, ".", ".")]
+        {
             let r = request_with(tenant, "pay", key);
             let err = template.render_url(&r, &r.payload_value()).unwrap_err();
             assert!(err.contains("addresses another resource"), "{key}: {err}");
@@ -438,7 +436,10 @@ mod tests {
         );
         let q = Template::parse("http://r/p?k={request_key}").unwrap();
         let r = request_with("acme", "pay", "..");
-        assert_eq!(q.render_url(&r, &r.payload_value()).unwrap(), "http://r/p?k=..");
+        assert_eq!(
+            q.render_url(&r, &r.payload_value()).unwrap(),
+            "http://r/p?k=.."
+        );
         assert_eq!(dot_segment("http://r/a/%2e%2E/b"), Some("%2e%2E"));
         assert_eq!(dot_segment("http://r/a/b?x=/../"), None);
     }

@@ -293,10 +293,7 @@ async fn accept_loop(
         let (idle, head) = (limits.idle_timeout, limits.header_read_timeout);
         tokio::spawn(async move {
             let _permit = permit;
-            let wait = Arc::new(Mutex::new(Wait::Request {
-                since: Instant::now(),
-                first_byte: None,
-            }));
+            let wait = Arc::new(Mutex::new(Wait::request()));
             let service = {
                 let wait = wait.clone();
                 service_fn(move |req| {
@@ -304,8 +301,7 @@ async fn accept_loop(
                     async move {
                         set_wait(&wait, Wait::Serving);
                         let response = handle(&shared, req).await;
-                        let since = Instant::now();
-                        set_wait(&wait, Wait::Request { since, first_byte: None });
+                        set_wait(&wait, Wait::request());
                         Ok::<_, Infallible>(response)
                     }
                 })
@@ -339,6 +335,16 @@ enum Wait {
     },
     /// Its request is being answered.
     Serving,
+}
+
+impl Wait {
+    /// Waiting for a request from now on.
+    fn request() -> Wait {
+        Wait::Request {
+            since: Instant::now(),
+            first_byte: None,
+        }
+    }
 }
 
 fn set_wait(wait: &Mutex<Wait>, to: Wait) {
@@ -415,11 +421,17 @@ impl AsyncWrite for Watched {
         self.stream.is_write_vectored()
     }
 
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<io::Result<()>> {
+    fn poll_flush(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<io::Result<()>> {
         Pin::new(&mut self.stream).poll_flush(cx)
     }
 
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<io::Result<()>> {
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<io::Result<()>> {
         Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
@@ -813,7 +825,12 @@ mod tests {
 
     #[test]
     fn the_bearer_scheme_is_case_insensitive() {
-        for value in ["Bearer tok en", "bearer tok en", "BEARER  tok en", " bEaReR tok en"] {
+        for value in [
+            "Bearer tok en",
+            "bearer tok en",
+            "BEARER  tok en",
+            " bEaReR tok en",
+        ] {
             assert_eq!(bearer_token(value), Some("tok en"), "{value}");
         }
         for value in ["Basic tok", "Bearertok", "tok", ""] {
@@ -826,7 +843,12 @@ mod tests {
         for listen in ["127.0.0.1:9464", "[::1]:9464", "[::ffff:127.0.0.1]:9464"] {
             assert!(!reads_exposed(&listen.parse().unwrap()), "{listen}");
         }
-        for listen in ["0.0.0.0:9464", "[::]:9464", "10.1.2.3:9464", "[::ffff:10.0.0.1]:1"] {
+        for listen in [
+            "0.0.0.0:9464",
+            "[::]:9464",
+            "10.1.2.3:9464",
+            "[::ffff:10.0.0.1]:1",
+        ] {
             assert!(reads_exposed(&listen.parse().unwrap()), "{listen}");
         }
     }

@@ -44,8 +44,8 @@ async fn bench(args: KafkaArgs) -> anyhow::Result<()> {
         identity_field: "reference".into(),
         ..SimConfig::default()
     })
-        .await
-        .context("starting the simulated remote")?;
+    .await
+    .context("starting the simulated remote")?;
     let dir = tempfile::tempdir()?;
     let mut config = Config::default();
     config.admin.enabled = false;

@@ -777,8 +777,7 @@ async fn connections_are_capped_and_stalled_ones_closed() {
     closed_within(&mut idle_b, Duration::from_secs(5)).await;
 
     // A kept-alive connection, idle after its answer, is closed too.
-    let (mut kept, status) =
-        status_line(&addr, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    let (mut kept, status) = status_line(&addr, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await;
     assert_eq!(status, "HTTP/1.1 200 OK");
     closed_within(&mut kept, Duration::from_secs(5)).await;
 
@@ -791,7 +790,10 @@ async fn connections_are_capped_and_stalled_ones_closed() {
         )
     };
     let (_, lower) = status_line(&addr, &post(&format!("bearer {TOKEN}"))).await;
-    assert_eq!(lower, "HTTP/1.1 400 Bad Request", "authorized, then the body is refused");
+    assert_eq!(
+        lower, "HTTP/1.1 400 Bad Request",
+        "authorized, then the body is refused"
+    );
     let (_, wrong) = status_line(&addr, &post("Bearer wrong")).await;
     assert_eq!(wrong, "HTTP/1.1 401 Unauthorized");
     admin.shutdown().await;

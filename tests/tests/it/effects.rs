@@ -780,7 +780,9 @@ fn ambiguous_lookups_are_refused() {
     let load = |extra: &str| {
         let cfg: TargetConfig =
             toml::from_str(&format!("url = \"http://127.0.0.1:9/r\"\n{extra}")).unwrap();
-        Target::from_config("t", &cfg).map(|_| ()).map_err(|e| e.to_string())
+        Target::from_config("t", &cfg)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     };
     for (extra, expected) in [
         (
@@ -1090,11 +1092,17 @@ lookup = {{ url = "http://{addr}/records?reference={{task_id}}" }}
     assert_eq!(status, 401);
     assert!(detail.contains("is not allowed"), "{detail}");
     assert!(!detail.contains(TOKEN), "token leaked: {detail}");
-    assert!(detail.contains("token <redacted> is not allowed"), "{detail}");
+    assert!(
+        detail.contains("token <redacted> is not allowed"),
+        "{detail}"
+    );
     let err = target.lookup(&req, None).await.unwrap_err();
     let text = format!("{err} {err:?}");
     assert!(
-        matches!(err, sendledger_effects::Error::LookupStatus { status: 401, .. }),
+        matches!(
+            err,
+            sendledger_effects::Error::LookupStatus { status: 401, .. }
+        ),
         "{text}"
     );
     assert!(text.contains("is not allowed"), "{text}");

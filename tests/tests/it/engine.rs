@@ -191,7 +191,10 @@ async fn several_matches_go_to_review_and_an_operator_resolves() {
         .unwrap()
         .execute(&earlier, 1, None)
         .await;
-    assert!(matches!(outcome, sendledger_core::decide::AttemptOutcome::Succeeded { .. }));
+    assert!(matches!(
+        outcome,
+        sendledger_core::decide::AttemptOutcome::Succeeded { .. }
+    ));
     let engine = start_engine(dir.path(), config);
     sim.set_faults(Faults {
         commit_then_drop: 1.0,
