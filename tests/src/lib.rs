@@ -41,16 +41,18 @@ pub mod engine {
     use sendledger_effects::{TargetConfig, Targets};
 
     /// A target creating records at `base` (a simulated remote), with fast timeouts and a
-    /// lookup by `request_key`. Adjust the JSON with `tweak` before it is parsed.
+    /// lookup by `reference`, the task id. The body also carries the `request_key`, the
+    /// simulated remote's default identity field. Adjust the JSON with `tweak` before it is
+    /// parsed.
     pub fn target(base: &str, tweak: impl FnOnce(&mut serde_json::Value)) -> TargetConfig {
         let mut value = serde_json::json!({
             "url": format!("{base}/records"),
             "connect_timeout": "500ms",
             "request_timeout": "400ms",
-            "body_fields": { "request_key": "{request_key}" },
+            "body_fields": { "request_key": "{request_key}", "reference": "{task_id}" },
             "retry": { "max_attempts": 5, "initial_backoff": "20ms", "max_backoff": "200ms", "multiplier": 2.0 },
             "lookup": {
-                "url": format!("{base}/records?request_key={{request_key}}"),
+                "url": format!("{base}/records?reference={{task_id}}"),
                 "first_check": "50ms",
                 "check_interval": "100ms",
                 "deadline": "3s"

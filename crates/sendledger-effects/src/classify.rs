@@ -12,16 +12,22 @@ use crate::config::{ConflictPolicy, ServerErrorPolicy};
 /// Longest `detail` kept from a rejecting answer.
 const MAX_DETAIL_CHARS: usize = 512;
 
+/// Longest `Retry-After` honoured unless the target's `retry.max_backoff` is longer: a remote
+/// cannot park a task for longer than this per attempt.
+pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+
 /// The per-target rules that classification needs.
 #[derive(Debug, Clone)]
 pub(crate) struct Rules {
     pub id_pointer: String,
     pub on_5xx: ServerErrorPolicy,
     pub on_409: ConflictPolicy,
+    /// Longest `Retry-After` honoured; longer ones are cut to it.
+    pub max_retry_after: Duration,
 }
 
 /// Classifies an answer. `body` is the response body or why it could not be read; `now` is
-/// used for a `Retry-After` given as a date.
+/// used for a `Retry-After` given as a date. `Retry-After` is cut to `rules.max_retry_after`.
 ///
 /// - 2xx: `Succeeded`, the id read at the id pointer (a string, or a number printed). A 2xx is
 ///   proof that the remote acted even when the id is missing or the body unreadable; then the
@@ -53,7 +59,10 @@ pub(crate) fn classify(
             status: code,
         };
     }
-    let retry_after_ms = retry_after(headers, now).map(|d| d.as_millis() as u64);
+    let retry_after_ms = retry_after(headers, now).map(|d| {
+        let capped = d.min(rules.max_retry_after);
+        u64::try_from(capped.as_millis()).unwrap_or(u64::MAX)
+    });
     match code {
         429 => AttemptOutcome::NotSent {
             cause: NotSentCause::Throttled { status: code },
@@ -97,11 +106,12 @@ pub(crate) fn id_text(v: &Value) -> Option<String> {
     }
 }
 
-/// `Retry-After` as delay-seconds or an HTTP date (a past date is no delay).
+/// `Retry-After` as delay-seconds (saturating: more digits than fit are the longest delay) or
+/// an HTTP date (a past date is no delay).
 pub(crate) fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let text = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim();
-    if let Ok(secs) = text.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(Duration::from_secs(text.parse().unwrap_or(u64::MAX)));
     }
     let at = httpdate::parse_http_date(text).ok()?;
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
@@ -135,6 +145,7 @@ mod tests {
             id_pointer: "/data/id".into(),
             on_5xx: ServerErrorPolicy::Unknown,
             on_409: ConflictPolicy::Reject,
+            max_retry_after: MAX_RETRY_AFTER,
         }
     }
 
@@ -256,5 +267,41 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn retry_after_is_capped_without_overflow() {
+        let capped = AttemptOutcome::NotSent {
+            cause: NotSentCause::Throttled { status: 429 },
+            retry_after_ms: Some(3_600_000),
+        };
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let far_future = httpdate::fmt_http_date(now + Duration::from_secs(50 * 365 * 86_400));
+        for ra in [
+            "18446744073709551615",
+            "99999999999999999999999",
+            far_future.as_str(),
+        ] {
+            assert_eq!(run(&rules(), 429, Some(ra), ""), capped, "{ra}");
+        }
+        let longer = Rules {
+            max_retry_after: Duration::from_secs(7_200),
+            ..rules()
+        };
+        assert_eq!(
+            run(&longer, 503, Some("18446744073709551615"), ""),
+            AttemptOutcome::NotSent {
+                cause: NotSentCause::Throttled { status: 503 },
+                retry_after_ms: Some(7_200_000)
+            }
+        );
+        // Under the cap: honoured as given.
+        assert_eq!(
+            run(&rules(), 429, Some("90"), ""),
+            AttemptOutcome::NotSent {
+                cause: NotSentCause::Throttled { status: 429 },
+                retry_after_ms: Some(90_000)
+            }
+        );
     }
 }

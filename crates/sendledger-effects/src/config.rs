@@ -22,7 +22,7 @@ pub struct TargetConfig {
     /// events, redacted in `Debug`.
     #[serde(default)]
     pub headers: BTreeMap<String, HeaderValueConfig>,
-    /// Extra top-level fields merged into the JSON body (templates, e.g. `"{request_key}"`).
+    /// Extra top-level fields merged into the JSON body (templates, e.g. `"{task_id}"`).
     /// The body is the request payload otherwise.
     #[serde(default)]
     pub body_fields: BTreeMap<String, String>,
@@ -144,6 +144,8 @@ pub struct RetryConfig {
     pub max_attempts: u32,
     #[serde(with = "humantime_serde")]
     pub initial_backoff: Duration,
+    /// Longest backoff; a remote's `Retry-After` is honoured up to 1 hour, or up to this when
+    /// it is longer.
     #[serde(with = "humantime_serde")]
     pub max_backoff: Duration,
     pub multiplier: f64,
@@ -165,7 +167,9 @@ impl Default for RetryConfig {
 #[serde(deny_unknown_fields)]
 pub struct LookupConfig {
     /// `GET` URL with `{field}` placeholders (percent-encoded when rendered), e.g.
-    /// `http://remote/records?request_key={request_key}`.
+    /// `http://remote/records?reference={task_id}`. It must tell tasks apart: `{task_id}`, or
+    /// each of `{tenant}`, `{operation}` and `{request_key}` alone in a path segment or query
+    /// value (checked when the target is loaded).
     pub url: String,
     /// JSON pointer to the array of records in the answer (`""`: the answer is the array).
     #[serde(default)]

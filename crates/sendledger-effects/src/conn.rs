@@ -262,7 +262,7 @@ async fn connect(endpoint: &Endpoint) -> Result<Conn, Failure> {
     .await
     {
         Ok(Ok(stream)) => stream,
-        Ok(Err(e)) => return Err(Failure::NotWritten(format!("connect to {address}: {e}"))),
+        Ok(Err(e)) => return Err(Failure::NotWritten(connect_error(address, &e))),
         Err(_) => {
             return Err(Failure::NotWritten(format!(
                 "connect to {address}: no connection within {}",
@@ -291,6 +291,18 @@ async fn connect(endpoint: &Endpoint) -> Result<Conn, Failure> {
     })
 }
 
+/// Why a connection could not be opened. Running out of file descriptors (`EMFILE`, `ENFILE`)
+/// is this process's problem, not the remote's: the text says `local resource exhaustion` so
+/// it can be told apart from a remote that refuses.
+fn connect_error(address: &str, e: &io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::EMFILE | libc::ENFILE) => {
+            format!("connect to {address}: local resource exhaustion (out of file descriptors; raise the open-files limit): {e}")
+        }
+        _ => format!("connect to {address}: {e}"),
+    }
+}
+
 /// A hyper error with its causes, in one line (hyper errors never contain header values).
 fn describe_hyper(e: &hyper::Error) -> String {
     let mut out = e.to_string();
@@ -301,4 +313,22 @@ fn describe_hyper(e: &hyper::Error) -> String {
         source = s.source();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptor_exhaustion_is_named_local() {
+        for errno in [libc::EMFILE, libc::ENFILE] {
+            let reason = connect_error("r:80", &io::Error::from_raw_os_error(errno));
+            assert!(
+                reason.starts_with("connect to r:80: local resource exhaustion"),
+                "{reason}"
+            );
+        }
+        let refused = connect_error("r:80", &io::Error::from(io::ErrorKind::ConnectionRefused));
+        assert!(!refused.contains("local resource exhaustion"), "{refused}");
+    }
 }

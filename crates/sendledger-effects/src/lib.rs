@@ -6,8 +6,8 @@
 //!
 //! | what happened | outcome |
 //! |---|---|
-//! | DNS failure, connect refused or timed out, connection failed before any request byte was written | `NotSent{Connect}` |
-//! | 429, or 503 with `Retry-After` | `NotSent{Throttled}` with `retry_after_ms` |
+//! | DNS failure, connect refused or timed out, connection failed before any request byte was written | `NotSent{Connect}` (out of file descriptors: the cause says `local resource exhaustion`) |
+//! | 429, or 503 with `Retry-After` | `NotSent{Throttled}` with `retry_after_ms` (at most 1 hour, or `retry.max_backoff` when longer) |
 //! | 2xx | `Succeeded` with the id at `response_id_pointer` (empty when absent: a 2xx proves the effect, the id is informational) |
 //! | 4xx other than 408/429 (409 unless `on_409 = "reconcile"`) | `Rejected` |
 //! | request written, then timeout / reset / unreadable answer; 408; 5xx; 1xx/3xx; 409 with `on_409 = "reconcile"` | `Unknown` |
@@ -22,7 +22,10 @@
 //!   [`sendledger_core::decide::AttemptOutcome`].
 //! - Nothing that could have reached the remote is reported as `NotSent`.
 //! - Header values are secrets: never logged, never in outcomes or errors (remote-supplied text
-//!   is scrubbed of them), redacted in `Debug`.
+//!   is scrubbed of them and of their significant parts, such as the token after `Bearer `),
+//!   redacted in `Debug`.
+//! - A lookup finds only its own task's records: a target whose lookup URL does not tell
+//!   tasks apart (see `Target::from_config`) is refused.
 //!
 //! # Dependencies
 //! The core crate (for the outcome and policy types), tokio, hyper and serde. Never the ledger

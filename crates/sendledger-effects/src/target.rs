@@ -14,14 +14,14 @@ use sendledger_core::{AcceptedRequest, NotSentCause, RetryPolicy, UnknownCause};
 use serde_json::Value;
 use tracing::{debug, info, warn};
 
-use crate::classify::{self, id_text, Rules};
+use crate::classify::{self, id_text, Rules, MAX_RETRY_AFTER};
 use crate::config::{
     CreatedAfterConfig, HeaderValueConfig, LookupConfig, TargetConfig, TimeFormat,
 };
 use crate::conn::{Answer, Endpoint, Failure, Pool};
 use crate::error::{Error, Result};
 use crate::limit::{SendLimiter, SendSlot};
-use crate::template::Template;
+use crate::template::{self, Template};
 
 const REDACTED: &str = "<redacted>";
 
@@ -43,7 +43,8 @@ pub struct Target {
     url: Template,
     endpoint: Endpoint,
     headers: Vec<(HeaderName, HeaderValue)>,
-    /// Header values as text, removed from any remote-supplied text we keep.
+    /// Header values and their significant parts ([`secret_fragments`]), longest first:
+    /// removed from any remote-supplied text we keep.
     secrets: Vec<String>,
     body_fields: Vec<(String, Template)>,
     rules: Rules,
@@ -134,7 +135,9 @@ impl Path<'_> {
 impl Target {
     /// Validates one target's configuration, reading header values from the environment where
     /// configured. Errors name the field (`targets.<name>.<field>`) and never contain a header
-    /// value.
+    /// value. A lookup must tell tasks apart: its URL contains `{task_id}`, or each of
+    /// `{tenant}`, `{operation}` and `{request_key}` alone in a path segment or query value,
+    /// and a body field it queries by name has the same template as the query value.
     pub fn from_config(name: &str, config: &TargetConfig) -> Result<Target> {
         Target::from_config_with_env(name, config, |var| std::env::var(var).ok())
     }
@@ -213,10 +216,11 @@ impl Target {
             })?;
             hv.set_sensitive(true);
             headers.push((hn, hv));
-            if !text.trim().is_empty() {
-                secrets.push(text);
-            }
+            secrets.extend(secret_fragments(&text));
         }
+        // Longest first, so a value is removed whole before its parts are looked for.
+        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        secrets.dedup();
 
         let mut body_fields = Vec::new();
         for (key, template) in &config.body_fields {
@@ -289,7 +293,7 @@ impl Target {
 
         let lookup = match &config.lookup {
             None => None,
-            Some(l) => Some(lookup(&path, l, config)?),
+            Some(l) => Some(lookup(&path, l, config, &body_fields)?),
         };
 
         Ok(Target {
@@ -304,6 +308,7 @@ impl Target {
                 id_pointer: config.response_id_pointer.clone(),
                 on_5xx: config.on_5xx,
                 on_409: config.on_409,
+                max_retry_after: MAX_RETRY_AFTER.max(r.max_backoff),
             },
             idempotency,
             retry,
@@ -368,7 +373,10 @@ impl Target {
                 warn!(target_name = %self.name, %task_id, attempt, %reason, "attempt cannot be built; rejected without sending");
                 return AttemptOutcome::Rejected {
                     status: 0,
-                    detail: format!("request cannot be built for target {}: {reason}", self.name),
+                    detail: self.scrub(format!(
+                        "request cannot be built for target {}: {reason}",
+                        self.name
+                    )),
                 };
             }
         };
@@ -421,7 +429,7 @@ impl Target {
         };
         let url = lookup
             .url
-            .render(request, &payload, true)
+            .render_url(request, &payload)
             .map_err(render_err)?;
         let mut req = self.request(Method::GET, &url, &lookup.endpoint, Bytes::new())?;
         req.headers_mut()
@@ -439,7 +447,7 @@ impl Target {
             })?;
         let answer_err = |reason: String| Error::LookupAnswer {
             target: self.name.clone(),
-            reason,
+            reason: self.scrub(reason),
         };
         let body = answer.body.map_err(answer_err)?;
         if !answer.status.is_success() {
@@ -475,7 +483,8 @@ impl Target {
         }
     }
 
-    /// Removes configured header values from text that may echo them.
+    /// Removes configured header values, and their parts a remote may quote, from text that
+    /// may echo them.
     fn scrub(&self, mut text: String) -> String {
         for secret in &self.secrets {
             if text.contains(secret.as_str()) {
@@ -491,7 +500,7 @@ impl Target {
         idempotency_key: Option<&str>,
     ) -> std::result::Result<Request<Full<Bytes>>, String> {
         let payload = request.payload_value();
-        let url = self.url.render(request, &payload, true)?;
+        let url = self.url.render_url(request, &payload)?;
         let body = if self.body_fields.is_empty() {
             Bytes::from(request.payload.clone())
         } else {
@@ -502,7 +511,7 @@ impl Target {
             for (key, template) in &self.body_fields {
                 object.insert(
                     key.clone(),
-                    Value::String(template.render(request, &payload, false)?),
+                    Value::String(template.render_text(request, &payload)?),
                 );
             }
             Bytes::from(Value::Object(object).to_string())
@@ -566,6 +575,33 @@ impl Target {
     }
 }
 
+/// Shortest part of a header value that is redacted on its own: shorter ones (a scheme, a
+/// version) would blank out ordinary words.
+const MIN_SECRET_FRAGMENT: usize = 6;
+
+/// What to redact for one header value: the value itself, the credentials after a scheme
+/// (`Bearer abc…` → `abc…`), and each of their tokens (split at whitespace, `,`, `;`, `=` and
+/// `"`), parts of at least [`MIN_SECRET_FRAGMENT`] characters only: a remote may quote any of
+/// them. The scheme itself (`Bearer`) is no secret.
+fn secret_fragments(value: &str) -> Vec<String> {
+    let value = value.trim();
+    let mut out = Vec::new();
+    if value.is_empty() {
+        return out;
+    }
+    out.push(value.to_string());
+    let credentials = value
+        .split_once(char::is_whitespace)
+        .map_or(value, |(_scheme, rest)| rest.trim());
+    let tokens = credentials.split(|c: char| c.is_whitespace() || ",;=\"".contains(c));
+    for part in std::iter::once(credentials).chain(tokens) {
+        if part.chars().count() >= MIN_SECRET_FRAGMENT && !out.iter().any(|o| o == part) {
+            out.push(part.to_string());
+        }
+    }
+    out
+}
+
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -623,6 +659,14 @@ fn url_template(field: &str, source: &str) -> Result<(Template, String)> {
             "the host and port must be written literally (no placeholders, no user info)",
         ));
     }
+    if let Some(segment) = template::dot_segment(&template.sample()) {
+        return Err(Error::config(
+            field,
+            format!(
+                "has the path segment `{segment}`; write the path without `.` and `..` segments"
+            ),
+        ));
+    }
     let address = format!(
         "{}:{}",
         authority.host(),
@@ -631,8 +675,58 @@ fn url_template(field: &str, source: &str) -> Result<(Template, String)> {
     Ok((template, address))
 }
 
-fn lookup(path: &Path<'_>, l: &LookupConfig, target: &TargetConfig) -> Result<Lookup> {
+/// Why a lookup URL must identify its task: with a URL that two tasks render alike, one
+/// task's lookup finds the other's record and confirms it with that record's id.
+const LOOKUP_IDENTITY_RULE: &str = "does not tell tasks apart, so one task's lookup could confirm another task's record: \
+     the lookup URL must contain `{task_id}` (e.g. `?reference={task_id}` with `body_fields.reference = \"{task_id}\"`), \
+     or each of `{tenant}`, `{operation}` and `{request_key}` alone in a path segment or query value; \
+     joined values are ambiguous (`{tenant}:{request_key}` reads `t:1:k` for tenant `t:1` with key `k` and for tenant `t` with key `1:k`)";
+
+/// Checks that a lookup finds only its own task's records: the URL identifies the task
+/// ([`Template::identifies_task`]; refused when it uses identity fields ambiguously, a warning
+/// when it matches on payload or metadata values only, which may be unique by design), and
+/// each body field the URL queries by name (`?reference=` ↔ `body_fields.reference`) is
+/// stored with the template it is looked up by.
+fn check_lookup_identity(
+    path: &Path<'_>,
+    url: &Template,
+    body_fields: &[(String, Template)],
+) -> Result<()> {
+    if !url.identifies_task() {
+        if url.uses_identity() {
+            return Err(Error::config(path.at("lookup.url"), LOOKUP_IDENTITY_RULE));
+        }
+        warn!(
+            target_name = path.0,
+            lookup_url = url.source(),
+            "lookup.url has neither {{task_id}} nor all three identity fields: a record of another task with the same values would confirm this task; prefer `?reference={{task_id}}` with `body_fields.reference = \"{{task_id}}\"`"
+        );
+    }
+    for (name, value) in url.query_params() {
+        if let Some((_, stored)) = body_fields.iter().find(|(key, _)| *key == name) {
+            if !stored.renders_like(&value) {
+                return Err(Error::config(
+                    path.at(&format!("body_fields.{name}")),
+                    format!(
+                        "is `{}` but lookup.url queries `{name}` with `{}`: records are stored under one and looked up by the other; use the same template in both (e.g. `{{task_id}}`)",
+                        stored.source(),
+                        value.source()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn lookup(
+    path: &Path<'_>,
+    l: &LookupConfig,
+    target: &TargetConfig,
+    body_fields: &[(String, Template)],
+) -> Result<Lookup> {
     let (url, address) = url_template(&path.at("lookup.url"), &l.url)?;
+    check_lookup_identity(path, &url, body_fields)?;
     pointer(path, "lookup.results_pointer", &l.results_pointer)?;
     pointer(path, "lookup.id_pointer", &l.id_pointer)?;
     let mut filters = Vec::new();
@@ -731,5 +825,37 @@ fn timestamp_ms(v: &Value, format: TimeFormat) -> Option<u64> {
             .duration_since(UNIX_EPOCH)
             .ok()
             .map(millis),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_fragments_cover_the_bare_credentials() {
+        assert_eq!(
+            secret_fragments(" Bearer s3cr3t-token "),
+            ["Bearer s3cr3t-token", "s3cr3t-token"]
+        );
+        assert_eq!(
+            secret_fragments("Basic dXNlcjpwYXNzd29yZA=="),
+            [
+                "Basic dXNlcjpwYXNzd29yZA==",
+                "dXNlcjpwYXNzd29yZA==",
+                "dXNlcjpwYXNzd29yZA"
+            ]
+        );
+        assert_eq!(
+            secret_fragments("Signature keyId=\"abcdef1\",sig=\"xyz\""),
+            [
+                "Signature keyId=\"abcdef1\",sig=\"xyz\"",
+                "keyId=\"abcdef1\",sig=\"xyz\"",
+                "abcdef1"
+            ]
+        );
+        // Short parts are not redacted on their own; the whole value always is.
+        assert_eq!(secret_fragments("ab cd"), ["ab cd"]);
+        assert!(secret_fragments("  ").is_empty());
     }
 }

@@ -3,8 +3,13 @@
 //! Placeholders: `{tenant}`, `{operation}`, `{request_key}`, `{task_id}`, `{target}`,
 //! `{metadata.KEY}` and `{payload.a.b}` (a dotted path into the payload; the value must be a
 //! string, number or boolean). `{{` and `}}` are literal braces.
+//!
+//! In URLs, values are percent-encoded, so a value cannot add a path segment or a query
+//! parameter. A path segment that renders to `.` or `..` is refused rather than encoded: many
+//! servers (and the WHATWG URL standard) read `%2E` as a dot when they normalize a path, so
+//! `/p/%2E%2E/x` can still reach `/x`.
 
-use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use sendledger_core::AcceptedRequest;
 use serde_json::Value;
 
@@ -100,8 +105,125 @@ impl Template {
             .collect()
     }
 
-    /// Renders the template; with `encode`, field values are percent-encoded (for URLs).
-    pub(crate) fn render(
+    /// Renders a URL: field values percent-encoded. A path segment that comes out as `.` or
+    /// `..` is an error (it would address another resource at a remote that normalizes paths).
+    pub(crate) fn render_url(
+        &self,
+        request: &AcceptedRequest,
+        payload: &Value,
+    ) -> Result<String, String> {
+        let url = self.render(request, payload, true)?;
+        match dot_segment(&url) {
+            Some(segment) => Err(format!(
+                "a path segment of the URL would be `{segment}`, which addresses another resource; the request's fields cannot be sent in this URL"
+            )),
+            None => Ok(url),
+        }
+    }
+
+    /// Renders text (a body field): field values as they are.
+    pub(crate) fn render_text(
+        &self,
+        request: &AcceptedRequest,
+        payload: &Value,
+    ) -> Result<String, String> {
+        self.render(request, payload, false)
+    }
+
+    /// Whether the URL template gives every task a URL of its own, as the remote reads it:
+    /// `{task_id}` before any `#`, or each of `{tenant}`, `{operation}` and `{request_key}`
+    /// alone in a path segment or query value (encoded, a value cannot reach into the next
+    /// one; joined in one segment, `t:1`+`k` and `t`+`1:k` read the same once decoded).
+    pub(crate) fn identifies_task(&self) -> bool {
+        let values = self.url_values();
+        let has_task_id = values
+            .iter()
+            .any(|(_, parts)| parts.contains(&Part::Field(Field::TaskId)));
+        let alone: Vec<&Field> = values
+            .iter()
+            .filter_map(|(_, parts)| match parts.as_slice() {
+                [Part::Field(f)] => Some(f),
+                _ => None,
+            })
+            .collect();
+        has_task_id
+            || [Field::Tenant, Field::Operation, Field::RequestKey]
+                .iter()
+                .all(|f| alone.contains(&f))
+    }
+
+    /// Whether `{tenant}`, `{operation}` or `{request_key}` occurs.
+    pub(crate) fn uses_identity(&self) -> bool {
+        self.parts.iter().any(|p| {
+            matches!(
+                p,
+                Part::Field(Field::Tenant | Field::Operation | Field::RequestKey)
+            )
+        })
+    }
+
+    /// The query parameters of a URL template, each name with its value as a template.
+    pub(crate) fn query_params(&self) -> Vec<(String, Template)> {
+        self.url_values()
+            .into_iter()
+            .filter_map(|(name, parts)| {
+                let name = name?;
+                Some((
+                    name,
+                    Template {
+                        source: source_of(&parts),
+                        parts,
+                    },
+                ))
+            })
+            .collect()
+    }
+
+    /// Whether both templates render the same text for every request.
+    pub(crate) fn renders_like(&self, other: &Template) -> bool {
+        self.parts == other.parts
+    }
+
+    /// The path segments and query values of a URL template as the remote splits them (at
+    /// `/` and `?`, then `&` and `=`; nothing after `#` is sent), each with its query
+    /// parameter name when it is a query value.
+    fn url_values(&self) -> Vec<(Option<String>, Vec<Part>)> {
+        let mut out = Vec::new();
+        let mut current: Vec<Part> = Vec::new();
+        let mut name: Option<String> = None;
+        let mut in_query = false;
+        for part in &self.parts {
+            let Part::Literal(text) = part else {
+                current.push(part.clone());
+                continue;
+            };
+            for c in text.chars() {
+                match c {
+                    '#' => {
+                        out.push((name.take(), std::mem::take(&mut current)));
+                        return out;
+                    }
+                    '/' if !in_query => out.push((None, std::mem::take(&mut current))),
+                    '?' if !in_query => {
+                        out.push((None, std::mem::take(&mut current)));
+                        in_query = true;
+                    }
+                    '&' if in_query => out.push((name.take(), std::mem::take(&mut current))),
+                    '=' if in_query && name.is_none() => {
+                        name = Some(source_of(&std::mem::take(&mut current)))
+                    }
+                    c => match current.last_mut() {
+                        Some(Part::Literal(s)) => s.push(c),
+                        _ => current.push(Part::Literal(c.to_string())),
+                    },
+                }
+            }
+        }
+        out.push((name, current));
+        out
+    }
+
+    fn render(
         &self,
         request: &AcceptedRequest,
         payload: &Value,
@@ -122,6 +244,42 @@ impl Template {
             }
         }
         Ok(out)
+    }
+}
+
+/// The first path segment of a URL that is `.` or `..` once percent-decoded.
+pub(crate) fn dot_segment(url: &str) -> Option<&str> {
+    let path = url.split(['?', '#']).next().unwrap_or_default();
+    path.split('/').find(|segment| {
+        matches!(
+            percent_decode_str(segment).decode_utf8_lossy().as_ref(),
+            "." | ".."
+        )
+    })
+}
+
+/// Template text for parts: the canonical spelling of each placeholder, braces escaped.
+fn source_of(parts: &[Part]) -> String {
+    parts
+        .iter()
+        .map(|p| match p {
+            Part::Literal(s) => s.replace('{', "{{").replace('}', "}}"),
+            Part::Field(f) => format!("{{{}}}", f.name()),
+        })
+        .collect()
+}
+
+impl Field {
+    fn name(&self) -> String {
+        match self {
+            Field::Tenant => "tenant".into(),
+            Field::Operation => "operation".into(),
+            Field::RequestKey => "request_key".into(),
+            Field::TaskId => "task_id".into(),
+            Field::Target => "target".into(),
+            Field::Metadata(key) => format!("metadata.{key}"),
+            Field::Payload(path) => format!("payload.{}", path.join(".")),
+        }
     }
 }
 
@@ -192,10 +350,14 @@ mod tests {
     use sendledger_core::{Limits, TaskRequest};
 
     fn request() -> AcceptedRequest {
+        request_with("acme", "pay", "ord/1+2#x")
+    }
+
+    fn request_with(tenant: &str, operation: &str, key: &str) -> AcceptedRequest {
         TaskRequest {
-            tenant: "acme".into(),
-            operation: "pay".into(),
-            request_key: "ord/1+2#x".into(),
+            tenant: tenant.into(),
+            operation: operation.into(),
+            request_key: key.into(),
             target: "payments".into(),
             payload: serde_json::json!({"customer": {"id": "c 1"}, "amount": 12, "ok": true, "list": [1]}),
             metadata: [("region".to_string(), "eu".to_string())].into(),
@@ -213,13 +375,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            t.render(&r, &p, true).unwrap(),
+            t.render_url(&r, &p).unwrap(),
             "/c/c%201?k=ord%2F1%2B2%23x&a=12&{x}&m=eu"
         );
         assert_eq!(
             Template::parse("{tenant}:{request_key}")
                 .unwrap()
-                .render(&r, &p, false)
+                .render_text(&r, &p)
                 .unwrap(),
             "acme:ord/1+2#x"
         );
@@ -235,10 +397,7 @@ mod tests {
             ("{payload.list}", "not a string"),
             ("{metadata.zone}", "no metadata `zone`"),
         ] {
-            let err = Template::parse(t)
-                .unwrap()
-                .render(&r, &p, true)
-                .unwrap_err();
+            let err = Template::parse(t).unwrap().render_url(&r, &p).unwrap_err();
             assert!(err.contains(needle), "{t}: {err}");
         }
         for (t, needle) in [
@@ -250,5 +409,96 @@ mod tests {
             let err = Template::parse(t).unwrap_err();
             assert!(err.contains(needle), "{t}: {err}");
         }
+    }
+
+    /// `..` from a request field would make `POST /p/../x` reach `/x` at a remote that
+    /// normalizes paths; encoded as `%2E%2E` it still would at many. Refused instead.
+    #[test]
+    fn dot_segments_from_fields_are_refused() {
+        let t = Template::parse("http://r/p/{request_key}/x?k={request_key}").unwrap();
+        let joined = Template::parse("http://r/p/{tenant}{request_key}/x").unwrap();
+        for (template, tenant, key) in [(&t, "acme", ".."), (&t, "acme", "."), (&joined, ".", ".")]
+        {
+            let r = request_with(tenant, "pay", key);
+            let err = template.render_url(&r, &r.payload_value()).unwrap_err();
+            assert!(err.contains("addresses another resource"), "{key}: {err}");
+        }
+        // Dots inside a segment, and in query values, are harmless and sent as they are.
+        let r = request_with("acme", "pay", "...");
+        assert_eq!(
+            t.render_url(&r, &r.payload_value()).unwrap(),
+            "http://r/p/.../x?k=..."
+        );
+        let r = request_with("acme", "pay", "v1.2");
+        assert_eq!(
+            t.render_url(&r, &r.payload_value()).unwrap(),
+            "http://r/p/v1.2/x?k=v1.2"
+        );
+        let q = Template::parse("http://r/p?k={request_key}").unwrap();
+        let r = request_with("acme", "pay", "..");
+        assert_eq!(
+            q.render_url(&r, &r.payload_value()).unwrap(),
+            "http://r/p?k=.."
+        );
+        assert_eq!(dot_segment("http://r/a/%2e%2E/b"), Some("%2e%2E"));
+        assert_eq!(dot_segment("http://r/a/b?x=/../"), None);
+    }
+
+    #[test]
+    fn a_url_identifies_the_task_by_task_id_or_three_whole_values() {
+        let identifies = |t: &str| Template::parse(t).unwrap().identifies_task();
+        for t in [
+            "http://r/records?reference={task_id}",
+            "http://r/records/x{task_id}",
+            "http://r/t/{tenant}/o/{operation}/{request_key}",
+            "http://r/records?t={tenant}&o={operation}&k={request_key}",
+            "http://r/{tenant}/records?o={operation}&k={request_key}#x",
+        ] {
+            assert!(identifies(t), "{t}");
+        }
+        for t in [
+            "http://r/records?reference={tenant}:{request_key}",
+            "http://r/records?reference={tenant}/{operation}/{request_key}",
+            "http://r/records?k={request_key}",
+            "http://r/{tenant}-{operation}/{request_key}",
+            "http://r/records?t={tenant}&o={operation}#&k={request_key}",
+            "http://r/records#{task_id}",
+            "http://r/records?ref={payload.ref}",
+        ] {
+            assert!(!identifies(t), "{t}");
+        }
+        // The old default: two identities, one text.
+        let old = Template::parse("{tenant}:{request_key}").unwrap();
+        let a = request_with("t:1", "pay", "k");
+        let b = request_with("t", "pay", "1:k");
+        assert_eq!(
+            old.render_text(&a, &a.payload_value()),
+            old.render_text(&b, &b.payload_value())
+        );
+        let new = Template::parse("{task_id}").unwrap();
+        assert_ne!(
+            new.render_text(&a, &a.payload_value()),
+            new.render_text(&b, &b.payload_value())
+        );
+    }
+
+    #[test]
+    fn query_params_are_split_as_the_remote_reads_them() {
+        let t = Template::parse("http://r/p/{tenant}?reference=ref-{task_id}&{{x}}=1&k").unwrap();
+        let params: Vec<(String, String)> = t
+            .query_params()
+            .into_iter()
+            .map(|(n, v)| (n, v.source().to_string()))
+            .collect();
+        assert_eq!(
+            params,
+            [
+                ("reference".to_string(), "ref-{task_id}".to_string()),
+                ("{{x}}".to_string(), "1".to_string())
+            ]
+        );
+        let (_, value) = &t.query_params()[0];
+        assert!(value.renders_like(&Template::parse("ref-{ task_id }").unwrap()));
+        assert!(!value.renders_like(&Template::parse("{task_id}").unwrap()));
     }
 }

@@ -10,18 +10,27 @@
 //! | `GET /reviews` | the tasks in manual review, with reason and evidence |
 //! | `POST /reviews/{id}` | resolve a review: `{"as": "succeeded", "remote_id", "by", "reason"}`, `{"as": "failed", "by", "reason"}` or `{"resend": true, "by", "reason"}` |
 //!
-//! Mutating calls need `Authorization: Bearer <admin.token>`; with no token configured they are
-//! refused (403). Errors are JSON `{"error": "..."}`: 400 for a bad body (naming the field),
-//! 401 for a missing or wrong token, 404 for an unknown task, 409 for a task not in review.
+//! Mutating calls need `Authorization: Bearer <admin.token>` (the scheme in any case); with no
+//! token configured they are refused (403). Errors are JSON `{"error": "..."}`: 400 for a bad
+//! body (naming the field), 401 for a missing or wrong token, 404 for an unknown task, 409 for
+//! a task not in review. The GET routes need no token: listening beyond loopback logs a warning.
+//!
+//! Connections are bounded: at most `admin.max_connections` open (more are closed as soon as
+//! they are accepted, with a warning at most every [`REFUSED_WARNING_EVERY`]); one that sends no
+//! request for `admin.idle_timeout` (new, or kept alive after an answer), or does not complete
+//! a request's head and body within `admin.header_read_timeout` of its first byte, is closed.
 //!
 //! A resolution goes to the task's actor through [`Engine::resolve`], like every other input of
 //! the task: the admin endpoint never writes the ledger itself.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
+use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::task::Poll;
+use std::time::Duration;
 
 use anyhow::Context;
 use bytes::Bytes;
@@ -39,10 +48,13 @@ use sendledger_core::{fold, Phase};
 use sendledger_store::Ledger;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
+use crate::config::AdminConfig;
 use crate::timeline::{parse_task, review_json, task_json};
 
 /// How long the gauges computed from the ledger are reused between scrapes.
@@ -50,6 +62,9 @@ pub const LEDGER_GAUGES_TTL: Duration = Duration::from_secs(5);
 
 /// Largest request body accepted.
 const MAX_BODY: usize = 64 * 1024;
+
+/// Connections refused for the connection limit are reported at most this often.
+pub const REFUSED_WARNING_EVERY: Duration = Duration::from_secs(10);
 
 /// The phases reported by `sendledger_tasks{state}` (every one, zeros included).
 const PHASES: [Phase; 8] = [
@@ -151,6 +166,8 @@ pub struct Admin {
 
 struct Shared {
     token: Option<String>,
+    /// Time allowed for a request body (the head is watched by [`close_when_stalled`]).
+    body_timeout: Duration,
     engine: Engine,
     metrics: PrometheusHandle,
     /// When the ledger gauges were last computed.
@@ -160,22 +177,32 @@ struct Shared {
 }
 
 impl Admin {
-    /// Binds `listen` and serves until [`Admin::shutdown`]. `metrics` is the handle of the
-    /// installed recorder ([`install_recorder`]); `token` guards the mutating routes (none
-    /// configured: they are refused).
+    /// Binds `config.listen` and serves until [`Admin::shutdown`], within the configured
+    /// connection limit and timeouts. `metrics` is the handle of the installed recorder
+    /// ([`install_recorder`]); `config.token` guards the mutating routes (none configured: they
+    /// are refused).
     pub async fn start(
-        listen: SocketAddr,
-        token: Option<String>,
+        config: &AdminConfig,
         engine: Engine,
         metrics: PrometheusHandle,
     ) -> anyhow::Result<Admin> {
+        let listen = config.listen;
         let listener = TcpListener::bind(listen)
             .await
             .with_context(|| format!("binding the admin endpoint to {listen}"))?;
         let addr = listener.local_addr()?;
+        let token = config.token.clone().filter(|t| !t.is_empty());
+        if reads_exposed(&addr) {
+            tracing::warn!(
+                %addr,
+                mutations_need_token = token.is_some(),
+                "admin endpoint listens beyond loopback and its GET routes (metrics, task timelines with payloads, reviews) need no token: bind it to loopback or put it behind something that authenticates"
+            );
+        }
         let (stop, stopped) = watch::channel(false);
         let shared = Arc::new(Shared {
-            token: token.filter(|t| !t.is_empty()),
+            token,
+            body_timeout: config.header_read_timeout,
             engine,
             metrics,
             gauges_at: Mutex::new(None),
@@ -194,7 +221,13 @@ impl Admin {
                 }
             })
         };
-        let accept = tokio::spawn(accept_loop(listener, shared.clone(), stopped));
+        let limits = Limits {
+            connections: Arc::new(Semaphore::new(config.max_connections)),
+            max_connections: config.max_connections,
+            idle_timeout: config.idle_timeout,
+            header_read_timeout: config.header_read_timeout,
+        };
+        let accept = tokio::spawn(accept_loop(listener, shared.clone(), limits, stopped));
         tracing::info!(%addr, "admin endpoint listening");
         Ok(Admin {
             addr,
@@ -222,11 +255,28 @@ impl Admin {
     }
 }
 
+/// Whether `listen` can be reached from other machines (the GET routes need no token).
+fn reads_exposed(listen: &SocketAddr) -> bool {
+    !listen.ip().to_canonical().is_loopback()
+}
+
+/// What bounds the connections.
+struct Limits {
+    connections: Arc<Semaphore>,
+    max_connections: usize,
+    idle_timeout: Duration,
+    header_read_timeout: Duration,
+}
+
 async fn accept_loop(
     listener: TcpListener,
     shared: Arc<Shared>,
+    limits: Limits,
     mut stopped: watch::Receiver<bool>,
 ) {
+    // Connections refused since the last warning, and when that was.
+    let mut refused = 0u64;
+    let mut warned_at: Option<Instant> = None;
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -240,20 +290,164 @@ async fn accept_loop(
                 continue;
             }
         };
+        let Ok(permit) = limits.connections.clone().try_acquire_owned() else {
+            drop(stream);
+            refused += 1;
+            if warned_at.is_none_or(|at| at.elapsed() >= REFUSED_WARNING_EVERY) {
+                tracing::warn!(
+                    max_connections = limits.max_connections,
+                    refused,
+                    "admin endpoint: connection limit reached; new connections are closed (raise admin.max_connections if this is legitimate)"
+                );
+                warned_at = Some(Instant::now());
+                refused = 0;
+            }
+            continue;
+        };
         let (shared, mut stopped) = (shared.clone(), stopped.clone());
+        let (idle, head) = (limits.idle_timeout, limits.header_read_timeout);
         tokio::spawn(async move {
-            let service = service_fn(move |req| {
-                let shared = shared.clone();
-                async move { Ok::<_, Infallible>(handle(&shared, req).await) }
+            let _permit = permit;
+            let wait = Arc::new(Mutex::new(Wait::request()));
+            let service = {
+                let wait = wait.clone();
+                service_fn(move |req| {
+                    let (shared, wait) = (shared.clone(), wait.clone());
+                    async move {
+                        set_wait(&wait, Wait::Serving);
+                        let response = handle(&shared, req).await;
+                        set_wait(&wait, Wait::request());
+                        Ok::<_, Infallible>(response)
+                    }
+                })
+            };
+            let io = TokioIo::new(Watched {
+                stream,
+                wait: wait.clone(),
             });
-            let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+            let conn = http1::Builder::new().serve_connection(io, service);
             tokio::select! {
                 result = conn => if let Err(e) = result {
                     tracing::debug!(error = %e, "admin endpoint: connection ended with an error");
                 },
+                _ = close_when_stalled(&wait, idle, head) => {
+                    tracing::debug!("admin endpoint: closing a connection that sent no complete request in time");
+                }
                 _ = stopped.wait_for(|s| *s) => {}
             }
         });
+    }
+}
+
+/// What a connection is waiting for.
+#[derive(Debug, Clone, Copy)]
+enum Wait {
+    /// A request, since `since` (opened, or the previous answer given); `first_byte` once it
+    /// has begun to arrive.
+    Request {
+        since: Instant,
+        first_byte: Option<Instant>,
+    },
+    /// Its request is being answered.
+    Serving,
+}
+
+impl Wait {
+    /// Waiting for a request from now on.
+    fn request() -> Wait {
+        Wait::Request {
+            since: Instant::now(),
+            first_byte: None,
+        }
+    }
+}
+
+fn set_wait(wait: &Mutex<Wait>, to: Wait) {
+    *wait.lock().unwrap_or_else(|p| p.into_inner()) = to;
+}
+
+/// Returns when the connection has waited too long for a request: `idle` for its first byte,
+/// `head` from its first byte on. Never while a request is being answered.
+async fn close_when_stalled(wait: &Mutex<Wait>, idle: Duration, head: Duration) {
+    loop {
+        let state = *wait.lock().unwrap_or_else(|p| p.into_inner());
+        let deadline = match state {
+            Wait::Request {
+                first_byte: Some(at),
+                ..
+            } => at + head,
+            Wait::Request { since, .. } => since + idle,
+            // Looked at again later: the answer resets the wait.
+            Wait::Serving => Instant::now() + idle.min(head),
+        };
+        if !matches!(state, Wait::Serving) && deadline <= Instant::now() {
+            return;
+        }
+        tokio::time::sleep_until(deadline).await;
+    }
+}
+
+/// A connection's socket that notes when a request's first byte arrives.
+struct Watched {
+    stream: TcpStream,
+    wait: Arc<Mutex<Wait>>,
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let result = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            let mut wait = self.wait.lock().unwrap_or_else(|p| p.into_inner());
+            if let Wait::Request {
+                first_byte: first_byte @ None,
+                ..
+            } = &mut *wait
+            {
+                *first_byte = Some(Instant::now());
+            }
+        }
+        result
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
 
@@ -505,7 +699,7 @@ fn authorize(shared: &Shared, req: &Request<Incoming>) -> Result<(), Failure> {
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(bearer_token);
     match given {
         Some(given) if constant_time_eq(given.as_bytes(), token.as_bytes()) => Ok(()),
         Some(_) => Err(Failure::new(
@@ -519,6 +713,15 @@ fn authorize(shared: &Shared, req: &Request<Incoming>) -> Result<(), Failure> {
     }
 }
 
+/// The token of an `Authorization: Bearer <token>` value; the scheme is case-insensitive
+/// (RFC 7235).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start())
+}
+
 /// Compares without stopping at the first difference, so timing does not reveal the token.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
@@ -527,16 +730,24 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 async fn resolve(shared: &Shared, segment: &str, req: Request<Incoming>) -> Answer {
     authorize(shared, &req)?;
     let task_id = task_ref(segment)?;
-    let body = Limited::new(req.into_body(), MAX_BODY)
-        .collect()
-        .await
-        .map_err(|e| {
-            Failure::new(
-                StatusCode::BAD_REQUEST,
-                format!("cannot read the body: {e}"),
-            )
-        })?
-        .to_bytes();
+    let body = tokio::time::timeout(
+        shared.body_timeout,
+        Limited::new(req.into_body(), MAX_BODY).collect(),
+    )
+    .await
+    .map_err(|_| {
+        Failure::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "the body did not arrive within admin.header_read_timeout",
+        )
+    })?
+    .map_err(|e| {
+        Failure::new(
+            StatusCode::BAD_REQUEST,
+            format!("cannot read the body: {e}"),
+        )
+    })?
+    .to_bytes();
     let body: ResolveBody = serde_json::from_slice(&body)
         .map_err(|e| Failure::new(StatusCode::BAD_REQUEST, format!("bad body: {e}")))?;
     let resolution = body
@@ -643,6 +854,36 @@ mod tests {
                 (Phase::Succeeded, 1)
             ]
         );
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        for value in [
+            "Bearer tok en",
+            "bearer tok en",
+            "BEARER  tok en",
+            " bEaReR tok en",
+        ] {
+            assert_eq!(bearer_token(value), Some("tok en"), "{value}");
+        }
+        for value in ["Basic tok", "Bearertok", "tok", ""] {
+            assert_eq!(bearer_token(value), None, "{value}");
+        }
+    }
+
+    #[test]
+    fn reads_are_exposed_beyond_loopback_only() {
+        for listen in ["127.0.0.1:9464", "[::1]:9464", "[::ffff:127.0.0.1]:9464"] {
+            assert!(!reads_exposed(&listen.parse().unwrap()), "{listen}");
+        }
+        for listen in [
+            "0.0.0.0:9464",
+            "[::]:9464",
+            "10.1.2.3:9464",
+            "[::ffff:10.0.0.1]:1",
+        ] {
+            assert!(reads_exposed(&listen.parse().unwrap()), "{listen}");
+        }
     }
 
     #[test]

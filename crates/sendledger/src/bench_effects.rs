@@ -155,7 +155,10 @@ pub fn run(args: EffectsArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let sim = sim_runtime
-        .block_on(Sim::start(SimConfig::default()))
+        .block_on(Sim::start(SimConfig {
+            identity_field: "reference".into(),
+            ..SimConfig::default()
+        }))
         .context("starting the simulated remote")?;
     let client = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.client_threads)
@@ -163,7 +166,7 @@ pub fn run(args: EffectsArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let config: TargetConfig = toml::from_str(&format!(
-        "url = \"{}\"\nrequest_timeout = \"10s\"\npool_idle_timeout = \"{}\"\nbody_fields = {{ request_key = \"{{request_key}}\" }}",
+        "url = \"{}\"\nrequest_timeout = \"10s\"\npool_idle_timeout = \"{}\"\nbody_fields = {{ reference = \"{{task_id}}\" }}",
         sim.create_url(),
         if args.fresh_connections { "0s" } else { "5s" },
     ))?;

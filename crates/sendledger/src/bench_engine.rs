@@ -50,12 +50,15 @@ pub fn run(args: EngineArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let sim = runtime
-        .block_on(Sim::start(SimConfig::default()))
+        .block_on(Sim::start(SimConfig {
+            identity_field: "reference".into(),
+            ..SimConfig::default()
+        }))
         .context("starting the simulated remote")?;
     let target: TargetConfig = serde_json::from_value(serde_json::json!({
         "url": sim.create_url(),
-        "body_fields": { "request_key": "{request_key}" },
-        "lookup": { "url": format!("{}?request_key={{request_key}}", sim.lookup_url()) },
+        "body_fields": { "reference": "{task_id}" },
+        "lookup": { "url": format!("{}?reference={{task_id}}", sim.lookup_url()) },
     }))?;
     let targets = Targets::from_config(&BTreeMap::from([("bench".to_string(), target)]))?;
     let dir = tempfile::tempdir()?;

@@ -40,9 +40,12 @@ pub fn run(args: KafkaArgs) -> anyhow::Result<()> {
 }
 
 async fn bench(args: KafkaArgs) -> anyhow::Result<()> {
-    let sim = Sim::start(SimConfig::default())
-        .await
-        .context("starting the simulated remote")?;
+    let sim = Sim::start(SimConfig {
+        identity_field: "reference".into(),
+        ..SimConfig::default()
+    })
+    .await
+    .context("starting the simulated remote")?;
     let dir = tempfile::tempdir()?;
     let mut config = Config::default();
     config.admin.enabled = false;
@@ -52,8 +55,8 @@ async fn bench(args: KafkaArgs) -> anyhow::Result<()> {
         "payments".into(),
         serde_json::from_value(serde_json::json!({
             "url": sim.create_url(),
-            "body_fields": { "request_key": "{request_key}" },
-            "lookup": { "url": format!("{}?request_key={{request_key}}", sim.lookup_url()) },
+            "body_fields": { "reference": "{task_id}" },
+            "lookup": { "url": format!("{}?reference={{task_id}}", sim.lookup_url()) },
         }))?,
     );
     config.validate(&BTreeMap::new())?;

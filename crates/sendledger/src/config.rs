@@ -103,6 +103,16 @@ pub struct AdminConfig {
     /// Bearer token required by mutating calls (review resolutions). Unset: they are refused.
     /// Prefer `SENDLEDGER__ADMIN__TOKEN` to writing it in the file.
     pub token: Option<String>,
+    /// How long a connection may wait before sending a request: a new one, or one kept alive
+    /// after an answer. Then it is closed.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// How long the rest of a request head (and a request body) may take once its first byte
+    /// arrived. Then the connection is closed.
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// Connections open at once; further ones are closed as soon as they are accepted.
+    pub max_connections: usize,
 }
 
 impl Default for AdminConfig {
@@ -111,6 +121,9 @@ impl Default for AdminConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
             enabled: true,
             token: None,
+            idle_timeout: Duration::from_secs(30),
+            header_read_timeout: Duration::from_secs(5),
+            max_connections: 64,
         }
     }
 }
@@ -174,6 +187,7 @@ impl Config {
             ("engine.lookup_concurrency", e.lookup_concurrency),
             ("engine.max_payload_bytes", e.max_payload_bytes),
             ("engine.max_metadata_bytes", e.max_metadata_bytes),
+            ("admin.max_connections", self.admin.max_connections),
         ] {
             if value == 0 {
                 bail!("{field}: must be at least 1");
@@ -184,6 +198,14 @@ impl Config {
         }
         if e.timer_tick.is_zero() || e.timer_tick > Duration::from_secs(10) {
             bail!("engine.timer_tick: use a duration between 1ms and 10s");
+        }
+        for (field, value) in [
+            ("admin.idle_timeout", self.admin.idle_timeout),
+            ("admin.header_read_timeout", self.admin.header_read_timeout),
+        ] {
+            if value.is_zero() {
+                bail!("{field}: must be longer than 0s");
+            }
         }
         if self.storage.data.as_os_str().is_empty() {
             bail!("storage.data: is empty; name the ledger directory");
@@ -292,6 +314,9 @@ mod tests {
         let c = parse(MINIMAL, &[]).unwrap();
         assert_eq!(c.kafka.brokers, "embedded");
         assert_eq!(c.admin.listen.to_string(), "127.0.0.1:9464");
+        assert_eq!(c.admin.max_connections, 64);
+        assert_eq!(c.admin.idle_timeout, Duration::from_secs(30));
+        assert_eq!(c.admin.header_read_timeout, Duration::from_secs(5));
         assert_eq!(c.storage.durability, Durability::Sync);
         let err = parse("", &[]).unwrap_err().to_string();
         assert!(err.starts_with("targets: none configured"), "{err}");
@@ -335,6 +360,14 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert_eq!(err, "engine.workers: must be at least 1");
+        let err = parse(MINIMAL, &[("SENDLEDGER__ADMIN__MAX_CONNECTIONS", "0")])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(err, "admin.max_connections: must be at least 1");
+        let err = parse(MINIMAL, &[("SENDLEDGER__ADMIN__IDLE_TIMEOUT", "0s")])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(err, "admin.idle_timeout: must be longer than 0s");
         let err = parse(MINIMAL, &[("SENDLEDGER__KAFKA__PARTITIONS", "0")])
             .unwrap_err()
             .to_string();

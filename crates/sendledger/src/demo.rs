@@ -63,6 +63,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<bool> {
 
 async fn demo(args: DemoArgs, data: PathBuf) -> anyhow::Result<bool> {
     let sim = Sim::start(SimConfig {
+        identity_field: "reference".into(),
         seed: args.seed,
         lookup_lag: Duration::from_millis(300),
         faults: Faults {
@@ -91,9 +92,9 @@ async fn demo(args: DemoArgs, data: PathBuf) -> anyhow::Result<bool> {
         serde_json::from_value(serde_json::json!({
             "url": sim.create_url(),
             "request_timeout": "1s",
-            "body_fields": { "request_key": "{request_key}" },
+            "body_fields": { "reference": "{task_id}" },
             "lookup": {
-                "url": format!("{}?request_key={{request_key}}", sim.lookup_url()),
+                "url": format!("{}?reference={{task_id}}", sim.lookup_url()),
                 "first_check": "200ms", "check_interval": "300ms", "deadline": "30s"
             },
         }))?,

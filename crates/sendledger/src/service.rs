@@ -57,15 +57,7 @@ impl Service {
         let publisher =
             Publisher::start(kafka, engine.ledger().clone()).context("starting the publisher")?;
         let admin = match metrics {
-            Some(metrics) => Some(
-                Admin::start(
-                    config.admin.listen,
-                    config.admin.token.clone(),
-                    engine.clone(),
-                    metrics,
-                )
-                .await?,
-            ),
+            Some(metrics) => Some(Admin::start(&config.admin, engine.clone(), metrics).await?),
             None => None,
         };
         let ingest =

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sendledger::admin::{install_recorder, Admin};
+use sendledger::config::AdminConfig;
 use sendledger_bus::{Ingest, Kafka, KafkaConfig, Publisher};
 use sendledger_tests::engine::{request, source, start};
 
@@ -55,14 +56,13 @@ fn main() {
             Publisher::start(&kafka, engine.ledger().clone()).expect("publisher starts");
         (ingest, publisher)
     });
-    let listen = ([127, 0, 0, 1], 0).into();
+    let config = AdminConfig {
+        listen: ([127, 0, 0, 1], 0).into(),
+        token: Some(token.clone()),
+        ..AdminConfig::default()
+    };
     let admin = runtime
-        .block_on(Admin::start(
-            listen,
-            Some(token.clone()),
-            engine.clone(),
-            metrics,
-        ))
+        .block_on(Admin::start(&config, engine.clone(), metrics))
         .expect("admin endpoint starts");
     println!("admin {}", admin.local_addr());
     for (offset, line) in std::io::stdin().lines().enumerate() {

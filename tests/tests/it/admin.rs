@@ -670,10 +670,13 @@ async fn without_a_token_mutations_are_refused() {
     let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
         .build_recorder()
         .handle();
-    let admin =
-        sendledger::admin::Admin::start(([127, 0, 0, 1], 0).into(), None, engine.clone(), handle)
-            .await
-            .unwrap();
+    let config = sendledger::config::AdminConfig {
+        listen: ([127, 0, 0, 1], 0).into(),
+        ..Default::default()
+    };
+    let admin = sendledger::admin::Admin::start(&config, engine.clone(), handle)
+        .await
+        .unwrap();
     let addr = admin.local_addr().to_string();
     assert!(admin.local_addr().ip().is_loopback());
     let (status, body) = resolve(
@@ -698,6 +701,101 @@ async fn without_a_token_mutations_are_refused() {
     // The scrape works without an installed recorder too (the ledger gauges go nowhere).
     let (status, _) = http(&addr, "GET", "/metrics", None, None).await;
     assert_eq!(status, 200);
+    admin.shutdown().await;
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+/// Waits until the server closes `stream` (end of stream or reset), or panics after `within`.
+async fn closed_within(stream: &mut tokio::net::TcpStream, within: Duration) {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut buf = [0u8; 1024];
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Ok(Ok(0) | Err(_)) => return,
+            Ok(Ok(_)) => continue,
+            Err(_) => panic!("connection still open after {within:?}"),
+        }
+    }
+}
+
+/// The first line of the answer to `request`, sent on a fresh connection that stays open.
+async fn status_line(addr: &str, request: &str) -> (tokio::net::TcpStream, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(2).any(|w| w == b"\r\n") {
+        let n = stream.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed before answering {request:?}");
+        head.extend_from_slice(&buf[..n]);
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    (stream, head.lines().next().unwrap().to_string())
+}
+
+/// More connections than `admin.max_connections`: the extra one is closed at once while the
+/// others stay open; idle connections (new, or kept alive after an answer) and a half-sent
+/// request head are closed after their timeouts; then requests are served again, and a
+/// lowercase `bearer` scheme is accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_are_capped_and_stalled_ones_closed() {
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let engine = tokio::task::block_in_place(|| start(dir.path(), target(&sim.base_url(), |_| {})));
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .build_recorder()
+        .handle();
+    let config = sendledger::config::AdminConfig {
+        listen: ([127, 0, 0, 1], 0).into(),
+        token: Some(TOKEN.into()),
+        idle_timeout: Duration::from_secs(2),
+        header_read_timeout: Duration::from_millis(500),
+        max_connections: 3,
+        ..Default::default()
+    };
+    let admin = sendledger::admin::Admin::start(&config, engine.clone(), handle)
+        .await
+        .unwrap();
+    let addr = admin.local_addr().to_string();
+    let connect = || tokio::net::TcpStream::connect(addr.clone());
+
+    let mut idle_a = connect().await.unwrap();
+    let mut idle_b = connect().await.unwrap();
+    let mut half = connect().await.unwrap();
+    half.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let mut over = connect().await.unwrap();
+    closed_within(&mut over, Duration::from_secs(1)).await;
+    let mut probe = [0u8; 1];
+    assert!(
+        matches!(idle_a.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the connections within the limit stay open"
+    );
+    closed_within(&mut half, Duration::from_secs(5)).await;
+    closed_within(&mut idle_a, Duration::from_secs(5)).await;
+    closed_within(&mut idle_b, Duration::from_secs(5)).await;
+
+    // A kept-alive connection, idle after its answer, is closed too.
+    let (mut kept, status) = status_line(&addr, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    closed_within(&mut kept, Duration::from_secs(5)).await;
+
+    // Served again; the token's scheme in any case.
+    assert_eq!(get_json(&addr, "/healthz").await["ok"], true);
+    let post = |auth: &str| {
+        format!(
+            "POST /reviews/{} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: {auth}\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}",
+            task_ref("nope")
+        )
+    };
+    let (_, lower) = status_line(&addr, &post(&format!("bearer {TOKEN}"))).await;
+    assert_eq!(
+        lower, "HTTP/1.1 400 Bad Request",
+        "authorized, then the body is refused"
+    );
+    let (_, wrong) = status_line(&addr, &post("Bearer wrong")).await;
+    assert_eq!(wrong, "HTTP/1.1 401 Unauthorized");
     admin.shutdown().await;
     engine.shutdown(Duration::from_secs(5)).await;
 }

@@ -177,7 +177,7 @@ fn the_example_configs_run_together() {
             ),
             (
                 "SENDLEDGER__TARGETS__PAYMENTS__LOOKUP__URL",
-                format!("{base}/records?reference={{tenant}}:{{request_key}}"),
+                format!("{base}/records?reference={{task_id}}"),
             ),
             ("PAYMENTS_TOKEN", "example-token".into()),
         ],

@@ -33,16 +33,17 @@ pub async fn start_sim(faults: Faults) -> Sim {
     .expect("sim starts")
 }
 
-/// A target against `sim` with short timeouts; `extra` is more TOML keys (no tables), which
-/// replace the defaults here.
+/// A target against `sim` with short timeouts, storing the task id as `reference` and looking
+/// records up by it (and the request key, the sim's identity field); `extra` is more TOML keys
+/// (no tables), which replace the defaults here.
 pub fn config(sim: &Sim, extra: &str) -> TargetConfig {
     let base = format!(
         r#"
 url = "{create}"
 connect_timeout = "1s"
 request_timeout = "3s"
-body_fields = {{ request_key = "{{request_key}}" }}
-lookup = {{ url = "{lookup}?request_key={{request_key}}", first_check = "10ms", check_interval = "10ms", deadline = "1s" }}
+body_fields = {{ request_key = "{{request_key}}", reference = "{{task_id}}" }}
+lookup = {{ url = "{lookup}?reference={{task_id}}", first_check = "10ms", check_interval = "10ms", deadline = "1s" }}
 "#,
         create = sim.create_url(),
         lookup = sim.lookup_url(),
@@ -187,9 +188,10 @@ async fn created_2xx_is_succeeded_with_the_remote_id() {
             status: 201
         }
     );
+    let task_id = sendledger_core::TaskId::derive("acme", "payment.create", "ord-1");
     assert_eq!(
         records[0].body,
-        json!({"amount": 1250, "currency": "EUR", "request_key": "ord-1"})
+        json!({"amount": 1250, "currency": "EUR", "request_key": "ord-1", "reference": task_id.to_string()})
     );
 }
 
@@ -588,9 +590,9 @@ async fn lookup_filters_exclude_records_whose_fields_differ() {
     let text = format!(
         r#"
 url = "{create}"
-body_fields = {{ request_key = "{{request_key}}" }}
+body_fields = {{ request_key = "{{request_key}}", reference = "{{task_id}}" }}
 [lookup]
-url = "{lookup}?request_key={{request_key}}"
+url = "{lookup}?reference={{task_id}}"
 filters = {{ "/body/amount" = "/amount", "/body/currency" = "/currency" }}
 "#,
         create = sim.create_url(),
@@ -622,9 +624,9 @@ async fn lookup_created_after_intent_excludes_older_records() {
     let text = format!(
         r#"
 url = "{create}"
-body_fields = {{ request_key = "{{request_key}}" }}
+body_fields = {{ request_key = "{{request_key}}", reference = "{{task_id}}" }}
 [lookup]
-url = "{lookup}?request_key={{request_key}}"
+url = "{lookup}?reference={{task_id}}"
 created_after_intent = {{ pointer = "/created_at", format = "unix_millis", skew = "0s" }}
 "#,
         create = sim.create_url(),
@@ -655,10 +657,20 @@ created_after_intent = {{ pointer = "/created_at", format = "unix_millis", skew 
     assert_eq!(target.lookup(&req, None).await.unwrap().len(), 1);
 }
 
+/// The identity fields each as a whole query value: encoded, so `/`, `#`, `=`, `:` and `+`
+/// in a value reach the remote as that value.
 #[tokio::test]
 async fn lookup_url_encodes_request_fields() {
     let sim = start_sim(Faults::default()).await;
-    let target = target(&sim, "");
+    let target = target(
+        &sim,
+        &format!(
+            r#"
+body_fields = {{ tenant = "{{tenant}}", operation = "{{operation}}", request_key = "{{request_key}}" }}
+lookup = {{ url = "{}?tenant={{tenant}}&operation={{operation}}&request_key={{request_key}}" }}"#,
+            sim.lookup_url()
+        ),
+    );
     let req = request("ord/1+2#x=y:z", json!({}));
     target.execute(&req, 1, None).await;
     target.execute(&request("ord/1", json!({})), 1, None).await;
@@ -685,7 +697,7 @@ async fn failed_lookups_are_errors_not_evidence() {
     // Wrong path: 404.
     let mut cfg = config(&sim, "");
     if let Some(l) = cfg.lookup.as_mut() {
-        l.url = format!("{}/nope?k={{request_key}}", sim.base_url());
+        l.url = format!("{}/nope?reference={{task_id}}", sim.base_url());
     }
     let err = Target::from_config("payments", &cfg)
         .unwrap()
@@ -707,6 +719,116 @@ async fn failed_lookups_are_errors_not_evidence() {
         matches!(err, sendledger_effects::Error::LookupTransport { .. }),
         "{err}"
     );
+}
+
+/// Tenant `t:1` with key `k` and tenant `t` with key `1:k` are two tasks. Joined as
+/// `{tenant}:{request_key}` they read alike, and task B's lookup would find task A's record:
+/// such a target is refused. With `{task_id}`, B's lookup does not find A's record.
+#[tokio::test]
+async fn a_lookup_finds_only_its_own_tasks_records() {
+    let sim = Sim::start(SimConfig {
+        identity_field: "reference".into(),
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap();
+    let with = |reference: &str| -> TargetConfig {
+        toml::from_str(&format!(
+            r#"
+url = "{}"
+body_fields = {{ reference = "{reference}" }}
+lookup = {{ url = "{}?reference={reference}" }}"#,
+            sim.create_url(),
+            sim.lookup_url()
+        ))
+        .unwrap()
+    };
+    let task = |tenant: &str, key: &str| {
+        TaskRequest {
+            tenant: tenant.into(),
+            operation: "payment.create".into(),
+            request_key: key.into(),
+            target: "payments".into(),
+            payload: json!({}),
+            metadata: Default::default(),
+        }
+        .accept(&Limits::default())
+        .unwrap()
+    };
+    let (a, b) = (task("t:1", "k"), task("t", "1:k"));
+
+    let err = Target::from_config("payments", &with("{tenant}:{request_key}")).unwrap_err();
+    let err = err.to_string();
+    assert!(
+        err.starts_with("targets.payments.lookup.url: does not tell tasks apart"),
+        "{err}"
+    );
+    assert!(err.contains("{task_id}"), "{err}");
+
+    let target = Target::from_config("payments", &with("{task_id}")).unwrap();
+    let AttemptOutcome::Succeeded { remote_id, .. } = target.execute(&a, 1, None).await else {
+        panic!("A's record was not created")
+    };
+    assert_eq!(target.lookup(&b, None).await.unwrap(), Vec::<String>::new());
+    assert_eq!(target.lookup(&a, None).await.unwrap(), vec![remote_id]);
+}
+
+/// Other ways a lookup could fail to tell tasks apart, refused with the field named; a URL that
+/// matches on payload values only is accepted (the operator may know them to be unique).
+#[test]
+fn ambiguous_lookups_are_refused() {
+    let load = |extra: &str| {
+        let cfg: TargetConfig =
+            toml::from_str(&format!("url = \"http://127.0.0.1:9/r\"\n{extra}")).unwrap();
+        Target::from_config("t", &cfg)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    for (extra, expected) in [
+        (
+            "lookup = { url = \"http://127.0.0.1:9/r?k={request_key}\" }",
+            "targets.t.lookup.url: does not tell tasks apart",
+        ),
+        (
+            "lookup = { url = \"http://127.0.0.1:9/r/{tenant}/{operation}-{request_key}\" }",
+            "targets.t.lookup.url: does not tell tasks apart",
+        ),
+        (
+            "body_fields = { reference = \"{tenant}:{request_key}\" }\nlookup = { url = \"http://127.0.0.1:9/r?reference={task_id}\" }",
+            "targets.t.body_fields.reference: is `{tenant}:{request_key}` but lookup.url queries `reference` with `{task_id}`",
+        ),
+        (
+            "lookup = { url = \"http://127.0.0.1:9/a/../r?reference={task_id}\" }",
+            "targets.t.lookup.url: has the path segment `..`",
+        ),
+    ] {
+        let err = load(extra).unwrap_err();
+        assert!(err.starts_with(expected), "{extra}: {err}");
+    }
+    for extra in [
+        "body_fields = { reference = \"ref-{task_id}\" }\nlookup = { url = \"http://127.0.0.1:9/r?reference=ref-{task_id}\" }",
+        "lookup = { url = \"http://127.0.0.1:9/r/{tenant}/{operation}/{request_key}\" }",
+        "lookup = { url = \"http://127.0.0.1:9/r?order={payload.order}\" }",
+    ] {
+        assert_eq!(load(extra), Ok(()), "{extra}");
+    }
+}
+
+/// A request key `..` in a path segment would make the attempt reach another resource at a
+/// remote that normalizes paths: rejected without sending anything.
+#[tokio::test]
+async fn a_dot_segment_from_a_request_field_is_not_sent() {
+    let sim = start_sim(Faults::default()).await;
+    let target = target(
+        &sim,
+        &format!("url = \"{}/{{request_key}}/x\"", sim.create_url()),
+    );
+    let outcome = target.execute(&request("..", json!({})), 1, None).await;
+    let AttemptOutcome::Rejected { status: 0, detail } = outcome else {
+        panic!("expected a rejection without sending, got {outcome:?}")
+    };
+    assert!(detail.contains("addresses another resource"), "{detail}");
+    assert_eq!(sim.stats().posts, 0);
 }
 
 // ---- Configuration ----
@@ -765,7 +887,7 @@ fn a_target_maps_to_the_core_policy() {
 url = "http://127.0.0.1:9/records"
 idempotency = { header = "Idempotency-Key", ttl = "24h" }
 retry = { max_attempts = 5, initial_backoff = "200ms", max_backoff = "1m", multiplier = 3.0 }
-lookup = { url = "http://127.0.0.1:9/records?k={request_key}", first_check = "2s", check_interval = "15s", deadline = "10m", resend_when_absent = true }
+lookup = { url = "http://127.0.0.1:9/records?k={task_id}", first_check = "2s", check_interval = "15s", deadline = "10m", resend_when_absent = true }
 "#,
     )
     .unwrap();
@@ -910,6 +1032,84 @@ fn secret_header_values_never_appear_in_debug_logs_or_errors() {
             assert!(!text.contains(secret), "secret leaked into:\n{text}");
         }
     }
+}
+
+/// A remote that answers every request 401, quoting the bare credentials of the
+/// `Authorization` header it got (and the whole header, its scheme included).
+async fn remote_quoting_the_token() -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&head).into_owned();
+                let auth = head
+                    .lines()
+                    .find(|l| l.to_ascii_lowercase().starts_with("authorization:"))
+                    .map_or("", |l| l["authorization:".len()..].trim());
+                let bare = auth.split_once(' ').map_or(auth, |(_, t)| t);
+                let body =
+                    format!("{{\"error\":\"token {bare} is not allowed\",\"got\":\"{auth}\"}}");
+                let resp = format!(
+                    "HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(resp.as_bytes()).await;
+            });
+        }
+    });
+    addr
+}
+
+/// A remote that quotes the bare token in its 401: the rejection detail and the lookup error
+/// keep the remote's words but not the token (nor the whole header value).
+#[tokio::test]
+async fn a_token_quoted_by_the_remote_is_redacted() {
+    const TOKEN: &str = "s3cr3t-7f1d9a0c";
+    let addr = remote_quoting_the_token().await;
+    let cfg: TargetConfig = toml::from_str(&format!(
+        r#"
+url = "http://{addr}/records"
+request_timeout = "2s"
+body_fields = {{ reference = "{{task_id}}" }}
+headers = {{ Authorization = {{ env = "PAYMENTS_TOKEN", prefix = "Bearer " }} }}
+lookup = {{ url = "http://{addr}/records?reference={{task_id}}" }}
+"#
+    ))
+    .unwrap();
+    let env = |name: &str| (name == "PAYMENTS_TOKEN").then(|| TOKEN.to_string());
+    let target = Target::from_config_with_env("payments", &cfg, env).unwrap();
+    let req = request("ord-1", json!({"amount": 1}));
+    let AttemptOutcome::Rejected { status, detail } = target.execute(&req, 1, None).await else {
+        panic!("a 401 is a rejection")
+    };
+    assert_eq!(status, 401);
+    assert!(detail.contains("is not allowed"), "{detail}");
+    assert!(!detail.contains(TOKEN), "token leaked: {detail}");
+    assert!(
+        detail.contains("token <redacted> is not allowed"),
+        "{detail}"
+    );
+    let err = target.lookup(&req, None).await.unwrap_err();
+    let text = format!("{err} {err:?}");
+    assert!(
+        matches!(
+            err,
+            sendledger_effects::Error::LookupStatus { status: 401, .. }
+        ),
+        "{text}"
+    );
+    assert!(text.contains("is not allowed"), "{text}");
+    assert!(!text.contains(TOKEN), "token leaked: {text}");
 }
 
 #[test]

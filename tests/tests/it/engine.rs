@@ -176,24 +176,31 @@ async fn lookup_lag_keeps_the_task_unknown_until_the_record_shows() {
     engine.shutdown(Duration::from_secs(5)).await;
 }
 
-/// Two records already exist for the identity: manual review listing both; an operator
-/// resolves it.
+/// Two records exist for the task: manual review listing both; an operator resolves it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_matches_go_to_review_and_an_operator_resolves() {
     let sim = sim(Faults::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    let engine = start_engine(dir.path(), target(&sim.base_url(), |_| {}));
+    let config = target(&sim.base_url(), |_| {});
+    // The remote already holds a record of the task, from a sender this ledger does not know.
+    let earlier = request("m-1")
+        .accept(&sendledger_core::Limits::default())
+        .unwrap();
+    let outcome = targets(config.clone())
+        .get("sim")
+        .unwrap()
+        .execute(&earlier, 1, None)
+        .await;
+    assert!(matches!(
+        outcome,
+        sendledger_core::decide::AttemptOutcome::Succeeded { .. }
+    ));
+    let engine = start_engine(dir.path(), config);
     sim.set_faults(Faults {
         commit_then_drop: 1.0,
         ..Faults::default()
     })
     .unwrap();
-    // Another task's record carries the same request_key at the remote.
-    let mut first = request("m-1");
-    first.operation = "payment.other".into();
-    engine.submit(first, source(0)).await.unwrap();
-    let other_task = sendledger_core::TaskId::derive("acme", "payment.other", "m-1");
-    wait_for(&engine, other_task, WAIT, settled).await;
     engine.submit(request("m-1"), source(1)).await.unwrap();
     let state = wait_for(&engine, task_id("m-1"), WAIT, settled).await;
     assert_eq!(state.phase, Phase::ManualReview);
