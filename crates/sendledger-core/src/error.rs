@@ -23,8 +23,11 @@ pub enum Error {
     PayloadNotObject { found: &'static str },
     #[error("the task is {phase}, not in manual review; only notes can be added")]
     NotInReview { phase: &'static str },
+    /// The text quotes the input only through [`crate::sanitize_reason`].
     #[error("invalid request JSON: {0}")]
     Json(String),
+    #[error("`{address}` is not an identity address (tenant/operation/request_key): {problem}")]
+    BadAddress { address: String, problem: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

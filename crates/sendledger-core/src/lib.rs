@@ -14,6 +14,7 @@ pub mod decide;
 pub mod error;
 pub mod event;
 pub mod ids;
+pub mod reason;
 pub mod request;
 pub mod retry;
 pub mod rules;
@@ -30,6 +31,7 @@ pub use event::{
     Event, EventBody, Evidence, NewEvent, NotSentCause, ReviewReason, Source, UnknownCause,
 };
 pub use ids::{PayloadHash, TaskId};
+pub use reason::sanitize_reason;
 pub use request::{AcceptedRequest, Identity, Limits, TaskRequest};
 pub use retry::RetryPolicy;
 pub use rules::{check_task, Rule, TaskCheck, Violation};
