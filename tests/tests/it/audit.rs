@@ -292,6 +292,38 @@ fn audit_and_inspect_create_and_change_nothing() {
     assert_eq!(snapshot(&dir), before);
 }
 
+/// `inspect` addresses a request key containing `/` as `%2F`; the unescaped address, which
+/// could also mean operation `payment.create/ord`, is refused as ambiguous.
+#[test]
+fn inspect_addresses_an_identity_with_a_slash() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = open(dir.path());
+    let (task, _) = write_task(&ledger, "ord/7", vec![intend(1, None), ok()]);
+    drop(ledger);
+    let inspect = |address: &str| {
+        Command::new(env!("CARGO_BIN_EXE_sendledger_cli"))
+            .args(["inspect", address, "--data"])
+            .arg(dir.path())
+            .output()
+            .unwrap()
+    };
+    let out = inspect("acme/payment.create/ord%2F7");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.starts_with(&format!("task {task}: succeeded")),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("acme/payment.create/ord%2F7 target=payments"),
+        "{stdout}"
+    );
+    let out = inspect("acme/payment.create/ord/7");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("4 `/`-separated parts"), "{stderr}");
+}
+
 /// Rule 2: a second attempt after an unknown outcome, with neither the same idempotency key
 /// nor a recorded authorization.
 #[test]
