@@ -244,7 +244,7 @@ fn deliver(
             after.apply_all(ctx.now, &d.events);
             intend(&after, false, ctx, d);
         }
-        Some(existing) if existing == payload_hash => {
+        Some(existing) if request.has_payload_hash(existing) => {
             d.events.push(EventBody::DuplicateDelivery { source });
         }
         Some(_) => d.events.push(EventBody::RequestConflict {

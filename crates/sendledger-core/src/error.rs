@@ -25,8 +25,11 @@ pub enum Error {
     NotInReview { phase: &'static str },
     #[error("operator name `{by}` is reserved: names starting with `policy:` mark what a target's policy recorded; give a person's name")]
     ReservedOperator { by: String },
+    /// The text quotes the input only through [`crate::sanitize_reason`].
     #[error("invalid request JSON: {0}")]
     Json(String),
+    #[error("`{address}` is not an identity address (tenant/operation/request_key): {problem}")]
+    BadAddress { address: String, problem: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -213,10 +213,8 @@ impl EventBody {
                 payload_hash,
                 source,
             } => format!(
-                "{}/{}/{} target={} from {source} payload={}",
-                request.identity.tenant,
-                request.identity.operation,
-                request.identity.request_key,
+                "{} target={} from {source} payload={}",
+                request.identity,
                 request.target,
                 &payload_hash.to_string()[..12]
             ),

@@ -1,9 +1,10 @@
 //! sendledger-core: the domain model of sendledger.
 //!
-//! Task identity and ids, validated requests, the events of the ledger, the task [`State`]
-//! as a pure [`fold`] of events, the decision functions that say what a task does next, the
-//! retry math, the rule checker that audits an event sequence, and the audit's report and
-//! per-task accounting shared by every replay.
+//! Task identity, its textual address and ids, validated requests (payload numbers kept as
+//! written), the events of the ledger, the task [`State`] as a pure [`fold`] of events, the
+//! decision functions that say what a task does next, the retry math, the rule checker that
+//! audits an event sequence, the audit's report and per-task accounting shared by every
+//! replay, and [`sanitize_reason`], through which any input quoted in a reason passes.
 //!
 //! This crate must never depend on RocksDB, Kafka, an async runtime, a clock or a source of
 //! randomness: time and random numbers are passed in. Everything here is deterministic, so
@@ -14,6 +15,7 @@ pub mod decide;
 pub mod error;
 pub mod event;
 pub mod ids;
+pub mod reason;
 pub mod request;
 pub mod retry;
 pub mod rules;
@@ -30,6 +32,7 @@ pub use event::{
     Event, EventBody, Evidence, NewEvent, NotSentCause, ReviewReason, Source, UnknownCause,
 };
 pub use ids::{PayloadHash, TaskId};
+pub use reason::sanitize_reason;
 pub use request::{AcceptedRequest, Identity, Limits, TaskRequest};
 pub use retry::RetryPolicy;
 pub use rules::{check_task, CheckConfig, Rule, TaskCheck, Violation};

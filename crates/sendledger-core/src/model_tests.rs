@@ -348,6 +348,38 @@ fn idempotent_target_resends_with_the_same_key() {
     .is_empty());
 }
 
+/// A task accepted before number tokens were kept verbatim stored `100.00` as `100.0`; the
+/// same request delivered again is a duplicate, a different amount still a conflict.
+#[test]
+fn a_redelivery_of_a_request_stored_with_reprinted_numbers_is_a_duplicate() {
+    let with_amount = |amount: &str| {
+        let mut r = request(0);
+        r.payload = serde_json::from_str(&format!(r#"{{"amount": {amount}}}"#)).unwrap();
+        r.accept(&Limits::default()).unwrap()
+    };
+    let source = |offset| Source {
+        topic: "requests".into(),
+        partition: 0,
+        offset,
+    };
+    let mut old = with_amount("100.00");
+    old.payload = r#"{"amount":100.0}"#.into();
+    let mut h = Harness::new(lookup_policy());
+    h.step(Input::Deliver {
+        request: old,
+        source: source(0),
+    })
+    .unwrap();
+    for (amount, offset) in [("100.00", 1), ("100.01", 2)] {
+        let again = Input::Deliver {
+            request: with_amount(amount),
+            source: source(offset),
+        };
+        assert_eq!(h.step(again).unwrap(), Action::None);
+    }
+    assert_eq!(h.names()[2..], ["DuplicateDelivery", "RequestConflict"]);
+}
+
 #[test]
 fn duplicates_and_conflicts_never_execute() {
     let mut h = Harness::new(lookup_policy());

@@ -1,12 +1,23 @@
 //! Task requests as they arrive (JSON), their validation, and canonical JSON.
+//!
+//! A payload reaches the remote with its numbers as the producer wrote them: serde_json's
+//! `arbitrary_precision` feature keeps each number token's digits, sign, fraction and zeros
+//! (`100.00`, `-0`, `12345678901234567890123`), never rounding through an f64 nor refusing
+//! `1e400`; only an exponent is written `e` with its sign (`1E2` as `1e+2`), the same number.
+//! Canonical JSON only sorts object keys and drops whitespace; a payload with a key twice in
+//! one object is refused.
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::{self, Write as _};
+use std::str::FromStr;
 
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
+use serde_json::{Number, Value};
 
 use crate::error::{Error, Result};
 use crate::ids::{PayloadHash, TaskId};
+use crate::reason::sanitize_reason;
 
 /// A task request as it arrives on the requests topic (schema: `schemas/task-request.schema.json`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -57,7 +68,84 @@ impl Identity {
     }
 }
 
-/// A validated request as the ledger stores it: the payload is kept as canonical JSON text.
+/// The identity's address, `tenant/operation/request_key`, each part with `%` written `%25`
+/// and `/` written `%2F`: one address names one identity (`a/b/c%2Fd` is request key `c/d`).
+/// Parsed back by [`Identity::from_str`]. Used by `inspect`, the admin endpoint's task route
+/// and as the Kafka key of a task's requests and records.
+impl fmt::Display for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, part) in [&self.tenant, &self.operation, &self.request_key]
+            .into_iter()
+            .enumerate()
+        {
+            if i > 0 {
+                f.write_char('/')?;
+            }
+            for ch in part.chars() {
+                match ch {
+                    '%' => f.write_str("%25")?,
+                    '/' => f.write_str("%2F")?,
+                    ch => f.write_char(ch)?,
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for Identity {
+    type Err = Error;
+
+    /// Reads an address written by [`Identity`]'s `Display`: exactly three `/`-separated
+    /// parts, in which only `%25` and `%2F` (any case) are escapes.
+    fn from_str(address: &str) -> Result<Identity> {
+        let bad = |problem: String| Error::BadAddress {
+            address: sanitize_reason(address),
+            problem,
+        };
+        let parts = address
+            .split('/')
+            .map(|part| {
+                unescape_part(part).ok_or_else(|| {
+                    bad(format!(
+                        "`{}` has a `%` that is not %25 or %2F",
+                        sanitize_reason(part)
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let [tenant, operation, request_key] = <[String; 3]>::try_from(parts).map_err(|parts| {
+            bad(format!(
+                "it has {} `/`-separated parts, not 3; write a `/` inside a part as %2F",
+                parts.len()
+            ))
+        })?;
+        Ok(Identity {
+            tenant,
+            operation,
+            request_key,
+        })
+    }
+}
+
+fn unescape_part(part: &str) -> Option<String> {
+    let mut out = String::with_capacity(part.len());
+    let mut rest = part;
+    while let Some(at) = rest.find('%') {
+        out.push_str(&rest[..at]);
+        match rest.get(at + 1..at + 3)?.to_ascii_uppercase().as_str() {
+            "25" => out.push('%'),
+            "2F" => out.push('/'),
+            _ => return None,
+        }
+        rest = &rest[at + 3..];
+    }
+    out.push_str(rest);
+    Some(out)
+}
+
+/// A validated request as the ledger stores it: the payload is kept as canonical JSON text
+/// (sorted keys, no whitespace, number tokens as the producer wrote them), and is the body sent.
 // format: do not change (stored inside `TaskAccepted`; add fields only in a new envelope version)
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AcceptedRequest {
@@ -76,6 +164,19 @@ impl AcceptedRequest {
         PayloadHash::of_canonical(&self.payload)
     }
 
+    /// Whether `stored`, the payload hash recorded when this request's task was accepted, is
+    /// this request's payload. Ledgers written before number tokens were kept verbatim stored
+    /// payloads whose numbers serde_json had read as a u64, i64 or f64 and printed again
+    /// (`100.00` as `100.0`); a redelivery of such a request matches that form too, so it is a
+    /// duplicate, not a conflict.
+    pub fn has_payload_hash(&self, stored: PayloadHash) -> bool {
+        self.payload_hash() == stored
+            || serde_json::from_str(&self.payload)
+                .ok()
+                .and_then(|value| legacy_numbers(&value))
+                .is_some_and(|legacy| PayloadHash::of_canonical(&canonical_json(&legacy)) == stored)
+    }
+
     /// The payload as a JSON value (it was valid JSON when accepted).
     pub fn payload_value(&self) -> serde_json::Value {
         serde_json::from_str(&self.payload).unwrap_or(serde_json::Value::Null)
@@ -83,9 +184,22 @@ impl AcceptedRequest {
 }
 
 impl TaskRequest {
-    /// Parses a request from JSON bytes (the Kafka message value).
+    /// Parses a request from JSON bytes (the Kafka message value). An object with a key twice,
+    /// at any depth, is refused. The error quotes the input only through [`sanitize_reason`].
     pub fn from_json(bytes: &[u8]) -> Result<TaskRequest> {
-        serde_json::from_slice(bytes).map_err(|e| Error::Json(e.to_string()))
+        let json_err = |e: serde_json::Error| Error::Json(sanitize_reason(&e.to_string()));
+        let request = serde_json::from_slice(bytes).map_err(json_err)?;
+        serde_json::from_slice::<UniqueKeys>(bytes).map_err(json_err)?;
+        Ok(request)
+    }
+
+    /// The task this request is for; `identity().to_string()` is its address and Kafka key.
+    pub fn identity(&self) -> Identity {
+        Identity {
+            tenant: self.tenant.clone(),
+            operation: self.operation.clone(),
+            request_key: self.request_key.clone(),
+        }
     }
 
     /// Validates the request and turns it into the form the ledger stores.
@@ -115,11 +229,7 @@ impl TaskRequest {
             });
         }
         Ok(AcceptedRequest {
-            identity: Identity {
-                tenant: self.tenant.clone(),
-                operation: self.operation.clone(),
-                request_key: self.request_key.clone(),
-            },
+            identity: self.identity(),
             target: self.target.clone(),
             payload,
             metadata: self.metadata.clone(),
@@ -166,8 +276,7 @@ pub fn canonical_json(value: &serde_json::Value) -> String {
     out
 }
 
-fn write_canonical(value: &serde_json::Value, out: &mut String) {
-    use serde_json::Value;
+fn write_canonical(value: &Value, out: &mut String) {
     match value {
         Value::Null => out.push_str("null"),
         Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
@@ -207,6 +316,120 @@ fn write_string(s: &str, out: &mut String) {
     out.push_str(&serde_json::to_string(s).unwrap_or_default());
 }
 
+/// `value` with every number as serde_json without `arbitrary_precision` read and printed it
+/// (`100.00` → `100.0`, `-0` → `-0.0`, `12345678901234567890123` → `1.2345678901234568e+22`).
+/// `None` when a number was out of range for it (such a payload was refused, never stored).
+fn legacy_numbers(value: &Value) -> Option<Value> {
+    Some(match value {
+        Value::Number(n) => Value::Number(serde_json::from_str::<LegacyNumber>(n.as_str()).ok()?.0),
+        Value::Array(items) => {
+            Value::Array(items.iter().map(legacy_numbers).collect::<Option<_>>()?)
+        }
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| Some((k.clone(), legacy_numbers(v)?)))
+                .collect::<Option<_>>()?,
+        ),
+        other => other.clone(),
+    })
+}
+
+/// A number token read the way serde_json reads one into an `f64` field: as a u64 or i64 when
+/// it is an integer that fits, else as an f64 (with serde_json's own parser, the one that read
+/// payloads before number tokens were kept).
+struct LegacyNumber(Number);
+
+impl<'de> Deserialize<'de> for LegacyNumber {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_f64(LegacyNumberVisitor)
+    }
+}
+
+struct LegacyNumberVisitor;
+
+impl Visitor<'_> for LegacyNumberVisitor {
+    type Value = LegacyNumber;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a number")
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<LegacyNumber, E> {
+        Ok(LegacyNumber(v.into()))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<LegacyNumber, E> {
+        Ok(LegacyNumber(v.into()))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<LegacyNumber, E> {
+        Number::from_f64(v)
+            .map(LegacyNumber)
+            .ok_or_else(|| E::custom("not a finite number"))
+    }
+}
+
+/// Any JSON document in which no object has a key twice (serde_json keeps the last silently).
+struct UniqueKeys;
+
+impl<'de> Deserialize<'de> for UniqueKeys {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(UniqueKeys)
+    }
+}
+
+impl<'de> Visitor<'de> for UniqueKeys {
+    type Value = UniqueKeys;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_unit<E>(self) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<UniqueKeys, A::Error> {
+        while seq.next_element::<UniqueKeys>()?.is_some() {}
+        Ok(UniqueKeys)
+    }
+
+    // A number kept verbatim also arrives as a map (serde_json's private token → the digits).
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<UniqueKeys, A::Error> {
+        let mut seen = BTreeSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if seen.contains(&key) {
+                return Err(de::Error::custom(format_args!(
+                    "duplicate key `{key}`; a key may appear once per object"
+                )));
+            }
+            map.next_value::<UniqueKeys>()?;
+            seen.insert(key);
+        }
+        Ok(UniqueKeys)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -236,6 +459,137 @@ mod tests {
             .accept(&Limits::default())
             .unwrap();
         assert_ne!(a.payload_hash(), c.payload_hash());
+    }
+
+    fn parsed(payload: &str) -> AcceptedRequest {
+        let json = format!(
+            r#"{{"tenant":"acme","operation":"payment.create","request_key":"ord-1","target":"payments","payload":{payload}}}"#
+        );
+        TaskRequest::from_json(json.as_bytes())
+            .unwrap()
+            .accept(&Limits::default())
+            .unwrap()
+    }
+
+    #[test]
+    fn number_tokens_are_kept_as_written() {
+        let a = parsed(
+            r#"{"iban": 12345678901234567890123, "amount": 100.00, "zero": -0, "big": 1e400, "n": [1E2, 0.10]}"#,
+        );
+        // Digits, sign, fraction and zeros as written; serde_json writes an exponent as `e`
+        // with its sign (`1e400` as `1e+400`, `1E2` as `1e+2`): the same number to any reader.
+        assert_eq!(
+            a.payload,
+            r#"{"amount":100.00,"big":1e+400,"iban":12345678901234567890123,"n":[1e+2,0.10],"zero":-0}"#
+        );
+        assert_eq!(a.payload_value().to_string(), a.payload);
+        // Only key order and whitespace are canonicalized: another token is another payload.
+        let b = parsed(
+            r#"{"zero":-0,"n":[1E2,0.10],"iban":12345678901234567890123,"big":1e400,"amount":100.00}"#,
+        );
+        assert_eq!(a.payload_hash(), b.payload_hash());
+        let c = parsed(
+            r#"{"zero":-0,"n":[1E2,0.10],"iban":12345678901234567890123,"big":1e400,"amount":100.0}"#,
+        );
+        assert_ne!(a.payload_hash(), c.payload_hash());
+    }
+
+    #[test]
+    fn a_request_stored_before_tokens_were_kept_is_still_a_duplicate() {
+        // What the ledger stored for this payload before: numbers re-printed by serde_json.
+        let old = AcceptedRequest {
+            payload: r#"{"amount":100.0,"iban":1.2345678901234568e+22,"n":[100.0,7],"zero":-0.0}"#
+                .into(),
+            ..parsed("{}")
+        };
+        let again = parsed(
+            r#"{"amount": 100.00, "iban": 12345678901234567890123, "zero": -0, "n": [1E2, 7]}"#,
+        );
+        assert_ne!(again.payload_hash(), old.payload_hash());
+        assert!(again.has_payload_hash(old.payload_hash()));
+        assert!(again.has_payload_hash(again.payload_hash()));
+        let other = parsed(
+            r#"{"amount": 100.01, "iban": 12345678901234567890123, "zero": -0, "n": [1E2, 7]}"#,
+        );
+        assert!(!other.has_payload_hash(old.payload_hash()));
+    }
+
+    #[test]
+    fn duplicate_keys_are_refused_at_any_depth() {
+        let request = |payload: &str| {
+            TaskRequest::from_json(format!(
+                r#"{{"tenant":"a","operation":"b","request_key":"c","target":"t","payload":{payload}}}"#
+            ).as_bytes())
+        };
+        for (payload, key) in [
+            (r#"{"amount": 1, "amount": 2}"#, "amount"),
+            (r#"{"a": {"b": [{"iban": "x", "iban": "y"}]}}"#, "iban"),
+        ] {
+            let err = request(payload).unwrap_err();
+            assert!(
+                err.to_string().contains(&format!("duplicate key `{key}`")),
+                "{err}"
+            );
+        }
+        assert!(request(r#"{"a": {"x": 1}, "b": {"x": 1}, "c": [{"x": 1}, {"x": 1}]}"#).is_ok());
+    }
+
+    #[test]
+    fn a_hostile_field_name_makes_a_short_single_line_reason() {
+        let name = format!(
+            "x\\n2026-01-01 ERROR forged\\u001b[31m{}",
+            "y".repeat(200_000)
+        );
+        let json = format!(r#"{{"tenant":"a","{name}":1}}"#);
+        let reason = TaskRequest::from_json(json.as_bytes())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            reason.starts_with("invalid request JSON: unknown field `x\\n2026"),
+            "{reason}"
+        );
+        assert!(!reason.chars().any(char::is_control), "{reason}");
+        assert!(reason.ends_with(crate::reason::TRUNCATED), "{reason}");
+        let max = "invalid request JSON: ".len() + crate::reason::MAX_REASON_BYTES;
+        assert!(reason.len() <= max, "{} bytes", reason.len());
+    }
+
+    #[test]
+    fn an_identity_address_names_one_identity() {
+        let id = |t: &str, o: &str, k: &str| Identity {
+            tenant: t.into(),
+            operation: o.into(),
+            request_key: k.into(),
+        };
+        // Once `a/b/c/d` was the address of both of these.
+        let (x, y) = (id("a", "b", "c/d"), id("a", "b/c", "d"));
+        assert_eq!(x.to_string(), "a/b/c%2Fd");
+        assert_eq!(y.to_string(), "a/b%2Fc/d");
+        for identity in [
+            x,
+            y,
+            id("t%", "%2F", "/k/"),
+            id("acme", "payment.create", "ord-1"),
+        ] {
+            assert_eq!(
+                identity.to_string().parse::<Identity>(),
+                Ok(identity.clone())
+            );
+        }
+        assert_eq!("a/b%2fc/d".parse::<Identity>(), Ok(id("a", "b/c", "d")));
+        assert_eq!(
+            "acme/payment.create/ord-1".parse(),
+            Ok(id("acme", "payment.create", "ord-1"))
+        );
+        for (bad, problem) in [
+            ("a/b/c/d", "4 `/`-separated parts"),
+            ("a/b", "2 `/`-separated parts"),
+            ("a/b/c%41", "`c%41` has a `%`"),
+            ("a/b/c%2", "`c%2` has a `%`"),
+        ] {
+            let err = bad.parse::<Identity>().unwrap_err().to_string();
+            assert!(err.contains(problem), "{bad}: {err}");
+        }
     }
 
     #[test]

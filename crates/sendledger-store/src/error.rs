@@ -9,6 +9,8 @@ pub enum Error {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("no ledger at {path}")]
+    NoLedger { path: PathBuf },
     #[error("rocksdb: {0}")]
     Rocks(#[from] rocksdb::Error),
     #[error(

@@ -110,6 +110,36 @@ impl TaskSummary {
     }
 }
 
+/// Refuses a ledger of a newer storage format (or none), and returns its last LSN.
+fn check_format_and_last_lsn(db: &DB, path: &Path) -> Result<u64> {
+    let meta = db
+        .cf_handle(CF_META)
+        .expect("opened with every column family");
+    match db.get_cf(meta, META_FORMAT)?.as_deref() {
+        Some([v]) if *v <= FORMAT_VERSION => {}
+        Some([v]) => {
+            return Err(Error::NewerFormat {
+                path: path.to_path_buf(),
+                found: *v,
+                supported: FORMAT_VERSION,
+            })
+        }
+        _ => {
+            return Err(Error::BadFormatMarker {
+                path: path.to_path_buf(),
+            })
+        }
+    }
+    let log = db
+        .cf_handle(CF_LOG)
+        .expect("opened with every column family");
+    let mut it = db.iterator_cf(log, IteratorMode::End);
+    match it.next() {
+        Some(item) => decode_u64(&item?.0).ok_or(Error::BadValue { what: "log key" }),
+        None => Ok(0),
+    }
+}
+
 /// An open ledger. Cheap to clone; the journal stops when the last clone is dropped.
 #[derive(Clone)]
 pub struct Ledger {
@@ -173,27 +203,10 @@ impl Ledger {
         })?;
 
         let meta = db.cf_handle(CF_META).expect("created above");
-        match db.get_cf(meta, META_FORMAT)?.as_deref() {
-            None => db.put_cf(meta, META_FORMAT, [FORMAT_VERSION])?,
-            Some([v]) if *v <= FORMAT_VERSION => {}
-            Some([v]) => {
-                return Err(Error::NewerFormat {
-                    path,
-                    found: *v,
-                    supported: FORMAT_VERSION,
-                })
-            }
-            Some(_) => return Err(Error::BadFormatMarker { path }),
+        if db.get_cf(meta, META_FORMAT)?.is_none() {
+            db.put_cf(meta, META_FORMAT, [FORMAT_VERSION])?;
         }
-
-        let last = {
-            let log = db.cf_handle(CF_LOG).expect("created above");
-            let mut it = db.iterator_cf(log, IteratorMode::End);
-            match it.next() {
-                Some(item) => decode_u64(&item?.0).ok_or(Error::BadValue { what: "log key" })?,
-                None => 0,
-            }
-        };
+        let last = check_format_and_last_lsn(&db, &path)?;
         let db = Arc::new(db);
         let last_lsn = Arc::new(AtomicU64::new(last));
         let stats = Arc::new(JournalStats::default());
@@ -217,6 +230,34 @@ impl Ledger {
                 thread: Mutex::new(Some(thread)),
                 last_lsn,
                 stats,
+            }),
+        })
+    }
+
+    /// Opens the ledger in `dir` for reading only (`inspect`, `audit`): nothing in the
+    /// directory is created, changed or locked, so a running service may hold it. Appends
+    /// fail with [`Error::Closed`]. A directory without a ledger is [`Error::NoLedger`].
+    pub fn open_read_only(dir: impl AsRef<Path>) -> Result<Ledger> {
+        let path = dir.as_ref().to_path_buf();
+        // RocksDB names its current manifest in `CURRENT`; without it there is no database.
+        if !path.join("CURRENT").is_file() {
+            return Err(Error::NoLedger { path });
+        }
+        let opts = Options::default();
+        let names = DB::list_cf(&opts, &path)?;
+        if ALL_CFS.iter().any(|cf| !names.iter().any(|n| n == cf)) {
+            return Err(Error::BadFormatMarker { path });
+        }
+        let db = DB::open_cf_for_read_only(&opts, &path, &names, false)?;
+        let last = check_format_and_last_lsn(&db, &path)?;
+        Ok(Ledger {
+            inner: Arc::new(Inner {
+                db: Arc::new(db),
+                path,
+                tx: Mutex::new(None),
+                thread: Mutex::new(None),
+                last_lsn: Arc::new(AtomicU64::new(last)),
+                stats: Arc::new(JournalStats::default()),
             }),
         })
     }

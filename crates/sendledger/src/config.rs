@@ -10,6 +10,7 @@
 //! Every error names the field (`kafka.brokers: ...`) and, for an override, the variable.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -25,7 +26,29 @@ use serde::{Deserialize, Serialize};
 /// Prefix of the environment variables that override the file.
 pub const ENV_PREFIX: &str = "SENDLEDGER__";
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+/// What `Debug` and error messages show instead of a secret value.
+const REDACTED: &str = "***";
+
+/// Whether a configuration key or librdkafka property holds a secret: its name mentions a
+/// token, password, secret, authorization, an OAuth bearer setting or an SSL key.
+fn is_secret(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    [
+        "token",
+        "password",
+        "secret",
+        "authorization",
+        "sasl.oauthbearer",
+        "ssl.key",
+    ]
+    .iter()
+    .any(|s| name.contains(s))
+}
+
+/// `Debug` shows secrets as `***`: `admin.token`, and `kafka.properties` values whose key
+/// [`is_secret`]; target header values redact themselves. `Serialize` writes a configuration
+/// file back, secrets included.
+#[derive(Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub storage: StorageConfig,
@@ -34,6 +57,26 @@ pub struct Config {
     pub admin: AdminConfig,
     /// The remotes requests may name, by name.
     pub targets: BTreeMap<String, TargetConfig>,
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let properties = self.kafka.properties.iter().map(|(k, v)| {
+            let v = if is_secret(k) { REDACTED } else { v.as_str() };
+            (k.clone(), v.to_string())
+        });
+        let kafka = KafkaConfig {
+            properties: properties.collect(),
+            ..self.kafka.clone()
+        };
+        f.debug_struct("Config")
+            .field("storage", &self.storage)
+            .field("engine", &self.engine)
+            .field("kafka", &kafka)
+            .field("admin", &self.admin)
+            .field("targets", &self.targets)
+            .finish()
+    }
 }
 
 /// Where the ledger lives and how durable an acknowledged write is.
@@ -94,7 +137,7 @@ impl Default for EngineSection {
 }
 
 /// The admin HTTP endpoint: metrics, health, task timelines, manual review.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
     /// Listen address; loopback by default. `enabled = false` turns the endpoint off.
@@ -113,6 +156,16 @@ pub struct AdminConfig {
     pub header_read_timeout: Duration,
     /// Connections open at once; further ones are closed as soon as they are accepted.
     pub max_connections: usize,
+}
+
+impl fmt::Debug for AdminConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdminConfig")
+            .field("listen", &self.listen)
+            .field("enabled", &self.enabled)
+            .field("token", &self.token.as_ref().map(|_| REDACTED))
+            .finish()
+    }
 }
 
 impl Default for AdminConfig {
@@ -140,7 +193,7 @@ impl Config {
     /// Parses `text` with the overrides found in `env` (the process environment, or a
     /// stand-in for it), and validates.
     pub fn parse(text: &str, env: &BTreeMap<String, String>) -> anyhow::Result<Config> {
-        let mut doc: toml::Table = toml::from_str(text)?;
+        let mut doc: toml::Table = toml::from_str(text).map_err(|e| syntax_error(text, &e))?;
         // (path, variable, raw value, whether it was read as a non-string literal)
         let mut overrides = Vec::new();
         for (name, value) in env {
@@ -166,9 +219,9 @@ impl Config {
                             set(&mut doc, path, toml::Value::String(raw.clone()))?;
                         }
                         Some((_, var, ..)) => {
-                            anyhow::bail!("{field} (set by {var}): {}", e.into_inner())
+                            anyhow::bail!("{field} (set by {var}): {}", problem(&field, e))
                         }
-                        None => anyhow::bail!("{field}: {}", e.into_inner()),
+                        None => anyhow::bail!("{field}: {}", problem(&field, e)),
                     }
                 }
             }
@@ -244,6 +297,30 @@ impl Config {
             ..Limits::default()
         };
         c
+    }
+}
+
+/// A TOML syntax error as its position and message only: toml's own text quotes the source
+/// line, which may hold a secret (`token = "…`).
+fn syntax_error(text: &str, e: &toml::de::Error) -> anyhow::Error {
+    let message = e.message().trim_end().replace('\n', "; ");
+    match e.span().and_then(|span| text.get(..span.start)) {
+        Some(before) => {
+            let line = before.matches('\n').count() + 1;
+            let column = before.chars().rev().take_while(|&c| c != '\n').count() + 1;
+            anyhow::anyhow!("line {line}, column {column}: {message}")
+        }
+        None => anyhow::anyhow!("{message}"),
+    }
+}
+
+/// Why the value at `field` does not fit; serde's text may quote the value, so not for a
+/// secret.
+fn problem(field: &str, e: serde_path_to_error::Error<toml::de::Error>) -> String {
+    if is_secret(field) {
+        "is not valid here (the value is not shown: it is secret)".into()
+    } else {
+        e.into_inner().to_string()
     }
 }
 
@@ -380,5 +457,52 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.starts_with("targets.payments.url"), "{err}");
+    }
+
+    #[test]
+    fn syntax_errors_give_the_position_not_the_line() {
+        for text in [
+            "[admin]\ntoken = \"s3cret-value\n",
+            "[admin]\ntoken = s3cret-value\n",
+            "[kafka.properties]\n\"sasl.password\" = \"s3cret-value\" x\n",
+        ] {
+            let err = parse(text, &[]).unwrap_err().to_string();
+            assert!(!err.contains("s3cret"), "{err}");
+            assert!(err.starts_with("line 2, column "), "{err}");
+        }
+        let err = parse(&format!("{MINIMAL}\n[admin]\ntoken = 12345"), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("admin.token: ") && !err.contains("12345"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn debug_hides_secrets() {
+        let c = parse(
+            &format!(
+                r#"{MINIMAL}
+                [admin]
+                token = "admin-s3cret"
+                [kafka.properties]
+                "sasl.password" = "sasl-s3cret"
+                "ssl.key.pem" = "key-s3cret"
+                "sasl.oauthbearer.client.secret" = "oauth-s3cret"
+                "client.id" = "visible-id"
+                [targets.payments.headers]
+                authorization = "Bearer header-s3cret"
+                "#
+            ),
+            &[],
+        )
+        .unwrap();
+        let debug = format!("{c:?}");
+        assert!(!debug.contains("s3cret"), "{debug}");
+        assert!(debug.contains(r#"token: Some("***")"#), "{debug}");
+        assert!(debug.contains(r#""sasl.password": "***""#), "{debug}");
+        assert!(debug.contains("visible-id"), "{debug}");
+        assert_eq!(c.admin.token.as_deref(), Some("admin-s3cret"));
     }
 }

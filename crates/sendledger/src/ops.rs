@@ -1,20 +1,21 @@
 //! Operator commands: `inspect` a task, `audit` a ledger directory or an events topic.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
 use sendledger_bus::{Kafka, KafkaConfig};
 use sendledger_core::fold;
-use sendledger_store::{AuditReport, Ledger, LedgerOptions};
+use sendledger_store::{AuditReport, Error as StoreError, Ledger};
 
 use crate::timeline::{parse_task, task_json, time};
 
 #[derive(Args)]
 pub struct InspectArgs {
-    /// Task id (32 hex digits), or `tenant/operation/request_key`.
+    /// Task id (32 hex digits), or `tenant/operation/request_key` (a `/` inside a part
+    /// written `%2F`, a `%` as `%25`).
     task: String,
     /// Ledger directory.
     #[arg(long, default_value = "sendledger-data")]
@@ -57,14 +58,12 @@ fn parse_property(s: &str) -> Result<(String, String), String> {
         .ok_or_else(|| format!("`{s}` is not KEY=VALUE"))
 }
 
-fn open(data: &PathBuf) -> anyhow::Result<Ledger> {
-    anyhow::ensure!(
-        data.exists(),
-        "no ledger at {}; pass --data DIR",
-        data.display()
-    );
-    Ledger::open(data, LedgerOptions::default())
-        .with_context(|| format!("opening the ledger at {}", data.display()))
+/// Opens the ledger read-only: these commands create and change nothing where they point.
+fn open(data: &Path) -> anyhow::Result<Ledger> {
+    Ledger::open_read_only(data).map_err(|e| match e {
+        StoreError::NoLedger { .. } => anyhow::anyhow!("{e}; pass --data DIR"),
+        e => anyhow::Error::new(e).context(format!("opening the ledger at {}", data.display())),
+    })
 }
 
 pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
@@ -247,7 +246,7 @@ pub struct OffsetsResetArgs {
 /// refuses a partition because the requests topic was deleted and recreated.
 pub fn offsets_reset(args: OffsetsResetArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.partition >= 0, "--partition must be 0 or more");
-    let ledger = Ledger::open(&args.data, LedgerOptions::default()).with_context(|| {
+    let ledger = Ledger::open(&args.data, sendledger_store::LedgerOptions::default()).with_context(|| {
         format!(
             "opening the ledger at {} (stop the service first)",
             args.data.display()

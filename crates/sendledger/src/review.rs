@@ -15,6 +15,7 @@ use http::{header, Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use sendledger_actors::{Engine, ReviewItem};
+use sendledger_core::Identity;
 use sendledger_store::{Ledger, LedgerOptions};
 use serde_json::Value;
 
@@ -44,7 +45,8 @@ enum ReviewCommand {
     /// sent by the service when it next starts. A second resolution of the same review is
     /// refused.
     Resolve {
-        /// Task id (32 hex digits), or `tenant/operation/request_key`.
+        /// Task id (32 hex digits), or `tenant/operation/request_key` (a `/` inside a part
+        /// written `%2F`, a `%` as `%25`).
         task: String,
         #[command(flatten)]
         at: At,
@@ -184,13 +186,11 @@ fn print_list(list: &Value, json: bool) -> anyhow::Result<()> {
     println!("{} task(s) in manual review", items.len());
     for item in items {
         let field = |k: &str| item[k].as_str().unwrap_or("-").to_owned();
-        let identity = &item["identity"];
+        let identity = serde_json::from_value::<Identity>(item["identity"].clone())
+            .map_or_else(|_| "-".to_string(), |i| i.to_string());
         println!(
-            "{}  {}/{}/{}  since {}: {}",
+            "{}  {identity}  since {}: {}",
             field("task_id"),
-            identity["tenant"].as_str().unwrap_or("-"),
-            identity["operation"].as_str().unwrap_or("-"),
-            identity["request_key"].as_str().unwrap_or("-"),
             field("since"),
             field("reason"),
         );

@@ -1,6 +1,7 @@
 //! The long-running commands: `run` (the service) and `sim-remote` (the simulated remote).
 //! Both stop gracefully on SIGINT or SIGTERM.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,6 +44,15 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
+/// Writes `line` on stdout for whoever waits for it. A server must not stop because nobody
+/// reads its stdout (a closed pipe is EPIPE, since Rust ignores SIGPIPE; `println!` would
+/// panic), so a failed write is logged and the server goes on.
+fn print_line(line: &str) {
+    if let Err(e) = writeln!(std::io::stdout(), "{line}") {
+        tracing::warn!(error = %e, "cannot write to stdout; going on without it");
+    }
+}
+
 /// Resolves on SIGINT or SIGTERM with the signal's name.
 pub async fn shutdown_signal() -> anyhow::Result<&'static str> {
     use tokio::signal::unix::{signal, SignalKind};
@@ -80,11 +90,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
             "sendledger running"
         );
         // One line on stdout for scripts and supervisors that wait for readiness.
-        println!(
+        print_line(&format!(
             "ready ledger={} brokers={} admin={admin}",
             config.storage.data.display(),
             kafka.bootstrap_servers()
-        );
+        ));
         let failure = tokio::select! {
             s = signal => {
                 let s = s.context("signal handler")??;
@@ -127,15 +137,15 @@ pub fn sim_remote(args: SimRemoteArgs) -> anyhow::Result<bool> {
     runtime()?.block_on(async {
         let signal = tokio::spawn(shutdown_signal());
         let sim = Sim::start(config).await?;
-        println!(
+        print_line(&format!(
             "ready create=POST {} lookup=GET {}?FIELD=VALUE stats=GET {}",
             sim.create_url(),
             sim.lookup_url(),
             sim.stats_url()
-        );
+        ));
         signal.await??;
         let stats = sim.stats();
-        println!("{}", serde_json::to_string(&stats)?);
+        print_line(&serde_json::to_string(&stats)?);
         sim.shutdown().await;
         Ok(true)
     })

@@ -7,22 +7,15 @@ use sendledger_actors::ReviewItem;
 use sendledger_core::{fold, Event, Identity, TaskId};
 use serde_json::{json, Value};
 
-/// A task id (32 hex digits) or `tenant/operation/request_key`.
+/// A task id (32 hex digits) or an identity's address `tenant/operation/request_key` (a `/`
+/// inside a part written `%2F`, a `%` as `%25`).
 pub fn parse_task(task: &str) -> anyhow::Result<TaskId> {
     if let Ok(id) = task.parse::<TaskId>() {
         return Ok(id);
     }
-    let parts: Vec<&str> = task.splitn(3, '/').collect();
-    let [tenant, operation, request_key] = parts[..] else {
-        anyhow::bail!(
-            "`{task}` is neither a task id (32 hex digits) nor tenant/operation/request_key"
-        );
-    };
-    let identity = Identity {
-        tenant: tenant.into(),
-        operation: operation.into(),
-        request_key: request_key.into(),
-    };
+    let identity: Identity = task
+        .parse()
+        .map_err(|e| anyhow::anyhow!("{e}; nor is it a task id (32 hex digits)"))?;
     Ok(identity.task_id())
 }
 

@@ -220,6 +220,110 @@ fn a_clean_ledger_has_no_violation_and_exit_code_zero() {
     assert_eq!(report["duplicates_dropped"], 1);
 }
 
+/// The names, sizes and modes of a directory's entries, and the directory's own mode.
+fn snapshot(dir: &Path) -> (u32, Vec<(String, u64, u32)>) {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |m: std::fs::Metadata| m.permissions().mode();
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let meta = e.metadata().unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                meta.len(),
+                mode(meta),
+            )
+        })
+        .collect();
+    entries.sort();
+    (mode(std::fs::metadata(dir).unwrap()), entries)
+}
+
+/// `audit` and `inspect` only read: pointed at an empty directory (mode 0755, or reached
+/// through a symlink) they create nothing, change no mode and say there is no ledger; a
+/// missing directory is not created; on a ledger they work and leave its files as they were.
+#[test]
+fn audit_and_inspect_create_and_change_nothing() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = tempfile::tempdir().unwrap();
+    let empty = root.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    std::fs::set_permissions(&empty, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let link = root.path().join("link");
+    std::os::unix::fs::symlink(&empty, &link).unwrap();
+    let missing = root.path().join("missing");
+    let cli = |args: &[&str], data: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_sendledger_cli"))
+            .args(args)
+            .arg("--data")
+            .arg(data)
+            .output()
+            .unwrap()
+    };
+    for data in [&empty, &link, &missing] {
+        for args in [&["audit"][..], &["inspect", "acme/payment.create/k"]] {
+            let out = cli(args, data);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+            assert!(
+                stderr.contains(&format!("no ledger at {}", data.display())),
+                "{args:?}: {stderr}"
+            );
+        }
+    }
+    assert_eq!(snapshot(&empty), (0o40755, vec![]));
+    assert!(!missing.exists());
+
+    let dir = root.path().join("ledger");
+    let ledger = open(&dir);
+    let (task, _) = write_task(&ledger, "k", vec![intend(1, None), ok()]);
+    drop(ledger);
+    let before = snapshot(&dir);
+    let (code, report) = audit_dir(&dir);
+    assert_eq!((code, &report["events"]), (0, &serde_json::json!(3)));
+    let out = cli(&["inspect", &task.to_string()], &dir);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("succeeded after 3 events"));
+    assert_eq!(snapshot(&dir), before);
+}
+
+/// `inspect` addresses a request key containing `/` as `%2F`; the unescaped address, which
+/// could also mean operation `payment.create/ord`, is refused as ambiguous.
+#[test]
+fn inspect_addresses_an_identity_with_a_slash() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = open(dir.path());
+    let (task, _) = write_task(&ledger, "ord/7", vec![intend(1, None), ok()]);
+    drop(ledger);
+    let inspect = |address: &str| {
+        Command::new(env!("CARGO_BIN_EXE_sendledger_cli"))
+            .args(["inspect", address, "--data"])
+            .arg(dir.path())
+            .output()
+            .unwrap()
+    };
+    let out = inspect("acme/payment.create/ord%2F7");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.starts_with(&format!("task {task}: succeeded")),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("acme/payment.create/ord%2F7 target=payments"),
+        "{stdout}"
+    );
+    let out = inspect("acme/payment.create/ord/7");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("4 `/`-separated parts"), "{stderr}");
+}
+
 /// Rule 2: a second attempt after an unknown outcome, with neither the same idempotency key
 /// nor a recorded authorization.
 #[test]

@@ -90,6 +90,47 @@ fn run_refuses_an_invalid_config_naming_the_field() {
     assert!(stderr.contains("targets.p.url"), "{stderr}");
 }
 
+/// Nobody reading stdout does not stop `run`: with stdout a pipe whose reader is gone, writing
+/// the ready line fails (EPIPE), a warning is logged, and the service runs until SIGTERM, then
+/// exits 0 (not 101, a panic of `println!`).
+#[test]
+fn run_goes_on_when_nobody_reads_stdout() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("run.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[storage]\ndata = {:?}\n[admin]\nenabled = false\n[targets.p]\nurl = \"http://127.0.0.1:1/x\"\n",
+            dir.path().join("ledger")
+        ),
+    )
+    .unwrap();
+    let mut child = cli()
+        .args(["run", "--config"])
+        .arg(&config)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut logged = String::new();
+    while !logged.contains("cannot write to stdout") {
+        let n = stderr.read_line(&mut logged).unwrap();
+        assert!(n > 0, "run ended:\n{logged}");
+    }
+    assert!(logged.contains("sendledger running"), "{logged}");
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "run stopped:\n{logged}"
+    );
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}
+
 /// `sim-remote` serves on the address it prints, creates records, and reports its ground
 /// truth when stopped with SIGTERM.
 #[test]

@@ -195,6 +195,85 @@ async fn created_2xx_is_succeeded_with_the_remote_id() {
     );
 }
 
+/// Accepts one HTTP request on a plain TCP listener, answers 201 with an id, and returns the
+/// request's body exactly as it arrived on the socket.
+fn capture_one_body() -> (String, std::thread::JoinHandle<Vec<u8>>) {
+    use std::io::{BufRead, BufReader, Read};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let handle = std::thread::spawn(move || {
+        let (stream, _) = listener.accept().unwrap();
+        let mut reader = BufReader::new(stream);
+        let mut length = 0;
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            if line == "\r\n" {
+                break;
+            }
+            if let Some((name, value)) = line.split_once(':') {
+                if name.eq_ignore_ascii_case("content-length") {
+                    length = value.trim().parse().unwrap();
+                }
+            }
+        }
+        let mut body = vec![0; length];
+        reader.read_exact(&mut body).unwrap();
+        let answer = r#"{"id":"r-1"}"#;
+        write!(
+            reader.get_mut(),
+            "HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
+            answer.len()
+        )
+        .unwrap();
+        body
+    });
+    (addr, handle)
+}
+
+/// The numbers a producer wrote reach the remote as the same tokens, whether the body is the
+/// payload itself or the payload with `body_fields` added: no rounding to an f64
+/// (`12345678901234567890123`), no reformatting (`100.00`, `-0`), no overflow (`1e400`; its
+/// exponent is written with its sign, `1e+400`, the same number).
+#[tokio::test]
+async fn payload_numbers_reach_the_remote_as_written() {
+    let produced = br#"{"tenant":"acme","operation":"payment.create","request_key":"ord-7","target":"payments",
+        "payload":{"iban": 12345678901234567890123, "amount": 100.00, "zero": -0, "huge": 1e400}}"#;
+    let request = TaskRequest::from_json(produced)
+        .unwrap()
+        .accept(&Limits::default())
+        .unwrap();
+    for (extra, expected) in [
+        (
+            "",
+            r#"{"amount":100.00,"huge":1e+400,"iban":12345678901234567890123,"zero":-0}"#,
+        ),
+        (
+            r#"body_fields = { request_key = "{request_key}" }"#,
+            r#"{"amount":100.00,"huge":1e+400,"iban":12345678901234567890123,"request_key":"ord-7","zero":-0}"#,
+        ),
+    ] {
+        let (addr, server) = capture_one_body();
+        let config: TargetConfig = toml::from_str(&format!(
+            "url = \"http://{addr}/records\"\nrequest_timeout = \"5s\"\n{extra}"
+        ))
+        .unwrap();
+        let target = Target::from_config("payments", &config).unwrap();
+        let outcome = target.execute(&request, 1, None).await;
+        assert_eq!(
+            outcome,
+            AttemptOutcome::Succeeded {
+                remote_id: "r-1".into(),
+                status: 201
+            }
+        );
+        let body = tokio::task::spawn_blocking(move || server.join().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(String::from_utf8(body).unwrap(), expected);
+    }
+}
+
 #[tokio::test]
 async fn success_without_an_id_is_still_succeeded() {
     let sim = start_sim(Faults::default()).await;
