@@ -314,12 +314,16 @@ impl TaskActor {
 
 /// The target of the task a decision is about (accepted just now, or earlier).
 fn target_of(state: &State, decision: &Decision) -> Option<String> {
-    state.request.as_ref().map(|r| r.target.clone()).or_else(|| {
-        decision.events.iter().find_map(|e| match e {
-            EventBody::TaskAccepted { request, .. } => Some(request.target.clone()),
-            _ => None,
+    state
+        .request
+        .as_ref()
+        .map(|r| r.target.clone())
+        .or_else(|| {
+            decision.events.iter().find_map(|e| match e {
+                EventBody::TaskAccepted { request, .. } => Some(request.target.clone()),
+                _ => None,
+            })
         })
-    })
 }
 
 /// What the task's writer appends for a decision: its events, the task's new summary, the

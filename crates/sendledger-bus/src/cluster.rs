@@ -288,7 +288,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("100000 messages"), "{err}");
-        assert!(kafka.check_embedded_backlog(10_000, 30_000_000).is_err(), "bytes count too");
+        assert!(
+            kafka.check_embedded_backlog(10_000, 30_000_000).is_err(),
+            "bytes count too"
+        );
     }
 
     /// The embedded cluster has the topics, and the producer and consumer configurations that

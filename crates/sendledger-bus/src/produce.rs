@@ -14,13 +14,11 @@ use crate::cluster::Kafka;
 use crate::config::Role;
 use crate::error::{Error, Result};
 
-/// The Kafka key of a request: its identity, `tenant/operation/request_key`, so that every
+/// The Kafka key of a request: its identity address, `tenant/operation/request_key` (a `/` or
+/// `%` inside a part percent-encoded, so no two identities share a key), so that every
 /// delivery of one task lands in one partition, in order.
 pub fn request_key(request: &TaskRequest) -> String {
-    format!(
-        "{}/{}/{}",
-        request.tenant, request.operation, request.request_key
-    )
+    request.identity().to_string()
 }
 
 /// An idempotent producer on the requests topic.

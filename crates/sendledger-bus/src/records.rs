@@ -170,10 +170,7 @@ pub fn record_key(task_id: TaskId, history: &[Event]) -> String {
     history
         .iter()
         .find_map(|e| match &e.body {
-            EventBody::TaskAccepted { request, .. } => Some(format!(
-                "{}/{}/{}",
-                request.identity.tenant, request.identity.operation, request.identity.request_key
-            )),
+            EventBody::TaskAccepted { request, .. } => Some(request.identity.to_string()),
             _ => None,
         })
         .unwrap_or_else(|| task_id.to_string())

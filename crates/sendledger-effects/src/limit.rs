@@ -100,12 +100,18 @@ mod tests {
         for _ in 0..10 {
             slots.push(limiter.acquire().await);
         }
-        assert!(start.elapsed() < Duration::from_millis(1), "the burst goes at once");
+        assert!(
+            start.elapsed() < Duration::from_millis(1),
+            "the burst goes at once"
+        );
         for _ in 0..10 {
             slots.push(limiter.acquire().await);
         }
         // Ten more at 10/s take about a second.
         let took = start.elapsed();
-        assert!(took >= Duration::from_millis(990) && took <= Duration::from_millis(1_100), "{took:?}");
+        assert!(
+            took >= Duration::from_millis(990) && took <= Duration::from_millis(1_100),
+            "{took:?}"
+        );
     }
 }

@@ -255,7 +255,10 @@ impl Target {
         };
 
         if config.max_in_flight == 0 {
-            return Err(Error::config(path.at("max_in_flight"), "must be at least 1"));
+            return Err(Error::config(
+                path.at("max_in_flight"),
+                "must be at least 1",
+            ));
         }
         if let Some(rate) = config.rate_limit {
             if !(rate.is_finite() && rate > 0.0) {
@@ -768,6 +771,55 @@ fn lookup(
     })
 }
 
+/// JSON equality with numbers compared by exact value: number tokens are kept as written, so
+/// a remote that stores `100.00` and answers `100.0` still matches (and no two different
+/// numbers ever do, however long).
+fn same_value(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => {
+            match (exact_decimal(&x.to_string()), exact_decimal(&y.to_string())) {
+                (Some(x), Some(y)) => x == y,
+                _ => x == y,
+            }
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_value(x, y))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| same_value(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
+/// A JSON number as (negative, significant digits without leading or trailing zeros,
+/// exponent): equal for equal values. Zero is `(false, "", 0)`.
+fn exact_decimal(token: &str) -> Option<(bool, String, i64)> {
+    let (mantissa, exponent) = match token.find(['e', 'E']) {
+        Some(i) => (&token[..i], token[i + 1..].parse::<i64>().ok()?),
+        None => (token, 0),
+    };
+    let (negative, mantissa) = match mantissa.strip_prefix('-') {
+        Some(m) => (true, m),
+        None => (false, mantissa),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    if !(int.bytes().chain(frac.bytes()).all(|c| c.is_ascii_digit())) {
+        return None;
+    }
+    let digits = format!("{int}{frac}");
+    let mut exponent = exponent.checked_sub(frac.len() as i64)?;
+    let digits = digits.trim_start_matches('0');
+    let trimmed = digits.trim_end_matches('0');
+    exponent = exponent.checked_add((digits.len() - trimmed.len()) as i64)?;
+    if trimmed.is_empty() {
+        return Some((false, String::new(), 0));
+    }
+    Some((negative, trimmed.to_string(), exponent))
+}
+
 /// The ids of the records in a lookup answer that pass the filters.
 fn select(
     lookup: &Lookup,
@@ -788,7 +840,10 @@ fn select(
     }
     let mut ids: Vec<String> = Vec::new();
     for (i, record) in records.iter().enumerate() {
-        if !wanted.iter().all(|(p, v)| record.pointer(p) == Some(*v)) {
+        if !wanted
+            .iter()
+            .all(|(p, v)| record.pointer(p).is_some_and(|r| same_value(r, v)))
+        {
             continue;
         }
         if let (Some(c), Some(intent)) = (&lookup.created_after, intent_at_ms) {
@@ -830,6 +885,22 @@ fn timestamp_ms(v: &Value, format: TimeFormat) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn filters_compare_numbers_by_exact_value() {
+        use super::same_value;
+        let v = |s: &str| serde_json::from_str::<serde_json::Value>(s).unwrap();
+        assert!(same_value(&v("100.00"), &v("100.0")));
+        assert!(same_value(&v("1e2"), &v("100")));
+        assert!(same_value(&v("-0"), &v("0.0")));
+        assert!(same_value(&v("{\"a\": [1.50]}"), &v("{\"a\": [1.5]}")));
+        assert!(!same_value(
+            &v("12345678901234567890123"),
+            &v("12345678901234567890124")
+        ));
+        assert!(!same_value(&v("100"), &v("\"100\"")));
+        assert!(!same_value(&v("-1"), &v("1")));
+    }
+
     use super::*;
 
     #[test]

@@ -246,12 +246,13 @@ pub struct OffsetsResetArgs {
 /// refuses a partition because the requests topic was deleted and recreated.
 pub fn offsets_reset(args: OffsetsResetArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.partition >= 0, "--partition must be 0 or more");
-    let ledger = Ledger::open(&args.data, sendledger_store::LedgerOptions::default()).with_context(|| {
-        format!(
-            "opening the ledger at {} (stop the service first)",
-            args.data.display()
-        )
-    })?;
+    let ledger = Ledger::open(&args.data, sendledger_store::LedgerOptions::default())
+        .with_context(|| {
+            format!(
+                "opening the ledger at {} (stop the service first)",
+                args.data.display()
+            )
+        })?;
     let before = ledger.processed(&args.topic, args.partition)?;
     let removed = ledger.reset_offsets(&args.topic, args.partition)?;
     println!(

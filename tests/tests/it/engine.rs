@@ -600,7 +600,9 @@ async fn max_in_flight_keeps_a_backlog_from_timing_out_at_a_modest_remote() {
         let dir = tempfile::tempdir().unwrap();
         let engine = start_engine(
             dir.path(),
-            target(&sim.base_url(), |t| t["max_in_flight"] = max_in_flight.into()),
+            target(&sim.base_url(), |t| {
+                t["max_in_flight"] = max_in_flight.into()
+            }),
         );
         let keys: Vec<String> = (0..400).map(|i| format!("bl-{i}")).collect();
         let submits: Vec<_> = keys
@@ -633,7 +635,10 @@ async fn max_in_flight_keeps_a_backlog_from_timing_out_at_a_modest_remote() {
         (unknowns, sim)
     }
     let (unknowns, _) = run(10_000, false).await;
-    assert!(unknowns > 0, "the unlimited backlog should overload the remote");
+    assert!(
+        unknowns > 0,
+        "the unlimited backlog should overload the remote"
+    );
     let (unknowns, sim) = run(4, true).await;
     assert_eq!(unknowns, 0);
     assert_eq!(sim.stats().posts, 400);
