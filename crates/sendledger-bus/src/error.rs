@@ -18,6 +18,8 @@ pub enum Error {
     BadRecord { event_id: String, detail: String },
     #[error("replaying topic {topic}: {detail}")]
     Replay { topic: String, detail: String },
+    #[error("the brokers stopped this consumer for good: {0}; if another live instance uses the same kafka.instance_id, give each its own (or leave it unset to derive one), then restart")]
+    ConsumerFatal(String),
     #[error("must be called within a tokio runtime")]
     NoRuntime,
     #[error("{what} thread stopped unexpectedly")]

@@ -482,7 +482,17 @@ impl<S: RequestSink> Worker<S> {
             };
             match self.consumer.poll(timeout) {
                 None => {}
-                Some(Err(e)) => tracing::warn!(error = %e, "kafka consumer error"),
+                Some(Err(e)) => {
+                    // A fatal error (a fenced static member: another live instance took this
+                    // instance id) ends the consumer; polling on would only repeat it.
+                    if let Some((code, reason)) = self.consumer.client().fatal_error() {
+                        let detail = format!("{code:?}: {reason}");
+                        tracing::error!(error = %detail, "the consumer was stopped by the brokers; ingest stops, nothing more is consumed");
+                        result = Err(Error::ConsumerFatal(detail));
+                        break;
+                    }
+                    tracing::warn!(error = %e, "kafka consumer error")
+                }
                 Some(Ok(msg)) => {
                     if let Err(e) = self.handle(&msg) {
                         result = Err(e);

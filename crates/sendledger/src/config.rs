@@ -283,6 +283,17 @@ impl Config {
         Ok(Targets::from_config(&self.targets)?)
     }
 
+    /// The Kafka configuration `run` uses: `kafka.instance_id`, when unset, derived from the
+    /// host name and the ledger directory, so one instance keeps its static group membership
+    /// across restarts and two instances never share one. The embedded cluster has one member.
+    pub fn kafka_config(&self) -> KafkaConfig {
+        let mut kafka = self.kafka.clone();
+        if kafka.instance_id.is_none() && !kafka.is_embedded() {
+            kafka.instance_id = Some(derived_instance_id(&host_name(), &self.storage.data));
+        }
+        kafka
+    }
+
     /// The engine's configuration.
     pub fn engine_config(&self) -> EngineConfig {
         let mut c = EngineConfig::new(&self.storage.data);
@@ -361,8 +372,51 @@ fn set(doc: &mut toml::Table, path: &[String], value: toml::Value) -> anyhow::Re
     Ok(())
 }
 
+/// `sendledger-` and 16 hex digits of a hash of the host and the ledger directory.
+fn derived_instance_id(host: &str, data: &Path) -> String {
+    use sha2::{Digest, Sha256};
+    let data = std::fs::canonicalize(data).unwrap_or_else(|_| data.to_path_buf());
+    let mut h = Sha256::new();
+    h.update(host.as_bytes());
+    h.update([0]);
+    h.update(data.as_os_str().as_encoded_bytes());
+    let digest = h.finalize();
+    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    format!("sendledger-{hex}")
+}
+
+fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname writes at most that many bytes.
+    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    if ok {
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    } else {
+        String::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_derived_instance_id_is_stable_per_host_and_ledger() {
+        use super::derived_instance_id;
+        let dir = tempfile::tempdir().unwrap();
+        let a = derived_instance_id("node-a", dir.path());
+        assert_eq!(a, derived_instance_id("node-a", dir.path()), "stable across restarts");
+        assert!(a.starts_with("sendledger-") && a.len() == 27, "{a}");
+        assert_ne!(a, derived_instance_id("node-b", dir.path()), "another host");
+        assert_ne!(a, derived_instance_id("node-a", &dir.path().join("x")), "another ledger");
+        let mut config = super::Config::default();
+        assert_eq!(config.kafka_config().instance_id, None, "embedded: one member");
+        config.kafka.brokers = "k:9092".into();
+        config.storage.data = dir.path().to_path_buf();
+        assert!(config.kafka_config().instance_id.unwrap().starts_with("sendledger-"));
+        config.kafka.instance_id = Some(String::new());
+        assert_eq!(config.kafka_config().instance_id.as_deref(), Some(""), "off");
+    }
+
     use super::*;
 
     const MINIMAL: &str = r#"

@@ -70,7 +70,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
     let config = Config::load(&args.config)?;
     runtime()?.block_on(async {
         let signal = tokio::spawn(shutdown_signal());
-        let kafka = tokio::task::block_in_place(|| Kafka::connect(config.kafka.clone()))
+        let kafka = tokio::task::block_in_place(|| Kafka::connect(config.kafka_config()))
             .context("kafka")?;
         let remote = Arc::new(HttpRemote::new(config.load_targets()?));
         let metrics = match config.admin.enabled {
