@@ -75,6 +75,24 @@ pub struct JournalStats {
     pub batches: AtomicU64,
     /// Total time spent in batch writes, in microseconds.
     pub write_micros: AtomicU64,
+    /// Batch writes that failed (nothing of them recorded).
+    pub write_failures: AtomicU64,
+    /// Why the last batch write failed, until one succeeds again (a full disk, an I/O error).
+    pub failing: std::sync::Mutex<Option<String>>,
+}
+
+impl JournalStats {
+    /// Why the ledger cannot write now, if it cannot.
+    pub fn failing(&self) -> Option<String> {
+        self.failing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn set_failing(&self, why: Option<String>) {
+        *self.failing.lock().unwrap_or_else(|e| e.into_inner()) = why;
+    }
 }
 
 pub(crate) struct Request {
@@ -117,6 +135,9 @@ pub(crate) fn run(
                 next_lsn += events;
                 last_lsn.store(next_lsn - 1, Ordering::SeqCst);
                 stats.batches.fetch_add(1, Ordering::Relaxed);
+                if stats.write_failures.load(Ordering::Relaxed) > 0 {
+                    stats.set_failing(None);
+                }
                 stats.events.fetch_add(events, Ordering::Relaxed);
                 stats
                     .appends
@@ -130,7 +151,10 @@ pub(crate) fn run(
                 }
             }
             Err(e) => {
-                tracing::error!(error = %e, appends = pending.len(), "ledger write failed; appends not recorded");
+                tracing::error!(error = %e, appends = pending.len(), "ledger write failed; appends not recorded, nothing is sent or acknowledged until writes succeed (a full disk: free space, then restart)");
+                stats.write_failures.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("sendledger_ledger_write_failures_total").increment(1);
+                stats.set_failing(Some(e.to_string()));
                 for req in pending.drain(..) {
                     let _ = req.ack.send(Err(Error::Rocks(e.clone())));
                 }

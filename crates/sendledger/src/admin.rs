@@ -133,6 +133,10 @@ fn describe() {
         "Requests-topic consumer lag per partition."
     );
     describe_gauge!("sendledger_tasks", "Tasks in the ledger, by state.");
+    describe_counter!(
+        "sendledger_ledger_write_failures_total",
+        "Ledger batch writes that failed (a full disk, an I/O error): nothing of them was recorded, sent or acknowledged."
+    );
     describe_gauge!(
         "sendledger_ledger_durability",
         "1 for the ledger's durability mode (sync, or buffered: appends not fsynced, unsafe for production)."
@@ -594,6 +598,12 @@ async fn healthz(shared: &Shared) -> Answer {
     if shared.engine.durability() == sendledger_store::Durability::Buffered {
         body["durability"] = json!("buffered");
         body["warning"] = json!("storage.durability is `buffered`: acknowledged events are not fsynced and can be lost on power loss or an OS crash; use `sync` in production");
+    }
+    if let Some(why) = shared.engine.ledger().stats().failing() {
+        // Nothing is recorded, so nothing is accepted or sent: an operator must act.
+        status = StatusCode::SERVICE_UNAVAILABLE;
+        body["ok"] = json!(false);
+        body["ledger_error"] = json!(format!("the ledger cannot write: {why}"));
     }
     let ingest = shared
         .ingest

@@ -404,17 +404,37 @@ mod tests {
         use super::derived_instance_id;
         let dir = tempfile::tempdir().unwrap();
         let a = derived_instance_id("node-a", dir.path());
-        assert_eq!(a, derived_instance_id("node-a", dir.path()), "stable across restarts");
+        assert_eq!(
+            a,
+            derived_instance_id("node-a", dir.path()),
+            "stable across restarts"
+        );
         assert!(a.starts_with("sendledger-") && a.len() == 27, "{a}");
         assert_ne!(a, derived_instance_id("node-b", dir.path()), "another host");
-        assert_ne!(a, derived_instance_id("node-a", &dir.path().join("x")), "another ledger");
+        assert_ne!(
+            a,
+            derived_instance_id("node-a", &dir.path().join("x")),
+            "another ledger"
+        );
         let mut config = super::Config::default();
-        assert_eq!(config.kafka_config().instance_id, None, "embedded: one member");
+        assert_eq!(
+            config.kafka_config().instance_id,
+            None,
+            "embedded: one member"
+        );
         config.kafka.brokers = "k:9092".into();
         config.storage.data = dir.path().to_path_buf();
-        assert!(config.kafka_config().instance_id.unwrap().starts_with("sendledger-"));
+        assert!(config
+            .kafka_config()
+            .instance_id
+            .unwrap()
+            .starts_with("sendledger-"));
         config.kafka.instance_id = Some(String::new());
-        assert_eq!(config.kafka_config().instance_id.as_deref(), Some(""), "off");
+        assert_eq!(
+            config.kafka_config().instance_id.as_deref(),
+            Some(""),
+            "off"
+        );
     }
 
     use super::*;

@@ -644,3 +644,132 @@ async fn max_in_flight_keeps_a_backlog_from_timing_out_at_a_modest_remote() {
     assert_eq!(sim.stats().posts, 400);
     assert_eq!(sim.stats().duplicates, 0);
 }
+
+/// The ledger's disk fills up mid-run (a small tmpfs; mounting one needs root, otherwise the
+/// test says it skipped). Writes fail, so nothing more is accepted or sent, and the ledger
+/// says why (what `/healthz` reports). Nothing acknowledged is lost: after space is freed and
+/// the engine restarts, every acknowledged task is in the ledger, and with every request
+/// delivered again (as the consumer would), every task succeeds with exactly one record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_stops_the_work_and_loses_nothing_acknowledged() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED a_full_disk_stops_the_work_and_loses_nothing_acknowledged: mounting a size-limited tmpfs needs root");
+        return;
+    }
+    struct Mounted(std::path::PathBuf);
+    impl Drop for Mounted {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let mount = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=16m", "tmpfs"])
+        .arg(mount.path())
+        .status()
+        .unwrap();
+    assert!(status.success(), "mount a tmpfs");
+    let _mounted = Mounted(mount.path().to_path_buf());
+    let sim = sim(Faults::default()).await;
+    let ledger = mount.path().join("ledger");
+    let engine = start_engine(&ledger, target(&sim.base_url(), |_| {}));
+    // Leave about 2 MiB.
+    let filler = mount.path().join("filler");
+    std::fs::write(&filler, vec![0u8; 14 * 1024 * 1024 - 2 * 1024 * 1024]).ok();
+    let pad = "x".repeat(8_000);
+    let padded = |key: &str| {
+        let mut r = request(key);
+        r.payload = serde_json::json!({ "amount": 1, "pad": pad });
+        r
+    };
+    let keys: Vec<String> = (0..2_000).map(|i| format!("df-{i}")).collect();
+    let mut acked = Vec::new();
+    let mut refusal = None;
+    for (i, key) in keys.iter().enumerate() {
+        match engine.submit(padded(key), source(i as i64)).await {
+            Ok(_) => acked.push(key.clone()),
+            Err(e) => {
+                refusal = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    let refusal = refusal.expect("the disk filled up");
+    assert!(refusal.contains("ledger"), "{refusal}");
+    let why = engine
+        .ledger()
+        .stats()
+        .failing()
+        .expect("the ledger says why");
+    assert!(why.to_lowercase().contains("space"), "{why}");
+    // Nothing more goes out while nothing can be recorded.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let posts = sim.stats().posts;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        sim.stats().posts,
+        posts,
+        "attempts went out without a durable intent"
+    );
+    assert!(posts <= acked.len() as u64);
+    engine.shutdown(Duration::from_secs(5)).await;
+
+    std::fs::remove_file(&filler).unwrap();
+    let engine = start_engine(&ledger, target(&sim.base_url(), |_| {}));
+    for key in &acked {
+        let state = engine.state(task_id(key)).await.unwrap();
+        assert!(state.request.is_some(), "acknowledged {key} was lost");
+    }
+    let delivered = acked.len() + 1;
+    for (i, key) in keys[..delivered].iter().enumerate() {
+        engine
+            .submit(padded(key), source(10_000 + i as i64))
+            .await
+            .unwrap();
+    }
+    for key in &keys[..delivered] {
+        let state = wait_for(&engine, task_id(key), WAIT, settled).await;
+        assert_eq!(state.phase, Phase::Succeeded, "{key}");
+        assert_eq!(sim.records_with_identity(key).len(), 1, "{key}");
+    }
+    assert!(engine.ledger().stats().failing().is_none());
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+/// A slow remote: with 0–500 ms of latency per create against a 400 ms request timeout, about
+/// a fifth of the attempts time out while the remote goes on and creates the record. Those
+/// unknowns are reconciled by lookup; nothing is sent twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_remote_is_reconciled_without_duplicates() {
+    let sim = Sim::start(SimConfig {
+        seed: crate::seed(0x510e),
+        faults: Faults {
+            latency_jitter: Duration::from_millis(500),
+            ..Faults::default()
+        },
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start_engine(dir.path(), target(&sim.base_url(), |_| {}));
+    let keys: Vec<String> = (0..200).map(|i| format!("slow-{i}")).collect();
+    for (i, key) in keys.iter().enumerate() {
+        engine.submit(request(key), source(i as i64)).await.unwrap();
+    }
+    let mut by_lookup = 0;
+    for key in &keys {
+        let state = wait_for(&engine, task_id(key), Duration::from_secs(60), settled).await;
+        assert_eq!(state.phase, Phase::Succeeded, "{key}");
+        by_lookup += usize::from(state.evidence == Some(Evidence::Lookup));
+        assert_eq!(sim.records_with_identity(key).len(), 1, "{key}");
+    }
+    assert!(
+        by_lookup >= 10,
+        "only {by_lookup} of 200 timed out; the remote was not slow"
+    );
+    assert_eq!(sim.stats().posts, 200, "no attempt was sent twice");
+    assert_eq!(sim.stats().duplicates, 0);
+    engine.shutdown(Duration::from_secs(5)).await;
+}
