@@ -905,19 +905,25 @@ fn tansu_binary() -> PathBuf {
 }
 
 fn start_tansu() -> Tansu {
+    start_tansu_advertising(None)
+}
+
+/// Starts tansu; clients are told to connect to `advertised` (a relay's port) when given.
+fn start_tansu_advertising(advertised: Option<u16>) -> Tansu {
     let port = TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
     let url = format!("tcp://127.0.0.1:{port}");
+    let advertised_url = format!("tcp://127.0.0.1:{}", advertised.unwrap_or(port));
     let child = Command::new(tansu_binary())
         .args([
             "broker",
             "--listener-url",
             &url,
             "--advertised-listener-url",
-            &url,
+            &advertised_url,
             "--storage-engine",
             "memory://tansu/",
         ])
@@ -1385,6 +1391,127 @@ async fn requests_deleted_before_processing_are_counted_as_lost() {
         "offsets 1..{low} were never processed"
     );
     assert_eq!(sim.stats().posts, 1 + survivors.len() as u64);
+    pipeline.stop().await;
+    sim.shutdown().await;
+}
+
+/// A TCP relay in front of a broker that a test can cut: while cut, it closes every relayed
+/// connection and every new one at once, as a network partition seen from the client would.
+struct Relay {
+    port: u16,
+    cut: Arc<std::sync::atomic::AtomicBool>,
+    generation: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+impl Relay {
+    /// Listens on `port` (the address the broker advertises) and relays to `target`.
+    async fn start_on(port: u16, target: u16) -> Relay {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (generation, _) = tokio::sync::watch::channel(0u64);
+        let generation = Arc::new(generation);
+        let (cut2, generation2) = (cut.clone(), generation.clone());
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                if cut2.load(std::sync::atomic::Ordering::SeqCst) {
+                    continue; // dropped: closed at once
+                }
+                let mut cut_seen = generation2.subscribe();
+                tokio::spawn(async move {
+                    let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await
+                    else {
+                        return;
+                    };
+                    let (mut client, mut server) = (client, server);
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = cut_seen.changed() => {}
+                    }
+                });
+            }
+        });
+        Relay {
+            port,
+            cut,
+            generation,
+        }
+    }
+
+    fn set_cut(&self, cut: bool) {
+        self.cut.store(cut, std::sync::atomic::Ordering::SeqCst);
+        if cut {
+            self.generation.send_modify(|g| *g += 1);
+        }
+    }
+}
+
+/// The broker is unreachable for 30 s in the middle of a run (`SENDLEDGER_OUTAGE_SECS`
+/// changes it): a relay between sendledger and the separate broker process closes every
+/// connection and refuses new ones. Nothing is lost, nothing runs twice, and the service
+/// recovers by itself: every task has one record at the remote and one terminal result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_broker_unreachable_for_a_while_loses_and_duplicates_nothing() {
+    let outage = Duration::from_secs(
+        std::env::var("SENDLEDGER_OUTAGE_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(30),
+    );
+    let relay_port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let tansu = tokio::task::block_in_place(|| start_tansu_advertising(Some(relay_port)));
+    let relay = Relay::start_on(relay_port, tansu.port).await;
+    let kafka = Kafka::connect(config_for_process(&format!("127.0.0.1:{}", relay.port))).unwrap();
+    kafka
+        .ensure_topics(1, Duration::from_secs(10))
+        .await
+        .expect("topics created");
+    let sim = Sim::start(SimConfig {
+        faults: Faults {
+            latency: Duration::from_millis(20),
+            ..Faults::default()
+        },
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = Pipeline::start(&kafka, dir.path(), &sim);
+    let keys: Vec<String> = (0..400).map(|i| format!("cut-{i}")).collect();
+    let messages = |keys: &[String]| {
+        keys.iter()
+            .map(|k| (None, identity_key(k), Some(request_json(k))))
+            .collect::<Vec<_>>()
+    };
+    produce(&kafka, messages(&keys[..200])).await;
+    // Cut once the work is under way.
+    let deadline = Instant::now() + WAIT;
+    while sim.stats().posts < 20 {
+        assert!(
+            Instant::now() < deadline,
+            "nothing was performed before the outage"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    relay.set_cut(true);
+    tokio::time::sleep(outage).await;
+    relay.set_cut(false);
+    // Requests produced after the outage are consumed by the same, recovered service.
+    produce(&kafka, messages(&keys[200..])).await;
+
+    let (_, results) = results_for(&kafka, task_ids(&keys)).await;
+    assert_exactly_one_terminal(&results, &task_ids(&keys));
+    assert_one_record_each(&sim, &keys, &results);
+    assert_eq!(sim.stats().posts, 400, "nothing sent twice");
+    pipeline.published().await;
+    let last = pipeline.engine.ledger().last_lsn();
+    assert_events_published(&kafka, last).await;
     pipeline.stop().await;
     sim.shutdown().await;
 }
