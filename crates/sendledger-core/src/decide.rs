@@ -327,21 +327,24 @@ fn outcome_of(
                 .retry
                 .backoff_ms(attempt, retry_after_ms, ctx.random);
             let retry_at = ctx.now.saturating_add(delay);
+            let local = matches!(cause, NotSentCause::LocalResources(_));
             d.events.push(EventBody::SendNotSent {
                 attempt,
                 cause,
                 retry_at,
             });
+            // Attempts this process could not even start are not the remote's to count.
+            let counted = attempt.saturating_sub(state.local_not_sent + u32::from(local));
             if state.unresolved_unknown {
                 // An earlier attempt may have reached the remote: this one proves nothing about
                 // it. Back to reconciling.
                 let mut after = state.clone();
                 after.apply_all(ctx.now, &d.events);
                 next_for_unknown(&after, ctx, d, retry_at);
-            } else if attempt >= ctx.policy.retry.max_attempts {
+            } else if counted >= ctx.policy.retry.max_attempts {
                 d.events.push(EventBody::Failed {
                     reason: format!(
-                        "attempts exhausted: {attempt} attempts, none reached the remote"
+                        "attempts exhausted: {counted} attempts, none reached the remote"
                     ),
                 });
             } else {

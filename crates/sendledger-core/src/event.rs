@@ -37,6 +37,10 @@ pub enum NotSentCause {
     Throttled { status: u16 },
     /// A 5xx that the target's policy declares to mean "not performed".
     ServerError { status: u16 },
+    /// This process ran out of a local resource (file descriptors) before writing anything:
+    /// not the remote's doing, so it does not use up the target's `max_attempts`.
+    /// (Envelope version 2.)
+    LocalResources(String),
 }
 
 /// Why the outcome of an attempt is unknown: it may have reached the remote.

@@ -924,3 +924,43 @@ fn a_rejected_input_is_recorded_once() {
     assert_eq!(raw.len(), crate::decide::REJECTED_RAW_KEEP);
     assert_eq!(h.state.phase, Phase::Rejected);
 }
+
+/// Running out of file descriptors is this process's trouble: such attempts are retried with
+/// backoff and do not use up the target's attempts.
+#[test]
+fn local_resource_exhaustion_does_not_use_up_attempts() {
+    let mut h = Harness::new(lookup_policy());
+    h.step(deliver(5, 0)).unwrap();
+    let local = || AttemptOutcome::NotSent {
+        cause: NotSentCause::LocalResources("out of file descriptors".into()),
+        retry_after_ms: None,
+    };
+    for attempt in 1..=5 {
+        let action = h
+            .step(Input::Outcome {
+                attempt,
+                outcome: local(),
+            })
+            .unwrap();
+        let Action::WakeAt(at) = action else {
+            panic!("attempt {attempt}: {action:?}")
+        };
+        h.now = at;
+        assert!(matches!(h.step(Input::Wake).unwrap(), Action::Send { .. }));
+    }
+    // Three attempts that reached the network (max_attempts = 3) still end it.
+    for attempt in 6..=8 {
+        let outcome = AttemptOutcome::NotSent {
+            cause: NotSentCause::Connect("refused".into()),
+            retry_after_ms: None,
+        };
+        if let Action::WakeAt(at) = h.step(Input::Outcome { attempt, outcome }).unwrap() {
+            h.now = at;
+            h.step(Input::Wake).unwrap();
+        }
+    }
+    assert_eq!(h.state.phase, Phase::Failed);
+    assert_eq!(h.state.local_not_sent, 5);
+    assert!(h.state.failure.as_deref().unwrap().contains("3 attempts"));
+    assert!(check_task(&h.log, CheckConfig::default()).1.is_empty());
+}

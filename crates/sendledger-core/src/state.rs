@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::event::{Event, EventBody, Evidence, Millis, ReviewReason, Source};
+use crate::event::{Event, EventBody, Evidence, Millis, NotSentCause, ReviewReason, Source};
 use crate::ids::{PayloadHash, TaskId};
 use crate::request::AcceptedRequest;
 
@@ -78,6 +78,9 @@ pub struct State {
     /// The idempotency key of the latest attempt, and when it was first used.
     pub idempotency_key: Option<String>,
     pub key_since: Option<Millis>,
+    /// Attempts not sent because this process ran out of a local resource; they do not count
+    /// against the target's `max_attempts`.
+    pub local_not_sent: u32,
     /// How many distinct idempotency keys the task has used.
     pub key_generation: u32,
     pub lookups: u32,
@@ -112,6 +115,7 @@ impl Default for State {
             resend_authorized: false,
             idempotency_key: None,
             key_since: None,
+            local_not_sent: 0,
             key_generation: 0,
             lookups: 0,
             next_check_at: None,
@@ -175,8 +179,13 @@ impl State {
                 }
                 self.idempotency_key = idempotency_key.clone();
             }
-            EventBody::SendNotSent { retry_at, .. } => {
+            EventBody::SendNotSent {
+                retry_at, cause, ..
+            } => {
                 self.in_flight = None;
+                if matches!(cause, NotSentCause::LocalResources(_)) {
+                    self.local_not_sent += 1;
+                }
                 self.retry_at = Some(*retry_at);
                 self.phase = if self.unresolved_unknown {
                     Phase::Unknown

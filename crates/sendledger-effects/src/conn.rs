@@ -137,6 +137,8 @@ pub(crate) struct Answer {
 pub(crate) enum Failure {
     /// No byte of the request was written: it certainly did not reach the remote.
     NotWritten(String),
+    /// Nothing was written because this process ran out of file descriptors.
+    Local(String),
     /// The request was (at least partly) written and no answer came in time.
     TimedOut,
     /// The request was (at least partly) written and the connection failed.
@@ -262,7 +264,7 @@ async fn connect(endpoint: &Endpoint) -> Result<Conn, Failure> {
     .await
     {
         Ok(Ok(stream)) => stream,
-        Ok(Err(e)) => return Err(Failure::NotWritten(connect_error(address, &e))),
+        Ok(Err(e)) => return Err(connect_error(address, &e)),
         Err(_) => {
             return Err(Failure::NotWritten(format!(
                 "connect to {address}: no connection within {}",
@@ -292,14 +294,14 @@ async fn connect(endpoint: &Endpoint) -> Result<Conn, Failure> {
 }
 
 /// Why a connection could not be opened. Running out of file descriptors (`EMFILE`, `ENFILE`)
-/// is this process's problem, not the remote's: the text says `local resource exhaustion` so
-/// it can be told apart from a remote that refuses.
-fn connect_error(address: &str, e: &io::Error) -> String {
+/// is this process's problem, not the remote's: a [`Failure::Local`], told apart from a remote
+/// that refuses.
+fn connect_error(address: &str, e: &io::Error) -> Failure {
     match e.raw_os_error() {
-        Some(libc::EMFILE | libc::ENFILE) => {
-            format!("connect to {address}: local resource exhaustion (out of file descriptors; raise the open-files limit): {e}")
-        }
-        _ => format!("connect to {address}: {e}"),
+        Some(libc::EMFILE | libc::ENFILE) => Failure::Local(format!(
+            "connect to {address}: local resource exhaustion (out of file descriptors; raise the open-files limit): {e}"
+        )),
+        _ => Failure::NotWritten(format!("connect to {address}: {e}")),
     }
 }
 
@@ -322,13 +324,17 @@ mod tests {
     #[test]
     fn descriptor_exhaustion_is_named_local() {
         for errno in [libc::EMFILE, libc::ENFILE] {
-            let reason = connect_error("r:80", &io::Error::from_raw_os_error(errno));
+            let Failure::Local(reason) =
+                connect_error("r:80", &io::Error::from_raw_os_error(errno))
+            else {
+                panic!("errno {errno} is not local")
+            };
             assert!(
                 reason.starts_with("connect to r:80: local resource exhaustion"),
                 "{reason}"
             );
         }
         let refused = connect_error("r:80", &io::Error::from(io::ErrorKind::ConnectionRefused));
-        assert!(!refused.contains("local resource exhaustion"), "{refused}");
+        assert!(matches!(refused, Failure::NotWritten(r) if !r.contains("local")));
     }
 }

@@ -389,6 +389,10 @@ impl Target {
                 cause: NotSentCause::Connect(self.scrub(reason)),
                 retry_after_ms: None,
             },
+            Err(Failure::Local(reason)) => AttemptOutcome::NotSent {
+                cause: NotSentCause::LocalResources(self.scrub(reason)),
+                retry_after_ms: None,
+            },
             Err(Failure::TimedOut) => AttemptOutcome::Unknown {
                 cause: UnknownCause::Timeout,
             },
@@ -444,7 +448,7 @@ impl Target {
             .map_err(|failure| Error::LookupTransport {
                 target: self.name.clone(),
                 reason: self.scrub(match failure {
-                    Failure::NotWritten(r) | Failure::Broken(r) => r,
+                    Failure::NotWritten(r) | Failure::Local(r) | Failure::Broken(r) => r,
                     Failure::TimedOut => "no answer within the request timeout".into(),
                 }),
             })?;

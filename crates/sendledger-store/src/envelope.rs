@@ -4,7 +4,8 @@
 //! a decoder for it. The golden fixtures in `tests/fixtures/` pin each version.
 //!
 //! - Version 1: the events of the first release.
-//! - Version 2: version 1 plus new enum variants at the end (`ReviewReason::LookupsFailed`).
+//! - Version 2: version 1 plus new enum variants at the end (`ReviewReason::LookupsFailed`,
+//!   `NotSentCause::LocalResources`).
 //!   Every version-1 value is a valid version-2 value with the same bytes, so both decode with
 //!   the same types; a build that reads only version 1 refuses version 2 by its byte instead of
 //!   failing on an unknown variant.

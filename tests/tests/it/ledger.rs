@@ -347,7 +347,8 @@ fn unhex(s: &str) -> Vec<u8> {
         .collect()
 }
 
-/// The events of envelope version 2: version 1's and the variants it added.
+/// The events of envelope version 2: version 1's and the variants it added
+/// (`ReviewReason::LookupsFailed`, `NotSentCause::LocalResources`).
 fn golden_events_v2() -> Vec<Event> {
     let mut events = golden_events();
     let last = events.last().unwrap().clone();
@@ -360,6 +361,17 @@ fn golden_events_v2() -> Vec<Event> {
                 lookups: 4,
                 last_error: "lookup answered 503".into(),
             },
+        },
+        ..last.clone()
+    });
+    events.push(Event {
+        lsn: last.lsn + 2,
+        task_seq: last.task_seq + 2,
+        at: last.at + 2,
+        body: EventBody::SendNotSent {
+            attempt: 4,
+            cause: NotSentCause::LocalResources("out of file descriptors".into()),
+            retry_at: 1_700_000_009_000,
         },
         ..last
     });
