@@ -1486,3 +1486,39 @@ async fn a_long_task_history_is_published_with_each_event_projected_once() {
     assert_eq!(results[0].remote_id.as_deref(), Some("r-1"));
     assert_eq!(results[0].event_id, format!("{task}:3"));
 }
+
+/// Backpressure by bytes: requests of 20 and 60 KB against a 50 KB budget. The partitions pause
+/// every few messages (and after each 60 KB one, larger than the whole budget, which still goes
+/// through alone); every request is executed once and answered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_byte_budget_pauses_the_partitions_and_every_request_runs_once() {
+    let cfg = KafkaConfig {
+        max_unfinished_bytes: 50_000,
+        ..config("embedded")
+    };
+    let kafka = tokio::task::block_in_place(|| Kafka::connect(cfg)).unwrap();
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = Pipeline::start(&kafka, dir.path(), &sim);
+    let keys: Vec<String> = (0..40).map(|i| format!("bytes-{i}")).collect();
+    let messages = keys
+        .iter()
+        .enumerate()
+        .map(|(i, key)| {
+            let mut r = request(key);
+            let len = if i % 4 == 0 { 60_000 } else { 20_000 };
+            r.payload = serde_json::json!({ "amount": 1250, "note": "x".repeat(len) });
+            (None, identity_key(key), Some(serde_json::to_vec(&r).unwrap()))
+        })
+        .collect();
+    produce(&kafka, messages).await;
+    let (_, results) = results_for(&kafka, task_ids(&keys)).await;
+    assert_one_record_each(&sim, &keys, &results);
+    assert_exactly_one_terminal(&results, &task_ids(&keys));
+    let stats = pipeline.ingest.stats().clone();
+    assert_eq!(IngestStats::get(&stats.submitted), 40);
+    let pauses = IngestStats::get(&stats.pauses);
+    assert!(pauses >= 10, "{pauses} pauses");
+    pipeline.stop().await;
+    sim.shutdown().await;
+}
