@@ -568,10 +568,18 @@ impl<S: RequestSink> Worker<S> {
         };
         let res = if pause {
             self.stats.pauses.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(messages = load.messages, bytes = load.bytes, "pausing partitions");
+            tracing::debug!(
+                messages = load.messages,
+                bytes = load.bytes,
+                "pausing partitions"
+            );
             self.consumer.pause(&assignment)
         } else {
-            tracing::debug!(messages = load.messages, bytes = load.bytes, "resuming partitions");
+            tracing::debug!(
+                messages = load.messages,
+                bytes = load.bytes,
+                "resuming partitions"
+            );
             self.consumer.resume(&assignment)
         };
         match res {
@@ -1054,11 +1062,7 @@ mod tests {
         t.assign(1);
         let received = [(0, 100_000), (0, 300), (1, 70_000)];
         for (p, bytes) in received {
-            t.parts
-                .get_mut(&p)
-                .unwrap()
-                .unfinished
-                .add(load(1, bytes));
+            t.parts.get_mut(&p).unwrap().unfinished.add(load(1, bytes));
         }
         assert_eq!(t.unfinished(), load(3, 170_300));
         t.revoke(0);

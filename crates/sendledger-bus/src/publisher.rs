@@ -260,9 +260,7 @@ impl Worker {
             {
                 Ok(Ok((b, projections))) => {
                     self.projections = projections;
-                    self.stats
-                        .refolded
-                        .fetch_add(b.refolded, Ordering::Relaxed);
+                    self.stats.refolded.fetch_add(b.refolded, Ordering::Relaxed);
                     b
                 }
                 Ok(Err(e)) => {

@@ -638,12 +638,18 @@ fn task_ref(segment: &str) -> Result<sendledger_core::TaskId, Failure> {
 fn timeline_page(query: Option<&str>) -> Result<(Option<u32>, usize), Failure> {
     let bad = |message: String| Failure::new(StatusCode::BAD_REQUEST, message);
     let (mut after, mut limit) = (None, TIMELINE_PAGE);
-    for pair in query.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
+    for pair in query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         match name {
             "after" => {
                 after = Some(value.parse().map_err(|_| {
-                    bad(format!("`after` is {value:?}; use the sequence number of an event (`next_after`)"))
+                    bad(format!(
+                        "`after` is {value:?}; use the sequence number of an event (`next_after`)"
+                    ))
                 })?)
             }
             "limit" => {
@@ -652,10 +658,16 @@ fn timeline_page(query: Option<&str>) -> Result<(Option<u32>, usize), Failure> {
                     .ok()
                     .filter(|n| (1..=TIMELINE_PAGE_MAX).contains(n))
                     .ok_or_else(|| {
-                        bad(format!("`limit` is {value:?}; use 1 to {TIMELINE_PAGE_MAX}"))
+                        bad(format!(
+                            "`limit` is {value:?}; use 1 to {TIMELINE_PAGE_MAX}"
+                        ))
                     })?
             }
-            _ => return Err(bad(format!("unknown query parameter `{name}`; use `after` and `limit`"))),
+            _ => {
+                return Err(bad(format!(
+                    "unknown query parameter `{name}`; use `after` and `limit`"
+                )))
+            }
         }
     }
     Ok((after, limit))
@@ -873,7 +885,9 @@ mod tests {
         };
         let bodies = tokio::join!(read(), read(), read(), read());
         let bodies = [bodies.0, bodies.1, bodies.2, bodies.3];
-        assert!(bodies.iter().all(|b| b.as_ref().ok() == Some(&Bytes::from("0"))));
+        assert!(bodies
+            .iter()
+            .all(|b| b.as_ref().ok() == Some(&Bytes::from("0"))));
         cache.clear().await;
         assert_eq!(read().await.ok(), Some(Bytes::from("1")));
         assert_eq!(computed.load(std::sync::atomic::Ordering::SeqCst), 2);

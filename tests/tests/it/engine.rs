@@ -518,7 +518,10 @@ async fn redeliveries_past_the_limit_are_dropped_without_growing_the_history() {
     wait_for(&engine, task_id("many-1"), WAIT, settled).await;
     let limit = i64::from(sendledger_core::decide::MAX_RECORDED_DUPLICATES);
     for offset in 1..=limit + 200 {
-        let reply = engine.submit(request("many-1"), source(offset)).await.unwrap();
+        let reply = engine
+            .submit(request("many-1"), source(offset))
+            .await
+            .unwrap();
         let expected: &[&str] = if offset <= limit {
             &["DuplicateDelivery"]
         } else {
@@ -533,7 +536,10 @@ async fn redeliveries_past_the_limit_are_dropped_without_growing_the_history() {
         .count();
     assert_eq!(duplicates as i64, limit);
     let processed = engine.ledger().processed("test", 0).unwrap();
-    assert!((0..=limit + 200).all(|o| processed.contains(o)), "{processed:?}");
+    assert!(
+        (0..=limit + 200).all(|o| processed.contains(o)),
+        "{processed:?}"
+    );
     assert_eq!(sim.stats().posts, 1);
     engine.shutdown(Duration::from_secs(5)).await;
 }

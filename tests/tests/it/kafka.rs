@@ -26,8 +26,8 @@ use sendledger_bus::{
     EVENT_ID_HEADER,
 };
 use sendledger_core::{EventBody, Evidence, Limits, NewEvent, Phase, Source, TaskId};
-use sendledger_store::{Append, Ledger, LedgerOptions, TaskSummary};
 use sendledger_sim::{Faults, Sim, SimConfig};
+use sendledger_store::{Append, Ledger, LedgerOptions, TaskSummary};
 use sendledger_tests::engine::{request, target};
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -1508,7 +1508,11 @@ async fn a_byte_budget_pauses_the_partitions_and_every_request_runs_once() {
             let mut r = request(key);
             let len = if i % 4 == 0 { 60_000 } else { 20_000 };
             r.payload = serde_json::json!({ "amount": 1250, "note": "x".repeat(len) });
-            (None, identity_key(key), Some(serde_json::to_vec(&r).unwrap()))
+            (
+                None,
+                identity_key(key),
+                Some(serde_json::to_vec(&r).unwrap()),
+            )
         })
         .collect();
     produce(&kafka, messages).await;
