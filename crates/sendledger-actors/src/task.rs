@@ -2,7 +2,9 @@
 //!
 //! Metrics: `sendledger_attempts_total{class="succeeded|rejected|not_sent|unknown"}` (attempt
 //! outcomes recorded; an attempt found sending at start-up counts as unknown) and
-//! `sendledger_duplicates_dropped_total{by="identity"}` (redeliveries of a known request).
+//! `sendledger_duplicates_dropped_total{by="identity"}` (redeliveries of a known request,
+//! including those past `MAX_RECORDED_DUPLICATES`, which record no event: their only trace in
+//! the ledger is their processed offset).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -188,6 +190,7 @@ impl TaskActor {
             TaskInput::Operator(op) => Input::Operator(op),
             TaskInput::Outcome { attempt, outcome } => Input::Outcome { attempt, outcome },
         };
+        let delivery = matches!(core_input, Input::Deliver { .. });
         let is_new = self.state.request.is_none();
         if let (true, Input::Deliver { request, .. }) = (is_new, &core_input) {
             // The first delivery decides the first attempt: it needs the target's policy.
@@ -241,7 +244,7 @@ impl TaskActor {
                     tracing::error!(task_id = %task_id, error = %e, "ledger write failed; the task is reconciled when the engine restarts");
                     e
                 })?;
-                count_recorded(&decision.events);
+                count_recorded(delivery, &decision.events);
                 act.state = next;
                 act.perform(decision.action, slot, ctx);
                 Ok(Reply { task_id, phase: act.state.phase, lsns, events: names })
@@ -377,7 +380,11 @@ pub(crate) fn record(
 }
 
 /// Counts what was just made durable: attempt outcomes by class, duplicate deliveries dropped.
-fn count_recorded(events: &[EventBody]) {
+/// A delivery that recorded no event is a duplicate past the limit, dropped all the same.
+fn count_recorded(delivery: bool, events: &[EventBody]) {
+    if delivery && events.is_empty() {
+        metrics::counter!("sendledger_duplicates_dropped_total", "by" => "identity").increment(1);
+    }
     for body in events {
         let class = match body {
             EventBody::Confirmed {

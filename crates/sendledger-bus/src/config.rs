@@ -35,6 +35,9 @@ pub struct KafkaConfig {
     /// Most request messages received and not yet durable; beyond it the consumer pauses its
     /// partitions.
     pub max_unfinished: usize,
+    /// Most bytes (key and value) of request messages received and not yet durable; beyond it
+    /// the consumer pauses its partitions. A larger message is still processed, alone.
+    pub max_unfinished_bytes: usize,
     /// Largest request message accepted; larger ones are rejected before they are parsed.
     pub max_message_bytes: usize,
     /// How often stored offsets are committed and processed markers folded into watermarks.
@@ -63,6 +66,7 @@ impl Default for KafkaConfig {
             partitions: 4,
             replication_factor: -1,
             max_unfinished: 10_000,
+            max_unfinished_bytes: 64 * 1024 * 1024,
             max_message_bytes: 256 * 1024,
             commit_interval: Duration::from_secs(1),
             instance_id: None,
@@ -150,6 +154,12 @@ impl KafkaConfig {
         }
         if self.max_unfinished == 0 {
             return Err(bad("max_unfinished", "must be at least 1".into()));
+        }
+        if self.max_unfinished_bytes < 1024 {
+            return Err(bad(
+                "max_unfinished_bytes",
+                format!("is {}; use at least 1024", self.max_unfinished_bytes),
+            ));
         }
         if self.max_message_bytes < 1024 {
             return Err(bad(
@@ -314,6 +324,12 @@ mod tests {
             .insert("auto.offset.reset".into(), "latest".into());
         let err = c.validate().unwrap_err().to_string();
         assert!(err.contains("`properties.auto.offset.reset`"), "{err}");
+        let c = KafkaConfig {
+            max_unfinished_bytes: 1000,
+            ..KafkaConfig::default()
+        };
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("`max_unfinished_bytes`"), "{err}");
     }
 
     #[test]

@@ -13,8 +13,10 @@
 //! - Bad input (no value, oversize, invalid JSON, a request the sink refuses) is handed to
 //!   [`RequestSink::reject`] (after a copy to the dead-letter topic when configured); its offset
 //!   advances like any other.
-//! - Backpressure: at `max_unfinished` messages received and not yet durable, the assigned
-//!   partitions are paused; they resume once half of them are done.
+//! - Backpressure: at `max_unfinished` messages, or `max_unfinished_bytes` bytes (a message's
+//!   key and value as received), received and not yet durable, the assigned partitions are
+//!   paused; they resume once both are at half their limit or below. A message larger than the
+//!   byte budget still goes through, alone: nothing else is received until it is done.
 //! - Rebalances: before partitions are revoked, the thread waits (bounded) for their messages in
 //!   flight, stores their offsets and commits synchronously; messages of revoked partitions that
 //!   finish later are durable in the ledger and dropped by whichever consumer gets them again.
@@ -74,7 +76,7 @@ pub struct IngestStats {
     pub retries: AtomicU64,
     /// Invalid messages copied to the dead-letter topic.
     pub dead_lettered: AtomicU64,
-    /// Times the partitions were paused because too many messages were unfinished.
+    /// Times the partitions were paused because too many messages, or bytes, were unfinished.
     pub pauses: AtomicU64,
     /// Offset commits requested.
     pub commits: AtomicU64,
@@ -121,7 +123,7 @@ impl Ingest {
         let tracker = Arc::new(Mutex::new(Tracker {
             parts: BTreeMap::new(),
             next_generation: 1,
-            orphans: 0,
+            orphans: Load::default(),
             done_rx,
             chains: HashMap::new(),
             next_chain: 0,
@@ -156,7 +158,10 @@ impl Ingest {
             done_tx,
             dead_letters,
             topic: config.requests_topic.clone(),
-            max_unfinished: config.max_unfinished,
+            budget: Budget {
+                messages: config.max_unfinished,
+                bytes: config.max_unfinished_bytes,
+            },
             max_message_bytes: config.max_message_bytes,
             commit_interval: config.commit_interval,
         };
@@ -223,6 +228,8 @@ struct Done {
     partition: i32,
     generation: u64,
     offset: i64,
+    /// The message's size as counted when it was received.
+    bytes: usize,
     outcome: Outcome,
     chain: (String, u64),
 }
@@ -234,7 +241,7 @@ struct PartitionState {
     processed: Option<Processed>,
     /// Offsets received, in order, with whether each is done.
     inflight: VecDeque<(i64, bool)>,
-    unfinished: usize,
+    unfinished: Load,
     /// Highest offset of the done prefix (stored to Kafka as the next offset to read).
     done_through: Option<i64>,
     /// The ledger's watermark as last read or raised.
@@ -249,7 +256,7 @@ struct Tracker {
     parts: BTreeMap<i32, PartitionState>,
     next_generation: u64,
     /// Unfinished messages of partitions no longer assigned.
-    orphans: usize,
+    orphans: Load,
     done_rx: mpsc::Receiver<Done>,
     /// Per task identity: the last message handed to the sink, and the signal it sends when
     /// done (taken by the next message of the same identity).
@@ -259,9 +266,53 @@ struct Tracker {
     fatal: Option<String>,
 }
 
+/// Messages received and not yet done, and their bytes.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Load {
+    messages: usize,
+    bytes: usize,
+}
+
+impl Load {
+    fn add(&mut self, other: Load) {
+        self.messages += other.messages;
+        self.bytes += other.bytes;
+    }
+
+    /// One message of `bytes` is done.
+    fn finish(&mut self, bytes: usize) {
+        self.messages = self.messages.saturating_sub(1);
+        self.bytes = self.bytes.saturating_sub(bytes);
+    }
+}
+
+/// When the ingest pauses its partitions, and when it resumes them.
+#[derive(Debug, Clone, Copy)]
+struct Budget {
+    messages: usize,
+    bytes: usize,
+}
+
+impl Budget {
+    /// Either limit is reached: pause.
+    fn reached(&self, load: Load) -> bool {
+        load.messages >= self.messages || load.bytes >= self.bytes
+    }
+
+    /// Both are at half their limit or below: resume. True with nothing unfinished, so a
+    /// message larger than the byte budget never leaves the partitions paused.
+    fn relieved(&self, load: Load) -> bool {
+        load.messages <= self.messages / 2 && load.bytes <= self.bytes / 2
+    }
+}
+
 impl Tracker {
-    fn unfinished(&self) -> usize {
-        self.orphans + self.parts.values().map(|p| p.unfinished).sum::<usize>()
+    fn unfinished(&self) -> Load {
+        let mut load = self.orphans;
+        for p in self.parts.values() {
+            load.add(p.unfinished);
+        }
+        load
     }
 
     fn assign(&mut self, partition: i32) {
@@ -273,20 +324,20 @@ impl Tracker {
                 generation,
                 processed: None,
                 inflight: VecDeque::new(),
-                unfinished: 0,
+                unfinished: Load::default(),
                 done_through: None,
                 folded: None,
                 last_seen: None,
                 blocked: false,
             },
         ) {
-            self.orphans += old.unfinished;
+            self.orphans.add(old.unfinished);
         }
     }
 
     fn revoke(&mut self, partition: i32) {
         if let Some(old) = self.parts.remove(&partition) {
-            self.orphans += old.unfinished;
+            self.orphans.add(old.unfinished);
         }
     }
 
@@ -302,11 +353,11 @@ impl Tracker {
         let part = match self.parts.get_mut(&done.partition) {
             Some(p) if p.generation == done.generation => p,
             _ => {
-                self.orphans = self.orphans.saturating_sub(1);
+                self.orphans.finish(done.bytes);
                 return;
             }
         };
-        part.unfinished = part.unfinished.saturating_sub(1);
+        part.unfinished.finish(done.bytes);
         if !matches!(done.outcome, Outcome::Recorded) {
             return;
         }
@@ -394,7 +445,7 @@ impl ConsumerContext for IngestContext {
             revoked
                 .iter()
                 .filter_map(|p| t.parts.get(p))
-                .map(|p| p.unfinished)
+                .map(|p| p.unfinished.messages)
                 .sum::<usize>()
         };
         while pending(&t) > 0 && Instant::now() < deadline {
@@ -440,7 +491,7 @@ struct Worker<S: RequestSink> {
     done_tx: mpsc::Sender<Done>,
     dead_letters: Option<Arc<DeadLetters>>,
     topic: String,
-    max_unfinished: usize,
+    budget: Budget,
     max_message_bytes: usize,
     commit_interval: Duration,
 }
@@ -512,9 +563,9 @@ impl<S: RequestSink> Worker<S> {
     }
 
     fn backpressure(&self, t: &mut Tracker) {
-        let unfinished = t.unfinished();
-        let pause = !t.paused && unfinished >= self.max_unfinished;
-        let resume = t.paused && unfinished <= self.max_unfinished / 2;
+        let load = t.unfinished();
+        let pause = !t.paused && self.budget.reached(load);
+        let resume = t.paused && self.budget.relieved(load);
         if !(pause || resume) {
             return;
         }
@@ -527,10 +578,18 @@ impl<S: RequestSink> Worker<S> {
         };
         let res = if pause {
             self.stats.pauses.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(unfinished, "pausing partitions");
+            tracing::debug!(
+                messages = load.messages,
+                bytes = load.bytes,
+                "pausing partitions"
+            );
             self.consumer.pause(&assignment)
         } else {
-            tracing::debug!(unfinished, "resuming partitions");
+            tracing::debug!(
+                messages = load.messages,
+                bytes = load.bytes,
+                "resuming partitions"
+            );
             self.consumer.resume(&assignment)
         };
         match res {
@@ -544,14 +603,14 @@ impl<S: RequestSink> Worker<S> {
         let grace = *self.grace.lock().unwrap_or_else(|e| e.into_inner());
         let deadline = Instant::now() + grace;
         let mut t = lock(&self.tracker);
-        while t.unfinished() > 0 && Instant::now() < deadline {
+        while t.unfinished().messages > 0 && Instant::now() < deadline {
             match t.done_rx.recv_timeout(Duration::from_millis(20)) {
                 Ok(done) => t.apply(&self.consumer, &self.topic, done),
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
             }
         }
-        let left = t.unfinished();
+        let left = t.unfinished().messages;
         if left > 0 {
             tracing::warn!(
                 unfinished = left,
@@ -717,6 +776,7 @@ impl<S: RequestSink> Worker<S> {
     fn handle(&self, msg: &rdkafka::message::BorrowedMessage<'_>) -> Result<()> {
         self.stats.received.fetch_add(1, Ordering::Relaxed);
         let (partition, offset) = (msg.partition(), msg.offset());
+        let bytes = msg.payload_len() + msg.key().map_or(0, <[u8]>::len);
         if msg.topic() != self.topic {
             return Ok(());
         }
@@ -766,7 +826,7 @@ impl<S: RequestSink> Worker<S> {
                 return Ok(());
             }
             part.inflight.push_back((offset, false));
-            part.unfinished += 1;
+            part.unfinished.add(Load { messages: 1, bytes });
             part.generation
         };
 
@@ -828,6 +888,7 @@ impl<S: RequestSink> Worker<S> {
                 partition,
                 generation,
                 offset,
+                bytes,
                 outcome,
                 chain,
             });
@@ -961,4 +1022,67 @@ fn partitions_of(tpl: &TopicPartitionList, topic: &str) -> Vec<i32> {
         .iter()
         .map(|e| e.partition())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(messages: usize, bytes: usize) -> Load {
+        Load { messages, bytes }
+    }
+
+    #[test]
+    fn either_budget_pauses_and_both_must_halve_to_resume() {
+        let budget = Budget {
+            messages: 10,
+            bytes: 1000,
+        };
+        assert!(!budget.reached(load(9, 999)));
+        assert!(budget.reached(load(10, 1)));
+        assert!(budget.reached(load(2, 1000)));
+        assert!(!budget.relieved(load(5, 501)));
+        assert!(!budget.relieved(load(6, 100)));
+        assert!(budget.relieved(load(5, 500)));
+        // One message above the whole byte budget pauses, and resumes once it is done.
+        let mut one = Load::default();
+        one.add(load(1, 5000));
+        assert!(budget.reached(one));
+        one.finish(5000);
+        assert_eq!(one, Load::default());
+        assert!(budget.relieved(one));
+    }
+
+    /// Bytes follow their messages: into the partition when received, to the orphans when the
+    /// partition is revoked or reassigned, and out when each message is done.
+    #[test]
+    fn unfinished_bytes_are_released_by_the_messages_that_added_them() {
+        let (_tx, done_rx) = mpsc::channel();
+        let mut t = Tracker {
+            parts: BTreeMap::new(),
+            next_generation: 1,
+            orphans: Load::default(),
+            done_rx,
+            chains: HashMap::new(),
+            next_chain: 0,
+            paused: false,
+            fatal: None,
+        };
+        t.assign(0);
+        t.assign(1);
+        let received = [(0, 100_000), (0, 300), (1, 70_000)];
+        for (p, bytes) in received {
+            t.parts.get_mut(&p).unwrap().unfinished.add(load(1, bytes));
+        }
+        assert_eq!(t.unfinished(), load(3, 170_300));
+        t.revoke(0);
+        assert_eq!(t.orphans, load(2, 100_300));
+        t.assign(1);
+        assert_eq!(t.orphans, load(3, 170_300));
+        assert_eq!(t.unfinished(), load(3, 170_300));
+        for bytes in [100_000, 300, 70_000] {
+            t.orphans.finish(bytes);
+        }
+        assert_eq!(t.unfinished(), Load::default());
+    }
 }

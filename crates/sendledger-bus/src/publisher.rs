@@ -17,6 +17,7 @@
 //!
 //! [`TaskResult`]: crate::records::TaskResult
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -26,13 +27,13 @@ use crate::produce::enqueue;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
-use sendledger_core::{Event, TaskId};
+use sendledger_core::TaskId;
 use sendledger_store::{Append, Ledger};
 
 use crate::cluster::Kafka;
 use crate::config::Role;
 use crate::error::{Error, Result};
-use crate::records::{event_record, record_key, result_for};
+use crate::records::{event_record, Projection};
 
 /// The ledger cursor holding the last LSN whose records are acknowledged.
 pub const PUBLISHER_CURSOR: &str = "publisher";
@@ -54,6 +55,10 @@ pub struct PublisherStats {
     pub results: AtomicU64,
     /// Batches that failed to publish and were tried again.
     pub failures: AtomicU64,
+    /// Events of earlier batches read again from a task's history to resume projecting it (its
+    /// first event in a batch when the previous batch did not end with it, or a batch built
+    /// again). A task whose events come in consecutive batches adds none.
+    pub refolded: AtomicU64,
     /// The cursor: every event up to this LSN is published.
     pub cursor: AtomicU64,
 }
@@ -79,6 +84,7 @@ impl Publisher {
             stats: stats.clone(),
             results_topic: kafka.config().results_topic.clone(),
             events_topic: kafka.config().events_topic.clone(),
+            projections: Projections::new(),
         };
         let handle = tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?;
         let task = handle.spawn(worker.run());
@@ -151,22 +157,45 @@ struct OutRecord {
 struct Batch {
     last_lsn: u64,
     records: Vec<OutRecord>,
+    /// See [`PublisherStats::refolded`].
+    refolded: u64,
 }
 
+/// The projections of the tasks of the latest batch built, each after its last event there.
+type Projections = HashMap<TaskId, Projection>;
+
 /// Reads events from `from` and builds their records. Blocking: runs on the blocking pool.
-fn build_batch(ledger: &Ledger, from: u64, limit: usize) -> Result<Batch> {
+///
+/// Each task is projected incrementally: from `previous` when it holds the task right before
+/// its first event of this batch (a task with events in consecutive batches), else from its
+/// history up to that event, folded once. Returns the projections of this batch's tasks,
+/// which bounds what is kept between batches to one batch's tasks. A batch built again after
+/// a failure finds its tasks' projections past its events, and folds them from the history.
+fn build_batch(
+    ledger: &Ledger,
+    from: u64,
+    limit: usize,
+    mut previous: Projections,
+) -> Result<(Batch, Projections)> {
     let events = ledger.read_log(from, limit)?;
-    let mut histories: HashMap<TaskId, Vec<Event>> = HashMap::new();
-    for e in &events {
-        if let std::collections::hash_map::Entry::Vacant(slot) = histories.entry(e.task_id) {
-            slot.insert(ledger.task_events(e.task_id)?);
-        }
-    }
+    let mut projections = Projections::new();
     let mut records = Vec::with_capacity(events.len() + events.len() / 2);
     let mut last_lsn = from.saturating_sub(1);
+    let mut refolded = 0;
     for e in &events {
-        let history = histories.get(&e.task_id).map_or(&[][..], Vec::as_slice);
-        let key = record_key(e.task_id, history);
+        let projection = match projections.entry(e.task_id) {
+            Entry::Occupied(slot) => slot.into_mut(),
+            Entry::Vacant(slot) => slot.insert(match previous.remove(&e.task_id) {
+                Some(p) if p.next_seq() == e.task_seq => p,
+                _ => {
+                    let history = ledger.task_events(e.task_id)?;
+                    refolded += u64::from(e.task_seq);
+                    Projection::of(history.iter().take_while(|h| h.task_seq < e.task_seq))
+                }
+            }),
+        };
+        let result = projection.apply(e);
+        let key = projection.key(e.task_id);
         let rec = event_record(e);
         records.push(OutRecord {
             dest: Dest::Events,
@@ -174,7 +203,7 @@ fn build_batch(ledger: &Ledger, from: u64, limit: usize) -> Result<Batch> {
             payload: serde_json::to_vec(&rec).map_err(json_err)?,
             event_id: rec.event_id,
         });
-        if let Some(result) = result_for(e, history) {
+        if let Some(result) = result {
             records.push(OutRecord {
                 dest: Dest::Results,
                 key,
@@ -184,7 +213,12 @@ fn build_batch(ledger: &Ledger, from: u64, limit: usize) -> Result<Batch> {
         }
         last_lsn = e.lsn;
     }
-    Ok(Batch { last_lsn, records })
+    let batch = Batch {
+        last_lsn,
+        records,
+        refolded,
+    };
+    Ok((batch, projections))
 }
 
 fn json_err(e: serde_json::Error) -> Error {
@@ -199,6 +233,7 @@ struct Worker {
     stats: Arc<PublisherStats>,
     results_topic: String,
     events_topic: String,
+    projections: Projections,
 }
 
 impl Worker {
@@ -217,12 +252,17 @@ impl Worker {
                 continue;
             }
             let from = cursor + 1;
+            let previous = std::mem::take(&mut self.projections);
             let batch = match self
                 .ledger
-                .read(move |l| Ok(build_batch(l, from, BATCH)))
+                .read(move |l| Ok(build_batch(l, from, BATCH, previous)))
                 .await
             {
-                Ok(Ok(b)) => b,
+                Ok(Ok((b, projections))) => {
+                    self.projections = projections;
+                    self.stats.refolded.fetch_add(b.refolded, Ordering::Relaxed);
+                    b
+                }
                 Ok(Err(e)) => {
                     tracing::error!(from, error = %e, "cannot read the log to publish; retrying");
                     self.backoff(&mut delay).await;

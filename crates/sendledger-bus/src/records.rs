@@ -5,7 +5,7 @@
 //! Both are pure functions of the log: a record built from the same events is the same record,
 //! byte for byte, which is what makes a re-publication after a crash a harmless duplicate.
 
-use sendledger_core::{fold, Event, EventBody, Evidence, Phase, ReviewReason, Source, TaskId};
+use sendledger_core::{Event, EventBody, Evidence, Phase, ReviewReason, Source, State, TaskId};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -164,16 +164,57 @@ pub fn event_id(task_id: TaskId, lsn: u64) -> String {
     format!("{task_id}:{lsn}")
 }
 
-/// The Kafka key of a task's records: its identity `tenant/operation/request_key` when known
-/// (the same key as its requests), else its task id.
-pub fn record_key(task_id: TaskId, history: &[Event]) -> String {
-    history
-        .iter()
-        .find_map(|e| match &e.body {
-            EventBody::TaskAccepted { request, .. } => Some(request.identity.to_string()),
-            _ => None,
-        })
-        .unwrap_or_else(|| task_id.to_string())
+/// One task's records, projected one event at a time: fed the task's events in task order, each
+/// exactly once, it gives each event's Kafka key and the result the event announces. Each
+/// event costs the same however long the history before it is, so publishing a task's `N`
+/// events costs `O(N)`.
+#[derive(Debug, Clone, Default)]
+pub struct Projection {
+    /// The task's state after the events applied so far.
+    state: State,
+    /// The result of the latest result-bearing event: what a duplicate delivery re-announces.
+    announced: Option<TaskResult>,
+}
+
+impl Projection {
+    /// The projection after `history`, a task's events in task order.
+    pub fn of<'a>(history: impl IntoIterator<Item = &'a Event>) -> Projection {
+        let mut projection = Projection::default();
+        for event in history {
+            projection.apply(event);
+        }
+        projection
+    }
+
+    /// The `task_seq` of the event to apply next.
+    pub fn next_seq(&self) -> u32 {
+        self.state.next_seq
+    }
+
+    /// The Kafka key of the task's records: its identity `tenant/operation/request_key` once
+    /// accepted (the same key as its requests), else its task id.
+    pub fn key(&self, task_id: TaskId) -> String {
+        match &self.state.request {
+            Some(request) => request.identity.to_string(),
+            None => task_id.to_string(),
+        }
+    }
+
+    /// Applies the task's next event; returns the result it announces, if any. A duplicate
+    /// delivery of a task that has a terminal or review result re-announces that result, with
+    /// the same event id.
+    pub fn apply(&mut self, event: &Event) -> Option<TaskResult> {
+        self.state.apply(event.task_id, event.at, &event.body);
+        if let EventBody::DuplicateDelivery { .. } = event.body {
+            let settled = self.state.phase.is_terminal() || self.state.phase == Phase::ManualReview;
+            return self.announced.clone().filter(|_| settled);
+        }
+        let result = result_for(event, &self.state);
+        if announces_result(&event.body) {
+            self.announced.clone_from(&result);
+        }
+        result
+    }
 }
 
 pub fn event_record(event: &Event) -> EventRecord {
@@ -283,20 +324,9 @@ fn announces_result(body: &EventBody) -> bool {
     )
 }
 
-/// The result `event` announces, if any. `history` holds the task's events in task order (it
-/// may hold events later than `event`; they are ignored). A duplicate delivery of a task that
-/// already has a terminal or review result re-announces that result, with the same event id.
-pub fn result_for(event: &Event, history: &[Event]) -> Option<TaskResult> {
-    let upto: Vec<&Event> = history.iter().filter(|e| e.lsn <= event.lsn).collect();
+/// The result `event` announces by itself, if any; `state` is its task's state after it.
+fn result_for(event: &Event, state: &State) -> Option<TaskResult> {
     match &event.body {
-        EventBody::DuplicateDelivery { .. } => {
-            let state = fold(upto.iter().copied());
-            if !(state.phase.is_terminal() || state.phase == Phase::ManualReview) {
-                return None;
-            }
-            let last = upto.iter().rev().find(|e| announces_result(&e.body))?;
-            result_for(last, history)
-        }
         EventBody::InputRejected {
             source,
             reason,
@@ -329,7 +359,6 @@ pub fn result_for(event: &Event, history: &[Event]) -> Option<TaskResult> {
         | EventBody::Failed { .. }
         | EventBody::ManualReviewRequired { .. }
         | EventBody::RequestConflict { .. }) => {
-            let state = fold(upto.iter().copied());
             let request = state.request.as_ref();
             let mut r = TaskResult {
                 event_id: event_id(event.task_id, event.lsn),
@@ -460,6 +489,12 @@ mod tests {
         }
     }
 
+    /// What each event of a task's history announces, projected in order.
+    fn results(history: &[Event]) -> Vec<Option<TaskResult>> {
+        let mut projection = Projection::default();
+        history.iter().map(|e| projection.apply(e)).collect()
+    }
+
     fn history(task: TaskId, bodies: Vec<EventBody>) -> Vec<Event> {
         bodies
             .into_iter()
@@ -492,16 +527,17 @@ mod tests {
                 EventBody::DuplicateDelivery { source: src(8) },
             ],
         );
-        assert!(result_for(&h[0], &h).is_none());
-        assert!(result_for(&h[1], &h).is_none());
-        let first = result_for(&h[2], &h).unwrap();
+        let mut results = results(&h);
+        assert!(results[0].is_none());
+        assert!(results[1].is_none());
+        let first = results[2].take().unwrap();
         assert_eq!(first.status, ResultStatus::Succeeded);
         assert_eq!(first.event_id, format!("{task}:16"));
         assert_eq!(first.remote_id.as_deref(), Some("r-9"));
         assert_eq!(first.attempts, 1);
         assert_eq!(first.source, Some(ResultSource::from(&src(7))));
-        assert_eq!(record_key(task, &h), "acme/pay/k-1");
-        let again = result_for(&h[3], &h).unwrap();
+        assert_eq!(Projection::of(&h).key(task), "acme/pay/k-1");
+        let again = results[3].take().unwrap();
         assert_eq!(
             serde_json::to_vec(&again).unwrap(),
             serde_json::to_vec(&first).unwrap()
@@ -522,8 +558,9 @@ mod tests {
                 },
             ],
         );
-        assert!(result_for(&h[1], &h).is_none());
-        let c = result_for(&h[2], &h).unwrap();
+        let mut results = results(&h);
+        assert!(results[1].is_none());
+        let c = results[2].take().unwrap();
         assert_eq!(c.status, ResultStatus::Conflict);
         assert_eq!(c.source, Some(ResultSource::from(&src(9))));
         assert_eq!(c.request_key.as_deref(), Some("k-1"));
@@ -555,7 +592,7 @@ mod tests {
                     EventBody::ManualReviewRequired { reason },
                 ],
             );
-            result_for(&h[3], &h).unwrap()
+            results(&h).pop().flatten().unwrap()
         };
         let failed = review(ReviewReason::LookupsFailed {
             lookups: 0,
@@ -715,12 +752,12 @@ mod tests {
                 raw: br#"{"tenant":"acme","request_key":"x"}"#.to_vec(),
             }],
         );
-        let r = result_for(&h[0], &h).unwrap();
+        let r = results(&h).pop().flatten().unwrap();
         assert_eq!(r.status, ResultStatus::Rejected);
         assert_eq!(r.tenant.as_deref(), Some("acme"));
         assert_eq!(r.operation, None);
         assert!(r.reason.unwrap().contains("target"));
-        assert_eq!(record_key(task, &h), task.to_string());
+        assert_eq!(Projection::of(&h).key(task), task.to_string());
         assert_eq!(
             event_record(&h[0]).body["raw"],
             Value::String(r#"{"tenant":"acme","request_key":"x"}"#.into())

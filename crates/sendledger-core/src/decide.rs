@@ -107,7 +107,8 @@ pub enum OperatorResolution {
 /// Something that happened to a task.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Input {
-    /// A request was delivered (first time or again).
+    /// A request was delivered (first time or again). The only delivery that records no event
+    /// is a duplicate past [`MAX_RECORDED_DUPLICATES`].
     Deliver {
         request: AcceptedRequest,
         source: Source,
@@ -140,6 +141,14 @@ pub enum Input {
 
 /// How much of a rejected message's raw bytes the ledger keeps.
 pub const REJECTED_RAW_KEEP: usize = 4096;
+
+/// How many redeliveries of a known request a task records as `DuplicateDelivery` events.
+/// Later ones record nothing: the caller still counts and drops them (and stores their offsets
+/// as processed), but the task's history, and what replaying it costs, stays bounded however
+/// often a producer repeats itself. A duplicate of a settled task re-announces its result only
+/// while it is recorded: past the limit the requester has had that result, under the same
+/// event id, at least this many times already.
+pub const MAX_RECORDED_DUPLICATES: u32 = 100;
 
 /// What the caller does once the decision's events are durable.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -245,7 +254,9 @@ fn deliver(
             intend(&after, false, ctx, d);
         }
         Some(existing) if request.has_payload_hash(existing) => {
-            d.events.push(EventBody::DuplicateDelivery { source });
+            if state.duplicates < MAX_RECORDED_DUPLICATES {
+                d.events.push(EventBody::DuplicateDelivery { source });
+            }
         }
         Some(_) => d.events.push(EventBody::RequestConflict {
             source,

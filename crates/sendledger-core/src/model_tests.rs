@@ -410,6 +410,36 @@ fn duplicates_and_conflicts_never_execute() {
 }
 
 #[test]
+fn duplicates_past_the_limit_record_nothing_and_conflicts_still_do() {
+    let mut h = Harness::new(lookup_policy());
+    h.step(deliver(5, 0)).unwrap();
+    h.step(Input::Outcome {
+        attempt: 1,
+        outcome: AttemptOutcome::Succeeded {
+            remote_id: "r".into(),
+            status: 201,
+        },
+    })
+    .unwrap();
+    let settled = h.log.len();
+    let limit = crate::decide::MAX_RECORDED_DUPLICATES as i64;
+    for offset in 1..=limit + 50 {
+        assert_eq!(h.step(deliver(5, offset)).unwrap(), Action::None);
+    }
+    let recorded = &h.log[settled..];
+    assert_eq!(recorded.len() as i64, limit);
+    assert!(recorded
+        .iter()
+        .all(|e| matches!(e.body, EventBody::DuplicateDelivery { .. })));
+    assert_eq!(h.state.duplicates, crate::decide::MAX_RECORDED_DUPLICATES);
+    // A different payload under the identity is still recorded: its requester learns of it.
+    h.step(deliver(6, limit + 51)).unwrap();
+    assert_eq!(h.names().last(), Some(&"RequestConflict"));
+    assert_eq!(h.sends.len(), 1);
+    assert!(check_task(&h.log, CheckConfig::default()).1.is_empty());
+}
+
+#[test]
 fn the_checker_catches_a_blind_resend() {
     let mut h = Harness::new(lookup_policy());
     h.step(deliver(5, 0)).unwrap();

@@ -6,8 +6,8 @@
 //! |---|---|
 //! | `GET /metrics` | Prometheus text: every `sendledger_*` metric of the process, plus gauges computed from the ledger (see [`Admin`]) |
 //! | `GET /healthz` | `{"ok": true, "last_lsn", "live_tasks", "waiting", "durability"}` (and a `warning` with `buffered` durability); 503 when the engine has stopped |
-//! | `GET /tasks/{id}` | a task's state and timeline, as `sendledger inspect --json` (task id, or `tenant/operation/request_key` URL-encoded) |
-//! | `GET /reviews` | the tasks in manual review, with reason and evidence |
+//! | `GET /tasks/{id}?after=SEQ&limit=N` | a task's state and one page of its timeline: the shape of `sendledger inspect --json` with the events after sequence number `after` (default: from the first), at most `limit` (default 500, at most 5000), and `more` and `next_after` to read on (task id, or `tenant/operation/request_key` URL-encoded) |
+//! | `GET /reviews` | the tasks in manual review, with reason and evidence (computed at most once per second, however many read it) |
 //! | `POST /reviews/{id}` | resolve a review: `{"as": "succeeded", "remote_id", "by", "reason"}`, `{"as": "failed", "by", "reason"}` or `{"resend": true, "by", "reason"}` |
 //!
 //! Mutating calls need `Authorization: Bearer <admin.token>` (the scheme in any case); with no
@@ -59,6 +59,13 @@ use crate::timeline::{parse_task, review_json, task_json};
 
 /// How long the gauges computed from the ledger are reused between scrapes.
 pub const LEDGER_GAUGES_TTL: Duration = Duration::from_secs(5);
+
+/// How long the `GET /reviews` list is reused (a resolution through the endpoint drops it).
+pub const REVIEWS_TTL: Duration = Duration::from_secs(1);
+
+/// Events per page of `GET /tasks/{id}` unless `limit` says otherwise, and the most it may say.
+pub const TIMELINE_PAGE: usize = 500;
+pub const TIMELINE_PAGE_MAX: usize = 5000;
 
 /// Largest request body accepted.
 const MAX_BODY: usize = 64 * 1024;
@@ -176,6 +183,7 @@ struct Shared {
     metrics: PrometheusHandle,
     /// When the ledger gauges were last computed.
     gauges_at: Mutex<Option<Instant>>,
+    reviews: ReviewsCache,
     /// The consumer's counters, once it runs: refused partitions and lost requests.
     ingest: Mutex<Option<Arc<IngestStats>>>,
 }
@@ -210,6 +218,7 @@ impl Admin {
             engine,
             metrics,
             gauges_at: Mutex::new(None),
+            reviews: ReviewsCache::new(REVIEWS_TTL),
             ingest: Mutex::new(None),
         });
         // The recorder buffers histogram samples until upkeep drains them: run it even when
@@ -495,7 +504,7 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>
     let answer = match (&method, segments.as_slice()) {
         (&Method::GET, ["metrics"]) => metrics(shared).await,
         (&Method::GET, ["healthz"]) => healthz(shared).await,
-        (&Method::GET, ["tasks", id]) => task(shared, id).await,
+        (&Method::GET, ["tasks", id]) => task(shared, id, req.uri().query()).await,
         (&Method::GET, ["reviews"]) => reviews(shared).await,
         (&Method::POST, ["reviews", id]) => resolve(shared, id, req).await,
         (_, ["metrics" | "healthz" | "reviews"] | ["tasks" | "reviews", _]) => Err(Failure::new(
@@ -516,7 +525,11 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>
 }
 
 fn json_response(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {
-    let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
+    json_bytes_response(status, Bytes::from(body.to_string()))
+}
+
+fn json_bytes_response(status: StatusCode, body: Bytes) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(body));
     *resp.status_mut() = status;
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -631,8 +644,48 @@ fn task_ref(segment: &str) -> Result<sendledger_core::TaskId, Failure> {
     parse_task(&decoded).map_err(|e| Failure::new(StatusCode::BAD_REQUEST, e.to_string()))
 }
 
-async fn task(shared: &Shared, segment: &str) -> Answer {
+/// The page of a timeline a query asks for: `after` (a sequence number) and `limit`.
+fn timeline_page(query: Option<&str>) -> Result<(Option<u32>, usize), Failure> {
+    let bad = |message: String| Failure::new(StatusCode::BAD_REQUEST, message);
+    let (mut after, mut limit) = (None, TIMELINE_PAGE);
+    for pair in query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match name {
+            "after" => {
+                after = Some(value.parse().map_err(|_| {
+                    bad(format!(
+                        "`after` is {value:?}; use the sequence number of an event (`next_after`)"
+                    ))
+                })?)
+            }
+            "limit" => {
+                limit = value
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=TIMELINE_PAGE_MAX).contains(n))
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "`limit` is {value:?}; use 1 to {TIMELINE_PAGE_MAX}"
+                        ))
+                    })?
+            }
+            _ => {
+                return Err(bad(format!(
+                    "unknown query parameter `{name}`; use `after` and `limit`"
+                )))
+            }
+        }
+    }
+    Ok((after, limit))
+}
+
+async fn task(shared: &Shared, segment: &str, query: Option<&str>) -> Answer {
     let task_id = task_ref(segment)?;
+    let (after, limit) = timeline_page(query)?;
     let events = shared.engine.events(task_id).await?;
     if events.is_empty() {
         return Err(Failure::new(
@@ -640,13 +693,64 @@ async fn task(shared: &Shared, segment: &str) -> Answer {
             format!("task {task_id} is not in the ledger"),
         ));
     }
-    Ok(json_response(StatusCode::OK, &task_json(task_id, &events)))
+    let start = after.map_or(0, |after| events.partition_point(|e| e.task_seq <= after));
+    let page = &events[start..events.len().min(start + limit)];
+    let more = start + page.len() < events.len();
+    let mut body = task_json(task_id, &fold(&events), page);
+    body["more"] = json!(more);
+    body["next_after"] = json!(page.last().filter(|_| more).map(|e| e.task_seq));
+    Ok(json_response(StatusCode::OK, &body))
 }
 
 async fn reviews(shared: &Shared) -> Answer {
-    let items = shared.engine.reviews().await?;
-    let list: Vec<Value> = items.iter().map(review_json).collect();
-    Ok(json_response(StatusCode::OK, &Value::Array(list)))
+    let body = shared
+        .reviews
+        .get(|| async {
+            let items = shared.engine.reviews().await?;
+            let list: Vec<Value> = items.iter().map(review_json).collect();
+            Ok(Bytes::from(Value::Array(list).to_string()))
+        })
+        .await?;
+    Ok(json_bytes_response(StatusCode::OK, body))
+}
+
+/// The `GET /reviews` body, reused for `ttl`. The lock is async and held while the list is
+/// computed, so concurrent reads wait for one computation (each would fold every task in
+/// review) instead of starting their own.
+struct ReviewsCache {
+    ttl: Duration,
+    body: tokio::sync::Mutex<Option<(Instant, Bytes)>>,
+}
+
+impl ReviewsCache {
+    fn new(ttl: Duration) -> ReviewsCache {
+        ReviewsCache {
+            ttl,
+            body: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// The cached body, or the one `compute` makes when there is none younger than the TTL.
+    async fn get<F, Fut>(&self, compute: F) -> Result<Bytes, Failure>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<Bytes, Failure>>,
+    {
+        let mut body = self.body.lock().await;
+        if let Some((at, bytes)) = &*body {
+            if at.elapsed() < self.ttl {
+                return Ok(bytes.clone());
+            }
+        }
+        let bytes = compute().await?;
+        *body = Some((Instant::now(), bytes.clone()));
+        Ok(bytes)
+    }
+
+    /// Drops the cached body: the next read computes the list again.
+    async fn clear(&self) {
+        *self.body.lock().await = None;
+    }
 }
 
 /// The body of `POST /reviews/{id}` (and what `sendledger review resolve --admin` sends).
@@ -764,6 +868,7 @@ async fn resolve(shared: &Shared, segment: &str, req: Request<Incoming>) -> Answ
         .resolution()
         .map_err(|e| Failure::new(StatusCode::BAD_REQUEST, format!("bad body: {e}")))?;
     let reply = shared.engine.resolve(task_id, resolution).await?;
+    shared.reviews.clear().await;
     tracing::info!(task_id = %task_id, events = ?reply.events, phase = reply.phase.name(), "review resolved");
     Ok(json_response(
         StatusCode::OK,
@@ -774,6 +879,29 @@ async fn resolve(shared: &Shared, segment: &str, req: Request<Incoming>) -> Answ
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Concurrent reads of the review list compute it once; a resolution's `clear` makes the
+    /// next read compute it again.
+    #[tokio::test]
+    async fn the_review_list_is_computed_once_for_concurrent_reads() {
+        let cache = ReviewsCache::new(Duration::from_secs(3600));
+        let computed = std::sync::atomic::AtomicU32::new(0);
+        let read = || {
+            cache.get(|| async {
+                let n = computed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                Ok(Bytes::from(n.to_string()))
+            })
+        };
+        let bodies = tokio::join!(read(), read(), read(), read());
+        let bodies = [bodies.0, bodies.1, bodies.2, bodies.3];
+        assert!(bodies
+            .iter()
+            .all(|b| b.as_ref().ok() == Some(&Bytes::from("0"))));
+        cache.clear().await;
+        assert_eq!(read().await.ok(), Some(Bytes::from("1")));
+        assert_eq!(computed.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
     use sendledger_core::{EventBody, Limits, NewEvent, Source, TaskId, TaskRequest, UnknownCause};
     use sendledger_store::{Append, LedgerOptions, TaskSummary};
 

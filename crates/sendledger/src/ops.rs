@@ -75,14 +75,14 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
         "task {task} is not in the ledger at {}",
         args.data.display()
     );
+    let state = fold(&events);
     if args.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&task_json(task, &events))?
+            serde_json::to_string_pretty(&task_json(task, &state, &events))?
         );
         return Ok(());
     }
-    let state = fold(&events);
     println!(
         "task {task}: {} after {} events, {} attempts",
         state.phase.name(),

@@ -4,7 +4,7 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use sendledger_actors::ReviewItem;
-use sendledger_core::{fold, Event, Identity, TaskId};
+use sendledger_core::{Event, Identity, State, TaskId};
 use serde_json::{json, Value};
 
 /// A task id (32 hex digits) or an identity's address `tenant/operation/request_key` (a `/`
@@ -24,9 +24,9 @@ pub fn time(at_ms: u64) -> String {
     humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(at_ms)).to_string()
 }
 
-/// A task's state and timeline (`inspect --json`, `GET /tasks/{id}`).
-pub fn task_json(task: TaskId, events: &[Event]) -> Value {
-    let state = fold(events);
+/// A task's state and the events of its timeline to show (`inspect --json`: all of them;
+/// `GET /tasks/{id}`: one page).
+pub fn task_json(task: TaskId, state: &State, events: &[Event]) -> Value {
     let timeline: Vec<_> = events
         .iter()
         .map(|e| json!({ "lsn": e.lsn, "seq": e.task_seq, "at": time(e.at), "event": e.body.name(), "detail": e.body.summary(e.at) }))

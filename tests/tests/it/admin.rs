@@ -435,6 +435,41 @@ async fn admin_endpoint_metrics_and_review_round_trips() {
             "DuplicateDelivery"
         ]
     );
+    assert_eq!(
+        (ok1["more"].clone(), ok1["next_after"].clone()),
+        (json!(false), Value::Null)
+    );
+    // The timeline in pages: the state is the whole task's, the events a page of them.
+    let page = |query: &str| format!("/tasks/{}?{query}", task_id("ok-1"));
+    let first = get_json(&addr, &page("limit=3")).await;
+    assert_eq!(first["state"], "succeeded");
+    assert_eq!(first["events"].as_array().unwrap().len(), 3);
+    assert_eq!(
+        (first["more"].clone(), first["next_after"].clone()),
+        (json!(true), json!(2))
+    );
+    let rest = get_json(&addr, &page("after=2&limit=3")).await;
+    let rest_names: Vec<&Value> = rest["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| &e["event"])
+        .collect();
+    assert_eq!(rest_names, ["DuplicateDelivery"]);
+    assert_eq!(
+        (rest["more"].clone(), rest["next_after"].clone()),
+        (json!(false), Value::Null)
+    );
+    assert_eq!(rest["remote_id"], record.id.as_str());
+    for (query, field) in [
+        ("limit=0", "`limit`"),
+        ("after=x", "`after`"),
+        ("page=2", "`page`"),
+    ] {
+        let (status, body) = http(&addr, "GET", &page(query), None, None).await;
+        assert_eq!(status, 400, "{query}: {body}");
+        assert!(body.contains(field), "{query}: {body}");
+    }
     let (status, body) = http(&addr, "GET", "/tasks/acme%2Fnope%2Fx", None, None).await;
     assert_eq!(status, 404, "{body}");
     let (status, body) = http(&addr, "GET", "/tasks/not-a-task", None, None).await;

@@ -507,6 +507,43 @@ async fn a_restarted_task_has_one_lookup_in_flight() {
     engine.shutdown(Duration::from_secs(5)).await;
 }
 
+/// A producer repeating one request: past `MAX_RECORDED_DUPLICATES` a redelivery records no
+/// event (the history stays bounded), yet it is still dropped and its offset still processed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redeliveries_past_the_limit_are_dropped_without_growing_the_history() {
+    let sim = sim(Faults::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start_engine(dir.path(), target(&sim.base_url(), |_| {}));
+    engine.submit(request("many-1"), source(0)).await.unwrap();
+    wait_for(&engine, task_id("many-1"), WAIT, settled).await;
+    let limit = i64::from(sendledger_core::decide::MAX_RECORDED_DUPLICATES);
+    for offset in 1..=limit + 200 {
+        let reply = engine
+            .submit(request("many-1"), source(offset))
+            .await
+            .unwrap();
+        let expected: &[&str] = if offset <= limit {
+            &["DuplicateDelivery"]
+        } else {
+            &[]
+        };
+        assert_eq!(reply.events, expected, "delivery at offset {offset}");
+    }
+    let events = engine.ledger().task_events(task_id("many-1")).unwrap();
+    let duplicates = events
+        .iter()
+        .filter(|e| matches!(e.body, EventBody::DuplicateDelivery { .. }))
+        .count();
+    assert_eq!(duplicates as i64, limit);
+    let processed = engine.ledger().processed("test", 0).unwrap();
+    assert!(
+        (0..=limit + 200).all(|o| processed.contains(o)),
+        "{processed:?}"
+    );
+    assert_eq!(sim.stats().posts, 1);
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
 /// A redelivery of an identity the ledger knows is a duplicate (or a conflict) even after its
 /// target was removed and a limit tightened: never a new rejected task.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

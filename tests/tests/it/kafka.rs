@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,8 +25,9 @@ use sendledger_bus::{
     Ingest, IngestStats, Kafka, KafkaConfig, Publisher, ResultStatus, Role, TaskResult,
     EVENT_ID_HEADER,
 };
-use sendledger_core::EventBody;
+use sendledger_core::{EventBody, Evidence, Limits, NewEvent, Phase, Source, TaskId};
 use sendledger_sim::{Faults, Sim, SimConfig};
+use sendledger_store::{Append, Ledger, LedgerOptions, TaskSummary};
 use sendledger_tests::engine::{request, target};
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -1512,6 +1514,142 @@ async fn the_broker_unreachable_for_a_while_loses_and_duplicates_nothing() {
     pipeline.published().await;
     let last = pipeline.engine.ledger().last_lsn();
     assert_events_published(&kafka, last).await;
+    pipeline.stop().await;
+    sim.shutdown().await;
+}
+
+/// Appends `bodies` as the events of `task` from `first_seq` on, with the task's summary.
+fn append_history(ledger: &Ledger, task: TaskId, first_seq: u32, bodies: Vec<EventBody>) {
+    let next_seq = first_seq + bodies.len() as u32;
+    let events = bodies
+        .into_iter()
+        .zip(first_seq..)
+        .map(|(body, task_seq)| NewEvent {
+            task_id: task,
+            task_seq,
+            at: 1_000,
+            body,
+        })
+        .collect();
+    let summary = TaskSummary {
+        phase: Phase::Succeeded,
+        next_seq,
+    };
+    let append = Append {
+        events,
+        tasks: vec![(task, summary)],
+        ..Append::default()
+    };
+    tokio::task::block_in_place(|| ledger.append_blocking(append)).unwrap();
+}
+
+/// A ledger from before redeliveries were bounded: one task succeeded, then 5,000 recorded
+/// duplicates. The publisher projects each event once (never the whole history again per
+/// event): every duplicate re-announces the same result, a task whose events run on from one
+/// batch into the next is not read again, and a publisher that starts in the middle of the
+/// task reads its history once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_long_task_history_is_published_with_each_event_projected_once() {
+    const DUPLICATES: i64 = 5_000;
+    let kafka = embedded();
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger::open(dir.path(), LedgerOptions::default()).unwrap();
+    let accepted = request("long-1").accept(&Limits::default()).unwrap();
+    let task = accepted.task_id();
+    let source = |offset| Source {
+        topic: kafka.config().requests_topic.clone(),
+        partition: 0,
+        offset,
+    };
+    let mut bodies = vec![
+        EventBody::TaskAccepted {
+            payload_hash: accepted.payload_hash(),
+            request: accepted,
+            source: source(0),
+        },
+        EventBody::SendIntended {
+            attempt: 1,
+            idempotency_key: None,
+        },
+        EventBody::Confirmed {
+            remote_id: "r-1".into(),
+            evidence: Evidence::Response { status: 201 },
+        },
+    ];
+    bodies.extend((1..=DUPLICATES).map(|o| EventBody::DuplicateDelivery { source: source(o) }));
+    append_history(&ledger, task, 0, bodies);
+
+    let publisher = Publisher::start(&kafka, ledger.clone()).unwrap();
+    assert!(publisher.wait_for(ledger.last_lsn(), WAIT).await);
+    assert_eq!(publisher.stats().refolded.load(Ordering::Relaxed), 0);
+    publisher.shutdown(Duration::from_secs(10)).await.unwrap();
+
+    // Ten more, published by a new publisher: it reads the task's history once.
+    let seq = 3 + DUPLICATES as u32;
+    let more = (1..=10)
+        .map(|o| EventBody::DuplicateDelivery {
+            source: source(DUPLICATES + o),
+        })
+        .collect();
+    append_history(&ledger, task, seq, more);
+    let publisher = Publisher::start(&kafka, ledger.clone()).unwrap();
+    assert!(publisher.wait_for(ledger.last_lsn(), WAIT).await);
+    assert_eq!(
+        publisher.stats().refolded.load(Ordering::Relaxed),
+        u64::from(seq)
+    );
+    publisher.shutdown(Duration::from_secs(10)).await.unwrap();
+
+    let announced = 1 + DUPLICATES as usize + 10;
+    let records = read_until(&kafka, &kafka.config().results_topic, move |r| {
+        r.len() >= announced
+    })
+    .await;
+    assert!(records.len() >= announced, "{} results", records.len());
+    assert!(records.iter().all(|r| r.key == identity_key("long-1")));
+    let results = dedupe(&records);
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert_eq!(results[0].status, ResultStatus::Succeeded);
+    assert_eq!(results[0].remote_id.as_deref(), Some("r-1"));
+    assert_eq!(results[0].event_id, format!("{task}:3"));
+}
+
+/// Backpressure by bytes: requests of 20 and 60 KB against a 50 KB budget. The partitions pause
+/// every few messages (and after each 60 KB one, larger than the whole budget, which still goes
+/// through alone); every request is executed once and answered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_byte_budget_pauses_the_partitions_and_every_request_runs_once() {
+    let cfg = KafkaConfig {
+        max_unfinished_bytes: 50_000,
+        ..config("embedded")
+    };
+    let kafka = tokio::task::block_in_place(|| Kafka::connect(cfg)).unwrap();
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = Pipeline::start(&kafka, dir.path(), &sim);
+    let keys: Vec<String> = (0..40).map(|i| format!("bytes-{i}")).collect();
+    let messages = keys
+        .iter()
+        .enumerate()
+        .map(|(i, key)| {
+            let mut r = request(key);
+            let len = if i % 4 == 0 { 60_000 } else { 20_000 };
+            r.payload = serde_json::json!({ "amount": 1250, "note": "x".repeat(len) });
+            (
+                None,
+                identity_key(key),
+                Some(serde_json::to_vec(&r).unwrap()),
+            )
+        })
+        .collect();
+    produce(&kafka, messages).await;
+    let (_, results) = results_for(&kafka, task_ids(&keys)).await;
+    assert_one_record_each(&sim, &keys, &results);
+    assert_exactly_one_terminal(&results, &task_ids(&keys));
+    let stats = pipeline.ingest.stats().clone();
+    assert_eq!(IngestStats::get(&stats.submitted), 40);
+    let pauses = IngestStats::get(&stats.pauses);
+    assert!(pauses >= 10, "{pauses} pauses");
     pipeline.stop().await;
     sim.shutdown().await;
 }
