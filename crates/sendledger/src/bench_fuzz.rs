@@ -44,6 +44,10 @@ pub struct FuzzArgs {
     /// Where an input that panicked is saved, as `<target>/<sha256 prefix>.bin`.
     #[arg(long, default_value = "tests/fixtures/fuzz")]
     crashes: PathBuf,
+    /// Only write each target's seeds into `DIR/<target>/` (a starting corpus for
+    /// `cargo fuzz`), and fuzz nothing.
+    #[arg(long, value_name = "DIR")]
+    seeds_into: Option<PathBuf>,
 }
 
 /// An input boundary of the service.
@@ -135,7 +139,7 @@ impl Target {
     }
 
     /// Valid inputs the mutations start from.
-    fn seeds(self) -> Vec<Vec<u8>> {
+    pub fn seeds(self) -> Vec<Vec<u8>> {
         match self {
             Target::Request => {
                 let mut seeds: Vec<Vec<u8>> = (0..4)
@@ -424,7 +428,25 @@ fn mutate(rng: &mut StdRng, seeds: &[Vec<u8>]) -> Vec<u8> {
     input
 }
 
+/// The first 8 bytes of the input's SHA-256, in hex: a file name per distinct input.
+fn short_hash(input: &[u8]) -> String {
+    Sha256::digest(input)[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 pub fn run(args: FuzzArgs) -> anyhow::Result<()> {
+    if let Some(dir) = &args.seeds_into {
+        for target in Target::ALL {
+            let dir = dir.join(target.name());
+            std::fs::create_dir_all(&dir)?;
+            for seed in target.seeds() {
+                std::fs::write(dir.join(format!("{}.bin", short_hash(&seed))), seed)?;
+            }
+        }
+        return Ok(());
+    }
     let budget = match args.iterations {
         Some(n) => Budget::Iterations(n),
         None => {
@@ -445,9 +467,7 @@ pub fn run(args: FuzzArgs) -> anyhow::Result<()> {
         let dir = args.crashes.join(target.name());
         let mut saved = Vec::new();
         for finding in &run.findings {
-            let hash = Sha256::digest(&finding.input);
-            let name: String = hash[..8].iter().map(|b| format!("{b:02x}")).collect();
-            let path = dir.join(format!("{name}.bin"));
+            let path = dir.join(format!("{}.bin", short_hash(&finding.input)));
             std::fs::create_dir_all(&dir)
                 .and_then(|()| std::fs::write(&path, &finding.input))
                 .with_context(|| format!("saving a crashing input to {}", path.display()))?;
