@@ -38,7 +38,11 @@ fn saved_hostile_inputs_are_answered_without_panicking() {
     let mut replayed = 0;
     for target_dir in std::fs::read_dir(dir).unwrap() {
         let target_dir = target_dir.unwrap().path();
-        let name = target_dir.file_name().unwrap().to_string_lossy().into_owned();
+        let name = target_dir
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
         let target = Target::ALL
             .into_iter()
             .find(|t| t.name() == name)
