@@ -5,8 +5,8 @@
 //! boundary under `catch_unwind`. A boundary must answer any input with a value or an error:
 //! a panic, or a value that does not survive its own round trip, is a finding.
 //!
-//! Not coverage-guided (that needs a nightly compiler): the inputs are a pure function of the
-//! seed, so a run is reproducible. Inputs run on a thread with a 2 MiB stack, what the
+//! Not coverage-guided (the cargo-fuzz targets in `fuzz/` are, and call [`Target::exercise`]):
+//! the inputs are a pure function of the seed, so a run is reproducible and runs in the tests. Inputs run on a thread with a 2 MiB stack, what the
 //! service's worker threads have.
 
 use std::collections::BTreeMap;
