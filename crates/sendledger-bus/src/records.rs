@@ -295,7 +295,8 @@ pub fn event_from_record(record: &EventRecord) -> Result<Event> {
 }
 
 fn hex_bytes(hex: &str) -> Option<Vec<u8>> {
-    if hex.len() % 2 != 0 || !hex.is_ascii() {
+    // Digits only: `from_str_radix` alone would also take a sign (`+a` as 0x0a).
+    if hex.len() % 2 != 0 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     (0..hex.len())
@@ -739,6 +740,14 @@ mod tests {
             event_record(&history(task, vec![EventBody::DuplicateDelivery { source: src(1) }])[0]);
         wrong.lsn += 1;
         assert!(event_from_record(&wrong).is_err());
+        // A payload hash is hex digits only, as `event_record` writes it.
+        let conflict = EventBody::RequestConflict {
+            source: src(9),
+            payload_hash: PayloadHash([0x0a; 32]),
+        };
+        let mut signed = event_record(&history(task, vec![conflict])[0]);
+        signed.body["payload_hash"] = "+a".repeat(32).into();
+        assert!(event_from_record(&signed).is_err());
     }
 
     #[test]

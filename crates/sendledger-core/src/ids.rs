@@ -93,7 +93,8 @@ fn write_hex(f: &mut fmt::Formatter<'_>, bytes: &[u8]) -> fmt::Result {
 }
 
 fn parse_hex(s: &str, out: &mut [u8]) -> Option<()> {
-    if s.len() != out.len() * 2 || !s.is_ascii() {
+    // Digits only: `from_str_radix` alone would also take a sign (`+a` as 0x0a).
+    if s.len() != out.len() * 2 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     for (i, byte) in out.iter_mut().enumerate() {
@@ -119,5 +120,6 @@ mod tests {
         assert_eq!(a.to_string(), "1955a2f36b8bffcf316b158bfca22be0");
         assert_eq!(a.to_string().parse::<TaskId>().unwrap(), a);
         assert!("xyz".parse::<TaskId>().is_err());
+        assert!("+a".repeat(16).parse::<TaskId>().is_err());
     }
 }

@@ -26,8 +26,8 @@ use clap::Args;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sendledger_core::{
-    EventBody, Evidence, Limits, NewEvent, NotSentCause, PayloadHash, ReviewReason, Source, State,
-    TaskId, UnknownCause,
+    Event, EventBody, Evidence, Limits, NewEvent, NotSentCause, PayloadHash, ReviewReason, Source,
+    State, TaskId, UnknownCause,
 };
 use sendledger_store::{Append, Durability, Ledger, LedgerOptions, TaskSummary};
 
@@ -258,6 +258,30 @@ impl Generator {
         };
         script.into()
     }
+}
+
+/// The events of `tasks` generated tasks, one task after the other, from LSN 1: realistic
+/// values of every common kind (the fuzzer's seeds for the event codecs).
+pub(crate) fn sample_events(seed: u64, tasks: u64) -> Vec<Event> {
+    let mut gen = Generator {
+        rng: StdRng::seed_from_u64(seed),
+        tasks: 0,
+        at: START_MS,
+    };
+    let mut events = Vec::new();
+    for _ in 0..tasks {
+        let (first, script, _) = gen.task();
+        for (seq, body) in std::iter::once(first.body).chain(script).enumerate() {
+            events.push(Event {
+                lsn: events.len() as u64 + 1,
+                task_id: first.task_id,
+                task_seq: seq as u32,
+                at: first.at + seq as u64,
+                body,
+            });
+        }
+    }
+    events
 }
 
 struct Generated {

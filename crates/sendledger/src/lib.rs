@@ -13,6 +13,7 @@ mod bench;
 mod bench_audit;
 mod bench_effects;
 mod bench_engine;
+pub mod bench_fuzz;
 mod bench_kafka;
 pub mod cli;
 pub mod config;

@@ -8,6 +8,7 @@ mod deploy;
 mod effects;
 mod engine;
 mod engine_kill;
+mod fuzz;
 mod kafka;
 mod ledger;
 mod sim;
