@@ -931,3 +931,46 @@ async fn kafka_metrics_count_published_results_and_report_lag() {
     assert_eq!(sim.records().len(), N);
     tokio::task::block_in_place(|| service.stop());
 }
+
+/// A ledger with `buffered` durability is never silent: `/healthz` says so with a warning
+/// (and stays 200: the service works, it is only not crash-proof); `sync` says `sync`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buffered_durability_shows_in_health() {
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .build_recorder()
+        .handle();
+    let config = sendledger::config::AdminConfig {
+        listen: ([127, 0, 0, 1], 0).into(),
+        ..Default::default()
+    };
+    for (durability, name) in [
+        (sendledger_store::Durability::Buffered, "buffered"),
+        (sendledger_store::Durability::Sync, "sync"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut engine_config = sendledger_actors::EngineConfig::new(dir.path());
+        engine_config.durability = durability;
+        let remote = std::sync::Arc::new(sendledger_actors::HttpRemote::new(
+            sendledger_tests::engine::targets(target(&sim.base_url(), |_| {})),
+        ));
+        let engine =
+            tokio::task::block_in_place(|| sendledger_actors::Engine::start(engine_config, remote))
+                .unwrap();
+        let admin = sendledger::admin::Admin::start(&config, engine.clone(), handle.clone())
+            .await
+            .unwrap();
+        let health = get_json(&admin.local_addr().to_string(), "/healthz").await;
+        assert_eq!(health["ok"], true, "{health}");
+        assert_eq!(health["durability"], name, "{health}");
+        assert_eq!(
+            health["warning"]
+                .as_str()
+                .is_some_and(|w| w.contains("not fsynced")),
+            name == "buffered",
+            "{health}"
+        );
+        admin.shutdown().await;
+        engine.shutdown(Duration::from_secs(5)).await;
+    }
+}
