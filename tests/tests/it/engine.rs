@@ -810,3 +810,74 @@ async fn a_slow_remote_is_reconciled_without_duplicates() {
     assert_eq!(sim.stats().duplicates, 0);
     engine.shutdown(Duration::from_secs(5)).await;
 }
+
+/// The remote is down for a while (connection refused; 20 s here, `SENDLEDGER_REMOTE_DOWN_SECS`
+/// for minutes): attempts are certainly not sent, so they are retried with capped backoff
+/// within `max_attempts`; when the remote returns, every task succeeds with one record, and no
+/// unknown outcome was ever recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_down_for_a_while_is_waited_out_without_unknowns() {
+    let down = Duration::from_secs(
+        std::env::var("SENDLEDGER_REMOTE_DOWN_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(20),
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let max_backoff = Duration::from_secs(2);
+    // Enough attempts to outlast the outage: with full jitter under a 2 s cap, a retry comes
+    // about every second.
+    let max_attempts = down.as_secs() as u32 * 2 + 20;
+    let engine = start_engine(
+        dir.path(),
+        target(&format!("http://127.0.0.1:{port}"), |t| {
+            t["retry"]["max_attempts"] = max_attempts.into();
+            t["retry"]["max_backoff"] = "2s".into();
+        }),
+    );
+    let keys: Vec<String> = (0..50).map(|i| format!("down-{i}")).collect();
+    for (i, key) in keys.iter().enumerate() {
+        engine.submit(request(key), source(i as i64)).await.unwrap();
+    }
+    tokio::time::sleep(down).await;
+    let sim = Sim::start(SimConfig {
+        listen: ([127, 0, 0, 1], port).into(),
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap();
+    for key in &keys {
+        let state = wait_for(&engine, task_id(key), WAIT, settled).await;
+        assert_eq!(state.phase, Phase::Succeeded, "{key}");
+        assert_eq!(sim.records_with_identity(key).len(), 1, "{key}");
+        let events = engine.events(task_id(key)).await.unwrap();
+        assert!(!events
+            .iter()
+            .any(|e| matches!(e.body, EventBody::SendUnknown { .. })));
+        let retries: Vec<(u64, u64)> = events
+            .iter()
+            .filter_map(|e| match e.body {
+                EventBody::SendNotSent { retry_at, .. } => Some((e.at, retry_at)),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            retries.len() >= 2,
+            "{key} was retried while the remote was down"
+        );
+        for (at, retry_at) in retries {
+            assert!(
+                retry_at - at <= max_backoff.as_millis() as u64,
+                "{key}: backoff over the cap"
+            );
+        }
+        assert!(state.attempts <= max_attempts);
+    }
+    assert_eq!(sim.stats().posts, 50);
+    engine.shutdown(Duration::from_secs(5)).await;
+}
