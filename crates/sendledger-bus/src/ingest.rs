@@ -120,16 +120,7 @@ impl Ingest {
         let stop = Arc::new(AtomicBool::new(false));
         let grace = Arc::new(Mutex::new(Duration::from_secs(10)));
         let (done_tx, done_rx) = mpsc::channel();
-        let tracker = Arc::new(Mutex::new(Tracker {
-            parts: BTreeMap::new(),
-            next_generation: 1,
-            orphans: Load::default(),
-            done_rx,
-            chains: HashMap::new(),
-            next_chain: 0,
-            paused: false,
-            fatal: None,
-        }));
+        let tracker = Arc::new(Mutex::new(Tracker::new(done_rx)));
         let context = IngestContext {
             tracker: tracker.clone(),
             topic: config.requests_topic.clone(),
@@ -307,6 +298,19 @@ impl Budget {
 }
 
 impl Tracker {
+    fn new(done_rx: mpsc::Receiver<Done>) -> Tracker {
+        Tracker {
+            parts: BTreeMap::new(),
+            next_generation: 1,
+            orphans: Load::default(),
+            done_rx,
+            chains: HashMap::new(),
+            next_chain: 0,
+            paused: false,
+            fatal: None,
+        }
+    }
+
     fn unfinished(&self) -> Load {
         let mut load = self.orphans;
         for p in self.parts.values() {
@@ -706,7 +710,8 @@ impl<S: RequestSink> Worker<S> {
             }
             return (true, Some(watermark));
         }
-        self.count_deleted(partition, watermark + 1, low);
+        // The partition's start offset is at hand: no second fetch.
+        self.report_lost(partition, watermark + 1, low);
         (false, Some(watermark.max(low - 1)))
     }
 
@@ -714,21 +719,22 @@ impl<S: RequestSink> Worker<S> {
     /// start offset) were deleted before they were processed: an error, counted per partition.
     /// Gaps above the start offset are normal (transaction markers, compaction).
     fn count_deleted(&self, partition: i32, from: i64, to: i64) {
-        let low = if to > from {
-            match self
-                .consumer
-                .fetch_watermarks(&self.topic, partition, WATERMARK_TIMEOUT)
-            {
-                Ok((low, _)) => low,
-                Err(e) => {
-                    tracing::warn!(partition, error = %e, "cannot read the partition's start offset; a gap is not checked");
-                    return;
-                }
-            }
-        } else {
+        if to <= from {
             return;
-        };
-        let end = low.min(to);
+        }
+        match self
+            .consumer
+            .fetch_watermarks(&self.topic, partition, WATERMARK_TIMEOUT)
+        {
+            Ok((low, _)) => self.report_lost(partition, from, low.min(to)),
+            Err(e) => {
+                tracing::warn!(partition, error = %e, "cannot read the partition's start offset; a gap is not checked");
+            }
+        }
+    }
+
+    /// Offsets from `from` up to `end` (exclusive) were deleted before they were processed.
+    fn report_lost(&self, partition: i32, from: i64, end: i64) {
         if end <= from {
             return;
         }
@@ -1058,16 +1064,7 @@ mod tests {
     #[test]
     fn unfinished_bytes_are_released_by_the_messages_that_added_them() {
         let (_tx, done_rx) = mpsc::channel();
-        let mut t = Tracker {
-            parts: BTreeMap::new(),
-            next_generation: 1,
-            orphans: Load::default(),
-            done_rx,
-            chains: HashMap::new(),
-            next_chain: 0,
-            paused: false,
-            fatal: None,
-        };
+        let mut t = Tracker::new(done_rx);
         t.assign(0);
         t.assign(1);
         let received = [(0, 100_000), (0, 300), (1, 70_000)];
