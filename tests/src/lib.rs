@@ -81,6 +81,7 @@ pub mod engine {
             request_key: key.into(),
             target: "sim".into(),
             payload: serde_json::json!({ "amount": 1250, "currency": "EUR" }),
+            payload_text: None,
             metadata: Default::default(),
         }
     }

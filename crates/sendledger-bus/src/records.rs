@@ -467,6 +467,7 @@ mod tests {
             request_key: "k-1".into(),
             target: "sim".into(),
             payload: serde_json::json!({"a": 1}),
+            payload_text: None,
             metadata: Default::default(),
         }
         .accept(&Limits::default())

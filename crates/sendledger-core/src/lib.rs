@@ -11,6 +11,7 @@
 //! rebuilding an actor, `inspect` and `audit` all reach the same answer from the same events.
 
 pub mod audit;
+pub mod canonical;
 pub mod decide;
 pub mod error;
 pub mod event;

@@ -89,6 +89,7 @@ fn request(amount: u64) -> TaskRequest {
         request_key: "ord-7".into(),
         target: "payments".into(),
         payload: serde_json::json!({ "amount": amount }),
+        payload_text: None,
         metadata: Default::default(),
     }
 }

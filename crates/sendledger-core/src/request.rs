@@ -1,11 +1,11 @@
-//! Task requests as they arrive (JSON), their validation, and canonical JSON.
+//! Task requests as they arrive (JSON), their validation, and the form the ledger stores.
 //!
-//! A payload reaches the remote with its numbers as the producer wrote them: serde_json's
-//! `arbitrary_precision` feature keeps each number token's digits, sign, fraction and zeros
-//! (`100.00`, `-0`, `12345678901234567890123`), never rounding through an f64 nor refusing
-//! `1e400`; only an exponent is written `e` with its sign (`1E2` as `1e+2`), the same number.
-//! Canonical JSON only sorts object keys and drops whitespace; a payload with a key twice in
-//! one object is refused.
+//! A payload reaches the remote with its number tokens exactly as the producer wrote them
+//! (`100.00`, `-0`, `12345678901234567890123`, `1E2`): a request read from JSON keeps its
+//! payload's text, canonicalized by [`crate::canonical::canonical_text`], which sorts object
+//! keys and drops whitespace only. serde_json's `arbitrary_precision` feature keeps the parsed
+//! value's numbers exact too (never rounded through an f64, `1e400` not refused), for templates
+//! and filters. A payload with a key twice in one object is refused.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Write as _};
@@ -15,6 +15,7 @@ use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::{Number, Value};
 
+use crate::canonical::{canonical_json, object_members, string_literal, write_object};
 use crate::error::{Error, Result};
 use crate::ids::{PayloadHash, TaskId};
 use crate::reason::sanitize_reason;
@@ -30,6 +31,11 @@ pub struct TaskRequest {
     pub target: String,
     /// The business payload sent to the remote; a JSON object.
     pub payload: serde_json::Value,
+    /// The payload's canonical text, number tokens as written, when the request was read
+    /// from JSON ([`TaskRequest::from_json`]); it is what is stored and sent. `None` for a
+    /// request built in code: the canonical text is then written from `payload`.
+    #[serde(skip)]
+    pub payload_text: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metadata: BTreeMap<String, String>,
 }
@@ -169,12 +175,32 @@ impl AcceptedRequest {
     /// payloads whose numbers serde_json had read as a u64, i64 or f64 and printed again
     /// (`100.00` as `100.0`); a redelivery of such a request matches that form too, so it is a
     /// duplicate, not a conflict.
+    /// Ledgers written before exponents were kept as written stored them as serde_json
+    /// writes them (`1E2` as `1e+2`); that form matches too.
     pub fn has_payload_hash(&self, stored: PayloadHash) -> bool {
-        self.payload_hash() == stored
-            || serde_json::from_str(&self.payload)
-                .ok()
-                .and_then(|value| legacy_numbers(&value))
+        if self.payload_hash() == stored {
+            return true;
+        }
+        let Ok(value) = serde_json::from_str(&self.payload) else {
+            return false;
+        };
+        PayloadHash::of_canonical(&canonical_json(&value)) == stored
+            || legacy_numbers(&value)
                 .is_some_and(|legacy| PayloadHash::of_canonical(&canonical_json(&legacy)) == stored)
+    }
+
+    /// The payload with `fields` set as top-level string members (replacing any of the same
+    /// name), in canonical text; every other token stays as written. `None` when the payload
+    /// is not an object (it always is once accepted).
+    pub fn payload_with_fields<'a>(
+        &self,
+        fields: impl IntoIterator<Item = (&'a str, String)>,
+    ) -> Option<String> {
+        let mut members = object_members(&self.payload)?;
+        for (key, value) in fields {
+            members.insert(key.to_owned(), string_literal(&value));
+        }
+        Some(write_object(&members))
     }
 
     /// The payload as a JSON value (it was valid JSON when accepted).
@@ -188,8 +214,13 @@ impl TaskRequest {
     /// at any depth, is refused. The error quotes the input only through [`sanitize_reason`].
     pub fn from_json(bytes: &[u8]) -> Result<TaskRequest> {
         let json_err = |e: serde_json::Error| Error::Json(sanitize_reason(&e.to_string()));
-        let request = serde_json::from_slice(bytes).map_err(json_err)?;
+        let mut request: TaskRequest = serde_json::from_slice(bytes).map_err(json_err)?;
         serde_json::from_slice::<UniqueKeys>(bytes).map_err(json_err)?;
+        // serde_json accepted the bytes, so they are UTF-8 and one object with a payload.
+        request.payload_text = std::str::from_utf8(bytes)
+            .ok()
+            .and_then(object_members)
+            .and_then(|mut members| members.remove("payload"));
         Ok(request)
     }
 
@@ -213,7 +244,10 @@ impl TaskRequest {
                 found: json_kind(&self.payload),
             });
         }
-        let payload = canonical_json(&self.payload);
+        let payload = match &self.payload_text {
+            Some(text) => text.clone(),
+            None => canonical_json(&self.payload),
+        };
         if payload.len() > limits.max_payload_bytes {
             return Err(Error::PayloadTooLarge {
                 len: payload.len(),
@@ -266,54 +300,6 @@ fn json_kind(v: &serde_json::Value) -> &'static str {
         serde_json::Value::Array(_) => "an array",
         serde_json::Value::Object(_) => "an object",
     }
-}
-
-/// Canonical JSON: object keys sorted by their UTF-8 bytes, no insignificant whitespace.
-/// Independent of how `serde_json` orders maps, so the hash never depends on a feature flag.
-pub fn canonical_json(value: &serde_json::Value) -> String {
-    let mut out = String::new();
-    write_canonical(value, &mut out);
-    out
-}
-
-fn write_canonical(value: &Value, out: &mut String) {
-    match value {
-        Value::Null => out.push_str("null"),
-        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        Value::Number(n) => {
-            let _ = write!(out, "{n}");
-        }
-        Value::String(s) => write_string(s, out),
-        Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_canonical(item, out);
-            }
-            out.push(']');
-        }
-        Value::Object(map) => {
-            let mut entries: Vec<_> = map.iter().collect();
-            entries.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-            out.push('{');
-            for (i, (k, v)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_string(k, out);
-                out.push(':');
-                write_canonical(v, out);
-            }
-            out.push('}');
-        }
-    }
-}
-
-fn write_string(s: &str, out: &mut String) {
-    // serde_json's string escaping is deterministic; serializing a &str cannot fail.
-    out.push_str(&serde_json::to_string(s).unwrap_or_default());
 }
 
 /// `value` with every number as serde_json without `arbitrary_precision` read and printed it
@@ -441,6 +427,7 @@ mod tests {
             request_key: "ord-1".into(),
             target: "payments".into(),
             payload: serde_json::from_str(payload).unwrap(),
+            payload_text: None,
             metadata: BTreeMap::new(),
         }
     }
@@ -476,13 +463,16 @@ mod tests {
         let a = parsed(
             r#"{"iban": 12345678901234567890123, "amount": 100.00, "zero": -0, "big": 1e400, "n": [1E2, 0.10]}"#,
         );
-        // Digits, sign, fraction and zeros as written; serde_json writes an exponent as `e`
-        // with its sign (`1e400` as `1e+400`, `1E2` as `1e+2`): the same number to any reader.
+        // Digits, sign, fraction, zeros and exponent exactly as written.
         assert_eq!(
             a.payload,
+            r#"{"amount":100.00,"big":1e400,"iban":12345678901234567890123,"n":[1E2,0.10],"zero":-0}"#
+        );
+        // The parsed value keeps every digit too (serde_json writes an exponent as `e+`).
+        assert_eq!(
+            a.payload_value().to_string(),
             r#"{"amount":100.00,"big":1e+400,"iban":12345678901234567890123,"n":[1e+2,0.10],"zero":-0}"#
         );
-        assert_eq!(a.payload_value().to_string(), a.payload);
         // Only key order and whitespace are canonicalized: another token is another payload.
         let b = parsed(
             r#"{"zero":-0,"n":[1E2,0.10],"iban":12345678901234567890123,"big":1e400,"amount":100.00}"#,
@@ -512,6 +502,25 @@ mod tests {
             r#"{"amount": 100.01, "iban": 12345678901234567890123, "zero": -0, "n": [1E2, 7]}"#,
         );
         assert!(!other.has_payload_hash(old.payload_hash()));
+
+        // What the ledger stored while exponents were written as serde_json writes them.
+        let exponents = AcceptedRequest {
+            payload: r#"{"amount":100.00,"iban":12345678901234567890123,"n":[1e+2,7],"zero":-0}"#
+                .into(),
+            ..parsed("{}")
+        };
+        assert_ne!(again.payload_hash(), exponents.payload_hash());
+        assert!(again.has_payload_hash(exponents.payload_hash()));
+        assert!(!other.has_payload_hash(exponents.payload_hash()));
+    }
+
+    #[test]
+    fn fields_added_to_the_body_keep_every_other_token() {
+        let a = parsed(r#"{"amount": 1E2, "reference": "producer's", "z": [0.10]}"#);
+        let body = a
+            .payload_with_fields([("reference", "t-1".to_string()), ("b", "x\"y".to_string())])
+            .unwrap();
+        assert_eq!(body, r#"{"amount":1E2,"b":"x\"y","reference":"t-1","z":[0.10]}"#);
     }
 
     #[test]

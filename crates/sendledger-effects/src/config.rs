@@ -66,8 +66,9 @@ pub struct TargetConfig {
 }
 
 /// A header value: literal text, or read from an environment variable when the target is
-/// loaded (`{ env = "NAME", prefix = "Bearer " }`).
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// loaded (`{ env = "NAME", prefix = "Bearer " }`). `Debug` and `Serialize` show neither the
+/// text nor the prefix (`***`), only the variable's name.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(untagged)]
 pub enum HeaderValueConfig {
     Literal(String),
@@ -77,6 +78,27 @@ pub enum HeaderValueConfig {
         prefix: String,
     },
 }
+
+impl Serialize for HeaderValueConfig {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Env<'a> {
+            env: &'a str,
+            prefix: &'a str,
+        }
+        match self {
+            HeaderValueConfig::Literal(_) => serializer.serialize_str(REDACTED),
+            HeaderValueConfig::Env { env, .. } => Env {
+                env,
+                prefix: REDACTED,
+            }
+            .serialize(serializer),
+        }
+    }
+}
+
+/// What `Debug` and `Serialize` show instead of a header value.
+const REDACTED: &str = "***";
 
 impl fmt::Debug for HeaderValueConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

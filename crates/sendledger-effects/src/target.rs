@@ -511,17 +511,15 @@ impl Target {
         let body = if self.body_fields.is_empty() {
             Bytes::from(request.payload.clone())
         } else {
-            let mut object = match payload {
-                Value::Object(ref map) => map.clone(),
-                _ => return Err("the payload is not a JSON object".into()),
-            };
-            for (key, template) in &self.body_fields {
-                object.insert(
-                    key.clone(),
-                    Value::String(template.render_text(request, &payload)?),
-                );
-            }
-            Bytes::from(Value::Object(object).to_string())
+            let fields = self
+                .body_fields
+                .iter()
+                .map(|(key, template)| Ok((key.as_str(), template.render_text(request, &payload)?)))
+                .collect::<std::result::Result<Vec<_>, String>>()?;
+            let body = request
+                .payload_with_fields(fields)
+                .ok_or("the payload is not a JSON object")?;
+            Bytes::from(body)
         };
         let mut req = self
             .request(self.method.clone(), &url, &self.endpoint, body)

@@ -360,6 +360,7 @@ mod tests {
             request_key: key.into(),
             target: "payments".into(),
             payload: serde_json::json!({"customer": {"id": "c 1"}, "amount": 12, "ok": true, "list": [1]}),
+            payload_text: None,
             metadata: [("region".to_string(), "eu".to_string())].into(),
         }
         .accept(&Limits::default())

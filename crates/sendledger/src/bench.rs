@@ -62,6 +62,7 @@ pub fn bench_request(n: u64, target: &str) -> TaskRequest {
         request_key: format!("ord-{n}"),
         target: target.into(),
         payload: serde_json::json!({"order": n, "amount": 1250, "currency": "EUR", "customer": "c-8812"}),
+        payload_text: None,
         metadata: Default::default(),
     }
 }

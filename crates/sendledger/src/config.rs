@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 /// Prefix of the environment variables that override the file.
 pub const ENV_PREFIX: &str = "SENDLEDGER__";
 
-/// What `Debug` and error messages show instead of a secret value.
+/// What `Debug`, `Serialize` and error messages show instead of a secret value.
 const REDACTED: &str = "***";
 
 /// Whether a configuration key or librdkafka property holds a secret: its name mentions a
@@ -45,10 +45,10 @@ fn is_secret(name: &str) -> bool {
     .any(|s| name.contains(s))
 }
 
-/// `Debug` shows secrets as `***`: `admin.token`, and `kafka.properties` values whose key
-/// [`is_secret`]; target header values redact themselves. `Serialize` writes a configuration
-/// file back, secrets included.
-#[derive(Clone, Default, Serialize, Deserialize)]
+/// `Debug` and `Serialize` show secrets as `***`: `admin.token`, and `kafka.properties` values
+/// whose key [`is_secret`]; target header values redact themselves. No output of a
+/// configuration carries a secret.
+#[derive(Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub storage: StorageConfig,
@@ -59,23 +59,61 @@ pub struct Config {
     pub targets: BTreeMap<String, TargetConfig>,
 }
 
-impl fmt::Debug for Config {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl Config {
+    /// The Kafka section with secret property values replaced by `***`.
+    fn kafka_redacted(&self) -> KafkaConfig {
         let properties = self.kafka.properties.iter().map(|(k, v)| {
             let v = if is_secret(k) { REDACTED } else { v.as_str() };
             (k.clone(), v.to_string())
         });
-        let kafka = KafkaConfig {
+        KafkaConfig {
             properties: properties.collect(),
             ..self.kafka.clone()
-        };
+        }
+    }
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Config")
             .field("storage", &self.storage)
             .field("engine", &self.engine)
-            .field("kafka", &kafka)
+            .field("kafka", &self.kafka_redacted())
             .field("admin", &self.admin)
             .field("targets", &self.targets)
             .finish()
+    }
+}
+
+impl Serialize for Config {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Shown<'a> {
+            storage: &'a StorageConfig,
+            engine: &'a EngineSection,
+            kafka: KafkaConfig,
+            admin: &'a AdminConfig,
+            targets: &'a BTreeMap<String, TargetConfig>,
+        }
+        Shown {
+            storage: &self.storage,
+            engine: &self.engine,
+            kafka: self.kafka_redacted(),
+            admin: &self.admin,
+            targets: &self.targets,
+        }
+        .serialize(serializer)
+    }
+}
+
+/// Serializes a secret that may be unset as `***` when it is set.
+fn redact_option<S: serde::Serializer>(
+    secret: &Option<String>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match secret {
+        Some(_) => serializer.serialize_some(REDACTED),
+        None => serializer.serialize_none(),
     }
 }
 
@@ -145,6 +183,7 @@ pub struct AdminConfig {
     pub enabled: bool,
     /// Bearer token required by mutating calls (review resolutions). Unset: they are refused.
     /// Prefer `SENDLEDGER__ADMIN__TOKEN` to writing it in the file.
+    #[serde(serialize_with = "redact_option")]
     pub token: Option<String>,
     /// How long a connection may wait before sending a request: a new one, or one kept alive
     /// after an answer. Then it is closed.
@@ -578,5 +617,13 @@ mod tests {
         assert!(debug.contains(r#""sasl.password": "***""#), "{debug}");
         assert!(debug.contains("visible-id"), "{debug}");
         assert_eq!(c.admin.token.as_deref(), Some("admin-s3cret"));
+        for shown in [
+            toml::to_string(&c).unwrap(),
+            serde_json::to_string(&c).unwrap(),
+        ] {
+            assert!(!shown.contains("s3cret"), "{shown}");
+            assert!(shown.contains("visible-id"), "{shown}");
+            assert_eq!(shown.matches("***").count(), 5, "{shown}");
+        }
     }
 }

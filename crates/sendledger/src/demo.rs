@@ -230,6 +230,7 @@ fn request(n: u64) -> TaskRequest {
         request_key: format!("ord-{n:06}"),
         target: "payments".into(),
         payload: serde_json::json!({ "amount": 100 + n % 900, "currency": "EUR" }),
+        payload_text: None,
         metadata: Default::default(),
     }
 }

@@ -22,6 +22,7 @@ fn accepted(key: &str) -> (TaskId, EventBody) {
         request_key: key.into(),
         target: "payments".into(),
         payload: serde_json::json!({"amount": 1250}),
+        payload_text: None,
         metadata: Default::default(),
     }
     .accept(&Limits::default())

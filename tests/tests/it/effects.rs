@@ -18,6 +18,7 @@ pub fn request(key: &str, payload: serde_json::Value) -> AcceptedRequest {
         request_key: key.into(),
         target: "payments".into(),
         payload,
+        payload_text: None,
         metadata: Default::default(),
     }
     .accept(&Limits::default())
@@ -233,12 +234,11 @@ fn capture_one_body() -> (String, std::thread::JoinHandle<Vec<u8>>) {
 
 /// The numbers a producer wrote reach the remote as the same tokens, whether the body is the
 /// payload itself or the payload with `body_fields` added: no rounding to an f64
-/// (`12345678901234567890123`), no reformatting (`100.00`, `-0`), no overflow (`1e400`; its
-/// exponent is written with its sign, `1e+400`, the same number).
+/// (`12345678901234567890123`), no reformatting (`100.00`, `-0`, `1E2`), no overflow (`1e400`).
 #[tokio::test]
 async fn payload_numbers_reach_the_remote_as_written() {
     let produced = br#"{"tenant":"acme","operation":"payment.create","request_key":"ord-7","target":"payments",
-        "payload":{"iban": 12345678901234567890123, "amount": 100.00, "zero": -0, "huge": 1e400}}"#;
+        "payload":{"iban": 12345678901234567890123, "amount": 100.00, "zero": -0, "huge": 1e400, "e": [1E2, 2e-1]}}"#;
     let request = TaskRequest::from_json(produced)
         .unwrap()
         .accept(&Limits::default())
@@ -246,11 +246,11 @@ async fn payload_numbers_reach_the_remote_as_written() {
     for (extra, expected) in [
         (
             "",
-            r#"{"amount":100.00,"huge":1e+400,"iban":12345678901234567890123,"zero":-0}"#,
+            r#"{"amount":100.00,"e":[1E2,2e-1],"huge":1e400,"iban":12345678901234567890123,"zero":-0}"#,
         ),
         (
             r#"body_fields = { request_key = "{request_key}" }"#,
-            r#"{"amount":100.00,"huge":1e+400,"iban":12345678901234567890123,"request_key":"ord-7","zero":-0}"#,
+            r#"{"amount":100.00,"e":[1E2,2e-1],"huge":1e400,"iban":12345678901234567890123,"request_key":"ord-7","zero":-0}"#,
         ),
     ] {
         let (addr, server) = capture_one_body();
@@ -829,6 +829,7 @@ lookup = {{ url = "{}?reference={reference}" }}"#,
             request_key: key.into(),
             target: "payments".into(),
             payload: json!({}),
+            payload_text: None,
             metadata: Default::default(),
         }
         .accept(&Limits::default())

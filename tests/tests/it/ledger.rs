@@ -16,6 +16,7 @@ fn request(key: &str) -> AcceptedRequest {
         request_key: key.into(),
         target: "payments".into(),
         payload: serde_json::json!({"amount": 1250, "currency": "EUR"}),
+        payload_text: None,
         metadata: [("trace".to_string(), "abc".to_string())].into(),
     }
     .accept(&Limits::default())

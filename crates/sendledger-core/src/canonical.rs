@@ -1,0 +1,253 @@
+//! Canonical JSON: object keys sorted by their UTF-8 bytes, no insignificant whitespace,
+//! strings escaped as serde_json writes them, and every other token as written.
+//!
+//! The canonical text of a payload is what its hash covers and what is sent, so it must keep
+//! each number token exactly as the producer wrote it (`1E2`, `100.00`, `-0`,
+//! `12345678901234567890123`). A parsed `serde_json::Value` cannot: serde_json writes an
+//! exponent as `e` with its sign. So a payload that arrives as JSON text is canonicalized from
+//! that text ([`canonical_text`]); a payload built in code, from its value ([`canonical_json`]).
+//! For text without exponents both give the same bytes.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde_json::Value;
+
+/// The canonical text of `value`. Independent of how `serde_json` orders maps, so the hash
+/// never depends on a feature flag.
+pub fn canonical_json(value: &Value) -> String {
+    let mut out = String::new();
+    write_value(value, &mut out);
+    out
+}
+
+/// The canonical text of the JSON document `text`, with number tokens copied verbatim.
+/// `None` when `text` is not one JSON value (callers pass text serde_json has accepted).
+pub fn canonical_text(text: &str) -> Option<String> {
+    let mut scan = Scan::new(text);
+    let mut out = String::with_capacity(text.len());
+    scan.value(&mut out)?;
+    scan.end()?;
+    Some(out)
+}
+
+/// The members of the JSON object `text`, each value in canonical text, by key. `None` when
+/// `text` is not one JSON object.
+pub fn object_members(text: &str) -> Option<BTreeMap<String, String>> {
+    let mut scan = Scan::new(text);
+    let members = scan.object()?;
+    scan.end()?;
+    Some(members.into_iter().collect())
+}
+
+/// The canonical text of an object with these members (values already canonical text).
+pub fn write_object(members: &BTreeMap<String, String>) -> String {
+    let mut out = String::new();
+    out.push('{');
+    // A BTreeMap<String, _> iterates in the byte order of its keys.
+    for (i, (key, value)) in members.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        write_string(key, &mut out);
+        out.push(':');
+        out.push_str(value);
+    }
+    out.push('}');
+    out
+}
+
+/// `s` as a JSON string literal, escaped as serde_json writes it.
+pub fn string_literal(s: &str) -> String {
+    let mut out = String::new();
+    write_string(s, &mut out);
+    out
+}
+
+fn write_value(value: &Value, out: &mut String) {
+    match value {
+        Value::Null => out.push_str("null"),
+        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Number(n) => {
+            let _ = write!(out, "{n}");
+        }
+        Value::String(s) => write_string(s, out),
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_value(item, out);
+            }
+            out.push(']');
+        }
+        Value::Object(map) => {
+            let mut entries: Vec<_> = map.iter().collect();
+            entries.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+            out.push('{');
+            for (i, (k, v)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_string(k, out);
+                out.push(':');
+                write_value(v, out);
+            }
+            out.push('}');
+        }
+    }
+}
+
+fn write_string(s: &str, out: &mut String) {
+    // serde_json's string escaping is deterministic; serializing a &str cannot fail.
+    out.push_str(&serde_json::to_string(s).unwrap_or_default());
+}
+
+/// A cursor over JSON text that writes its canonical form.
+struct Scan<'a> {
+    text: &'a str,
+    at: usize,
+}
+
+impl<'a> Scan<'a> {
+    fn new(text: &'a str) -> Scan<'a> {
+        Scan { text, at: 0 }
+    }
+
+    fn skip_whitespace(&mut self) {
+        let rest = &self.text[self.at..];
+        self.at += rest.len() - rest.trim_start_matches([' ', '\t', '\n', '\r']).len();
+    }
+
+    fn peek(&mut self) -> Option<u8> {
+        self.skip_whitespace();
+        self.text.as_bytes().get(self.at).copied()
+    }
+
+    fn eat(&mut self, byte: u8) -> Option<()> {
+        (self.peek()? == byte).then(|| self.at += 1)
+    }
+
+    fn end(&mut self) -> Option<()> {
+        self.peek().is_none().then_some(())
+    }
+
+    fn value(&mut self, out: &mut String) -> Option<()> {
+        match self.peek()? {
+            b'{' => out.push_str(&write_object(&self.object()?.into_iter().collect())),
+            b'[' => {
+                self.at += 1;
+                out.push('[');
+                if self.eat(b']').is_none() {
+                    loop {
+                        self.value(out)?;
+                        if self.eat(b',').is_some() {
+                            out.push(',');
+                        } else {
+                            self.eat(b']')?;
+                            break;
+                        }
+                    }
+                }
+                out.push(']');
+            }
+            b'"' => write_string(&self.string()?, out),
+            _ => out.push_str(self.token()?),
+        }
+        Some(())
+    }
+
+    /// An object's members in the order written; a key written twice is refused.
+    fn object(&mut self) -> Option<Vec<(String, String)>> {
+        self.eat(b'{')?;
+        let mut members: Vec<(String, String)> = Vec::new();
+        if self.eat(b'}').is_some() {
+            return Some(members);
+        }
+        loop {
+            self.peek()?;
+            let key = self.string()?;
+            self.eat(b':')?;
+            let mut value = String::new();
+            self.value(&mut value)?;
+            if members.iter().any(|(k, _)| *k == key) {
+                return None;
+            }
+            members.push((key, value));
+            if self.eat(b',').is_none() {
+                self.eat(b'}')?;
+                return Some(members);
+            }
+        }
+    }
+
+    /// A string literal, decoded.
+    fn string(&mut self) -> Option<String> {
+        let bytes = self.text.as_bytes();
+        if bytes.get(self.at) != Some(&b'"') {
+            return None;
+        }
+        let mut end = self.at + 1;
+        loop {
+            match bytes.get(end)? {
+                b'\\' => end += 2,
+                b'"' => break,
+                _ => end += 1,
+            }
+        }
+        let literal = &self.text[self.at..=end];
+        self.at = end + 1;
+        serde_json::from_str(literal).ok()
+    }
+
+    /// A number or a literal (`true`, `false`, `null`), as written.
+    fn token(&mut self) -> Option<&'a str> {
+        let rest = &self.text[self.at..];
+        let len = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+            .unwrap_or(rest.len());
+        let token = &rest[..len];
+        let valid = matches!(token, "true" | "false" | "null")
+            || serde_json::from_str::<serde_json::Number>(token).is_ok();
+        self.at += len;
+        valid.then_some(token)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_and_value_agree_except_for_exponents() {
+        let text = r#" { "b" : [1, 2.50, -0, {"z": null, "a": true}], "a\u00e9": "x\"y", "c": {} ,"d":[]} "#;
+        let value: Value = serde_json::from_str(text).unwrap();
+        assert_eq!(canonical_text(text).unwrap(), canonical_json(&value));
+        assert_eq!(
+            canonical_text(text).unwrap(),
+            r#"{"aé":"x\"y","b":[1,2.50,-0,{"a":true,"z":null}],"c":{},"d":[]}"#
+        );
+        // The exponent as written, where a parsed value writes `e` and a sign.
+        assert_eq!(canonical_text(r#"{"n": [1E2, 1e-2]}"#).unwrap(), r#"{"n":[1E2,1e-2]}"#);
+        let value: Value = serde_json::from_str(r#"{"n": [1E2, 1e-2]}"#).unwrap();
+        assert_eq!(canonical_json(&value), r#"{"n":[1e+2,1e-2]}"#);
+    }
+
+    #[test]
+    fn invalid_text_has_no_canonical_form() {
+        for text in [
+            "", "{", "{\"a\" 1}", "[1,]", "tru", "1 2", "{\"a\":1,\"a\":2}", "01x", "\"open",
+        ] {
+            assert_eq!(canonical_text(text), None, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn members_can_be_replaced_and_written_back() {
+        let mut members = object_members(r#"{"amount": 1E2, "ref": "old"}"#).unwrap();
+        members.insert("ref".into(), string_literal("new"));
+        assert_eq!(write_object(&members), r#"{"amount":1E2,"ref":"new"}"#);
+        assert_eq!(object_members("[1]"), None);
+    }
+}
