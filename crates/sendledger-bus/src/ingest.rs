@@ -40,7 +40,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::statistics::Statistics;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::util::Timeout;
-use rdkafka::{ClientContext, TopicPartitionList};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use sendledger_core::{Source, TaskRequest};
 use sendledger_store::Processed;
 use tokio::runtime::Handle;
@@ -83,9 +83,13 @@ pub struct IngestStats {
     /// Requests deleted from the topic (retention, or a broker's size limit) before they were
     /// processed: offsets the consumer's position jumped over.
     pub lost: AtomicU64,
-    /// Partitions refused because the ledger's processed offsets cannot belong to them (the
-    /// topic was recreated), with why.
+    /// Partitions refused, with why: the ledger's processed offsets cannot belong to them (the
+    /// topic was recreated), or the group committed offsets this ledger never processed
+    /// (another ledger processed the partition).
     pub blocked: Mutex<BTreeMap<i32, String>>,
+    /// Why nothing is consumed: the consumer group has another member, and a ledger of its
+    /// own serves one instance per group. `None` while this instance holds every partition.
+    pub shared_group: Mutex<Option<String>>,
 }
 
 impl IngestStats {
@@ -96,6 +100,14 @@ impl IngestStats {
     /// The refused partitions and why.
     pub fn blocked(&self) -> BTreeMap<i32, String> {
         self.blocked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Why nothing is consumed because the group is shared, if it is.
+    pub fn shared_group(&self) -> Option<String> {
+        self.shared_group
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
@@ -254,6 +266,8 @@ struct Tracker {
     chains: HashMap<String, (u64, Option<oneshot::Receiver<()>>)>,
     next_chain: u64,
     paused: bool,
+    /// The group has another member: every assigned partition stays paused.
+    shared: bool,
     fatal: Option<String>,
 }
 
@@ -307,6 +321,7 @@ impl Tracker {
             chains: HashMap::new(),
             next_chain: 0,
             paused: false,
+            shared: false,
             fatal: None,
         }
     }
@@ -475,12 +490,75 @@ impl ConsumerContext for IngestContext {
         for p in &assigned {
             t.assign(*p);
         }
-        if t.paused {
-            if let Err(e) = consumer.pause(tpl) {
-                tracing::warn!(error = %e, "cannot pause newly assigned partitions");
-            }
-        }
         tracing::info!(partitions = ?assigned, "partitions assigned");
+        let sharing = self.sharing(consumer);
+        let was_shared = std::mem::replace(&mut t.shared, sharing.is_some());
+        metrics::gauge!("sendledger_consumer_group_shared").set(f64::from(u8::from(t.shared)));
+        *self
+            .stats
+            .shared_group
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = sharing.clone();
+        match (sharing, consumer.assignment()) {
+            (Some(why), Ok(all)) => {
+                tracing::error!("{why}");
+                if let Err(e) = consumer.pause(&all) {
+                    tracing::warn!(error = %e, "cannot pause the assigned partitions; their messages are ignored");
+                }
+            }
+            (None, Ok(all)) if was_shared && !t.paused => {
+                tracing::info!("this instance holds every partition again; consuming");
+                if let Err(e) = consumer.resume(&all) {
+                    tracing::warn!(error = %e, "cannot resume the assigned partitions");
+                }
+            }
+            _ if t.paused => {
+                if let Err(e) = consumer.pause(tpl) {
+                    tracing::warn!(error = %e, "cannot pause newly assigned partitions");
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+impl IngestContext {
+    /// Why this instance must not consume: its assignment is not every partition of the
+    /// requests topic, so another member of the group holds the rest (or is waiting for some).
+    /// Each ledger knows only what its own instance processed, so a partition that moves to
+    /// another instance would have its redelivered requests sent again. `None` when this
+    /// instance holds every partition, or when the topic's partitions cannot be read (the
+    /// processed-offsets check of each partition still refuses one another ledger processed).
+    fn sharing(&self, consumer: &BaseConsumer<IngestContext>) -> Option<String> {
+        let owned = match consumer.assignment() {
+            Ok(all) => partitions_of(&all, &self.topic).len(),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the assignment; the group is not checked");
+                return None;
+            }
+        };
+        let total = match consumer.fetch_metadata(Some(&self.topic), WATERMARK_TIMEOUT) {
+            Ok(m) => m
+                .topics()
+                .iter()
+                .find(|t| t.name() == self.topic)
+                .map_or(0, |t| t.partitions().len()),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the topic's partitions; the group is not checked");
+                return None;
+            }
+        };
+        (total > 0 && owned < total).then(|| {
+            format!(
+                "this instance was assigned {owned} of the {total} partitions of {}: another \
+                 instance is in its consumer group. Each instance's ledger knows only the requests \
+                 it processed, so nothing is consumed while the group is shared (a request \
+                 delivered again to another instance would be sent again). Run one instance per \
+                 consumer group (give each its own `kafka.group_id` and requests topic), and \
+                 stop the others",
+                self.topic
+            )
+        })
     }
 }
 
@@ -569,7 +647,8 @@ impl<S: RequestSink> Worker<S> {
     fn backpressure(&self, t: &mut Tracker) {
         let load = t.unfinished();
         let pause = !t.paused && self.budget.reached(load);
-        let resume = t.paused && self.budget.relieved(load);
+        // A shared group keeps every partition paused.
+        let resume = t.paused && !t.shared && self.budget.relieved(load);
         if !(pause || resume) {
             return;
         }
@@ -657,13 +736,11 @@ impl<S: RequestSink> Worker<S> {
         }
     }
 
-    /// Checks a newly assigned partition against the ledger's watermark. Returns whether it must
-    /// be refused, and the offset through which it is accounted for (processed, or lost).
-    /// Refused: a watermark at or above the partition's end means the processed offsets
-    /// belong to another incarnation of the topic (deleted and recreated while the ledger was
-    /// kept); consuming would drop new requests as duplicates of old ones. Unprocessed offsets
-    /// below the partition's start were deleted before they were processed: counted as lost.
-    fn check_partition(&self, partition: i32, watermark: Option<i64>) -> (bool, Option<i64>) {
+    /// Checks a newly assigned partition against the ledger's processed offsets. Returns
+    /// whether it must be refused (see [`Worker::refusal`]), and the offset through which it is
+    /// accounted for (processed, or lost). Unprocessed offsets below the partition's start
+    /// were deleted before they were processed: counted as lost.
+    fn check_partition(&self, partition: i32, processed: &Processed) -> (bool, Option<i64>) {
         let was_blocked = self
             .stats
             .blocked
@@ -675,9 +752,7 @@ impl<S: RequestSink> Worker<S> {
             metrics::gauge!("sendledger_partition_blocked", "partition" => partition.to_string())
                 .set(0.0);
         }
-        let Some(watermark) = watermark else {
-            return (false, None);
-        };
+        let watermark = processed.watermark;
         let (low, high) = match self.consumer.fetch_watermarks(
             &self.topic,
             partition,
@@ -686,18 +761,11 @@ impl<S: RequestSink> Worker<S> {
             Ok(w) => w,
             Err(e) => {
                 tracing::warn!(partition, error = %e, "cannot read the partition's offsets; not checked against the ledger");
-                return (false, Some(watermark));
+                return (false, watermark);
             }
         };
-        if watermark >= high {
-            let why = format!(
-                "the ledger processed offsets of {}/{partition} up to {watermark}, but the partition \
-                 ends at {high}: the topic was recreated (or the ledger belongs to another cluster). \
-                 Nothing of it is consumed. If the old topic is gone for good, stop the service and \
-                 run `sendledger offsets reset --data DIR --topic {} --partition {partition}`",
-                self.topic, self.topic
-            );
-            tracing::error!(topic = %self.topic, partition, watermark, high, "{why}");
+        if let Some(why) = self.refusal(partition, processed, high) {
+            tracing::error!(topic = %self.topic, partition, ?watermark, high, "{why}");
             metrics::gauge!("sendledger_partition_blocked", "partition" => partition.to_string())
                 .set(1.0);
             self.stats
@@ -708,11 +776,66 @@ impl<S: RequestSink> Worker<S> {
             if let Err(e) = self.pause_partition(partition) {
                 tracing::warn!(partition, error = %e, "cannot pause the refused partition; its messages are ignored");
             }
-            return (true, Some(watermark));
+            return (true, watermark);
         }
+        let Some(watermark) = watermark else {
+            return (false, None);
+        };
         // The partition's start offset is at hand: no second fetch.
         self.report_lost(partition, watermark + 1, low);
         (false, Some(watermark.max(low - 1)))
+    }
+
+    /// Why a partition ending at `high` must not be consumed with these processed offsets:
+    /// - a watermark at or above its end means the processed offsets belong to another
+    ///   incarnation of the topic (deleted and recreated while the ledger was kept); consuming
+    ///   would drop new requests as duplicates of old ones;
+    /// - the group's committed offset follows a message this ledger never processed: another
+    ///   ledger processed the partition (another instance, or this one on a disk since
+    ///   replaced), and a request it accepted, delivered again, would be sent again from here.
+    ///   The offset this ledger commits always follows a message it recorded.
+    fn refusal(&self, partition: i32, processed: &Processed, high: i64) -> Option<String> {
+        let topic = &self.topic;
+        if let Some(watermark) = processed.watermark.filter(|w| *w >= high) {
+            return Some(format!(
+                "the ledger processed offsets of {topic}/{partition} up to {watermark}, but the \
+                 partition ends at {high}: the topic was recreated (or the ledger belongs to \
+                 another cluster). Nothing of it is consumed. If the old topic is gone for good, \
+                 stop the service and run `sendledger offsets reset --data DIR --topic {topic} \
+                 --partition {partition}`"
+            ));
+        }
+        let committed = self.committed(partition)?;
+        if committed <= 0 || committed > high || processed.contains(committed - 1) {
+            return None;
+        }
+        let last = committed - 1;
+        Some(format!(
+            "the consumer group committed {topic}/{partition} up to offset {last}, which this \
+             ledger never processed: another ledger processed the partition (another instance in \
+             the group, or this one before its data directory was replaced). Nothing of it is \
+             consumed: a request that ledger accepted, delivered again, would be sent again from \
+             here. Run the instance that holds that ledger. If it is lost for good, settle its \
+             tasks by hand, stop this service and run `sendledger offsets reset --data DIR \
+             --topic {topic} --partition {partition} --through {last}`: requests delivered \
+             after offset {last} are then new to this ledger, and are sent"
+        ))
+    }
+
+    /// The group's committed offset of a partition (the next offset to read), if it has one.
+    fn committed(&self, partition: i32) -> Option<i64> {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&self.topic, partition);
+        match self.consumer.committed_offsets(tpl, WATERMARK_TIMEOUT) {
+            Ok(tpl) => match tpl.find_partition(&self.topic, partition)?.offset() {
+                Offset::Offset(o) => Some(o),
+                _ => None,
+            },
+            Err(e) => {
+                tracing::warn!(partition, error = %e, "cannot read the group's committed offset; not checked against the ledger");
+                None
+            }
+        }
     }
 
     /// Offsets from `from` up to `to` (exclusive) that the partition no longer holds (below its
@@ -791,6 +914,8 @@ impl<S: RequestSink> Worker<S> {
             match t.parts.get(&partition) {
                 // Not (or no longer) ours: whoever owns it reads it again.
                 None => return Ok(()),
+                // The group is shared: nothing is consumed (no offset is stored either).
+                Some(_) if t.shared => return Ok(()),
                 Some(p) => p.processed.is_none(),
             }
         };
@@ -798,7 +923,7 @@ impl<S: RequestSink> Worker<S> {
             let Some(processed) = self.load_processed(partition)? else {
                 return Ok(());
             };
-            let (blocked, seen_through) = self.check_partition(partition, processed.watermark);
+            let (blocked, seen_through) = self.check_partition(partition, &processed);
             let mut t = lock(&self.tracker);
             if let Some(p) = t.parts.get_mut(&partition) {
                 tracing::debug!(partition, watermark = ?processed.watermark, above = processed.above.len(), "processed offsets loaded");

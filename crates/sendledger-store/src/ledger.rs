@@ -304,12 +304,14 @@ impl Ledger {
         Ok(())
     }
 
-    /// Forgets the processed offsets of a requests-topic partition, so that its messages count
-    /// as new again: for a topic that was deleted and recreated while the ledger was kept (the
-    /// service refuses such a partition). Returns how many entries were removed. Blocking; for
-    /// a stopped ledger (the command holds the ledger's lock, so no service writes meanwhile).
-    /// Identities stay known: a redelivered old request is still a duplicate of its task.
-    pub fn reset_offsets(&self, topic: &str, partition: i32) -> Result<u64> {
+    /// Replaces the processed offsets of a requests-topic partition: forgets them all, so that
+    /// its messages count as new again (a topic deleted and recreated while the ledger was
+    /// kept), or, with `through`, counts every offset up to it as processed (the partition was
+    /// processed by another ledger up to there). The service refuses such a partition until
+    /// then. Returns how many entries were removed. Blocking; for a stopped ledger (the command
+    /// holds the ledger's lock, so no service writes meanwhile). Identities stay known: a
+    /// redelivered old request is still a duplicate of its task.
+    pub fn reset_offsets(&self, topic: &str, partition: i32, through: Option<i64>) -> Result<u64> {
         let cf = self.cf(CF_OFFSETS);
         let prefix = offset_key(topic, partition);
         let mut batch = rocksdb::WriteBatch::default();
@@ -325,6 +327,9 @@ impl Ledger {
             }
             batch.delete_cf(cf, k);
             removed += 1;
+        }
+        if let Some(through) = through {
+            batch.put_cf(cf, &prefix, through.to_be_bytes());
         }
         let mut sync = rocksdb::WriteOptions::default();
         sync.set_sync(true);

@@ -141,6 +141,18 @@ fn describe() {
     );
     describe_gauge!("sendledger_tasks", "Tasks in the ledger, by state.");
     describe_counter!(
+        "sendledger_requests_lost_total",
+        "Requests deleted from the requests topic before they were processed, by partition."
+    );
+    describe_gauge!(
+        "sendledger_partition_blocked",
+        "1 while a requests-topic partition is refused (recreated topic, or processed by another ledger)."
+    );
+    describe_gauge!(
+        "sendledger_consumer_group_shared",
+        "1 while nothing is consumed because another instance is in the consumer group."
+    );
+    describe_counter!(
         "sendledger_ledger_write_failures_total",
         "Ledger batch writes that failed (a full disk, an I/O error): nothing of them was recorded, sent or acknowledged."
     );
@@ -632,6 +644,12 @@ async fn healthz(shared: &Shared) -> Answer {
             body["ok"] = json!(false);
             body["blocked_partitions"] = json!(blocked);
         }
+        if let Some(why) = stats.shared_group() {
+            // Nothing is consumed while another instance is in the group.
+            status = StatusCode::SERVICE_UNAVAILABLE;
+            body["ok"] = json!(false);
+            body["shared_group"] = json!(why);
+        }
     }
     Ok(json_response(status, &body))
 }
@@ -913,6 +931,7 @@ mod tests {
             request_key: key.into(),
             target: "sim".into(),
             payload: json!({ "n": 1 }),
+            payload_text: None,
             metadata: Default::default(),
         }
         .accept(&Limits::default())

@@ -1653,3 +1653,147 @@ async fn a_byte_budget_pauses_the_partitions_and_every_request_runs_once() {
     pipeline.stop().await;
     sim.shutdown().await;
 }
+
+/// Waits until `done` holds, or fails with `what`.
+async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Two instances, each with its own ledger, in one consumer group on the separate broker
+/// process: the first processes 200 requests alone; the second joins and the partitions are
+/// split; the same 200 requests are delivered again. Neither instance consumes while the
+/// group is shared (each says why), so the remote still holds one record per identity. When
+/// the second leaves, the first holds every partition again and records the redeliveries as
+/// duplicates of its tasks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_instances_in_one_group_never_send_a_request_twice() {
+    let tansu = tokio::task::block_in_place(start_tansu);
+    let kafka = Kafka::connect(config_for_process(&format!("127.0.0.1:{}", tansu.port))).unwrap();
+    kafka
+        .ensure_topics(1, Duration::from_secs(10))
+        .await
+        .expect("topics created");
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let keys: Vec<String> = (0..200).map(|i| format!("group-{i}")).collect();
+    let messages = || -> Vec<(Option<i32>, String, Option<Vec<u8>>)> {
+        keys.iter()
+            .map(|k| (None, identity_key(k), Some(request_json(k))))
+            .collect()
+    };
+
+    let a = Pipeline::start(&kafka, dir_a.path(), &sim);
+    produce(&kafka, messages()).await;
+    let (_, results) = results_for(&kafka, task_ids(&keys)).await;
+    assert_one_record_each(&sim, &keys, &results);
+    let a_stats = a.ingest.stats().clone();
+    assert_eq!(a_stats.shared_group(), None);
+
+    let b = Pipeline::start(&kafka, dir_b.path(), &sim);
+    let b_stats = b.ingest.stats().clone();
+    wait_for("the shared group was not noticed by both instances", || {
+        a_stats.shared_group().is_some() && b_stats.shared_group().is_some()
+    })
+    .await;
+    let why = b_stats.shared_group().unwrap();
+    assert!(
+        why.contains("another instance is in its consumer group"),
+        "{why}"
+    );
+    produce(&kafka, messages()).await;
+    // Time for anything wrongly consumed to show.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(IngestStats::get(&b_stats.submitted), 0, "the second consumed");
+    assert_eq!(IngestStats::get(&a_stats.submitted), 200, "the first consumed");
+    assert_eq!(sim.stats().posts, 200);
+
+    b.stop().await;
+    wait_for("the first instance did not take every partition back", || {
+        a_stats.shared_group().is_none()
+    })
+    .await;
+    wait_for("the redeliveries were not consumed", || {
+        IngestStats::get(&a_stats.submitted) == 400
+    })
+    .await;
+    a.published().await;
+    a.stop().await;
+    assert_eq!(sim.stats().posts, 200, "a redelivery was sent again");
+    assert_one_record_each(&sim, &keys, &results);
+    let ledger = tokio::task::block_in_place(|| {
+        Ledger::open(dir_b.path(), LedgerOptions::default())
+    })
+    .unwrap();
+    assert_eq!(ledger.last_lsn(), 0, "the second instance recorded something");
+    sim.shutdown().await;
+}
+
+/// An instance whose ledger never processed what its consumer group committed (another
+/// ledger did: a replaced disk) refuses those partitions instead of sending the redelivered
+/// requests again; `offsets reset --through` takes over after the committed offset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replaced_ledger_refuses_partitions_another_ledger_processed() {
+    let kafka = embedded();
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let (old_dir, new_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let keys: Vec<String> = (0..20).map(|i| format!("disk-{i}")).collect();
+    let to_p0 = |keys: &[String]| {
+        keys.iter()
+            .map(|k| (Some(0), identity_key(k), Some(request_json(k))))
+            .collect::<Vec<_>>()
+    };
+    let old = Pipeline::start(&kafka, old_dir.path(), &sim);
+    produce(&kafka, to_p0(&keys)).await;
+    results_for(&kafka, task_ids(&keys)).await;
+    old.stop().await;
+    assert_eq!(sim.stats().posts, 20);
+
+    // The same requests delivered again, to an instance with an empty ledger.
+    produce(&kafka, to_p0(&keys)).await;
+    let replaced = Pipeline::start(&kafka, new_dir.path(), &sim);
+    let stats = replaced.ingest.stats().clone();
+    wait_for("partition 0 was not refused", || !stats.blocked().is_empty()).await;
+    let why = stats.blocked()[&0].clone();
+    assert!(
+        why.contains("another ledger processed the partition")
+            && why.contains("--through 19"),
+        "{why}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(IngestStats::get(&stats.submitted), 0, "nothing consumed");
+    assert_eq!(sim.stats().posts, 20, "a request was sent again");
+    replaced.stop().await;
+
+    // Taking over after offset 19 is the operator's call, with the consequence the refusal
+    // names: the requests delivered again after it are new to this ledger, and are sent again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let out = loop {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sendledger_cli"))
+            .args(["offsets", "reset", "--data"])
+            .arg(new_dir.path())
+            .args(["--topic", &kafka.config().requests_topic])
+            .args(["--partition", "0", "--through", "19"])
+            .output()
+            .unwrap();
+        let in_use = String::from_utf8_lossy(&out.stderr).contains("in use");
+        if out.status.success() || !in_use || Instant::now() > deadline {
+            break out;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let replaced = Pipeline::start(&kafka, new_dir.path(), &sim);
+    let stats = replaced.ingest.stats().clone();
+    wait_for("the partition was not consumed after the reset", || {
+        IngestStats::get(&stats.submitted) == 20
+    })
+    .await;
+    wait_for("the redeliveries were not sent", || sim.stats().posts == 40).await;
+    assert!(stats.blocked().is_empty());
+    replaced.stop().await;
+    sim.shutdown().await;
+}
