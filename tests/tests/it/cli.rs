@@ -65,6 +65,47 @@ fn demo_runs_clean() {
     assert!(stdout.contains("OK: every task done once"), "{stdout}");
 }
 
+/// Logs written to a pipe are for machines: no colour codes in text, and with
+/// `--log-format json` one JSON object per line.
+#[test]
+fn logs_on_a_pipe_are_plain_text_or_json_lines() {
+    for format in ["text", "json"] {
+        let mut child = cli()
+            .args([
+                "--log-format",
+                format,
+                "sim-remote",
+                "--listen",
+                "127.0.0.1:0",
+            ])
+            .env("RUST_LOG", "debug")
+            .env_remove("NO_COLOR")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut ready = String::new();
+        out.read_line(&mut ready).unwrap();
+        assert!(ready.starts_with("ready "), "{ready:?}");
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+        // The exit status is not the point (the signal may beat the handler's installation).
+        let finished = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8(finished.stderr).unwrap();
+        assert!(stderr.contains("simulated remote listening"), "{stderr}");
+        assert!(!stderr.contains("\x1b["), "{format}: {stderr:?}");
+        if format == "json" {
+            for line in stderr.lines() {
+                let value: serde_json::Value = serde_json::from_str(line)
+                    .unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"));
+                assert!(value["level"].is_string(), "{line}");
+                assert!(value["fields"]["message"].is_string(), "{line}");
+            }
+        }
+    }
+}
+
 /// An invalid configuration stops `run` before it starts, naming the field.
 #[test]
 fn run_refuses_an_invalid_config_naming_the_field() {
