@@ -4,6 +4,7 @@
 //! result read back from the results topic, and an audit of the ledger at the end.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -206,15 +207,16 @@ async fn run_until_answered(
     results: &ResultsReader,
     tasks: usize,
 ) -> anyhow::Result<Service> {
+    let mut progress = Progress::new("results", tasks);
     let mut restarted = false;
     loop {
         let (done, _) = results.progress();
-        progress("results", done, tasks);
+        progress.update(done);
         if done >= tasks {
             break;
         }
         if !restarted && done >= tasks / 2 {
-            eprintln!("\nrestarting the service mid-run");
+            progress.note("restarting the service mid-run");
             service.shutdown().await?;
             service = setup.start_service().await?;
             restarted = true;
@@ -225,7 +227,7 @@ async fn run_until_answered(
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    eprintln!();
+    progress.finish();
     Ok(service)
 }
 
@@ -329,14 +331,63 @@ fn request(n: u64) -> TaskRequest {
     }
 }
 
-fn progress(what: &str, done: usize, total: usize) {
-    let width = 40;
-    let filled = (done * width / total.max(1)).min(width);
-    eprint!(
-        "\r{what:>9} [{}{}] {done}/{total}",
-        "#".repeat(filled),
-        ".".repeat(width - filled)
-    );
+/// Progress on stderr. On a terminal, one bar redrawn in place; anywhere else (a file, a pipe,
+/// a log collector), a plain line whenever another tenth of the way is done (at most ten
+/// lines), with no carriage return.
+struct Progress {
+    what: &'static str,
+    total: usize,
+    terminal: bool,
+    /// Whether the bar's line is open (drawn and not yet ended by a newline).
+    drawn: bool,
+    /// Tenths of the way done when the last plain line was printed.
+    tenths: usize,
+}
+
+impl Progress {
+    fn new(what: &'static str, total: usize) -> Progress {
+        Progress {
+            what,
+            total: total.max(1),
+            terminal: std::io::stderr().is_terminal(),
+            drawn: false,
+            tenths: 0,
+        }
+    }
+
+    fn update(&mut self, done: usize) {
+        let (what, total) = (self.what, self.total);
+        if self.terminal {
+            let width = 40;
+            let filled = (done * width / total).min(width);
+            eprint!(
+                "\r{what:>9} [{}{}] {done}/{total}",
+                "#".repeat(filled),
+                ".".repeat(width - filled)
+            );
+            self.drawn = true;
+            return;
+        }
+        let tenths = (done * 10 / total).min(10);
+        if tenths > self.tenths {
+            self.tenths = tenths;
+            eprintln!("{what:>9} {:>3}% {done}/{total}", done * 100 / total);
+        }
+    }
+
+    /// A message on a line of its own.
+    fn note(&mut self, message: &str) {
+        self.finish();
+        eprintln!("{message}");
+    }
+
+    /// Ends the bar's line, if one is drawn.
+    fn finish(&mut self) {
+        if self.drawn {
+            eprintln!();
+            self.drawn = false;
+        }
+    }
 }
 
 /// Reads the results topic from the beginning, as a consumer of sendledger would: deduplicates

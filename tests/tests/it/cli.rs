@@ -63,6 +63,23 @@ fn demo_runs_clean() {
     assert_eq!(row("duplicates dropped"), 60);
     assert_eq!(row("audit violations"), 0);
     assert!(stdout.contains("OK: every task done once"), "{stdout}");
+
+    // stderr is a pipe here: the progress is plain lines (at most one per tenth of the way,
+    // each further than the last), never redrawn in place.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains('\r'), "{stderr:?}");
+    assert!(!stderr.contains("\x1b["), "{stderr:?}");
+    let done: Vec<u64> = stderr
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("results "))
+        .map(|l| {
+            let count = l.split_whitespace().last().unwrap();
+            count.strip_suffix("/300").unwrap().parse().unwrap()
+        })
+        .collect();
+    assert!((1..=10).contains(&done.len()), "{stderr}");
+    assert!(done.windows(2).all(|w| w[0] / 30 < w[1] / 30), "{stderr}");
+    assert_eq!(done.last(), Some(&300), "{stderr}");
 }
 
 /// Logs written to a pipe are for machines: no colour codes in text, and with
