@@ -1,7 +1,7 @@
 //! The `sendledger` command as a user runs it: a child process, its exit code and output.
 
 use std::io::BufRead;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdout, Command, Stdio};
 
 pub fn cli() -> Command {
     Command::new(env!("CARGO_BIN_EXE_sendledger_cli"))
@@ -18,6 +18,14 @@ pub fn start_run(config: &std::path::Path, env: &[(&str, String)]) -> (Child, St
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
+    let (mut out, line) = read_ready(&mut child);
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    (child, line)
+}
+
+/// Reads a server child's first stdout line, which must be its `ready` line; returns the rest
+/// of its stdout and that line.
+fn read_ready(child: &mut Child) -> (std::io::BufReader<ChildStdout>, String) {
     let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
@@ -25,8 +33,7 @@ pub fn start_run(config: &std::path::Path, env: &[(&str, String)]) -> (Child, St
         line.starts_with("ready "),
         "unexpected first line: {line:?}"
     );
-    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-    (child, line)
+    (out, line)
 }
 
 /// The value after `prefix` in a `ready` line (`brokers=`, `admin=http://`, ...).
@@ -101,10 +108,7 @@ fn logs_on_a_pipe_are_plain_text_or_json_lines() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-        let mut ready = String::new();
-        out.read_line(&mut ready).unwrap();
-        assert!(ready.starts_with("ready "), "{ready:?}");
+        let _stdout = read_ready(&mut child);
         // SAFETY: kill(2) on our own child's pid.
         assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
         // The exit status is not the point (the signal may beat the handler's installation).
