@@ -2,7 +2,7 @@
 //!
 //! A replay (of the local ledger in the store crate, of the events topic in the bus crate) feeds
 //! each task's events in task order to a [`TaskAudit`], which checks them against the rules of
-//! DESIGN.md §2 ([`crate::rules`]) and counts what they add to the [`AuditReport`]; it feeds
+//! `docs/rules.md` ([`crate::rules`]) and counts what they add to the [`AuditReport`]; it feeds
 //! every LSN in order to an [`LsnSequence`]. What it finds about the log itself is an
 //! [`Integrity`] finding. So both replays report the same rules with the same names.
 

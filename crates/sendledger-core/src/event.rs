@@ -119,7 +119,7 @@ impl std::fmt::Display for ReviewReason {
     }
 }
 
-/// One fact about a task. See DESIGN.md §3.
+/// One fact about a task. `docs/rules.md` lists them and when each is recorded.
 // format: do not change (variant order is the encoding)
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum EventBody {

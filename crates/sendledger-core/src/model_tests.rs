@@ -1,4 +1,4 @@
-//! Scenario and property tests of the decision functions against the rules of DESIGN.md §2.
+//! Scenario and property tests of the decision functions against the rules of `docs/rules.md`.
 
 use proptest::prelude::*;
 

@@ -1,4 +1,4 @@
-//! The rules of DESIGN.md §2, checked over a task's recorded events. Used by `audit` and by
+//! The rules of `docs/rules.md`, checked over a task's recorded events. Used by `audit` and by
 //! the property tests of the decision functions.
 
 use serde::Serialize;

@@ -6,7 +6,7 @@ use crate::event::{Event, EventBody, Evidence, Millis, NotSentCause, ReviewReaso
 use crate::ids::{PayloadHash, TaskId};
 use crate::request::AcceptedRequest;
 
-/// Where a task is in the state machine of DESIGN.md §2.
+/// Where a task is in the state machine (`docs/rules.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub enum Phase {
     /// No event yet.

@@ -1,4 +1,4 @@
-//! What an answer proves: DESIGN.md §7 as one pure function.
+//! What an answer proves (`docs/classification.md`), as one pure function.
 
 use std::time::{Duration, SystemTime};
 

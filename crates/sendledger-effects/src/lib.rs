@@ -2,11 +2,11 @@
 //! classifies what happened by **what it proves**, and it asks a remote which records it holds
 //! for a task (lookup), so unknown outcomes can be reconciled.
 //!
-//! # Classification (DESIGN.md §7)
+//! # Classification (`docs/classification.md`)
 //!
 //! | what happened | outcome |
 //! |---|---|
-//! | DNS failure, connect refused or timed out, connection failed before any request byte was written | `NotSent{Connect}` (out of file descriptors: the cause says `local resource exhaustion`) |
+//! | DNS failure, connect refused or timed out, connection failed before any request byte was written | `NotSent{Connect}`; out of file descriptors (`EMFILE`, `ENFILE`): `NotSent{LocalResources}` |
 //! | 429, or 503 with `Retry-After` | `NotSent{Throttled}` with `retry_after_ms` (at most 1 hour, or `retry.max_backoff` when longer) |
 //! | 2xx | `Succeeded` with the id at `response_id_pointer` (empty when absent: a 2xx proves the effect, the id is informational) |
 //! | 4xx other than 408/429 (409 unless `on_409 = "reconcile"`) | `Rejected` |

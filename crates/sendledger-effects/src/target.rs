@@ -349,7 +349,7 @@ impl Target {
         }
     }
 
-    /// Performs one attempt and classifies it by what it proves (DESIGN.md §7). Never fails:
+    /// Performs one attempt and classifies it by what it proves (`docs/classification.md`). Never fails:
     /// every ending is one [`AttemptOutcome`].
     ///
     /// - Nothing written to the socket (DNS, connect refused or timed out, a connection that

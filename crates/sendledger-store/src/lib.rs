@@ -5,8 +5,9 @@
 //! publisher cursors. Every write goes through one group-commit [`journal`] thread, which turns
 //! all pending appends into one `WriteBatch` and one fsync, and assigns log sequence numbers in
 //! commit order with no gaps. [`audit()`] replays the whole ledger against the rules of
-//! DESIGN.md §2 and the integrity of the log and its indexes, in memory bounded by the tasks in
-//! progress.
+//! `docs/rules.md` and the integrity of the log and its indexes, in memory bounded by the tasks
+//! in progress. The key encodings, column families and format versions are listed in
+//! `docs/architecture.md`.
 //!
 //! The `fault-injection` feature (test-only; only the workspace test crate enables it) adds raw
 //! writes to the log, to build damaged ledgers for the audit tests.

@@ -1,8 +1,9 @@
 //! The command line: every subcommand and the process-wide setup (umask, logging, exit codes).
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::{bench, demo, ops, produce, review, serve};
 
@@ -10,8 +11,24 @@ use crate::{bench, demo, ops, produce, review, serve};
 #[derive(Parser)]
 #[command(version, about)]
 struct Cli {
+    /// How log lines on stderr are written: `text` for people, `json` (one object per line)
+    /// for log collectors. Colours only when stderr is a terminal and NO_COLOR is unset.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value_t = LogFormat::Text,
+        env = "SENDLEDGER_LOG_FORMAT"
+    )]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -53,6 +70,22 @@ enum OffsetsCommand {
     Reset(ops::OffsetsResetArgs),
 }
 
+/// Logs go to stderr at `RUST_LOG`'s level (`default_level` without it). Escape codes only
+/// reach a terminal: a file, a pipe or a log collector gets plain text, or JSON lines.
+fn init_logging(format: LogFormat, default_level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| default_level.into());
+    let colour = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.with_ansi(colour).init(),
+        LogFormat::Json => builder.json().with_ansi(false).init(),
+    }
+}
+
 /// Runs the command line of this process and returns its exit code.
 pub fn main() -> ExitCode {
     // Ledger files are created private to the owner (the ledger directory is 0700 as well).
@@ -64,13 +97,7 @@ pub fn main() -> ExitCode {
         Command::Run(_) | Command::SimRemote(_) => "info",
         _ => "warn",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| default_level.into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    init_logging(cli.log_format, default_level);
     let result = match cli.command {
         Command::Run(args) => serve::run(args),
         Command::Produce(args) => produce::produce(args),

@@ -4,7 +4,8 @@
 //! result read back from the results topic, and an audit of the ledger at the end.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::PathBuf;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -22,7 +23,8 @@ use sendledger_bus::{
     EVENT_ID_HEADER,
 };
 use sendledger_core::TaskRequest;
-use sendledger_sim::{Faults, Sim, SimConfig};
+use sendledger_sim::{Faults, Sim, SimConfig, Stats as SimStats};
+use sendledger_store::AuditReport;
 
 use crate::config::{AdminConfig, Config};
 use crate::service::Service;
@@ -61,67 +63,127 @@ pub fn run(args: DemoArgs) -> anyhow::Result<bool> {
     runtime.block_on(demo(args, data))
 }
 
+/// Set up; produce every delivery; run until every task has a result, restarting the service
+/// half-way; collect what the results topic said; audit the ledger and report.
 async fn demo(args: DemoArgs, data: PathBuf) -> anyhow::Result<bool> {
-    let sim = Sim::start(SimConfig {
-        identity_field: "reference".into(),
-        seed: args.seed,
-        lookup_lag: Duration::from_millis(300),
-        faults: Faults {
-            commit_then_drop: 0.05,
-            commit_then_hang: 0.02,
-            throttle: 0.03,
-            retry_after: Duration::from_secs(1),
-            latency_jitter: Duration::from_millis(5),
-            ..Faults::default()
-        },
-        ..SimConfig::default()
-    })
-    .await?;
-    let mut config = Config {
-        admin: AdminConfig {
-            enabled: false,
-            ..AdminConfig::default()
-        },
-        ..Config::default()
-    };
-    config.storage.data = data.clone();
-    config.engine.shutdown_grace = Duration::from_secs(3);
-    config.kafka.commit_interval = Duration::from_millis(200);
-    config.targets.insert(
-        "payments".into(),
-        serde_json::from_value(serde_json::json!({
-            "url": sim.create_url(),
-            "request_timeout": "1s",
-            "body_fields": { "reference": "{task_id}" },
-            "lookup": {
-                "url": format!("{}?reference={{task_id}}", sim.lookup_url()),
-                "first_check": "200ms", "check_interval": "300ms", "deadline": "30s"
-            },
-        }))?,
+    let setup = Setup::start(&args, data).await?;
+    let deliveries = deliveries(&args);
+    eprintln!(
+        "sendledger demo: {} tasks, {} deliveries ({} duplicates) through Kafka at {}, remote at {}",
+        args.tasks,
+        deliveries.len(),
+        deliveries.len() as u64 - args.tasks,
+        setup.kafka.bootstrap_servers(),
+        setup.sim.base_url()
     );
-    config.validate(&BTreeMap::new())?;
-    let kafka = tokio::task::block_in_place(|| Kafka::connect(config.kafka.clone()))
-        .context("starting the embedded kafka cluster")?;
-    let remote = Arc::new(HttpRemote::new(config.load_targets()?));
 
-    // Every request once, a share of them twice, in a seeded random order.
+    let results = ResultsReader::start(&setup.kafka)?;
+    let started = Instant::now();
+    let service = setup.start_service().await?;
+    let produce = produce(&setup.kafka, &deliveries)?;
+    let service = run_until_answered(&setup, service, &results, args.tasks as usize).await?;
+    let elapsed = started.elapsed().as_secs_f64();
+    produce.await??;
+    service.shutdown().await?;
+    let (with_result, more_than_one_terminal) = results.stop();
+
+    let report = audit(&setup.config.storage.data)?;
+    let ok = print_report(
+        &args,
+        &Outcome {
+            report,
+            deliveries: deliveries.len(),
+            with_result,
+            more_than_one_terminal,
+            remote: setup.sim.stats(),
+            elapsed,
+        },
+    );
+    setup.sim.shutdown().await;
+    Ok(ok)
+}
+
+/// What the demo runs on: the simulated remote with its faults, the service's configuration,
+/// the embedded Kafka cluster (which outlives the restart) and the remote's HTTP client.
+struct Setup {
+    sim: Sim,
+    config: Config,
+    kafka: Kafka,
+    remote: Arc<HttpRemote>,
+}
+
+impl Setup {
+    async fn start(args: &DemoArgs, data: PathBuf) -> anyhow::Result<Setup> {
+        let sim = Sim::start(SimConfig {
+            identity_field: "reference".into(),
+            seed: args.seed,
+            lookup_lag: Duration::from_millis(300),
+            faults: Faults {
+                commit_then_drop: 0.05,
+                commit_then_hang: 0.02,
+                throttle: 0.03,
+                retry_after: Duration::from_secs(1),
+                latency_jitter: Duration::from_millis(5),
+                ..Faults::default()
+            },
+            ..SimConfig::default()
+        })
+        .await?;
+        let mut config = Config {
+            admin: AdminConfig {
+                enabled: false,
+                ..AdminConfig::default()
+            },
+            ..Config::default()
+        };
+        config.storage.data = data;
+        config.engine.shutdown_grace = Duration::from_secs(3);
+        config.kafka.commit_interval = Duration::from_millis(200);
+        config.targets.insert(
+            "payments".into(),
+            serde_json::from_value(serde_json::json!({
+                "url": sim.create_url(),
+                "request_timeout": "1s",
+                "body_fields": { "reference": "{task_id}" },
+                "lookup": {
+                    "url": format!("{}?reference={{task_id}}", sim.lookup_url()),
+                    "first_check": "200ms", "check_interval": "300ms", "deadline": "30s"
+                },
+            }))?,
+        );
+        config.validate(&BTreeMap::new())?;
+        let kafka = tokio::task::block_in_place(|| Kafka::connect(config.kafka.clone()))
+            .context("starting the embedded kafka cluster")?;
+        let remote = Arc::new(HttpRemote::new(config.load_targets()?));
+        Ok(Setup {
+            sim,
+            config,
+            kafka,
+            remote,
+        })
+    }
+
+    async fn start_service(&self) -> anyhow::Result<Service> {
+        Service::start(&self.config, &self.kafka, self.remote.clone(), None).await
+    }
+}
+
+/// Every request once, a share of them twice, in a seeded random order.
+fn deliveries(args: &DemoArgs) -> Vec<u64> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
     let mut deliveries: Vec<u64> = (0..args.tasks).collect();
     let twice = (args.tasks as f64 * args.duplicates) as usize;
     deliveries.extend(deliveries.clone().choose_multiple(&mut rng, twice));
     deliveries.shuffle(&mut rng);
-    let total = deliveries.len();
-    eprintln!(
-        "sendledger demo: {} tasks, {total} deliveries ({twice} duplicates) through Kafka at {}, remote at {}",
-        args.tasks,
-        kafka.bootstrap_servers(),
-        sim.base_url()
-    );
+    deliveries
+}
 
-    let results = ResultsReader::start(&kafka)?;
-    let started = Instant::now();
-    let mut service = Service::start(&config, &kafka, remote.clone(), None).await?;
-    let producer = RequestProducer::new(&kafka)?;
+/// Produces the deliveries to the requests topic in the background, keyed by identity.
+fn produce(
+    kafka: &Kafka,
+    deliveries: &[u64],
+) -> anyhow::Result<tokio::task::JoinHandle<anyhow::Result<()>>> {
+    let producer = RequestProducer::new(kafka)?;
     let messages: Vec<(Option<String>, Vec<u8>)> = deliveries
         .iter()
         .map(|n| {
@@ -131,21 +193,32 @@ async fn demo(args: DemoArgs, data: PathBuf) -> anyhow::Result<bool> {
         .collect();
     let bytes = messages.iter().map(|(_, v)| v.len() as u64).sum();
     kafka.check_embedded_backlog(messages.len() as u64, bytes)?;
-    let produce = tokio::spawn(async move { producer.send_all(messages).await });
+    Ok(tokio::spawn(async move {
+        producer.send_all(messages).await?;
+        Ok(())
+    }))
+}
 
-    // Restart once half of the tasks have their result.
-    let n = args.tasks as usize;
+/// Waits until each of the `tasks` has a result on the topic, restarting the service once half
+/// of them have. Returns the service that is running at the end.
+async fn run_until_answered(
+    setup: &Setup,
+    mut service: Service,
+    results: &ResultsReader,
+    tasks: usize,
+) -> anyhow::Result<Service> {
+    let mut progress = Progress::new("results", tasks);
     let mut restarted = false;
     loop {
         let (done, _) = results.progress();
-        progress("results", done, n);
-        if done >= n {
+        progress.update(done);
+        if done >= tasks {
             break;
         }
-        if !restarted && done >= n / 2 {
-            eprintln!("\nrestarting the service mid-run");
+        if !restarted && done >= tasks / 2 {
+            progress.note("restarting the service mid-run");
             service.shutdown().await?;
-            service = Service::start(&config, &kafka, remote.clone(), None).await?;
+            service = setup.start_service().await?;
             restarted = true;
         }
         anyhow::ensure!(
@@ -154,22 +227,47 @@ async fn demo(args: DemoArgs, data: PathBuf) -> anyhow::Result<bool> {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let elapsed = started.elapsed().as_secs_f64();
-    eprintln!();
-    produce.await??;
-    service.shutdown().await?;
-    let (with_result, more_than_one_terminal) = results.stop();
+    progress.finish();
+    Ok(service)
+}
 
-    let ledger =
-        tokio::task::block_in_place(|| sendledger_store::Ledger::open(&data, Default::default()))?;
-    let report = tokio::task::block_in_place(|| {
-        sendledger_store::audit(&ledger, Default::default(), |_| {})
-    })?;
-    let stats = sim.stats();
+/// The replay audit of the ledger the service left behind.
+fn audit(data: &Path) -> anyhow::Result<AuditReport> {
+    tokio::task::block_in_place(|| {
+        let ledger = sendledger_store::Ledger::open(data, Default::default())?;
+        Ok(sendledger_store::audit(
+            &ledger,
+            Default::default(),
+            |_| {},
+        )?)
+    })
+}
+
+/// What the run left: the audit of the ledger, what the results topic said, the remote's
+/// ground truth.
+struct Outcome {
+    report: AuditReport,
+    deliveries: usize,
+    with_result: usize,
+    more_than_one_terminal: usize,
+    remote: SimStats,
+    elapsed: f64,
+}
+
+/// Prints the summary table and the verdict; returns whether every invariant holds.
+fn print_report(args: &DemoArgs, outcome: &Outcome) -> bool {
+    let Outcome {
+        report,
+        deliveries,
+        with_result,
+        more_than_one_terminal,
+        remote: stats,
+        elapsed,
+    } = outcome;
     let succeeded = report.tasks_by_state.get("succeeded").copied().unwrap_or(0);
     let rows = [
         ("tasks", report.tasks.to_string()),
-        ("deliveries", total.to_string()),
+        ("deliveries", deliveries.to_string()),
         ("tasks with a result on the topic", with_result.to_string()),
         (
             "tasks with two different terminal results",
@@ -209,8 +307,8 @@ async fn demo(args: DemoArgs, data: PathBuf) -> anyhow::Result<bool> {
     let ok = stats.duplicates == 0
         && report.is_clean()
         && report.tasks == args.tasks
-        && with_result == n
-        && more_than_one_terminal == 0;
+        && *with_result == args.tasks as usize
+        && *more_than_one_terminal == 0;
     println!(
         "\n  {}",
         if ok {
@@ -219,8 +317,7 @@ async fn demo(args: DemoArgs, data: PathBuf) -> anyhow::Result<bool> {
             "FAILED: an invariant is broken (see above)"
         }
     );
-    sim.shutdown().await;
-    Ok(ok)
+    ok
 }
 
 fn request(n: u64) -> TaskRequest {
@@ -235,14 +332,63 @@ fn request(n: u64) -> TaskRequest {
     }
 }
 
-fn progress(what: &str, done: usize, total: usize) {
-    let width = 40;
-    let filled = (done * width / total.max(1)).min(width);
-    eprint!(
-        "\r{what:>9} [{}{}] {done}/{total}",
-        "#".repeat(filled),
-        ".".repeat(width - filled)
-    );
+/// Progress on stderr. On a terminal, one bar redrawn in place; anywhere else (a file, a pipe,
+/// a log collector), a plain line whenever another tenth of the way is done (at most ten
+/// lines), with no carriage return.
+struct Progress {
+    what: &'static str,
+    total: usize,
+    terminal: bool,
+    /// Whether the bar's line is open (drawn and not yet ended by a newline).
+    drawn: bool,
+    /// Tenths of the way done when the last plain line was printed.
+    tenths: usize,
+}
+
+impl Progress {
+    fn new(what: &'static str, total: usize) -> Progress {
+        Progress {
+            what,
+            total: total.max(1),
+            terminal: std::io::stderr().is_terminal(),
+            drawn: false,
+            tenths: 0,
+        }
+    }
+
+    fn update(&mut self, done: usize) {
+        let (what, total) = (self.what, self.total);
+        if self.terminal {
+            let width = 40;
+            let filled = (done * width / total).min(width);
+            eprint!(
+                "\r{what:>9} [{}{}] {done}/{total}",
+                "#".repeat(filled),
+                ".".repeat(width - filled)
+            );
+            self.drawn = true;
+            return;
+        }
+        let tenths = (done * 10 / total).min(10);
+        if tenths > self.tenths {
+            self.tenths = tenths;
+            eprintln!("{what:>9} {:>3}% {done}/{total}", done * 100 / total);
+        }
+    }
+
+    /// A message on a line of its own.
+    fn note(&mut self, message: &str) {
+        self.finish();
+        eprintln!("{message}");
+    }
+
+    /// Ends the bar's line, if one is drawn.
+    fn finish(&mut self) {
+        if self.drawn {
+            eprintln!();
+            self.drawn = false;
+        }
+    }
 }
 
 /// Reads the results topic from the beginning, as a consumer of sendledger would: deduplicates

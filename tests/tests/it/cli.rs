@@ -1,7 +1,7 @@
 //! The `sendledger` command as a user runs it: a child process, its exit code and output.
 
 use std::io::BufRead;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdout, Command, Stdio};
 
 pub fn cli() -> Command {
     Command::new(env!("CARGO_BIN_EXE_sendledger_cli"))
@@ -18,6 +18,14 @@ pub fn start_run(config: &std::path::Path, env: &[(&str, String)]) -> (Child, St
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
+    let (mut out, line) = read_ready(&mut child);
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    (child, line)
+}
+
+/// Reads a server child's first stdout line, which must be its `ready` line; returns the rest
+/// of its stdout and that line.
+fn read_ready(child: &mut Child) -> (std::io::BufReader<ChildStdout>, String) {
     let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
@@ -25,8 +33,7 @@ pub fn start_run(config: &std::path::Path, env: &[(&str, String)]) -> (Child, St
         line.starts_with("ready "),
         "unexpected first line: {line:?}"
     );
-    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-    (child, line)
+    (out, line)
 }
 
 /// The value after `prefix` in a `ready` line (`brokers=`, `admin=http://`, ...).
@@ -63,6 +70,61 @@ fn demo_runs_clean() {
     assert_eq!(row("duplicates dropped"), 60);
     assert_eq!(row("audit violations"), 0);
     assert!(stdout.contains("OK: every task done once"), "{stdout}");
+
+    // stderr is a pipe here: the progress is plain lines (at most one per tenth of the way,
+    // each further than the last), never redrawn in place.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains('\r'), "{stderr:?}");
+    assert!(!stderr.contains("\x1b["), "{stderr:?}");
+    let done: Vec<u64> = stderr
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("results "))
+        .map(|l| {
+            let count = l.split_whitespace().last().unwrap();
+            count.strip_suffix("/300").unwrap().parse().unwrap()
+        })
+        .collect();
+    assert!((1..=10).contains(&done.len()), "{stderr}");
+    assert!(done.windows(2).all(|w| w[0] / 30 < w[1] / 30), "{stderr}");
+    assert_eq!(done.last(), Some(&300), "{stderr}");
+}
+
+/// Logs written to a pipe are for machines: no colour codes in text, and with
+/// `--log-format json` one JSON object per line.
+#[test]
+fn logs_on_a_pipe_are_plain_text_or_json_lines() {
+    for format in ["text", "json"] {
+        let mut child = cli()
+            .args([
+                "--log-format",
+                format,
+                "sim-remote",
+                "--listen",
+                "127.0.0.1:0",
+            ])
+            .env("RUST_LOG", "debug")
+            .env_remove("NO_COLOR")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let _stdout = read_ready(&mut child);
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+        // The exit status is not the point (the signal may beat the handler's installation).
+        let finished = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8(finished.stderr).unwrap();
+        assert!(stderr.contains("simulated remote listening"), "{stderr}");
+        assert!(!stderr.contains("\x1b["), "{format}: {stderr:?}");
+        if format == "json" {
+            for line in stderr.lines() {
+                let value: serde_json::Value = serde_json::from_str(line)
+                    .unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"));
+                assert!(value["level"].is_string(), "{line}");
+                assert!(value["fields"]["message"].is_string(), "{line}");
+            }
+        }
+    }
 }
 
 /// An invalid configuration stops `run` before it starts, naming the field.

@@ -1,6 +1,6 @@
 //! Attempt classification and lookups over real sockets, against the simulated remote: one
-//! test per row of DESIGN.md §7 and per injected fault. Every test checks the remote's ground
-//! truth (its records) as well as the outcome.
+//! test per row of `docs/classification.md` and per injected fault. Every test checks the
+//! remote's ground truth (its records) as well as the outcome.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};

@@ -11,6 +11,7 @@ mod engine_kill;
 mod fuzz;
 mod kafka;
 mod ledger;
+mod scripts;
 mod sim;
 
 /// The seed of a randomized test: `SENDLEDGER_TEST_SEED` when set, else the given default.
