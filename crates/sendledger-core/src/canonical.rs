@@ -229,7 +229,10 @@ mod tests {
             r#"{"aé":"x\"y","b":[1,2.50,-0,{"a":true,"z":null}],"c":{},"d":[]}"#
         );
         // The exponent as written, where a parsed value writes `e` and a sign.
-        assert_eq!(canonical_text(r#"{"n": [1E2, 1e-2]}"#).unwrap(), r#"{"n":[1E2,1e-2]}"#);
+        assert_eq!(
+            canonical_text(r#"{"n": [1E2, 1e-2]}"#).unwrap(),
+            r#"{"n":[1E2,1e-2]}"#
+        );
         let value: Value = serde_json::from_str(r#"{"n": [1E2, 1e-2]}"#).unwrap();
         assert_eq!(canonical_json(&value), r#"{"n":[1e+2,1e-2]}"#);
     }
@@ -237,7 +240,15 @@ mod tests {
     #[test]
     fn invalid_text_has_no_canonical_form() {
         for text in [
-            "", "{", "{\"a\" 1}", "[1,]", "tru", "1 2", "{\"a\":1,\"a\":2}", "01x", "\"open",
+            "",
+            "{",
+            "{\"a\" 1}",
+            "[1,]",
+            "tru",
+            "1 2",
+            "{\"a\":1,\"a\":2}",
+            "01x",
+            "\"open",
         ] {
             assert_eq!(canonical_text(text), None, "{text:?}");
         }

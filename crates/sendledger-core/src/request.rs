@@ -520,7 +520,10 @@ mod tests {
         let body = a
             .payload_with_fields([("reference", "t-1".to_string()), ("b", "x\"y".to_string())])
             .unwrap();
-        assert_eq!(body, r#"{"amount":1E2,"b":"x\"y","reference":"t-1","z":[0.10]}"#);
+        assert_eq!(
+            body,
+            r#"{"amount":1E2,"b":"x\"y","reference":"t-1","z":[0.10]}"#
+        );
     }
 
     #[test]

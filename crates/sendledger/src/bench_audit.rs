@@ -386,8 +386,11 @@ fn run_child(args: &[&std::ffi::OsStr]) -> anyhow::Result<Child> {
         .read_to_end(&mut out)
         .context("reading the child's output")?;
     let mut status = 0;
-    // SAFETY: rusage is plain data the kernel fills in; the pid is our own unreaped child.
+    // SAFETY: rusage is plain data (integers only), valid when zeroed.
+    #[allow(unsafe_code)]
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: the pid is our own unreaped child; both pointers are to live locals.
+    #[allow(unsafe_code)]
     let pid = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage) };
     anyhow::ensure!(
         pid > 0,

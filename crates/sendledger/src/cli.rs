@@ -90,7 +90,10 @@ fn init_logging(format: LogFormat, default_level: &str) {
 pub fn main() -> ExitCode {
     // Ledger files are created private to the owner (the ledger directory is 0700 as well).
     // SAFETY: umask only changes this process's file-creation mask; it cannot fail.
-    unsafe { libc::umask(0o077) };
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::umask(0o077)
+    };
     let cli = Cli::parse();
     // The service logs what it does; the other commands only what goes wrong.
     let default_level = match cli.command {

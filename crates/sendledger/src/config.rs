@@ -427,6 +427,7 @@ fn derived_instance_id(host: &str, data: &Path) -> String {
 fn host_name() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: the buffer is valid for its length; gethostname writes at most that many bytes.
+    #[allow(unsafe_code)]
     let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
     if ok {

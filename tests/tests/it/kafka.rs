@@ -1707,14 +1707,23 @@ async fn two_instances_in_one_group_never_send_a_request_twice() {
     produce(&kafka, messages()).await;
     // Time for anything wrongly consumed to show.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(IngestStats::get(&b_stats.submitted), 0, "the second consumed");
-    assert_eq!(IngestStats::get(&a_stats.submitted), 200, "the first consumed");
+    assert_eq!(
+        IngestStats::get(&b_stats.submitted),
+        0,
+        "the second consumed"
+    );
+    assert_eq!(
+        IngestStats::get(&a_stats.submitted),
+        200,
+        "the first consumed"
+    );
     assert_eq!(sim.stats().posts, 200);
 
     b.stop().await;
-    wait_for("the first instance did not take every partition back", || {
-        a_stats.shared_group().is_none()
-    })
+    wait_for(
+        "the first instance did not take every partition back",
+        || a_stats.shared_group().is_none(),
+    )
     .await;
     wait_for("the redeliveries were not consumed", || {
         IngestStats::get(&a_stats.submitted) == 400
@@ -1724,11 +1733,14 @@ async fn two_instances_in_one_group_never_send_a_request_twice() {
     a.stop().await;
     assert_eq!(sim.stats().posts, 200, "a redelivery was sent again");
     assert_one_record_each(&sim, &keys, &results);
-    let ledger = tokio::task::block_in_place(|| {
-        Ledger::open(dir_b.path(), LedgerOptions::default())
-    })
-    .unwrap();
-    assert_eq!(ledger.last_lsn(), 0, "the second instance recorded something");
+    let ledger =
+        tokio::task::block_in_place(|| Ledger::open(dir_b.path(), LedgerOptions::default()))
+            .unwrap();
+    assert_eq!(
+        ledger.last_lsn(),
+        0,
+        "the second instance recorded something"
+    );
     sim.shutdown().await;
 }
 
@@ -1756,11 +1768,13 @@ async fn a_replaced_ledger_refuses_partitions_another_ledger_processed() {
     produce(&kafka, to_p0(&keys)).await;
     let replaced = Pipeline::start(&kafka, new_dir.path(), &sim);
     let stats = replaced.ingest.stats().clone();
-    wait_for("partition 0 was not refused", || !stats.blocked().is_empty()).await;
+    wait_for("partition 0 was not refused", || {
+        !stats.blocked().is_empty()
+    })
+    .await;
     let why = stats.blocked()[&0].clone();
     assert!(
-        why.contains("another ledger processed the partition")
-            && why.contains("--through 19"),
+        why.contains("another ledger processed the partition") && why.contains("--through 19"),
         "{why}"
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -1785,7 +1799,11 @@ async fn a_replaced_ledger_refuses_partitions_another_ledger_processed() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let replaced = Pipeline::start(&kafka, new_dir.path(), &sim);
     let stats = replaced.ingest.stats().clone();
     wait_for("the partition was not consumed after the reset", || {
