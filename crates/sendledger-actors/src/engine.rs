@@ -10,7 +10,7 @@ use sendledger_core::decide::{decide, Ctx, Input, OperatorResolution, REJECTED_R
 use sendledger_core::{
     AcceptedRequest, Event, EventBody, Identity, Limits, Phase, Source, State, TaskId, TaskRequest,
 };
-use sendledger_store::{Durability, Ledger, LedgerOptions};
+use sendledger_store::{Durability, Ledger, LedgerOptions, Memory};
 use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
@@ -24,6 +24,8 @@ use crate::timers::{Schedule, Timers};
 pub struct EngineConfig {
     pub ledger_dir: PathBuf,
     pub durability: Durability,
+    /// RocksDB's memory budget for the ledger.
+    pub memory: Memory,
     /// Threads that run task actors (and their HTTP attempts).
     pub workers: usize,
     /// Most task actors alive at once; further messages wait in the registry.
@@ -42,6 +44,7 @@ impl EngineConfig {
         EngineConfig {
             ledger_dir: ledger_dir.into(),
             durability: Durability::Sync,
+            memory: Memory::default(),
             workers: 2,
             max_live_tasks: 10_000,
             lookup_concurrency: 32,
@@ -102,6 +105,7 @@ impl Engine {
             &config.ledger_dir,
             LedgerOptions {
                 durability: config.durability,
+                memory: config.memory,
             },
         )?;
         if config.durability == Durability::Buffered {

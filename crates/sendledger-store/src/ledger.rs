@@ -7,7 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 
-use rocksdb::{ColumnFamilyDescriptor, Direction, IteratorMode, Options, DB};
+use rocksdb::{
+    BlockBasedOptions, Cache, ColumnFamilyDescriptor, Direction, IteratorMode, Options,
+    WriteBufferManager, DB,
+};
 use sendledger_core::{Event, Identity, PayloadHash, Phase, TaskId};
 use tokio::sync::oneshot;
 
@@ -35,6 +38,55 @@ pub enum Durability {
 #[derive(Debug, Clone, Default)]
 pub struct LedgerOptions {
     pub durability: Durability,
+    pub memory: Memory,
+}
+
+/// The memory RocksDB may keep for one ledger, shared by every column family: one block cache
+/// of `bytes` (index and filter blocks included), with the memtables (write buffers) charged to
+/// it and flushed once they pass half of it. Reads beyond it come from the OS page cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Memory {
+    pub bytes: usize,
+}
+
+impl Default for Memory {
+    fn default() -> Self {
+        Memory {
+            bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+impl Memory {
+    /// The smallest budget accepted: below it RocksDB would flush tiny memtables constantly.
+    pub const MIN_BYTES: usize = 4 * 1024 * 1024;
+
+    /// The budget in effect: `bytes`, and at least [`Memory::MIN_BYTES`].
+    pub fn budget(self) -> usize {
+        self.bytes.max(Self::MIN_BYTES)
+    }
+
+    /// RocksDB options sharing one cache and one write budget, and those of each family.
+    fn rocksdb_options(self) -> (Options, Options, Cache, WriteBufferManager) {
+        let bytes = self.budget();
+        let cache = Cache::new_lru_cache(bytes);
+        let buffers = WriteBufferManager::new_write_buffer_manager_with_cache(
+            bytes / 2,
+            false,
+            cache.clone(),
+        );
+        let mut db = Options::default();
+        db.set_write_buffer_manager(&buffers);
+        let mut table = BlockBasedOptions::default();
+        table.set_block_cache(&cache);
+        // Index and filter blocks count against the cache too, instead of growing with the data.
+        table.set_cache_index_and_filter_blocks(true);
+        table.set_pin_l0_filter_and_index_blocks_in_cache(true);
+        let mut family = Options::default();
+        family.set_block_based_table_factory(&table);
+        family.set_write_buffer_size(bytes / 8);
+        (db, family, cache, buffers)
+    }
 }
 
 /// The processed offsets of one requests-topic partition.
@@ -153,6 +205,19 @@ struct Inner {
     thread: Mutex<Option<JoinHandle<()>>>,
     last_lsn: Arc<AtomicU64>,
     stats: Arc<JournalStats>,
+    /// The shared block cache and write budget (a read-only ledger uses RocksDB's defaults).
+    memory: Option<(usize, Cache, WriteBufferManager)>,
+}
+
+/// What RocksDB holds in memory for a ledger, from its shared cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryUsage {
+    /// The cache's capacity: the configured budget.
+    pub budget: usize,
+    /// Bytes in the cache, memtables included.
+    pub cached: usize,
+    /// Of which memtables (write buffers).
+    pub write_buffers: usize,
 }
 
 impl Drop for Inner {
@@ -175,7 +240,7 @@ impl Ledger {
         std::fs::create_dir_all(&path).map_err(dir_err)?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700)).map_err(dir_err)?;
 
-        let mut opts = Options::default();
+        let (mut opts, family, cache, buffers) = options.memory.rocksdb_options();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
         opts.set_max_background_jobs(2);
@@ -190,7 +255,7 @@ impl Ledger {
         }
         let cfs = names
             .iter()
-            .map(|n| ColumnFamilyDescriptor::new(n, Options::default()));
+            .map(|n| ColumnFamilyDescriptor::new(n, family.clone()));
         let db = DB::open_cf_descriptors(&opts, &path, cfs).map_err(|e| {
             // RocksDB reports its lock only in the message: held by another process ("While
             // lock file: …/LOCK: …") or by another open handle of this one.
@@ -230,7 +295,18 @@ impl Ledger {
                 thread: Mutex::new(Some(thread)),
                 last_lsn,
                 stats,
+                memory: Some((options.memory.budget(), cache, buffers)),
             }),
+        })
+    }
+
+    /// What RocksDB holds in memory for this ledger; `None` for a read-only ledger.
+    pub fn memory_usage(&self) -> Option<MemoryUsage> {
+        let (budget, cache, buffers) = self.inner.memory.as_ref()?;
+        Some(MemoryUsage {
+            budget: *budget,
+            cached: cache.get_usage(),
+            write_buffers: buffers.get_usage(),
         })
     }
 
@@ -258,6 +334,7 @@ impl Ledger {
                 thread: Mutex::new(None),
                 last_lsn: Arc::new(AtomicU64::new(last)),
                 stats: Arc::new(JournalStats::default()),
+                memory: None,
             }),
         })
     }

@@ -29,5 +29,5 @@ pub mod ledger;
 pub use audit::audit;
 pub use error::{Error, Result};
 pub use journal::{Append, JournalStats, TimerKind};
-pub use ledger::{Durability, Ledger, LedgerOptions, Processed, TaskSummary};
+pub use ledger::{Durability, Ledger, LedgerOptions, Memory, MemoryUsage, Processed, TaskSummary};
 pub use sendledger_core::audit::{AuditReport, Finding};

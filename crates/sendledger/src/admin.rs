@@ -140,6 +140,11 @@ fn describe() {
         "Requests-topic consumer lag per partition."
     );
     describe_gauge!("sendledger_tasks", "Tasks in the ledger, by state.");
+    describe_gauge!(
+        "sendledger_ledger_memory_bytes",
+        Unit::Bytes,
+        "RocksDB's memory for the ledger: the budget (storage.memory_bytes), what its cache holds, and of that the write buffers."
+    );
     describe_counter!(
         "sendledger_requests_lost_total",
         "Requests deleted from the requests topic before they were processed, by partition."
@@ -551,6 +556,15 @@ fn json_bytes_response(status: StatusCode, body: Bytes) -> Response<Full<Bytes>>
 }
 
 async fn metrics(shared: &Shared) -> Answer {
+    if let Some(usage) = shared.engine.ledger().memory_usage() {
+        for (kind, bytes) in [
+            ("budget", usage.budget),
+            ("cached", usage.cached),
+            ("write_buffers", usage.write_buffers),
+        ] {
+            metrics::gauge!("sendledger_ledger_memory_bytes", "kind" => kind).set(bytes as f64);
+        }
+    }
     let stale = shared
         .gauges_at
         .lock()

@@ -107,8 +107,14 @@ fn measure(
     appenders: usize,
     seconds: f64,
 ) -> anyhow::Result<Run> {
-    let ledger =
-        Ledger::open(dir, LedgerOptions { durability }).context("opening the bench ledger")?;
+    let ledger = Ledger::open(
+        dir,
+        LedgerOptions {
+            durability,
+            ..LedgerOptions::default()
+        },
+    )
+    .context("opening the bench ledger")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

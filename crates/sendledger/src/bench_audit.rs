@@ -417,6 +417,7 @@ pub fn run(args: AuditArgs) -> anyhow::Result<()> {
             dir,
             LedgerOptions {
                 durability: Durability::Buffered,
+                ..LedgerOptions::default()
             },
         )
         .context("opening the bench ledger")?;

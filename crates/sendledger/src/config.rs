@@ -20,7 +20,7 @@ use sendledger_actors::EngineConfig;
 use sendledger_bus::KafkaConfig;
 use sendledger_core::Limits;
 use sendledger_effects::{TargetConfig, Targets};
-use sendledger_store::Durability;
+use sendledger_store::{Durability, Memory};
 use serde::{Deserialize, Serialize};
 
 /// Prefix of the environment variables that override the file.
@@ -125,6 +125,9 @@ pub struct StorageConfig {
     pub data: PathBuf,
     /// `sync` (fsync before acknowledging; the only safe choice in production) or `buffered`.
     pub durability: Durability,
+    /// RocksDB's memory for the ledger, in bytes: one block cache shared by every column
+    /// family, with the write buffers charged to it (flushed past half). At least 4 MiB.
+    pub memory_bytes: usize,
 }
 
 impl Default for StorageConfig {
@@ -132,6 +135,7 @@ impl Default for StorageConfig {
         StorageConfig {
             data: PathBuf::from("sendledger-data"),
             durability: Durability::Sync,
+            memory_bytes: Memory::default().bytes,
         }
     }
 }
@@ -299,6 +303,13 @@ impl Config {
                 bail!("{field}: must be longer than 0s");
             }
         }
+        if self.storage.memory_bytes < Memory::MIN_BYTES {
+            bail!(
+                "storage.memory_bytes: is {}; use at least {} (4 MiB)",
+                self.storage.memory_bytes,
+                Memory::MIN_BYTES
+            );
+        }
         if self.storage.data.as_os_str().is_empty() {
             bail!("storage.data: is empty; name the ledger directory");
         }
@@ -337,6 +348,9 @@ impl Config {
     pub fn engine_config(&self) -> EngineConfig {
         let mut c = EngineConfig::new(&self.storage.data);
         c.durability = self.storage.durability;
+        c.memory = Memory {
+            bytes: self.storage.memory_bytes,
+        };
         c.workers = self.engine.workers;
         c.max_live_tasks = self.engine.max_live_tasks;
         c.lookup_concurrency = self.engine.lookup_concurrency;
@@ -555,6 +569,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert_eq!(err, "admin.max_connections: must be at least 1");
+        let err = parse(MINIMAL, &[("SENDLEDGER__STORAGE__MEMORY_BYTES", "1000")])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "storage.memory_bytes: is 1000; use at least 4194304 (4 MiB)"
+        );
         let err = parse(MINIMAL, &[("SENDLEDGER__ADMIN__IDLE_TIMEOUT", "0s")])
             .unwrap_err()
             .to_string();

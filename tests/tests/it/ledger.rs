@@ -188,6 +188,7 @@ async fn append_then_read_everything_back() {
         &path,
         LedgerOptions {
             durability: Durability::Buffered,
+            ..LedgerOptions::default()
         },
     )
     .unwrap();
@@ -453,4 +454,52 @@ fn damaged_or_unknown_envelopes_are_errors() {
     let bytes = encode_event(event);
     assert!(decode_event(event.lsn, &bytes[..bytes.len() - 3]).is_err());
     assert!(decode_event(event.lsn, &[]).is_err());
+}
+
+/// RocksDB's memory for a ledger stays within its budget while far more than the budget is
+/// written and read back: one block cache for every column family, the write buffers charged
+/// to it.
+#[test]
+fn memory_stays_within_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let budget = 8 * 1024 * 1024;
+    let ledger = Ledger::open(
+        dir.path(),
+        LedgerOptions {
+            durability: Durability::Buffered,
+            memory: sendledger_store::Memory { bytes: budget },
+        },
+    )
+    .unwrap();
+    let filler = "x".repeat(2_000);
+    let mut peak = (0, 0);
+    // About 80 MB of events: ten times the budget.
+    for batch in 0..200 {
+        let mut append = Append::default();
+        for i in 0..200 {
+            let key = format!("mem-{batch}-{i}");
+            let (_, one) = accept_append(&key, batch * 200 + i);
+            append.events.extend(one.events.into_iter().map(|mut e| {
+                if let EventBody::TaskAccepted { request, .. } = &mut e.body {
+                    request.metadata.insert("filler".into(), filler.clone());
+                }
+                e
+            }));
+            append.tasks.extend(one.tasks);
+            append.identities.extend(one.identities);
+        }
+        ledger.append_blocking(append).unwrap();
+        let usage = ledger.memory_usage().unwrap();
+        peak = (peak.0.max(usage.cached), peak.1.max(usage.write_buffers));
+    }
+    for event in ledger.log_from(1) {
+        event.unwrap();
+    }
+    let usage = ledger.memory_usage().unwrap();
+    peak = (peak.0.max(usage.cached), peak.1.max(usage.write_buffers));
+    assert_eq!(usage.budget, budget);
+    assert!(ledger.last_lsn() == 80_000);
+    // The write buffers are flushed once they pass half the budget; they count in the cache.
+    assert!(peak.0 <= budget + budget / 8, "cache peaked at {}", peak.0);
+    assert!(peak.1 <= budget, "write buffers peaked at {}", peak.1);
 }
