@@ -3,8 +3,8 @@
 //! Every call resolves once what it recorded is durable, together with the message's
 //! processed-offset marker, so the consumer may store the Kafka offset right after.
 
-use sendledger_bus::{BoxFuture, RequestSink, SinkError};
-use sendledger_core::{Source, TaskRequest};
+use sendledger_bus::{RequestSink, SinkError};
+use sendledger_core::{BoxFuture, Source, TaskRequest};
 use sendledger_store::{Append, Processed};
 
 use crate::engine::Engine;

@@ -2,10 +2,10 @@
 
 use sendledger_core::decide::AttemptOutcome;
 use sendledger_core::event::{Millis, NotSentCause};
-use sendledger_core::{AcceptedRequest, Policy};
+use sendledger_core::{AcceptedRequest, BoxFuture, Policy};
 use sendledger_effects::Targets;
 
-use crate::remote::{BoxFuture, Remote, Slot};
+use crate::remote::{Remote, Slot};
 
 pub struct HttpRemote {
     targets: Targets,

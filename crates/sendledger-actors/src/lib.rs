@@ -33,7 +33,7 @@ pub mod timers;
 pub use engine::{Engine, EngineConfig, ReviewItem};
 pub use error::{Error, Result};
 pub use http::HttpRemote;
-pub use remote::{BoxFuture, Remote, Slot};
+pub use remote::{Remote, Slot};
 pub use task::Reply;
 
 /// Milliseconds since the Unix epoch, the engine's one clock.

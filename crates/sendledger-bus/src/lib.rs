@@ -48,7 +48,7 @@ pub use produce::{request_key, RequestProducer};
 pub use publisher::{Publisher, PublisherStats, EVENT_ID_HEADER, PUBLISHER_CURSOR};
 pub use records::{event_from_record, EventRecord, ResultSource, ResultStatus, TaskResult};
 pub use replay::audit_topic;
-pub use sink::{BoxFuture, RequestSink, SinkError};
+pub use sink::{RequestSink, SinkError};
 
 /// The librdkafka binding, re-exported so that users (and tests) of this crate can inject
 /// faults into the embedded cluster without depending on `rdkafka` themselves.
