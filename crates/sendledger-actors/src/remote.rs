@@ -1,5 +1,6 @@
-//! The side-effect seam: how the engine reaches remotes. Implemented by the effects crate's
-//! HTTP client; the engine knows nothing about HTTP.
+//! The side-effect seam: how the engine reaches remotes. The binary implements it with the
+//! effects crate's HTTP client (`sendledger::wiring::HttpRemote`), tests with fakes; the engine
+//! knows nothing about HTTP.
 
 use sendledger_core::decide::AttemptOutcome;
 use sendledger_core::event::Millis;

@@ -9,9 +9,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use sendledger_actors::{Engine, EngineConfig, HttpRemote};
+use sendledger_actors::{Engine, EngineConfig};
 use sendledger_core::{EventBody, Source};
 
+use crate::wiring::HttpRemote;
 use crate::bench::bench_request;
 use sendledger_effects::{TargetConfig, Targets};
 use sendledger_sim::{Sim, SimConfig};

@@ -13,7 +13,6 @@ use anyhow::Context;
 use clap::Args;
 use rand::seq::{IndexedRandom, SliceRandom};
 use rand::SeedableRng;
-use sendledger_actors::HttpRemote;
 use sendledger_bus::rdkafka::consumer::{BaseConsumer, Consumer};
 use sendledger_bus::rdkafka::message::{Headers, Message};
 use sendledger_bus::rdkafka::{Offset, TopicPartitionList};
@@ -24,6 +23,7 @@ use sendledger_bus::{
 use sendledger_core::TaskRequest;
 use sendledger_sim::{Faults, Sim, SimConfig};
 
+use crate::wiring::HttpRemote;
 use crate::config::{AdminConfig, Config};
 use crate::service::Service;
 

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use sendledger_actors::HttpRemote;
 use sendledger_bus::Kafka;
 use sendledger_sim::{Sim, SimConfig};
 
+use crate::wiring::HttpRemote;
 use crate::config::Config;
 use crate::service::Service;
 

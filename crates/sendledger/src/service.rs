@@ -17,6 +17,7 @@ use sendledger_bus::{Ingest, Kafka, Publisher};
 
 use crate::admin::Admin;
 use crate::config::Config;
+use crate::wiring::EngineSink;
 
 /// How long topic creation on external brokers may take.
 const TOPIC_TIMEOUT: Duration = Duration::from_secs(30);
@@ -61,7 +62,7 @@ impl Service {
             None => None,
         };
         let ingest =
-            Ingest::start(kafka, Arc::new(engine.clone())).context("starting the ingest")?;
+            Ingest::start(kafka, Arc::new(EngineSink::new(engine.clone()))).context("starting the ingest")?;
         if let Some(admin) = &admin {
             admin.watch_ingest(ingest.stats().clone());
         }

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
+use sendledger::wiring::EngineSink;
 use sendledger_actors::Engine;
 use sendledger_bus::rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use sendledger_bus::rdkafka::message::{Headers, Message};
@@ -54,7 +55,7 @@ impl Pipeline {
         let engine = tokio::task::block_in_place(|| {
             sendledger_tests::engine::start(dir, target(&sim.base_url(), |_| {}))
         });
-        let ingest = Ingest::start(kafka, Arc::new(engine.clone())).expect("ingest starts");
+        let ingest = Ingest::start(kafka, Arc::new(EngineSink::new(engine.clone()))).expect("ingest starts");
         let publisher = Publisher::start(kafka, engine.ledger().clone()).expect("publisher starts");
         Pipeline {
             engine,
