@@ -41,5 +41,4 @@ pub use state::{fold, Phase, State};
 /// A boxed future that may move between threads. The seams other crates implement (the
 /// engine's remote, the consumer's request sink) return it, so they name no async runtime;
 /// it is a std type, and this crate still runs nothing.
-pub type BoxFuture<T> =
-    std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'static>>;
+pub type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'static>>;

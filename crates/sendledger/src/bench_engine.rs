@@ -12,8 +12,8 @@ use clap::Args;
 use sendledger_actors::{Engine, EngineConfig};
 use sendledger_core::{EventBody, Source};
 
-use crate::wiring::HttpRemote;
 use crate::bench::bench_request;
+use crate::wiring::HttpRemote;
 use sendledger_effects::{TargetConfig, Targets};
 use sendledger_sim::{Sim, SimConfig};
 use sendledger_store::Durability;

@@ -13,12 +13,12 @@ use sendledger_bus::{request_key, Kafka, RequestProducer};
 use sendledger_sim::{Sim, SimConfig};
 use sendledger_store::Durability;
 
-use crate::wiring::HttpRemote;
 use crate::bench::bench_request;
 use crate::bench_engine::parse_durability;
 use crate::config::Config;
 use crate::demo::ResultsReader;
 use crate::service::Service;
+use crate::wiring::HttpRemote;
 
 #[derive(Args)]
 pub struct KafkaArgs {

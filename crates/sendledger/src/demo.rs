@@ -23,9 +23,9 @@ use sendledger_bus::{
 use sendledger_core::TaskRequest;
 use sendledger_sim::{Faults, Sim, SimConfig};
 
-use crate::wiring::HttpRemote;
 use crate::config::{AdminConfig, Config};
 use crate::service::Service;
+use crate::wiring::HttpRemote;
 
 #[derive(Args)]
 pub struct DemoArgs {

@@ -11,9 +11,9 @@ use clap::Args;
 use sendledger_bus::Kafka;
 use sendledger_sim::{Sim, SimConfig};
 
-use crate::wiring::HttpRemote;
 use crate::config::Config;
 use crate::service::Service;
+use crate::wiring::HttpRemote;
 
 #[derive(Args)]
 pub struct RunArgs {

@@ -61,8 +61,8 @@ impl Service {
             Some(metrics) => Some(Admin::start(&config.admin, engine.clone(), metrics).await?),
             None => None,
         };
-        let ingest =
-            Ingest::start(kafka, Arc::new(EngineSink::new(engine.clone()))).context("starting the ingest")?;
+        let ingest = Ingest::start(kafka, Arc::new(EngineSink::new(engine.clone())))
+            .context("starting the ingest")?;
         if let Some(admin) = &admin {
             admin.watch_ingest(ingest.stats().clone());
         }

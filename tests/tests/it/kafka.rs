@@ -55,7 +55,8 @@ impl Pipeline {
         let engine = tokio::task::block_in_place(|| {
             sendledger_tests::engine::start(dir, target(&sim.base_url(), |_| {}))
         });
-        let ingest = Ingest::start(kafka, Arc::new(EngineSink::new(engine.clone()))).expect("ingest starts");
+        let ingest =
+            Ingest::start(kafka, Arc::new(EngineSink::new(engine.clone()))).expect("ingest starts");
         let publisher = Publisher::start(kafka, engine.ledger().clone()).expect("publisher starts");
         Pipeline {
             engine,
