@@ -28,6 +28,10 @@ pub enum Error {
     /// The text quotes the input only through [`crate::sanitize_reason`].
     #[error("invalid request JSON: {0}")]
     Json(String),
+    /// An operator's resolution that cannot be recorded as written (see
+    /// [`crate::ResolveBody::resolution`]).
+    #[error("{0}")]
+    BadResolution(String),
     #[error("`{address}` is not an identity address (tenant/operation/request_key): {problem}")]
     BadAddress { address: String, problem: String },
 }

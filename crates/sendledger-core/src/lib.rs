@@ -4,7 +4,8 @@
 //! written), the events of the ledger, the task [`State`] as a pure [`fold`] of events, the
 //! decision functions that say what a task does next, the retry math, the rule checker that
 //! audits an event sequence, the audit's report and per-task accounting shared by every
-//! replay, and [`sanitize_reason`], through which any input quoted in a reason passes.
+//! replay, what an operator may record to resolve a review ([`ResolveBody`]), and
+//! [`sanitize_reason`], through which any input quoted in a reason passes.
 //!
 //! This crate must never depend on RocksDB, Kafka, an async runtime, a clock or a source of
 //! randomness: time and random numbers are passed in. Everything here is deterministic, so
@@ -18,6 +19,7 @@ pub mod ids;
 pub mod reason;
 pub mod request;
 pub mod retry;
+pub mod review;
 pub mod rules;
 pub mod state;
 
@@ -35,6 +37,7 @@ pub use ids::{PayloadHash, TaskId};
 pub use reason::sanitize_reason;
 pub use request::{AcceptedRequest, Identity, Limits, TaskRequest};
 pub use retry::RetryPolicy;
+pub use review::ResolveBody;
 pub use rules::{check_task, CheckConfig, Rule, TaskCheck, Violation};
 pub use state::{fold, Phase, State};
 

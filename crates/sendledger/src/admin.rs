@@ -42,10 +42,8 @@ use hyper_util::rt::TokioIo;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use sendledger_actors::Engine;
 use sendledger_bus::IngestStats;
-use sendledger_core::decide::OperatorResolution;
-use sendledger_core::{fold, Phase};
+use sendledger_core::{fold, Phase, ResolveBody};
 use sendledger_store::{Ledger, TaskCounts};
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -720,55 +718,6 @@ impl ReviewsCache {
     }
 }
 
-/// The body of `POST /reviews/{id}` (and what `sendledger review resolve --admin` sends).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ResolveBody {
-    /// `succeeded` or `failed`; absent for a resend.
-    #[serde(rename = "as", default, skip_serializing_if = "Option::is_none")]
-    pub resolve_as: Option<String>,
-    /// `true` authorizes one new attempt.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub resend: bool,
-    /// The remote record that is the task's (with `as: succeeded`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub remote_id: Option<String>,
-    pub by: String,
-    pub reason: String,
-}
-
-impl ResolveBody {
-    /// The operator's decision, or what is wrong with the body (naming the field).
-    pub fn resolution(self) -> Result<OperatorResolution, String> {
-        if self.by.trim().is_empty() {
-            return Err("`by` must name the operator".into());
-        }
-        if self.reason.trim().is_empty() {
-            return Err("`reason` must say why".into());
-        }
-        let (by, reason) = (self.by, self.reason);
-        match (self.resolve_as.as_deref(), self.resend, self.remote_id) {
-            (Some("succeeded"), false, Some(remote_id)) if !remote_id.is_empty() => {
-                Ok(OperatorResolution::Succeeded {
-                    remote_id,
-                    by,
-                    reason,
-                })
-            }
-            (Some("succeeded"), false, _) => {
-                Err("`remote_id` is required with `as: succeeded`".into())
-            }
-            (Some("failed"), false, None) => Ok(OperatorResolution::Failed { by, reason }),
-            (None, true, None) => Ok(OperatorResolution::Resend { by, reason }),
-            (_, _, Some(_)) => Err("`remote_id` goes only with `as: succeeded`".into()),
-            (Some(other), false, _) => Err(format!(
-                "`as` must be `succeeded` or `failed`, not `{other}`"
-            )),
-            _ => Err("give exactly one of `as` (succeeded or failed) and `resend: true`".into()),
-        }
-    }
-}
-
 fn authorize(shared: &Shared, req: &Request<Incoming>) -> Result<(), Failure> {
     let Some(token) = &shared.token else {
         return Err(Failure::new(
@@ -896,44 +845,6 @@ mod tests {
             "[::ffff:10.0.0.1]:1",
         ] {
             assert!(reads_exposed(&listen.parse().unwrap()), "{listen}");
-        }
-    }
-
-    #[test]
-    fn resolve_bodies_map_to_resolutions_or_name_the_field() {
-        let body = |v: Value| serde_json::from_value::<ResolveBody>(v).map_err(|e| e.to_string());
-        let ok =
-            body(json!({ "as": "succeeded", "remote_id": "X", "by": "ana", "reason": "seen" }))
-                .unwrap()
-                .resolution()
-                .unwrap();
-        assert!(matches!(ok, OperatorResolution::Succeeded { remote_id, .. } if remote_id == "X"));
-        let resend = body(json!({ "resend": true, "by": "ana", "reason": "none there" })).unwrap();
-        assert!(matches!(
-            resend.resolution(),
-            Ok(OperatorResolution::Resend { .. })
-        ));
-        for (v, field) in [
-            (json!({ "as": "failed", "by": "ana" }), "reason"),
-            (json!({ "as": "failed", "by": "", "reason": "x" }), "by"),
-            (json!({ "as": "done", "by": "a", "reason": "x" }), "as"),
-            (
-                json!({ "as": "failed", "resend": true, "by": "a", "reason": "x" }),
-                "resend",
-            ),
-            (
-                json!({ "as": "failed", "remote_id": "X", "by": "a", "reason": "x" }),
-                "remote_id",
-            ),
-            (
-                json!({ "as": "failed", "by": "a", "reason": "x", "extra": 1 }),
-                "extra",
-            ),
-        ] {
-            let err = body(v.clone())
-                .and_then(|b| b.resolution().map(|_| ()))
-                .expect_err(&v.to_string());
-            assert!(err.contains(field), "{v}: {err}");
         }
     }
 }
