@@ -11,7 +11,7 @@
 //!   partition order, and committed periodically, on revocation and at shutdown.
 //! - [`Publisher`]: the outbox. It tails the ledger by LSN from a durable cursor and produces
 //!   every event to the events topic and one [`TaskResult`] per result-bearing event to the
-//!   results topic with the idempotent producer; the cursor advances only after every record up
+//!   results topic (projected by the core crate) with the idempotent producer; the cursor advances only after every record up
 //!   to it is acknowledged.
 //! - [`audit_topic`]: the audit of an events topic instead of a local ledger: every record read
 //!   back into a ledger event ([`event_from_record`]) and checked with the same rules.
@@ -29,6 +29,8 @@
 //! never stops a partition. RocksDB is read on the blocking pool, and librdkafka calls that can
 //! block (polls, synchronous commits) run on the ingest's own thread, never on an async executor
 //! thread.
+//!
+//! [`TaskResult`]: sendledger_core::TaskResult
 
 pub mod cluster;
 pub mod config;
@@ -46,7 +48,7 @@ pub use error::{Error, Result};
 pub use ingest::{Ingest, IngestStats};
 pub use produce::{request_key, RequestProducer};
 pub use publisher::{Publisher, PublisherStats, EVENT_ID_HEADER, PUBLISHER_CURSOR};
-pub use records::{event_from_record, EventRecord, ResultSource, ResultStatus, TaskResult};
+pub use records::{event_from_record, EventRecord};
 pub use replay::audit_topic;
 pub use sink::{RequestSink, SinkError};
 

@@ -15,7 +15,7 @@
 //! Metric: `sendledger_results_published_total` (result records acknowledged by Kafka; a batch
 //! published again after a failure counts again).
 //!
-//! [`TaskResult`]: crate::records::TaskResult
+//! [`TaskResult`]: sendledger_core::TaskResult
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -27,13 +27,14 @@ use crate::produce::enqueue;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use sendledger_core::result::Projection;
 use sendledger_core::TaskId;
 use sendledger_store::{Append, Ledger};
 
 use crate::cluster::Kafka;
 use crate::config::Role;
 use crate::error::{Error, Result};
-use crate::records::{event_record, Projection};
+use crate::records::event_record;
 
 /// The ledger cursor holding the last LSN whose records are acknowledged.
 pub const PUBLISHER_CURSOR: &str = "publisher";

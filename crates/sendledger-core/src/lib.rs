@@ -2,7 +2,8 @@
 //!
 //! Task identity, its textual address and ids, validated requests (payload numbers kept as
 //! written), the events of the ledger, the task [`State`] as a pure [`fold`] of events, the
-//! decision functions that say what a task does next, the retry math, the rule checker that
+//! decision functions that say what a task does next, the result each event announces to the
+//! requester ([`TaskResult`], projected from the log), the retry math, the rule checker that
 //! audits an event sequence, the audit's report and per-task accounting shared by every
 //! replay, what an operator may record to resolve a review ([`ResolveBody`]), and
 //! [`sanitize_reason`], through which any input quoted in a reason passes.
@@ -18,6 +19,7 @@ pub mod event;
 pub mod ids;
 pub mod reason;
 pub mod request;
+pub mod result;
 pub mod retry;
 pub mod review;
 pub mod rules;
@@ -36,6 +38,7 @@ pub use event::{
 pub use ids::{PayloadHash, TaskId};
 pub use reason::sanitize_reason;
 pub use request::{AcceptedRequest, Identity, Limits, TaskRequest};
+pub use result::{ResultStatus, TaskResult};
 pub use retry::RetryPolicy;
 pub use review::ResolveBody;
 pub use rules::{check_task, CheckConfig, Rule, TaskCheck, Violation};

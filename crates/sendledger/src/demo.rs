@@ -16,11 +16,8 @@ use rand::SeedableRng;
 use sendledger_bus::rdkafka::consumer::{BaseConsumer, Consumer};
 use sendledger_bus::rdkafka::message::{Headers, Message};
 use sendledger_bus::rdkafka::{Offset, TopicPartitionList};
-use sendledger_bus::{
-    request_key, Kafka, KafkaConfig, RequestProducer, ResultStatus, Role, TaskResult,
-    EVENT_ID_HEADER,
-};
-use sendledger_core::TaskRequest;
+use sendledger_bus::{request_key, Kafka, KafkaConfig, RequestProducer, Role, EVENT_ID_HEADER};
+use sendledger_core::{ResultStatus, TaskRequest, TaskResult};
 use sendledger_sim::{Faults, Sim, SimConfig};
 
 use crate::config::{AdminConfig, Config};

@@ -22,11 +22,10 @@ use sendledger_bus::rdkafka::message::{Headers, Message};
 use sendledger_bus::rdkafka::producer::{FutureProducer, FutureRecord};
 use sendledger_bus::rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use sendledger_bus::rdkafka::{Offset, TopicPartitionList};
-use sendledger_bus::{
-    Ingest, IngestStats, Kafka, KafkaConfig, Publisher, ResultStatus, Role, TaskResult,
-    EVENT_ID_HEADER,
+use sendledger_bus::{Ingest, IngestStats, Kafka, KafkaConfig, Publisher, Role, EVENT_ID_HEADER};
+use sendledger_core::{
+    EventBody, Evidence, Limits, NewEvent, Phase, ResultStatus, Source, TaskId, TaskResult,
 };
-use sendledger_core::{EventBody, Evidence, Limits, NewEvent, Phase, Source, TaskId};
 use sendledger_sim::{Faults, Sim, SimConfig};
 use sendledger_store::{Append, Ledger, LedgerOptions, TaskSummary};
 use sendledger_tests::engine::{request, target};
