@@ -18,6 +18,8 @@
 //!
 //! - [`RequestProducer`]: produces request messages keyed by identity (`sendledger produce`,
 //!   the demo).
+//! - [`TopicReader`] and [`ResultsReader`]: read back what sendledger publishes, as its
+//!   consumers do (the demo, the Kafka benchmark, the tests).
 //!
 //! This is the only crate that depends on `rdkafka`. It depends on `sendledger-core` (the types
 //! it carries) and `sendledger-store` (the publisher reads the ledger, the ingest reads processed
@@ -38,6 +40,7 @@ pub mod error;
 pub mod ingest;
 pub mod produce;
 pub mod publisher;
+pub mod reader;
 pub mod records;
 pub mod replay;
 pub mod sink;
@@ -48,6 +51,7 @@ pub use error::{Error, Result};
 pub use ingest::{Ingest, IngestStats};
 pub use produce::{request_key, RequestProducer};
 pub use publisher::{Publisher, PublisherStats, EVENT_ID_HEADER, PUBLISHER_CURSOR};
+pub use reader::{Record, ResultsReader, TopicReader};
 pub use records::{event_from_record, EventRecord};
 pub use replay::audit_topic;
 pub use sink::{RequestSink, SinkError};
