@@ -42,6 +42,7 @@ use hyper_util::rt::TokioIo;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use sendledger_actors::Engine;
 use sendledger_bus::IngestStats;
+use sendledger_core::error::Chain;
 use sendledger_core::{fold, Phase, ResolveBody};
 use sendledger_store::{Ledger, TaskCounts};
 use serde_json::{json, Value};
@@ -482,13 +483,13 @@ impl From<sendledger_actors::Error> for Failure {
             E::ShuttingDown | E::Stopped => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        Failure(status, e.to_string())
+        Failure(status, Chain(&e).to_string())
     }
 }
 
 impl From<sendledger_store::Error> for Failure {
     fn from(e: sendledger_store::Error) -> Failure {
-        Failure(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+        Failure(StatusCode::INTERNAL_SERVER_ERROR, Chain(&e).to_string())
     }
 }
 

@@ -10,6 +10,7 @@
 use sendledger_actors::{Engine, Error, Remote, Slot};
 use sendledger_bus::{RequestSink, SinkError};
 use sendledger_core::decide::AttemptOutcome;
+use sendledger_core::error::Chain;
 use sendledger_core::event::{Millis, NotSentCause};
 use sendledger_core::{AcceptedRequest, BoxFuture, Policy, Source, TaskRequest};
 use sendledger_effects::Targets;
@@ -94,7 +95,7 @@ fn classify(e: Error) -> SinkError {
         Error::Invalid(e) => SinkError::Invalid(e.to_string()),
         e @ Error::UnknownTarget(_) => SinkError::Invalid(e.to_string()),
         e @ (Error::Ledger(_) | Error::ShuttingDown | Error::NoSuchTask(_)) => {
-            SinkError::Retry(e.to_string())
+            SinkError::Retry(Chain(&e).to_string())
         }
         e @ Error::Stopped => SinkError::Fatal(e.to_string()),
     }
@@ -134,7 +135,7 @@ impl RequestSink for EngineSink {
             ledger
                 .read(move |l| l.processed(&topic, partition))
                 .await
-                .map_err(|e| SinkError::Retry(e.to_string()))
+                .map_err(|e| SinkError::Retry(Chain(&e).to_string()))
         })
     }
 
@@ -156,7 +157,7 @@ impl RequestSink for EngineSink {
                 .append(append)
                 .await
                 .map(|_| ())
-                .map_err(|e| SinkError::Retry(e.to_string()))
+                .map_err(|e| SinkError::Retry(Chain(&e).to_string()))
         })
     }
 }
