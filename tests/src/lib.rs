@@ -36,7 +36,8 @@ pub mod engine {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
-    use sendledger_actors::{Engine, EngineConfig, HttpRemote};
+    use sendledger::wiring::HttpRemote;
+    use sendledger_actors::{Engine, EngineConfig};
     use sendledger_core::{Phase, Source, State, TaskId, TaskRequest};
     use sendledger_effects::{TargetConfig, Targets};
 

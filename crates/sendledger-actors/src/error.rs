@@ -4,11 +4,12 @@ use sendledger_core::TaskId;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("invalid request: {0}")]
+    /// The request (or an operator's resolution) is refused; the message is the core crate's.
+    #[error(transparent)]
     Invalid(#[from] sendledger_core::Error),
     #[error("unknown target `{0}`; add it to the configuration or fix the request")]
     UnknownTarget(String),
-    #[error("ledger: {0}")]
+    #[error("ledger")]
     Ledger(#[from] sendledger_store::Error),
     #[error("task {0} not found")]
     NoSuchTask(TaskId),

@@ -12,18 +12,18 @@
 //!   concurrency, and hands the evidence to the task actor.
 //! - [`engine::Engine`]: the handle library users and the binary start, submit to, and stop.
 //!
-//! [`bus`] makes the [`Engine`] the Kafka consumer's request sink.
+//! This crate depends on the core and the store crates only: never on Kafka, never on HTTP.
+//! It owns the seam it needs to reach remotes, the [`remote::Remote`] trait; the adapters that
+//! implement it over HTTP and that hand Kafka messages to the [`Engine`] live where the service
+//! is wired (the binary crate). It records metrics through the `metrics` facade only (the
+//! binary installs the exporter).
 //!
-//! This crate depends on the core, the store and the effects crates, and on the bus crate only
-//! for its sink trait; it never uses Kafka itself. It records metrics through the `metrics`
-//! facade only (the binary installs the exporter). Task actors reach remotes only through the
-//! [`remote::Remote`] trait ([`http::HttpRemote`] is the real one). It never calls RocksDB on an
-//! executor thread (reads go through the ledger's blocking pool, writes through its journal).
+//! Invariants: a task's actor is the only writer of its events, and acts only once what it
+//! decided is durable; RocksDB is never called on an executor thread (reads go through the
+//! ledger's blocking pool, writes through its journal).
 
-pub mod bus;
 pub mod engine;
 pub mod error;
-pub mod http;
 pub mod reconciler;
 pub mod registry;
 pub mod remote;
@@ -32,8 +32,7 @@ pub mod timers;
 
 pub use engine::{Engine, EngineConfig, ReviewItem};
 pub use error::{Error, Result};
-pub use http::HttpRemote;
-pub use remote::{BoxFuture, Remote, Slot};
+pub use remote::{Remote, Slot};
 pub use task::Reply;
 
 /// Milliseconds since the Unix epoch, the engine's one clock.

@@ -1,14 +1,10 @@
-//! The side-effect seam: how the engine reaches remotes. Implemented by the effects crate's
-//! HTTP client; the engine knows nothing about HTTP.
-
-use std::future::Future;
-use std::pin::Pin;
+//! The side-effect seam: how the engine reaches remotes. The binary implements it with the
+//! effects crate's HTTP client (`sendledger::wiring::HttpRemote`), tests with fakes; the engine
+//! knows nothing about HTTP.
 
 use sendledger_core::decide::AttemptOutcome;
 use sendledger_core::event::Millis;
-use sendledger_core::{AcceptedRequest, Policy};
-
-pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+use sendledger_core::{AcceptedRequest, BoxFuture, Policy};
 
 /// Room to send one attempt, held until the attempt ends: dropping it frees the room.
 pub type Slot = Box<dyn std::any::Any + Send>;

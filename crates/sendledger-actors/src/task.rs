@@ -13,6 +13,7 @@ use actix::prelude::*;
 use sendledger_core::decide::{
     decide, Action, AttemptOutcome, Ctx, Decision, Input, OperatorResolution,
 };
+use sendledger_core::error::Chain;
 use sendledger_core::{
     AcceptedRequest, EventBody, Evidence, NewEvent, Phase, Policy, Source, State, TaskId,
 };
@@ -240,9 +241,8 @@ impl TaskActor {
             .into_actor(self)
             .map(move |res, act, ctx| {
                 let slot = act.slot.take();
-                let lsns = res.map_err(|e| {
-                    tracing::error!(task_id = %task_id, error = %e, "ledger write failed; the task is reconciled when the engine restarts");
-                    e
+                let lsns = res.inspect_err(|e| {
+                    tracing::error!(task_id = %task_id, error = %Chain(e), "ledger write failed; the task is reconciled when the engine restarts");
                 })?;
                 count_recorded(delivery, &decision.events);
                 act.state = next;
@@ -296,7 +296,7 @@ impl TaskActor {
                     let next = act.process(TaskInput::Outcome { attempt, outcome });
                     ctx.wait(next.map(|res, act, ctx| {
                         if let Err(e) = res {
-                            tracing::warn!(task_id = %act.task_id, error = %e, "attempt outcome not recorded");
+                            tracing::warn!(task_id = %act.task_id, error = %Chain(&e), "attempt outcome not recorded");
                         }
                         act.idle_check(ctx);
                     }));
@@ -421,8 +421,8 @@ impl Actor for TaskActor {
                     act.loaded = Some(Ok(()));
                 }
                 Err(e) => {
-                    tracing::error!(task_id = %act.task_id, error = %e, "cannot load the task's events; it will not be processed");
-                    act.loaded = Some(Err(e.to_string()));
+                    tracing::error!(task_id = %act.task_id, error = %Chain(&e), "cannot load the task's events; it will not be processed");
+                    act.loaded = Some(Err(Chain(&e).to_string()));
                 }
             },
         ));

@@ -84,7 +84,8 @@ pub enum Role {
     Producer,
     /// Metadata and topic administration.
     Admin,
-    /// A reader of whole topics (the audit): assigned partitions, nothing committed.
+    /// A reader of whole topics (the audit, the readers of published records): assigned
+    /// partitions, nothing committed.
     Replay,
 }
 

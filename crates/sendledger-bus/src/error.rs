@@ -4,11 +4,11 @@
 pub enum Error {
     #[error("invalid kafka configuration: `{field}` {problem}")]
     Config { field: String, problem: String },
-    #[error("kafka: {0}")]
+    #[error("kafka")]
     Kafka(#[from] rdkafka::error::KafkaError),
     #[error("cannot start the embedded kafka cluster: {0}")]
     Embedded(String),
-    #[error("ledger: {0}")]
+    #[error("ledger")]
     Ledger(#[from] sendledger_store::Error),
     #[error("the request sink failed and will not accept more messages: {0}; restart after fixing its cause")]
     SinkFatal(String),

@@ -11,13 +11,15 @@
 //!   partition order, and committed periodically, on revocation and at shutdown.
 //! - [`Publisher`]: the outbox. It tails the ledger by LSN from a durable cursor and produces
 //!   every event to the events topic and one [`TaskResult`] per result-bearing event to the
-//!   results topic with the idempotent producer; the cursor advances only after every record up
+//!   results topic (projected by the core crate) with the idempotent producer; the cursor advances only after every record up
 //!   to it is acknowledged.
 //! - [`audit_topic`]: the audit of an events topic instead of a local ledger: every record read
 //!   back into a ledger event ([`event_from_record`]) and checked with the same rules.
 //!
 //! - [`RequestProducer`]: produces request messages keyed by identity (`sendledger produce`,
 //!   the demo).
+//! - [`TopicReader`] and [`ResultsReader`]: read back what sendledger publishes, as its
+//!   consumers do (the demo, the Kafka benchmark, the tests).
 //!
 //! This is the only crate that depends on `rdkafka`. It depends on `sendledger-core` (the types
 //! it carries) and `sendledger-store` (the publisher reads the ledger, the ingest reads processed
@@ -29,6 +31,8 @@
 //! never stops a partition. RocksDB is read on the blocking pool, and librdkafka calls that can
 //! block (polls, synchronous commits) run on the ingest's own thread, never on an async executor
 //! thread.
+//!
+//! [`TaskResult`]: sendledger_core::TaskResult
 
 pub mod cluster;
 pub mod config;
@@ -36,6 +40,7 @@ pub mod error;
 pub mod ingest;
 pub mod produce;
 pub mod publisher;
+pub mod reader;
 pub mod records;
 pub mod replay;
 pub mod sink;
@@ -46,9 +51,10 @@ pub use error::{Error, Result};
 pub use ingest::{Ingest, IngestStats};
 pub use produce::{request_key, RequestProducer};
 pub use publisher::{Publisher, PublisherStats, EVENT_ID_HEADER, PUBLISHER_CURSOR};
-pub use records::{event_from_record, EventRecord, ResultSource, ResultStatus, TaskResult};
+pub use reader::{Record, ResultsReader, TopicReader};
+pub use records::{event_from_record, EventRecord};
 pub use replay::audit_topic;
-pub use sink::{BoxFuture, RequestSink, SinkError};
+pub use sink::{RequestSink, SinkError};
 
 /// The librdkafka binding, re-exported so that users (and tests) of this crate can inject
 /// faults into the embedded cluster without depending on `rdkafka` themselves.

@@ -15,7 +15,7 @@
 //! Metric: `sendledger_results_published_total` (result records acknowledged by Kafka; a batch
 //! published again after a failure counts again).
 //!
-//! [`TaskResult`]: crate::records::TaskResult
+//! [`TaskResult`]: sendledger_core::TaskResult
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -27,13 +27,15 @@ use crate::produce::enqueue;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use sendledger_core::error::Chain;
+use sendledger_core::result::Projection;
 use sendledger_core::TaskId;
 use sendledger_store::{Append, Ledger};
 
 use crate::cluster::Kafka;
 use crate::config::Role;
 use crate::error::{Error, Result};
-use crate::records::{event_record, Projection};
+use crate::records::event_record;
 
 /// The ledger cursor holding the last LSN whose records are acknowledged.
 pub const PUBLISHER_CURSOR: &str = "publisher";
@@ -264,12 +266,12 @@ impl Worker {
                     b
                 }
                 Ok(Err(e)) => {
-                    tracing::error!(from, error = %e, "cannot read the log to publish; retrying");
+                    tracing::error!(from, error = %Chain(&e), "cannot read the log to publish; retrying");
                     self.backoff(&mut delay).await;
                     continue;
                 }
                 Err(e) => {
-                    tracing::error!(from, error = %e, "cannot read the log to publish; retrying");
+                    tracing::error!(from, error = %Chain(&e), "cannot read the log to publish; retrying");
                     self.backoff(&mut delay).await;
                     continue;
                 }
@@ -285,7 +287,7 @@ impl Worker {
                         ..Append::default()
                     };
                     if let Err(e) = self.ledger.append(append).await {
-                        tracing::error!(error = %e, "cannot record the publisher cursor; the batch is published again");
+                        tracing::error!(error = %Chain(&e), "cannot record the publisher cursor; the batch is published again");
                         self.backoff(&mut delay).await;
                         continue;
                     }
@@ -298,7 +300,7 @@ impl Worker {
                 }
                 Err(e) => {
                     self.stats.failures.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(from, error = %e, "publishing failed; the batch is published again");
+                    tracing::warn!(from, error = %Chain(&e), "publishing failed; the batch is published again");
                     if let Some((code, reason)) = self.producer.client().fatal_error() {
                         tracing::warn!(%code, reason, "the producer failed for good; creating a new one");
                         match self.kafka.client_config(Role::Producer).create() {

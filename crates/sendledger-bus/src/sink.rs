@@ -1,12 +1,7 @@
 //! The seam between the consumer and whatever records requests (the engine).
 
-use std::future::Future;
-use std::pin::Pin;
-
-use sendledger_core::{Source, TaskRequest};
+use sendledger_core::{BoxFuture, Source, TaskRequest};
 use sendledger_store::Processed;
-
-pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 /// Why a sink did not record a message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

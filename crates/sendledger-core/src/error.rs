@@ -1,4 +1,5 @@
-//! Errors of the core crate: all of them are about bad input.
+//! Errors of the core crate: all of them are about bad input. [`Chain`] prints any error with
+//! its causes.
 
 /// A request or value that sendledger refuses, with the field that is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -28,8 +29,47 @@ pub enum Error {
     /// The text quotes the input only through [`crate::sanitize_reason`].
     #[error("invalid request JSON: {0}")]
     Json(String),
+    /// An operator's resolution that cannot be recorded as written (see
+    /// [`crate::ResolveBody::resolution`]).
+    #[error("{0}")]
+    BadResolution(String),
     #[error("`{address}` is not an identity address (tenant/operation/request_key): {problem}")]
     BadAddress { address: String, problem: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An error and its causes on one line, `error: cause: cause`, the way the binary prints
+/// errors. The `Display` of every sendledger error type shows its own level only (its cause is
+/// its `source`), so a log field or a message built from an error goes through this.
+pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cause = self.0.source();
+        while let Some(c) = cause {
+            write!(f, ": {c}")?;
+            cause = c.source();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("ledger")]
+    struct Ledger(#[source] std::io::Error);
+
+    #[test]
+    fn a_chain_shows_each_level_once() {
+        let e = Ledger(std::io::Error::other("no space left on device"));
+        assert_eq!(e.to_string(), "ledger");
+        assert_eq!(Chain(&e).to_string(), "ledger: no space left on device");
+        let plain = Error::Json("expected value".into());
+        assert_eq!(Chain(&plain).to_string(), plain.to_string());
+    }
+}

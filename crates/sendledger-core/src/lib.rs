@@ -2,9 +2,11 @@
 //!
 //! Task identity, its textual address and ids, validated requests (payload numbers kept as
 //! written), the events of the ledger, the task [`State`] as a pure [`fold`] of events, the
-//! decision functions that say what a task does next, the retry math, the rule checker that
+//! decision functions that say what a task does next, the result each event announces to the
+//! requester ([`TaskResult`], projected from the log), the retry math, the rule checker that
 //! audits an event sequence, the audit's report and per-task accounting shared by every
-//! replay, and [`sanitize_reason`], through which any input quoted in a reason passes.
+//! replay, what an operator may record to resolve a review ([`ResolveBody`]), and
+//! [`sanitize_reason`], through which any input quoted in a reason passes.
 //!
 //! This crate must never depend on RocksDB, Kafka, an async runtime, a clock or a source of
 //! randomness: time and random numbers are passed in. Everything here is deterministic, so
@@ -18,7 +20,9 @@ pub mod event;
 pub mod ids;
 pub mod reason;
 pub mod request;
+pub mod result;
 pub mod retry;
+pub mod review;
 pub mod rules;
 pub mod state;
 
@@ -35,6 +39,13 @@ pub use event::{
 pub use ids::{PayloadHash, TaskId};
 pub use reason::sanitize_reason;
 pub use request::{AcceptedRequest, Identity, Limits, TaskRequest};
+pub use result::{ResultStatus, TaskResult};
 pub use retry::RetryPolicy;
+pub use review::ResolveBody;
 pub use rules::{check_task, CheckConfig, Rule, TaskCheck, Violation};
 pub use state::{fold, Phase, State};
+
+/// A boxed future that may move between threads. The seams other crates implement (the
+/// engine's remote, the consumer's request sink) return it, so they name no async runtime;
+/// it is a std type, and this crate still runs nothing.
+pub type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'static>>;

@@ -4,14 +4,14 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("cannot prepare ledger directory {path}: {source}")]
+    #[error("cannot prepare ledger directory {path}")]
     Dir {
         path: PathBuf,
         source: std::io::Error,
     },
     #[error("no ledger at {path}")]
     NoLedger { path: PathBuf },
-    #[error("rocksdb: {0}")]
+    #[error("rocksdb")]
     Rocks(#[from] rocksdb::Error),
     #[error(
         "the ledger at {path} is in use: a running service (or another open handle) holds its lock"

@@ -6,8 +6,8 @@
 //! all pending appends into one `WriteBatch` and one fsync, and assigns log sequence numbers in
 //! commit order with no gaps. [`audit()`] replays the whole ledger against the rules of
 //! `docs/rules.md` and the integrity of the log and its indexes, in memory bounded by the tasks
-//! in progress. The key encodings, column families and format versions are listed in
-//! `docs/architecture.md`.
+//! in progress. [`Ledger::task_counts`] counts its tasks by state (the admin endpoint's gauges).
+//! The key encodings, column families and format versions are listed in `docs/architecture.md`.
 //!
 //! The `fault-injection` feature (test-only; only the workspace test crate enables it) adds raw
 //! writes to the log, to build damaged ledgers for the audit tests.
@@ -20,6 +20,7 @@
 //! await an acknowledgement).
 
 pub mod audit;
+pub mod counts;
 pub mod envelope;
 pub mod error;
 pub mod journal;
@@ -27,6 +28,7 @@ pub mod keys;
 pub mod ledger;
 
 pub use audit::audit;
+pub use counts::TaskCounts;
 pub use error::{Error, Result};
 pub use journal::{Append, JournalStats, TimerKind};
 pub use ledger::{Durability, Ledger, LedgerOptions, Memory, MemoryUsage, Processed, TaskSummary};

@@ -23,7 +23,6 @@
 //! A resolution goes to the task's actor through [`Engine::resolve`], like every other input of
 //! the task: the admin endpoint never writes the ledger itself.
 
-use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
@@ -43,10 +42,9 @@ use hyper_util::rt::TokioIo;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use sendledger_actors::Engine;
 use sendledger_bus::IngestStats;
-use sendledger_core::decide::OperatorResolution;
-use sendledger_core::{fold, Phase};
-use sendledger_store::Ledger;
-use serde::{Deserialize, Serialize};
+use sendledger_core::error::Chain;
+use sendledger_core::{fold, Phase, ResolveBody};
+use sendledger_store::{Ledger, TaskCounts};
 use serde_json::{json, Value};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -179,7 +177,7 @@ fn describe() {
 /// A running admin endpoint.
 ///
 /// Besides the metrics the libraries record, `GET /metrics` reports gauges computed from the
-/// ledger at scrape time: `sendledger_tasks{state}` (every task ever recorded, by phase),
+/// ledger at scrape time ([`Ledger::task_counts`]): `sendledger_tasks{state}` (every task ever recorded, by phase),
 /// `sendledger_unknowns_open` (tasks in phase unknown, reconciling) and
 /// `sendledger_unknown_oldest_age_seconds` (since the oldest of them became unknown; 0 when
 /// none). Cost: a scan of the whole `tasks` column family (six bytes per task) plus a fold of
@@ -502,13 +500,13 @@ impl From<sendledger_actors::Error> for Failure {
             E::ShuttingDown | E::Stopped => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        Failure(status, e.to_string())
+        Failure(status, Chain(&e).to_string())
     }
 }
 
 impl From<sendledger_store::Error> for Failure {
     fn from(e: sendledger_store::Error) -> Failure {
-        Failure(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+        Failure(StatusCode::INTERNAL_SERVER_ERROR, Chain(&e).to_string())
     }
 }
 
@@ -571,8 +569,8 @@ async fn metrics(shared: &Shared) -> Answer {
         .map(|at| at.is_none_or(|at| at.elapsed() >= LEDGER_GAUGES_TTL))
         .unwrap_or(true);
     if stale {
-        let gauges = shared.engine.ledger().read(ledger_gauges).await?;
-        gauges.publish();
+        let counts = shared.engine.ledger().read(Ledger::task_counts).await?;
+        publish_counts(&counts);
         if let Ok(mut at) = shared.gauges_at.lock() {
             *at = Some(Instant::now());
         }
@@ -585,49 +583,17 @@ async fn metrics(shared: &Shared) -> Answer {
     Ok(resp)
 }
 
-/// What `GET /metrics` reports from the ledger itself.
-struct LedgerGauges {
-    by_phase: BTreeMap<Phase, u64>,
-    unknowns_open: u64,
-    /// When the oldest open unknown became unknown (ms since the epoch).
-    oldest_unknown_since: Option<u64>,
-}
-
-impl LedgerGauges {
-    fn publish(&self) {
-        for phase in PHASES {
-            let n = self.by_phase.get(&phase).copied().unwrap_or(0);
-            metrics::gauge!("sendledger_tasks", "state" => phase.name()).set(n as f64);
-        }
-        metrics::gauge!("sendledger_unknowns_open").set(self.unknowns_open as f64);
-        let age_ms = self
-            .oldest_unknown_since
-            .map_or(0, |since| sendledger_actors::now_ms().saturating_sub(since));
-        metrics::gauge!("sendledger_unknown_oldest_age_seconds").set(age_ms as f64 / 1000.0);
+/// Sets the gauges `GET /metrics` reports from the ledger itself.
+fn publish_counts(counts: &TaskCounts) {
+    for phase in PHASES {
+        let n = counts.by_phase.get(&phase).copied().unwrap_or(0);
+        metrics::gauge!("sendledger_tasks", "state" => phase.name()).set(n as f64);
     }
-}
-
-fn ledger_gauges(ledger: &Ledger) -> sendledger_store::Result<LedgerGauges> {
-    let mut by_phase = BTreeMap::new();
-    let mut unknown = Vec::new();
-    for item in ledger.task_summaries() {
-        let (task_id, summary) = item?;
-        *by_phase.entry(summary.phase).or_default() += 1;
-        if summary.phase == Phase::Unknown {
-            unknown.push(task_id);
-        }
-    }
-    let mut oldest_unknown_since: Option<u64> = None;
-    for task_id in &unknown {
-        if let Some(since) = fold(&ledger.task_events(*task_id)?).unknown_since {
-            oldest_unknown_since = Some(oldest_unknown_since.map_or(since, |o| o.min(since)));
-        }
-    }
-    Ok(LedgerGauges {
-        by_phase,
-        unknowns_open: unknown.len() as u64,
-        oldest_unknown_since,
-    })
+    metrics::gauge!("sendledger_unknowns_open").set(counts.unknowns_open as f64);
+    let age_ms = counts
+        .oldest_unknown_since
+        .map_or(0, |since| sendledger_actors::now_ms().saturating_sub(since));
+    metrics::gauge!("sendledger_unknown_oldest_age_seconds").set(age_ms as f64 / 1000.0);
 }
 
 async fn healthz(shared: &Shared) -> Answer {
@@ -785,55 +751,6 @@ impl ReviewsCache {
     }
 }
 
-/// The body of `POST /reviews/{id}` (and what `sendledger review resolve --admin` sends).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ResolveBody {
-    /// `succeeded` or `failed`; absent for a resend.
-    #[serde(rename = "as", default, skip_serializing_if = "Option::is_none")]
-    pub resolve_as: Option<String>,
-    /// `true` authorizes one new attempt.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub resend: bool,
-    /// The remote record that is the task's (with `as: succeeded`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub remote_id: Option<String>,
-    pub by: String,
-    pub reason: String,
-}
-
-impl ResolveBody {
-    /// The operator's decision, or what is wrong with the body (naming the field).
-    pub fn resolution(self) -> Result<OperatorResolution, String> {
-        if self.by.trim().is_empty() {
-            return Err("`by` must name the operator".into());
-        }
-        if self.reason.trim().is_empty() {
-            return Err("`reason` must say why".into());
-        }
-        let (by, reason) = (self.by, self.reason);
-        match (self.resolve_as.as_deref(), self.resend, self.remote_id) {
-            (Some("succeeded"), false, Some(remote_id)) if !remote_id.is_empty() => {
-                Ok(OperatorResolution::Succeeded {
-                    remote_id,
-                    by,
-                    reason,
-                })
-            }
-            (Some("succeeded"), false, _) => {
-                Err("`remote_id` is required with `as: succeeded`".into())
-            }
-            (Some("failed"), false, None) => Ok(OperatorResolution::Failed { by, reason }),
-            (None, true, None) => Ok(OperatorResolution::Resend { by, reason }),
-            (_, _, Some(_)) => Err("`remote_id` goes only with `as: succeeded`".into()),
-            (Some(other), false, _) => Err(format!(
-                "`as` must be `succeeded` or `failed`, not `{other}`"
-            )),
-            _ => Err("give exactly one of `as` (succeeded or failed) and `resend: true`".into()),
-        }
-    }
-}
-
 fn authorize(shared: &Shared, req: &Request<Incoming>) -> Result<(), Failure> {
     let Some(token) = &shared.token else {
         return Err(Failure::new(
@@ -934,99 +851,6 @@ mod tests {
         assert_eq!(read().await.ok(), Some(Bytes::from("1")));
         assert_eq!(computed.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
-    use sendledger_core::{EventBody, Limits, NewEvent, Source, TaskId, TaskRequest, UnknownCause};
-    use sendledger_store::{Append, LedgerOptions, TaskSummary};
-
-    /// Appends `bodies` as the whole history of task `key`, the first at `at`.
-    fn task(ledger: &Ledger, key: &str, at: u64, bodies: Vec<EventBody>) -> TaskId {
-        let request = TaskRequest {
-            tenant: "acme".into(),
-            operation: "op".into(),
-            request_key: key.into(),
-            target: "sim".into(),
-            payload: json!({ "n": 1 }),
-            payload_text: None,
-            metadata: Default::default(),
-        }
-        .accept(&Limits::default())
-        .unwrap();
-        let task_id = request.task_id();
-        let mut all = vec![EventBody::TaskAccepted {
-            payload_hash: request.payload_hash(),
-            request,
-            source: Source {
-                topic: "t".into(),
-                partition: 0,
-                offset: 0,
-            },
-        }];
-        all.extend(bodies);
-        let events: Vec<NewEvent> = all
-            .into_iter()
-            .enumerate()
-            .map(|(i, body)| NewEvent {
-                task_id,
-                task_seq: i as u32,
-                at: at + i as u64,
-                body,
-            })
-            .collect();
-        let state = fold(
-            &events
-                .iter()
-                .map(|e| e.clone().with_lsn(0))
-                .collect::<Vec<_>>(),
-        );
-        let summary = TaskSummary {
-            phase: state.phase,
-            next_seq: state.next_seq,
-        };
-        ledger
-            .append_blocking(Append {
-                events,
-                tasks: vec![(task_id, summary)],
-                ..Append::default()
-            })
-            .unwrap();
-        task_id
-    }
-
-    #[test]
-    fn ledger_gauges_count_every_task_and_date_the_oldest_unknown() {
-        let dir = tempfile::tempdir().unwrap();
-        let ledger = Ledger::open(dir.path(), LedgerOptions::default()).unwrap();
-        let intend = || EventBody::SendIntended {
-            attempt: 1,
-            idempotency_key: None,
-        };
-        let unknown = || EventBody::SendUnknown {
-            attempt: 1,
-            cause: UnknownCause::Timeout,
-        };
-        task(&ledger, "a", 1_000, vec![intend(), unknown()]);
-        task(&ledger, "b", 5_000, vec![intend(), unknown()]);
-        let ok = EventBody::Confirmed {
-            remote_id: "r".into(),
-            evidence: sendledger_core::Evidence::Response { status: 201 },
-        };
-        task(&ledger, "c", 500, vec![intend(), ok]);
-        task(&ledger, "d", 700, vec![intend()]);
-
-        let g = ledger_gauges(&ledger).unwrap();
-        assert_eq!(g.unknowns_open, 2);
-        // TaskAccepted at 1000, SendIntended at 1001, SendUnknown at 1002.
-        assert_eq!(g.oldest_unknown_since, Some(1_002));
-        let by_phase: Vec<(Phase, u64)> = g.by_phase.into_iter().collect();
-        assert_eq!(
-            by_phase,
-            [
-                (Phase::Sending, 1),
-                (Phase::Unknown, 2),
-                (Phase::Succeeded, 1)
-            ]
-        );
-    }
-
     #[test]
     fn the_bearer_scheme_is_case_insensitive() {
         for value in [
@@ -1054,44 +878,6 @@ mod tests {
             "[::ffff:10.0.0.1]:1",
         ] {
             assert!(reads_exposed(&listen.parse().unwrap()), "{listen}");
-        }
-    }
-
-    #[test]
-    fn resolve_bodies_map_to_resolutions_or_name_the_field() {
-        let body = |v: Value| serde_json::from_value::<ResolveBody>(v).map_err(|e| e.to_string());
-        let ok =
-            body(json!({ "as": "succeeded", "remote_id": "X", "by": "ana", "reason": "seen" }))
-                .unwrap()
-                .resolution()
-                .unwrap();
-        assert!(matches!(ok, OperatorResolution::Succeeded { remote_id, .. } if remote_id == "X"));
-        let resend = body(json!({ "resend": true, "by": "ana", "reason": "none there" })).unwrap();
-        assert!(matches!(
-            resend.resolution(),
-            Ok(OperatorResolution::Resend { .. })
-        ));
-        for (v, field) in [
-            (json!({ "as": "failed", "by": "ana" }), "reason"),
-            (json!({ "as": "failed", "by": "", "reason": "x" }), "by"),
-            (json!({ "as": "done", "by": "a", "reason": "x" }), "as"),
-            (
-                json!({ "as": "failed", "resend": true, "by": "a", "reason": "x" }),
-                "resend",
-            ),
-            (
-                json!({ "as": "failed", "remote_id": "X", "by": "a", "reason": "x" }),
-                "remote_id",
-            ),
-            (
-                json!({ "as": "failed", "by": "a", "reason": "x", "extra": 1 }),
-                "extra",
-            ),
-        ] {
-            let err = body(v.clone())
-                .and_then(|b| b.resolution().map(|_| ()))
-                .expect_err(&v.to_string());
-            assert!(err.contains(field), "{v}: {err}");
         }
     }
 }

@@ -9,10 +9,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use sendledger_actors::{Engine, EngineConfig, HttpRemote};
+use sendledger_actors::{Engine, EngineConfig};
 use sendledger_core::{EventBody, Source};
 
 use crate::bench::bench_request;
+use crate::wiring::HttpRemote;
 use sendledger_effects::{TargetConfig, Targets};
 use sendledger_sim::{Sim, SimConfig};
 use sendledger_store::Durability;

@@ -21,11 +21,10 @@ use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
 use sendledger_bus::records::{event_from_record, event_record, EventRecord};
 use sendledger_core::canonical::canonical_text;
-use sendledger_core::{Identity, Limits, TaskRequest};
+use sendledger_core::{Identity, Limits, ResolveBody, TaskRequest};
 use sendledger_store::envelope::{decode_event, encode_event, EVENT_V1};
 use sha2::{Digest, Sha256};
 
-use crate::admin::ResolveBody;
 use crate::config::Config;
 
 #[derive(Args)]

@@ -9,16 +9,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use sendledger_actors::HttpRemote;
-use sendledger_bus::{request_key, Kafka, RequestProducer};
+use sendledger_bus::{request_key, Kafka, RequestProducer, ResultsReader};
 use sendledger_sim::{Sim, SimConfig};
 use sendledger_store::Durability;
 
 use crate::bench::bench_request;
 use crate::bench_engine::parse_durability;
 use crate::config::Config;
-use crate::demo::ResultsReader;
 use crate::service::Service;
+use crate::wiring::HttpRemote;
 
 #[derive(Args)]
 pub struct KafkaArgs {

@@ -3,31 +3,24 @@
 //! to the requests topic with duplicate deliveries, the service restarted in the middle, every
 //! result read back from the results topic, and an audit of the ledger at the end.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
 use rand::seq::{IndexedRandom, SliceRandom};
 use rand::SeedableRng;
-use sendledger_actors::HttpRemote;
-use sendledger_bus::rdkafka::consumer::{BaseConsumer, Consumer};
-use sendledger_bus::rdkafka::message::{Headers, Message};
-use sendledger_bus::rdkafka::{Offset, TopicPartitionList};
-use sendledger_bus::{
-    request_key, Kafka, KafkaConfig, RequestProducer, ResultStatus, Role, TaskResult,
-    EVENT_ID_HEADER,
-};
+use sendledger_bus::{request_key, Kafka, RequestProducer, ResultsReader};
 use sendledger_core::TaskRequest;
 use sendledger_sim::{Faults, Sim, SimConfig, Stats as SimStats};
 use sendledger_store::AuditReport;
 
 use crate::config::{AdminConfig, Config};
 use crate::service::Service;
+use crate::wiring::HttpRemote;
 
 #[derive(Args)]
 pub struct DemoArgs {
@@ -388,98 +381,5 @@ impl Progress {
             eprintln!();
             self.drawn = false;
         }
-    }
-}
-
-/// Reads the results topic from the beginning, as a consumer of sendledger would: deduplicates
-/// by event id and keeps, per task, its terminal results and whether it has any result.
-pub struct ResultsReader {
-    state: Arc<Mutex<Seen>>,
-    stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<()>,
-}
-
-#[derive(Default)]
-struct Seen {
-    event_ids: HashSet<String>,
-    /// Task id → its distinct terminal results (event ids).
-    terminal: HashMap<String, HashSet<String>>,
-    /// Tasks with a terminal or manual-review result.
-    answered: HashSet<String>,
-}
-
-impl ResultsReader {
-    pub fn start(kafka: &Kafka) -> anyhow::Result<ResultsReader> {
-        let KafkaConfig {
-            results_topic,
-            partitions,
-            ..
-        } = kafka.config().clone();
-        let mut cfg = kafka.client_config(Role::Admin);
-        cfg.set("group.id", "sendledger-demo-reader")
-            .set("enable.auto.commit", "false")
-            .set("enable.partition.eof", "false");
-        let consumer: BaseConsumer = cfg.create()?;
-        let mut tpl = TopicPartitionList::new();
-        for p in 0..partitions {
-            tpl.add_partition_offset(&results_topic, p, Offset::Beginning)?;
-        }
-        consumer.assign(&tpl)?;
-        let state = Arc::new(Mutex::new(Seen::default()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (s, st) = (state.clone(), stop.clone());
-        let thread = std::thread::spawn(move || {
-            while !st.load(Ordering::Relaxed) {
-                let Some(Ok(m)) = consumer.poll(Duration::from_millis(50)) else {
-                    continue;
-                };
-                let id = m.headers().and_then(|h| {
-                    h.iter()
-                        .find(|h| h.key == EVENT_ID_HEADER)
-                        .and_then(|h| h.value)
-                        .map(|v| String::from_utf8_lossy(v).into_owned())
-                });
-                let result: Option<TaskResult> =
-                    m.payload().and_then(|p| serde_json::from_slice(p).ok());
-                let (Some(id), Some(result)) = (id, result) else {
-                    tracing::error!("a results record without event id or not a TaskResult");
-                    continue;
-                };
-                let mut seen = s.lock().unwrap_or_else(|e| e.into_inner());
-                if !seen.event_ids.insert(id.clone()) {
-                    continue;
-                }
-                if result.status.is_terminal() {
-                    seen.terminal
-                        .entry(result.task_id.clone())
-                        .or_default()
-                        .insert(id);
-                }
-                if result.status.is_terminal() || result.status == ResultStatus::ManualReview {
-                    seen.answered.insert(result.task_id);
-                }
-            }
-        });
-        Ok(ResultsReader {
-            state,
-            stop,
-            thread,
-        })
-    }
-
-    /// Tasks answered so far, and tasks with more than one distinct terminal result.
-    pub fn progress(&self) -> (usize, usize) {
-        let seen = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        (
-            seen.answered.len(),
-            seen.terminal.values().filter(|t| t.len() > 1).count(),
-        )
-    }
-
-    pub fn stop(self) -> (usize, usize) {
-        let out = self.progress();
-        self.stop.store(true, Ordering::Relaxed);
-        let _ = self.thread.join();
-        out
     }
 }

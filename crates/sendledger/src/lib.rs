@@ -6,6 +6,10 @@
 //! review) and installs the process's metrics recorder; the libraries only record through the
 //! `metrics` facade. `sendledger review` works through that endpoint, or on a stopped ledger.
 //!
+//! Wiring: [`wiring`] holds the adapters between the libraries (the effects crate's targets as
+//! the engine's remote, the engine as the Kafka consumer's request sink), so that the engine
+//! depends on neither Kafka nor HTTP.
+//!
 //! This crate may depend on every other sendledger crate; none depends on it.
 
 pub mod admin;
@@ -24,3 +28,4 @@ mod review;
 mod serve;
 pub mod service;
 pub mod timeline;
+pub mod wiring;

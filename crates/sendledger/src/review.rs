@@ -15,11 +15,10 @@ use http::{header, Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use sendledger_actors::{Engine, ReviewItem};
-use sendledger_core::Identity;
+use sendledger_core::{Identity, ResolveBody};
 use sendledger_store::{Ledger, LedgerOptions};
 use serde_json::Value;
 
-use crate::admin::ResolveBody;
 use crate::timeline::{parse_task, review_json};
 
 #[derive(Args)]
@@ -142,7 +141,7 @@ pub fn run(args: ReviewArgs) -> anyhow::Result<()> {
                 }
                 (None, Some(dir)) => {
                     let task_id = parse_task(&task)?;
-                    let resolution = body.resolution().map_err(anyhow::Error::msg)?;
+                    let resolution = body.resolution()?;
                     let ledger = open(dir)?;
                     let reply = Engine::resolve_stopped(&ledger, task_id, resolution)
                         .with_context(|| format!("resolving task {task_id}"))?;

@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use sendledger_actors::HttpRemote;
 use sendledger_bus::Kafka;
 use sendledger_sim::{Sim, SimConfig};
 
 use crate::config::Config;
 use crate::service::Service;
+use crate::wiring::HttpRemote;
 
 #[derive(Args)]
 pub struct RunArgs {

@@ -17,6 +17,7 @@ use sendledger_bus::{Ingest, Kafka, Publisher};
 
 use crate::admin::Admin;
 use crate::config::Config;
+use crate::wiring::EngineSink;
 
 /// How long topic creation on external brokers may take.
 const TOPIC_TIMEOUT: Duration = Duration::from_secs(30);
@@ -60,8 +61,8 @@ impl Service {
             Some(metrics) => Some(Admin::start(&config.admin, engine.clone(), metrics).await?),
             None => None,
         };
-        let ingest =
-            Ingest::start(kafka, Arc::new(engine.clone())).context("starting the ingest")?;
+        let ingest = Ingest::start(kafka, Arc::new(EngineSink::new(engine.clone())))
+            .context("starting the ingest")?;
         if let Some(admin) = &admin {
             admin.watch_ingest(ingest.stats().clone());
         }

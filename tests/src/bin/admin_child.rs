@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use sendledger::admin::{install_recorder, Admin};
 use sendledger::config::AdminConfig;
+use sendledger::wiring::EngineSink;
 use sendledger_bus::{Ingest, Kafka, KafkaConfig, Publisher};
 use sendledger_tests::engine::{request, source, start};
 
@@ -51,7 +52,8 @@ fn main() {
             .insert("statistics.interval.ms".into(), "200".into());
         let kafka = Kafka::connect(config).expect("kafka config");
         let _guard = runtime.enter();
-        let ingest = Ingest::start(&kafka, Arc::new(engine.clone())).expect("ingest starts");
+        let ingest = Ingest::start(&kafka, Arc::new(EngineSink::new(engine.clone())))
+            .expect("ingest starts");
         let publisher =
             Publisher::start(&kafka, engine.ledger().clone()).expect("publisher starts");
         (ingest, publisher)

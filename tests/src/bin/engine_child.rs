@@ -8,7 +8,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sendledger_actors::{Engine, EngineConfig, HttpRemote};
+use sendledger::wiring::HttpRemote;
+use sendledger_actors::{Engine, EngineConfig};
 use sendledger_tests::engine::{request, settled, source, targets};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

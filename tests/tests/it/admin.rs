@@ -951,7 +951,7 @@ async fn buffered_durability_shows_in_health() {
         let dir = tempfile::tempdir().unwrap();
         let mut engine_config = sendledger_actors::EngineConfig::new(dir.path());
         engine_config.durability = durability;
-        let remote = std::sync::Arc::new(sendledger_actors::HttpRemote::new(
+        let remote = std::sync::Arc::new(sendledger::wiring::HttpRemote::new(
             sendledger_tests::engine::targets(target(&sim.base_url(), |_| {})),
         ));
         let engine =

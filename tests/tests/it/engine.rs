@@ -563,7 +563,7 @@ async fn a_known_identity_stays_a_duplicate_when_the_configuration_changes() {
         target(&sim.base_url(), |_| {}),
     )]))
     .unwrap();
-    let remote = std::sync::Arc::new(sendledger_actors::HttpRemote::new(targets));
+    let remote = std::sync::Arc::new(sendledger::wiring::HttpRemote::new(targets));
     let engine =
         tokio::task::block_in_place(|| sendledger_actors::Engine::start(config, remote)).unwrap();
     let reply = engine.submit(request("kn-1"), source(1)).await.unwrap();

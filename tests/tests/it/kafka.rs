@@ -15,17 +15,16 @@ use std::time::{Duration, Instant};
 
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
+use sendledger::wiring::EngineSink;
 use sendledger_actors::Engine;
 use sendledger_bus::rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use sendledger_bus::rdkafka::message::{Headers, Message};
 use sendledger_bus::rdkafka::producer::{FutureProducer, FutureRecord};
 use sendledger_bus::rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use sendledger_bus::rdkafka::{Offset, TopicPartitionList};
-use sendledger_bus::{
-    Ingest, IngestStats, Kafka, KafkaConfig, Publisher, ResultStatus, Role, TaskResult,
-    EVENT_ID_HEADER,
+use sendledger_bus::{Ingest, IngestStats, Kafka, KafkaConfig, Publisher, Role, TopicReader};
+use sendledger_core::{
+    EventBody, Evidence, Limits, NewEvent, Phase, ResultStatus, Source, TaskId, TaskResult,
 };
-use sendledger_core::{EventBody, Evidence, Limits, NewEvent, Phase, Source, TaskId};
 use sendledger_sim::{Faults, Sim, SimConfig};
 use sendledger_store::{Append, Ledger, LedgerOptions, TaskSummary};
 use sendledger_tests::engine::{request, target};
@@ -54,7 +53,8 @@ impl Pipeline {
         let engine = tokio::task::block_in_place(|| {
             sendledger_tests::engine::start(dir, target(&sim.base_url(), |_| {}))
         });
-        let ingest = Ingest::start(kafka, Arc::new(engine.clone())).expect("ingest starts");
+        let ingest =
+            Ingest::start(kafka, Arc::new(EngineSink::new(engine.clone()))).expect("ingest starts");
         let publisher = Publisher::start(kafka, engine.ledger().clone()).expect("publisher starts");
         Pipeline {
             engine,
@@ -154,38 +154,21 @@ async fn read_until(
     topic: &str,
     done: impl Fn(&[Rec]) -> bool + Send + 'static,
 ) -> Vec<Rec> {
-    let mut cfg = kafka.client_config(Role::Admin);
-    cfg.set("group.id", format!("reader-{topic}-{}", std::process::id()))
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "false");
-    let consumer: BaseConsumer = cfg.create().expect("reader");
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..PARTITIONS {
-        tpl.add_partition_offset(topic, p, Offset::Beginning)
-            .unwrap();
-    }
-    consumer.assign(&tpl).expect("assign");
+    let reader = TopicReader::from_beginning(kafka, topic).expect("reader");
     let topic = topic.to_string();
     tokio::task::spawn_blocking(move || {
         let deadline = Instant::now() + WAIT;
         let mut out = Vec::new();
         let mut last_check = Instant::now();
         loop {
-            if let Some(res) = consumer.poll(Duration::from_millis(50)) {
-                let m = res.expect("read");
-                let event_id = m
-                    .headers()
-                    .and_then(|h| {
-                        h.iter()
-                            .find(|h| h.key == EVENT_ID_HEADER)
-                            .and_then(|h| h.value)
-                    })
-                    .map(|v| String::from_utf8_lossy(v).into_owned())
-                    .expect("every record carries an event id header");
+            if let Some(res) = reader.next(Duration::from_millis(50)) {
+                let r = res.expect("read");
                 out.push(Rec {
-                    key: String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
-                    event_id,
-                    value: serde_json::from_slice(m.payload().unwrap_or_default())
+                    key: r.key_text(),
+                    event_id: r
+                        .event_id()
+                        .expect("every record carries an event id header"),
+                    value: serde_json::from_slice(r.payload.as_deref().unwrap_or_default())
                         .expect("JSON record"),
                 });
                 if last_check.elapsed() < Duration::from_millis(200) {
@@ -837,34 +820,16 @@ async fn bad_input_is_rejected_and_the_partition_keeps_flowing() {
 
 /// The dead-letter records: (key, reason header), once `n` are there.
 async fn dead_letters(kafka: &Kafka, n: usize) -> Vec<(String, String)> {
-    let mut cfg = kafka.client_config(Role::Admin);
-    cfg.set("group.id", "dead-letter-reader")
-        .set("enable.auto.commit", "false");
-    let consumer: BaseConsumer = cfg.create().unwrap();
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..PARTITIONS {
-        tpl.add_partition_offset("sendledger.dead", p, Offset::Beginning)
-            .unwrap();
-    }
-    consumer.assign(&tpl).unwrap();
+    let reader = TopicReader::from_beginning(kafka, "sendledger.dead").unwrap();
     tokio::task::spawn_blocking(move || {
         let mut out = Vec::new();
         let deadline = Instant::now() + WAIT;
         while out.len() < n && Instant::now() < deadline {
-            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
-                let reason = m
-                    .headers()
-                    .and_then(|h| {
-                        h.iter()
-                            .find(|h| h.key == sendledger_bus::ingest::REASON_HEADER)
-                            .and_then(|h| h.value)
-                    })
-                    .map(|v| String::from_utf8_lossy(v).into_owned())
+            if let Some(Ok(r)) = reader.next(Duration::from_millis(100)) {
+                let reason = r
+                    .header(sendledger_bus::ingest::REASON_HEADER)
                     .unwrap_or_default();
-                out.push((
-                    String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
-                    reason,
-                ));
+                out.push((r.key_text(), reason));
             }
         }
         out

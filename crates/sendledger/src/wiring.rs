@@ -1,0 +1,163 @@
+//! The adapters that plug the libraries into each other, kept where they are wired so that the
+//! engine builds without Kafka or HTTP:
+//!
+//! - [`HttpRemote`]: the engine's [`Remote`] over HTTP, the targets configured in the effects
+//!   crate.
+//! - [`EngineSink`]: the engine as the Kafka consumer's [`RequestSink`], how the bus hands
+//!   messages to tasks. Every call resolves once what it recorded is durable, together with the
+//!   message's processed-offset marker, so the consumer may store the Kafka offset right after.
+
+use sendledger_actors::{Engine, Error, Remote, Slot};
+use sendledger_bus::{RequestSink, SinkError};
+use sendledger_core::decide::AttemptOutcome;
+use sendledger_core::error::Chain;
+use sendledger_core::event::{Millis, NotSentCause};
+use sendledger_core::{AcceptedRequest, BoxFuture, Policy, Source, TaskRequest};
+use sendledger_effects::Targets;
+use sendledger_store::{Append, Processed};
+
+/// The engine's remote over HTTP.
+pub struct HttpRemote {
+    targets: Targets,
+}
+
+impl HttpRemote {
+    pub fn new(targets: Targets) -> HttpRemote {
+        HttpRemote { targets }
+    }
+}
+
+impl Remote for HttpRemote {
+    fn policy(&self, target: &str) -> Option<Policy> {
+        self.targets.get(target).map(|t| t.policy())
+    }
+
+    fn reserve(&self, target: &str) -> BoxFuture<Slot> {
+        match self.targets.get(target).cloned() {
+            Some(target) => Box::pin(async move { Box::new(target.reserve().await) as Slot }),
+            None => Box::pin(std::future::ready(Box::new(()) as Slot)),
+        }
+    }
+
+    fn attempt(
+        &self,
+        request: &AcceptedRequest,
+        attempt: u32,
+        idempotency_key: Option<&str>,
+    ) -> BoxFuture<AttemptOutcome> {
+        let Some(target) = self.targets.get(&request.target).cloned() else {
+            let cause =
+                NotSentCause::Connect(format!("target `{}` is not configured", request.target));
+            return Box::pin(std::future::ready(AttemptOutcome::NotSent {
+                cause,
+                retry_after_ms: None,
+            }));
+        };
+        let request = request.clone();
+        let key = idempotency_key.map(str::to_owned);
+        Box::pin(async move { target.execute(&request, attempt, key.as_deref()).await })
+    }
+
+    fn lookup(
+        &self,
+        request: &AcceptedRequest,
+        since: Millis,
+    ) -> BoxFuture<Result<Vec<String>, String>> {
+        let Some(target) = self.targets.get(&request.target).cloned() else {
+            let err = format!("target `{}` is not configured", request.target);
+            return Box::pin(std::future::ready(Err(err)));
+        };
+        let request = request.clone();
+        Box::pin(async move {
+            target
+                .lookup(&request, Some(since))
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// The engine as the consumer's request sink.
+#[derive(Clone)]
+pub struct EngineSink {
+    engine: Engine,
+}
+
+impl EngineSink {
+    pub fn new(engine: Engine) -> EngineSink {
+        EngineSink { engine }
+    }
+}
+
+/// What an engine error means for the message that caused it.
+fn classify(e: Error) -> SinkError {
+    match e {
+        Error::Invalid(e) => SinkError::Invalid(e.to_string()),
+        e @ Error::UnknownTarget(_) => SinkError::Invalid(e.to_string()),
+        e @ (Error::Ledger(_) | Error::ShuttingDown | Error::NoSuchTask(_)) => {
+            SinkError::Retry(Chain(&e).to_string())
+        }
+        e @ Error::Stopped => SinkError::Fatal(e.to_string()),
+    }
+}
+
+impl RequestSink for EngineSink {
+    fn submit(&self, request: TaskRequest, source: Source) -> BoxFuture<Result<(), SinkError>> {
+        let engine = self.engine.clone();
+        Box::pin(async move {
+            engine
+                .submit(request, source)
+                .await
+                .map(|_| ())
+                .map_err(classify)
+        })
+    }
+
+    fn reject(
+        &self,
+        source: Source,
+        reason: String,
+        raw: Vec<u8>,
+    ) -> BoxFuture<Result<(), SinkError>> {
+        let engine = self.engine.clone();
+        Box::pin(async move {
+            engine
+                .reject_input(source, reason, &raw)
+                .await
+                .map(|_| ())
+                .map_err(classify)
+        })
+    }
+
+    fn processed(&self, topic: String, partition: i32) -> BoxFuture<Result<Processed, SinkError>> {
+        let ledger = self.engine.ledger().clone();
+        Box::pin(async move {
+            ledger
+                .read(move |l| l.processed(&topic, partition))
+                .await
+                .map_err(|e| SinkError::Retry(Chain(&e).to_string()))
+        })
+    }
+
+    fn raise_watermarks(
+        &self,
+        topic: String,
+        marks: Vec<(i32, i64)>,
+    ) -> BoxFuture<Result<(), SinkError>> {
+        let ledger = self.engine.ledger().clone();
+        Box::pin(async move {
+            let append = Append {
+                offset_watermarks: marks
+                    .into_iter()
+                    .map(|(p, o)| (topic.clone(), p, o))
+                    .collect(),
+                ..Append::default()
+            };
+            ledger
+                .append(append)
+                .await
+                .map(|_| ())
+                .map_err(|e| SinkError::Retry(Chain(&e).to_string()))
+        })
+    }
+}
