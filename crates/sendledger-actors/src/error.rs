@@ -1,4 +1,4 @@
-//! Errors of the engine.
+//! Errors of the engine, and whether trying again may help ([`Error::is_transient`]).
 
 use sendledger_core::TaskId;
 
@@ -17,6 +17,22 @@ pub enum Error {
     ShuttingDown,
     #[error("the engine has stopped")]
     Stopped,
+}
+
+impl Error {
+    /// Whether the same call may succeed when tried again: the engine is draining, or the
+    /// ledger failed in a way that may pass (see `sendledger_store::Error`). A refused request,
+    /// an unknown target or task, a stopped engine and a permanent ledger failure (closed,
+    /// damaged, of a newer format) come back every time.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Ledger(e) => e.is_transient(),
+            Error::ShuttingDown => true,
+            Error::Invalid(_) | Error::UnknownTarget(_) | Error::NoSuchTask(_) | Error::Stopped => {
+                false
+            }
+        }
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
