@@ -1,4 +1,6 @@
-//! Errors of the engine.
+//! Errors of the engine, and whether trying again may help ([`Error::is_transient`]).
+
+use std::sync::Arc;
 
 use sendledger_core::TaskId;
 
@@ -13,10 +15,34 @@ pub enum Error {
     Ledger(#[from] sendledger_store::Error),
     #[error("task {0} not found")]
     NoSuchTask(TaskId),
+    /// The task's events could not be read when its actor started: nothing is decided for it
+    /// until a later actor of the task reads them.
+    #[error("cannot load the events of task {task_id}")]
+    Load {
+        task_id: TaskId,
+        source: Arc<sendledger_store::Error>,
+    },
     #[error("the engine is shutting down; the request was not recorded, deliver it again later")]
     ShuttingDown,
     #[error("the engine has stopped")]
     Stopped,
+}
+
+impl Error {
+    /// Whether the same call may succeed when tried again: the engine is draining, or the
+    /// ledger failed in a way that may pass (see `sendledger_store::Error`). A refused request,
+    /// an unknown target or task, a stopped engine and a permanent ledger failure (closed,
+    /// damaged, of a newer format) come back every time.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Ledger(e) => e.is_transient(),
+            Error::Load { source, .. } => source.is_transient(),
+            Error::ShuttingDown => true,
+            Error::Invalid(_) | Error::UnknownTarget(_) | Error::NoSuchTask(_) | Error::Stopped => {
+                false
+            }
+        }
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

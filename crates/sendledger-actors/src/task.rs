@@ -86,7 +86,8 @@ pub struct TaskActor {
     state: State,
     shared: Arc<Shared>,
     policy: Policy,
-    loaded: Option<std::result::Result<(), String>>,
+    /// Whether the task's events were read when the actor started, or why not.
+    loaded: Option<std::result::Result<(), Arc<sendledger_store::Error>>>,
     /// External messages fully processed, compared by the registry with those it forwarded.
     handled: u64,
     attempt_in_flight: bool,
@@ -152,10 +153,10 @@ impl TaskActor {
 
     fn decide_and_append(&mut self, input: TaskInput) -> ResponseActFuture<Self, Result<Reply>> {
         if let Some(Err(e)) = &self.loaded {
-            let err = Error::Ledger(sendledger_store::Error::Corrupt {
-                lsn: 0,
-                detail: e.clone(),
-            });
+            let err = Error::Load {
+                task_id: self.task_id,
+                source: e.clone(),
+            };
             return Box::pin(fut::ready(Err(err)));
         }
         let now = crate::now_ms();
@@ -422,7 +423,7 @@ impl Actor for TaskActor {
                 }
                 Err(e) => {
                     tracing::error!(task_id = %act.task_id, error = %Chain(&e), "cannot load the task's events; it will not be processed");
-                    act.loaded = Some(Err(Chain(&e).to_string()));
+                    act.loaded = Some(Err(Arc::new(e)));
                 }
             },
         ));

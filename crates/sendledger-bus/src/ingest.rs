@@ -22,6 +22,11 @@
 //!   finish later are durable in the ledger and dropped by whichever consumer gets them again.
 //! - Messages of one task identity reach the sink in partition order, so the first of two
 //!   conflicting requests is the one accepted.
+//! - Sink failures: one that may pass ([`SinkError::Retry`]: a failing ledger write, a full
+//!   disk, an engine draining) is retried with backoff while the offset waits; a fatal one
+//!   ([`SinkError::Fatal`]: the engine stopped, its ledger closed or damaged) stops the ingest
+//!   with that message instead of retrying forever: [`Ingest::is_running`] turns false and
+//!   [`Ingest::shutdown`] returns it.
 //!
 //! Metrics: `sendledger_duplicates_dropped_total{by="offset"}` (messages dropped by the
 //! processed-offset check) and the gauge `sendledger_consumer_lag_messages{partition}` (from
@@ -731,6 +736,9 @@ impl<S: RequestSink> Worker<S> {
                         part.folded = Some(part.folded.map_or(d, |f| f.max(d)));
                     }
                 }
+            }
+            Err(SinkError::Fatal(e)) => {
+                lock(&self.tracker).fatal.get_or_insert(e);
             }
             Err(e) => tracing::warn!(error = %e, "processed watermarks not raised; retried later"),
         }

@@ -300,7 +300,7 @@ impl Worker {
                 }
                 Err(e) => {
                     self.stats.failures.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(from, error = %Chain(&e), "publishing failed; the batch is published again");
+                    tracing::warn!(from, error = %e, "publishing failed; the batch is published again");
                     if let Some((code, reason)) = self.producer.client().fatal_error() {
                         tracing::warn!(%code, reason, "the producer failed for good; creating a new one");
                         match self.kafka.client_config(Role::Producer).create() {

@@ -10,11 +10,14 @@ pub enum SinkError {
     /// records it as rejected with this reason and moves on.
     #[error("invalid request: {0}")]
     Invalid(String),
-    /// Nothing was recorded, for a reason that may pass (a busy or failing ledger, an engine
-    /// draining). The consumer tries again later; the offset does not advance meanwhile.
+    /// Nothing was recorded, for a reason that may pass (a busy or failing ledger write, a full
+    /// disk, an engine draining). The consumer tries again later; the offset does not advance
+    /// meanwhile.
     #[error("not recorded, will retry: {0}")]
     Retry(String),
-    /// Nothing was recorded and the sink will never accept anything again. The consumer stops.
+    /// Nothing was recorded and the sink will never accept anything again (the engine stopped,
+    /// or its ledger failed for good: closed, damaged, of a newer format). The consumer stops
+    /// with this message instead of retrying.
     #[error("sink stopped: {0}")]
     Fatal(String),
 }

@@ -1,7 +1,17 @@
-//! Errors of the ledger.
+//! Errors of the ledger, and whether trying again may help ([`Error::is_transient`]).
 
 use std::path::PathBuf;
 
+/// What went wrong reading or writing a ledger.
+///
+/// Transient (the same call may succeed later, and callers retry it): a RocksDB error of kind
+/// I/O (a full disk until space is freed, a failing write), busy, timed out, aborted, try
+/// again or incomplete. Permanent (retrying repeats it; the work that needs the ledger stops
+/// and an operator acts on the message): every other variant, namely the journal stopped
+/// ([`Error::Closed`]), a damaged event, index value or format marker, an envelope or storage
+/// format this build does not read, a ledger held by another process or not there at all, a
+/// directory that cannot be prepared, and any other RocksDB error (corruption, invalid
+/// argument, not supported, shutdown in progress...).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot prepare ledger directory {path}")]
@@ -36,10 +46,35 @@ pub enum Error {
     Corrupt { lsn: u64, detail: String },
     #[error("ledger value under {what} is malformed")]
     BadValue { what: &'static str },
-    #[error("append rejected: {0}")]
-    InvalidAppend(String),
     #[error("the journal has stopped; the ledger is closed")]
     Closed,
+}
+
+impl Error {
+    /// Whether the same call may succeed when tried again (see [`Error`] for the split).
+    pub fn is_transient(&self) -> bool {
+        use rocksdb::ErrorKind as Kind;
+        match self {
+            Error::Rocks(e) => matches!(
+                e.kind(),
+                Kind::IOError
+                    | Kind::Busy
+                    | Kind::TimedOut
+                    | Kind::Aborted
+                    | Kind::TryAgain
+                    | Kind::Incomplete
+            ),
+            Error::Dir { .. }
+            | Error::NoLedger { .. }
+            | Error::InUse { .. }
+            | Error::NewerFormat { .. }
+            | Error::BadFormatMarker { .. }
+            | Error::UnknownEnvelope { .. }
+            | Error::Corrupt { .. }
+            | Error::BadValue { .. }
+            | Error::Closed => false,
+        }
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -630,8 +630,8 @@ impl Ledger {
     }
 }
 
-/// Damage for the audit tests. Test-only: compiled only with the `fault-injection` feature,
-/// which only the workspace test crate enables.
+/// Damage for the audit tests, and a journal that dies. Test-only: compiled only with the
+/// `fault-injection` feature, which only the workspace test crate enables.
 #[cfg(feature = "fault-injection")]
 impl Ledger {
     /// Stores `bytes` under `lsn` in the log as they are, bypassing the journal, the envelope
@@ -643,6 +643,25 @@ impl Ledger {
     /// Removes the log entry at `lsn` and nothing else (a gap the index still points into).
     pub fn delete_log_entry(&self, lsn: u64) -> Result<()> {
         Ok(self.inner.db.delete_cf(self.cf(CF_LOG), lsn_key(lsn))?)
+    }
+
+    /// Stops the journal as if its thread had died: appends already acknowledged stay, every
+    /// later append of every handle fails with [`Error::Closed`]. Reads still work.
+    pub fn stop_journal(&self) {
+        self.inner
+            .tx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(t) = self
+            .inner
+            .thread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            let _ = t.join();
+        }
     }
 }
 
@@ -693,6 +712,34 @@ mod tests {
             .err()
             .expect("locked");
         assert!(matches!(err, Error::InUse { .. }), "{err}");
+    }
+
+    /// A RocksDB I/O error may pass (a full disk, once space is freed); a closed journal, a
+    /// RocksDB refusal of the call itself, or a newer format never do.
+    #[test]
+    fn io_errors_are_transient_and_a_closed_or_refused_ledger_is_permanent() {
+        let dir = tempfile::tempdir().unwrap();
+        // RocksDB cannot open its lock file when a directory stands in its place.
+        let db = dir.path().join("db");
+        std::fs::create_dir_all(db.join("LOCK")).unwrap();
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        let io = Error::from(DB::open(&opts, &db).err().expect("no lock file"));
+        assert!(io.is_transient(), "{io:?}");
+        opts.create_if_missing(false);
+        let refused = Error::from(
+            DB::open(&opts, dir.path().join("none"))
+                .err()
+                .expect("none"),
+        );
+        assert!(!refused.is_transient(), "{refused:?}");
+        assert!(!Error::Closed.is_transient());
+        let newer = Error::NewerFormat {
+            path: dir.path().into(),
+            found: 2,
+            supported: 1,
+        };
+        assert!(!newer.is_transient());
     }
 
     #[test]

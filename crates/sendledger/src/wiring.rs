@@ -89,15 +89,23 @@ impl EngineSink {
     }
 }
 
-/// What an engine error means for the message that caused it.
+/// What an engine error means for the message that caused it: the message is invalid, or it
+/// was not recorded for a reason that may pass (retried), or that will not (the ingest stops).
 fn classify(e: Error) -> SinkError {
     match e {
         Error::Invalid(e) => SinkError::Invalid(e.to_string()),
         e @ Error::UnknownTarget(_) => SinkError::Invalid(e.to_string()),
-        e @ (Error::Ledger(_) | Error::ShuttingDown | Error::NoSuchTask(_)) => {
-            SinkError::Retry(Chain(&e).to_string())
-        }
-        e @ Error::Stopped => SinkError::Fatal(e.to_string()),
+        e @ Error::Stopped => failure(&e, false),
+        e => failure(&e, true),
+    }
+}
+
+/// A failure the message did not cause: retried while it may pass, else fatal.
+fn failure(e: &(dyn std::error::Error + 'static), transient: bool) -> SinkError {
+    let message = Chain(e).to_string();
+    match transient {
+        true => SinkError::Retry(message),
+        false => SinkError::Fatal(message),
     }
 }
 
@@ -135,7 +143,7 @@ impl RequestSink for EngineSink {
             ledger
                 .read(move |l| l.processed(&topic, partition))
                 .await
-                .map_err(|e| SinkError::Retry(Chain(&e).to_string()))
+                .map_err(|e| failure(&e, true))
         })
     }
 
@@ -157,7 +165,30 @@ impl RequestSink for EngineSink {
                 .append(append)
                 .await
                 .map(|_| ())
-                .map_err(|e| SinkError::Retry(Chain(&e).to_string()))
+                .map_err(|e| failure(&e, true))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A closed ledger stops the ingest with its cause; a draining engine is waited for; a bad
+    /// request is rejected.
+    #[test]
+    fn engine_errors_map_to_what_the_consumer_does() {
+        let closed = classify(Error::Ledger(sendledger_store::Error::Closed));
+        assert_eq!(
+            closed,
+            SinkError::Fatal("ledger: the journal has stopped; the ledger is closed".into())
+        );
+        assert!(matches!(classify(Error::ShuttingDown), SinkError::Retry(_)));
+        assert!(matches!(classify(Error::Stopped), SinkError::Fatal(_)));
+        let empty = sendledger_core::Error::Empty { field: "tenant" };
+        assert_eq!(
+            classify(Error::Invalid(empty.clone())),
+            SinkError::Invalid(empty.to_string())
+        );
     }
 }

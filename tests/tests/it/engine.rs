@@ -584,6 +584,43 @@ async fn a_known_identity_stays_a_duplicate_when_the_configuration_changes() {
     engine.shutdown(Duration::from_secs(5)).await;
 }
 
+/// A task whose recorded events cannot be read (one damaged on disk) is refused with an error
+/// that names the damage, and says it is permanent: delivering the request again cannot help.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_whose_events_cannot_be_read_is_refused_naming_the_damage() {
+    let sim = sim(Faults::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start_engine(dir.path(), target(&sim.base_url(), |_| {}));
+    engine.submit(request("dmg-1"), source(0)).await.unwrap();
+    wait_for(&engine, task_id("dmg-1"), WAIT, settled).await;
+    let first = engine.events(task_id("dmg-1")).await.unwrap()[0].lsn;
+    engine.shutdown(Duration::from_secs(5)).await;
+    tokio::task::block_in_place(|| {
+        let ledger = sendledger_store::Ledger::open(dir.path(), Default::default()).unwrap();
+        ledger
+            .inject_raw_log_entry(first, &[1, 0xff, 0xff, 0xff])
+            .unwrap();
+    });
+
+    let engine = start_engine(dir.path(), target(&sim.base_url(), |_| {}));
+    let err = engine
+        .submit(request("dmg-1"), source(1))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, sendledger_actors::Error::Load { task_id: t, .. } if *t == task_id("dmg-1")),
+        "{err:?}"
+    );
+    assert!(!err.is_transient(), "{err:?}");
+    let message = sendledger_core::error::Chain(&err).to_string();
+    assert!(
+        message.contains(&format!("event at lsn {first} cannot be decoded")),
+        "{message}"
+    );
+    assert_eq!(sim.records_with_identity("dmg-1").len(), 1);
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
 /// Two jobs rejecting the same message at once (a redelivery racing a slow first job) record
 /// it once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -799,22 +799,73 @@ async fn bad_input_is_rejected_and_the_partition_keeps_flowing() {
     pipeline.stop().await;
 
     // The committed offset of the partition is past its last message.
+    let end = acks.last().unwrap().1 + 1;
+    assert_eq!(committed(&kafka, 0), Offset::Offset(end));
+    sim.shutdown().await;
+}
+
+/// The offset the ingest's consumer group committed for a requests-topic partition.
+fn committed(kafka: &Kafka, partition: i32) -> Offset {
     let mut cfg = kafka.client_config(Role::Ingest);
     cfg.set("group.id", &kafka.config().group_id);
     let probe: BaseConsumer = cfg.create().unwrap();
     let mut tpl = TopicPartitionList::new();
-    tpl.add_partition(&kafka.config().requests_topic, 0);
+    tpl.add_partition(&kafka.config().requests_topic, partition);
     let committed =
         tokio::task::block_in_place(|| probe.committed_offsets(tpl, Duration::from_secs(10)))
             .unwrap();
-    let end = acks.last().unwrap().1 + 1;
-    assert_eq!(
-        committed
-            .find_partition(&kafka.config().requests_topic, 0)
-            .unwrap()
-            .offset(),
-        Offset::Offset(end)
+    committed
+        .find_partition(&kafka.config().requests_topic, partition)
+        .unwrap()
+        .offset()
+}
+
+/// The engine's journal stops for good (as if its thread died) while the ingest runs. What was
+/// recorded before stays and is published; the next request cannot be recorded. The ingest
+/// stops by itself with an error naming the closed ledger instead of retrying that request
+/// forever, and its offset is never committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_closed_ledger_stops_the_ingest_with_its_cause() {
+    let kafka = embedded();
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = Pipeline::start(&kafka, dir.path(), &sim);
+    let message = |key: &str| (Some(0), identity_key(key), Some(request_json(key)));
+    let first = vec!["closed-0".to_string()];
+    produce(&kafka, vec![message(&first[0])]).await;
+    results_for(&kafka, task_ids(&first)).await;
+
+    pipeline.engine.ledger().stop_journal();
+    let acks = produce(&kafka, vec![message("closed-1")]).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while pipeline.ingest.is_running() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !pipeline.ingest.is_running(),
+        "the ingest goes on retrying a closed ledger"
     );
+    let retries = IngestStats::get(&pipeline.ingest.stats().retries);
+    assert_eq!(retries, 0, "a closed ledger was retried");
+    let err = pipeline
+        .ingest
+        .shutdown(Duration::from_secs(10))
+        .await
+        .expect_err("the ingest stops with an error");
+    let err = err.to_string();
+    assert!(err.contains("the ledger is closed"), "{err}");
+    assert_eq!(committed(&kafka, 0), Offset::Offset(acks[0].1));
+    assert_eq!(
+        sim.stats().posts,
+        1,
+        "closed-1 was sent without a durable intent"
+    );
+    pipeline
+        .publisher
+        .shutdown(Duration::from_secs(10))
+        .await
+        .expect("publisher stops");
+    pipeline.engine.shutdown(Duration::from_secs(5)).await;
     sim.shutdown().await;
 }
 
