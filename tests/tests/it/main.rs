@@ -12,6 +12,7 @@ mod fuzz;
 mod kafka;
 mod ledger;
 mod sim;
+mod tls;
 
 /// The seed of a randomized test: `SENDLEDGER_TEST_SEED` when set, else the given default.
 /// Printed, so that a failure can be reproduced.
