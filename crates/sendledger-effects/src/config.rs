@@ -315,3 +315,24 @@ fn default_deadline() -> Duration {
 fn default_skew() -> Duration {
     Duration::from_secs(30)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::TlsConfig;
+
+    /// The example configuration's commented `[targets.payments.tls]` section, uncommented, is
+    /// a valid `TlsConfig` (the section stays commented there: its files do not exist).
+    #[test]
+    fn the_commented_example_tls_section_parses() {
+        let example = include_str!("../../../schemas/sendledger.example.toml");
+        let section: String = example
+            .lines()
+            .skip_while(|l| *l != "# [targets.payments.tls]")
+            .skip(1)
+            .take_while(|l| l.starts_with("# ") && !l.starts_with("# ["))
+            .map(|l| format!("{}\n", &l[2..]))
+            .collect();
+        let tls: TlsConfig = toml::from_str(&section).expect("the example tls section parses");
+        assert!(tls.ca_file.is_some() && tls.client_cert.is_some() && tls.client_key.is_some());
+    }
+}
