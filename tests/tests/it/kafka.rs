@@ -933,12 +933,17 @@ fn start_tansu_advertising(advertised: Option<u16>) -> Tansu {
         .stderr(Stdio::null())
         .spawn()
         .expect("start tansu");
+    wait_listening(port, "tansu");
+    Tansu { child, port }
+}
+
+/// Waits until `what` accepts connections on the loopback `port`.
+fn wait_listening(port: u16, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "tansu did not listen on {port}");
+        assert!(Instant::now() < deadline, "{what} did not listen on {port}");
         std::thread::sleep(Duration::from_millis(50));
     }
-    Tansu { child, port }
 }
 
 /// The configuration file of a `sendledger run` process on `dir` against `brokers`, with the
@@ -1825,11 +1830,7 @@ impl TlsRelay {
             .stderr(Stdio::null())
             .spawn()
             .expect("socat is missing: install it (`apt-get install socat`; scripts/test does)");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "the TLS relay did not listen on {port}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_listening(port, "the TLS relay");
         TlsRelay { child, port }
     }
 }

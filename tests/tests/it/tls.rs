@@ -61,6 +61,13 @@ impl Remote {
         Remote { sim, ca, dir }
     }
 
+    /// One attempt of the task `ord-1` by a target that trusts the remote's CA.
+    async fn attempt(&self) -> AttemptOutcome {
+        self.target("")
+            .execute(&request("ord-1", json!({})), 1, None)
+            .await
+    }
+
     /// A target against the remote that trusts its CA; `extra` as in `effects::config`.
     fn target(&self, extra: &str) -> Target {
         self.target_with_tls(&trust(&self.ca), extra)
@@ -94,6 +101,19 @@ fn assert_not_sent(outcome: &AttemptOutcome, words: &[&str]) {
         }
         other => panic!("expected NotSent{{Connect}}, got {other:?}"),
     }
+}
+
+/// Asserts an unknown outcome: the connection broke after request bytes were handed to TLS.
+fn assert_reset_after_write(outcome: &AttemptOutcome) {
+    assert!(
+        matches!(
+            outcome,
+            AttemptOutcome::Unknown {
+                cause: UnknownCause::ResetAfterWrite(_)
+            }
+        ),
+        "{outcome:?}"
+    );
 }
 
 /// Waits until the remote has seen `n` failed handshakes (it learns of a refusal a moment
@@ -158,10 +178,7 @@ async fn https_wrong_host_name_is_not_sent() {
         |_, _| {},
     )
     .await;
-    let outcome = remote
-        .target("")
-        .execute(&request("ord-1", json!({})), 1, None)
-        .await;
+    let outcome = remote.attempt().await;
     assert_not_sent(&outcome, &["tls handshake with", "not valid for name"]);
     await_failed_handshakes(&remote.sim, 1).await;
     assert_eq!(remote.sim.stats().records, 0);
@@ -181,10 +198,7 @@ async fn https_expired_certificate_is_not_sent() {
         |_, _| {},
     )
     .await;
-    let outcome = remote
-        .target("")
-        .execute(&request("ord-1", json!({})), 1, None)
-        .await;
+    let outcome = remote.attempt().await;
     assert_not_sent(&outcome, &["tls handshake with", "expired"]);
     assert_eq!(remote.sim.stats().records, 0);
 }
@@ -251,10 +265,7 @@ async fn https_throttled_429_with_retry_after_is_not_sent() {
         f.retry_after = Duration::from_secs(2);
     }))
     .await;
-    let outcome = remote
-        .target("")
-        .execute(&request("ord-1", json!({})), 1, None)
-        .await;
+    let outcome = remote.attempt().await;
     assert_eq!(
         outcome,
         AttemptOutcome::NotSent {
@@ -294,11 +305,7 @@ async fn https_4xx_is_rejected() {
         f.reject_status = 422;
     }))
     .await;
-    match remote
-        .target("")
-        .execute(&request("ord-1", json!({})), 1, None)
-        .await
-    {
+    match remote.attempt().await {
         AttemptOutcome::Rejected { status, detail } => {
             assert_eq!(status, 422);
             assert!(detail.contains("rejected by the remote"), "{detail}");
@@ -314,10 +321,7 @@ async fn https_4xx_is_rejected() {
 #[tokio::test]
 async fn https_5xx_is_unknown_by_default() {
     let remote = Remote::start(faults(|f| f.commit_then_error = 1.0)).await;
-    let outcome = remote
-        .target("")
-        .execute(&request("ord-1", json!({})), 1, None)
-        .await;
+    let outcome = remote.attempt().await;
     assert_eq!(
         outcome,
         AttemptOutcome::Unknown {
@@ -333,15 +337,7 @@ async fn https_commit_then_drop_is_unknown_and_the_remote_holds_exactly_one_reco
     let target = remote.target("");
     let req = request("ord-1", json!({}));
     let outcome = target.execute(&req, 1, None).await;
-    assert!(
-        matches!(
-            outcome,
-            AttemptOutcome::Unknown {
-                cause: UnknownCause::ResetAfterWrite(_)
-            }
-        ),
-        "{outcome:?}"
-    );
+    assert_reset_after_write(&outcome);
     assert_eq!(remote.sim.records_with_identity("ord-1").len(), 1);
     assert_eq!(remote.sim.stats().dropped, 1);
     // The lookup, over https too, finds that record and reconciles the attempt.
@@ -378,19 +374,8 @@ async fn https_commit_then_hang_is_unknown_after_the_request_timeout() {
 #[tokio::test]
 async fn https_refused_after_the_handshake_is_unknown_and_nothing_was_created() {
     let remote = Remote::start(faults(|f| f.refuse = 1.0)).await;
-    let outcome = remote
-        .target("")
-        .execute(&request("ord-1", json!({})), 1, None)
-        .await;
-    assert!(
-        matches!(
-            outcome,
-            AttemptOutcome::Unknown {
-                cause: UnknownCause::ResetAfterWrite(_)
-            }
-        ),
-        "{outcome:?}"
-    );
+    let outcome = remote.attempt().await;
+    assert_reset_after_write(&outcome);
     assert_eq!(remote.sim.stats().records, 0);
     assert_eq!(remote.sim.stats().refused, 1);
 }
