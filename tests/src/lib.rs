@@ -132,3 +132,85 @@ pub mod engine {
         state.phase.is_terminal() || state.phase == Phase::ManualReview
     }
 }
+
+pub mod pki {
+    //! Certificates made at test time: a CA, and server or client certificates it signs,
+    //! written as PEM files into a directory of the test's choosing.
+
+    use std::path::{Path, PathBuf};
+
+    use rcgen::{BasicConstraints, Certificate, CertificateParams, IsCa, KeyPair};
+
+    /// A certificate authority whose files live in `dir`.
+    pub struct Ca {
+        dir: PathBuf,
+        name: String,
+        cert: Certificate,
+        key: KeyPair,
+    }
+
+    /// A certificate and its private key, as PEM files.
+    pub struct Issued {
+        pub cert: PathBuf,
+        pub key: PathBuf,
+    }
+
+    impl Ca {
+        /// A new CA named `name`; its certificate is written to `<dir>/<name>-ca.pem`.
+        pub fn new(dir: &Path, name: &str) -> Ca {
+            let key = KeyPair::generate().expect("ca key");
+            let mut params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
+            params.distinguished_name.push(
+                rcgen::DnType::CommonName,
+                format!("sendledger test CA {name}"),
+            );
+            params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            let cert = params.self_signed(&key).expect("ca certificate");
+            let ca = Ca {
+                dir: dir.to_path_buf(),
+                name: name.to_string(),
+                cert,
+                key,
+            };
+            std::fs::write(ca.ca_file(), ca.cert.pem()).expect("write ca certificate");
+            ca
+        }
+
+        /// The PEM file of the CA's certificate.
+        pub fn ca_file(&self) -> PathBuf {
+            self.dir.join(format!("{}-ca.pem", self.name))
+        }
+
+        /// A certificate for `names` (DNS names or IP addresses), valid from now on, written
+        /// to `<dir>/<CA name>-<file>.pem` and `<dir>/<CA name>-<file>-key.pem`.
+        pub fn issue(&self, file: &str, names: &[&str]) -> Issued {
+            self.issue_with(file, names, |_| {})
+        }
+
+        /// As [`Ca::issue`], with the parameters adjusted first (validity, say).
+        pub fn issue_with(
+            &self,
+            file: &str,
+            names: &[&str],
+            adjust: impl FnOnce(&mut CertificateParams),
+        ) -> Issued {
+            let key = KeyPair::generate().expect("key");
+            let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+            let mut params = CertificateParams::new(names).expect("certificate params");
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, file);
+            adjust(&mut params);
+            let cert = params
+                .signed_by(&key, &self.cert, &self.key)
+                .expect("certificate");
+            let issued = Issued {
+                cert: self.dir.join(format!("{}-{file}.pem", self.name)),
+                key: self.dir.join(format!("{}-{file}-key.pem", self.name)),
+            };
+            std::fs::write(&issued.cert, cert.pem()).expect("write certificate");
+            std::fs::write(&issued.key, key.serialize_pem()).expect("write key");
+            issued
+        }
+    }
+}

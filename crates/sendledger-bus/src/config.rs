@@ -12,8 +12,26 @@ use crate::error::{Error, Result};
 /// `brokers` value that starts the in-process mock cluster.
 pub const EMBEDDED: &str = "embedded";
 
-/// Where sendledger reads requests and writes results and events.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// Whether a configuration key or librdkafka property holds a secret: its name mentions a
+/// token, password, secret, authorization, an OAuth bearer setting or an SSL key
+/// (`sasl.password`, `ssl.key.password`, `ssl.key.pem`, `ssl.keystore.password`...).
+pub fn is_secret(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    [
+        "token",
+        "password",
+        "secret",
+        "authorization",
+        "sasl.oauthbearer",
+        "ssl.key",
+    ]
+    .iter()
+    .any(|s| name.contains(s))
+}
+
+/// Where sendledger reads requests and writes results and events. `Debug` shows the values of
+/// secret properties ([`is_secret`]) as `***`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KafkaConfig {
     /// `"embedded"` for librdkafka's in-process mock cluster, or a bootstrap list
@@ -52,6 +70,32 @@ pub struct KafkaConfig {
     /// Passed to librdkafka as they are (security, SASL, timeouts, ...). The properties that
     /// sendledger's guarantees rest on cannot be set here.
     pub properties: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let properties: BTreeMap<&str, &str> = self
+            .properties
+            .iter()
+            .map(|(k, v)| (k.as_str(), if is_secret(k) { "***" } else { v.as_str() }))
+            .collect();
+        f.debug_struct("KafkaConfig")
+            .field("brokers", &self.brokers)
+            .field("group_id", &self.group_id)
+            .field("requests_topic", &self.requests_topic)
+            .field("results_topic", &self.results_topic)
+            .field("events_topic", &self.events_topic)
+            .field("dead_letter_topic", &self.dead_letter_topic)
+            .field("partitions", &self.partitions)
+            .field("replication_factor", &self.replication_factor)
+            .field("max_unfinished", &self.max_unfinished)
+            .field("max_unfinished_bytes", &self.max_unfinished_bytes)
+            .field("max_message_bytes", &self.max_message_bytes)
+            .field("commit_interval", &self.commit_interval)
+            .field("instance_id", &self.instance_id)
+            .field("properties", &properties)
+            .finish()
+    }
 }
 
 impl Default for KafkaConfig {
@@ -301,6 +345,31 @@ fn check_topic(topic: &str) -> std::result::Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The secrets of SASL and TLS never show in `Debug`; the rest does.
+    #[test]
+    fn debug_hides_sasl_and_ssl_secrets() {
+        let mut c = KafkaConfig::default();
+        for (k, v) in [
+            ("security.protocol", "sasl_ssl"),
+            ("sasl.mechanism", "SCRAM-SHA-512"),
+            ("sasl.username", "visible-user"),
+            ("sasl.password", "s3cret-1"),
+            ("ssl.key.password", "s3cret-2"),
+            ("ssl.key.pem", "s3cret-3"),
+            ("ssl.keystore.password", "s3cret-4"),
+            ("sasl.oauthbearer.client.secret", "s3cret-5"),
+            ("ssl.ca.location", "/etc/ca.pem"),
+        ] {
+            c.properties.insert(k.into(), v.into());
+        }
+        let debug = format!("{c:?}");
+        assert!(!debug.contains("s3cret"), "{debug}");
+        assert_eq!(debug.matches("\"***\"").count(), 5, "{debug}");
+        for shown in ["visible-user", "sasl_ssl", "SCRAM-SHA-512", "/etc/ca.pem"] {
+            assert!(debug.contains(shown), "{debug}");
+        }
+    }
 
     #[test]
     fn defaults_are_valid_and_errors_name_the_field() {

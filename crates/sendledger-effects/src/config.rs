@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -13,7 +14,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TargetConfig {
-    /// Where attempts go (`http://host:port/path`); may contain `{field}` placeholders.
+    /// Where attempts go (`http://host:port/path` or `https://host:port/path`); may contain
+    /// `{field}` placeholders.
     pub url: String,
     /// HTTP method of an attempt.
     #[serde(default = "default_method")]
@@ -26,7 +28,8 @@ pub struct TargetConfig {
     /// The body is the request payload otherwise.
     #[serde(default)]
     pub body_fields: BTreeMap<String, String>,
-    /// Time allowed to resolve the host and open the TCP connection.
+    /// Time allowed to resolve the host, open the TCP connection and, for https, complete the
+    /// TLS handshake.
     #[serde(default = "default_connect_timeout", with = "humantime_serde")]
     pub connect_timeout: Duration,
     /// Time allowed from writing the request to reading the whole response.
@@ -63,6 +66,29 @@ pub struct TargetConfig {
     /// How to ask the remote what it holds. Without it, unknown outcomes go to manual review.
     #[serde(default)]
     pub lookup: Option<LookupConfig>,
+    /// How https URLs (of attempts and lookups) verify the remote and present this client.
+    /// Without it, the remote's certificate must chain to a public root (webpki roots).
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
+}
+
+/// TLS settings of a target. Certificate verification is always on; there is no way to turn
+/// it off. The server name verified is the host of the URL (a DNS name or an IP address).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM file of the CA certificates the remote's certificate must chain to (a private CA).
+    /// When set, only these are trusted; otherwise the public webpki roots are.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// PEM file of the client certificate (and its chain) presented for mutual TLS; needs
+    /// `client_key`.
+    #[serde(default)]
+    pub client_cert: Option<PathBuf>,
+    /// PEM file of the private key of `client_cert` (PKCS#8, PKCS#1 or SEC1). Its contents are
+    /// never logged; only the path is shown.
+    #[serde(default)]
+    pub client_key: Option<PathBuf>,
 }
 
 /// A header value: literal text, or read from an environment variable when the target is
@@ -288,4 +314,25 @@ fn default_deadline() -> Duration {
 }
 fn default_skew() -> Duration {
     Duration::from_secs(30)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TlsConfig;
+
+    /// The example configuration's commented `[targets.payments.tls]` section, uncommented, is
+    /// a valid `TlsConfig` (the section stays commented there: its files do not exist).
+    #[test]
+    fn the_commented_example_tls_section_parses() {
+        let example = include_str!("../../../schemas/sendledger.example.toml");
+        let section: String = example
+            .lines()
+            .skip_while(|l| *l != "# [targets.payments.tls]")
+            .skip(1)
+            .take_while(|l| l.starts_with("# ") && !l.starts_with("# ["))
+            .map(|l| format!("{}\n", &l[2..]))
+            .collect();
+        let tls: TlsConfig = toml::from_str(&section).expect("the example tls section parses");
+        assert!(tls.ca_file.is_some() && tls.client_cert.is_some() && tls.client_key.is_some());
+    }
 }

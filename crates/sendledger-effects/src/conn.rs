@@ -1,9 +1,28 @@
-//! HTTP/1.1 exchanges that know whether any byte of the request reached the socket.
+//! HTTP/1.1 exchanges, over TCP or TLS, that know whether any byte of the request may have
+//! left this process.
 //!
-//! Every connection is a [`TcpStream`] wrapped in [`Tracked`], which counts the bytes the
-//! kernel accepted for writing. An exchange that fails is classified by that count, read only
-//! after the connection's task has been stopped, so no byte can be written after the count was
-//! taken: zero bytes means the request certainly did not leave this process.
+//! Every connection's byte stream is wrapped in [`Tracked`], which counts the bytes of HTTP
+//! (the request) accepted for writing. An exchange that fails is classified by that count,
+//! read only after the connection's task has been stopped, so no byte can be written after
+//! the count was taken: zero bytes means the request certainly did not leave this process.
+//!
+//! Over http, `Tracked` wraps the [`TcpStream`] and counts the bytes the kernel accepted.
+//! Over https, it wraps the TLS stream **after** the handshake completed, and counts the
+//! plaintext bytes handed to rustls. Why that is sound:
+//! - the handshake writes bytes of its own (ClientHello, key exchange, client certificate,
+//!   Finished), none of which carries the request. Counting them would make every handshake
+//!   failure (an unknown CA, a wrong host name, an expired certificate, a remote that does not
+//!   speak TLS) an unknown outcome, when no request could exist at the remote. They are not
+//!   counted, because the wrapper is only put in place once the handshake is over;
+//! - a completed handshake proves nothing about the request either way: it is what happens
+//!   next that counts;
+//! - plaintext that rustls accepted may already be encrypted and on the wire (rustls writes
+//!   records to the socket as it can), so any accepted byte counts as written. This may count
+//!   bytes still buffered in rustls when the connection failed; that errs towards unknown,
+//!   which is safe. The other way round cannot happen: the remote can only receive request
+//!   bytes as application data records, which are made from plaintext rustls accepted;
+//! - early data (TLS 1.3 0-RTT, which would send request bytes during the handshake) is never
+//!   enabled.
 
 use std::collections::HashMap;
 use std::io;
@@ -23,19 +42,21 @@ use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::tls::Tls;
+
 /// Largest response body read; the rest of a larger one is treated as unreadable.
 pub(crate) const MAX_RESPONSE_BYTES: usize = 1024 * 1024;
 
 /// Idle connections kept per remote address.
 const MAX_IDLE_PER_ADDRESS: usize = 256;
 
-/// A TCP stream that counts the bytes it has written.
-struct Tracked {
-    stream: TcpStream,
+/// A byte stream (TCP, or TLS after its handshake) that counts the bytes written to it.
+struct Tracked<S> {
+    stream: S,
     written: Arc<AtomicU64>,
 }
 
-impl Tracked {
+impl<S> Tracked<S> {
     fn count(&self, result: &Poll<io::Result<usize>>) {
         if let Poll::Ready(Ok(n)) = result {
             if *n > 0 {
@@ -45,7 +66,7 @@ impl Tracked {
     }
 }
 
-impl AsyncRead for Tracked {
+impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -55,7 +76,7 @@ impl AsyncRead for Tracked {
     }
 }
 
-impl AsyncWrite for Tracked {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -150,15 +171,24 @@ pub(crate) enum Failure {
 pub(crate) struct Endpoint {
     /// `host:port`, as written in the URL (resolved on each new connection).
     pub address: String,
+    /// Set for https: the handshake's settings and the name the certificate must be valid for.
+    pub tls: Option<Tls>,
     pub connect_timeout: Duration,
     pub request_timeout: Duration,
     pub pool_idle_timeout: Duration,
 }
 
-/// Idle connections by address.
+impl Endpoint {
+    /// Connections to the same address are kept apart by scheme.
+    fn pool_key(&self) -> (bool, &str) {
+        (self.tls.is_some(), &self.address)
+    }
+}
+
+/// Idle connections by scheme and address.
 #[derive(Default)]
 pub(crate) struct Pool {
-    idle: Mutex<HashMap<String, Vec<Conn>>>,
+    idle: Mutex<HashMap<(bool, String), Vec<Conn>>>,
 }
 
 impl Pool {
@@ -167,7 +197,8 @@ impl Pool {
             return None;
         }
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let conns = idle.get_mut(&endpoint.address)?;
+        let (tls, address) = endpoint.pool_key();
+        let conns = idle.get_mut(&(tls, address.to_string()))?;
         while let Some(conn) = conns.pop() {
             if conn.idle_since.elapsed() < endpoint.pool_idle_timeout && conn.is_usable() {
                 return Some(conn);
@@ -183,7 +214,8 @@ impl Pool {
         }
         conn.idle_since = Instant::now();
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let conns = idle.entry(endpoint.address.clone()).or_default();
+        let (tls, address) = endpoint.pool_key();
+        let conns = idle.entry((tls, address.to_string())).or_default();
         if conns.len() < MAX_IDLE_PER_ADDRESS {
             conns.push(conn);
         }
@@ -255,24 +287,46 @@ impl Pool {
     }
 }
 
+/// Opens a connection: TCP, then for https the TLS handshake, both within `connect_timeout`.
+/// Nothing of the request has been written when this fails, so every failure is
+/// [`Failure::NotWritten`] (or [`Failure::Local`]).
 async fn connect(endpoint: &Endpoint) -> Result<Conn, Failure> {
     let address = &endpoint.address;
-    let stream = match tokio::time::timeout(
-        endpoint.connect_timeout,
-        TcpStream::connect(address.as_str()),
-    )
-    .await
+    let within = humantime::format_duration(endpoint.connect_timeout);
+    let deadline = Instant::now() + endpoint.connect_timeout;
+    let stream = match tokio::time::timeout_at(deadline, TcpStream::connect(address.as_str())).await
     {
         Ok(Ok(stream)) => stream,
         Ok(Err(e)) => return Err(connect_error(address, &e)),
         Err(_) => {
             return Err(Failure::NotWritten(format!(
-                "connect to {address}: no connection within {}",
-                humantime::format_duration(endpoint.connect_timeout)
+                "connect to {address}: no connection within {within}"
             )))
         }
     };
     let _ = stream.set_nodelay(true);
+    let Some(tls) = &endpoint.tls else {
+        return start(address, stream).await;
+    };
+    // The handshake's own bytes are not counted: `Tracked` wraps the stream once it is over.
+    let handshake = tls.connector.connect(tls.server_name.clone(), stream);
+    match tokio::time::timeout_at(deadline, handshake).await {
+        Ok(Ok(stream)) => start(address, stream).await,
+        Ok(Err(e)) => Err(Failure::NotWritten(format!(
+            "tls handshake with {address}: {}",
+            describe_tls(&e)
+        ))),
+        Err(_) => Err(Failure::NotWritten(format!(
+            "tls handshake with {address}: not complete within {within}"
+        ))),
+    }
+}
+
+/// Starts HTTP/1.1 on a connected stream, counting what is written to it from now on.
+async fn start<S>(address: &str, stream: S) -> Result<Conn, Failure>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let written = Arc::new(AtomicU64::new(0));
     let io = TokioIo::new(Tracked {
         stream,
@@ -291,6 +345,16 @@ async fn connect(endpoint: &Endpoint) -> Result<Conn, Failure> {
         task: TaskGuard(Some(task)),
         idle_since: Instant::now(),
     })
+}
+
+/// A failed handshake in words: the TLS error itself (an unknown issuer, a name the
+/// certificate is not valid for, an expired certificate, an alert from the remote) rather
+/// than the I/O error that carries it.
+fn describe_tls(e: &io::Error) -> String {
+    match e.get_ref() {
+        Some(inner) if e.kind() == io::ErrorKind::InvalidData => inner.to_string(),
+        _ => e.to_string(),
+    }
 }
 
 /// Why a connection could not be opened. Running out of file descriptors (`EMFILE`, `ENFILE`)

@@ -7,6 +7,7 @@
 //! | what happened | outcome |
 //! |---|---|
 //! | DNS failure, connect refused or timed out, connection failed before any request byte was written | `NotSent{Connect}`; out of file descriptors (`EMFILE`, `ENFILE`): `NotSent{LocalResources}` |
+//! | https: TLS handshake failed (unknown CA, wrong host name, expired certificate, no common protocol, the remote does not speak TLS) or not complete within `connect_timeout` | `NotSent{Connect}`, the cause starting `tls handshake with` |
 //! | 429, or 503 with `Retry-After` | `NotSent{Throttled}` with `retry_after_ms` (at most 1 hour, or `retry.max_backoff` when longer) |
 //! | 2xx | `Succeeded` with the id at `response_id_pointer` (empty when absent: a 2xx proves the effect, the id is informational) |
 //! | 4xx other than 408/429 (409 unless `on_409 = "reconcile"`) | `Rejected` |
@@ -15,7 +16,10 @@
 //!
 //! "Written" is observed at the connection: every TCP stream is wrapped so that the bytes the
 //! kernel accepted are counted, and the count is read only after the connection's task has
-//! been stopped. Error strings are never used to guess it.
+//! been stopped. Over https the wrapper sits on the plaintext side of the TLS stream, put in
+//! place once the handshake completed: the handshake's own bytes carry no request and are not
+//! counted, and any plaintext handed to rustls counts as written (see `conn.rs` and
+//! `docs/classification.md`). Error strings are never used to guess it.
 //!
 //! # Invariants
 //! - An attempt never returns an error: it ends in exactly one
@@ -28,7 +32,8 @@
 //!   tasks apart (see `Target::from_config`) is refused.
 //!
 //! # Dependencies
-//! The core crate (for the outcome and policy types), tokio, hyper and serde. Never the ledger
+//! The core crate (for the outcome and policy types), tokio, hyper, rustls (with the ring
+//! provider and the webpki roots; never OpenSSL) and serde. Never the ledger
 //! (RocksDB), Kafka or the actors: this crate performs I/O to remotes and nothing else, and
 //! holds no state beyond idle connections.
 
@@ -39,10 +44,11 @@ mod error;
 mod limit;
 mod target;
 mod template;
+mod tls;
 
 pub use config::{
     ConflictPolicy, CreatedAfterConfig, HeaderValueConfig, IdempotencyConfig, LookupConfig,
-    RetryConfig, ServerErrorPolicy, TargetConfig, TimeFormat,
+    RetryConfig, ServerErrorPolicy, TargetConfig, TimeFormat, TlsConfig,
 };
 pub use error::{Error, Result};
 pub use limit::{SendLimiter, SendSlot};

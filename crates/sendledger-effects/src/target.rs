@@ -12,6 +12,7 @@ use http_body_util::Full;
 use sendledger_core::decide::{AttemptOutcome, Policy, ReconcilePolicy};
 use sendledger_core::{AcceptedRequest, NotSentCause, RetryPolicy, UnknownCause};
 use serde_json::Value;
+use tokio_rustls::TlsConnector;
 use tracing::{debug, info, warn};
 
 use crate::classify::{self, id_text, Rules, MAX_RETRY_AFTER};
@@ -22,6 +23,7 @@ use crate::conn::{Answer, Endpoint, Failure, Pool};
 use crate::error::{Error, Result};
 use crate::limit::{SendLimiter, SendSlot};
 use crate::template::{self, Template};
+use crate::tls::{self, Tls};
 
 const REDACTED: &str = "<redacted>";
 
@@ -177,13 +179,8 @@ impl Target {
         };
         positive(&path, "connect_timeout", config.connect_timeout)?;
         positive(&path, "request_timeout", config.request_timeout)?;
-        let (url, address) = url_template(&path.at("url"), &config.url)?;
-        let endpoint = Endpoint {
-            address,
-            connect_timeout: config.connect_timeout,
-            request_timeout: config.request_timeout,
-            pool_idle_timeout: config.pool_idle_timeout,
-        };
+        let connector = connector(&path, config)?;
+        let (url, endpoint) = endpoint(&path, "url", &config.url, config, connector.as_ref())?;
 
         let mut headers = Vec::new();
         let mut secrets = Vec::new();
@@ -296,7 +293,7 @@ impl Target {
 
         let lookup = match &config.lookup {
             None => None,
-            Some(l) => Some(lookup(&path, l, config, &body_fields)?),
+            Some(l) => Some(lookup(&path, l, config, connector.as_ref(), &body_fields)?),
         };
 
         Ok(Target {
@@ -632,33 +629,52 @@ fn pointer(path: &Path<'_>, field: &str, p: &str) -> Result<()> {
     Ok(())
 }
 
-/// Parses a URL template and returns it with the `host:port` it connects to. The scheme and
-/// authority must be literal (no placeholders).
-fn url_template(field: &str, source: &str) -> Result<(Template, String)> {
+/// The TLS settings of a target that has an https URL (attempts or lookups), built and
+/// checked now; `None` for a target on http only, which must not have a `tls` section.
+fn connector(path: &Path<'_>, config: &TargetConfig) -> Result<Option<TlsConnector>> {
+    let https = |url: &str| url.starts_with("https://");
+    if https(&config.url) || config.lookup.as_ref().is_some_and(|l| https(&l.url)) {
+        return tls::connector(&path.at("tls"), config.tls.as_ref()).map(Some);
+    }
+    if config.tls.is_some() {
+        return Err(Error::config(
+            path.at("tls"),
+            "applies to https:// URLs only, and neither url nor lookup.url is one",
+        ));
+    }
+    Ok(None)
+}
+
+/// Parses a URL template (`field` of the target) and returns it with where it connects to.
+/// The scheme and authority must be literal (no placeholders).
+fn endpoint(
+    path: &Path<'_>,
+    field: &str,
+    source: &str,
+    target: &TargetConfig,
+    connector: Option<&TlsConnector>,
+) -> Result<(Template, Endpoint)> {
+    let field = path.at(field);
+    let field = field.as_str();
     let template = Template::parse(source).map_err(|reason| Error::config(field, reason))?;
     let sample: Uri = template
         .sample()
         .parse()
         .map_err(|e| Error::config(field, format!("`{source}` is not a URL: {e}")))?;
-    match sample.scheme_str() {
-        Some("http") => {}
-        Some("https") => {
-            return Err(Error::config(
-                field,
-                "https is not supported by this build; reach the remote through a TLS-terminating proxy on http",
-            ))
-        }
+    let (scheme, default_port) = match sample.scheme_str() {
+        Some("http") => ("http", 80),
+        Some("https") => ("https", 443),
         _ => {
             return Err(Error::config(
                 field,
-                format!("`{source}` must be an absolute http:// URL"),
+                format!("`{source}` must be an absolute http:// URL (or https://)"),
             ))
         }
-    }
+    };
     let authority = sample
         .authority()
         .ok_or_else(|| Error::config(field, format!("`{source}` has no host")))?;
-    if !source.starts_with(&format!("http://{authority}")) || authority.as_str().contains('@') {
+    if !source.starts_with(&format!("{scheme}://{authority}")) || authority.as_str().contains('@') {
         return Err(Error::config(
             field,
             "the host and port must be written literally (no placeholders, no user info)",
@@ -672,12 +688,25 @@ fn url_template(field: &str, source: &str) -> Result<(Template, String)> {
             ),
         ));
     }
-    let address = format!(
-        "{}:{}",
-        authority.host(),
-        authority.port_u16().unwrap_or(80)
-    );
-    Ok((template, address))
+    let tls = match (scheme, connector) {
+        ("https", Some(connector)) => Some(Tls {
+            connector: connector.clone(),
+            server_name: tls::server_name(field, authority.host())?,
+        }),
+        _ => None,
+    };
+    let endpoint = Endpoint {
+        address: format!(
+            "{}:{}",
+            authority.host(),
+            authority.port_u16().unwrap_or(default_port)
+        ),
+        tls,
+        connect_timeout: target.connect_timeout,
+        request_timeout: target.request_timeout,
+        pool_idle_timeout: target.pool_idle_timeout,
+    };
+    Ok((template, endpoint))
 }
 
 /// Why a lookup URL must identify its task: with a URL that two tasks render alike, one
@@ -728,9 +757,10 @@ fn lookup(
     path: &Path<'_>,
     l: &LookupConfig,
     target: &TargetConfig,
+    connector: Option<&TlsConnector>,
     body_fields: &[(String, Template)],
 ) -> Result<Lookup> {
-    let (url, address) = url_template(&path.at("lookup.url"), &l.url)?;
+    let (url, endpoint) = endpoint(path, "lookup.url", &l.url, target, connector)?;
     check_lookup_identity(path, &url, body_fields)?;
     pointer(path, "lookup.results_pointer", &l.results_pointer)?;
     pointer(path, "lookup.id_pointer", &l.id_pointer)?;
@@ -753,12 +783,7 @@ fn lookup(
     }
     Ok(Lookup {
         url,
-        endpoint: Endpoint {
-            address,
-            connect_timeout: target.connect_timeout,
-            request_timeout: target.request_timeout,
-            pool_idle_timeout: target.pool_idle_timeout,
-        },
+        endpoint,
         results_pointer: l.results_pointer.clone(),
         id_pointer: l.id_pointer.clone(),
         filters,

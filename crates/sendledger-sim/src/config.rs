@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -40,6 +41,22 @@ pub struct SimConfig {
     /// Seed of every random choice the simulator makes (faults, latency).
     pub seed: u64,
     pub faults: Faults,
+    /// When set, the remote speaks https only (every fault works the same over TLS).
+    pub tls: Option<SimTlsConfig>,
+}
+
+/// The simulated remote's TLS identity, and the CA of the client certificates it requires.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimTlsConfig {
+    /// PEM file of the server certificate, followed by its chain.
+    pub cert_file: PathBuf,
+    /// PEM file of the certificate's private key.
+    pub key_file: PathBuf,
+    /// When set, a client must present a certificate signed by a CA in this PEM file (mutual
+    /// TLS); the handshake fails otherwise and nothing is created.
+    #[serde(default)]
+    pub client_ca_file: Option<PathBuf>,
 }
 
 impl Default for SimConfig {
@@ -57,6 +74,7 @@ impl Default for SimConfig {
             capacity: None,
             seed: 0,
             faults: Faults::default(),
+            tls: None,
         }
     }
 }

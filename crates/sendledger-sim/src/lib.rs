@@ -1,7 +1,8 @@
 //! sendledger-sim: a simulated third-party HTTP API with no idempotency, for the demo, the
 //! fault tests and benchmarks.
 //!
-//! [`Sim`] is a real HTTP/1.1 server on a TCP socket. `POST <create_path>` stores the JSON body
+//! [`Sim`] is a real HTTP/1.1 server on a TCP socket, or over TLS (rustls) with a certificate
+//! from its configuration, optionally requiring client certificates. `POST <create_path>` stores the JSON body
 //! as a **new** record on every call and answers `201 {"id": ..., "created_at": ...}`;
 //! `GET <lookup_path>?field=value&...` lists the records whose body fields equal the values
 //! (a JSON array of `{"id", "created_at", "body"}`), optionally with a lookup lag; `GET
@@ -11,13 +12,14 @@
 //! The records and counters are the ground truth that tests check: [`Stats::duplicates`] counts
 //! identities with more than one record.
 //!
-//! Dependencies: tokio, hyper and serde only; never the ledger, Kafka or the effects crate (the
+//! Dependencies: tokio, hyper, rustls and serde only; never the ledger, Kafka or the effects crate (the
 //! simulator must not share code with the client it judges). It never logs request headers.
 
 mod config;
 mod error;
 mod server;
+mod tls;
 
-pub use config::{Faults, RequiredHeader, SimConfig};
+pub use config::{Faults, RequiredHeader, SimConfig, SimTlsConfig};
 pub use error::{Error, Result};
 pub use server::{Record, Sim, Stats};

@@ -1,4 +1,5 @@
-//! The HTTP server: accept loop, per-connection faults, create, lookup and stats.
+//! The HTTP server (over TCP or TLS): accept loop, per-connection faults, create, lookup and
+//! stats.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -16,13 +17,16 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
 use tracing::{debug, warn};
 
 use crate::config::{Faults, SimConfig};
 use crate::error::{Error, Result};
+use crate::tls;
 
 /// A record the remote holds: one per performed create.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -67,6 +71,10 @@ pub struct Stats {
     pub rejected: u64,
     /// Creates refused for a bad body or a missing required header.
     pub invalid: u64,
+    /// TLS handshakes that failed (the client did not trust the certificate, presented no
+    /// acceptable certificate of its own, or does not speak TLS).
+    #[serde(default)]
+    pub handshakes_failed: u64,
 }
 
 #[derive(Default)]
@@ -83,6 +91,7 @@ struct Counters {
     throttled: AtomicU64,
     rejected: AtomicU64,
     invalid: AtomicU64,
+    handshakes_failed: AtomicU64,
 }
 
 #[derive(Default)]
@@ -102,6 +111,8 @@ struct Shared {
     shutdown: watch::Receiver<bool>,
     /// The worker pool of `capacity`.
     workers: Option<tokio::sync::Semaphore>,
+    /// Set when the remote speaks https.
+    tls: Option<TlsAcceptor>,
 }
 
 /// A running simulated remote. Dropping it stops it; [`Sim::shutdown`] also waits for the
@@ -180,6 +191,7 @@ impl Sim {
     /// tokio runtime.
     pub async fn start(config: SimConfig) -> Result<Sim> {
         config.validate()?;
+        let tls = config.tls.as_ref().map(tls::acceptor).transpose()?;
         let listener = TcpListener::bind(config.listen)
             .await
             .map_err(|source| Error::Bind {
@@ -202,6 +214,7 @@ impl Sim {
             counters: Counters::default(),
             shutdown,
             workers,
+            tls,
         });
         let accept = tokio::spawn(accept_loop(listener, shared.clone()));
         debug!(%addr, "simulated remote listening");
@@ -217,9 +230,14 @@ impl Sim {
         self.addr
     }
 
-    /// `http://<addr>`.
+    /// `http://<addr>`, or `https://<addr>` with TLS.
     pub fn base_url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.shared.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// The URL that creates a record.
@@ -315,20 +333,66 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
+/// Time a client has to complete the TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves one accepted connection: the TLS handshake when configured, the `refuse` fault,
+/// then HTTP. Over TLS, `refuse` waits for the first byte of the request after the handshake
+/// (what a plain connection waits for) and closes without answering.
 async fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
     let n = shared.counters.connections.fetch_add(1, Ordering::Relaxed);
     let refuse = shared.faults().refuse;
+    let refuse = refuse > 0.0 && unit(shared.config.seed, STREAM_CONNECTION, n) < refuse;
+    let Some(acceptor) = &shared.tls else {
+        if refuse {
+            shared.counters.refused.fetch_add(1, Ordering::Relaxed);
+            // Wait until the request has arrived (so the client has certainly written it),
+            // then close without reading: unread data makes the kernel answer with a reset,
+            // and the client gets no response.
+            let mut probe = [0u8; 1];
+            let _ = tokio::time::timeout(Duration::from_secs(5), stream.peek(&mut probe)).await;
+            return;
+        }
+        return serve_http(stream, shared).await;
+    };
     let mut shutdown = shared.shutdown.clone();
-    if refuse > 0.0 && unit(shared.config.seed, STREAM_CONNECTION, n) < refuse {
+    let accepted = tokio::select! {
+        accepted = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)) => accepted,
+        _ = shutdown.wait_for(|stop| *stop) => return,
+    };
+    let mut stream = match accepted {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(e)) => {
+            shared
+                .counters
+                .handshakes_failed
+                .fetch_add(1, Ordering::Relaxed);
+            debug!(error = %e, "simulated remote: tls handshake failed");
+            return;
+        }
+        Err(_) => {
+            shared
+                .counters
+                .handshakes_failed
+                .fetch_add(1, Ordering::Relaxed);
+            debug!("simulated remote: tls handshake not complete in time");
+            return;
+        }
+    };
+    if refuse {
         shared.counters.refused.fetch_add(1, Ordering::Relaxed);
-        // Wait until the request has arrived (so the client has certainly written it), then
-        // close without reading: unread data makes the kernel answer with a reset, and the
-        // client gets no response.
         let mut probe = [0u8; 1];
-        let _ = tokio::time::timeout(Duration::from_secs(5), stream.peek(&mut probe)).await;
-        drop(stream);
+        let _ = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut probe)).await;
         return;
     }
+    serve_http(stream, shared).await
+}
+
+async fn serve_http<S>(io: S, shared: Arc<Shared>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let mut shutdown = shared.shutdown.clone();
     let kill = Arc::new(Notify::new());
     let service = {
         let shared = shared.clone();
@@ -339,14 +403,15 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
             async move { Ok::<_, Infallible>(handle(shared, kill, req).await) }
         })
     };
-    let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+    let conn = http1::Builder::new().serve_connection(TokioIo::new(io), service);
     tokio::select! {
         result = conn => {
             if let Err(e) = result {
                 debug!(error = %e, "simulated remote: connection ended with an error");
             }
         }
-        // Dropping the connection closes the socket without an answer.
+        // Dropping the connection closes the socket without an answer (over TLS, without a
+        // close_notify).
         _ = kill.notified() => {}
         _ = shutdown.wait_for(|stop| *stop) => {}
     }
@@ -631,6 +696,7 @@ impl Shared {
             throttled: get(&c.throttled),
             rejected: get(&c.rejected),
             invalid: get(&c.invalid),
+            handshakes_failed: get(&c.handshakes_failed),
         }
     }
 }

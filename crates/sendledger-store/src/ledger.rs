@@ -724,14 +724,16 @@ mod tests {
         std::fs::create_dir_all(db.join("LOCK")).unwrap();
         let mut opts = Options::default();
         opts.create_if_missing(true);
-        let io = Error::from(DB::open(&opts, &db).err().expect("no lock file"));
+        let Err(io) = DB::open(&opts, &db) else {
+            panic!("opened without a lock file")
+        };
+        let io = Error::from(io);
         assert!(io.is_transient(), "{io:?}");
         opts.create_if_missing(false);
-        let refused = Error::from(
-            DB::open(&opts, dir.path().join("none"))
-                .err()
-                .expect("none"),
-        );
+        let Err(refused) = DB::open(&opts, dir.path().join("none")) else {
+            panic!("opened a missing database")
+        };
+        let refused = Error::from(refused);
         assert!(!refused.is_transient(), "{refused:?}");
         assert!(!Error::Closed.is_transient());
         let newer = Error::NewerFormat {

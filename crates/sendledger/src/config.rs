@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use sendledger_actors::EngineConfig;
+use sendledger_bus::config::is_secret;
 use sendledger_bus::KafkaConfig;
 use sendledger_core::Limits;
 use sendledger_effects::{TargetConfig, Targets};
@@ -28,22 +29,6 @@ pub const ENV_PREFIX: &str = "SENDLEDGER__";
 
 /// What `Debug`, `Serialize` and error messages show instead of a secret value.
 const REDACTED: &str = "***";
-
-/// Whether a configuration key or librdkafka property holds a secret: its name mentions a
-/// token, password, secret, authorization, an OAuth bearer setting or an SSL key.
-fn is_secret(name: &str) -> bool {
-    let name = name.to_ascii_lowercase();
-    [
-        "token",
-        "password",
-        "secret",
-        "authorization",
-        "sasl.oauthbearer",
-        "ssl.key",
-    ]
-    .iter()
-    .any(|s| name.contains(s))
-}
 
 /// `Debug` and `Serialize` show secrets as `***`: `admin.token`, and `kafka.properties` values
 /// whose key [`is_secret`]; target header values redact themselves. No output of a

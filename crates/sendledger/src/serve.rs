@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use sendledger_bus::Kafka;
-use sendledger_sim::{Sim, SimConfig};
+use sendledger_sim::{Sim, SimConfig, SimTlsConfig};
 
 use crate::config::Config;
 use crate::service::Service;
@@ -35,6 +35,17 @@ pub struct SimRemoteArgs {
     /// Seed of the injected faults, overriding the file.
     #[arg(long)]
     seed: Option<u64>,
+    /// Serve https with this certificate (PEM, followed by its chain), overriding the file's
+    /// `[tls]`; needs --tls-key.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Require client certificates signed by a CA in this PEM file (mutual TLS); needs
+    /// --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -133,6 +144,13 @@ pub fn sim_remote(args: SimRemoteArgs) -> anyhow::Result<bool> {
     }
     if let Some(seed) = args.seed {
         config.seed = seed;
+    }
+    if let (Some(cert_file), Some(key_file)) = (args.tls_cert, args.tls_key) {
+        config.tls = Some(SimTlsConfig {
+            cert_file,
+            key_file,
+            client_ca_file: args.tls_client_ca,
+        });
     }
     runtime()?.block_on(async {
         let signal = tokio::spawn(shutdown_signal());

@@ -949,12 +949,17 @@ fn start_tansu_advertising(advertised: Option<u16>) -> Tansu {
         .stderr(Stdio::null())
         .spawn()
         .expect("start tansu");
+    wait_listening(port, "tansu");
+    Tansu { child, port }
+}
+
+/// Waits until `what` accepts connections on the loopback `port`.
+fn wait_listening(port: u16, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "tansu did not listen on {port}");
+        assert!(Instant::now() < deadline, "{what} did not listen on {port}");
         std::thread::sleep(Duration::from_millis(50));
     }
-    Tansu { child, port }
 }
 
 /// The configuration file of a `sendledger run` process on `dir` against `brokers`, with the
@@ -1830,4 +1835,72 @@ async fn a_replaced_ledger_refuses_partitions_another_ledger_processed() {
     assert!(stats.blocked().is_empty());
     replaced.stop().await;
     sim.shutdown().await;
+}
+
+/// A TLS relay (socat) in front of a plain-text broker: the broker itself does not terminate
+/// TLS, the relay does, with a certificate made at test time.
+struct TlsRelay {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for TlsRelay {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl TlsRelay {
+    fn start(port: u16, cert: &Path, key: &Path, target: u16) -> TlsRelay {
+        let listen = format!(
+            "OPENSSL-LISTEN:{port},bind=127.0.0.1,cert={},key={},verify=0,fork,reuseaddr",
+            cert.display(),
+            key.display()
+        );
+        let child = Command::new("socat")
+            .args([listen, format!("TCP:127.0.0.1:{target}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("socat is missing: install it (`apt-get install socat`; scripts/test does)");
+        wait_listening(port, "the TLS relay");
+        TlsRelay { child, port }
+    }
+}
+
+/// The end-to-end scenario with Kafka over TLS (`security.protocol = ssl`): every client
+/// (consumer, producers, admin) reaches the separate broker only through a TLS relay whose
+/// certificate is signed by a CA made at test time and given as `ssl.ca.location`. Results
+/// arrive on the topic and the remote holds one record per identity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn end_to_end_over_tls_to_a_separate_broker() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = sendledger_tests::pki::Ca::new(dir.path(), "kafka");
+    let broker_cert = ca.issue("broker", &["127.0.0.1", "localhost"]);
+    let relay_port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let (tansu, relay) = tokio::task::block_in_place(|| {
+        let tansu = start_tansu_advertising(Some(relay_port));
+        let relay = TlsRelay::start(relay_port, &broker_cert.cert, &broker_cert.key, tansu.port);
+        (tansu, relay)
+    });
+    let mut kafka_config = config(&format!("127.0.0.1:{}", relay.port));
+    for (k, v) in [
+        ("security.protocol", "ssl".to_string()),
+        ("ssl.ca.location", ca.ca_file().display().to_string()),
+    ] {
+        kafka_config.properties.insert(k.into(), v);
+    }
+    let kafka = Kafka::connect(kafka_config).unwrap();
+    kafka
+        .ensure_topics(1, Duration::from_secs(10))
+        .await
+        .expect("topics created over TLS");
+    end_to_end(&kafka, 100, crate::seed(0x7150_0001)).await;
+    drop(relay);
+    drop(tansu);
 }

@@ -13,6 +13,7 @@ mod kafka;
 mod ledger;
 mod scripts;
 mod sim;
+mod tls;
 
 /// The seed of a randomized test: `SENDLEDGER_TEST_SEED` when set, else the given default.
 /// Printed, so that a failure can be reproduced.

@@ -1,0 +1,551 @@
+//! https targets against the simulated remote speaking TLS, with certificates made at test
+//! time: one test per classification row, each counting the records at the remote. A failed
+//! handshake is not sent (no record can exist); once request bytes were handed to TLS, a broken
+//! or silent connection is unknown. Plus mutual TLS, pooling, lookups and load errors.
+
+use std::path::Path;
+use std::time::Duration;
+
+use sendledger_core::{NotSentCause, UnknownCause};
+use sendledger_effects::{AttemptOutcome, Target, TargetConfig};
+use sendledger_sim::{Faults, Sim, SimConfig, SimTlsConfig};
+use sendledger_tests::pki::{Ca, Issued};
+use serde_json::json;
+
+use super::effects::{config, faults, request};
+
+/// A simulated remote on https with a certificate for `localhost` and `127.0.0.1` signed by
+/// its own CA, and the directory holding the files.
+struct Remote {
+    sim: Sim,
+    ca: Ca,
+    dir: tempfile::TempDir,
+}
+
+impl Remote {
+    async fn start(faults: Faults) -> Remote {
+        Remote::start_with(faults, |_, _| {}).await
+    }
+
+    /// As [`Remote::start`], with the certificate issued by `issue` instead (the CA and
+    /// directory are given) and the simulator's configuration adjusted.
+    async fn start_with(faults: Faults, adjust: impl FnOnce(&Path, &mut SimConfig)) -> Remote {
+        Remote::start_issued(
+            faults,
+            |ca| ca.issue("server", &["localhost", "127.0.0.1"]),
+            adjust,
+        )
+        .await
+    }
+
+    async fn start_issued(
+        faults: Faults,
+        issue: impl FnOnce(&Ca) -> Issued,
+        adjust: impl FnOnce(&Path, &mut SimConfig),
+    ) -> Remote {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::new(dir.path(), "remote");
+        let server = issue(&ca);
+        let mut config = SimConfig {
+            faults,
+            tls: Some(SimTlsConfig {
+                cert_file: server.cert,
+                key_file: server.key,
+                client_ca_file: None,
+            }),
+            ..SimConfig::default()
+        };
+        adjust(dir.path(), &mut config);
+        let sim = Sim::start(config).await.expect("sim starts with tls");
+        assert!(sim.create_url().starts_with("https://127.0.0.1:"));
+        Remote { sim, ca, dir }
+    }
+
+    /// One attempt of the task `ord-1` by a target that trusts the remote's CA.
+    async fn attempt(&self) -> AttemptOutcome {
+        self.target("")
+            .execute(&request("ord-1", json!({})), 1, None)
+            .await
+    }
+
+    /// A target against the remote that trusts its CA; `extra` as in `effects::config`.
+    fn target(&self, extra: &str) -> Target {
+        self.target_with_tls(&trust(&self.ca), extra)
+    }
+
+    /// A target against the remote with this `tls` inline table's contents.
+    fn target_with_tls(&self, tls: &str, extra: &str) -> Target {
+        Target::from_config("payments", &self.config(tls, extra)).expect("valid test target")
+    }
+
+    fn config(&self, tls: &str, extra: &str) -> TargetConfig {
+        config(&self.sim, &format!("tls = {{ {tls} }}\n{extra}"))
+    }
+}
+
+/// The `tls` table's keys that trust `ca`.
+fn trust(ca: &Ca) -> String {
+    format!("ca_file = {:?}", ca.ca_file())
+}
+
+/// Asserts a `NotSent{Connect}` whose reason contains every one of `words`.
+fn assert_not_sent(outcome: &AttemptOutcome, words: &[&str]) {
+    match outcome {
+        AttemptOutcome::NotSent {
+            cause: NotSentCause::Connect(reason),
+            retry_after_ms: None,
+        } => {
+            for word in words {
+                assert!(reason.contains(word), "`{word}` not in: {reason}");
+            }
+        }
+        other => panic!("expected NotSent{{Connect}}, got {other:?}"),
+    }
+}
+
+/// Asserts an unknown outcome: the connection broke after request bytes were handed to TLS.
+fn assert_reset_after_write(outcome: &AttemptOutcome) {
+    assert!(
+        matches!(
+            outcome,
+            AttemptOutcome::Unknown {
+                cause: UnknownCause::ResetAfterWrite(_)
+            }
+        ),
+        "{outcome:?}"
+    );
+}
+
+/// Waits until the remote has seen `n` failed handshakes (it learns of a refusal a moment
+/// after the client gave up).
+async fn await_failed_handshakes(sim: &Sim, n: u64) {
+    for _ in 0..500 {
+        if sim.stats().handshakes_failed == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "expected {n} failed handshakes, the remote saw {}",
+        sim.stats().handshakes_failed
+    );
+}
+
+// ---- Not sent: the handshake never completed, no request byte was written ----
+
+#[tokio::test]
+async fn https_connection_refused_is_not_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new(dir.path(), "remote");
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = closed.local_addr().unwrap();
+    drop(closed);
+    let cfg: TargetConfig = toml::from_str(&format!(
+        "url = \"https://{addr}/records\"\nconnect_timeout = \"1s\"\ntls = {{ {} }}",
+        trust(&ca)
+    ))
+    .unwrap();
+    let target = Target::from_config("payments", &cfg).unwrap();
+    let outcome = target.execute(&request("k1", json!({})), 1, None).await;
+    assert_not_sent(&outcome, &["connect to"]);
+}
+
+#[tokio::test]
+async fn https_unknown_ca_is_not_sent_and_nothing_reaches_the_remote() {
+    let remote = Remote::start(Faults::default()).await;
+    let other = Ca::new(remote.dir.path(), "other");
+    // Trusting another private CA, and trusting the public roots (no tls section).
+    let trusting_other = remote.target_with_tls(&trust(&other), "");
+    let outcome = trusting_other
+        .execute(&request("ord-1", json!({})), 1, None)
+        .await;
+    assert_not_sent(&outcome, &["tls handshake with", "UnknownIssuer"]);
+    let public_roots = Target::from_config("payments", &config(&remote.sim, "")).unwrap();
+    let outcome = public_roots
+        .execute(&request("ord-1", json!({})), 2, None)
+        .await;
+    assert_not_sent(&outcome, &["tls handshake with", "UnknownIssuer"]);
+    await_failed_handshakes(&remote.sim, 2).await;
+    let stats = remote.sim.stats();
+    assert_eq!((stats.records, stats.requests), (0, 0), "{stats:?}");
+}
+
+#[tokio::test]
+async fn https_wrong_host_name_is_not_sent() {
+    let remote = Remote::start_issued(
+        Faults::default(),
+        |ca| ca.issue("elsewhere", &["elsewhere.test"]),
+        |_, _| {},
+    )
+    .await;
+    let outcome = remote.attempt().await;
+    assert_not_sent(&outcome, &["tls handshake with", "not valid for name"]);
+    await_failed_handshakes(&remote.sim, 1).await;
+    assert_eq!(remote.sim.stats().records, 0);
+    assert_eq!(remote.sim.stats().requests, 0);
+}
+
+#[tokio::test]
+async fn https_expired_certificate_is_not_sent() {
+    let remote = Remote::start_issued(
+        Faults::default(),
+        |ca| {
+            ca.issue_with("expired", &["127.0.0.1"], |params| {
+                params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+                params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+            })
+        },
+        |_, _| {},
+    )
+    .await;
+    let outcome = remote.attempt().await;
+    assert_not_sent(&outcome, &["tls handshake with", "expired"]);
+    assert_eq!(remote.sim.stats().records, 0);
+}
+
+/// An https target pointed at a remote that speaks plain HTTP: the handshake fails on the
+/// remote's first answer; the remote never sees a request.
+#[tokio::test]
+async fn https_to_a_remote_without_tls_is_not_sent() {
+    let plain = Sim::start(SimConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new(dir.path(), "remote");
+    let url = plain.create_url().replace("http://", "https://");
+    let target = Target::from_config(
+        "payments",
+        &config(
+            &plain,
+            &format!("url = \"{url}\"\ntls = {{ {} }}", trust(&ca)),
+        ),
+    )
+    .unwrap();
+    let outcome = target.execute(&request("ord-1", json!({})), 1, None).await;
+    assert_not_sent(&outcome, &["tls handshake with"]);
+    assert_eq!(plain.stats().records, 0);
+    assert_eq!(plain.stats().posts, 0);
+}
+
+/// A remote that accepts the connection and never answers the ClientHello: the handshake does
+/// not complete within `connect_timeout`, and only handshake bytes were written.
+#[tokio::test]
+async fn https_handshake_timeout_is_not_sent() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let silent = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            held.push(stream);
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new(dir.path(), "remote");
+    let cfg: TargetConfig = toml::from_str(&format!(
+        "url = \"https://{addr}/records\"\nconnect_timeout = \"300ms\"\ntls = {{ {} }}",
+        trust(&ca)
+    ))
+    .unwrap();
+    let target = Target::from_config("payments", &cfg).unwrap();
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(10),
+        target.execute(&request("ord-1", json!({})), 1, None),
+    )
+    .await
+    .expect("the connect timeout ends the handshake");
+    assert_not_sent(
+        &outcome,
+        &["tls handshake with", "not complete within 300ms"],
+    );
+    silent.abort();
+}
+
+#[tokio::test]
+async fn https_throttled_429_with_retry_after_is_not_sent() {
+    let remote = Remote::start(faults(|f| {
+        f.throttle = 1.0;
+        f.retry_after = Duration::from_secs(2);
+    }))
+    .await;
+    let outcome = remote.attempt().await;
+    assert_eq!(
+        outcome,
+        AttemptOutcome::NotSent {
+            cause: NotSentCause::Throttled { status: 429 },
+            retry_after_ms: Some(2_000)
+        }
+    );
+    assert_eq!(remote.sim.stats().records, 0);
+    assert_eq!(remote.sim.stats().throttled, 1);
+}
+
+// ---- Succeeded and rejected: an answer ----
+
+#[tokio::test]
+async fn https_created_2xx_is_succeeded_with_the_remote_id() {
+    let remote = Remote::start(Faults::default()).await;
+    let outcome = remote
+        .target("")
+        .execute(&request("ord-1", json!({"amount": 5})), 1, None)
+        .await;
+    let records = remote.sim.records_with_identity("ord-1");
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].body["amount"], json!(5));
+    assert_eq!(
+        outcome,
+        AttemptOutcome::Succeeded {
+            remote_id: records[0].id.clone(),
+            status: 201
+        }
+    );
+}
+
+#[tokio::test]
+async fn https_4xx_is_rejected() {
+    let remote = Remote::start(faults(|f| {
+        f.reject = 1.0;
+        f.reject_status = 422;
+    }))
+    .await;
+    match remote.attempt().await {
+        AttemptOutcome::Rejected { status, detail } => {
+            assert_eq!(status, 422);
+            assert!(detail.contains("rejected by the remote"), "{detail}");
+        }
+        other => panic!("expected rejected, got {other:?}"),
+    }
+    assert_eq!(remote.sim.stats().records, 0);
+    assert_eq!(remote.sim.stats().rejected, 1);
+}
+
+// ---- Unknown: request bytes handed to TLS, no complete answer ----
+
+#[tokio::test]
+async fn https_5xx_is_unknown_by_default() {
+    let remote = Remote::start(faults(|f| f.commit_then_error = 1.0)).await;
+    let outcome = remote.attempt().await;
+    assert_eq!(
+        outcome,
+        AttemptOutcome::Unknown {
+            cause: UnknownCause::Status(500)
+        }
+    );
+    assert_eq!(remote.sim.records_with_identity("ord-1").len(), 1);
+}
+
+#[tokio::test]
+async fn https_commit_then_drop_is_unknown_and_the_remote_holds_exactly_one_record() {
+    let remote = Remote::start(faults(|f| f.commit_then_drop = 1.0)).await;
+    let target = remote.target("");
+    let req = request("ord-1", json!({}));
+    let outcome = target.execute(&req, 1, None).await;
+    assert_reset_after_write(&outcome);
+    assert_eq!(remote.sim.records_with_identity("ord-1").len(), 1);
+    assert_eq!(remote.sim.stats().dropped, 1);
+    // The lookup, over https too, finds that record and reconciles the attempt.
+    let found = target.lookup(&req, None).await.unwrap();
+    assert_eq!(
+        found,
+        [remote.sim.records_with_identity("ord-1")[0].id.clone()]
+    );
+}
+
+#[tokio::test]
+async fn https_commit_then_hang_is_unknown_after_the_request_timeout() {
+    let remote = Remote::start(faults(|f| f.commit_then_hang = 1.0)).await;
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(10),
+        remote
+            .target("request_timeout = \"300ms\"")
+            .execute(&request("ord-1", json!({})), 1, None),
+    )
+    .await
+    .expect("the request timeout ends the attempt");
+    assert_eq!(
+        outcome,
+        AttemptOutcome::Unknown {
+            cause: UnknownCause::Timeout
+        }
+    );
+    assert_eq!(remote.sim.records_with_identity("ord-1").len(), 1);
+    assert_eq!(remote.sim.stats().hung, 1);
+}
+
+/// The remote completes the handshake, waits for the request and closes unanswered: the
+/// request was written, so the outcome is unknown although nothing was created.
+#[tokio::test]
+async fn https_refused_after_the_handshake_is_unknown_and_nothing_was_created() {
+    let remote = Remote::start(faults(|f| f.refuse = 1.0)).await;
+    let outcome = remote.attempt().await;
+    assert_reset_after_write(&outcome);
+    assert_eq!(remote.sim.stats().records, 0);
+    assert_eq!(remote.sim.stats().refused, 1);
+}
+
+// ---- Connections and mutual TLS ----
+
+#[tokio::test]
+async fn https_idle_connections_are_reused_only_when_pooling_is_on() {
+    let remote = Remote::start(Faults::default()).await;
+    let pooled = remote.target("");
+    for i in 0..10 {
+        let outcome = pooled
+            .execute(&request(&format!("p-{i}"), json!({})), 1, None)
+            .await;
+        assert!(
+            matches!(outcome, AttemptOutcome::Succeeded { .. }),
+            "{outcome:?}"
+        );
+    }
+    assert_eq!(remote.sim.stats().connections, 1);
+    let fresh = remote.target("pool_idle_timeout = \"0s\"");
+    for i in 0..10 {
+        let outcome = fresh
+            .execute(&request(&format!("f-{i}"), json!({})), 1, None)
+            .await;
+        assert!(
+            matches!(outcome, AttemptOutcome::Succeeded { .. }),
+            "{outcome:?}"
+        );
+    }
+    assert_eq!(remote.sim.stats().connections, 11);
+    assert_eq!(remote.sim.stats().records, 20);
+}
+
+/// The remote requires a client certificate from its clients' CA. A target presenting one
+/// creates its record (reaching the remote by DNS name, `localhost`); a target without one
+/// creates nothing.
+#[tokio::test]
+async fn mutual_tls_a_required_client_certificate_is_presented() {
+    let mut client = None;
+    let remote = Remote::start_with(Faults::default(), |dir, config| {
+        let clients = Ca::new(dir, "clients");
+        client = Some(clients.issue("sendledger", &["sendledger.test"]));
+        if let Some(tls) = &mut config.tls {
+            tls.client_ca_file = Some(clients.ca_file());
+        }
+    })
+    .await;
+    let client = client.unwrap();
+    let url = remote.sim.create_url().replace("127.0.0.1", "localhost");
+    let with_cert = remote.target_with_tls(
+        &format!(
+            "{}, client_cert = {:?}, client_key = {:?}",
+            trust(&remote.ca),
+            client.cert,
+            client.key
+        ),
+        &format!("url = \"{url}\""),
+    );
+    let outcome = with_cert
+        .execute(&request("ord-1", json!({})), 1, None)
+        .await;
+    let records = remote.sim.records_with_identity("ord-1");
+    assert_eq!(records.len(), 1);
+    assert_eq!(
+        outcome,
+        AttemptOutcome::Succeeded {
+            remote_id: records[0].id.clone(),
+            status: 201
+        }
+    );
+
+    // Without a certificate: refused in the handshake. Under TLS 1.3 the client's handshake
+    // is complete before the remote checks its certificate, so the request may have been
+    // handed to TLS already: not sent or unknown, never succeeded, and nothing created.
+    let without = remote.target("");
+    let outcome = without.execute(&request("ord-2", json!({})), 1, None).await;
+    assert!(
+        matches!(
+            outcome,
+            AttemptOutcome::NotSent {
+                cause: NotSentCause::Connect(_),
+                ..
+            } | AttemptOutcome::Unknown {
+                cause: UnknownCause::ResetAfterWrite(_)
+            }
+        ),
+        "{outcome:?}"
+    );
+    await_failed_handshakes(&remote.sim, 1).await;
+    assert_eq!(remote.sim.stats().records, 1);
+    assert!(remote.sim.records_with_identity("ord-2").is_empty());
+}
+
+// ---- Configuration ----
+
+#[test]
+fn tls_config_errors_name_the_field_and_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new(dir.path(), "remote");
+    let one = ca.issue("one", &["one.test"]);
+    let two = ca.issue("two", &["two.test"]);
+    let not_pem = dir.path().join("not-pem.txt");
+    std::fs::write(&not_pem, "not a certificate\n").unwrap();
+    let missing = dir.path().join("missing.pem");
+    let cases: Vec<(String, &str)> = vec![
+        (
+            format!("ca_file = {missing:?}"),
+            "targets.t.tls.ca_file: cannot read",
+        ),
+        (format!("ca_file = {not_pem:?}"), "targets.t.tls.ca_file: `"),
+        (
+            format!("client_cert = {:?}", one.cert),
+            "targets.t.tls.client_key: is missing",
+        ),
+        (
+            format!("client_key = {:?}", one.key),
+            "targets.t.tls.client_cert: is missing",
+        ),
+        (
+            format!("client_cert = {:?}, client_key = {:?}", one.cert, two.key),
+            "targets.t.tls.client_key: `",
+        ),
+        (
+            format!("client_cert = {:?}, client_key = {missing:?}", one.cert),
+            "targets.t.tls.client_key: `",
+        ),
+        (
+            format!("client_cert = {:?}, client_key = {:?}", one.cert, one.cert),
+            "targets.t.tls.client_key: `",
+        ),
+    ];
+    let reasons = [
+        "no such file",
+        "holds no certificate",
+        "client_cert needs",
+        "client_key needs",
+        "is not the private key of the certificate",
+        "cannot be read",
+        "holds no private key",
+    ];
+    for ((tls, expected), reason) in cases.iter().zip(reasons) {
+        let cfg: TargetConfig = toml::from_str(&format!(
+            "url = \"https://127.0.0.1:9/records\"\ntls = {{ {tls} }}"
+        ))
+        .unwrap();
+        let err = Target::from_config("t", &cfg).unwrap_err().to_string();
+        assert!(err.starts_with(expected), "{tls}: {err}");
+        assert!(err.to_lowercase().contains(reason), "{tls}: {err}");
+    }
+    // A tls section on a target without any https URL is a mistake, not a silent no-op.
+    let cfg: TargetConfig = toml::from_str(&format!(
+        "url = \"http://127.0.0.1:9/records\"\ntls = {{ {} }}",
+        trust(&ca)
+    ))
+    .unwrap();
+    let err = Target::from_config("t", &cfg).unwrap_err().to_string();
+    assert!(
+        err.starts_with("targets.t.tls: applies to https:// URLs only"),
+        "{err}"
+    );
+    // A valid private CA with mutual TLS loads, for the attempt and the lookup URL alike.
+    let cfg: TargetConfig = toml::from_str(&format!(
+        "url = \"https://[::1]:8443/records\"\nbody_fields = {{ reference = \"{{task_id}}\" }}\n\
+         lookup = {{ url = \"https://remote.test/records?reference={{task_id}}\" }}\n\
+         tls = {{ {}, client_cert = {:?}, client_key = {:?} }}",
+        trust(&ca),
+        one.cert,
+        one.key
+    ))
+    .unwrap();
+    Target::from_config("t", &cfg).unwrap();
+}
