@@ -95,8 +95,10 @@ fn classify(e: Error) -> SinkError {
     match e {
         Error::Invalid(e) => SinkError::Invalid(e.to_string()),
         e @ Error::UnknownTarget(_) => SinkError::Invalid(e.to_string()),
-        e @ Error::Stopped => failure(&e, false),
-        e => failure(&e, true),
+        e => {
+            let transient = e.is_transient();
+            failure(&e, transient)
+        }
     }
 }
 
