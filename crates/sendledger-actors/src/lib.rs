@@ -32,7 +32,7 @@ pub mod timers;
 
 pub use engine::{Engine, EngineConfig, ReviewItem};
 pub use error::{Error, Result};
-pub use remote::{Remote, Slot};
+pub use remote::{LookupError, Remote, Slot};
 pub use task::Reply;
 
 /// Milliseconds since the Unix epoch, the engine's one clock.

@@ -64,8 +64,12 @@ impl Reconciler {
                         tracing::debug!(task_id = %task_id, matches = matches.len(), "lookup done");
                         ["none", "one"].get(matches.len()).copied().unwrap_or("several")
                     }
-                    Err(e) => {
+                    Err(e) if e.is_transient() => {
                         tracing::warn!(task_id = %task_id, error = %e, "lookup failed; will check again");
+                        "error"
+                    }
+                    Err(e) => {
+                        tracing::error!(task_id = %task_id, error = %e, "lookup cannot succeed until its cause is fixed; checked again until the task's deadline, then the task goes to manual review");
                         "error"
                     }
                 };

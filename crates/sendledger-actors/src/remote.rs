@@ -6,6 +6,34 @@ use sendledger_core::decide::AttemptOutcome;
 use sendledger_core::event::Millis;
 use sendledger_core::{AcceptedRequest, BoxFuture, Policy};
 
+/// Why a lookup told nothing: no evidence either way. Its message is what the task records
+/// about it (`ReviewReason::LookupsFailed { last_error }` when the window closes on it), so it
+/// must never contain a secret.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct LookupError {
+    message: String,
+    transient: bool,
+}
+
+impl LookupError {
+    /// `transient`: asking again may answer (no answer, a 5xx); otherwise the lookup fails the
+    /// same way until its configuration or the remote changes (no lookup configured, a request
+    /// that cannot be built, an answer of the wrong shape).
+    pub fn new(message: impl Into<String>, transient: bool) -> LookupError {
+        LookupError {
+            message: message.into(),
+            transient,
+        }
+    }
+
+    /// Whether asking again may answer. Either way the task asks again at its next check until
+    /// its observation deadline; this says whether an operator must act meanwhile.
+    pub fn is_transient(&self) -> bool {
+        self.transient
+    }
+}
+
 /// Room to send one attempt, held until the attempt ends: dropping it frees the room.
 pub type Slot = Box<dyn std::any::Any + Send>;
 
@@ -35,5 +63,5 @@ pub trait Remote: Send + Sync + 'static {
         &self,
         request: &AcceptedRequest,
         since: Millis,
-    ) -> BoxFuture<Result<Vec<String>, String>>;
+    ) -> BoxFuture<Result<Vec<String>, LookupError>>;
 }

@@ -22,7 +22,7 @@ use sendledger_store::{Append, Ledger, TaskSummary, TimerKind};
 use crate::error::{Error, Result};
 use crate::reconciler::{LookupJob, Reconciler};
 use crate::registry::{Idle, Registry};
-use crate::remote::{Remote, Slot};
+use crate::remote::{LookupError, Remote, Slot};
 use crate::timers::{Schedule, Timers};
 
 /// What every task actor shares.
@@ -49,7 +49,7 @@ pub enum TaskInput {
     },
     Lookup {
         attempt: u32,
-        result: std::result::Result<Vec<String>, String>,
+        result: std::result::Result<Vec<String>, LookupError>,
     },
     Recover,
     /// A requests-topic message that is not a valid request (see [`Input::Reject`]).
@@ -174,6 +174,8 @@ impl TaskActor {
             }
             TaskInput::Lookup { attempt, result } => {
                 self.lookup_in_flight = false;
+                // The core records the failure's message as it is.
+                let result = result.map_err(|e| e.to_string());
                 Input::Lookup { attempt, result }
             }
             TaskInput::Reject {

@@ -115,14 +115,25 @@ impl TaskCheck {
     }
 
     /// Checks the task's next event, adds what it breaks to `violations`, and folds it in.
+    /// Each rule is checked on its own, in this order.
     pub fn push(&mut self, event: &Event, violations: &mut Vec<Violation>) {
-        let state = &self.state;
-        let lsn = event.lsn;
-        let mut flag = |rule, lsns: Vec<u64>, detail: String| {
-            violations.push(Violation { rule, lsns, detail })
-        };
+        self.task_order(event, violations);
+        self.terminal_is_final(event, violations);
+        self.attempt_numbering(event, violations);
+        self.intent_before_attempt(event, violations);
+        self.no_blind_resend(event, violations);
+        self.policy_resend_limit(event, violations);
+        self.unknown_not_failed(event, violations);
+        self.fold_in(event);
+    }
+
+    /// [`Rule::Sequence`]: task sequence numbers are contiguous from 0, and a task starts with
+    /// its acceptance (or is one rejected message, alone).
+    fn task_order(&self, event: &Event, out: &mut Vec<Violation>) {
+        let (state, lsn) = (&self.state, event.lsn);
         if event.task_seq != state.next_seq {
             flag(
+                out,
                 Rule::Sequence,
                 vec![lsn],
                 format!(
@@ -132,35 +143,33 @@ impl TaskCheck {
             );
         }
         let accepted = state.request.is_some();
-        match &event.body {
-            EventBody::TaskAccepted { .. } if accepted => {
-                flag(Rule::Sequence, vec![lsn], "accepted twice".into())
+        let problem = match &event.body {
+            EventBody::TaskAccepted { .. } if accepted => "accepted twice".into(),
+            EventBody::TaskAccepted { .. } => return,
+            EventBody::InputRejected { .. } if state.next_seq > 0 => {
+                "InputRejected is not the task's only event".into()
             }
-            EventBody::TaskAccepted { .. } => {}
-            EventBody::InputRejected { .. } if state.next_seq > 0 => flag(
-                Rule::Sequence,
-                vec![lsn],
-                "InputRejected is not the task's only event".into(),
-            ),
-            EventBody::InputRejected { .. } => {}
-            _ if !accepted => flag(
-                Rule::Sequence,
-                vec![lsn],
-                format!("{} before TaskAccepted", event.body.name()),
-            ),
-            _ => {}
-        }
-        if state.phase.is_terminal()
-            && !matches!(
-                event.body,
-                EventBody::DuplicateDelivery { .. }
-                    | EventBody::RequestConflict { .. }
-                    | EventBody::OperatorNote { .. }
-            )
-        {
+            EventBody::InputRejected { .. } => return,
+            _ if !accepted => format!("{} before TaskAccepted", event.body.name()),
+            _ => return,
+        };
+        flag(out, Rule::Sequence, vec![lsn], problem);
+    }
+
+    /// [`Rule::TerminalIsFinal`]: after a terminal state only redeliveries, conflicts and notes.
+    fn terminal_is_final(&self, event: &Event, out: &mut Vec<Violation>) {
+        let state = &self.state;
+        let allowed = matches!(
+            event.body,
+            EventBody::DuplicateDelivery { .. }
+                | EventBody::RequestConflict { .. }
+                | EventBody::OperatorNote { .. }
+        );
+        if state.phase.is_terminal() && !allowed {
             flag(
+                out,
                 Rule::TerminalIsFinal,
-                vec![self.terminal_lsn, lsn],
+                vec![self.terminal_lsn, event.lsn],
                 format!(
                     "{} after the task was {}",
                     event.body.name(),
@@ -168,48 +177,43 @@ impl TaskCheck {
                 ),
             );
         }
+    }
+
+    /// [`Rule::Sequence`]: attempts are numbered 1, 2, 3...
+    fn attempt_numbering(&self, event: &Event, out: &mut Vec<Violation>) {
+        let EventBody::SendIntended { attempt, .. } = &event.body else {
+            return;
+        };
+        if *attempt != self.state.attempts + 1 {
+            flag(
+                out,
+                Rule::Sequence,
+                vec![event.lsn],
+                format!("attempt {attempt} after attempt {}", self.state.attempts),
+            );
+        }
+    }
+
+    /// [`Rule::IntentBeforeAttempt`]: one attempt in flight at a time, and every outcome belongs
+    /// to the attempt whose intent is open.
+    fn intent_before_attempt(&self, event: &Event, out: &mut Vec<Violation>) {
+        let (state, lsn) = (&self.state, event.lsn);
         match &event.body {
-            EventBody::SendIntended {
-                attempt,
-                idempotency_key,
-            } => {
-                if *attempt != state.attempts + 1 {
-                    flag(
-                        Rule::Sequence,
-                        vec![lsn],
-                        format!("attempt {attempt} after attempt {}", state.attempts),
-                    );
-                }
+            EventBody::SendIntended { attempt, .. } => {
                 if let Some(open) = state.in_flight {
                     flag(
+                        out,
                         Rule::IntentBeforeAttempt,
                         vec![self.intent_lsn, lsn],
                         format!("attempt {attempt} intended while attempt {open} had no outcome"),
                     );
                 }
-                if state.unresolved_unknown && !state.resend_authorized {
-                    let same_key =
-                        idempotency_key.is_some() && *idempotency_key == state.idempotency_key;
-                    let in_ttl = match (self.config.key_ttl_ms, state.key_since) {
-                        (Some(ttl), Some(since)) => event.at < since.saturating_add(ttl),
-                        _ => true,
-                    };
-                    if !same_key {
-                        flag(Rule::NoBlindResend, vec![self.unknown_lsn, lsn], format!("attempt {attempt} after an unknown outcome with neither the same idempotency key nor a ResendAuthorized"));
-                    } else if !in_ttl {
-                        flag(
-                            Rule::NoBlindResend,
-                            vec![self.unknown_lsn, lsn],
-                            format!("attempt {attempt} reused the idempotency key after its TTL"),
-                        );
-                    }
-                }
-                self.intent_lsn = lsn;
             }
             EventBody::SendNotSent { attempt, .. } | EventBody::SendUnknown { attempt, .. }
                 if state.in_flight != Some(*attempt) =>
             {
                 flag(
+                    out,
                     Rule::IntentBeforeAttempt,
                     vec![lsn],
                     format!(
@@ -226,6 +230,7 @@ impl TaskCheck {
                 if state.in_flight.is_none() =>
             {
                 flag(
+                    out,
                     Rule::IntentBeforeAttempt,
                     vec![lsn],
                     format!(
@@ -234,45 +239,101 @@ impl TaskCheck {
                     ),
                 );
             }
-            EventBody::ResendAuthorized { by, .. } if by.starts_with(POLICY_PREFIX) => {
-                if state.policy_resends >= self.config.max_policy_resends {
-                    flag(
-                        Rule::PolicyResendLimit,
-                        vec![lsn],
-                        format!(
-                            "policy resend {} where at most {} are allowed",
-                            state.policy_resends + 1,
-                            self.config.max_policy_resends
-                        ),
-                    );
-                }
-                if state.phase != Phase::Unknown
-                    || state.in_flight.is_some()
-                    || state.next_check_at.is_some()
-                    || !state.last_matches.is_empty()
-                    || self.lookup_lsn < self.unknown_lsn
-                {
-                    flag(
-                        Rule::PolicyResendLimit,
-                        vec![self.unknown_lsn, lsn],
-                        "policy resend without a final lookup that found nothing after the \
-                         latest unknown outcome"
-                            .into(),
-                    );
-                }
-            }
-            EventBody::Failed { .. }
-                if state.unresolved_unknown && state.phase != Phase::ManualReview =>
-            {
-                flag(
-                    Rule::UnknownNotFailed,
-                    vec![self.unknown_lsn, lsn],
-                    "failed while an attempt's outcome was unknown, without review".into(),
-                );
-            }
             _ => {}
         }
+    }
+
+    /// [`Rule::NoBlindResend`]: after an unknown outcome, a new attempt reuses the idempotency
+    /// key within its TTL, or follows a `ResendAuthorized`.
+    fn no_blind_resend(&self, event: &Event, out: &mut Vec<Violation>) {
+        let state = &self.state;
+        let EventBody::SendIntended {
+            attempt,
+            idempotency_key,
+        } = &event.body
+        else {
+            return;
+        };
+        if !state.unresolved_unknown || state.resend_authorized {
+            return;
+        }
+        let same_key = idempotency_key.is_some() && *idempotency_key == state.idempotency_key;
+        let in_ttl = match (self.config.key_ttl_ms, state.key_since) {
+            (Some(ttl), Some(since)) => event.at < since.saturating_add(ttl),
+            _ => true,
+        };
+        let lsns = vec![self.unknown_lsn, event.lsn];
+        if !same_key {
+            flag(out, Rule::NoBlindResend, lsns, format!("attempt {attempt} after an unknown outcome with neither the same idempotency key nor a ResendAuthorized"));
+        } else if !in_ttl {
+            flag(
+                out,
+                Rule::NoBlindResend,
+                lsns,
+                format!("attempt {attempt} reused the idempotency key after its TTL"),
+            );
+        }
+    }
+
+    /// [`Rule::PolicyResendLimit`]: a target's policy authorizes a bounded number of resends,
+    /// each only after a final lookup that found nothing after the latest unknown outcome.
+    fn policy_resend_limit(&self, event: &Event, out: &mut Vec<Violation>) {
+        let (state, lsn) = (&self.state, event.lsn);
+        match &event.body {
+            EventBody::ResendAuthorized { by, .. } if by.starts_with(POLICY_PREFIX) => {}
+            _ => return,
+        }
+        if state.policy_resends >= self.config.max_policy_resends {
+            flag(
+                out,
+                Rule::PolicyResendLimit,
+                vec![lsn],
+                format!(
+                    "policy resend {} where at most {} are allowed",
+                    state.policy_resends + 1,
+                    self.config.max_policy_resends
+                ),
+            );
+        }
+        if state.phase != Phase::Unknown
+            || state.in_flight.is_some()
+            || state.next_check_at.is_some()
+            || !state.last_matches.is_empty()
+            || self.lookup_lsn < self.unknown_lsn
+        {
+            flag(
+                out,
+                Rule::PolicyResendLimit,
+                vec![self.unknown_lsn, lsn],
+                "policy resend without a final lookup that found nothing after the \
+                 latest unknown outcome"
+                    .into(),
+            );
+        }
+    }
+
+    /// [`Rule::UnknownNotFailed`]: an unknown outcome is never settled as failed without a
+    /// person.
+    fn unknown_not_failed(&self, event: &Event, out: &mut Vec<Violation>) {
+        let state = &self.state;
+        if matches!(event.body, EventBody::Failed { .. })
+            && state.unresolved_unknown
+            && state.phase != Phase::ManualReview
+        {
+            flag(
+                out,
+                Rule::UnknownNotFailed,
+                vec![self.unknown_lsn, event.lsn],
+                "failed while an attempt's outcome was unknown, without review".into(),
+            );
+        }
+    }
+
+    /// Folds the checked event into the state and remembers the positions later rules name.
+    fn fold_in(&mut self, event: &Event) {
+        let lsn = event.lsn;
         match event.body {
+            EventBody::SendIntended { .. } => self.intent_lsn = lsn,
             EventBody::SendUnknown { .. } => self.unknown_lsn = lsn,
             EventBody::LookupPerformed { .. } => self.lookup_lsn = lsn,
             _ => {}
@@ -282,4 +343,8 @@ impl TaskCheck {
             self.terminal_lsn = lsn;
         }
     }
+}
+
+fn flag(out: &mut Vec<Violation>, rule: Rule, lsns: Vec<u64>, detail: String) {
+    out.push(Violation { rule, lsns, detail });
 }

@@ -27,6 +27,17 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether the same call may succeed later with nothing changed: a lookup that got no
+    /// answer, or was answered 408, 429 or 5xx. A configuration or request that cannot be
+    /// built, any other refusal and an answer of the wrong shape fail the same way again.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::LookupTransport { .. } => true,
+            Error::LookupStatus { status, .. } => matches!(status, 408 | 429 | 500..=599),
+            Error::Config { .. } | Error::Render { .. } | Error::LookupAnswer { .. } => false,
+        }
+    }
+
     pub(crate) fn config(field: impl Into<String>, reason: impl Into<String>) -> Error {
         Error::Config {
             field: field.into(),
@@ -36,3 +47,32 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookups_without_an_answer_or_answered_5xx_may_pass() {
+        let status = |status| Error::LookupStatus {
+            target: "t".into(),
+            status,
+            detail: String::new(),
+        };
+        assert!(status(503).is_transient());
+        assert!(status(429).is_transient());
+        assert!(!status(404).is_transient());
+        assert!(!status(401).is_transient());
+        let transport = Error::LookupTransport {
+            target: "t".into(),
+            reason: "connection refused".into(),
+        };
+        assert!(transport.is_transient());
+        let shape = Error::LookupAnswer {
+            target: "t".into(),
+            reason: "no array at /data".into(),
+        };
+        assert!(!shape.is_transient());
+        assert!(!Error::config("targets.t.lookup", "is not configured").is_transient());
+    }
+}

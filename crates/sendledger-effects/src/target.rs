@@ -17,7 +17,8 @@ use tracing::{debug, info, warn};
 
 use crate::classify::{self, id_text, Rules, MAX_RETRY_AFTER};
 use crate::config::{
-    CreatedAfterConfig, HeaderValueConfig, LookupConfig, TargetConfig, TimeFormat,
+    CreatedAfterConfig, HeaderValueConfig, IdempotencyConfig, LookupConfig, RetryConfig,
+    TargetConfig, TimeFormat,
 };
 use crate::conn::{Answer, Endpoint, Failure, Pool};
 use crate::error::{Error, Result};
@@ -44,7 +45,7 @@ pub struct Target {
     method: Method,
     url: Template,
     endpoint: Endpoint,
-    headers: Vec<(HeaderName, HeaderValue)>,
+    headers: Headers,
     /// Header values and their significant parts ([`secret_fragments`]), longest first:
     /// removed from any remote-supplied text we keep.
     secrets: Vec<String>,
@@ -144,153 +145,29 @@ impl Target {
         Target::from_config_with_env(name, config, |var| std::env::var(var).ok())
     }
 
-    /// As [`Target::from_config`], with environment variables read through `env`.
+    /// As [`Target::from_config`], with environment variables read through `env`. Fields are
+    /// checked in the order they appear in the configuration; the first error is returned.
     pub fn from_config_with_env(
         name: &str,
         config: &TargetConfig,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Target> {
+        check_name(name)?;
         let path = Path(name);
-        if name.is_empty()
-            || !name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-        {
-            return Err(Error::config(
-                format!("targets.{name}"),
-                "a target name is made of ASCII letters, digits, `-`, `_` and `.`",
-            ));
-        }
-        let method = match config.method.to_ascii_uppercase().as_str() {
-            "POST" => Method::POST,
-            "PUT" => Method::PUT,
-            "PATCH" => Method::PATCH,
-            "DELETE" => Method::DELETE,
-            "GET" => Method::GET,
-            _ => {
-                return Err(Error::config(
-                    path.at("method"),
-                    format!(
-                        "`{}` is not supported; use POST, PUT, PATCH, DELETE or GET",
-                        config.method
-                    ),
-                ))
-            }
-        };
+        let method = parse_method(&path, &config.method)?;
         positive(&path, "connect_timeout", config.connect_timeout)?;
         positive(&path, "request_timeout", config.request_timeout)?;
         let connector = connector(&path, config)?;
         let (url, endpoint) = endpoint(&path, "url", &config.url, config, connector.as_ref())?;
-
-        let mut headers = Vec::new();
-        let mut secrets = Vec::new();
-        for (header_name, value) in &config.headers {
-            let field = path.at(&format!("headers.{header_name}"));
-            let hn = HeaderName::from_bytes(header_name.as_bytes())
-                .map_err(|_| Error::config(&field, "is not a valid header name"))?;
-            if MANAGED_HEADERS.contains(&hn.as_str()) {
-                return Err(Error::config(&field, "is set by the client; remove it"));
-            }
-            let text = match value {
-                HeaderValueConfig::Literal(text) => text.clone(),
-                HeaderValueConfig::Env { env: var, prefix } => match env(var) {
-                    Some(v) => format!("{prefix}{v}"),
-                    None => {
-                        return Err(Error::config(
-                            &field,
-                            format!(
-                                "environment variable `{var}` is not set; set it before starting"
-                            ),
-                        ))
-                    }
-                },
-            };
-            let mut hv = HeaderValue::from_str(&text).map_err(|_| {
-                Error::config(
-                    &field,
-                    "the value is not a valid header value (control characters or non-ASCII)",
-                )
-            })?;
-            hv.set_sensitive(true);
-            headers.push((hn, hv));
-            secrets.extend(secret_fragments(&text));
-        }
-        // Longest first, so a value is removed whole before its parts are looked for.
-        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
-        secrets.dedup();
-
-        let mut body_fields = Vec::new();
-        for (key, template) in &config.body_fields {
-            let field = path.at(&format!("body_fields.{key}"));
-            let t = Template::parse(template).map_err(|reason| Error::config(&field, reason))?;
-            body_fields.push((key.clone(), t));
-        }
-
+        let (headers, secrets) = parse_headers(&path, &config.headers, &env)?;
+        let body_fields = parse_body_fields(&path, &config.body_fields)?;
         pointer(&path, "response_id_pointer", &config.response_id_pointer)?;
-
         let idempotency = match &config.idempotency {
             None => None,
-            Some(i) => {
-                let field = path.at("idempotency.header");
-                let hn = HeaderName::from_bytes(i.header.as_bytes())
-                    .map_err(|_| Error::config(&field, "is not a valid header name"))?;
-                if headers.iter().any(|(n, _)| *n == hn) || MANAGED_HEADERS.contains(&hn.as_str()) {
-                    return Err(Error::config(
-                        &field,
-                        "is also a configured or client-managed header",
-                    ));
-                }
-                positive(&path, "idempotency.ttl", i.ttl)?;
-                if i.margin() >= i.ttl {
-                    return Err(Error::config(
-                        path.at("idempotency.ttl_margin"),
-                        "must be shorter than idempotency.ttl",
-                    ));
-                }
-                Some((hn, i.ttl, i.margin()))
-            }
+            Some(i) => Some(parse_idempotency(&path, i, &headers)?),
         };
-
-        if config.max_in_flight == 0 {
-            return Err(Error::config(
-                path.at("max_in_flight"),
-                "must be at least 1",
-            ));
-        }
-        if let Some(rate) = config.rate_limit {
-            if !(rate.is_finite() && rate > 0.0) {
-                return Err(Error::config(
-                    path.at("rate_limit"),
-                    "must be a positive number of attempts per second",
-                ));
-            }
-        }
-        let r = &config.retry;
-        if r.max_attempts == 0 {
-            return Err(Error::config(
-                path.at("retry.max_attempts"),
-                "must be at least 1",
-            ));
-        }
-        if !(r.multiplier.is_finite() && r.multiplier >= 1.0) {
-            return Err(Error::config(
-                path.at("retry.multiplier"),
-                "must be a number of at least 1.0",
-            ));
-        }
-        if r.initial_backoff > r.max_backoff {
-            return Err(Error::config(
-                path.at("retry.initial_backoff"),
-                "must not exceed retry.max_backoff",
-            ));
-        }
-        let retry = RetryPolicy {
-            max_attempts: r.max_attempts,
-            initial_backoff_ms: millis(r.initial_backoff),
-            max_backoff_ms: millis(r.max_backoff),
-            multiplier: r.multiplier,
-        };
-
+        check_send_limits(&path, config)?;
+        let retry = parse_retry(&path, &config.retry)?;
         let lookup = match &config.lookup {
             None => None,
             Some(l) => Some(lookup(&path, l, config, connector.as_ref(), &body_fields)?),
@@ -308,7 +185,7 @@ impl Target {
                 id_pointer: config.response_id_pointer.clone(),
                 on_5xx: config.on_5xx,
                 on_409: config.on_409,
-                max_retry_after: MAX_RETRY_AFTER.max(r.max_backoff),
+                max_retry_after: MAX_RETRY_AFTER.max(config.retry.max_backoff),
             },
             idempotency,
             retry,
@@ -602,6 +479,166 @@ fn secret_fragments(value: &str) -> Vec<String> {
         }
     }
     out
+}
+
+fn check_name(name: &str) -> Result<()> {
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
+        return Err(Error::config(
+            format!("targets.{name}"),
+            "a target name is made of ASCII letters, digits, `-`, `_` and `.`",
+        ));
+    }
+    Ok(())
+}
+
+fn parse_method(path: &Path<'_>, method: &str) -> Result<Method> {
+    match method.to_ascii_uppercase().as_str() {
+        "POST" => Ok(Method::POST),
+        "PUT" => Ok(Method::PUT),
+        "PATCH" => Ok(Method::PATCH),
+        "DELETE" => Ok(Method::DELETE),
+        "GET" => Ok(Method::GET),
+        _ => Err(Error::config(
+            path.at("method"),
+            format!("`{method}` is not supported; use POST, PUT, PATCH, DELETE or GET"),
+        )),
+    }
+}
+
+/// Headers sent with every request, their values marked sensitive.
+type Headers = Vec<(HeaderName, HeaderValue)>;
+
+/// The configured headers, their values read from the environment where configured and
+/// marked sensitive, and the secret fragments of those values, longest first.
+fn parse_headers(
+    path: &Path<'_>,
+    config: &BTreeMap<String, HeaderValueConfig>,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<(Headers, Vec<String>)> {
+    let mut headers = Vec::new();
+    let mut secrets = Vec::new();
+    for (header_name, value) in config {
+        let field = path.at(&format!("headers.{header_name}"));
+        let hn = HeaderName::from_bytes(header_name.as_bytes())
+            .map_err(|_| Error::config(&field, "is not a valid header name"))?;
+        if MANAGED_HEADERS.contains(&hn.as_str()) {
+            return Err(Error::config(&field, "is set by the client; remove it"));
+        }
+        let text = match value {
+            HeaderValueConfig::Literal(text) => text.clone(),
+            HeaderValueConfig::Env { env: var, prefix } => match env(var) {
+                Some(v) => format!("{prefix}{v}"),
+                None => {
+                    return Err(Error::config(
+                        &field,
+                        format!("environment variable `{var}` is not set; set it before starting"),
+                    ))
+                }
+            },
+        };
+        let mut hv = HeaderValue::from_str(&text).map_err(|_| {
+            Error::config(
+                &field,
+                "the value is not a valid header value (control characters or non-ASCII)",
+            )
+        })?;
+        hv.set_sensitive(true);
+        headers.push((hn, hv));
+        secrets.extend(secret_fragments(&text));
+    }
+    // Longest first, so a value is removed whole before its parts are looked for.
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    secrets.dedup();
+    Ok((headers, secrets))
+}
+
+fn parse_body_fields(
+    path: &Path<'_>,
+    config: &BTreeMap<String, String>,
+) -> Result<Vec<(String, Template)>> {
+    let mut body_fields = Vec::new();
+    for (key, template) in config {
+        let field = path.at(&format!("body_fields.{key}"));
+        let t = Template::parse(template).map_err(|reason| Error::config(&field, reason))?;
+        body_fields.push((key.clone(), t));
+    }
+    Ok(body_fields)
+}
+
+/// The idempotency header (not one of `headers` nor managed by the client), key TTL and
+/// margin.
+fn parse_idempotency(
+    path: &Path<'_>,
+    config: &IdempotencyConfig,
+    headers: &[(HeaderName, HeaderValue)],
+) -> Result<(HeaderName, Duration, Duration)> {
+    let field = path.at("idempotency.header");
+    let hn = HeaderName::from_bytes(config.header.as_bytes())
+        .map_err(|_| Error::config(&field, "is not a valid header name"))?;
+    if headers.iter().any(|(n, _)| *n == hn) || MANAGED_HEADERS.contains(&hn.as_str()) {
+        return Err(Error::config(
+            &field,
+            "is also a configured or client-managed header",
+        ));
+    }
+    positive(path, "idempotency.ttl", config.ttl)?;
+    if config.margin() >= config.ttl {
+        return Err(Error::config(
+            path.at("idempotency.ttl_margin"),
+            "must be shorter than idempotency.ttl",
+        ));
+    }
+    Ok((hn, config.ttl, config.margin()))
+}
+
+/// `max_in_flight` and `rate_limit`.
+fn check_send_limits(path: &Path<'_>, config: &TargetConfig) -> Result<()> {
+    if config.max_in_flight == 0 {
+        return Err(Error::config(
+            path.at("max_in_flight"),
+            "must be at least 1",
+        ));
+    }
+    if let Some(rate) = config.rate_limit {
+        if !(rate.is_finite() && rate > 0.0) {
+            return Err(Error::config(
+                path.at("rate_limit"),
+                "must be a positive number of attempts per second",
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn parse_retry(path: &Path<'_>, r: &RetryConfig) -> Result<RetryPolicy> {
+    if r.max_attempts == 0 {
+        return Err(Error::config(
+            path.at("retry.max_attempts"),
+            "must be at least 1",
+        ));
+    }
+    if !(r.multiplier.is_finite() && r.multiplier >= 1.0) {
+        return Err(Error::config(
+            path.at("retry.multiplier"),
+            "must be a number of at least 1.0",
+        ));
+    }
+    if r.initial_backoff > r.max_backoff {
+        return Err(Error::config(
+            path.at("retry.initial_backoff"),
+            "must not exceed retry.max_backoff",
+        ));
+    }
+    Ok(RetryPolicy {
+        max_attempts: r.max_attempts,
+        initial_backoff_ms: millis(r.initial_backoff),
+        max_backoff_ms: millis(r.max_backoff),
+        multiplier: r.multiplier,
+    })
 }
 
 fn millis(d: Duration) -> u64 {

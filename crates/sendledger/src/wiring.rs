@@ -7,7 +7,7 @@
 //!   messages to tasks. Every call resolves once what it recorded is durable, together with the
 //!   message's processed-offset marker, so the consumer may store the Kafka offset right after.
 
-use sendledger_actors::{Engine, Error, Remote, Slot};
+use sendledger_actors::{Engine, Error, LookupError, Remote, Slot};
 use sendledger_bus::{RequestSink, SinkError};
 use sendledger_core::decide::AttemptOutcome;
 use sendledger_core::error::Chain;
@@ -62,17 +62,17 @@ impl Remote for HttpRemote {
         &self,
         request: &AcceptedRequest,
         since: Millis,
-    ) -> BoxFuture<Result<Vec<String>, String>> {
+    ) -> BoxFuture<Result<Vec<String>, LookupError>> {
         let Some(target) = self.targets.get(&request.target).cloned() else {
             let err = format!("target `{}` is not configured", request.target);
-            return Box::pin(std::future::ready(Err(err)));
+            return Box::pin(std::future::ready(Err(LookupError::new(err, false))));
         };
         let request = request.clone();
         Box::pin(async move {
             target
                 .lookup(&request, Some(since))
                 .await
-                .map_err(|e| e.to_string())
+                .map_err(|e| LookupError::new(e.to_string(), e.is_transient()))
         })
     }
 }
