@@ -1304,31 +1304,7 @@ async fn a_recreated_requests_topic_is_refused_until_its_offsets_are_reset() {
     assert_eq!(sim.stats().posts, 20);
     pipeline.stop().await;
 
-    // The stopped engine's last threads may hold the ledger's lock for a moment longer.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let out = loop {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sendledger_cli"))
-            .args(["offsets", "reset", "--data"])
-            .arg(dir.path())
-            .args([
-                "--topic",
-                &kafka.config().requests_topic,
-                "--partition",
-                "0",
-            ])
-            .output()
-            .unwrap();
-        let in_use = String::from_utf8_lossy(&out.stderr).contains("in use");
-        if out.status.success() || !in_use || Instant::now() > deadline {
-            break out;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = offsets_reset(dir.path(), &kafka.config().requests_topic, &[]).await;
     assert!(String::from_utf8_lossy(&out.stdout).contains("watermark was 19"));
 
     // An old request delivered again on the new topic is a duplicate of its task.
@@ -1353,6 +1329,33 @@ async fn a_recreated_requests_topic_is_refused_until_its_offsets_are_reset() {
     }
     pipeline.stop().await;
     sim.shutdown().await;
+}
+
+/// Runs `sendledger offsets reset` on partition 0 of `topic` in the ledger at `dir`, with
+/// `extra` arguments, and asserts it succeeded. A stopped engine's last threads may hold the
+/// ledger's lock for a moment longer: "in use" is retried for up to 10 s.
+async fn offsets_reset(dir: &Path, topic: &str, extra: &[&str]) -> std::process::Output {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let out = loop {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sendledger_cli"))
+            .args(["offsets", "reset", "--data"])
+            .arg(dir)
+            .args(["--topic", topic, "--partition", "0"])
+            .args(extra)
+            .output()
+            .unwrap();
+        let in_use = String::from_utf8_lossy(&out.stderr).contains("in use");
+        if out.status.success() || !in_use || Instant::now() > deadline {
+            break out;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
 }
 
 /// Requests deleted from the topic before they were processed (here by the embedded cluster's
@@ -1805,26 +1808,12 @@ async fn a_replaced_ledger_refuses_partitions_another_ledger_processed() {
 
     // Taking over after offset 19 is the operator's call, with the consequence the refusal
     // names: the requests delivered again after it are new to this ledger, and are sent again.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let out = loop {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sendledger_cli"))
-            .args(["offsets", "reset", "--data"])
-            .arg(new_dir.path())
-            .args(["--topic", &kafka.config().requests_topic])
-            .args(["--partition", "0", "--through", "19"])
-            .output()
-            .unwrap();
-        let in_use = String::from_utf8_lossy(&out.stderr).contains("in use");
-        if out.status.success() || !in_use || Instant::now() > deadline {
-            break out;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    offsets_reset(
+        new_dir.path(),
+        &kafka.config().requests_topic,
+        &["--through", "19"],
+    )
+    .await;
     let replaced = Pipeline::start(&kafka, new_dir.path(), &sim);
     let stats = replaced.ingest.stats().clone();
     wait_for("the partition was not consumed after the reset", || {
