@@ -910,26 +910,54 @@ impl<S: RequestSink> Worker<S> {
         }
     }
 
+    /// One message from the consumer: its partition's processed offsets are loaded, the message
+    /// is admitted (or dropped as a duplicate, or not ours), its work is decided from its value,
+    /// and its job is dispatched after the previous job of its chain.
     fn handle(&self, msg: &rdkafka::message::BorrowedMessage<'_>) -> Result<()> {
         self.stats.received.fetch_add(1, Ordering::Relaxed);
         let (partition, offset) = (msg.partition(), msg.offset());
         let bytes = msg.payload_len() + msg.key().map_or(0, <[u8]>::len);
-        if msg.topic() != self.topic {
+        if msg.topic() != self.topic || !self.ensure_loaded(partition)? {
             return Ok(());
         }
+        let Some(generation) = self.admit(partition, offset, bytes) else {
+            return Ok(());
+        };
+        let raw = msg.payload().map(<[u8]>::to_vec);
+        let work = self.work_of(raw.as_deref());
+        let job = Job {
+            sink: self.sink.clone(),
+            stop: self.stop.clone(),
+            stats: self.stats.clone(),
+            dead_letters: self.dead_letters.clone(),
+            source: Source {
+                topic: self.topic.clone(),
+                partition,
+                offset,
+            },
+            raw: raw.unwrap_or_default(),
+            key: msg.key().map(<[u8]>::to_vec),
+        };
+        self.dispatch(job, work, generation, bytes);
+        Ok(())
+    }
+
+    /// Whether the partition is ours and consumed, loading its processed offsets (and checking
+    /// them against the group's position) at its first message after an assignment.
+    fn ensure_loaded(&self, partition: i32) -> Result<bool> {
         let needs_load = {
             let t = lock(&self.tracker);
             match t.parts.get(&partition) {
                 // Not (or no longer) ours: whoever owns it reads it again.
-                None => return Ok(()),
+                None => return Ok(false),
                 // The group is shared: nothing is consumed (no offset is stored either).
-                Some(_) if t.shared => return Ok(()),
+                Some(_) if t.shared => return Ok(false),
                 Some(p) => p.processed.is_none(),
             }
         };
         if needs_load {
             let Some(processed) = self.load_processed(partition)? else {
-                return Ok(());
+                return Ok(false);
             };
             let (blocked, seen_through) = self.check_partition(partition, &processed);
             let mut t = lock(&self.tracker);
@@ -941,42 +969,41 @@ impl<S: RequestSink> Worker<S> {
                 p.blocked = blocked;
             }
         }
-        let generation = {
-            let mut t = lock(&self.tracker);
-            let Some(part) = t.parts.get_mut(&partition) else {
-                return Ok(());
-            };
-            if part.blocked {
-                return Ok(());
-            }
-            let jumped = part.last_seen.filter(|last| offset > last + 1);
-            part.last_seen = Some(part.last_seen.map_or(offset, |last| last.max(offset)));
-            if let Some(last) = jumped {
-                self.count_deleted(partition, last + 1, offset);
-            }
-            if part.processed.as_ref().is_some_and(|p| p.contains(offset)) {
-                self.stats
-                    .duplicates_dropped
-                    .fetch_add(1, Ordering::Relaxed);
-                metrics::counter!("sendledger_duplicates_dropped_total", "by" => "offset")
-                    .increment(1);
-                part.inflight.push_back((offset, true));
-                advance(&self.consumer, &self.topic, partition, part);
-                return Ok(());
-            }
-            part.inflight.push_back((offset, false));
-            part.unfinished.add(Load { messages: 1, bytes });
-            part.generation
-        };
+        Ok(true)
+    }
 
-        let source = Source {
-            topic: self.topic.clone(),
-            partition,
-            offset,
-        };
-        let raw = msg.payload().map(<[u8]>::to_vec);
-        let key = msg.key().map(<[u8]>::to_vec);
-        let work = match &raw {
+    /// Takes the message into the partition's in-flight list and returns the partition's
+    /// generation, or `None` when nothing more is to be done: the partition is gone or blocked,
+    /// or the offset was processed before (a duplicate, passed in order). Offsets the consumer
+    /// jumped over are counted as lost.
+    fn admit(&self, partition: i32, offset: i64, bytes: usize) -> Option<u64> {
+        let mut t = lock(&self.tracker);
+        let part = t.parts.get_mut(&partition)?;
+        if part.blocked {
+            return None;
+        }
+        let jumped = part.last_seen.filter(|last| offset > last + 1);
+        part.last_seen = Some(part.last_seen.map_or(offset, |last| last.max(offset)));
+        if let Some(last) = jumped {
+            self.count_deleted(partition, last + 1, offset);
+        }
+        if part.processed.as_ref().is_some_and(|p| p.contains(offset)) {
+            self.stats
+                .duplicates_dropped
+                .fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("sendledger_duplicates_dropped_total", "by" => "offset").increment(1);
+            part.inflight.push_back((offset, true));
+            advance(&self.consumer, &self.topic, partition, part);
+            return None;
+        }
+        part.inflight.push_back((offset, false));
+        part.unfinished.add(Load { messages: 1, bytes });
+        Some(part.generation)
+    }
+
+    /// What a message's value asks for: a request to submit, or a rejection with its reason.
+    fn work_of(&self, raw: Option<&[u8]>) -> Work {
+        match raw {
             None => Work::Reject("the message has no value (a tombstone or an empty record); a request is a JSON object".into()),
             Some(bytes) if bytes.len() > self.max_message_bytes => Work::Reject(format!(
                 "the message is {} bytes, more than the limit of {} (max_message_bytes)",
@@ -987,15 +1014,19 @@ impl<S: RequestSink> Worker<S> {
                 Ok(request) => Work::Submit(Box::new(request)),
                 Err(e) => Work::Reject(e.to_string()),
             },
-        };
-        // Messages of one identity reach the sink in partition order, and two jobs for one
-        // message (redelivered across a rebalance while the first is still at work) one after
-        // the other.
+        }
+    }
+
+    /// Runs the job on the runtime after the previous job of its chain: messages of one identity
+    /// reach the sink in partition order, and two jobs for one message (redelivered across a
+    /// rebalance while the first is still at work) one after the other.
+    fn dispatch(&self, job: Job<S>, work: Work, generation: u64, bytes: usize) {
+        let (partition, offset) = (job.source.partition, job.source.offset);
         let id = match &work {
             Work::Submit(r) => format!("{}\u{0}{}\u{0}{}", r.tenant, r.operation, r.request_key),
             Work::Reject(_) => format!("\u{1}{partition}\u{0}{offset}"),
         };
-        let (tx, rx) = oneshot::channel();
+        let (signal, rx) = oneshot::channel();
         let (seq, prev) = {
             let mut t = lock(&self.tracker);
             let seq = t.next_chain;
@@ -1005,16 +1036,6 @@ impl<S: RequestSink> Worker<S> {
                 .insert(id.clone(), (seq, Some(rx)))
                 .and_then(|(_, rx)| rx);
             (seq, prev)
-        };
-        let (chain, signal) = ((id, seq), tx);
-        let job = Job {
-            sink: self.sink.clone(),
-            stop: self.stop.clone(),
-            stats: self.stats.clone(),
-            dead_letters: self.dead_letters.clone(),
-            source,
-            raw: raw.unwrap_or_default(),
-            key,
         };
         let done_tx = self.done_tx.clone();
         self.runtime.spawn(async move {
@@ -1029,10 +1050,9 @@ impl<S: RequestSink> Worker<S> {
                 offset,
                 bytes,
                 outcome,
-                chain,
+                chain: (id, seq),
             });
         });
-        Ok(())
     }
 }
 
