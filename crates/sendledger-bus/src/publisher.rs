@@ -63,6 +63,8 @@ pub struct PublisherStats {
     pub refolded: AtomicU64,
     /// The cursor: every event up to this LSN is published.
     pub cursor: AtomicU64,
+    /// Set when the publisher stopped by itself on a ledger error no retry can mend.
+    pub stopped: AtomicBool,
 }
 
 /// A running outbox publisher.
@@ -106,11 +108,17 @@ impl Publisher {
         self.stats.cursor.load(Ordering::SeqCst)
     }
 
-    /// Waits until every event up to `lsn` is published, or `timeout` passes; true if it was.
+    /// False once the publisher stopped by itself (the ledger failed for good).
+    pub fn is_running(&self) -> bool {
+        !self.stats.stopped.load(Ordering::SeqCst)
+    }
+
+    /// Waits until every event up to `lsn` is published, or `timeout` passes, or the publisher
+    /// stopped; true if it was published.
     pub async fn wait_for(&self, lsn: u64, timeout: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + timeout;
         while self.cursor() < lsn {
-            if tokio::time::Instant::now() >= deadline {
+            if !self.is_running() || tokio::time::Instant::now() >= deadline {
                 return false;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -270,6 +278,7 @@ impl Worker {
                     self.backoff(&mut delay).await;
                     continue;
                 }
+                Err(e) if !e.is_transient() => return Err(self.stopped(e)),
                 Err(e) => {
                     tracing::error!(from, error = %Chain(&e), "cannot read the log to publish; retrying");
                     self.backoff(&mut delay).await;
@@ -287,6 +296,9 @@ impl Worker {
                         ..Append::default()
                     };
                     if let Err(e) = self.ledger.append(append).await {
+                        if !e.is_transient() {
+                            return Err(self.stopped(e));
+                        }
                         tracing::error!(error = %Chain(&e), "cannot record the publisher cursor; the batch is published again");
                         self.backoff(&mut delay).await;
                         continue;
@@ -314,6 +326,14 @@ impl Worker {
         }
         tracing::info!(cursor, "publisher stopped");
         Ok(())
+    }
+
+    /// A ledger error no retry can mend (closed, corrupt, of a newer format): the publisher
+    /// stops with it; what it did not publish is published at the next start.
+    fn stopped(&self, e: sendledger_store::Error) -> Error {
+        tracing::error!(error = %Chain(&e), "the ledger failed for good; the publisher stops");
+        self.stats.stopped.store(true, Ordering::SeqCst);
+        Error::Ledger(e)
     }
 
     async fn backoff(&self, delay: &mut Duration) {

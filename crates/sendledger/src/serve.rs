@@ -116,7 +116,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
                 while service.is_healthy() {
                     tokio::time::sleep(Duration::from_millis(250)).await;
                 }
-            } => Some("the requests consumer stopped after a ledger failure (see the error above); fix its cause and start again"),
+            } => Some("the requests consumer or the publisher stopped after a ledger failure (see the error above); fix its cause and start again"),
         };
         service.shutdown().await?;
         match failure {

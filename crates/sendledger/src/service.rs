@@ -88,9 +88,10 @@ impl Service {
         self.admin.as_ref().map(Admin::local_addr)
     }
 
-    /// False once the consumer stopped by itself (the ledger failed for good).
+    /// False once the consumer or the publisher stopped by itself (the ledger failed for
+    /// good).
     pub fn is_healthy(&self) -> bool {
-        self.ingest.is_running()
+        self.ingest.is_running() && self.publisher.is_running()
     }
 
     /// Stops in order within the configured grace. Whatever is cut off is safe: unfinished

@@ -869,6 +869,56 @@ async fn a_closed_ledger_stops_the_ingest_with_its_cause() {
     sim.shutdown().await;
 }
 
+/// A publisher on a closed ledger stops with the cause instead of retrying forever: the events
+/// it read are on the topic, but it cannot record its cursor, and no retry can mend that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_closed_ledger_stops_the_publisher_with_its_cause() {
+    use sendledger_tests::engine::{settled, source, task_id, wait_for};
+    let kafka = embedded();
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let engine = tokio::task::block_in_place(|| {
+        sendledger_tests::engine::start(dir.path(), target(&sim.base_url(), |_| {}))
+    });
+    engine
+        .submit(request("unpublished-0"), source(0))
+        .await
+        .unwrap();
+    wait_for(&engine, task_id("unpublished-0"), WAIT, settled).await;
+    engine.ledger().stop_journal();
+
+    let publisher = Publisher::start(&kafka, engine.ledger().clone()).expect("publisher starts");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while publisher.is_running() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !publisher.is_running(),
+        "the publisher goes on retrying a closed ledger"
+    );
+    assert!(
+        !publisher
+            .wait_for(engine.ledger().last_lsn(), Duration::from_secs(5))
+            .await,
+        "a stopped publisher is not waited for"
+    );
+    let (_, results) = results_for(&kafka, task_ids(&["unpublished-0".to_string()])).await;
+    assert_eq!(
+        results.len(),
+        1,
+        "the batch read before the failure is on the topic"
+    );
+    assert_eq!(results[0].status, ResultStatus::Succeeded);
+    let err = publisher
+        .shutdown(Duration::from_secs(10))
+        .await
+        .expect_err("the publisher stops with an error");
+    let err = format!("{:#}", anyhow::Error::from(err));
+    assert!(err.contains("the ledger is closed"), "{err}");
+    engine.shutdown(Duration::from_secs(5)).await;
+    sim.shutdown().await;
+}
+
 /// The dead-letter records: (key, reason header), once `n` are there.
 async fn dead_letters(kafka: &Kafka, n: usize) -> Vec<(String, String)> {
     let reader = TopicReader::from_beginning(kafka, "sendledger.dead").unwrap();
