@@ -134,44 +134,8 @@ fn bytes_hex(v: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sendledger_core::{Evidence, Limits, PayloadHash, ReviewReason, Source, TaskRequest};
-
-    fn accepted() -> (TaskId, EventBody) {
-        let json = br#"{"tenant":"acme","operation":"pay","request_key":"k-1","target":"sim","payload":{"a":1}}"#;
-        let request = TaskRequest::from_json(json)
-            .and_then(|r| r.accept(&Limits::default()))
-            .unwrap();
-        let (task, payload_hash) = (request.task_id(), request.payload_hash());
-        let source = src(7);
-        let body = EventBody::TaskAccepted {
-            request,
-            payload_hash,
-            source,
-        };
-        (task, body)
-    }
-
-    fn src(offset: i64) -> Source {
-        Source {
-            topic: "req".into(),
-            partition: 2,
-            offset,
-        }
-    }
-
-    fn history(task: TaskId, bodies: Vec<EventBody>) -> Vec<Event> {
-        bodies
-            .into_iter()
-            .enumerate()
-            .map(|(i, body)| Event {
-                lsn: 10 + i as u64 * 3,
-                task_id: task,
-                task_seq: i as u32,
-                at: 1000 + i as u64,
-                body,
-            })
-            .collect()
-    }
+    use sendledger_core::fixtures::{accepted, history, src};
+    use sendledger_core::{Evidence, PayloadHash, ReviewReason};
 
     /// Every kind of event body (and every variant inside one) survives the events topic.
     #[test]

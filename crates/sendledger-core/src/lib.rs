@@ -17,6 +17,8 @@ pub mod canonical;
 pub mod decide;
 pub mod error;
 pub mod event;
+#[cfg(any(test, feature = "fixtures"))]
+pub mod fixtures;
 pub mod ids;
 pub mod reason;
 pub mod request;

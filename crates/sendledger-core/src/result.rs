@@ -346,58 +346,13 @@ fn identity_from_raw(raw: &[u8]) -> RawIdentity {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::{accepted, history, src};
     use crate::ids::PayloadHash;
-    use crate::request::{Limits, TaskRequest};
-
-    fn accepted() -> (TaskId, EventBody) {
-        let req = TaskRequest {
-            tenant: "acme".into(),
-            operation: "pay".into(),
-            request_key: "k-1".into(),
-            target: "sim".into(),
-            payload: serde_json::json!({"a": 1}),
-            payload_text: None,
-            metadata: Default::default(),
-        }
-        .accept(&Limits::default())
-        .unwrap();
-        let hash = req.payload_hash();
-        (
-            req.task_id(),
-            EventBody::TaskAccepted {
-                request: req,
-                payload_hash: hash,
-                source: src(7),
-            },
-        )
-    }
-
-    fn src(offset: i64) -> Source {
-        Source {
-            topic: "req".into(),
-            partition: 2,
-            offset,
-        }
-    }
 
     /// What each event of a task's history announces, projected in order.
     fn results(history: &[Event]) -> Vec<Option<TaskResult>> {
         let mut projection = Projection::default();
         history.iter().map(|e| projection.apply(e)).collect()
-    }
-
-    fn history(task: TaskId, bodies: Vec<EventBody>) -> Vec<Event> {
-        bodies
-            .into_iter()
-            .enumerate()
-            .map(|(i, body)| Event {
-                lsn: 10 + i as u64 * 3,
-                task_id: task,
-                task_seq: i as u32,
-                at: 1000 + i as u64,
-                body,
-            })
-            .collect()
     }
 
     #[test]

@@ -1,0 +1,46 @@
+//! Event histories for unit tests, here and in the crates that project or encode events
+//! (feature `fixtures`).
+
+use crate::event::{Event, EventBody, Source};
+use crate::ids::TaskId;
+use crate::request::{Limits, TaskRequest};
+
+/// A source on partition 2 of topic `req`.
+pub fn src(offset: i64) -> Source {
+    Source {
+        topic: "req".into(),
+        partition: 2,
+        offset,
+    }
+}
+
+/// The acceptance of request `acme`/`pay`/`k-1` (payload `{"a":1}`, target `sim`), read from
+/// JSON as the ingest reads it, and its task id.
+pub fn accepted() -> (TaskId, EventBody) {
+    let json = br#"{"tenant":"acme","operation":"pay","request_key":"k-1","target":"sim","payload":{"a":1}}"#;
+    let request = TaskRequest::from_json(json)
+        .and_then(|r| r.accept(&Limits::default()))
+        .expect("a valid request");
+    let (task, payload_hash) = (request.task_id(), request.payload_hash());
+    let body = EventBody::TaskAccepted {
+        request,
+        payload_hash,
+        source: src(7),
+    };
+    (task, body)
+}
+
+/// The events of `task` with these bodies, in order (LSNs 10, 13, 16…, times 1000, 1001…).
+pub fn history(task: TaskId, bodies: Vec<EventBody>) -> Vec<Event> {
+    bodies
+        .into_iter()
+        .enumerate()
+        .map(|(i, body)| Event {
+            lsn: 10 + i as u64 * 3,
+            task_id: task,
+            task_seq: i as u32,
+            at: 1000 + i as u64,
+            body,
+        })
+        .collect()
+}
