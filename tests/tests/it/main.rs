@@ -11,6 +11,7 @@ mod engine_kill;
 mod fuzz;
 mod kafka;
 mod ledger;
+mod log;
 mod scripts;
 mod sim;
 mod tls;

@@ -1,0 +1,436 @@
+//! The events topic as a log of record, one transactional writer per partition.
+//!
+//! The events of the tasks of requests partition *p* go to events partition *p* (set
+//! explicitly, never left to a partitioner), written by *p*'s transactional producer. Its
+//! `transactional.id` is derived from the consumer group and *p*
+//! ([`PartitionLog::transactional_id`]), so whoever opens *p*'s log next fences the previous
+//! writer: the brokers abort its open transaction and refuse its later ones. A batch is
+//! durable when its transaction commits, and only then may the tasks it records act. One
+//! transaction carries a batch's events, the results they announce, and the requests-topic
+//! offset the batch completes (`send_offsets_to_transaction`), so a `read_committed` reader
+//! sees all of them or none.
+//!
+//! [`read_partition`] reads a partition back as a `read_committed` consumer: only records of
+//! committed transactions, never a fenced writer's open or aborted ones.
+//!
+//! Every call blocks (librdkafka's transactional API does): run it on a thread of its own or
+//! in `spawn_blocking`.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use rdkafka::config::FromClientConfigAndContext;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+
+use crate::cluster::Kafka;
+use crate::config::Role;
+use crate::publisher::EVENT_ID_HEADER;
+use crate::reader::Record;
+
+/// Why a partition's log refused a call.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    /// Another writer opened the partition's log after this one: the partition now belongs to
+    /// another instance, and nothing more may be done for its tasks here.
+    #[error("events partition {partition} was taken over by another instance (its transactional producer was fenced): {detail}")]
+    Fenced { partition: i32, detail: String },
+    /// The brokers do not offer transactions (or refuse this client their use).
+    #[error("the brokers refused a transactional producer for events partition {partition}: {detail}; storage.mode = \"kafka\" needs brokers with transactions (Kafka 0.11 or newer, transaction.state.log settings within the cluster's size) and, with ACLs, WRITE on the transactional id {transactional_id}")]
+    Unsupported {
+        partition: i32,
+        transactional_id: String,
+        detail: String,
+    },
+    /// The transaction was aborted (nothing of it is visible); the batch may be written again.
+    #[error("the transaction on events partition {partition} failed and was aborted: {detail}")]
+    Aborted { partition: i32, detail: String },
+    /// The producer failed for good for another reason; open the log again to go on.
+    #[error("the transactional producer of events partition {partition} failed: {detail}")]
+    Failed { partition: i32, detail: String },
+    /// A batch that commits a requests offset came without the consumer's group metadata.
+    #[error("a batch of events partition {partition} commits a requests offset but came without the consumer's group metadata")]
+    NoGroup { partition: i32 },
+    #[error("kafka")]
+    Kafka(#[from] KafkaError),
+}
+
+impl LogError {
+    /// Whether the partition was lost to another instance.
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, LogError::Fenced { .. })
+    }
+}
+
+/// One record of a batch: its key, its `sendledger-event-id` and its JSON value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogRecord {
+    pub key: String,
+    pub event_id: String,
+    pub payload: Vec<u8>,
+}
+
+/// What one transaction makes visible at once.
+#[derive(Debug, Default)]
+pub struct LogBatch {
+    /// Event records, in log order, to the partition's events partition.
+    pub events: Vec<LogRecord>,
+    /// Result records, to the results topic (partitioned by key, as the publisher does).
+    pub results: Vec<LogRecord>,
+    /// The next requests-topic offset to consume on this partition, committed for the group
+    /// with the batch: every message before it is recorded by this batch or an earlier one.
+    pub next_request_offset: Option<i64>,
+}
+
+/// Where a committed batch's events landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Committed {
+    /// Offsets of the batch's first and last event record on the events partition (None for a
+    /// batch without events).
+    pub events: Option<(i64, i64)>,
+    /// How long the transaction took, begin to commit.
+    pub took: Duration,
+}
+
+/// The transactional writer of one events partition.
+pub struct PartitionLog {
+    partition: i32,
+    transactional_id: String,
+    events_topic: String,
+    results_topic: String,
+    requests_topic: String,
+    producer: BaseProducer<Deliveries>,
+    timeout: Duration,
+}
+
+impl PartitionLog {
+    /// The transactional id of partition `partition`'s log for consumer group `group`.
+    pub fn transactional_id(group: &str, partition: i32) -> String {
+        format!("{group}.events.{partition}")
+    }
+
+    /// Opens partition `partition`'s log: initializes its transactional producer, which fences
+    /// every earlier writer of the partition and aborts its open transaction. Waits up to
+    /// `timeout` for the brokers.
+    pub fn open(
+        kafka: &Kafka,
+        partition: i32,
+        timeout: Duration,
+    ) -> Result<PartitionLog, LogError> {
+        let config = kafka.config();
+        let transactional_id = Self::transactional_id(&config.group_id, partition);
+        let mut client = kafka.client_config(Role::Log);
+        client.set("transactional.id", &transactional_id);
+        client.set(
+            "transaction.timeout.ms",
+            timeout.as_millis().max(1000).to_string(),
+        );
+        let producer = BaseProducer::from_config_and_context(&client, Deliveries::default())?;
+        let log = PartitionLog {
+            partition,
+            transactional_id,
+            events_topic: config.events_topic.clone(),
+            results_topic: config.results_topic.clone(),
+            requests_topic: config.requests_topic.clone(),
+            producer,
+            timeout,
+        };
+        if let Err(e) = log.producer.init_transactions(timeout) {
+            return Err(log.init_error(e));
+        }
+        tracing::info!(partition, transactional_id = %log.transactional_id, "events partition opened for writing");
+        Ok(log)
+    }
+
+    pub fn partition(&self) -> i32 {
+        self.partition
+    }
+
+    /// Writes `batch` in one transaction and returns once it committed. `group` is the
+    /// requests consumer's group metadata, needed when the batch commits a requests offset
+    /// (a consumer of an older group generation is refused by the brokers: fenced).
+    ///
+    /// On [`LogError::Aborted`] nothing of the batch is visible and the same batch may be
+    /// written again; on [`LogError::Fenced`] or [`LogError::Failed`] this writer is done.
+    pub fn commit(
+        &self,
+        batch: &LogBatch,
+        group: Option<&ConsumerGroupMetadata>,
+    ) -> Result<Committed, LogError> {
+        if batch.next_request_offset.is_some() && group.is_none() {
+            return Err(LogError::NoGroup {
+                partition: self.partition,
+            });
+        }
+        let started = Instant::now();
+        self.producer.context().clear();
+        self.producer
+            .begin_transaction()
+            .map_err(|e| self.error(e))?;
+        if let Err(e) = self.write(batch, group) {
+            return Err(self.abort(e));
+        }
+        if let Err(e) = self.producer.commit_transaction(self.timeout) {
+            return Err(self.abort(e));
+        }
+        let delivered = self.producer.context().take();
+        if let Some(detail) = delivered.failure {
+            // Cannot happen after a successful commit; refuse to report offsets we did not see.
+            return Err(LogError::Failed {
+                partition: self.partition,
+                detail,
+            });
+        }
+        Ok(Committed {
+            events: delivered.events,
+            took: started.elapsed(),
+        })
+    }
+
+    fn write(
+        &self,
+        batch: &LogBatch,
+        group: Option<&ConsumerGroupMetadata>,
+    ) -> Result<(), KafkaError> {
+        for (topic, partition, records, kind) in [
+            (
+                &self.events_topic,
+                Some(self.partition),
+                &batch.events,
+                EVENT,
+            ),
+            (&self.results_topic, None, &batch.results, RESULT),
+        ] {
+            for r in records {
+                let headers = OwnedHeaders::new().insert(Header {
+                    key: EVENT_ID_HEADER,
+                    value: Some(r.event_id.as_bytes()),
+                });
+                let mut record = BaseRecord::with_opaque_to(topic, kind)
+                    .key(r.key.as_bytes())
+                    .payload(r.payload.as_slice())
+                    .headers(headers);
+                if let Some(p) = partition {
+                    record = record.partition(p);
+                }
+                self.send(record)?;
+            }
+        }
+        if let (Some(next), Some(group)) = (batch.next_request_offset, group) {
+            let mut offsets = TopicPartitionList::new();
+            offsets.add_partition_offset(
+                &self.requests_topic,
+                self.partition,
+                Offset::Offset(next),
+            )?;
+            self.producer
+                .send_offsets_to_transaction(&offsets, group, self.timeout)?;
+        }
+        Ok(())
+    }
+
+    /// Sends one record, serving delivery reports while librdkafka's queue is full.
+    fn send<'a>(&self, mut record: BaseRecord<'a, [u8], [u8], usize>) -> Result<(), KafkaError> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            match self.producer.send(record) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r))
+                    if Instant::now() < deadline =>
+                {
+                    record = r;
+                    self.producer.poll(Duration::from_millis(10));
+                }
+                Err((e, _)) => return Err(e),
+            }
+        }
+    }
+
+    /// Aborts the open transaction after `cause`, and says what became of the writer.
+    fn abort(&self, cause: KafkaError) -> LogError {
+        let error = self.error(cause);
+        if let LogError::Aborted { .. } = error {
+            if let Err(e) = self.producer.abort_transaction(self.timeout) {
+                return self.error(e);
+            }
+        }
+        error
+    }
+
+    /// Classifies a transactional error: fenced (the partition is lost), abortable (write the
+    /// batch again), or fatal (open the log again).
+    fn error(&self, e: KafkaError) -> LogError {
+        let partition = self.partition;
+        match &e {
+            KafkaError::Transaction(t) => {
+                let detail = t.to_string();
+                if is_fencing(t.code()) {
+                    LogError::Fenced { partition, detail }
+                } else if t.txn_requires_abort() {
+                    LogError::Aborted { partition, detail }
+                } else if t.is_fatal() {
+                    match self.producer.client().fatal_error() {
+                        Some((code, _)) if is_fencing(code) => {
+                            LogError::Fenced { partition, detail }
+                        }
+                        _ => LogError::Failed { partition, detail },
+                    }
+                } else {
+                    LogError::Aborted { partition, detail }
+                }
+            }
+            _ => match self.producer.client().fatal_error() {
+                Some((code, reason)) if is_fencing(code) => LogError::Fenced {
+                    partition,
+                    detail: reason,
+                },
+                Some((_, reason)) => LogError::Failed {
+                    partition,
+                    detail: reason,
+                },
+                None => LogError::Aborted {
+                    partition,
+                    detail: e.to_string(),
+                },
+            },
+        }
+    }
+
+    fn init_error(&self, e: KafkaError) -> LogError {
+        match self.error(e) {
+            fenced @ LogError::Fenced { .. } => fenced,
+            other => LogError::Unsupported {
+                partition: self.partition,
+                transactional_id: self.transactional_id.clone(),
+                detail: match other {
+                    LogError::Aborted { detail, .. } | LogError::Failed { detail, .. } => detail,
+                    other => other.to_string(),
+                },
+            },
+        }
+    }
+}
+
+fn is_fencing(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::Fenced
+            | RDKafkaErrorCode::ProducerFenced
+            | RDKafkaErrorCode::InvalidProducerEpoch
+            | RDKafkaErrorCode::InvalidProducerIdMapping
+    )
+}
+
+/// The kinds of record a delivery report is about.
+const EVENT: usize = 1;
+const RESULT: usize = 0;
+
+/// What the delivery reports of the open transaction said.
+#[derive(Debug, Default)]
+struct Delivered {
+    /// First and last offset of the event records.
+    events: Option<(i64, i64)>,
+    /// The first failed delivery.
+    failure: Option<String>,
+}
+
+/// Collects delivery reports (served while the transaction commits).
+#[derive(Default)]
+struct Deliveries {
+    delivered: Mutex<Delivered>,
+}
+
+impl Deliveries {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Delivered> {
+        self.delivered.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn clear(&self) {
+        *self.lock() = Delivered::default();
+    }
+
+    fn take(&self) -> Delivered {
+        std::mem::take(&mut *self.lock())
+    }
+}
+
+impl ClientContext for Deliveries {}
+
+impl ProducerContext for Deliveries {
+    /// [`EVENT`] for an event record (its offset is reported), [`RESULT`] for a result.
+    type DeliveryOpaque = usize;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, kind: usize) {
+        let mut d = self.lock();
+        match result {
+            Ok(m) if kind == EVENT => {
+                let o = m.offset();
+                d.events = Some(d.events.map_or((o, o), |(a, b)| (a.min(o), b.max(o))));
+            }
+            Ok(_) => {}
+            Err((e, _)) => {
+                d.failure.get_or_insert_with(|| e.to_string());
+            }
+        }
+    }
+}
+
+/// Reads events partition `partition` as a `read_committed` consumer from offset `from` to
+/// its end as it was when the call began (its last stable offset), handing each record to
+/// `apply`. Records of open or aborted transactions are never handed over. Returns the offset
+/// after the last record read (`from` when there was none). Gives up when no record arrives
+/// for `idle` while the end is not reached.
+pub fn read_partition(
+    kafka: &Kafka,
+    partition: i32,
+    from: i64,
+    idle: Duration,
+    mut apply: impl FnMut(Record) -> crate::Result<()>,
+) -> crate::Result<i64> {
+    let topic = kafka.config().events_topic.clone();
+    let mut client = kafka.client_config(Role::Replay);
+    client.set("isolation.level", "read_committed");
+    let consumer: BaseConsumer = client.create()?;
+    let (_, end) = consumer.fetch_watermarks(&topic, partition, idle)?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(&topic, partition, Offset::Offset(from))?;
+    consumer.assign(&tpl)?;
+    let mut next = from;
+    let mut last_progress = Instant::now();
+    while next < end {
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                last_progress = Instant::now();
+                next = m.offset() + 1;
+                apply(Record::from_message(&m))?;
+            }
+            Some(Err(e)) => return Err(e.into()),
+            None => {
+                // Past the last committed record only transaction markers (or aborted records)
+                // may remain: the position says how far the consumer got.
+                let position = consumer
+                    .position()?
+                    .find_partition(&topic, partition)
+                    .and_then(|p| match p.offset() {
+                        Offset::Offset(o) => Some(o),
+                        _ => None,
+                    });
+                if let Some(p) = position {
+                    next = next.max(p);
+                }
+                if next < end && last_progress.elapsed() > idle {
+                    return Err(crate::Error::Replay {
+                        topic,
+                        detail: format!(
+                            "partition {partition}: no record for {idle:?} at offset {next}, before its end {end}"
+                        ),
+                    });
+                }
+            }
+        }
+    }
+    Ok(next)
+}
