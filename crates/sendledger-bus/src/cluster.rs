@@ -4,7 +4,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;
@@ -222,8 +222,14 @@ impl Kafka {
 
     /// Creates the topics that do not exist yet, with `partitions` partitions (for external
     /// brokers; the embedded cluster creates them at start). Existing topics are left alone,
-    /// and when all exist nothing is asked of the brokers' admin API.
-    pub async fn ensure_topics(&self, replication: i32, timeout: Duration) -> Result<()> {
+    /// and when all exist nothing is asked of the brokers' admin API. With `log_of_record`
+    /// (kafka mode) the events topic is created with [`LOG_TOPIC_SETTINGS`].
+    pub async fn ensure_topics(
+        &self,
+        replication: i32,
+        timeout: Duration,
+        log_of_record: bool,
+    ) -> Result<()> {
         if self.embedded.is_some() {
             return Ok(());
         }
@@ -245,11 +251,18 @@ impl Kafka {
             .into_iter()
             .filter(|t| !existing.iter().any(|e| e == t))
             .map(|t| {
-                NewTopic::new(
+                let topic = NewTopic::new(
                     t,
                     self.config.partitions,
                     TopicReplication::Fixed(replication),
-                )
+                );
+                if log_of_record && t == self.config.events_topic {
+                    LOG_TOPIC_SETTINGS
+                        .iter()
+                        .fold(topic, |topic, (k, v)| topic.set(k, v))
+                } else {
+                    topic
+                }
             })
             .collect();
         if topics.is_empty() {
@@ -269,7 +282,110 @@ impl Kafka {
         }
         Ok(())
     }
+    /// Checks that the events topic can be kafka mode's log of record: it exists, has as many
+    /// partitions as the requests topic (a task's events go to the partition of its request),
+    /// and keeps every event (no finite retention, no compaction) unless
+    /// `allow_finite_retention` accepts the loss: a partition whose oldest events were deleted
+    /// restores without them (their tasks, identities and processed offsets are forgotten, so
+    /// a redelivery of such a request is sent again). Each refusal names the setting to change.
+    pub async fn check_log_of_record(
+        &self,
+        allow_finite_retention: bool,
+        timeout: Duration,
+    ) -> Result<()> {
+        let config = &self.config;
+        let admin: Arc<AdminClient<DefaultClientContext>> =
+            Arc::new(self.client_config(Role::Admin).create()?);
+        let meta = admin.clone();
+        let topics = [config.requests_topic.clone(), config.events_topic.clone()];
+        let counts: Vec<Option<usize>> = tokio::task::spawn_blocking(move || {
+            let m = meta.inner().fetch_metadata(None, timeout)?;
+            Ok::<_, rdkafka::error::KafkaError>(
+                topics
+                    .iter()
+                    .map(|name| {
+                        m.topics()
+                            .iter()
+                            .find(|t| t.name() == name && t.error().is_none())
+                            .map(|t| t.partitions().len())
+                    })
+                    .collect(),
+            )
+        })
+        .await
+        .map_err(|_| Error::Thread {
+            what: "kafka metadata",
+        })??;
+        let bad = |problem: String| Error::Config {
+            field: "events_topic".into(),
+            problem,
+        };
+        let (requests, events) = match (counts[0], counts[1]) {
+            (Some(r), Some(e)) => (r, e),
+            (None, _) => {
+                return Err(Error::Config {
+                    field: "requests_topic".into(),
+                    problem: format!("{} does not exist on the brokers", config.requests_topic),
+                })
+            }
+            (_, None) => {
+                return Err(bad(format!(
+                    "{} does not exist; in kafka mode it is the log of record: let sendledger create it, or create it with the requests topic's partition count and retention.ms = -1, retention.bytes = -1, cleanup.policy = delete",
+                    config.events_topic
+                )))
+            }
+        };
+        if requests != events {
+            return Err(bad(format!(
+                "{} has {events} partitions and the requests topic {} has {requests}; in kafka mode a task's events go to the partition of its request, so both need the same count: give the events topic {requests} partitions (a new, empty topic; events are never moved between partitions)",
+                config.events_topic, config.requests_topic
+            )));
+        }
+        if allow_finite_retention {
+            return Ok(());
+        }
+        let opts = AdminOptions::new().request_timeout(Some(timeout));
+        let described = admin
+            .describe_configs(&[ResourceSpecifier::Topic(&config.events_topic)], &opts)
+            .await?;
+        let resource = match described.into_iter().next() {
+            Some(Ok(r)) => r,
+            Some(Err(code)) => {
+                return Err(bad(format!(
+                    "cannot read the configuration of {}: {code}; kafka mode must see that it keeps every event (grant DESCRIBE_CONFIGS, or allow finite retention)",
+                    config.events_topic
+                )))
+            }
+            None => return Err(bad(format!("no configuration returned for {}", config.events_topic))),
+        };
+        let value = |name: &str| resource.get(name).and_then(|e| e.value.clone());
+        let mut problems = Vec::new();
+        for key in ["retention.ms", "retention.bytes"] {
+            if let Some(v) = value(key).filter(|v| v != "-1") {
+                problems.push(format!("{key} = {v}"));
+            }
+        }
+        if let Some(v) = value("cleanup.policy").filter(|v| v.contains("compact")) {
+            problems.push(format!("cleanup.policy = {v}"));
+        }
+        if problems.is_empty() {
+            return Ok(());
+        }
+        Err(bad(format!(
+            "{} would lose events ({}); in kafka mode it is the log of record and a partition is restored from all of it: set retention.ms = -1, retention.bytes = -1, cleanup.policy = delete on the topic, or allow finite retention to accept that a restored partition forgets the tasks whose events were deleted (a redelivery of their requests is then sent again)",
+            config.events_topic,
+            problems.join(", ")
+        )))
+    }
 }
+
+/// The settings of the events topic when it is the log of record (kafka mode): every event is
+/// kept.
+pub const LOG_TOPIC_SETTINGS: [(&str, &str); 3] = [
+    ("retention.ms", "-1"),
+    ("retention.bytes", "-1"),
+    ("cleanup.policy", "delete"),
+];
 
 #[cfg(test)]
 mod tests {

@@ -49,7 +49,7 @@ impl Service {
             (false, _) => None,
         };
         kafka
-            .ensure_topics(config.kafka.replication_factor, TOPIC_TIMEOUT)
+            .ensure_topics(config.kafka.replication_factor, TOPIC_TIMEOUT, false)
             .await
             .context("creating the topics")?;
         let engine_config = config.engine_config();

@@ -1044,7 +1044,7 @@ async fn end_to_end_against_a_separate_broker_process() {
     let tansu = tokio::task::block_in_place(start_tansu);
     let kafka = Kafka::connect(config(&format!("127.0.0.1:{}", tansu.port))).unwrap();
     kafka
-        .ensure_topics(1, Duration::from_secs(10))
+        .ensure_topics(1, Duration::from_secs(10), false)
         .await
         .expect("topics created");
     end_to_end(&kafka, 300, crate::seed(0x07a4_55e0)).await;
@@ -1060,7 +1060,7 @@ async fn process_killed_mid_run_against_a_separate_broker() {
     let brokers = format!("127.0.0.1:{}", tansu.port);
     let kafka = Kafka::connect(config(&brokers)).unwrap();
     kafka
-        .ensure_topics(1, Duration::from_secs(10))
+        .ensure_topics(1, Duration::from_secs(10), false)
         .await
         .expect("topics created");
     let sim = Sim::start(SimConfig {
@@ -1545,7 +1545,7 @@ async fn the_broker_unreachable_for_a_while_loses_and_duplicates_nothing() {
     let relay = Relay::start_on(relay_port, tansu.port).await;
     let kafka = Kafka::connect(config_for_process(&format!("127.0.0.1:{}", relay.port))).unwrap();
     kafka
-        .ensure_topics(1, Duration::from_secs(10))
+        .ensure_topics(1, Duration::from_secs(10), false)
         .await
         .expect("topics created");
     let sim = Sim::start(SimConfig {
@@ -1748,7 +1748,7 @@ async fn two_instances_in_one_group_never_send_a_request_twice() {
     let tansu = tokio::task::block_in_place(start_tansu);
     let kafka = Kafka::connect(config_for_process(&format!("127.0.0.1:{}", tansu.port))).unwrap();
     kafka
-        .ensure_topics(1, Duration::from_secs(10))
+        .ensure_topics(1, Duration::from_secs(10), false)
         .await
         .expect("topics created");
     let sim = Sim::start(SimConfig::default()).await.unwrap();
@@ -1936,7 +1936,7 @@ async fn end_to_end_over_tls_to_a_separate_broker() {
     }
     let kafka = Kafka::connect(kafka_config).unwrap();
     kafka
-        .ensure_topics(1, Duration::from_secs(10))
+        .ensure_topics(1, Duration::from_secs(10), false)
         .await
         .expect("topics created over TLS");
     end_to_end(&kafka, 100, crate::seed(0x7150_0001)).await;

@@ -6,6 +6,8 @@
 use std::time::Duration;
 
 use sendledger_bus::log::{read_partition, Committed};
+use sendledger_bus::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use sendledger_bus::rdkafka::client::DefaultClientContext;
 use sendledger_bus::rdkafka::consumer::{BaseConsumer, Consumer};
 use sendledger_bus::rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use sendledger_bus::rdkafka::{Offset, TopicPartitionList};
@@ -42,7 +44,7 @@ fn committed_event_ids(kafka: &Kafka, partition: i32, from: i64) -> (Vec<String>
 async fn a_new_writer_fences_the_old_one_and_readers_see_only_committed_batches() {
     let tansu = start_tansu();
     let kafka = Kafka::connect(config_for_process(&format!("127.0.0.1:{}", tansu.port))).unwrap();
-    kafka.ensure_topics(1, TIMEOUT).await.unwrap();
+    kafka.ensure_topics(1, TIMEOUT, true).await.unwrap();
     tokio::task::block_in_place(|| {
         let first = PartitionLog::open(&kafka, 1, TIMEOUT).expect("the first writer opens");
         let one = LogBatch {
@@ -119,4 +121,77 @@ async fn brokers_refusing_transactions_are_named_at_open() {
     let text = err.to_string();
     assert!(text.contains("storage.mode"), "{text}");
     assert!(text.contains("sendledger.events.0"), "{text}");
+}
+
+/// Start-up checks of the events topic as the log of record, each refusal naming the setting:
+/// created by sendledger it passes; a partition count unlike the requests topic's, finite
+/// retention or compaction are refused; the override accepts finite retention.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_events_topic_must_match_the_requests_topic_and_keep_every_event() {
+    let tansu = start_tansu();
+    let brokers = format!("127.0.0.1:{}", tansu.port);
+    let kafka = Kafka::connect(config_for_process(&brokers)).unwrap();
+    kafka.ensure_topics(1, TIMEOUT, true).await.unwrap();
+    kafka
+        .check_log_of_record(false, TIMEOUT)
+        .await
+        .expect("topics sendledger created in kafka mode pass");
+
+    let n = kafka.config().partitions;
+    let admin: AdminClient<DefaultClientContext> =
+        kafka.client_config(Role::Admin).create().unwrap();
+    let opts = AdminOptions::new().operation_timeout(Some(TIMEOUT));
+    let create = |name: &'static str, partitions: i32, settings: &'static [(&str, &str)]| {
+        let topic = settings.iter().fold(
+            NewTopic::new(name, partitions, TopicReplication::Fixed(1)),
+            |t, (k, v)| t.set(k, v),
+        );
+        let admin = &admin;
+        let opts = &opts;
+        async move {
+            for r in admin.create_topics(&[topic], opts).await.unwrap() {
+                r.unwrap();
+            }
+        }
+    };
+    let check = |events: &str, allow: bool| {
+        let mut config = config_for_process(&brokers);
+        config.events_topic = events.into();
+        let kafka = Kafka::connect(config).unwrap();
+        async move { kafka.check_log_of_record(allow, TIMEOUT).await }
+    };
+
+    create(
+        "events.fewer",
+        n - 1,
+        &[("retention.ms", "-1"), ("retention.bytes", "-1")],
+    )
+    .await;
+    let err = check("events.fewer", false).await.unwrap_err().to_string();
+    assert!(
+        err.contains(&format!("events.fewer has {} partitions", n - 1))
+            && err.contains(&format!("has {n};")),
+        "{err}"
+    );
+
+    create("events.week", n, &[("retention.ms", "604800000")]).await;
+    let err = check("events.week", false).await.unwrap_err().to_string();
+    assert!(err.contains("retention.ms = 604800000"), "{err}");
+    assert!(err.contains("allow finite retention"), "{err}");
+    check("events.week", true)
+        .await
+        .expect("the override accepts finite retention");
+
+    create("events.compacted", n, &[("cleanup.policy", "compact")]).await;
+    let err = check("events.compacted", false)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("cleanup.policy = compact"), "{err}");
+
+    let err = check("events.missing", false)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("events.missing does not exist"), "{err}");
 }
