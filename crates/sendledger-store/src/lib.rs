@@ -26,10 +26,12 @@ pub mod error;
 pub mod journal;
 pub mod keys;
 pub mod ledger;
+pub mod restore;
 
 pub use audit::audit;
 pub use counts::TaskCounts;
 pub use error::{Error, Result};
 pub use journal::{Append, JournalStats, TimerKind};
 pub use ledger::{Durability, Ledger, LedgerOptions, Memory, MemoryUsage, Processed, TaskSummary};
+pub use restore::restore_append;
 pub use sendledger_core::audit::{AuditReport, Finding};

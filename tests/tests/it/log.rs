@@ -195,3 +195,130 @@ async fn the_events_topic_must_match_the_requests_topic_and_keep_every_event() {
         .to_string();
     assert!(err.contains("events.missing does not exist"), "{err}");
 }
+
+/// A partition's events, written through its log and read back, rebuild a ledger on an empty
+/// disk: the new owner knows every identity (a redelivery is a duplicate, not a second send),
+/// every processed offset, and resumes the tasks left unknown, which lookups then confirm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partition_restored_on_an_empty_disk_resumes_its_tasks_and_sends_nothing_twice() {
+    use sendledger_bus::{event_from_record, EventRecord};
+    use sendledger_core::Phase;
+    use sendledger_sim::{Faults, Sim, SimConfig};
+    use sendledger_store::{restore_append, Ledger, LedgerOptions};
+    use sendledger_tests::engine::{request, settled, source, target, task_id, wait_for};
+
+    let sim = Sim::start(SimConfig {
+        faults: Faults {
+            commit_then_drop: 0.5,
+            ..Faults::default()
+        },
+        lookup_lag: Duration::from_secs(2),
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap();
+    let keys: Vec<String> = (0..20).map(|i| format!("restore-{i}")).collect();
+    let (first_dir, second_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let first = tokio::task::block_in_place(|| {
+        sendledger_tests::engine::start(first_dir.path(), target(&sim.base_url(), |_| {}))
+    });
+    for (i, key) in keys.iter().enumerate() {
+        first.submit(request(key), source(i as i64)).await.unwrap();
+    }
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while sim.stats().posts < keys.len() as u64 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not every task was sent"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    first.shutdown(Duration::from_secs(5)).await;
+    let log = Ledger::open_read_only(first_dir.path()).unwrap();
+    let events = log.read_log(1, usize::MAX).unwrap();
+    let unknown = keys
+        .iter()
+        .filter(|k| {
+            let history: Vec<_> = events
+                .iter()
+                .filter(|e| e.task_id == task_id(k))
+                .cloned()
+                .collect();
+            sendledger_core::fold(&history).phase == Phase::Unknown
+        })
+        .count();
+    assert!(unknown > 0, "the test needs tasks left unknown");
+    drop(log);
+
+    let tansu = start_tansu();
+    let kafka = Kafka::connect(config_for_process(&format!("127.0.0.1:{}", tansu.port))).unwrap();
+    kafka.ensure_topics(1, TIMEOUT, true).await.unwrap();
+    tokio::task::block_in_place(|| {
+        let writer = PartitionLog::open(&kafka, 0, TIMEOUT).unwrap();
+        let batch = LogBatch {
+            events: events
+                .iter()
+                .map(|e| {
+                    let record = sendledger_bus::records::event_record(e);
+                    LogRecord {
+                        key: e.task_id.to_string(),
+                        event_id: record.event_id.clone(),
+                        payload: serde_json::to_vec(&record).unwrap(),
+                    }
+                })
+                .collect(),
+            ..LogBatch::default()
+        };
+        writer.commit(&batch, None).unwrap();
+
+        let mut read = Vec::new();
+        read_partition(&kafka, 0, 0, TIMEOUT, |r| {
+            let record: EventRecord =
+                serde_json::from_slice(r.payload.as_deref().unwrap()).unwrap();
+            read.push(event_from_record(&record)?);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(
+            read, events,
+            "the partition holds the ledger's events, in order"
+        );
+        let restored = Ledger::open(second_dir.path(), LedgerOptions::default()).unwrap();
+        let append = restore_append(&restored, &read).unwrap();
+        restored.append_blocking(append).unwrap();
+        let again = restore_append(&restored, &read).unwrap();
+        assert!(again.events.is_empty(), "a second restore adds nothing");
+        let processed = restored.processed("test", 0).unwrap();
+        for offset in 0..keys.len() as i64 {
+            assert!(processed.contains(offset), "offset {offset} not processed");
+        }
+    });
+
+    let second = tokio::task::block_in_place(|| {
+        sendledger_tests::engine::start(second_dir.path(), target(&sim.base_url(), |_| {}))
+    });
+    for key in &keys {
+        let state = wait_for(&second, task_id(key), TIMEOUT, settled).await;
+        assert_eq!(state.phase, Phase::Succeeded, "{key}");
+    }
+    let posts = sim.stats().posts;
+    for (i, key) in keys.iter().enumerate() {
+        second
+            .submit(request(key), source(100 + i as i64))
+            .await
+            .unwrap();
+    }
+    for key in &keys {
+        assert_eq!(sim.records_with_identity(key).len(), 1, "{key}");
+        let events = second.events(task_id(key)).await.unwrap();
+        assert!(
+            events
+                .iter()
+                .any(|e| matches!(e.body, sendledger_core::EventBody::DuplicateDelivery { .. })),
+            "{key}: the redelivery is not a duplicate"
+        );
+    }
+    assert_eq!(sim.stats().posts, posts, "a restored task was sent again");
+    second.shutdown(Duration::from_secs(5)).await;
+    sim.shutdown().await;
+}
