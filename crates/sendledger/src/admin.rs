@@ -53,7 +53,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::config::AdminConfig;
-use crate::timeline::{parse_task, review_json, task_json};
+use crate::console;
+use crate::timeline::{parse_task, remote_ids_seen, review_json, task_json};
 
 /// How long the gauges computed from the ledger are reused between scrapes.
 pub const LEDGER_GAUGES_TTL: Duration = Duration::from_secs(5);
@@ -522,13 +523,18 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>
         (&Method::GET, ["tasks", id]) => task(shared, id, req.uri().query()).await,
         (&Method::GET, ["reviews"]) => reviews(shared).await,
         (&Method::POST, ["reviews", id]) => resolve(shared, id, req).await,
+        (&Method::GET, ["console", rest @ ..]) => Ok(console_route(shared, rest).await),
+        (_, ["console", ..]) => Err(Failure::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("{method} is not allowed on {path}: the console's pages are read with GET"),
+        )),
         (_, ["metrics" | "healthz" | "reviews"] | ["tasks" | "reviews", _]) => Err(Failure::new(
             StatusCode::METHOD_NOT_ALLOWED,
             format!("{method} is not allowed on {path}"),
         )),
         _ => Err(Failure::new(
             StatusCode::NOT_FOUND,
-            format!("no route {path}; see GET /metrics, /healthz, /tasks/{{id}}, /reviews, POST /reviews/{{id}}"),
+            format!("no route {path}; see GET /metrics, /healthz, /tasks/{{id}}, /reviews, /console, POST /reviews/{{id}}"),
         )),
     };
     answer.unwrap_or_else(|Failure(status, message)| {
@@ -537,6 +543,40 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>
         }
         json_response(status, &json!({ "error": message }))
     })
+}
+
+/// A console page or asset ([`console`]); a task page only for a task in the ledger, so a
+/// mistyped id gets a 404 page rather than an empty one.
+async fn console_route(shared: &Shared, rest: &[&str]) -> Response<Full<Bytes>> {
+    match rest {
+        ["assets", name] => console::asset(name),
+        ["task", segment] if !segment.is_empty() => {
+            let Ok(task_id) = task_ref(segment) else {
+                return console::error_page(
+                    StatusCode::BAD_REQUEST,
+                    "This is not a task reference: use a task id (32 hex digits) or tenant/operation/request_key URL-encoded.",
+                );
+            };
+            match shared.engine.events(task_id).await {
+                Ok(events) if events.is_empty() => console::error_page(
+                    StatusCode::NOT_FOUND,
+                    "No such task: the ledger holds no event of it.",
+                ),
+                Ok(_) => console::page(console::Page::Task),
+                Err(e) => {
+                    tracing::warn!(error = %Chain(&e), "console: cannot read a task");
+                    console::error_page(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "The task cannot be read now; the service's log says why.",
+                    )
+                }
+            }
+        }
+        _ => match console::page_of(rest) {
+            Some(page) => console::page(page),
+            None => console::error_page(StatusCode::NOT_FOUND, "No such console page."),
+        },
+    }
 }
 
 fn json_response(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {
@@ -598,7 +638,7 @@ fn publish_counts(counts: &TaskCounts) {
 
 async fn healthz(shared: &Shared) -> Answer {
     let (live_tasks, waiting) = shared.engine.load().await?;
-    let mut body = json!({ "ok": true, "last_lsn": shared.engine.ledger().last_lsn(), "live_tasks": live_tasks, "waiting": waiting, "durability": "sync" });
+    let mut body = json!({ "ok": true, "last_lsn": shared.engine.ledger().last_lsn(), "live_tasks": live_tasks, "waiting": waiting, "durability": "sync", "token_configured": shared.token.is_some() });
     let mut status = StatusCode::OK;
     if shared.engine.durability() == sendledger_store::Durability::Buffered {
         body["durability"] = json!("buffered");
@@ -695,6 +735,7 @@ async fn task(shared: &Shared, segment: &str, query: Option<&str>) -> Answer {
     let page = &events[start..events.len().min(start + limit)];
     let more = start + page.len() < events.len();
     let mut body = task_json(task_id, &fold(&events), page);
+    body["remote_ids_seen"] = remote_ids_seen(&events);
     body["more"] = json!(more);
     body["next_after"] = json!(page.last().filter(|_| more).map(|e| e.task_seq));
     Ok(json_response(StatusCode::OK, &body))
