@@ -5,9 +5,10 @@
 //! | route | what |
 //! |---|---|
 //! | `GET /metrics` | Prometheus text: every `sendledger_*` metric of the process, plus gauges computed from the ledger (see [`Admin`]) |
-//! | `GET /healthz` | `{"ok": true, "last_lsn", "live_tasks", "waiting", "durability"}` (and a `warning` with `buffered` durability); 503 when the engine has stopped |
-//! | `GET /tasks/{id}?after=SEQ&limit=N` | a task's state and one page of its timeline: the shape of `sendledger inspect --json` with the events after sequence number `after` (default: from the first), at most `limit` (default 500, at most 5000), and `more` and `next_after` to read on (task id, or `tenant/operation/request_key` URL-encoded) |
+//! | `GET /healthz` | `{"ok": true, "last_lsn", "live_tasks", "waiting", "durability", "token_configured"}` (and a `warning` with `buffered` durability); 503 when the engine has stopped |
+//! | `GET /tasks/{id}?after=SEQ&limit=N` | a task's state and one page of its timeline: the shape of `sendledger inspect --json` with the events after sequence number `after` (default: from the first), at most `limit` (default 500, at most 5000), and `more` and `next_after` to read on (task id, or `tenant/operation/request_key` URL-encoded); with the task's `request` and `remote_ids_seen` |
 //! | `GET /reviews` | the tasks in manual review, with reason and evidence (computed at most once per second, however many read it) |
+//! | `GET /console`, `/console/task/{id}`, `/console/dashboard`, `/console/assets/{name}` | the review console (see [`crate::console`]): HTML pages that call the routes here; a task page answers 404 for a task not in the ledger |
 //! | `POST /reviews/{id}` | resolve a review: `{"as": "succeeded", "remote_id", "by", "reason"}`, `{"as": "failed", "by", "reason"}` or `{"resend": true, "by", "reason"}` |
 //!
 //! Mutating calls need `Authorization: Bearer <admin.token>` (the scheme in any case); with no
