@@ -3,6 +3,8 @@
 
 use sendledger_core::{EventBody, NewEvent, TaskId};
 
+pub mod browser;
+
 /// The body of the `seq`-th event of writer task `task` in the crash tests. Deterministic, so
 /// the verifier knows exactly what every stored event must contain; sizes vary from a few
 /// bytes to a few kilobytes so that torn writes would show.

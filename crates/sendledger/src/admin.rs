@@ -5,9 +5,10 @@
 //! | route | what |
 //! |---|---|
 //! | `GET /metrics` | Prometheus text: every `sendledger_*` metric of the process, plus gauges computed from the ledger (see [`Admin`]) |
-//! | `GET /healthz` | `{"ok": true, "last_lsn", "live_tasks", "waiting", "durability"}` (and a `warning` with `buffered` durability); 503 when the engine has stopped |
-//! | `GET /tasks/{id}?after=SEQ&limit=N` | a task's state and one page of its timeline: the shape of `sendledger inspect --json` with the events after sequence number `after` (default: from the first), at most `limit` (default 500, at most 5000), and `more` and `next_after` to read on (task id, or `tenant/operation/request_key` URL-encoded) |
+//! | `GET /healthz` | `{"ok": true, "last_lsn", "live_tasks", "waiting", "durability", "token_configured"}` (and a `warning` with `buffered` durability); 503 when the engine has stopped |
+//! | `GET /tasks/{id}?after=SEQ&limit=N` | a task's state and one page of its timeline: the shape of `sendledger inspect --json` with the events after sequence number `after` (default: from the first), at most `limit` (default 500, at most 5000), and `more` and `next_after` to read on (task id, or `tenant/operation/request_key` URL-encoded); with the task's `request` and `remote_ids_seen` |
 //! | `GET /reviews` | the tasks in manual review, with reason and evidence (computed at most once per second, however many read it) |
+//! | `GET /console`, `/console/task/{id}`, `/console/dashboard`, `/console/assets/{name}` | the review console (see [`crate::console`]): HTML pages that call the routes here; a task page answers 404 for a task not in the ledger |
 //! | `POST /reviews/{id}` | resolve a review: `{"as": "succeeded", "remote_id", "by", "reason"}`, `{"as": "failed", "by", "reason"}` or `{"resend": true, "by", "reason"}` |
 //!
 //! Mutating calls need `Authorization: Bearer <admin.token>` (the scheme in any case); with no
@@ -53,7 +54,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::config::AdminConfig;
-use crate::timeline::{parse_task, review_json, task_json};
+use crate::console;
+use crate::timeline::{parse_task, remote_ids_seen, review_json, task_json};
 
 /// How long the gauges computed from the ledger are reused between scrapes.
 pub const LEDGER_GAUGES_TTL: Duration = Duration::from_secs(5);
@@ -522,13 +524,18 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>
         (&Method::GET, ["tasks", id]) => task(shared, id, req.uri().query()).await,
         (&Method::GET, ["reviews"]) => reviews(shared).await,
         (&Method::POST, ["reviews", id]) => resolve(shared, id, req).await,
+        (&Method::GET, ["console", rest @ ..]) => Ok(console_route(shared, rest).await),
+        (_, ["console", ..]) => Err(Failure::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("{method} is not allowed on {path}: the console's pages are read with GET"),
+        )),
         (_, ["metrics" | "healthz" | "reviews"] | ["tasks" | "reviews", _]) => Err(Failure::new(
             StatusCode::METHOD_NOT_ALLOWED,
             format!("{method} is not allowed on {path}"),
         )),
         _ => Err(Failure::new(
             StatusCode::NOT_FOUND,
-            format!("no route {path}; see GET /metrics, /healthz, /tasks/{{id}}, /reviews, POST /reviews/{{id}}"),
+            format!("no route {path}; see GET /metrics, /healthz, /tasks/{{id}}, /reviews, /console, POST /reviews/{{id}}"),
         )),
     };
     answer.unwrap_or_else(|Failure(status, message)| {
@@ -537,6 +544,40 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>
         }
         json_response(status, &json!({ "error": message }))
     })
+}
+
+/// A console page or asset ([`console`]); a task page only for a task in the ledger, so a
+/// mistyped id gets a 404 page rather than an empty one.
+async fn console_route(shared: &Shared, rest: &[&str]) -> Response<Full<Bytes>> {
+    match rest {
+        ["assets", name] => console::asset(name),
+        ["task", segment] if !segment.is_empty() => {
+            let Ok(task_id) = task_ref(segment) else {
+                return console::error_page(
+                    StatusCode::BAD_REQUEST,
+                    "This is not a task reference: use a task id (32 hex digits) or tenant/operation/request_key URL-encoded.",
+                );
+            };
+            match shared.engine.events(task_id).await {
+                Ok(events) if events.is_empty() => console::error_page(
+                    StatusCode::NOT_FOUND,
+                    "No such task: the ledger holds no event of it.",
+                ),
+                Ok(_) => console::page(console::Page::Task),
+                Err(e) => {
+                    tracing::warn!(error = %Chain(&e), "console: cannot read a task");
+                    console::error_page(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "The task cannot be read now; the service's log says why.",
+                    )
+                }
+            }
+        }
+        _ => match console::page_of(rest) {
+            Some(page) => console::page(page),
+            None => console::error_page(StatusCode::NOT_FOUND, "No such console page."),
+        },
+    }
 }
 
 fn json_response(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {
@@ -598,7 +639,7 @@ fn publish_counts(counts: &TaskCounts) {
 
 async fn healthz(shared: &Shared) -> Answer {
     let (live_tasks, waiting) = shared.engine.load().await?;
-    let mut body = json!({ "ok": true, "last_lsn": shared.engine.ledger().last_lsn(), "live_tasks": live_tasks, "waiting": waiting, "durability": "sync" });
+    let mut body = json!({ "ok": true, "last_lsn": shared.engine.ledger().last_lsn(), "live_tasks": live_tasks, "waiting": waiting, "durability": "sync", "token_configured": shared.token.is_some() });
     let mut status = StatusCode::OK;
     if shared.engine.durability() == sendledger_store::Durability::Buffered {
         body["durability"] = json!("buffered");
@@ -695,6 +736,7 @@ async fn task(shared: &Shared, segment: &str, query: Option<&str>) -> Answer {
     let page = &events[start..events.len().min(start + limit)];
     let more = start + page.len() < events.len();
     let mut body = task_json(task_id, &fold(&events), page);
+    body["remote_ids_seen"] = remote_ids_seen(&events);
     body["more"] = json!(more);
     body["next_after"] = json!(page.last().filter(|_| more).map(|e| e.task_seq));
     Ok(json_response(StatusCode::OK, &body))

@@ -21,6 +21,7 @@ pub mod bench_fuzz;
 mod bench_kafka;
 pub mod cli;
 pub mod config;
+pub mod console;
 mod demo;
 mod ops;
 mod produce;

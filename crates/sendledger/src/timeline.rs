@@ -4,7 +4,7 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use sendledger_actors::ReviewItem;
-use sendledger_core::{Event, Identity, State, TaskId};
+use sendledger_core::{Event, EventBody, Identity, State, TaskId};
 use serde_json::{json, Value};
 
 /// A task id (32 hex digits) or an identity's address `tenant/operation/request_key` (a `/`
@@ -24,14 +24,61 @@ pub fn time(at_ms: u64) -> String {
     humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(at_ms)).to_string()
 }
 
-/// A task's state and the events of its timeline to show (`inspect --json`: all of them;
-/// `GET /tasks/{id}`: one page).
+/// A task's state, its request (identity, target, payload, metadata: what was accepted; the
+/// target's headers and secrets live in the configuration and are not part of it), and the
+/// events of its timeline to show (`inspect --json`: all of them; `GET /tasks/{id}`: one
+/// page). Each event has its one-line `detail`, the `attempt` it is about (send events), and
+/// `data`: its recorded fields (the evidence of a confirmation, a lookup's matches, ...).
 pub fn task_json(task: TaskId, state: &State, events: &[Event]) -> Value {
     let timeline: Vec<_> = events
         .iter()
-        .map(|e| json!({ "lsn": e.lsn, "seq": e.task_seq, "at": time(e.at), "event": e.body.name(), "detail": e.body.summary(e.at) }))
+        .map(|e| json!({ "lsn": e.lsn, "seq": e.task_seq, "at": time(e.at), "event": e.body.name(), "detail": e.body.summary(e.at), "attempt": attempt_of(&e.body), "data": fields_of(&e.body) }))
         .collect();
-    json!({ "task_id": task.to_string(), "state": state.phase.name(), "attempts": state.attempts, "remote_id": state.remote_id, "events": timeline })
+    json!({ "task_id": task.to_string(), "state": state.phase.name(), "attempts": state.attempts, "remote_id": state.remote_id, "request": state.request, "events": timeline })
+}
+
+/// The attempt a send event is about; none for other events.
+fn attempt_of(body: &EventBody) -> Option<u32> {
+    match body {
+        EventBody::SendIntended { attempt, .. }
+        | EventBody::SendNotSent { attempt, .. }
+        | EventBody::SendUnknown { attempt, .. } => Some(*attempt),
+        _ => None,
+    }
+}
+
+/// An event's fields as JSON, without the variant's name (that is `event`).
+fn fields_of(body: &EventBody) -> Value {
+    match serde_json::to_value(body) {
+        Ok(Value::Object(variant)) => variant.into_iter().next().map_or(Value::Null, |(_, v)| v),
+        _ => Value::Null,
+    }
+}
+
+/// Every remote id a task's events name (a confirmation, a lookup's matches), each once in
+/// order of first sight, with where it was seen: `[{"remote_id", "seen": ["Confirmed #3 at
+/// ...", "LookupPerformed #5 at ..."]}]`. An operator resolving a review picks among these.
+pub fn remote_ids_seen(events: &[Event]) -> Value {
+    let mut seen: Vec<(String, Vec<String>)> = Vec::new();
+    for e in events {
+        let ids: &[String] = match &e.body {
+            EventBody::Confirmed { remote_id, .. } => std::slice::from_ref(remote_id),
+            EventBody::LookupPerformed { matches, .. } => matches,
+            _ => &[],
+        };
+        for id in ids {
+            let place = format!("{} #{} at {}", e.body.name(), e.task_seq, time(e.at));
+            match seen.iter_mut().find(|(known, _)| known == id) {
+                Some((_, places)) => places.push(place),
+                None => seen.push((id.clone(), vec![place])),
+            }
+        }
+    }
+    Value::Array(
+        seen.into_iter()
+            .map(|(id, places)| json!({ "remote_id": id, "seen": places }))
+            .collect(),
+    )
 }
 
 /// A task in manual review with its reason and the evidence so far (`review list --json`,

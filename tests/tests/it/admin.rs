@@ -18,11 +18,11 @@ use sendledger_tests::engine::*;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const WAIT: Duration = Duration::from_secs(20);
-const TOKEN: &str = "s3cret-admin-token";
+pub(crate) const WAIT: Duration = Duration::from_secs(20);
+pub(crate) const TOKEN: &str = "s3cret-admin-token";
 
 /// One HTTP/1.1 request on a fresh connection; the status and the body.
-async fn http(
+pub(crate) async fn http(
     addr: &str,
     method: &str,
     path: &str,
@@ -46,24 +46,29 @@ async fn http(
     (status, body.to_string())
 }
 
-async fn get_json(addr: &str, path: &str) -> Value {
+pub(crate) async fn get_json(addr: &str, path: &str) -> Value {
     let (status, body) = http(addr, "GET", path, None, None).await;
     assert_eq!(status, 200, "GET {path}: {body}");
     serde_json::from_str(&body).unwrap()
 }
 
 /// `POST /reviews/{task}`; the status and the JSON answer.
-async fn resolve(addr: &str, task: &str, token: Option<&str>, body: Value) -> (u16, Value) {
+pub(crate) async fn resolve(
+    addr: &str,
+    task: &str,
+    token: Option<&str>,
+    body: Value,
+) -> (u16, Value) {
     let (status, body) = http(addr, "POST", &format!("/reviews/{task}"), token, Some(body)).await;
     (status, serde_json::from_str(&body).expect("a JSON answer"))
 }
 
 /// The task reference of a request key, as `tenant/operation/request_key` URL-encoded.
-fn task_ref(key: &str) -> String {
+pub(crate) fn task_ref(key: &str) -> String {
     format!("acme%2Fpayment.create%2F{key}")
 }
 
-async fn wait_state(addr: &str, key: &str, state: &str) -> Value {
+pub(crate) async fn wait_state(addr: &str, key: &str, state: &str) -> Value {
     let deadline = Instant::now() + WAIT;
     loop {
         let task = get_json(addr, &format!("/tasks/{}", task_ref(key))).await;
@@ -270,16 +275,16 @@ impl Scrape {
 }
 
 /// The service child: its admin address, its stdin for commands, its stdout for answers.
-struct Service {
+pub(crate) struct Service {
     child: Child,
     stdin: Option<ChildStdin>,
     lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
-    addr: String,
+    pub(crate) addr: String,
 }
 
 impl Service {
     /// Starts the child; with `brokers` it also consumes requests and publishes results.
-    fn start(dir: &std::path::Path, target: &str, brokers: Option<&str>) -> Service {
+    pub(crate) fn start(dir: &std::path::Path, target: &str, brokers: Option<&str>) -> Service {
         let mut child = Command::new(env!("CARGO_BIN_EXE_admin_child"))
             .args([dir.to_str().unwrap(), target, TOKEN])
             .args(brokers)
@@ -314,7 +319,7 @@ impl Service {
     }
 
     /// Closes stdin and waits for a clean stop.
-    fn stop(mut self) {
+    pub(crate) fn stop(mut self) {
         drop(self.stdin.take());
         assert_eq!(
             self.lines.next().map(Result::unwrap).as_deref(),

@@ -3,6 +3,7 @@
 mod admin;
 mod audit;
 mod cli;
+mod console;
 mod crash;
 mod deploy;
 mod effects;

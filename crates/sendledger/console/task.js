@@ -1,0 +1,209 @@
+"use strict";
+// One task: its request, the remote ids seen, its whole timeline (GET /tasks/{id}, page by
+// page), and while it is in manual review the form that resolves it (POST /reviews/{id}).
+
+(() => {
+  const { el, fill, call, reasonKind, identityText } = Console;
+  const main = document.getElementById("main");
+  // The task reference exactly as in the address (a task id, or an encoded identity).
+  const ref = location.pathname.replace(/^\/console\/task\//, "");
+
+  const view = el("div", { id: "task" });
+  // Outside the view so that the outcome of a resolution stays shown after the refresh.
+  const result = el("div", { id: "result", role: "status" });
+  fill(main, result, view);
+
+  /** The whole timeline: every page of GET /tasks/{ref}. */
+  async function readTask() {
+    let after = null;
+    let task = null;
+    for (;;) {
+      const query = "?limit=5000" + (after === null ? "" : "&after=" + after);
+      const { status, body } = await call("/tasks/" + ref + query);
+      if (status !== 200) return { status, body };
+      if (task === null) task = body;
+      else task.events.push(...body.events);
+      if (!body.more) return { status, body: task };
+      after = body.next_after;
+    }
+  }
+
+  async function load() {
+    const { status, body } = await readTask();
+    if (status !== 200) {
+      fill(view, el("h1", {}, "Task"),
+        el("p", { class: "error", id: "page-error" }, "Cannot read this task (" + status + "): " + (body.error || "")));
+      return;
+    }
+    render(body, await Console.health);
+  }
+
+  function render(task, health) {
+    const review = [...task.events].reverse().find((e) => e.event === "ManualReviewRequired");
+    const request = task.request || {};
+    fill(view,
+      el("h1", {}, "Task ", el("span", { class: "mono", id: "task-id" }, task.task_id)),
+      el("dl", { class: "summary" },
+        el("dt", {}, "State"), el("dd", {}, el("span", { id: "task-state", class: "state state-" + task.state }, task.state)),
+        el("dt", {}, "Identity"), el("dd", { id: "task-identity" }, identityText(request.identity)),
+        el("dt", {}, "Target"), el("dd", { id: "task-target" }, request.target || "-"),
+        el("dt", {}, "Attempts"), el("dd", {}, String(task.attempts)),
+        el("dt", {}, "Remote id"), el("dd", { id: "task-remote-id" }, task.remote_id || "none"),
+        task.state === "manual_review" && review ? [el("dt", {}, "Review reason"), el("dd", { id: "task-reason" }, review.detail)] : null),
+      task.state === "manual_review" ? resolveForm(task, health) : el("p", { class: "hint", id: "not-in-review" },
+        "This task is " + task.state + ": only tasks in manual review can be resolved."),
+      el("h2", {}, "Remote ids seen"),
+      remoteIds(task),
+      el("h2", {}, "Request"),
+      el("p", { class: "hint" }, "The payload as accepted. Headers and secrets come from the target's configuration and are never shown here."),
+      el("pre", { id: "payload", class: "payload" }, prettyPayload(request.payload)),
+      metadata(request.metadata),
+      el("h2", {}, "Timeline"),
+      timeline(task.events));
+  }
+
+  function prettyPayload(payload) {
+    if (payload === undefined || payload === null) return "(no request recorded)";
+    try {
+      return JSON.stringify(JSON.parse(payload), null, 2);
+    } catch (_) {
+      return payload;
+    }
+  }
+
+  function metadata(meta) {
+    const entries = Object.entries(meta || {});
+    if (entries.length === 0) return null;
+    return el("table", { class: "meta" }, el("tbody", {}, entries.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, v)))));
+  }
+
+  function remoteIds(task) {
+    const seen = task.remote_ids_seen || [];
+    if (seen.length === 0) return el("p", { id: "remote-ids" }, "No remote record has been seen for this task.");
+    return el("ul", { id: "remote-ids" }, seen.map((s) =>
+      el("li", {}, el("span", { class: "mono" }, s.remote_id), " — " + s.seen.join(", "))));
+  }
+
+  function timeline(events) {
+    return el("table", { id: "timeline" },
+      el("thead", {}, el("tr", {}, ["#", "Time", "Event", "Attempt", "Detail", "Evidence"].map((h) => el("th", {}, h)))),
+      el("tbody", {}, events.map((e) => el("tr", { "data-event": e.event },
+        el("td", {}, String(e.seq)),
+        el("td", { class: "mono" }, e.at),
+        el("td", {}, e.event),
+        el("td", {}, e.attempt === null || e.attempt === undefined ? "" : String(e.attempt)),
+        el("td", { class: "detail" }, e.detail),
+        el("td", {}, evidence(e))))));
+  }
+
+  /** The event's recorded fields, folded away (the payload is shown above). */
+  function evidence(e) {
+    const data = Object.assign({}, e.data || {});
+    delete data.request;
+    if (Object.keys(data).length === 0) return "";
+    return el("details", {}, el("summary", {}, "fields"), el("pre", {}, JSON.stringify(data, null, 2)));
+  }
+
+  /** The resolve form: choose, fill, see what will be recorded, then send. */
+  function resolveForm(task, health) {
+    const section = el("section", { id: "resolve", class: "resolve" }, el("h2", {}, "Resolve this review"));
+    if (!health.token_configured) {
+      section.append(el("p", { class: "readonly", id: "read-only" },
+        "Read-only: this service has no admin.token configured, so the endpoint refuses resolutions. " +
+        "Set admin.token in the configuration and restart, or resolve on a stopped ledger with `sendledger review resolve --data`."));
+      return section;
+    }
+    const choice = (value, label) => el("label", {}, el("input", { type: "radio", name: "as", value, id: "as-" + value }), " " + label);
+    const seen = (task.remote_ids_seen || []).map((s) => s.remote_id);
+    const form = el("form", { id: "resolve-form" },
+      el("fieldset", {}, el("legend", {}, "The task is now"),
+        choice("succeeded", "succeeded: this remote record is the task's"),
+        choice("failed", "failed: nothing was or will be done remotely"),
+        choice("resend", "not done: authorize one new attempt (check the remote holds no record first)")),
+      el("label", {}, "Remote id (succeeded) ",
+        el("input", { id: "remote-id", list: "seen-ids", autocomplete: "off" }),
+        el("datalist", { id: "seen-ids" }, seen.map((id) => el("option", { value: id })))),
+      el("label", {}, "Your name ", el("input", { id: "by", autocomplete: "name" })),
+      el("label", {}, "Reason ", el("textarea", { id: "reason", rows: 2 })),
+      el("label", {}, "Admin token ", el("input", { id: "token", type: "password", autocomplete: "off" })),
+      el("p", { id: "form-error", class: "error" }),
+      el("button", { type: "submit", id: "review" }, "Review what will be recorded"));
+    const preview = el("div", { id: "preview", hidden: true });
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      showPreview(task, form, preview);
+    });
+    section.append(form, preview);
+    return section;
+  }
+
+  /** The body to send, or an error message. */
+  function bodyOf() {
+    const picked = document.querySelector("input[name=as]:checked");
+    const by = document.getElementById("by").value.trim();
+    const reason = document.getElementById("reason").value.trim();
+    const remoteId = document.getElementById("remote-id").value.trim();
+    if (!picked) return { error: "Choose what the task is now." };
+    if (!by) return { error: "Give your name: it is recorded with the resolution." };
+    if (!reason) return { error: "Give a reason: it is recorded with the resolution." };
+    if (!document.getElementById("token").value) return { error: "Give the admin token." };
+    if (picked.value === "succeeded") {
+      if (!remoteId) return { error: "Give the remote id of the record that is the task's." };
+      return { body: { as: "succeeded", remote_id: remoteId, by, reason },
+        says: "Confirmed with remote id " + remoteId + ", evidence: operator " + by + " (" + reason + "). The task becomes succeeded." };
+    }
+    if (picked.value === "failed") {
+      return { body: { as: "failed", by, reason },
+        says: "Failed, by operator " + by + " (" + reason + "). The task becomes failed." };
+    }
+    return { body: { resend: true, by, reason },
+      says: "Resend authorized by " + by + " (" + reason + "). The service sends one new attempt." };
+  }
+
+  function showPreview(task, form, preview) {
+    const error = document.getElementById("form-error");
+    const { body, says, error: problem } = bodyOf();
+    fill(error, problem || "");
+    if (problem) return;
+    form.hidden = true;
+    preview.hidden = false;
+    fill(preview,
+      el("h3", {}, "This will be recorded in the ledger"),
+      el("p", { id: "preview-says" }, says),
+      el("pre", { id: "preview-body" }, "POST /reviews/" + task.task_id + "\n" + JSON.stringify(body, null, 2)),
+      el("button", { id: "send", onclick: () => send(task, body, preview) }, "Record this resolution"),
+      " ",
+      el("button", { id: "edit", onclick: () => { preview.hidden = true; form.hidden = false; } }, "Change"));
+  }
+
+  async function send(task, body, preview) {
+    const token = document.getElementById("token").value;
+    for (const button of preview.querySelectorAll("button")) button.disabled = true;
+    const { status, body: answer } = await call("/reviews/" + encodeURIComponent(task.task_id), {
+      method: "POST",
+      headers: { "Content-Type": "application/json", "Authorization": "Bearer " + token },
+      body: JSON.stringify(body),
+    });
+    result.className = status === 200 ? "result ok" : "result error";
+    if (status === 200) {
+      fill(result, "Recorded: " + (answer.recorded || []).join(", ") + ". The task is now " + answer.state + ".");
+    } else if (status === 401) {
+      fill(result, "Refused (401): " + answer.error + " Nothing was recorded.");
+    } else if (status === 403) {
+      fill(result, "Refused (403): " + answer.error);
+    } else if (status === 409) {
+      fill(result, "Refused (409): " + answer.error + ". Someone resolved it already; the page below shows what the ledger holds.");
+    } else {
+      fill(result, "Not recorded (" + status + "): " + (answer.error || ""));
+    }
+    result.dataset.status = String(status);
+    if (status === 401 || status === 403) {
+      // Nothing changed: let the operator correct the token.
+      for (const button of preview.querySelectorAll("button")) button.disabled = false;
+      return;
+    }
+    await load();
+  }
+
+  load();
+})();

@@ -1,0 +1,173 @@
+//! The review console: HTML pages served by the admin endpoint under `/console`, for people
+//! on call. The pages are static (shipped in the binary with `include_str!`, nothing fetched
+//! from elsewhere); their scripts read the endpoint's JSON routes (`/reviews`, `/tasks/{id}`,
+//! `/healthz`, `/metrics`) and resolve reviews with `POST /reviews/{id}`, so the console can do
+//! nothing the endpoint does not already allow, and changes need the same token.
+//!
+//! | route | what |
+//! |---|---|
+//! | `GET /console` | the review queue: every task in manual review, sortable and filterable |
+//! | `GET /console/task/{id}` | one task: request, remote ids seen, timeline, and the resolve form while in review (404 page for a task not in the ledger) |
+//! | `GET /console/dashboard` | charts of the `/metrics` numbers: tasks by state, unknowns, attempts, lookups, consumer lag |
+//! | `GET /console/assets/{name}` | the pages' stylesheet and scripts |
+//!
+//! The pages never interpolate data into HTML: the server sends the same page for every task
+//! (the script reads the id from the address) and the scripts insert data as text. The
+//! Content-Security-Policy allows scripts from the endpoint only, never inline ones, so markup
+//! that slipped into a page could not run either.
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+use http_body_util::Full;
+
+/// One of the console's pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Page {
+    Queue,
+    Task,
+    Dashboard,
+}
+
+impl Page {
+    /// The page's title and its script (besides the shared `console.js`).
+    fn parts(self) -> (&'static str, &'static str) {
+        match self {
+            Page::Queue => ("Review queue", "queue.js"),
+            Page::Task => ("Task", "task.js"),
+            Page::Dashboard => ("Dashboard", "dashboard.js"),
+        }
+    }
+}
+
+/// The page of a console path (the segments after `console`), if it names one.
+pub fn page_of(rest: &[&str]) -> Option<Page> {
+    match rest {
+        [] | [""] => Some(Page::Queue),
+        ["dashboard"] => Some(Page::Dashboard),
+        ["task", id] if !id.is_empty() => Some(Page::Task),
+        _ => None,
+    }
+}
+
+/// The files under `/console/assets/`: name, content type, content.
+const ASSETS: [(&str, &str, &str); 5] = [
+    (
+        "console.css",
+        "text/css; charset=utf-8",
+        include_str!("../console/console.css"),
+    ),
+    (
+        "console.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../console/console.js"),
+    ),
+    (
+        "queue.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../console/queue.js"),
+    ),
+    (
+        "task.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../console/task.js"),
+    ),
+    (
+        "dashboard.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../console/dashboard.js"),
+    ),
+];
+
+/// The shell every page shares; `{title}` and `{scripts}` are ours, never data.
+const SHELL: &str = include_str!("../console/page.html");
+
+/// An asset by name, or a 404.
+pub fn asset(name: &str) -> Response<Full<Bytes>> {
+    match ASSETS.iter().find(|(n, _, _)| *n == name) {
+        Some((_, content_type, body)) => response(
+            StatusCode::OK,
+            content_type,
+            Bytes::from_static(body.as_bytes()),
+        ),
+        None => error_page(StatusCode::NOT_FOUND, "No such console asset."),
+    }
+}
+
+/// A page's HTML: the shell with its title and script.
+pub fn page(page: Page) -> Response<Full<Bytes>> {
+    let (title, script) = page.parts();
+    let html = SHELL.replace("{title}", title).replace(
+        "{scripts}",
+        &format!("<script src=\"/console/assets/{script}\"></script>"),
+    );
+    response(
+        StatusCode::OK,
+        "text/html; charset=utf-8",
+        Bytes::from(html),
+    )
+}
+
+/// An error as a console page: `message` is ours (fixed text), never data from a request.
+pub fn error_page(status: StatusCode, message: &'static str) -> Response<Full<Bytes>> {
+    let html = SHELL
+        .replace("{title}", status.canonical_reason().unwrap_or("Error"))
+        .replace(
+            "<main id=\"main\"></main>",
+            &format!("<main id=\"main\"><p class=\"error\" id=\"page-error\">{message}</p></main>"),
+        )
+        .replace("{scripts}", "");
+    response(status, "text/html; charset=utf-8", Bytes::from(html))
+}
+
+/// A response with the console's headers: scripts and styles from this endpoint only, no
+/// framing, no sniffing, no referrer (task ids are in the addresses).
+fn response(status: StatusCode, content_type: &str, body: Bytes) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(body));
+    *resp.status_mut() = status;
+    let headers = resp.headers_mut();
+    if let Ok(value) = HeaderValue::from_str(content_type) {
+        headers.insert(header::CONTENT_TYPE, value);
+    }
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+        ),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn console_paths_name_their_pages() {
+        assert_eq!(page_of(&[]), Some(Page::Queue));
+        assert_eq!(page_of(&[""]), Some(Page::Queue));
+        assert_eq!(page_of(&["dashboard"]), Some(Page::Dashboard));
+        assert_eq!(page_of(&["task", "abc"]), Some(Page::Task));
+        assert_eq!(page_of(&["task", ""]), None);
+        assert_eq!(page_of(&["tasks"]), None);
+    }
+
+    /// Every page loads the shared script and its own, and every script it names is served.
+    #[test]
+    fn pages_name_served_scripts() {
+        for p in [Page::Queue, Page::Task, Page::Dashboard] {
+            let (_, script) = p.parts();
+            assert!(ASSETS.iter().any(|(n, _, _)| *n == script), "{script}");
+        }
+        assert!(SHELL.contains("/console/assets/console.js"));
+        assert!(SHELL.contains("<main id=\"main\"></main>"));
+    }
+}
