@@ -39,7 +39,7 @@ use crate::records::event_record;
 
 /// The ledger cursor holding the last LSN whose records are acknowledged.
 pub const PUBLISHER_CURSOR: &str = "publisher";
-/// The header carrying a record's stable id, `<task_id>:<lsn>`.
+/// The header carrying a record's stable id, `<task_id>:<task_seq>`.
 pub const EVENT_ID_HEADER: &str = "sendledger-event-id";
 
 /// Most events read and published as one batch.

@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EventRecord {
-    /// `<task_id>:<lsn>`; also the `sendledger-event-id` header.
+    /// `<task_id>:<task_seq>`; also the `sendledger-event-id` header.
     pub event_id: String,
     pub lsn: u64,
     pub task_id: String,
@@ -56,7 +56,7 @@ pub fn event_record(event: &Event) -> EventRecord {
         }
     }
     EventRecord {
-        event_id: event_id(event.task_id, event.lsn),
+        event_id: event_id(event.task_id, event.task_seq),
         lsn: event.lsn,
         task_id: event.task_id.to_string(),
         task_seq: event.task_seq,
@@ -75,10 +75,10 @@ pub fn event_from_record(record: &EventRecord) -> Result<Event> {
         detail,
     };
     let task_id: TaskId = record.task_id.parse().map_err(bad)?;
-    if record.event_id != event_id(task_id, record.lsn) {
+    if record.event_id != event_id(task_id, record.task_seq) {
         return Err(bad(format!(
-            "event_id is not task_id:lsn ({}:{})",
-            record.task_id, record.lsn
+            "event_id is not task_id:task_seq ({}:{})",
+            record.task_id, record.task_seq
         )));
     }
     let mut body = record.body.clone();
@@ -258,7 +258,7 @@ mod tests {
         }
         let mut wrong =
             event_record(&history(task, vec![EventBody::DuplicateDelivery { source: src(1) }])[0]);
-        wrong.lsn += 1;
+        wrong.task_seq += 1;
         assert!(event_from_record(&wrong).is_err());
         // A payload hash is hex digits only, as `event_record` writes it.
         let conflict = EventBody::RequestConflict {

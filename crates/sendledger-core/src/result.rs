@@ -111,7 +111,7 @@ impl From<&ReviewReason> for ResultReview {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TaskResult {
-    /// `<task_id>:<lsn>` of the event this result announces; also the `sendledger-event-id`
+    /// `<task_id>:<task_seq>` of the event this result announces; also the `sendledger-event-id`
     /// header. A re-announcement carries the same id: consumers dedupe by it.
     pub event_id: String,
     pub task_id: String,
@@ -145,9 +145,12 @@ pub struct TaskResult {
     pub at: u64,
 }
 
-/// The stable id of an event: `<task_id>:<lsn>`.
-pub fn event_id(task_id: TaskId, lsn: u64) -> String {
-    format!("{task_id}:{lsn}")
+/// The stable id of an event: `<task_id>:<task_seq>`. It names the event wherever it is
+/// recorded (a ledger's LSN is that ledger's own, and in kafka mode a task's events are
+/// recorded by whichever instance owns its partition), and a task has one event per sequence
+/// number.
+pub fn event_id(task_id: TaskId, task_seq: u32) -> String {
+    format!("{task_id}:{task_seq}")
 }
 
 /// One task's results, projected one event at a time: fed the task's events in task order, each
@@ -223,7 +226,7 @@ fn result_for(event: &Event, state: &State) -> Option<TaskResult> {
         } => {
             let (tenant, operation, request_key, target) = identity_from_raw(raw);
             Some(TaskResult {
-                event_id: event_id(event.task_id, event.lsn),
+                event_id: event_id(event.task_id, event.task_seq),
                 task_id: event.task_id.to_string(),
                 status: ResultStatus::Rejected,
                 tenant,
@@ -250,7 +253,7 @@ fn result_for(event: &Event, state: &State) -> Option<TaskResult> {
         | EventBody::RequestConflict { .. }) => {
             let request = state.request.as_ref();
             let mut r = TaskResult {
-                event_id: event_id(event.task_id, event.lsn),
+                event_id: event_id(event.task_id, event.task_seq),
                 task_id: event.task_id.to_string(),
                 status: ResultStatus::Succeeded,
                 tenant: request.map(|r| r.identity.tenant.clone()),
@@ -378,7 +381,7 @@ mod tests {
         assert!(results[1].is_none());
         let first = results[2].take().unwrap();
         assert_eq!(first.status, ResultStatus::Succeeded);
-        assert_eq!(first.event_id, format!("{task}:16"));
+        assert_eq!(first.event_id, format!("{task}:2"), "the id names the task and the event's sequence");
         assert_eq!(first.remote_id.as_deref(), Some("r-9"));
         assert_eq!(first.attempts, 1);
         assert_eq!(first.source, Some(ResultSource::from(&src(7))));

@@ -1685,7 +1685,7 @@ async fn a_long_task_history_is_published_with_each_event_projected_once() {
     assert_eq!(results.len(), 1, "{results:?}");
     assert_eq!(results[0].status, ResultStatus::Succeeded);
     assert_eq!(results[0].remote_id.as_deref(), Some("r-1"));
-    assert_eq!(results[0].event_id, format!("{task}:3"));
+    assert_eq!(results[0].event_id, format!("{task}:2"));
 }
 
 /// Backpressure by bytes: requests of 20 and 60 KB against a 50 KB budget. The partitions pause
