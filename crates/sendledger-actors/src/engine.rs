@@ -10,10 +10,11 @@ use sendledger_core::decide::{decide, Ctx, Input, OperatorResolution, REJECTED_R
 use sendledger_core::{
     AcceptedRequest, Event, EventBody, Identity, Limits, Phase, Source, State, TaskId, TaskRequest,
 };
-use sendledger_store::{Durability, Ledger, LedgerOptions, Memory};
+use sendledger_store::{Durability, Ledger, LedgerOptions, Memory, Replicator};
 use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
+use crate::ownership::Ownership;
 use crate::reconciler::Reconciler;
 use crate::registry::{Drain, Load, Registry, Route};
 use crate::remote::Remote;
@@ -37,6 +38,10 @@ pub struct EngineConfig {
     /// Seed of retry jitter, for reproducible runs.
     pub seed: u64,
     pub limits: Limits,
+    /// Kafka mode: events are recorded only once the log of record took them
+    /// ([`Engine::install_replicator`]), and tasks act only for the partitions assigned with
+    /// [`Engine::assign_partition`]; nothing is resumed at start.
+    pub replicated: bool,
 }
 
 impl EngineConfig {
@@ -51,8 +56,17 @@ impl EngineConfig {
             timer_tick: Duration::from_millis(10),
             seed: 0x5e4d_1ed9,
             limits: Limits::default(),
+            replicated: false,
         }
     }
+}
+
+/// Whether a task in `phase` has something to do without new input (a restart resumes it).
+fn resumable(phase: Phase) -> bool {
+    matches!(
+        phase,
+        Phase::Accepted | Phase::Sending | Phase::RetryWait | Phase::Unknown
+    )
 }
 
 /// A task waiting for a person, with the evidence gathered so far.
@@ -91,6 +105,7 @@ struct Inner {
     remote: Arc<dyn Remote>,
     limits: Limits,
     durability: Durability,
+    ownership: Option<Arc<Ownership>>,
     system: System,
     stopped: std::sync::Mutex<Option<oneshot::Receiver<()>>>,
 }
@@ -106,6 +121,7 @@ impl Engine {
             LedgerOptions {
                 durability: config.durability,
                 memory: config.memory,
+                replicated: config.replicated,
             },
         )?;
         if config.durability == Durability::Buffered {
@@ -121,12 +137,20 @@ impl Engine {
             Durability::Buffered => "buffered",
         };
         metrics::gauge!("sendledger_ledger_durability", "mode" => mode).set(1.0);
-        let active = ledger.active_tasks()?;
-        let timers = ledger.due_timers(u64::MAX, usize::MAX)?;
+        // Kafka mode: nothing is owned yet; each partition's tasks resume when it is assigned.
+        let ownership = config.replicated.then(|| Arc::new(Ownership::default()));
+        let (active, timers) = match ownership {
+            Some(_) => (Vec::new(), Vec::new()),
+            None => (
+                ledger.active_tasks()?,
+                ledger.due_timers(u64::MAX, usize::MAX)?,
+            ),
+        };
 
         let (tx, rx) = std::sync::mpsc::channel();
         let (stopped_tx, stopped_rx) = oneshot::channel();
         let (ledger2, remote2, cfg) = (ledger.clone(), remote.clone(), config.clone());
+        let ownership2 = ownership.clone();
         std::thread::Builder::new()
             .name("sendledger-engine".into())
             .spawn(move || {
@@ -148,6 +172,7 @@ impl Engine {
                             .start(),
                             registry,
                             seed: cfg.seed,
+                            ownership: ownership2,
                         });
                         let _ = tx.send((ctx.address(), shared.timers.clone(), System::current()));
                         Registry::new(shared, arbiters, cfg.max_live_tasks)
@@ -163,12 +188,6 @@ impl Engine {
         for (at, task_id, _) in timers {
             timer_addr.do_send(Schedule { at, task_id });
         }
-        let resumable = |p: Phase| {
-            matches!(
-                p,
-                Phase::Accepted | Phase::Sending | Phase::RetryWait | Phase::Unknown
-            )
-        };
         let resumed = active.iter().filter(|(_, s)| resumable(s.phase)).count();
         for (task_id, summary) in active {
             if resumable(summary.phase) {
@@ -186,6 +205,7 @@ impl Engine {
                 remote,
                 limits: config.limits,
                 durability: config.durability,
+                ownership,
                 system,
                 stopped: std::sync::Mutex::new(Some(stopped_rx)),
             }),
@@ -194,6 +214,107 @@ impl Engine {
 
     pub fn ledger(&self) -> &Ledger {
         &self.inner.ledger
+    }
+
+    /// Kafka mode: the partitions owned here (`None` in local mode).
+    pub fn ownership(&self) -> Option<&Arc<Ownership>> {
+        self.inner.ownership.as_ref()
+    }
+
+    fn ownership_or_refuse(&self) -> Result<&Arc<Ownership>> {
+        self.inner
+            .ownership
+            .as_ref()
+            .ok_or(Error::Ledger(sendledger_store::Error::NoPartition {
+                task: "(local mode has no partitions)".into(),
+            }))
+    }
+
+    /// Kafka mode: installs the log of record (see [`Ledger::install_replicator`]).
+    pub fn install_replicator(&self, replicator: Arc<dyn Replicator>) -> Result<()> {
+        self.ownership_or_refuse()?;
+        self.inner
+            .ledger
+            .install_replicator(replicator)
+            .map_err(|_| Error::Ledger(sendledger_store::Error::Closed))
+    }
+
+    /// Kafka mode: applies events of requests partition `partition` read from its log of
+    /// record (from the ledger's checkpoint on), and records `checkpoint`, the log position
+    /// after them. Only while the partition is not owned here (its tasks do not act). Returns
+    /// the number of events the ledger did not hold yet.
+    pub async fn restore(
+        &self,
+        partition: i32,
+        events: Vec<Event>,
+        checkpoint: i64,
+    ) -> Result<usize> {
+        let ownership = self.ownership_or_refuse()?;
+        if ownership.epoch(partition).is_some() {
+            return Err(Error::Ledger(sendledger_store::Error::NotReplicated {
+                partition,
+                detail: "a partition is restored before it is assigned, never while it is".into(),
+            }));
+        }
+        let ledger = self.inner.ledger.clone();
+        let mut append = ledger
+            .read(move |l| sendledger_store::restore_append(l, &events))
+            .await?;
+        let restored = append.events.len();
+        append.restored = true;
+        append.cursors.push((
+            sendledger_store::log_checkpoint(partition),
+            checkpoint.max(0) as u64,
+        ));
+        ledger.append(append).await?;
+        Ok(restored)
+    }
+
+    /// Kafka mode: takes requests partition `partition` on (call it once its log is open and
+    /// restored) and resumes its unsettled tasks as start-up does in local mode: a task found
+    /// sending is reconciled, timers are armed again. Returns the number of tasks resumed.
+    pub async fn assign_partition(&self, partition: i32) -> Result<usize> {
+        let ownership = self.ownership_or_refuse()?.clone();
+        ownership.assign(partition);
+        let ledger = self.inner.ledger.clone();
+        let tasks = ledger
+            .read(move |l| {
+                let mut out = Vec::new();
+                for (task_id, summary) in l.active_tasks()? {
+                    if !resumable(summary.phase) {
+                        continue;
+                    }
+                    let first = l.task_events(task_id)?.into_iter().next();
+                    let of_partition = first.is_some_and(|e| match e.body {
+                        EventBody::TaskAccepted { source, .. }
+                        | EventBody::InputRejected { source, .. } => source.partition == partition,
+                        _ => false,
+                    });
+                    if of_partition {
+                        out.push(task_id);
+                    }
+                }
+                Ok(out)
+            })
+            .await?;
+        for &task_id in &tasks {
+            self.inner.registry.do_send(Route {
+                task_id,
+                input: TaskInput::Recover,
+            });
+        }
+        tracing::info!(partition, resumed = tasks.len(), "partition assigned");
+        Ok(tasks.len())
+    }
+
+    /// Kafka mode: gives requests partition `partition` up. Its tasks stop acting here: what
+    /// they would record next is refused, and an attempt already sent is reconciled by the
+    /// next owner.
+    pub fn revoke_partition(&self, partition: i32) {
+        if let Some(o) = &self.inner.ownership {
+            o.revoke(partition);
+            tracing::info!(partition, "partition revoked");
+        }
     }
 
     /// Whether appends are fsynced before they are acknowledged.

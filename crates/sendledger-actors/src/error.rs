@@ -22,6 +22,13 @@ pub enum Error {
         task_id: TaskId,
         source: Arc<sendledger_store::Error>,
     },
+    /// Kafka mode: the task belongs to a requests partition this instance does not own (never
+    /// did, or lost it to another instance); nothing was recorded.
+    #[error("task {task_id} belongs to requests partition {partition}, which this instance does not own; the instance the consumer group assigned it to processes it")]
+    NotOwned { task_id: TaskId, partition: i32 },
+    /// Kafka mode: a new task's input names no requests partition (a defect).
+    #[error("task {0} has no requests partition; in kafka mode every task belongs to the partition of its request")]
+    NoPartition(TaskId),
     #[error("the engine is shutting down; the request was not recorded, deliver it again later")]
     ShuttingDown,
     #[error("the engine has stopped")]
@@ -38,9 +45,12 @@ impl Error {
             Error::Ledger(e) => e.is_transient(),
             Error::Load { source, .. } => source.is_transient(),
             Error::ShuttingDown => true,
-            Error::Invalid(_) | Error::UnknownTarget(_) | Error::NoSuchTask(_) | Error::Stopped => {
-                false
-            }
+            Error::Invalid(_)
+            | Error::UnknownTarget(_)
+            | Error::NoSuchTask(_)
+            | Error::NotOwned { .. }
+            | Error::NoPartition(_)
+            | Error::Stopped => false,
         }
     }
 }

@@ -24,6 +24,7 @@
 
 pub mod engine;
 pub mod error;
+pub mod ownership;
 pub mod reconciler;
 pub mod registry;
 pub mod remote;
@@ -32,6 +33,7 @@ pub mod timers;
 
 pub use engine::{Engine, EngineConfig, ReviewItem};
 pub use error::{Error, Result};
+pub use ownership::Ownership;
 pub use remote::{LookupError, Remote, Slot};
 pub use task::Reply;
 

@@ -20,6 +20,7 @@ use sendledger_core::{
 use sendledger_store::{Append, Ledger, TaskSummary, TimerKind};
 
 use crate::error::{Error, Result};
+use crate::ownership::Ownership;
 use crate::reconciler::{LookupJob, Reconciler};
 use crate::registry::{Idle, Registry};
 use crate::remote::{LookupError, Remote, Slot};
@@ -34,6 +35,8 @@ pub struct Shared {
     pub registry: Addr<Registry>,
     /// Seed of the decisions' random numbers (retry jitter), so runs can be reproduced.
     pub seed: u64,
+    /// Kafka mode: the partitions owned here; a task acts only for one of them.
+    pub ownership: Option<Arc<Ownership>>,
 }
 
 /// Something for a task to handle.
@@ -97,6 +100,9 @@ pub struct TaskActor {
     /// Inputs accepted for processing whose decision is not yet durable and acted on. The
     /// actor is idle (and may be dropped) only when there are none.
     unfinished: u32,
+    /// Kafka mode: the ownership epoch when the task's state was read; a later assignment of
+    /// its partition means the state must be read again.
+    loaded_at: u64,
 }
 
 impl TaskActor {
@@ -112,6 +118,7 @@ impl TaskActor {
             lookup_in_flight: false,
             slot: None,
             unfinished: 0,
+            loaded_at: 0,
         }
     }
 
@@ -151,6 +158,60 @@ impl TaskActor {
         )
     }
 
+    /// Kafka mode: refuses the input when the task's partition is not owned here, and reads
+    /// the task's events again (then decides) when the partition was assigned again since they
+    /// were read. `None`: go on with the state as it is.
+    fn check_ownership(
+        &mut self,
+        ownership: &Ownership,
+        input: TaskInput,
+    ) -> Option<ResponseActFuture<Self, Result<Reply>>> {
+        let task_id = self.task_id;
+        let partition = self
+            .state
+            .source
+            .as_ref()
+            .or(match &input {
+                TaskInput::Deliver { source, .. } | TaskInput::Reject { source, .. } => {
+                    Some(source)
+                }
+                _ => None,
+            })
+            .map(|s| s.partition);
+        let Some(partition) = partition else {
+            return Some(Box::pin(fut::ready(Err(Error::NoPartition(task_id)))));
+        };
+        match ownership.epoch(partition) {
+            None => Some(Box::pin(fut::ready(Err(Error::NotOwned {
+                task_id,
+                partition,
+            })))),
+            Some(epoch) if epoch > self.loaded_at => {
+                let seen = ownership.current();
+                let ledger = self.shared.ledger.clone();
+                let read = async move { ledger.read(move |l| l.task_events(task_id)).await };
+                Some(Box::pin(read.into_actor(self).then(
+                    move |res, act, _| -> ResponseActFuture<Self, Result<Reply>> {
+                        match res {
+                            Ok(events) => {
+                                act.state = sendledger_core::fold(&events);
+                                act.loaded_at = seen;
+                                if let Some(target) =
+                                    act.state.request.as_ref().map(|r| r.target.clone())
+                                {
+                                    act.set_policy(&target);
+                                }
+                                act.decide_and_append(input)
+                            }
+                            Err(e) => Box::pin(fut::ready(Err(e.into()))),
+                        }
+                    },
+                )))
+            }
+            Some(_) => None,
+        }
+    }
+
     fn decide_and_append(&mut self, input: TaskInput) -> ResponseActFuture<Self, Result<Reply>> {
         if let Some(Err(e)) = &self.loaded {
             let err = Error::Load {
@@ -158,6 +219,11 @@ impl TaskActor {
                 source: e.clone(),
             };
             return Box::pin(fut::ready(Err(err)));
+        }
+        if let Some(ownership) = self.shared.ownership.clone() {
+            if let Some(refused_or_reload) = self.check_ownership(&ownership, input.clone()) {
+                return refused_or_reload;
+            }
         }
         let now = crate::now_ms();
         let mut clear = None;
@@ -346,7 +412,11 @@ pub(crate) fn record(
     }
     next.apply_all(now, &decision.events);
 
-    let mut append = Append::default();
+    let mut append = Append {
+        // Kafka mode: the events go to the log of the partition of the task's request.
+        partition: next.source.as_ref().map(|s| s.partition),
+        ..Append::default()
+    };
     for (i, body) in decision.events.iter().enumerate() {
         append.events.push(NewEvent {
             task_id,
@@ -413,6 +483,9 @@ impl Actor for TaskActor {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         let task_id = self.task_id;
+        if let Some(ownership) = &self.shared.ownership {
+            self.loaded_at = ownership.current();
+        }
         let ledger = self.shared.ledger.clone();
         ctx.wait(async move { ledger.read(move |l| l.task_events(task_id)).await }.into_actor(self).map(
             |res, act, _| match res {

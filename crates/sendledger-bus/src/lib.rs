@@ -44,6 +44,7 @@ pub mod publisher;
 pub mod reader;
 pub mod records;
 pub mod replay;
+pub mod replicator;
 pub mod sink;
 
 pub use cluster::{EmbeddedCluster, Kafka};
@@ -56,6 +57,7 @@ pub use publisher::{Publisher, PublisherStats, EVENT_ID_HEADER, PUBLISHER_CURSOR
 pub use reader::{Record, ResultsReader, TopicReader};
 pub use records::{event_from_record, EventRecord};
 pub use replay::audit_topic;
+pub use replicator::LogReplicator;
 pub use sink::{RequestSink, SinkError};
 
 /// The librdkafka binding, re-exported so that users (and tests) of this crate can inject

@@ -381,7 +381,11 @@ mod tests {
         assert!(results[1].is_none());
         let first = results[2].take().unwrap();
         assert_eq!(first.status, ResultStatus::Succeeded);
-        assert_eq!(first.event_id, format!("{task}:2"), "the id names the task and the event's sequence");
+        assert_eq!(
+            first.event_id,
+            format!("{task}:2"),
+            "the id names the task and the event's sequence"
+        );
         assert_eq!(first.remote_id.as_deref(), Some("r-9"));
         assert_eq!(first.attempts, 1);
         assert_eq!(first.source, Some(ResultSource::from(&src(7))));

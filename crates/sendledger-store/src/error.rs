@@ -48,6 +48,19 @@ pub enum Error {
     BadValue { what: &'static str },
     #[error("the journal has stopped; the ledger is closed")]
     Closed,
+    /// Kafka mode: the events could not be made durable in the log of record now (the brokers
+    /// unreachable, a transaction aborted); nothing of the append was recorded, and it may be
+    /// tried again.
+    #[error("the events of requests partition {partition} could not be written to the log of record: {detail}")]
+    NotReplicated { partition: i32, detail: String },
+    /// Kafka mode: the partition now belongs to another instance (this one was fenced);
+    /// nothing of the append was recorded and nothing more may be done for its tasks here.
+    #[error("requests partition {partition} was taken over by another instance; its tasks are not processed here any more: {detail}")]
+    PartitionLost { partition: i32, detail: String },
+    /// Kafka mode: an append with events named no requests partition (a defect: every task
+    /// belongs to the partition of its request).
+    #[error("an append of events for task {task} names no requests partition; in kafka mode every event belongs to one")]
+    NoPartition { task: String },
 }
 
 impl Error {
@@ -72,7 +85,10 @@ impl Error {
             | Error::UnknownEnvelope { .. }
             | Error::Corrupt { .. }
             | Error::BadValue { .. }
-            | Error::Closed => false,
+            | Error::Closed
+            | Error::NoPartition { .. }
+            | Error::PartitionLost { .. } => false,
+            Error::NotReplicated { .. } => true,
         }
     }
 }

@@ -10,13 +10,14 @@
 //! `sendledger_journal_fsync_seconds` (time of each batch write, its fsync included with `sync`
 //! durability), both histograms.
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 
 use rocksdb::{WriteBatch, WriteOptions, DB};
-use sendledger_core::{Identity, NewEvent, PayloadHash, TaskId};
+use sendledger_core::{Event, Identity, NewEvent, PayloadHash, TaskId};
 use tokio::sync::oneshot;
 
 use crate::envelope::encode_event;
@@ -44,6 +45,42 @@ pub struct Append {
     pub set_timers: Vec<(u64, TaskId, TimerKind)>,
     /// Named cursors (e.g. the publisher's last delivered LSN).
     pub cursors: Vec<(String, u64)>,
+    /// Kafka mode: the requests partition whose log of record carries the events (the
+    /// partition of the task's request). Ignored in local mode.
+    pub partition: Option<i32>,
+    /// Kafka mode: the events were read from the log of record (a restore), so they are
+    /// recorded without being written to it again; `cursors` carries the checkpoint.
+    pub restored: bool,
+}
+
+/// Kafka mode's log of record as the journal sees it: before the ledger records a batch, the
+/// events of each requests partition are made durable there (the Kafka crate implements it).
+/// Calls block the journal thread; partitions are replicated in parallel.
+pub trait Replicator: Send + Sync {
+    /// Makes `events` (of requests partition `partition`, in order) durable in its log, and
+    /// returns the position to read the log from after them (the checkpoint recorded with the
+    /// events). `history` reads the events the ledger holds for a task, those before `events`.
+    fn replicate(
+        &self,
+        partition: i32,
+        events: &[NewEvent],
+        history: &dyn Fn(TaskId) -> Result<Vec<Event>>,
+    ) -> std::result::Result<i64, Replication>;
+}
+
+/// Why a partition's events were not made durable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Replication {
+    /// Not now (the brokers unreachable, a transaction aborted): the appends may be tried again.
+    Failed(String),
+    /// The partition belongs to another instance now: nothing more for its tasks here.
+    Lost(String),
+}
+
+/// The cursor holding the checkpoint of requests partition `partition`'s log of record: the
+/// events-topic offset to read from to catch up.
+pub fn log_checkpoint(partition: i32) -> String {
+    format!("log-of-record/{partition}")
 }
 
 /// Why a timer was set.
@@ -103,9 +140,13 @@ pub(crate) struct Request {
 /// Most appends one batch takes; the rest wait for the next batch.
 const MAX_BATCH: usize = 4096;
 
+/// Kafka mode's replicator, once installed ([`crate::Ledger::install_replicator`]).
+pub(crate) type ReplicatorSlot = Arc<std::sync::OnceLock<Arc<dyn Replicator>>>;
+
 pub(crate) fn run(
     db: Arc<DB>,
     sync: bool,
+    replicated: Option<ReplicatorSlot>,
     rx: mpsc::Receiver<Request>,
     last_lsn: Arc<AtomicU64>,
     stats: Arc<JournalStats>,
@@ -120,6 +161,12 @@ pub(crate) fn run(
             match rx.try_recv() {
                 Ok(req) => pending.push(req),
                 Err(_) => break,
+            }
+        }
+        if let Some(slot) = &replicated {
+            replicate(&db, slot.get().map(|r| r.as_ref()), &mut pending);
+            if pending.is_empty() {
+                continue;
             }
         }
         let started = std::time::Instant::now();
@@ -161,6 +208,102 @@ pub(crate) fn run(
             }
         }
     }
+}
+
+/// Kafka mode: makes the events of each requests partition in `pending` durable in its log,
+/// partitions in parallel. The appends of a partition that failed are answered with the error
+/// and taken out of `pending`; the last append of each partition that made it carries the
+/// partition's new checkpoint. Restored appends and appends without events pass as they are.
+fn replicate(db: &DB, replicator: Option<&dyn Replicator>, pending: &mut Vec<Request>) {
+    let mut groups: BTreeMap<i32, Vec<usize>> = BTreeMap::new();
+    let mut refused: BTreeMap<usize, Error> = BTreeMap::new();
+    for (i, req) in pending.iter().enumerate() {
+        let a = &req.append;
+        match (a.events.first(), a.partition) {
+            (None, _) => {}
+            (Some(_), _) if a.restored => {}
+            (Some(_), Some(p)) => groups.entry(p).or_default().push(i),
+            (Some(e), None) => {
+                refused.insert(
+                    i,
+                    Error::NoPartition {
+                        task: e.task_id.to_string(),
+                    },
+                );
+            }
+        }
+    }
+    let history = |task| crate::ledger::task_events(db, task);
+    let outcomes: Vec<(i32, Vec<usize>, std::result::Result<i64, Replication>)> =
+        std::thread::scope(|scope| {
+            let running: Vec<_> = groups
+                .into_iter()
+                .map(|(partition, members)| {
+                    let events: Vec<NewEvent> = members
+                        .iter()
+                        .flat_map(|&i| pending[i].append.events.iter().cloned())
+                        .collect();
+                    let history = &history;
+                    let job = scope.spawn(move || match replicator {
+                        Some(r) => r.replicate(partition, &events, history),
+                        None => Err(Replication::Failed(
+                            "the log of record is not open yet".into(),
+                        )),
+                    });
+                    (partition, members, job)
+                })
+                .collect();
+            running
+                .into_iter()
+                .map(|(partition, members, job)| {
+                    let outcome = job.join().unwrap_or_else(|_| {
+                        Err(Replication::Failed("the replicator panicked".into()))
+                    });
+                    (partition, members, outcome)
+                })
+                .collect()
+        });
+    for (partition, members, outcome) in outcomes {
+        match outcome {
+            Ok(checkpoint) => {
+                if let Some(&last) = members.last() {
+                    pending[last]
+                        .append
+                        .cursors
+                        .push((log_checkpoint(partition), checkpoint.max(0) as u64));
+                }
+            }
+            Err(why) => {
+                metrics::counter!("sendledger_log_failures_total", "kind" => match why { Replication::Failed(_) => "failed", Replication::Lost(_) => "lost" }).increment(1);
+                for i in members {
+                    let error = match &why {
+                        Replication::Failed(detail) => Error::NotReplicated {
+                            partition,
+                            detail: detail.clone(),
+                        },
+                        Replication::Lost(detail) => Error::PartitionLost {
+                            partition,
+                            detail: detail.clone(),
+                        },
+                    };
+                    refused.insert(i, error);
+                }
+            }
+        }
+    }
+    if refused.is_empty() {
+        return;
+    }
+    let mut kept = Vec::with_capacity(pending.len());
+    for (i, req) in pending.drain(..).enumerate() {
+        match refused.remove(&i) {
+            Some(e) => {
+                let _ = req.ack.send(Err(e));
+            }
+            None => kept.push(req),
+        }
+    }
+    *pending = kept;
 }
 
 fn build_batch(db: &DB, first_lsn: u64, pending: &[Request]) -> (WriteBatch, Vec<Range<u64>>) {
@@ -226,4 +369,140 @@ fn build_batch(db: &DB, first_lsn: u64, pending: &[Request]) -> (WriteBatch, Vec
         ranges.push(start..lsn);
     }
     (batch, ranges)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::{Ledger, LedgerOptions};
+    use sendledger_core::fixtures::{accepted, src};
+    use sendledger_core::EventBody;
+    use std::sync::Mutex;
+
+    /// Partition 1 is written (its checkpoint advances by the events' count), partition 2 was
+    /// taken over, partition 3 cannot be written now. Remembers what it was given.
+    #[derive(Default)]
+    struct Log {
+        written: Mutex<Vec<(i32, usize, usize)>>,
+    }
+
+    impl Replicator for Log {
+        fn replicate(
+            &self,
+            partition: i32,
+            events: &[NewEvent],
+            history: &dyn Fn(TaskId) -> Result<Vec<Event>>,
+        ) -> std::result::Result<i64, Replication> {
+            let known = events
+                .first()
+                .map_or(0, |e| history(e.task_id).map_or(0, |h| h.len()));
+            self.written
+                .lock()
+                .unwrap()
+                .push((partition, events.len(), known));
+            match partition {
+                1 => Ok(100 + events.len() as i64),
+                2 => Err(Replication::Lost("fenced".into())),
+                _ => Err(Replication::Failed("brokers unreachable".into())),
+            }
+        }
+    }
+
+    fn events_of(task: TaskId, from_seq: u32, bodies: Vec<EventBody>) -> Vec<NewEvent> {
+        bodies
+            .into_iter()
+            .enumerate()
+            .map(|(i, body)| NewEvent {
+                task_id: task,
+                task_seq: from_seq + i as u32,
+                at: 1,
+                body,
+            })
+            .collect()
+    }
+
+    fn append(partition: Option<i32>, events: Vec<NewEvent>) -> Append {
+        Append {
+            events,
+            partition,
+            ..Append::default()
+        }
+    }
+
+    #[test]
+    fn replicated_appends_are_recorded_only_once_their_partition_log_took_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = LedgerOptions {
+            replicated: true,
+            ..LedgerOptions::default()
+        };
+        let ledger = Ledger::open(dir.path(), options).unwrap();
+        let (task, body) = accepted();
+        let first = events_of(task, 0, vec![body]);
+
+        let early = ledger.append_blocking(append(Some(1), first.clone()));
+        assert!(
+            matches!(early, Err(Error::NotReplicated { partition: 1, .. })),
+            "{early:?}"
+        );
+        assert!(early.unwrap_err().is_transient());
+
+        let log = Arc::new(Log::default());
+        assert!(ledger.install_replicator(log.clone()).is_ok());
+        assert!(ledger.install_replicator(log.clone()).is_err(), "once only");
+
+        let range = ledger.append_blocking(append(Some(1), first)).unwrap();
+        assert_eq!(range, 1..2);
+        assert_eq!(ledger.log_checkpoint(1).unwrap(), Some(101));
+        let dup = EventBody::DuplicateDelivery { source: src(8) };
+        let range = ledger
+            .append_blocking(append(Some(1), events_of(task, 1, vec![dup.clone()])))
+            .unwrap();
+        assert_eq!(range, 2..3);
+        assert_eq!(
+            log.written.lock().unwrap().last(),
+            Some(&(1, 1, 1)),
+            "the replicator reads the task's earlier events"
+        );
+
+        let lost = ledger.append_blocking(append(Some(2), events_of(task, 2, vec![dup.clone()])));
+        assert!(
+            matches!(lost, Err(Error::PartitionLost { partition: 2, .. })),
+            "{lost:?}"
+        );
+        assert!(!lost.unwrap_err().is_transient());
+        let failed = ledger.append_blocking(append(Some(3), events_of(task, 2, vec![dup.clone()])));
+        assert!(failed.unwrap_err().is_transient());
+        let orphan = ledger.append_blocking(append(None, events_of(task, 2, vec![dup.clone()])));
+        assert!(
+            matches!(orphan, Err(Error::NoPartition { .. })),
+            "{orphan:?}"
+        );
+        assert_eq!(
+            ledger.task_events(task).unwrap().len(),
+            2,
+            "nothing refused was recorded"
+        );
+
+        let restored = Append {
+            restored: true,
+            cursors: vec![(log_checkpoint(4), 7)],
+            ..append(None, events_of(task, 2, vec![dup]))
+        };
+        let range = ledger.append_blocking(restored).unwrap();
+        assert_eq!(range, 3..4, "LSNs stay contiguous past refused appends");
+        assert_eq!(ledger.log_checkpoint(4).unwrap(), Some(7));
+        assert_eq!(
+            log.written.lock().unwrap().len(),
+            4,
+            "a restore is not written back"
+        );
+    }
+
+    #[test]
+    fn a_local_ledger_takes_no_replicator() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(dir.path(), LedgerOptions::default()).unwrap();
+        assert!(ledger.install_replicator(Arc::new(Log::default())).is_err());
+    }
 }

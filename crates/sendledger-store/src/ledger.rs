@@ -16,7 +16,7 @@ use tokio::sync::oneshot;
 
 use crate::envelope::decode_event;
 use crate::error::{Error, Result};
-use crate::journal::{self, Append, JournalStats, Request, TimerKind};
+use crate::journal::{self, Append, JournalStats, Replicator, ReplicatorSlot, Request, TimerKind};
 use crate::keys::*;
 
 /// The storage format this build writes and the newest it reads.
@@ -39,6 +39,10 @@ pub enum Durability {
 pub struct LedgerOptions {
     pub durability: Durability,
     pub memory: Memory,
+    /// Kafka mode: events are recorded only once a [`Replicator`] made them durable in the
+    /// log of record (installed with [`Ledger::install_replicator`]; until then appends of
+    /// events are refused as not replicated).
+    pub replicated: bool,
 }
 
 /// The memory RocksDB may keep for one ledger, shared by every column family: one block cache
@@ -207,6 +211,8 @@ struct Inner {
     stats: Arc<JournalStats>,
     /// The shared block cache and write budget (a read-only ledger uses RocksDB's defaults).
     memory: Option<(usize, Cache, WriteBufferManager)>,
+    /// Kafka mode: where the journal finds the replicator.
+    replicator: Option<ReplicatorSlot>,
 }
 
 /// What RocksDB holds in memory for a ledger, from its shared cache.
@@ -277,11 +283,13 @@ impl Ledger {
         let stats = Arc::new(JournalStats::default());
         let (tx, rx) = mpsc::channel();
         let sync = options.durability == Durability::Sync;
+        let replicator = options.replicated.then(ReplicatorSlot::default);
         let thread = {
             let (db, last_lsn, stats) = (db.clone(), last_lsn.clone(), stats.clone());
+            let replicator = replicator.clone();
             std::thread::Builder::new()
                 .name("sendledger-journal".into())
-                .spawn(move || journal::run(db, sync, rx, last_lsn, stats))
+                .spawn(move || journal::run(db, sync, replicator, rx, last_lsn, stats))
                 .map_err(|source| Error::Dir {
                     path: path.clone(),
                     source,
@@ -296,6 +304,7 @@ impl Ledger {
                 last_lsn,
                 stats,
                 memory: Some((options.memory.budget(), cache, buffers)),
+                replicator,
             }),
         })
     }
@@ -335,12 +344,34 @@ impl Ledger {
                 last_lsn: Arc::new(AtomicU64::new(last)),
                 stats: Arc::new(JournalStats::default()),
                 memory: None,
+                replicator: None,
             }),
         })
     }
 
     pub fn path(&self) -> &Path {
         &self.inner.path
+    }
+
+    /// Kafka mode: installs the log of record every batch's events are made durable in before
+    /// they are recorded. Once only; refused (returned) for a ledger not opened `replicated`
+    /// or when one is installed already.
+    pub fn install_replicator(
+        &self,
+        replicator: Arc<dyn Replicator>,
+    ) -> std::result::Result<(), Arc<dyn Replicator>> {
+        match &self.inner.replicator {
+            Some(slot) => slot.set(replicator),
+            None => Err(replicator),
+        }
+    }
+
+    /// Kafka mode: the checkpoint of requests partition `partition`'s log of record (the
+    /// events-topic offset to read from), if events of it were ever recorded here.
+    pub fn log_checkpoint(&self, partition: i32) -> Result<Option<i64>> {
+        Ok(self
+            .cursor(&journal::log_checkpoint(partition))?
+            .map(|c| c as i64))
     }
 
     fn submit(&self, append: Append) -> Result<oneshot::Receiver<Result<Range<u64>>>> {
@@ -447,34 +478,7 @@ impl Ledger {
 
     /// A task's events in task order.
     pub fn task_events(&self, task: TaskId) -> Result<Vec<Event>> {
-        let db = &self.inner.db;
-        let mut lsns = Vec::new();
-        let start = task_event_key(task, 0);
-        for item in db.iterator_cf(
-            self.cf(CF_TASK_EVENTS),
-            IteratorMode::From(&start, Direction::Forward),
-        ) {
-            let (k, v) = item?;
-            if k[..16] != task.0 {
-                break;
-            }
-            lsns.push(decode_u64(&v).ok_or(Error::BadValue {
-                what: "task_events",
-            })?);
-        }
-        let log = self.cf(CF_LOG);
-        let keys: Vec<_> = lsns.iter().map(|l| (log, lsn_key(*l))).collect();
-        db.multi_get_cf(keys)
-            .into_iter()
-            .zip(&lsns)
-            .map(|(v, lsn)| match v? {
-                Some(bytes) => decode_event(*lsn, &bytes),
-                None => Err(Error::Corrupt {
-                    lsn: *lsn,
-                    detail: "indexed event missing from the log".into(),
-                }),
-            })
-            .collect()
+        task_events(&self.inner.db, task)
     }
 
     /// Events from `from` (inclusive) in LSN order, at most `limit`.
@@ -663,6 +667,41 @@ impl Ledger {
             let _ = t.join();
         }
     }
+}
+
+/// A task's events in task order, read from the ledger's database (the journal reads them too).
+pub(crate) fn task_events(db: &DB, task: TaskId) -> Result<Vec<Event>> {
+    let cf = |name| {
+        db.cf_handle(name)
+            .expect("column families are created at open")
+    };
+    let mut lsns = Vec::new();
+    let start = task_event_key(task, 0);
+    for item in db.iterator_cf(
+        cf(CF_TASK_EVENTS),
+        IteratorMode::From(&start, Direction::Forward),
+    ) {
+        let (k, v) = item?;
+        if k[..16] != task.0 {
+            break;
+        }
+        lsns.push(decode_u64(&v).ok_or(Error::BadValue {
+            what: "task_events",
+        })?);
+    }
+    let log = cf(CF_LOG);
+    let keys: Vec<_> = lsns.iter().map(|l| (log, lsn_key(*l))).collect();
+    db.multi_get_cf(keys)
+        .into_iter()
+        .zip(&lsns)
+        .map(|(v, lsn)| match v? {
+            Some(bytes) => decode_event(*lsn, &bytes),
+            None => Err(Error::Corrupt {
+                lsn: *lsn,
+                detail: "indexed event missing from the log".into(),
+            }),
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -31,7 +31,7 @@ pub mod restore;
 pub use audit::audit;
 pub use counts::TaskCounts;
 pub use error::{Error, Result};
-pub use journal::{Append, JournalStats, TimerKind};
+pub use journal::{log_checkpoint, Append, JournalStats, Replication, Replicator, TimerKind};
 pub use ledger::{Durability, Ledger, LedgerOptions, Memory, MemoryUsage, Processed, TaskSummary};
 pub use restore::restore_append;
 pub use sendledger_core::audit::{AuditReport, Finding};

@@ -468,6 +468,7 @@ fn memory_stays_within_the_budget() {
         LedgerOptions {
             durability: Durability::Buffered,
             memory: sendledger_store::Memory { bytes: budget },
+            ..LedgerOptions::default()
         },
     )
     .unwrap();

@@ -322,3 +322,169 @@ async fn a_partition_restored_on_an_empty_disk_resumes_its_tasks_and_sends_nothi
     second.shutdown(Duration::from_secs(5)).await;
     sim.shutdown().await;
 }
+
+/// Starts an engine in kafka mode on `dir` with the target `sim`, its ledger recording events
+/// only through `replicator`.
+fn replicated_engine(
+    dir: &std::path::Path,
+    sim: &sendledger_sim::Sim,
+    replicator: std::sync::Arc<sendledger_bus::LogReplicator>,
+) -> sendledger_actors::Engine {
+    use sendledger_tests::engine::{target, targets};
+    let mut config = sendledger_actors::EngineConfig::new(dir);
+    config.timer_tick = Duration::from_millis(5);
+    config.replicated = true;
+    let remote = sendledger::wiring::HttpRemote::new(targets(target(&sim.base_url(), |_| {})));
+    let engine = tokio::task::block_in_place(|| {
+        sendledger_actors::Engine::start(config, std::sync::Arc::new(remote))
+    })
+    .expect("engine starts");
+    engine.install_replicator(replicator).expect("a replicator");
+    engine
+}
+
+/// In kafka mode an engine acts only for the partitions it owns, records a task's events only
+/// once its partition's log committed them (results with them), stops recording for a
+/// partition whose log another instance took over, and a new owner restores the partition
+/// from the log and knows every task of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_engine_in_kafka_mode_records_through_its_partition_log_and_hands_over() {
+    use sendledger_actors::Error as EngineError;
+    use sendledger_bus::{event_from_record, EventRecord, LogReplicator, TopicReader};
+    use sendledger_core::{EventBody, Phase, Source};
+    use sendledger_sim::{Sim, SimConfig};
+    use sendledger_tests::engine::{request, settled, task_id, wait_for};
+    use std::sync::Arc;
+
+    let tansu = start_tansu();
+    let kafka = Kafka::connect(config_for_process(&format!("127.0.0.1:{}", tansu.port))).unwrap();
+    kafka.ensure_topics(1, TIMEOUT, true).await.unwrap();
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let topic = kafka.config().requests_topic.clone();
+    let source = |offset| Source {
+        topic: topic.clone(),
+        partition: 1,
+        offset,
+    };
+    let keys: Vec<String> = (0..10).map(|i| format!("kmode-{i}")).collect();
+
+    let first_dir = tempfile::tempdir().unwrap();
+    let first_log = Arc::new(LogReplicator::new());
+    let first = replicated_engine(first_dir.path(), &sim, first_log.clone());
+    let refused = first
+        .submit(request(&keys[0]), source(0))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, EngineError::NotOwned { partition: 1, .. }),
+        "{refused}"
+    );
+    let log = tokio::task::block_in_place(|| PartitionLog::open(&kafka, 1, TIMEOUT)).unwrap();
+    first_log.own(log);
+    first.assign_partition(1).await.unwrap();
+    for (i, key) in keys.iter().enumerate() {
+        first.submit(request(key), source(i as i64)).await.unwrap();
+    }
+    for key in &keys {
+        let state = wait_for(&first, task_id(key), TIMEOUT, settled).await;
+        assert_eq!(state.phase, Phase::Succeeded, "{key}");
+    }
+
+    // The log holds every event the ledger recorded, in each task's order.
+    let (logged, end) = tokio::task::block_in_place(|| {
+        let mut events = Vec::new();
+        let end = read_partition(&kafka, 1, 0, TIMEOUT, |r| {
+            let record: EventRecord =
+                serde_json::from_slice(r.payload.as_deref().unwrap()).unwrap();
+            events.push(event_from_record(&record)?);
+            Ok(())
+        })
+        .unwrap();
+        (events, end)
+    });
+    let recorded = first.ledger().read_log(1, usize::MAX).unwrap();
+    assert_eq!(logged.len(), recorded.len());
+    for (l, r) in logged.iter().zip(&recorded) {
+        assert_eq!(
+            (l.task_id, l.task_seq, &l.body),
+            (r.task_id, r.task_seq, &r.body)
+        );
+    }
+    let checkpoint = first
+        .ledger()
+        .log_checkpoint(1)
+        .unwrap()
+        .expect("a checkpoint");
+    let (after, _) = tokio::task::block_in_place(|| committed_event_ids(&kafka, 1, checkpoint));
+    assert!(
+        after.is_empty(),
+        "the checkpoint is past every recorded event: {after:?}"
+    );
+    let results = tokio::task::block_in_place(|| {
+        let reader = TopicReader::from_beginning(&kafka, &kafka.config().results_topic).unwrap();
+        let mut seen = Vec::new();
+        let deadline = std::time::Instant::now() + TIMEOUT;
+        while seen.len() < keys.len() && std::time::Instant::now() < deadline {
+            if let Some(Ok(r)) = reader.next(Duration::from_millis(100)) {
+                seen.push(r.event_id().unwrap_or_default());
+            }
+        }
+        seen
+    });
+    assert_eq!(
+        results.len(),
+        keys.len(),
+        "one result per task, committed with its events"
+    );
+
+    // Another instance opens the partition's log: this one is fenced and records nothing more.
+    let second_log = Arc::new(LogReplicator::new());
+    let taken = tokio::task::block_in_place(|| PartitionLog::open(&kafka, 1, TIMEOUT)).unwrap();
+    let late = first
+        .submit(request("kmode-late"), source(50))
+        .await
+        .unwrap_err();
+    assert!(!late.is_transient(), "{late}");
+    assert!(!first_log.owns(1), "the fenced partition is given up");
+    assert!(first
+        .events(task_id("kmode-late"))
+        .await
+        .unwrap_or_default()
+        .is_empty());
+
+    // The new owner restores the partition on an empty disk and knows every task of it.
+    let second_dir = tempfile::tempdir().unwrap();
+    let second = replicated_engine(second_dir.path(), &sim, second_log.clone());
+    let restored = second.restore(1, logged.clone(), end).await.unwrap();
+    assert_eq!(restored, logged.len());
+    second_log.own(taken);
+    second.assign_partition(1).await.unwrap();
+    let posts = sim.stats().posts;
+    for (i, key) in keys.iter().enumerate() {
+        second
+            .submit(request(key), source(100 + i as i64))
+            .await
+            .unwrap();
+        let events = second.events(task_id(key)).await.unwrap();
+        assert!(
+            matches!(
+                events.last().map(|e| &e.body),
+                Some(EventBody::DuplicateDelivery { .. })
+            ),
+            "{key}: {events:?}"
+        );
+        assert_eq!(sim.records_with_identity(key).len(), 1, "{key}");
+    }
+    assert_eq!(sim.stats().posts, posts, "a restored task was sent again");
+    second
+        .submit(request("kmode-late"), source(60))
+        .await
+        .unwrap();
+    let state = wait_for(&second, task_id("kmode-late"), TIMEOUT, settled).await;
+    assert_eq!(state.phase, Phase::Succeeded);
+    assert_eq!(sim.records_with_identity("kmode-late").len(), 1);
+
+    first.shutdown(Duration::from_secs(5)).await;
+    second.shutdown(Duration::from_secs(5)).await;
+    sim.shutdown().await;
+}

@@ -1,0 +1,209 @@
+//! Kafka mode's replicator: the journal hands it each requests partition's events before the
+//! ledger records them, and it writes them through the partition's [`PartitionLog`] in one
+//! transaction, with the results they announce and the requests offset the partition's
+//! consumer has completed. Only partitions this instance owns have a log here; events of any
+//! other partition are refused as lost.
+//!
+//! Records written in kafka mode carry `lsn` 0: a ledger's LSNs are its own, and a task's
+//! events may be recorded by several instances in turn. An event's position in the log of
+//! record is its partition and offset; its id is `<task_id>:<task_seq>`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rdkafka::consumer::ConsumerGroupMetadata;
+use sendledger_core::result::Projection;
+use sendledger_core::{Event, NewEvent, TaskId};
+use sendledger_store::{Replication, Replicator};
+
+use crate::log::{LogBatch, LogError, LogRecord, PartitionLog};
+use crate::records::event_record;
+
+/// The requests offset a partition's next transaction commits for the group.
+struct PendingCommit {
+    next: i64,
+    group: Arc<ConsumerGroupMetadata>,
+}
+
+#[derive(Default)]
+struct Owned {
+    logs: BTreeMap<i32, Arc<PartitionLog>>,
+    commits: BTreeMap<i32, PendingCommit>,
+    /// Per partition, the projections of the tasks of its latest batch (as the outbox
+    /// publisher keeps them): a task with events in consecutive batches is not folded again.
+    projections: BTreeMap<i32, HashMap<TaskId, Projection>>,
+}
+
+/// The replicator of the partitions this instance owns. Cheap to share.
+#[derive(Default)]
+pub struct LogReplicator {
+    owned: Mutex<Owned>,
+}
+
+impl LogReplicator {
+    pub fn new() -> LogReplicator {
+        LogReplicator::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Owned> {
+        self.owned.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes partition `log.partition()` on: its events are written through `log` from now on.
+    /// Call it once the log is open (the previous owner fenced) and the partition restored.
+    pub fn own(&self, log: PartitionLog) {
+        let mut owned = self.lock();
+        let partition = log.partition();
+        owned.logs.insert(partition, Arc::new(log));
+        owned.projections.remove(&partition);
+    }
+
+    /// Gives partition `partition` up: its events are refused as lost from now on.
+    pub fn release(&self, partition: i32) {
+        let mut owned = self.lock();
+        owned.logs.remove(&partition);
+        owned.commits.remove(&partition);
+        owned.projections.remove(&partition);
+    }
+
+    /// Whether partition `partition` is owned (its log open and not fenced).
+    pub fn owns(&self, partition: i32) -> bool {
+        self.lock().logs.contains_key(&partition)
+    }
+
+    /// The partitions owned now.
+    pub fn partitions(&self) -> Vec<i32> {
+        self.lock().logs.keys().copied().collect()
+    }
+
+    /// The requests consumer completed every message of `partition` before offset `next`:
+    /// the partition's next transaction commits it for the group (`group`: the consumer's
+    /// group metadata now).
+    pub fn commit_requests(&self, partition: i32, next: i64, group: ConsumerGroupMetadata) {
+        let mut owned = self.lock();
+        if owned.logs.contains_key(&partition) {
+            owned.commits.insert(
+                partition,
+                PendingCommit {
+                    next,
+                    group: Arc::new(group),
+                },
+            );
+        }
+    }
+
+    /// The records of `events` and the projections of their tasks after them.
+    fn batch(
+        &self,
+        partition: i32,
+        events: &[NewEvent],
+        history: &dyn Fn(TaskId) -> sendledger_store::Result<Vec<Event>>,
+    ) -> Result<(LogBatch, HashMap<TaskId, Projection>), Replication> {
+        let mut previous = self
+            .lock()
+            .projections
+            .remove(&partition)
+            .unwrap_or_default();
+        let mut projections: HashMap<TaskId, Projection> = HashMap::new();
+        let mut batch = LogBatch::default();
+        for new in events {
+            let event = new.clone().with_lsn(0);
+            let projection = match projections.entry(event.task_id) {
+                std::collections::hash_map::Entry::Occupied(slot) => slot.into_mut(),
+                std::collections::hash_map::Entry::Vacant(slot) => {
+                    slot.insert(match previous.remove(&event.task_id) {
+                        Some(p) if p.next_seq() == event.task_seq => p,
+                        _ => {
+                            let history = history(event.task_id).map_err(|e| {
+                                Replication::Failed(format!(
+                                    "cannot read task {}'s events to project its results: {e}",
+                                    event.task_id
+                                ))
+                            })?;
+                            Projection::of(
+                                history.iter().take_while(|h| h.task_seq < event.task_seq),
+                            )
+                        }
+                    })
+                }
+            };
+            let result = projection.apply(&event);
+            let key = projection.key(event.task_id);
+            let record = event_record(&event);
+            batch.events.push(LogRecord {
+                key: key.clone(),
+                payload: json(&record)?,
+                event_id: record.event_id,
+            });
+            if let Some(result) = result {
+                batch.results.push(LogRecord {
+                    key,
+                    payload: json(&result)?,
+                    event_id: result.event_id,
+                });
+            }
+        }
+        Ok((batch, projections))
+    }
+}
+
+fn json(value: &impl serde::Serialize) -> Result<Vec<u8>, Replication> {
+    serde_json::to_vec(value)
+        .map_err(|e| Replication::Failed(format!("cannot encode a record: {e}")))
+}
+
+impl Replicator for LogReplicator {
+    fn replicate(
+        &self,
+        partition: i32,
+        events: &[NewEvent],
+        history: &dyn Fn(TaskId) -> sendledger_store::Result<Vec<Event>>,
+    ) -> Result<i64, Replication> {
+        let Some(log) = self.lock().logs.get(&partition).cloned() else {
+            return Err(Replication::Lost(format!(
+                "requests partition {partition} is not assigned to this instance"
+            )));
+        };
+        let (mut batch, projections) = self.batch(partition, events, history)?;
+        let commit = self.lock().commits.remove(&partition);
+        batch.next_request_offset = commit.as_ref().map(|c| c.next);
+        let group = commit.as_ref().map(|c| c.group.as_ref());
+        match log.commit(&batch, group) {
+            Ok(committed) => {
+                let mut owned = self.lock();
+                if owned.logs.contains_key(&partition) {
+                    owned.projections.insert(partition, projections);
+                }
+                metrics::histogram!("sendledger_log_commit_seconds")
+                    .record(committed.took.as_secs_f64());
+                metrics::histogram!("sendledger_log_batch_events").record(events.len() as f64);
+                let (_, last) = committed.events.unwrap_or((-1, -1));
+                Ok(last + 1)
+            }
+            Err(e) => {
+                if let Some(commit) = commit {
+                    // Not committed: the next transaction carries it (unless a later one came).
+                    self.lock().commits.entry(partition).or_insert(commit);
+                }
+                Err(self.refused(partition, e))
+            }
+        }
+    }
+}
+
+impl LogReplicator {
+    /// What a failed transaction means for the partition: an aborted one may be written again;
+    /// after any other failure the partition's log is gone (fenced: another instance owns the
+    /// partition; a failed producer: this instance gives the partition up rather than guess).
+    fn refused(&self, partition: i32, e: LogError) -> Replication {
+        match e {
+            LogError::Aborted { .. } => Replication::Failed(e.to_string()),
+            e => {
+                tracing::error!(partition, error = %e, "the partition's log of record is lost; its tasks stop here");
+                metrics::counter!("sendledger_partitions_fenced_total").increment(1);
+                self.release(partition);
+                Replication::Lost(e.to_string())
+            }
+        }
+    }
+}
