@@ -54,7 +54,7 @@ use tokio::sync::oneshot;
 use crate::cluster::Kafka;
 use crate::config::Role;
 use crate::error::{Error, Result};
-use crate::sink::{RequestSink, SinkError};
+use crate::sink::{PartitionOwner, RequestSink, SinkError};
 
 /// Header of a dead letter: why the message was rejected.
 pub const REASON_HEADER: &str = "sendledger-reason";
@@ -65,6 +65,8 @@ const RETRY_INITIAL: Duration = Duration::from_millis(50);
 const RETRY_MAX: Duration = Duration::from_secs(5);
 /// Longest wait for a partition's start and end offsets.
 const WATERMARK_TIMEOUT: Duration = Duration::from_secs(5);
+/// Kafka mode: how long a partition whose take-over failed waits before the next try.
+const TAKE_OVER_RETRY: Duration = Duration::from_secs(5);
 
 /// Counters of a running ingest.
 #[derive(Debug, Default)]
@@ -128,17 +130,40 @@ pub struct Ingest {
 }
 
 impl Ingest {
-    /// Subscribes to the requests topic and starts consuming into `sink`. Must be called within
-    /// a tokio runtime: the sink's futures run on it.
+    /// Subscribes to the requests topic and starts consuming into `sink` (local mode: one
+    /// instance per consumer group). Must be called within a tokio runtime: the sink's futures
+    /// run on it.
     pub fn start<S: RequestSink>(kafka: &Kafka, sink: Arc<S>) -> Result<Ingest> {
+        Self::start_with(kafka, sink, None)
+    }
+
+    /// Kafka mode: like [`Ingest::start`], for one of several instances in the group. Each
+    /// assigned partition is taken over through `owner` before its first message is handled
+    /// (and at once, so its unsettled tasks resume without waiting for one), given up when
+    /// revoked, and its completed offsets are committed through `owner` (in the partition's
+    /// transactions) instead of by the consumer.
+    pub fn start_owning<S: RequestSink>(
+        kafka: &Kafka,
+        sink: Arc<S>,
+        owner: Arc<dyn PartitionOwner>,
+    ) -> Result<Ingest> {
+        Self::start_with(kafka, sink, Some(owner))
+    }
+
+    fn start_with<S: RequestSink>(
+        kafka: &Kafka,
+        sink: Arc<S>,
+        owner: Option<Arc<dyn PartitionOwner>>,
+    ) -> Result<Ingest> {
         let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
         let config = kafka.config().clone();
         let stats = Arc::new(IngestStats::default());
         let stop = Arc::new(AtomicBool::new(false));
         let grace = Arc::new(Mutex::new(Duration::from_secs(10)));
         let (done_tx, done_rx) = mpsc::channel();
-        let tracker = Arc::new(Mutex::new(Tracker::new(done_rx)));
+        let tracker = Arc::new(Mutex::new(Tracker::new(done_rx, owner.clone())));
         let context = IngestContext {
+            owner: owner.clone(),
             tracker: tracker.clone(),
             topic: config.requests_topic.clone(),
             revoke_grace: Duration::from_secs(10),
@@ -156,6 +181,8 @@ impl Ingest {
             None => None,
         };
         let worker = Worker {
+            owner,
+            probe: kafka.client_config(Role::Replay).create()?,
             consumer,
             tracker,
             sink,
@@ -258,6 +285,11 @@ struct PartitionState {
     last_seen: Option<i64>,
     /// The partition is refused: its messages are ignored and no offset is stored.
     blocked: bool,
+    /// Kafka mode: the partition was taken over (its log open, its state restored); until
+    /// then nothing of it is handled. Always true in local mode.
+    owned: bool,
+    /// Kafka mode: a failed take-over is tried again at this time (the partition is paused).
+    retry_take_over: Option<Instant>,
 }
 
 struct Tracker {
@@ -274,6 +306,8 @@ struct Tracker {
     /// The group has another member: every assigned partition stays paused.
     shared: bool,
     fatal: Option<String>,
+    /// Kafka mode: who takes partitions over and commits their offsets.
+    owner: Option<Arc<dyn PartitionOwner>>,
 }
 
 /// Messages received and not yet done, and their bytes.
@@ -317,7 +351,7 @@ impl Budget {
 }
 
 impl Tracker {
-    fn new(done_rx: mpsc::Receiver<Done>) -> Tracker {
+    fn new(done_rx: mpsc::Receiver<Done>, owner: Option<Arc<dyn PartitionOwner>>) -> Tracker {
         Tracker {
             parts: BTreeMap::new(),
             next_generation: 1,
@@ -328,6 +362,7 @@ impl Tracker {
             paused: false,
             shared: false,
             fatal: None,
+            owner,
         }
     }
 
@@ -353,6 +388,8 @@ impl Tracker {
                 folded: None,
                 last_seen: None,
                 blocked: false,
+                owned: self.owner.is_none(),
+                retry_take_over: None,
             },
         ) {
             self.orphans.add(old.unfinished);
@@ -391,27 +428,42 @@ impl Tracker {
         {
             part.inflight[i].1 = true;
         }
-        advance(consumer, topic, done.partition, part);
+        advance(consumer, topic, done.partition, part, self.owner.as_deref());
     }
 }
 
-/// Pops the done prefix of a partition and stores the offset after it.
+/// Pops the done prefix of a partition and stores the offset after it (kafka mode: hands it to
+/// the owner, whose next transaction of the partition commits it).
 fn advance(
     consumer: &BaseConsumer<IngestContext>,
     topic: &str,
     partition: i32,
     part: &mut PartitionState,
+    owner: Option<&dyn PartitionOwner>,
 ) {
     let mut last = None;
     while let Some((offset, true)) = part.inflight.front().copied() {
         part.inflight.pop_front();
         last = Some(offset);
     }
-    if let Some(offset) = last {
-        part.done_through = Some(offset);
+    let Some(offset) = last else {
+        return;
+    };
+    part.done_through = Some(offset);
+    match owner {
+        Some(owner) => match consumer.group_metadata() {
+            Some(group) => owner.completed(partition, offset + 1, group),
+            None => tracing::debug!(
+                partition,
+                offset,
+                "no group metadata; the offset is committed with a later one"
+            ),
+        },
         // Stores `offset + 1`, the next offset to read.
-        if let Err(e) = consumer.store_offset(topic, partition, offset) {
-            tracing::debug!(partition, offset, error = %e, "offset not stored (partition no longer assigned)");
+        None => {
+            if let Err(e) = consumer.store_offset(topic, partition, offset) {
+                tracing::debug!(partition, offset, error = %e, "offset not stored (partition no longer assigned)");
+            }
         }
     }
 }
@@ -434,6 +486,8 @@ fn commit(consumer: &BaseConsumer<IngestContext>, mode: CommitMode, stats: &Inge
 
 /// The consumer's context: rebalance callbacks run inside `poll`, on the ingest thread.
 struct IngestContext {
+    /// Kafka mode: partitions are given up through it when revoked.
+    owner: Option<Arc<dyn PartitionOwner>>,
     tracker: Arc<Mutex<Tracker>>,
     topic: String,
     revoke_grace: Duration,
@@ -481,7 +535,11 @@ impl ConsumerContext for IngestContext {
         }
         commit(consumer, CommitMode::Sync, &self.stats);
         for p in &revoked {
+            let owned = t.parts.get(p).is_some_and(|part| part.owned);
             t.revoke(*p);
+            if let (Some(owner), true) = (&self.owner, owned) {
+                owner.release(*p);
+            }
         }
         tracing::info!(partitions = ?revoked, "partitions revoked");
     }
@@ -496,6 +554,15 @@ impl ConsumerContext for IngestContext {
             t.assign(*p);
         }
         tracing::info!(partitions = ?assigned, "partitions assigned");
+        if self.owner.is_some() {
+            // Kafka mode: partitions are shared by design; each is taken over before use.
+            if t.paused {
+                if let Err(e) = consumer.pause(tpl) {
+                    tracing::warn!(error = %e, "cannot pause newly assigned partitions");
+                }
+            }
+            return;
+        }
         let sharing = self.sharing(consumer);
         let was_shared = std::mem::replace(&mut t.shared, sharing.is_some());
         metrics::gauge!("sendledger_consumer_group_shared").set(f64::from(u8::from(t.shared)));
@@ -568,6 +635,10 @@ impl IngestContext {
 }
 
 struct Worker<S: RequestSink> {
+    /// Kafka mode: takes partitions over and commits their offsets.
+    owner: Option<Arc<dyn PartitionOwner>>,
+    /// Reads a record here and there to check a partition's end (see [`Worker::record_at`]).
+    probe: BaseConsumer,
     consumer: BaseConsumer<IngestContext>,
     tracker: Arc<Mutex<Tracker>>,
     sink: Arc<S>,
@@ -637,6 +708,10 @@ impl<S: RequestSink> Worker<S> {
                         break;
                     }
                 }
+            }
+            if let Err(e) = self.take_over_assigned() {
+                result = Err(e);
+                break;
             }
             if last_commit.elapsed() >= self.commit_interval {
                 self.checkpoint(CommitMode::Async);
@@ -794,6 +869,37 @@ impl<S: RequestSink> Worker<S> {
         (false, Some(watermark.max(low - 1)))
     }
 
+    /// Whether the partition holds a record at `offset` or after it: a second opinion before a
+    /// partition is refused as recreated, since some brokers report the end of a partition as
+    /// the start of its last batch plus one (the separate test broker does).
+    fn record_at(&self, partition: i32, offset: i64) -> bool {
+        let mut tpl = TopicPartitionList::new();
+        if tpl
+            .add_partition_offset(&self.topic, partition, Offset::Offset(offset))
+            .is_err()
+            || self.probe.assign(&tpl).is_err()
+        {
+            return false;
+        }
+        let deadline = Instant::now() + WATERMARK_TIMEOUT;
+        let mut found = false;
+        while Instant::now() < deadline {
+            match self.probe.poll(Duration::from_millis(100)) {
+                Some(Ok(m)) if m.offset() >= offset => {
+                    found = true;
+                    break;
+                }
+                Some(Ok(_)) | None => {}
+                Some(Err(e)) => {
+                    tracing::debug!(partition, offset, error = %e, "probe read failed");
+                    break;
+                }
+            }
+        }
+        let _ = self.probe.unassign();
+        found
+    }
+
     /// Why a partition ending at `high` must not be consumed with these processed offsets:
     /// - a watermark at or above its end means the processed offsets belong to another
     ///   incarnation of the topic (deleted and recreated while the ledger was kept); consuming
@@ -804,7 +910,8 @@ impl<S: RequestSink> Worker<S> {
     ///   The offset this ledger commits always follows a message it recorded.
     fn refusal(&self, partition: i32, processed: &Processed, high: i64) -> Option<String> {
         let topic = &self.topic;
-        if let Some(watermark) = processed.watermark.filter(|w| *w >= high) {
+        let past_end = |w: &i64| *w >= high && !self.record_at(partition, *w);
+        if let Some(watermark) = processed.watermark.filter(past_end) {
             return Some(format!(
                 "the ledger processed offsets of {topic}/{partition} up to {watermark}, but the \
                  partition ends at {high}: the topic was recreated (or the ledger belongs to \
@@ -942,9 +1049,116 @@ impl<S: RequestSink> Worker<S> {
         Ok(())
     }
 
+    /// Kafka mode: takes over every assigned partition not taken over yet (or whose failed
+    /// take-over is due again). A partition whose take-over fails is paused, reported as
+    /// blocked, and tried again after [`TAKE_OVER_RETRY`]; once taken over it is consumed
+    /// from its committed offset.
+    fn take_over_assigned(&self) -> Result<()> {
+        if self.owner.is_none() {
+            return Ok(());
+        }
+        let due: Vec<i32> = {
+            let t = lock(&self.tracker);
+            let now = Instant::now();
+            t.parts
+                .iter()
+                .filter(|(_, p)| !p.owned && p.retry_take_over.is_none_or(|at| at <= now))
+                .map(|(&i, _)| i)
+                .collect()
+        };
+        for partition in due {
+            self.take_over(partition)?;
+        }
+        Ok(())
+    }
+
+    /// Kafka mode: takes partition `partition` over now, if it is assigned and not owned yet.
+    /// Returns whether it is owned afterwards.
+    fn take_over(&self, partition: i32) -> Result<bool> {
+        let Some(owner) = &self.owner else {
+            return Ok(true);
+        };
+        let (needed, retried) = {
+            let t = lock(&self.tracker);
+            match t.parts.get(&partition) {
+                None => return Ok(false),
+                Some(p) => (!p.owned, p.retry_take_over.is_some()),
+            }
+        };
+        if !needed {
+            return Ok(true);
+        }
+        let started = Instant::now();
+        match owner.take_over(partition) {
+            Ok(()) => {
+                tracing::info!(partition, took = ?started.elapsed(), "partition taken over");
+                metrics::histogram!("sendledger_partition_take_over_seconds")
+                    .record(started.elapsed().as_secs_f64());
+                if retried {
+                    self.unblock(partition);
+                    self.rewind(partition);
+                }
+                let mut t = lock(&self.tracker);
+                if let Some(p) = t.parts.get_mut(&partition) {
+                    p.owned = true;
+                    p.retry_take_over = None;
+                }
+                Ok(true)
+            }
+            Err(why) => {
+                tracing::error!(partition, error = %why, retry_in = ?TAKE_OVER_RETRY, "cannot take the partition over; it stays paused");
+                if let Err(e) = self.pause_partition(partition) {
+                    tracing::warn!(partition, error = %e, "cannot pause the partition");
+                }
+                self.stats
+                    .blocked
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(partition, format!("cannot take the partition over: {why}"));
+                let mut t = lock(&self.tracker);
+                if let Some(p) = t.parts.get_mut(&partition) {
+                    p.retry_take_over = Some(Instant::now() + TAKE_OVER_RETRY);
+                }
+                Ok(false)
+            }
+        }
+    }
+
+    /// After a failed take-over the partition's position may be past messages that were
+    /// fetched and ignored meanwhile: it is read again from the group's committed offset
+    /// (nothing committed: from its beginning), then resumed.
+    fn rewind(&self, partition: i32) {
+        let from = self
+            .committed(partition)
+            .map_or(Offset::Beginning, Offset::Offset);
+        if let Err(e) = self
+            .consumer
+            .seek(&self.topic, partition, from, WATERMARK_TIMEOUT)
+        {
+            tracing::warn!(partition, error = %e, "cannot rewind the partition after its take-over");
+        }
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&self.topic, partition);
+        if let Err(e) = self.consumer.resume(&tpl) {
+            tracing::warn!(partition, error = %e, "cannot resume the partition");
+        }
+    }
+
+    fn unblock(&self, partition: i32) {
+        self.stats
+            .blocked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&partition);
+    }
+
     /// Whether the partition is ours and consumed, loading its processed offsets (and checking
-    /// them against the group's position) at its first message after an assignment.
+    /// them against the group's position) at its first message after an assignment. In kafka
+    /// mode the partition is taken over first.
     fn ensure_loaded(&self, partition: i32) -> Result<bool> {
+        if !self.take_over(partition)? {
+            return Ok(false);
+        }
         let needs_load = {
             let t = lock(&self.tracker);
             match t.parts.get(&partition) {
@@ -993,7 +1207,13 @@ impl<S: RequestSink> Worker<S> {
                 .fetch_add(1, Ordering::Relaxed);
             metrics::counter!("sendledger_duplicates_dropped_total", "by" => "offset").increment(1);
             part.inflight.push_back((offset, true));
-            advance(&self.consumer, &self.topic, partition, part);
+            advance(
+                &self.consumer,
+                &self.topic,
+                partition,
+                part,
+                self.owner.as_deref(),
+            );
             return None;
         }
         part.inflight.push_back((offset, false));
@@ -1085,6 +1305,7 @@ impl<S: RequestSink> Job<S> {
                         }
                         Err(SinkError::Invalid(reason)) => return self.reject(reason).await,
                         Err(SinkError::Fatal(e)) => return Outcome::Fatal(e),
+                        Err(SinkError::NotOwned(_)) => return Outcome::Abandoned,
                         Err(SinkError::Retry(e)) => {
                             if !self.wait_retry(&mut delay, &e).await {
                                 return Outcome::Abandoned;
@@ -1165,6 +1386,7 @@ impl<S: RequestSink> Job<S> {
                     return Outcome::Recorded;
                 }
                 Err(SinkError::Fatal(e)) => return Outcome::Fatal(e),
+                Err(SinkError::NotOwned(_)) => return Outcome::Abandoned,
                 Err(e) => {
                     if !self.wait_retry(&mut delay, &e.to_string()).await {
                         return Outcome::Abandoned;
@@ -1217,7 +1439,7 @@ mod tests {
     #[test]
     fn unfinished_bytes_are_released_by_the_messages_that_added_them() {
         let (_tx, done_rx) = mpsc::channel();
-        let mut t = Tracker::new(done_rx);
+        let mut t = Tracker::new(done_rx, None);
         t.assign(0);
         t.assign(1);
         let received = [(0, 100_000), (0, 300), (1, 70_000)];

@@ -58,7 +58,7 @@ pub use reader::{Record, ResultsReader, TopicReader};
 pub use records::{event_from_record, EventRecord};
 pub use replay::audit_topic;
 pub use replicator::LogReplicator;
-pub use sink::{RequestSink, SinkError};
+pub use sink::{PartitionOwner, RequestSink, SinkError};
 
 /// The librdkafka binding, re-exported so that users (and tests) of this crate can inject
 /// faults into the embedded cluster without depending on `rdkafka` themselves.

@@ -120,9 +120,14 @@ impl LogReplicator {
                                     event.task_id
                                 ))
                             })?;
-                            Projection::of(
-                                history.iter().take_while(|h| h.task_seq < event.task_seq),
-                            )
+                            // Positioned as the log records them: results re-announced
+                            // from this history must equal the records first published.
+                            let unpositioned: Vec<Event> = history
+                                .into_iter()
+                                .take_while(|h| h.task_seq < event.task_seq)
+                                .map(|h| Event { lsn: 0, ..h })
+                                .collect();
+                            Projection::of(&unpositioned)
                         }
                     })
                 }

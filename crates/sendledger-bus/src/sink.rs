@@ -20,6 +20,28 @@ pub enum SinkError {
     /// with this message instead of retrying.
     #[error("sink stopped: {0}")]
     Fatal(String),
+    /// Kafka mode: the message's partition is not owned here (any more): nothing was recorded,
+    /// and the instance that owns the partition reads the message again. The consumer moves on
+    /// without storing its offset.
+    #[error("not owned here: {0}")]
+    NotOwned(String),
+}
+
+/// Kafka mode: what the consumer tells about the partitions the group gives it and takes
+/// away. Calls run on the consumer's thread and may block (a take-over reads the partition's
+/// log); the partition stays paused meanwhile.
+pub trait PartitionOwner: Send + Sync + 'static {
+    /// Takes partition `partition` over: opens its log of record (fencing the previous owner),
+    /// restores what the ledger lacks and resumes its tasks. An error leaves the partition
+    /// paused and unowned, with the reason logged and shown in health.
+    fn take_over(&self, partition: i32) -> Result<(), String>;
+
+    /// Gives partition `partition` up: its tasks stop acting here.
+    fn release(&self, partition: i32);
+
+    /// Every message of `partition` before `next` is recorded: the partition's next
+    /// transaction commits `next` for the group (`group`: the consumer's group metadata).
+    fn completed(&self, partition: i32, next: i64, group: rdkafka::consumer::ConsumerGroupMetadata);
 }
 
 /// What the consumer hands messages to. Every future must resolve only once what it records is

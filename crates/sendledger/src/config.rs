@@ -113,6 +113,24 @@ pub struct StorageConfig {
     /// RocksDB's memory for the ledger, in bytes: one block cache shared by every column
     /// family, with the write buffers charged to it (flushed past half). At least 4 MiB.
     pub memory_bytes: usize,
+    /// `local`: the ledger on this disk is the record, one instance per consumer group.
+    /// `kafka`: the events topic is the record (one transactional writer per partition), the
+    /// ledger holds the state of the partitions this instance owns, and several instances
+    /// share one consumer group.
+    pub mode: StorageMode,
+    /// Kafka mode: accept an events topic that deletes or compacts events, with the
+    /// consequence that a partition restored on another disk forgets the tasks whose events
+    /// were deleted (a redelivery of their requests is sent again).
+    pub allow_finite_log_retention: bool,
+}
+
+/// Where the record of what was done lives (see [`StorageConfig::mode`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StorageMode {
+    #[default]
+    Local,
+    Kafka,
 }
 
 impl Default for StorageConfig {
@@ -121,6 +139,8 @@ impl Default for StorageConfig {
             data: PathBuf::from("sendledger-data"),
             durability: Durability::Sync,
             memory_bytes: Memory::default().bytes,
+            mode: StorageMode::Local,
+            allow_finite_log_retention: false,
         }
     }
 }
@@ -306,6 +326,9 @@ impl Config {
                 e => return Err(e.into()),
             }
         }
+        if self.storage.mode == StorageMode::Kafka && self.kafka.is_embedded() {
+            bail!("storage.mode: \"kafka\" needs brokers that fence transactional ids and keep transactional offsets; the embedded cluster does neither: set kafka.brokers, or use mode \"local\"");
+        }
         if self.targets.is_empty() {
             bail!("targets: none configured; add a [targets.NAME] section (see schemas/sendledger.example.toml)");
         }
@@ -340,6 +363,7 @@ impl Config {
         c.max_live_tasks = self.engine.max_live_tasks;
         c.lookup_concurrency = self.engine.lookup_concurrency;
         c.timer_tick = self.engine.timer_tick;
+        c.replicated = self.storage.mode == StorageMode::Kafka;
         c.limits = Limits {
             max_payload_bytes: self.engine.max_payload_bytes,
             max_metadata_bytes: self.engine.max_metadata_bytes,

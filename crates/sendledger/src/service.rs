@@ -13,11 +13,11 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use metrics_exporter_prometheus::PrometheusHandle;
 use sendledger_actors::{Engine, Remote};
-use sendledger_bus::{Ingest, Kafka, Publisher};
+use sendledger_bus::{Ingest, Kafka, LogReplicator, Publisher};
 
 use crate::admin::Admin;
-use crate::config::Config;
-use crate::wiring::EngineSink;
+use crate::config::{Config, StorageMode};
+use crate::wiring::{EngineSink, KafkaOwner};
 
 /// How long topic creation on external brokers may take.
 const TOPIC_TIMEOUT: Duration = Duration::from_secs(30);
@@ -25,7 +25,8 @@ const TOPIC_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Service {
     engine: Engine,
     ingest: Ingest,
-    publisher: Publisher,
+    /// Local mode's outbox (kafka mode has none).
+    publisher: Option<Publisher>,
     admin: Option<Admin>,
     grace: Duration,
 }
@@ -48,21 +49,46 @@ impl Service {
             }
             (false, _) => None,
         };
+        let kafka_mode = config.storage.mode == StorageMode::Kafka;
         kafka
-            .ensure_topics(config.kafka.replication_factor, TOPIC_TIMEOUT, false)
+            .ensure_topics(config.kafka.replication_factor, TOPIC_TIMEOUT, kafka_mode)
             .await
             .context("creating the topics")?;
+        if kafka_mode {
+            kafka
+                .check_log_of_record(config.storage.allow_finite_log_retention, TOPIC_TIMEOUT)
+                .await
+                .context("checking the events topic, the log of record in kafka mode")?;
+        }
         let engine_config = config.engine_config();
         let engine = tokio::task::block_in_place(|| Engine::start(engine_config, remote))
             .with_context(|| format!("starting the engine on {}", config.storage.data.display()))?;
-        let publisher =
-            Publisher::start(kafka, engine.ledger().clone()).context("starting the publisher")?;
+        // Local mode publishes from the ledger (the outbox); kafka mode writes results in the
+        // transactions that record their events.
+        let (publisher, replicator) = if kafka_mode {
+            let replicator = Arc::new(LogReplicator::new());
+            engine
+                .install_replicator(replicator.clone())
+                .context("installing the log of record")?;
+            (None, Some(replicator))
+        } else {
+            let publisher = Publisher::start(kafka, engine.ledger().clone())
+                .context("starting the publisher")?;
+            (Some(publisher), None)
+        };
         let admin = match metrics {
             Some(metrics) => Some(Admin::start(&config.admin, engine.clone(), metrics).await?),
             None => None,
         };
-        let ingest = Ingest::start(kafka, Arc::new(EngineSink::new(engine.clone())))
-            .context("starting the ingest")?;
+        let sink = Arc::new(EngineSink::new(engine.clone()));
+        let ingest = match replicator {
+            Some(replicator) => {
+                let owner = KafkaOwner::new(kafka.clone(), engine.clone(), replicator)?;
+                Ingest::start_owning(kafka, sink, Arc::new(owner))
+            }
+            None => Ingest::start(kafka, sink),
+        }
+        .context("starting the ingest")?;
         if let Some(admin) = &admin {
             admin.watch_ingest(ingest.stats().clone());
         }
@@ -79,8 +105,9 @@ impl Service {
         &self.engine
     }
 
-    pub fn publisher(&self) -> &Publisher {
-        &self.publisher
+    /// Local mode's outbox publisher (kafka mode has none).
+    pub fn publisher(&self) -> Option<&Publisher> {
+        self.publisher.as_ref()
     }
 
     /// Where the admin endpoint listens, when it is enabled.
@@ -91,7 +118,7 @@ impl Service {
     /// False once the consumer or the publisher stopped by itself (the ledger failed for
     /// good).
     pub fn is_healthy(&self) -> bool {
-        self.ingest.is_running() && self.publisher.is_running()
+        self.ingest.is_running() && self.publisher.as_ref().is_none_or(Publisher::is_running)
     }
 
     /// Stops in order within the configured grace. Whatever is cut off is safe: unfinished
@@ -103,17 +130,19 @@ impl Service {
         let ingest = self.ingest.shutdown(left()).await;
         let ledger = self.engine.ledger().clone();
         self.engine.shutdown(left()).await;
-        if !self.publisher.wait_for(ledger.last_lsn(), left()).await {
-            tracing::warn!(
-                cursor = self.publisher.cursor(),
-                last_lsn = ledger.last_lsn(),
-                "not every event was published before the grace ran out; the rest is published at the next start"
-            );
-        }
-        let publisher = self
-            .publisher
-            .shutdown(left().max(Duration::from_secs(1)))
-            .await;
+        let publisher = match self.publisher {
+            Some(publisher) => {
+                if !publisher.wait_for(ledger.last_lsn(), left()).await {
+                    tracing::warn!(
+                        cursor = publisher.cursor(),
+                        last_lsn = ledger.last_lsn(),
+                        "not every event was published before the grace ran out; the rest is published at the next start"
+                    );
+                }
+                publisher.shutdown(left().max(Duration::from_secs(1))).await
+            }
+            None => Ok(()),
+        };
         if let Some(admin) = self.admin {
             admin.shutdown().await;
         }

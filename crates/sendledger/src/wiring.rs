@@ -6,9 +6,18 @@
 //! - [`EngineSink`]: the engine as the Kafka consumer's [`RequestSink`], how the bus hands
 //!   messages to tasks. Every call resolves once what it recorded is durable, together with the
 //!   message's processed-offset marker, so the consumer may store the Kafka offset right after.
+//! - [`KafkaOwner`]: kafka mode's [`PartitionOwner`]: takes a partition over (opens its log of
+//!   record, restores the ledger from it, resumes its tasks) and gives it up.
 
 use sendledger_actors::{Engine, Error, LookupError, Remote, Slot};
-use sendledger_bus::{RequestSink, SinkError};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sendledger_bus::log::read_partition;
+use sendledger_bus::{
+    event_from_record, EventRecord, Kafka, LogReplicator, PartitionLog, PartitionOwner,
+    RequestSink, SinkError,
+};
 use sendledger_core::decide::AttemptOutcome;
 use sendledger_core::error::Chain;
 use sendledger_core::event::{Millis, NotSentCause};
@@ -95,6 +104,11 @@ fn classify(e: Error) -> SinkError {
     match e {
         Error::Invalid(e) => SinkError::Invalid(e.to_string()),
         e @ Error::UnknownTarget(_) => SinkError::Invalid(e.to_string()),
+        // Kafka mode: the partition is not (or no longer) owned here.
+        e @ (Error::NotOwned { .. }
+        | Error::Ledger(sendledger_store::Error::PartitionLost { .. })) => {
+            SinkError::NotOwned(Chain(&e).to_string())
+        }
         e => {
             let transient = e.is_transient();
             failure(&e, transient)
@@ -169,6 +183,111 @@ impl RequestSink for EngineSink {
                 .map(|_| ())
                 .map_err(|e| failure(&e, true))
         })
+    }
+}
+
+/// How long a take-over waits for the brokers (opening the log, reading it).
+const TAKE_OVER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Events applied per restore step: a partition's log is read and applied in steps, so a long
+/// log never sits in memory whole (each step records its checkpoint).
+const RESTORE_STEP: usize = 10_000;
+
+/// Kafka mode's partition owner: the engine, its replicator and the brokers.
+pub struct KafkaOwner {
+    kafka: Kafka,
+    engine: Engine,
+    replicator: Arc<LogReplicator>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl KafkaOwner {
+    /// Must be called within a tokio runtime (the engine's futures run on it).
+    pub fn new(
+        kafka: Kafka,
+        engine: Engine,
+        replicator: Arc<LogReplicator>,
+    ) -> anyhow::Result<KafkaOwner> {
+        Ok(KafkaOwner {
+            kafka,
+            engine,
+            replicator,
+            runtime: tokio::runtime::Handle::try_current()?,
+        })
+    }
+
+    /// Reads the partition's log from the ledger's checkpoint and applies it, a step at a time.
+    /// Returns the events applied.
+    fn restore(&self, partition: i32) -> Result<usize, String> {
+        let from = self
+            .engine
+            .ledger()
+            .log_checkpoint(partition)
+            .map_err(|e| Chain(&e).to_string())?
+            .unwrap_or(0);
+        let mut step = Vec::with_capacity(RESTORE_STEP);
+        let mut applied = 0;
+        let apply = |step: &mut Vec<sendledger_core::Event>, next: i64| -> Result<usize, String> {
+            let events = std::mem::take(step);
+            self.runtime
+                .block_on(self.engine.restore(partition, events, next))
+                .map_err(|e| Chain(&e).to_string())
+        };
+        let end = read_partition(&self.kafka, partition, from, TAKE_OVER_TIMEOUT, |record| {
+            let parsed: EventRecord = serde_json::from_slice(
+                record.payload.as_deref().unwrap_or_default(),
+            )
+            .map_err(|e| sendledger_bus::Error::BadRecord {
+                event_id: record.event_id().unwrap_or_default(),
+                detail: e.to_string(),
+            })?;
+            step.push(event_from_record(&parsed)?);
+            if step.len() >= RESTORE_STEP {
+                applied += apply(&mut step, record.offset + 1).map_err(|detail| {
+                    sendledger_bus::Error::Replay {
+                        topic: "events".into(),
+                        detail,
+                    }
+                })?;
+            }
+            Ok(())
+        })
+        .map_err(|e| Chain(&e).to_string())?;
+        applied += apply(&mut step, end)?;
+        Ok(applied)
+    }
+}
+
+impl PartitionOwner for KafkaOwner {
+    fn take_over(&self, partition: i32) -> Result<(), String> {
+        let started = std::time::Instant::now();
+        // Opening the log fences the previous owner and aborts its open transaction, so what
+        // is read next is all it ever committed.
+        let log = PartitionLog::open(&self.kafka, partition, TAKE_OVER_TIMEOUT)
+            .map_err(|e| Chain(&e).to_string())?;
+        let restored = self.restore(partition)?;
+        self.replicator.own(log);
+        let resumed = self
+            .runtime
+            .block_on(self.engine.assign_partition(partition))
+            .map_err(|e| Chain(&e).to_string())?;
+        metrics::counter!("sendledger_restored_events_total").increment(restored as u64);
+        tracing::info!(partition, restored, resumed, took = ?started.elapsed(), "partition restored from its log and resumed");
+        Ok(())
+    }
+
+    fn release(&self, partition: i32) {
+        self.engine.revoke_partition(partition);
+        self.replicator.release(partition);
+    }
+
+    fn completed(
+        &self,
+        partition: i32,
+        next: i64,
+        group: sendledger_bus::rdkafka::consumer::ConsumerGroupMetadata,
+    ) {
+        self.replicator.commit_requests(partition, next, group);
     }
 }
 

@@ -93,13 +93,13 @@ impl Pipeline {
     }
 }
 
-fn identity_key(key: &str) -> String {
+pub(crate) fn identity_key(key: &str) -> String {
     format!("acme/payment.create/{key}")
 }
 
 /// Produces `(partition, key, value)` to the requests topic and waits for every ack. A `None`
 /// partition lets the key choose; a `None` value is a tombstone.
-async fn produce(
+pub(crate) async fn produce(
     kafka: &Kafka,
     messages: Vec<(Option<i32>, String, Option<Vec<u8>>)>,
 ) -> Vec<(i32, i64)> {
@@ -136,13 +136,13 @@ async fn produce(
     out
 }
 
-fn request_json(key: &str) -> Vec<u8> {
+pub(crate) fn request_json(key: &str) -> Vec<u8> {
     serde_json::to_vec(&request(key)).unwrap()
 }
 
 /// One record read back from a topic.
 #[derive(Debug, Clone)]
-struct Rec {
+pub(crate) struct Rec {
     key: String,
     event_id: String,
     value: serde_json::Value,
@@ -239,7 +239,7 @@ fn validate_all(records: &[Rec], schema_name: &str) {
 }
 
 /// The remote holds exactly one record per identity, and each task's result names it.
-fn assert_one_record_each(sim: &Sim, keys: &[String], results: &[TaskResult]) {
+pub(crate) fn assert_one_record_each(sim: &Sim, keys: &[String], results: &[TaskResult]) {
     let stats = sim.stats();
     assert_eq!(
         stats.duplicates, 0,
@@ -270,7 +270,10 @@ fn assert_one_record_each(sim: &Sim, keys: &[String], results: &[TaskResult]) {
 
 /// Waits for one terminal result for each of `tasks` on the results topic, and returns the
 /// deduplicated results.
-async fn results_for(kafka: &Kafka, tasks: BTreeSet<String>) -> (Vec<Rec>, Vec<TaskResult>) {
+pub(crate) async fn results_for(
+    kafka: &Kafka,
+    tasks: BTreeSet<String>,
+) -> (Vec<Rec>, Vec<TaskResult>) {
     let topic = kafka.config().results_topic.clone();
     let raw = read_until(kafka, &topic, move |recs| {
         let have: BTreeSet<String> = recs
@@ -289,7 +292,7 @@ async fn results_for(kafka: &Kafka, tasks: BTreeSet<String>) -> (Vec<Rec>, Vec<T
     (raw, results)
 }
 
-fn task_ids(keys: &[String]) -> BTreeSet<String> {
+pub(crate) fn task_ids(keys: &[String]) -> BTreeSet<String> {
     keys.iter()
         .map(|k| sendledger_tests::engine::task_id(k).to_string())
         .collect()
@@ -1729,7 +1732,7 @@ async fn a_byte_budget_pauses_the_partitions_and_every_request_runs_once() {
 }
 
 /// Waits until `done` holds, or fails with `what`.
-async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+pub(crate) async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + WAIT;
     while !done() {
         assert!(Instant::now() < deadline, "{what}");

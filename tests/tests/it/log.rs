@@ -488,3 +488,155 @@ async fn an_engine_in_kafka_mode_records_through_its_partition_log_and_hands_ove
     second.shutdown(Duration::from_secs(5)).await;
     sim.shutdown().await;
 }
+
+/// A service in kafka mode on `dir`, against the separate broker at `brokers`, with the target
+/// `sim`.
+async fn kafka_mode_service(
+    dir: &std::path::Path,
+    kafka: &Kafka,
+    sim: &sendledger_sim::Sim,
+) -> sendledger::service::Service {
+    use sendledger::config::{Config, StorageMode};
+    let mut config = Config::default();
+    config.storage.data = dir.to_path_buf();
+    config.storage.mode = StorageMode::Kafka;
+    config.engine.timer_tick = Duration::from_millis(5);
+    config.kafka = kafka.config().clone();
+    config.admin.enabled = false;
+    config.targets.insert(
+        "sim".into(),
+        sendledger_tests::engine::target(&sim.base_url(), |_| {}),
+    );
+    config
+        .validate(&Default::default())
+        .expect("a valid config");
+    let remote = std::sync::Arc::new(sendledger::wiring::HttpRemote::new(
+        config.load_targets().unwrap(),
+    ));
+    sendledger::service::Service::start(&config, kafka, remote, None)
+        .await
+        .expect("the service starts in kafka mode")
+}
+
+/// Every event on the events topic, by task id.
+fn logged_events(kafka: &Kafka) -> std::collections::BTreeMap<String, Vec<sendledger_core::Event>> {
+    use sendledger_bus::{event_from_record, EventRecord};
+    let mut by_task: std::collections::BTreeMap<String, Vec<_>> = Default::default();
+    for partition in 0..kafka.config().partitions {
+        read_partition(kafka, partition, 0, TIMEOUT, |r| {
+            let record: EventRecord =
+                serde_json::from_slice(r.payload.as_deref().unwrap()).unwrap();
+            let event = event_from_record(&record)?;
+            by_task
+                .entry(event.task_id.to_string())
+                .or_default()
+                .push(event);
+            Ok(())
+        })
+        .unwrap();
+    }
+    by_task
+}
+
+/// The scenario that loses the guarantee in local mode, in kafka mode: the first instance
+/// processes 200 requests alone; the second joins and the partitions are split; the same 200
+/// are delivered again, many to the instance that never saw them. It restored their partitions
+/// from the log, so each is a duplicate: one record per identity. When the second leaves, the
+/// first takes its partitions back and a third delivery is a duplicate again. Every task has
+/// exactly one terminal result for a `read_committed` reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_instances_in_kafka_mode_split_the_partitions_and_send_nothing_twice() {
+    use crate::kafka::{
+        assert_one_record_each, identity_key, produce, request_json, results_for, task_ids,
+        wait_for,
+    };
+    use sendledger_core::EventBody;
+    use sendledger_sim::{Sim, SimConfig};
+
+    let tansu = tokio::task::block_in_place(start_tansu);
+    let kafka = Kafka::connect(config_for_process(&format!("127.0.0.1:{}", tansu.port))).unwrap();
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let keys: Vec<String> = (0..200).map(|i| format!("shared-{i}")).collect();
+    let messages = || -> Vec<(Option<i32>, String, Option<Vec<u8>>)> {
+        keys.iter()
+            .map(|k| (None, identity_key(k), Some(request_json(k))))
+            .collect()
+    };
+    let duplicates_logged = |kafka: &Kafka, n: usize| {
+        let events = tokio::task::block_in_place(|| logged_events(kafka));
+        keys.iter()
+            .filter(|k| {
+                let id = sendledger_tests::engine::task_id(k).to_string();
+                events.get(&id).is_some_and(|e| {
+                    e.iter()
+                        .filter(|e| matches!(e.body, EventBody::DuplicateDelivery { .. }))
+                        .count()
+                        >= n
+                })
+            })
+            .count()
+    };
+
+    let a = kafka_mode_service(dir_a.path(), &kafka, &sim).await;
+    produce(&kafka, messages()).await;
+    let (_, results) = results_for(&kafka, task_ids(&keys)).await;
+    assert_one_record_each(&sim, &keys, &results);
+    let partitions = kafka.config().partitions as usize;
+    let owner_a = a.engine().ownership().unwrap().clone();
+    wait_for("the first instance did not own every partition", || {
+        owner_a.partitions().len() == partitions
+    })
+    .await;
+
+    let b = kafka_mode_service(dir_b.path(), &kafka, &sim).await;
+    let owner_b = b.engine().ownership().unwrap().clone();
+    wait_for(
+        "the partitions were not split between the instances",
+        || {
+            let (pa, pb) = (owner_a.partitions(), owner_b.partitions());
+            !pb.is_empty()
+                && pa.len() + pb.len() == partitions
+                && pa.iter().all(|p| !pb.contains(p))
+        },
+    )
+    .await;
+    produce(&kafka, messages()).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while duplicates_logged(&kafka, 1) < keys.len() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the redeliveries were not all recorded as duplicates"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(sim.stats().posts, 200, "a redelivery was sent again");
+    let b_tasks: u64 = b
+        .engine()
+        .ledger()
+        .task_counts()
+        .map(|c| c.by_phase.values().sum())
+        .unwrap_or(0);
+    assert!(b_tasks > 0, "the second instance restored nothing");
+
+    b.shutdown().await.unwrap();
+    wait_for(
+        "the first instance did not take every partition back",
+        || owner_a.partitions().len() == partitions,
+    )
+    .await;
+    produce(&kafka, messages()).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while duplicates_logged(&kafka, 2) < keys.len() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the third deliveries were not all recorded as duplicates"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    a.shutdown().await.unwrap();
+    assert_eq!(sim.stats().posts, 200, "a redelivery was sent again");
+    let (_, results) = results_for(&kafka, task_ids(&keys)).await;
+    assert_one_record_each(&sim, &keys, &results);
+    sim.shutdown().await;
+}
