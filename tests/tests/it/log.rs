@@ -538,32 +538,10 @@ fn logged_events(kafka: &Kafka) -> std::collections::BTreeMap<String, Vec<sendle
     by_task
 }
 
-/// The scenario that loses the guarantee in local mode, in kafka mode: the first instance
-/// processes 200 requests alone; the second joins and the partitions are split; the same 200
-/// are delivered again, many to the instance that never saw them. It restored their partitions
-/// from the log, so each is a duplicate: one record per identity. When the second leaves, the
-/// first takes its partitions back and a third delivery is a duplicate again. Every task has
-/// exactly one terminal result for a `read_committed` reader.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_instances_in_kafka_mode_split_the_partitions_and_send_nothing_twice() {
-    use crate::kafka::{
-        assert_one_record_each, identity_key, produce, request_json, results_for, task_ids,
-        wait_for,
-    };
+/// Waits until the events topic records `n` duplicate deliveries of each of `keys`.
+async fn each_logged_as_duplicate(kafka: &Kafka, keys: &[String], n: usize) {
     use sendledger_core::EventBody;
-    use sendledger_sim::{Sim, SimConfig};
-
-    let tansu = tokio::task::block_in_place(start_tansu);
-    let kafka = Kafka::connect(config_for_process(&format!("127.0.0.1:{}", tansu.port))).unwrap();
-    let sim = Sim::start(SimConfig::default()).await.unwrap();
-    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let keys: Vec<String> = (0..200).map(|i| format!("shared-{i}")).collect();
-    let messages = || -> Vec<(Option<i32>, String, Option<Vec<u8>>)> {
-        keys.iter()
-            .map(|k| (None, identity_key(k), Some(request_json(k))))
-            .collect()
-    };
-    let duplicates_logged = |kafka: &Kafka, n: usize| {
+    let logged = || {
         let events = tokio::task::block_in_place(|| logged_events(kafka));
         keys.iter()
             .filter(|k| {
@@ -576,6 +554,41 @@ async fn two_instances_in_kafka_mode_split_the_partitions_and_send_nothing_twice
                 })
             })
             .count()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while logged() < keys.len() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "delivery {} of each request was not recorded as a duplicate",
+            n + 1
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The scenario that loses the guarantee in local mode, in kafka mode: the first instance
+/// processes 200 requests alone; the second joins and the partitions are split; the same 200
+/// are delivered again, many to the instance that never saw them. It restored their partitions
+/// from the log, so each is a duplicate: one record per identity. When the second leaves, the
+/// first takes its partitions back and a third delivery is a duplicate again. Every task has
+/// exactly one terminal result for a `read_committed` reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_instances_in_kafka_mode_split_the_partitions_and_send_nothing_twice() {
+    use crate::kafka::{
+        assert_one_record_each, identity_key, produce, request_json, results_for, task_ids,
+        wait_for,
+    };
+    use sendledger_sim::{Sim, SimConfig};
+
+    let tansu = tokio::task::block_in_place(start_tansu);
+    let kafka = Kafka::connect(config_for_process(&format!("127.0.0.1:{}", tansu.port))).unwrap();
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let keys: Vec<String> = (0..200).map(|i| format!("shared-{i}")).collect();
+    let messages = || -> Vec<(Option<i32>, String, Option<Vec<u8>>)> {
+        keys.iter()
+            .map(|k| (None, identity_key(k), Some(request_json(k))))
+            .collect()
     };
 
     let a = kafka_mode_service(dir_a.path(), &kafka, &sim).await;
@@ -602,14 +615,7 @@ async fn two_instances_in_kafka_mode_split_the_partitions_and_send_nothing_twice
     )
     .await;
     produce(&kafka, messages()).await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(90);
-    while duplicates_logged(&kafka, 1) < keys.len() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the redeliveries were not all recorded as duplicates"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    each_logged_as_duplicate(&kafka, &keys, 1).await;
     assert_eq!(sim.stats().posts, 200, "a redelivery was sent again");
     let b_tasks: u64 = b
         .engine()
@@ -626,14 +632,7 @@ async fn two_instances_in_kafka_mode_split_the_partitions_and_send_nothing_twice
     )
     .await;
     produce(&kafka, messages()).await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(90);
-    while duplicates_logged(&kafka, 2) < keys.len() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the third deliveries were not all recorded as duplicates"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    each_logged_as_duplicate(&kafka, &keys, 2).await;
     a.shutdown().await.unwrap();
     assert_eq!(sim.stats().posts, 200, "a redelivery was sent again");
     let (_, results) = results_for(&kafka, task_ids(&keys)).await;
