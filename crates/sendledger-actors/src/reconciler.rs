@@ -2,6 +2,9 @@
 //! time, and hands each result (evidence, or the lookup's own failure) to the task's actor,
 //! which records it. It never sends an attempt.
 //!
+//! Each lookup is a `sendledger.lookup` span (task id, target, attempt, match count, outcome),
+//! parented on the task's trace context.
+//!
 //! Metric: `sendledger_lookups_total{outcome="none|one|several|error"}` (lookups ended, by how
 //! many records matched, or the lookup's own failure).
 
@@ -10,6 +13,7 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 use sendledger_core::{AcceptedRequest, TaskId};
+use tracing::Instrument;
 
 use crate::registry::{Registry, Route};
 use crate::remote::Remote;
@@ -55,13 +59,26 @@ impl Reconciler {
                 return;
             };
             self.running += 1;
-            let lookup = self.remote.lookup(&job.request, job.since);
+            let span = tracing::info_span!(
+                "sendledger.lookup",
+                task_id = %job.task_id,
+                target = %job.request.target,
+                attempt = job.attempt,
+                matches = tracing::field::Empty,
+                outcome = tracing::field::Empty,
+            );
+            sendledger_telemetry::join(&span, job.request.traceparent());
+            let lookup = self
+                .remote
+                .lookup(&job.request, job.since)
+                .instrument(span.clone());
             let (task_id, attempt) = (job.task_id, job.attempt);
             ctx.spawn(lookup.into_actor(self).map(move |result, act, ctx| {
                 act.running -= 1;
                 let outcome = match &result {
                     Ok(matches) => {
                         tracing::debug!(task_id = %task_id, matches = matches.len(), "lookup done");
+                        span.record("matches", matches.len());
                         ["none", "one"].get(matches.len()).copied().unwrap_or("several")
                     }
                     Err(e) if e.is_transient() => {
@@ -73,6 +90,8 @@ impl Reconciler {
                         "error"
                     }
                 };
+                span.record("outcome", outcome);
+                drop(span);
                 metrics::counter!("sendledger_lookups_total", "outcome" => outcome).increment(1);
                 act.registry.do_send(Route { task_id, input: TaskInput::Lookup { attempt, result } });
                 act.pump(ctx);

@@ -1,5 +1,8 @@
 //! The task actor: the only writer of one task's events.
 //!
+//! Each attempt is a `sendledger.attempt` span (task id, target, attempt number, and the
+//! outcome's class), parented on the task's trace context.
+//!
 //! Metrics: `sendledger_attempts_total{class="succeeded|rejected|not_sent|unknown"}` (attempt
 //! outcomes recorded; an attempt found sending at start-up counts as unknown) and
 //! `sendledger_duplicates_dropped_total{by="identity"}` (redeliveries of a known request,
@@ -18,6 +21,7 @@ use sendledger_core::{
     AcceptedRequest, EventBody, Evidence, NewEvent, Phase, Policy, Source, State, TaskId,
 };
 use sendledger_store::{Append, Ledger, TaskSummary, TimerKind};
+use tracing::Instrument;
 
 use crate::error::{Error, Result};
 use crate::ownership::Ownership;
@@ -353,13 +357,26 @@ impl TaskActor {
                     return;
                 };
                 self.attempt_in_flight = true;
-                tracing::debug!(task_id = %task_id, attempt, "sending");
+                let span = tracing::info_span!(
+                    "sendledger.attempt",
+                    task_id = %task_id,
+                    target = %request.target,
+                    attempt,
+                    outcome = tracing::field::Empty,
+                );
+                let trace = request.traceparent();
+                sendledger_telemetry::join(&span, trace);
+                let passed_on = sendledger_telemetry::pass_on(&span, trace);
+                span.in_scope(|| tracing::debug!(task_id = %task_id, attempt, "sending"));
                 let send = self
                     .shared
                     .remote
-                    .attempt(request, attempt, idempotency_key.as_deref());
+                    .attempt(request, attempt, idempotency_key.as_deref(), passed_on)
+                    .instrument(span.clone());
                 ctx.spawn(send.into_actor(self).map(move |outcome, act, ctx| {
                     drop(slot);
+                    span.record("outcome", outcome_class(&outcome));
+                    drop(span);
                     act.attempt_in_flight = false;
                     tracing::debug!(task_id = %task_id, attempt, ?outcome, "attempt ended");
                     let next = act.process(TaskInput::Outcome { attempt, outcome });
@@ -450,6 +467,16 @@ pub(crate) fn record(
         append.set_timers.push((at, task_id, kind));
     }
     (next, append)
+}
+
+/// The class of an attempt's outcome, as the `sendledger.attempt` span records it.
+fn outcome_class(outcome: &AttemptOutcome) -> &'static str {
+    match outcome {
+        AttemptOutcome::Succeeded { .. } => "succeeded",
+        AttemptOutcome::Rejected { .. } => "rejected",
+        AttemptOutcome::NotSent { .. } => "not_sent",
+        AttemptOutcome::Unknown { .. } => "unknown",
+    }
 }
 
 /// Counts what was just made durable: attempt outcomes by class, duplicate deliveries dropped.

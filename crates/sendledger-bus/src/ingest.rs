@@ -28,6 +28,11 @@
 //!   with that message instead of retrying forever: [`Ingest::is_running`] turns false and
 //!   [`Ingest::shutdown`] returns it.
 //!
+//! - Trace context: a request message's `traceparent` header (W3C) is kept in the request's
+//!   metadata (`sendledger_core::trace`), so every later step of its task joins that trace; an
+//!   invalid header is ignored (logged at debug). Handing a request to the sink is the task's
+//!   `sendledger.accept` span.
+//!
 //! Metrics: `sendledger_duplicates_dropped_total{by="offset"}` (messages dropped by the
 //! processed-offset check) and the gauge `sendledger_consumer_lag_messages{partition}` (from
 //! librdkafka's statistics, emitted every `statistics.interval.ms`, 5 s unless configured).
@@ -40,16 +45,18 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::message::{BorrowedHeaders, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::statistics::Statistics;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::util::Timeout;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
-use sendledger_core::{Source, TaskRequest};
+use sendledger_core::trace::TRACEPARENT;
+use sendledger_core::{Source, TaskRequest, TraceParent};
 use sendledger_store::Processed;
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
+use tracing::Instrument;
 
 use crate::cluster::Kafka;
 use crate::config::Role;
@@ -1031,7 +1038,10 @@ impl<S: RequestSink> Worker<S> {
             return Ok(());
         };
         let raw = msg.payload().map(<[u8]>::to_vec);
-        let work = self.work_of(raw.as_deref());
+        let mut work = self.work_of(raw.as_deref());
+        if let Work::Submit(request) = &mut work {
+            keep_trace_context(request, msg.headers(), partition, offset);
+        }
         let job = Job {
             sink: self.sink.clone(),
             stop: self.stop.clone(),
@@ -1276,6 +1286,35 @@ impl<S: RequestSink> Worker<S> {
     }
 }
 
+/// Keeps a message's `traceparent` header (the last one, if repeated) with its request. An
+/// invalid one is ignored: the request is processed as if it had none.
+fn keep_trace_context(
+    request: &mut TaskRequest,
+    headers: Option<&BorrowedHeaders>,
+    partition: i32,
+    offset: i64,
+) {
+    let Some(value) = headers.and_then(|h| {
+        h.iter()
+            .filter(|h| h.key.eq_ignore_ascii_case(TRACEPARENT))
+            .last()
+    }) else {
+        return;
+    };
+    match value
+        .value
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(TraceParent::parse)
+    {
+        Some(trace) => request.set_traceparent(trace),
+        None => tracing::debug!(
+            partition,
+            offset,
+            "the message's traceparent header is not a valid W3C trace context; ignored"
+        ),
+    }
+}
+
 /// One message on its way into the sink.
 struct Job<S: RequestSink> {
     sink: Arc<S>,
@@ -1292,25 +1331,33 @@ impl<S: RequestSink> Job<S> {
         match work {
             Work::Reject(reason) => self.reject(reason).await,
             Work::Submit(request) => {
-                let mut delay = RETRY_INITIAL;
-                loop {
-                    match self
-                        .sink
-                        .submit((*request).clone(), self.source.clone())
-                        .await
-                    {
-                        Ok(()) => {
-                            self.stats.submitted.fetch_add(1, Ordering::Relaxed);
-                            return Outcome::Recorded;
-                        }
-                        Err(SinkError::Invalid(reason)) => return self.reject(reason).await,
-                        Err(SinkError::Fatal(e)) => return Outcome::Fatal(e),
-                        Err(SinkError::NotOwned(_)) => return Outcome::Abandoned,
-                        Err(SinkError::Retry(e)) => {
-                            if !self.wait_retry(&mut delay, &e).await {
-                                return Outcome::Abandoned;
-                            }
-                        }
+                let span = tracing::info_span!(
+                    "sendledger.accept",
+                    task_id = %request.identity().task_id(),
+                    target = %request.target,
+                    source = %self.source,
+                );
+                sendledger_telemetry::join(&span, request.traceparent());
+                self.submit(*request).instrument(span).await
+            }
+        }
+    }
+
+    /// Hands a request to the sink until it is recorded (or refused, or the ingest stops).
+    async fn submit(&self, request: TaskRequest) -> Outcome {
+        let mut delay = RETRY_INITIAL;
+        loop {
+            match self.sink.submit(request.clone(), self.source.clone()).await {
+                Ok(()) => {
+                    self.stats.submitted.fetch_add(1, Ordering::Relaxed);
+                    return Outcome::Recorded;
+                }
+                Err(SinkError::Invalid(reason)) => return self.reject(reason).await,
+                Err(SinkError::Fatal(e)) => return Outcome::Fatal(e),
+                Err(SinkError::NotOwned(_)) => return Outcome::Abandoned,
+                Err(SinkError::Retry(e)) => {
+                    if !self.wait_retry(&mut delay, &e).await {
+                        return Outcome::Abandoned;
                     }
                 }
             }

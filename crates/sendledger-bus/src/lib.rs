@@ -53,9 +53,12 @@ pub use error::{Error, Result};
 pub use ingest::{Ingest, IngestStats};
 pub use log::{LogBatch, LogError, LogRecord, PartitionLog};
 pub use produce::{request_key, RequestProducer};
-pub use publisher::{Publisher, PublisherStats, EVENT_ID_HEADER, PUBLISHER_CURSOR};
+pub use publisher::{Publisher, PublisherStats, PUBLISHER_CURSOR};
 pub use reader::{Record, ResultsReader, TopicReader};
-pub use records::{event_from_record, EventRecord};
+pub use records::{
+    event_from_record, events_source, record_headers, results_source, EventRecord, RecordKind,
+    EVENT_ID_HEADER,
+};
 pub use replay::audit_topic;
 pub use replicator::LogReplicator;
 pub use sink::{PartitionOwner, RequestSink, SinkError};

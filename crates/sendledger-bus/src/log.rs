@@ -28,7 +28,6 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::cluster::Kafka;
 use crate::config::Role;
-use crate::publisher::EVENT_ID_HEADER;
 use crate::reader::Record;
 
 /// Why a partition's log refused a call.
@@ -65,11 +64,12 @@ impl LogError {
     }
 }
 
-/// One record of a batch: its key, its `sendledger-event-id` and its JSON value.
+/// One record of a batch: its key, its headers (the event id first, see
+/// [`crate::records::record_headers`]) and its JSON value.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LogRecord {
     pub key: String,
-    pub event_id: String,
+    pub headers: Vec<(&'static str, String)>,
     pub payload: Vec<u8>,
 }
 
@@ -205,10 +205,15 @@ impl PartitionLog {
             (&self.results_topic, None, &batch.results, RESULT),
         ] {
             for r in records {
-                let headers = OwnedHeaders::new().insert(Header {
-                    key: EVENT_ID_HEADER,
-                    value: Some(r.event_id.as_bytes()),
-                });
+                let headers = r.headers.iter().fold(
+                    OwnedHeaders::new_with_capacity(r.headers.len()),
+                    |h, (key, value)| {
+                        h.insert(Header {
+                            key,
+                            value: Some(value.as_str()),
+                        })
+                    },
+                );
                 let mut record = BaseRecord::with_opaque_to(topic, kind)
                     .key(r.key.as_bytes())
                     .payload(r.payload.as_slice())

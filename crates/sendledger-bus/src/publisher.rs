@@ -12,6 +12,11 @@
 //! a broker outage delays a partition's records without leaving a gap that later ones could
 //! overtake.
 //!
+//! Headers: each record carries its event id, its CloudEvents attributes (binary content mode)
+//! and, when its task has a trace context, `traceparent` ([`crate::records::record_headers`]).
+//! Each task with records in a batch has a `sendledger.publish` span, from the batch's
+//! production to its acknowledgement, parented on the task's trace context.
+//!
 //! Metric: `sendledger_results_published_total` (result records acknowledged by Kafka; a batch
 //! published again after a failure counts again).
 //!
@@ -29,18 +34,17 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use sendledger_core::error::Chain;
 use sendledger_core::result::Projection;
-use sendledger_core::TaskId;
+use sendledger_core::{TaskId, TraceParent};
 use sendledger_store::{Append, Ledger};
 
 use crate::cluster::Kafka;
 use crate::config::Role;
 use crate::error::{Error, Result};
-use crate::records::event_record;
+pub use crate::records::EVENT_ID_HEADER;
+use crate::records::{event_record, events_source, record_headers, results_source, RecordKind};
 
 /// The ledger cursor holding the last LSN whose records are acknowledged.
 pub const PUBLISHER_CURSOR: &str = "publisher";
-/// The header carrying a record's stable id, `<task_id>:<task_seq>`.
-pub const EVENT_ID_HEADER: &str = "sendledger-event-id";
 
 /// Most events read and published as one batch.
 const BATCH: usize = 2048;
@@ -88,6 +92,8 @@ impl Publisher {
             stats: stats.clone(),
             results_topic: kafka.config().results_topic.clone(),
             events_topic: kafka.config().events_topic.clone(),
+            events_source: events_source(&kafka.config().group_id),
+            results_source: results_source(&kafka.config().group_id),
             projections: Projections::new(),
         };
         let handle = tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?;
@@ -162,6 +168,14 @@ struct OutRecord {
     key: String,
     event_id: String,
     payload: Vec<u8>,
+    /// The CloudEvents type (`sendledger.event.<Name>`, `sendledger.result.<status>`).
+    ce_type: String,
+    /// When the event was recorded, milliseconds since the Unix epoch (`ce_time`).
+    at: u64,
+    task_id: TaskId,
+    target: Option<String>,
+    /// The task's trace context, if it has one.
+    trace: Option<TraceParent>,
 }
 
 struct Batch {
@@ -206,19 +220,33 @@ fn build_batch(
         };
         let result = projection.apply(e);
         let key = projection.key(e.task_id);
+        let (trace, target) = (
+            projection.traceparent(),
+            projection.target().map(str::to_owned),
+        );
         let rec = event_record(e);
         records.push(OutRecord {
             dest: Dest::Events,
             key: key.clone(),
             payload: serde_json::to_vec(&rec).map_err(json_err)?,
+            ce_type: RecordKind::Event(&rec.kind).ce_type(),
             event_id: rec.event_id,
+            at: rec.at,
+            task_id: e.task_id,
+            target: target.clone(),
+            trace,
         });
         if let Some(result) = result {
             records.push(OutRecord {
                 dest: Dest::Results,
                 key,
                 payload: serde_json::to_vec(&result).map_err(json_err)?,
+                ce_type: RecordKind::Result(result.status).ce_type(),
                 event_id: result.event_id,
+                at: result.at,
+                task_id: e.task_id,
+                target,
+                trace,
             });
         }
         last_lsn = e.lsn;
@@ -229,6 +257,35 @@ fn build_batch(
         refolded,
     };
     Ok((batch, projections))
+}
+
+/// One `sendledger.publish` span per task with records in the batch, in the order of their
+/// first record, each parented on its task's trace context. They end when dropped, once the
+/// batch is acknowledged or failed.
+fn publish_spans(records: &[OutRecord]) -> Vec<tracing::Span> {
+    let mut counts: HashMap<TaskId, usize> = HashMap::new();
+    let mut first = Vec::new();
+    for (i, rec) in records.iter().enumerate() {
+        *counts.entry(rec.task_id).or_insert_with(|| {
+            first.push(i);
+            0
+        }) += 1;
+    }
+    first
+        .into_iter()
+        .map(|i| {
+            let rec = &records[i];
+            let span = tracing::info_span!(
+                "sendledger.publish",
+                task_id = %rec.task_id,
+                target = rec.target.as_deref(),
+                records = counts.get(&rec.task_id).copied().unwrap_or(0),
+                outcome = tracing::field::Empty,
+            );
+            sendledger_telemetry::join(&span, rec.trace);
+            span
+        })
+        .collect()
 }
 
 fn json_err(e: serde_json::Error) -> Error {
@@ -243,6 +300,9 @@ struct Worker {
     stats: Arc<PublisherStats>,
     results_topic: String,
     events_topic: String,
+    /// The CloudEvents sources of the event and result records.
+    events_source: String,
+    results_source: String,
     projections: Projections,
 }
 
@@ -344,17 +404,23 @@ impl Worker {
     /// Produces every record of the batch and waits for all acknowledgements. Returns the
     /// number of event and result records.
     async fn produce(&self, batch: &Batch) -> std::result::Result<(u64, u64), KafkaError> {
+        let spans = publish_spans(&batch.records);
         let mut pending = Vec::with_capacity(batch.records.len());
         let mut failed = None;
         for rec in &batch.records {
-            let topic = match rec.dest {
-                Dest::Events => &self.events_topic,
-                Dest::Results => &self.results_topic,
+            let (topic, source) = match rec.dest {
+                Dest::Events => (&self.events_topic, &self.events_source),
+                Dest::Results => (&self.results_topic, &self.results_source),
             };
-            let headers = OwnedHeaders::new().insert(Header {
-                key: EVENT_ID_HEADER,
-                value: Some(rec.event_id.as_str()),
-            });
+            let mut headers = OwnedHeaders::new_with_capacity(8);
+            for (key, value) in
+                record_headers(&rec.event_id, source, &rec.ce_type, rec.at, rec.trace)
+            {
+                headers = headers.insert(Header {
+                    key,
+                    value: Some(value.as_str()),
+                });
+            }
             let record = FutureRecord::to(topic)
                 .key(&rec.key)
                 .payload(&rec.payload)
@@ -378,6 +444,15 @@ impl Worker {
                 }
             }
         }
+        let outcome = if failed.is_some() {
+            "failed"
+        } else {
+            "acknowledged"
+        };
+        for span in &spans {
+            span.record("outcome", outcome);
+        }
+        drop(spans);
         match failed {
             Some(e) => Err(e),
             None => {

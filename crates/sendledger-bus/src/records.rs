@@ -5,12 +5,17 @@
 //!
 //! A record is a pure function of its event: a record built from the same event is the same
 //! record, byte for byte, which is what makes a re-publication after a crash a harmless
-//! duplicate.
+//! duplicate. So are its headers ([`record_headers`]): the `sendledger-event-id`, the
+//! CloudEvents attributes in binary content mode (`ce_specversion`, `ce_id`, `ce_source`,
+//! `ce_type`, `ce_time`, `content-type`), and the task's `traceparent` when it has one.
 //!
 //! [`TaskResult`]: sendledger_core::result::TaskResult
 
+use std::time::{Duration, UNIX_EPOCH};
+
 use sendledger_core::result::event_id;
-use sendledger_core::{Event, EventBody, TaskId};
+use sendledger_core::trace::TRACEPARENT;
+use sendledger_core::{Event, EventBody, ResultStatus, TaskId, TraceParent};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -64,6 +69,80 @@ pub fn event_record(event: &Event) -> EventRecord {
         kind: event.body.name().into(),
         body,
     }
+}
+
+/// The header carrying a record's stable id (see [`sendledger_core::result::event_id`]).
+pub const EVENT_ID_HEADER: &str = "sendledger-event-id";
+/// CloudEvents (Kafka protocol binding, binary content mode) header names.
+pub const CE_SPECVERSION: &str = "ce_specversion";
+pub const CE_ID: &str = "ce_id";
+pub const CE_SOURCE: &str = "ce_source";
+pub const CE_TYPE: &str = "ce_type";
+pub const CE_TIME: &str = "ce_time";
+/// The binding's name for the record's media type (`application/json`).
+pub const CONTENT_TYPE: &str = "content-type";
+
+/// Which topic a published record is on: the kind of CloudEvent it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordKind<'a> {
+    /// An [`EventRecord`] of this event name (`TaskAccepted`, `SendIntended`, ...).
+    Event(&'a str),
+    /// A task result of this status.
+    Result(ResultStatus),
+}
+
+impl RecordKind<'_> {
+    /// The CloudEvents `type`: `sendledger.event.<EventName>` or `sendledger.result.<status>`.
+    pub fn ce_type(&self) -> String {
+        match self {
+            RecordKind::Event(name) => format!("sendledger.event.{name}"),
+            RecordKind::Result(status) => format!("sendledger.result.{}", status.name()),
+        }
+    }
+}
+
+/// The CloudEvents `source` of event records: `sendledger/<consumer group>/events`. The
+/// consumer group names the deployment (one ledger per group) and does not change across
+/// restarts.
+pub fn events_source(group_id: &str) -> String {
+    format!("sendledger/{group_id}/events")
+}
+
+/// The CloudEvents `source` of result records: `sendledger/<consumer group>/results`. Not
+/// the events' source: a result shares its id with the event it announces, and a source and
+/// an id name one CloudEvent.
+pub fn results_source(group_id: &str) -> String {
+    format!("sendledger/{group_id}/results")
+}
+
+/// RFC 3339 (UTC, milliseconds) of an event's `at`, for `ce_time`.
+pub fn ce_time(at_ms: u64) -> String {
+    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(at_ms)).to_string()
+}
+
+/// The Kafka headers of a published record, in order: its event id, its CloudEvents
+/// attributes (`ce_source` and `ce_type` from [`RecordKind`]), and `traceparent` when its task
+/// has a trace context. A pure function of its arguments, like the record itself.
+pub fn record_headers(
+    event_id: &str,
+    ce_source: &str,
+    ce_type: &str,
+    at_ms: u64,
+    trace: Option<TraceParent>,
+) -> Vec<(&'static str, String)> {
+    let mut headers = vec![
+        (EVENT_ID_HEADER, event_id.to_string()),
+        (CE_SPECVERSION, "1.0".to_string()),
+        (CE_ID, event_id.to_string()),
+        (CE_SOURCE, ce_source.to_string()),
+        (CE_TYPE, ce_type.to_string()),
+        (CE_TIME, ce_time(at_ms)),
+        (CONTENT_TYPE, "application/json".to_string()),
+    ];
+    if let Some(trace) = trace {
+        headers.push((TRACEPARENT, trace.to_string()));
+    }
+    headers
 }
 
 /// The event an [`EventRecord`] carries: the inverse of [`event_record`]. Faithful for every
@@ -268,6 +347,40 @@ mod tests {
         let mut signed = event_record(&history(task, vec![conflict])[0]);
         signed.body["payload_hash"] = "+a".repeat(32).into();
         assert!(event_from_record(&signed).is_err());
+    }
+
+    #[test]
+    fn records_carry_cloudevents_headers_and_the_trace_context() {
+        let trace = TraceParent::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+        let kind = RecordKind::Result(ResultStatus::ManualReview);
+        let headers = record_headers(
+            "t:7",
+            &results_source("sendledger"),
+            &kind.ce_type(),
+            1_700_000_000_123,
+            trace,
+        );
+        let expected = [
+            ("sendledger-event-id", "t:7"),
+            ("ce_specversion", "1.0"),
+            ("ce_id", "t:7"),
+            ("ce_source", "sendledger/sendledger/results"),
+            ("ce_type", "sendledger.result.manual_review"),
+            ("ce_time", "2023-11-14T22:13:20.123Z"),
+            ("content-type", "application/json"),
+            (
+                "traceparent",
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            ),
+        ];
+        let got: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        assert_eq!(got, expected);
+        let kind = RecordKind::Event("SendIntended");
+        let event = record_headers("t:2", &events_source("g"), &kind.ce_type(), 0, None);
+        assert_eq!(event.len(), 7, "no traceparent without a trace context");
+        assert_eq!(event[3].1, "sendledger/g/events");
+        assert_eq!(event[4].1, "sendledger.event.SendIntended");
+        assert_eq!(event[5].1, "1970-01-01T00:00:00.000Z");
     }
 
     #[test]

@@ -17,7 +17,7 @@ use sendledger_core::{Event, NewEvent, TaskId};
 use sendledger_store::{Replication, Replicator};
 
 use crate::log::{LogBatch, LogError, LogRecord, PartitionLog};
-use crate::records::event_record;
+use crate::records::{event_record, events_source, record_headers, results_source, RecordKind};
 
 /// The requests offset a partition's next transaction commits for the group.
 struct PendingCommit {
@@ -35,14 +35,21 @@ struct Owned {
 }
 
 /// The replicator of the partitions this instance owns. Cheap to share.
-#[derive(Default)]
 pub struct LogReplicator {
     owned: Mutex<Owned>,
+    /// The CloudEvents sources of the event and result records (as the outbox publisher's).
+    events_source: String,
+    results_source: String,
 }
 
 impl LogReplicator {
-    pub fn new() -> LogReplicator {
-        LogReplicator::default()
+    /// The replicator of consumer group `group_id`'s partitions.
+    pub fn new(group_id: &str) -> LogReplicator {
+        LogReplicator {
+            owned: Mutex::default(),
+            events_source: events_source(group_id),
+            results_source: results_source(group_id),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Owned> {
@@ -133,18 +140,30 @@ impl LogReplicator {
                 }
             };
             let result = projection.apply(&event);
-            let key = projection.key(event.task_id);
+            let (key, trace) = (projection.key(event.task_id), projection.traceparent());
             let record = event_record(&event);
             batch.events.push(LogRecord {
                 key: key.clone(),
                 payload: json(&record)?,
-                event_id: record.event_id,
+                headers: record_headers(
+                    &record.event_id,
+                    &self.events_source,
+                    &RecordKind::Event(&record.kind).ce_type(),
+                    record.at,
+                    trace,
+                ),
             });
             if let Some(result) = result {
                 batch.results.push(LogRecord {
                     key,
                     payload: json(&result)?,
-                    event_id: result.event_id,
+                    headers: record_headers(
+                        &result.event_id,
+                        &self.results_source,
+                        &RecordKind::Result(result.status).ce_type(),
+                        result.at,
+                        trace,
+                    ),
                 });
             }
         }

@@ -27,6 +27,7 @@ pub mod retry;
 pub mod review;
 pub mod rules;
 pub mod state;
+pub mod trace;
 
 #[cfg(test)]
 mod model_tests;
@@ -46,6 +47,7 @@ pub use retry::RetryPolicy;
 pub use review::ResolveBody;
 pub use rules::{check_task, CheckConfig, Rule, TaskCheck, Violation};
 pub use state::{fold, Phase, State};
+pub use trace::TraceParent;
 
 /// A boxed future that may move between threads. The seams other crates implement (the
 /// engine's remote, the consumer's request sink) return it, so they name no async runtime;

@@ -33,6 +33,17 @@ pub enum ResultStatus {
 }
 
 impl ResultStatus {
+    /// The status as it is written in a result (`succeeded`, `manual_review`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            ResultStatus::Succeeded => "succeeded",
+            ResultStatus::Rejected => "rejected",
+            ResultStatus::Failed => "failed",
+            ResultStatus::ManualReview => "manual_review",
+            ResultStatus::Conflict => "conflict",
+        }
+    }
+
     /// Terminal statuses: at most one per task.
     pub fn is_terminal(self) -> bool {
         matches!(
@@ -173,6 +184,17 @@ impl Projection {
             projection.apply(event);
         }
         projection
+    }
+
+    /// The task's trace context, once its accepted request is applied and if it carried one:
+    /// what the task's published records carry as their `traceparent`.
+    pub fn traceparent(&self) -> Option<crate::trace::TraceParent> {
+        self.state.request.as_ref().and_then(|r| r.traceparent())
+    }
+
+    /// The task's target, once its accepted request is applied.
+    pub fn target(&self) -> Option<&str> {
+        self.state.request.as_ref().map(|r| r.target.as_str())
     }
 
     /// The `task_seq` of the event to apply next.

@@ -10,7 +10,8 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::{Method, Request, Uri};
 use http_body_util::Full;
 use sendledger_core::decide::{AttemptOutcome, Policy, ReconcilePolicy};
-use sendledger_core::{AcceptedRequest, NotSentCause, RetryPolicy, UnknownCause};
+use sendledger_core::trace::TRACEPARENT;
+use sendledger_core::{AcceptedRequest, NotSentCause, RetryPolicy, TraceParent, UnknownCause};
 use serde_json::Value;
 use tokio_rustls::TlsConnector;
 use tracing::{debug, info, warn};
@@ -53,6 +54,8 @@ pub struct Target {
     rules: Rules,
     /// Header, key TTL and margin.
     idempotency: Option<(HeaderName, Duration, Duration)>,
+    /// Whether attempts carry the task's `traceparent` header.
+    propagate_trace: bool,
     retry: RetryPolicy,
     lookup: Option<Lookup>,
     pool: Pool,
@@ -120,6 +123,7 @@ impl fmt::Debug for Target {
             .field("headers", &headers)
             .field("rules", &self.rules)
             .field("idempotency", &self.idempotency)
+            .field("propagate_trace", &self.propagate_trace)
             .field("retry", &self.retry)
             .field("lookup", &self.lookup.as_ref().map(|l| l.url.source()))
             .finish_non_exhaustive()
@@ -188,6 +192,7 @@ impl Target {
                 max_retry_after: MAX_RETRY_AFTER.max(config.retry.max_backoff),
             },
             idempotency,
+            propagate_trace: config.propagate_trace,
             retry,
             lookup,
             pool: Pool::default(),
@@ -243,8 +248,21 @@ impl Target {
         attempt: u32,
         idempotency_key: Option<&str>,
     ) -> AttemptOutcome {
+        self.execute_traced(request, attempt, idempotency_key, None)
+            .await
+    }
+
+    /// [`Target::execute`], with the trace context to send as the `traceparent` header when
+    /// the target has `propagate_trace` set (never otherwise).
+    pub async fn execute_traced(
+        &self,
+        request: &AcceptedRequest,
+        attempt: u32,
+        idempotency_key: Option<&str>,
+        trace: Option<TraceParent>,
+    ) -> AttemptOutcome {
         let task_id = request.task_id();
-        let built = match self.build_attempt(request, idempotency_key) {
+        let built = match self.build_attempt(request, idempotency_key, trace) {
             Ok(built) => built,
             Err(reason) => {
                 warn!(target_name = %self.name, %task_id, attempt, %reason, "attempt cannot be built; rejected without sending");
@@ -379,6 +397,7 @@ impl Target {
         &self,
         request: &AcceptedRequest,
         idempotency_key: Option<&str>,
+        trace: Option<TraceParent>,
     ) -> std::result::Result<Request<Full<Bytes>>, String> {
         let payload = request.payload_value();
         let url = self.url.render_url(request, &payload)?;
@@ -402,6 +421,13 @@ impl Target {
             let value = HeaderValue::from_str(key)
                 .map_err(|_| "the idempotency key is not a valid header value".to_string())?;
             req.headers_mut().insert(header_name.clone(), value);
+        }
+        if let (true, Some(trace)) = (self.propagate_trace, trace) {
+            // A traceparent is ASCII (hex and dashes): always a valid header value.
+            if let Ok(value) = HeaderValue::from_str(&trace.to_string()) {
+                req.headers_mut()
+                    .insert(HeaderName::from_static(TRACEPARENT), value);
+            }
         }
         Ok(req)
     }

@@ -36,6 +36,9 @@ pub struct Record {
     pub created_at: u64,
     /// The request body as received (a JSON object).
     pub body: Value,
+    /// The create's W3C `traceparent` header, when it had one (as received, unchecked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// The remote's ground truth, as counters. `duplicates` is what a dispatcher must keep at zero.
@@ -469,6 +472,11 @@ async fn create(shared: Arc<Shared>, req: Request<Incoming>) -> Ending {
         .and_then(|name| parts.headers.get(name.as_str()))
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
+    let traceparent = parts
+        .headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
     let authorized = match &config.require_header {
         None => true,
         Some(required) => parts
@@ -478,7 +486,8 @@ async fn create(shared: Arc<Shared>, req: Request<Incoming>) -> Ending {
     };
     // The rest runs in its own task: like a real server, the remote finishes its work even when
     // the client has gone away meanwhile.
-    let task = tokio::spawn(async move { process(&shared, n, bytes, key, authorized).await });
+    let task =
+        tokio::spawn(async move { process(&shared, n, bytes, key, traceparent, authorized).await });
     match task.await {
         Ok(ending) => ending,
         Err(_) => Ending::Respond(error_response(
@@ -493,6 +502,7 @@ async fn process(
     n: u64,
     bytes: Bytes,
     key: Option<String>,
+    traceparent: Option<String>,
     authorized: bool,
 ) -> Ending {
     let _worker = match &shared.workers {
@@ -551,7 +561,7 @@ async fn process(
             "request rejected by the remote",
         ));
     }
-    let (record, replayed) = shared.commit(body, key);
+    let (record, replayed) = shared.commit(body, key, traceparent);
     if hit(faults.commit_then_drop) {
         counters.dropped.fetch_add(1, Ordering::Relaxed);
         return Ending::Drop;
@@ -650,7 +660,12 @@ impl Shared {
     }
 
     /// Creates a record, or returns the first one created with the same idempotency key.
-    fn commit(&self, body: Value, key: Option<String>) -> (Record, bool) {
+    fn commit(
+        &self,
+        body: Value,
+        key: Option<String>,
+        traceparent: Option<String>,
+    ) -> (Record, bool) {
         let mut store = self.lock_store();
         if let Some(&i) = key.as_ref().and_then(|k| store.by_key.get(k)) {
             self.counters.replays.fetch_add(1, Ordering::Relaxed);
@@ -661,6 +676,7 @@ impl Shared {
             id: format!("rec-{}", index + 1),
             created_at: now_ms(),
             body,
+            traceparent,
         };
         if let Some(identity) = field_text(&record.body, &self.config.identity_field) {
             let entry = store.by_identity.entry(identity).or_default();

@@ -72,17 +72,51 @@ enum OffsetsCommand {
 
 /// Logs go to stderr at `RUST_LOG`'s level (`default_level` without it). Escape codes only
 /// reach a terminal: a file, a pipe or a log collector gets plain text, or JSON lines.
-fn init_logging(format: LogFormat, default_level: &str) {
+///
+/// With `traces_url`, sendledger's spans are also exported there over OTLP (whatever the log
+/// level: the exporter has its own filter); the returned exporter must be kept until the
+/// process ends, and dropped outside an async runtime, which exports what is left.
+fn init_logging(
+    format: LogFormat,
+    default_level: &str,
+    traces_url: Option<&str>,
+) -> Option<sendledger_telemetry::Exporter> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| default_level.into());
     let colour = std::io::stderr().is_terminal()
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.with_ansi(colour).init(),
-        LogFormat::Json => builder.json().with_ansi(false).init(),
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = match format {
+        LogFormat::Text => fmt.with_ansi(colour).boxed(),
+        LogFormat::Json => fmt.json().with_ansi(false).boxed(),
+    };
+    let (otlp, exporter, failure) = match traces_url.map(sendledger_telemetry::otlp_layer) {
+        Some(Ok((layer, exporter))) => (Some(layer), Some(exporter), None),
+        Some(Err(e)) => (None, None, Some(e)),
+        None => (None, None, None),
+    };
+    tracing_subscriber::registry()
+        .with(fmt.with_filter(filter))
+        .with(otlp)
+        .init();
+    match (failure, traces_url) {
+        (Some(e), _) => tracing::error!(error = %e, "traces are not exported"),
+        (None, Some(url)) => tracing::info!(%url, "exporting traces over OTLP"),
+        (None, None) => {}
+    }
+    exporter
+}
+
+/// Where `run` exports its traces, if anywhere. A configuration that does not load is
+/// reported by `run` itself.
+fn traces_url(command: &Command) -> Option<String> {
+    match command {
+        Command::Run(args) => serve::config_of(args).ok()?.telemetry.traces_url(),
+        _ => None,
     }
 }
 
@@ -100,7 +134,11 @@ pub fn main() -> ExitCode {
         Command::Run(_) | Command::SimRemote(_) => "info",
         _ => "warn",
     };
-    init_logging(cli.log_format, default_level);
+    let exporter = init_logging(
+        cli.log_format,
+        default_level,
+        traces_url(&cli.command).as_deref(),
+    );
     let result = match cli.command {
         Command::Run(args) => serve::run(args),
         Command::Produce(args) => produce::produce(args),
@@ -114,6 +152,8 @@ pub fn main() -> ExitCode {
         } => ops::offsets_reset(args).map(|()| true),
         Command::Bench { what } => bench::run(what).map(|()| true),
     };
+    // The spans still buffered are exported now, after the runtime is gone.
+    drop(exporter);
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(2),

@@ -40,6 +40,7 @@ pub struct Config {
     pub engine: EngineSection,
     pub kafka: KafkaConfig,
     pub admin: AdminConfig,
+    pub telemetry: TelemetryConfig,
     /// The remotes requests may name, by name.
     pub targets: BTreeMap<String, TargetConfig>,
 }
@@ -65,6 +66,7 @@ impl fmt::Debug for Config {
             .field("engine", &self.engine)
             .field("kafka", &self.kafka_redacted())
             .field("admin", &self.admin)
+            .field("telemetry", &self.telemetry)
             .field("targets", &self.targets)
             .finish()
     }
@@ -78,6 +80,7 @@ impl Serialize for Config {
             engine: &'a EngineSection,
             kafka: KafkaConfig,
             admin: &'a AdminConfig,
+            telemetry: &'a TelemetryConfig,
             targets: &'a BTreeMap<String, TargetConfig>,
         }
         Shown {
@@ -85,6 +88,7 @@ impl Serialize for Config {
             engine: &self.engine,
             kafka: self.kafka_redacted(),
             admin: &self.admin,
+            telemetry: &self.telemetry,
             targets: &self.targets,
         }
         .serialize(serializer)
@@ -180,6 +184,27 @@ impl Default for EngineSection {
             max_metadata_bytes: engine.limits.max_metadata_bytes,
             shutdown_grace: Duration::from_secs(10),
         }
+    }
+}
+
+/// Traces (`sendledger run` only): each step of a task is a span, exported over OTLP/HTTP
+/// (protobuf) with `service.name = sendledger`, joined to the trace of the request message's
+/// `traceparent` header. Off unless an endpoint is set here or by the standard variables.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// The collector's OTLP/HTTP base URL (e.g. `http://otel-collector:4318`; `/v1/traces` is
+    /// appended). Unset: `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (the traces URL itself) or
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` (a base URL) when set, else no export.
+    pub otlp_endpoint: Option<String>,
+}
+
+impl TelemetryConfig {
+    /// The traces URL to export to, if any (this setting, else the standard variables).
+    pub fn traces_url(&self) -> Option<String> {
+        sendledger_telemetry::traces_url(self.otlp_endpoint.as_deref(), |name| {
+            std::env::var(name).ok()
+        })
     }
 }
 

@@ -75,6 +75,11 @@ pub async fn shutdown_signal() -> anyhow::Result<&'static str> {
     })
 }
 
+/// The configuration `run` would use.
+pub(crate) fn config_of(args: &RunArgs) -> anyhow::Result<Config> {
+    Config::load(&args.config)
+}
+
 /// `sendledger run`: the service until a signal (exit 0 after a clean stop) or until the
 /// consumer fails for good (an error).
 pub fn run(args: RunArgs) -> anyhow::Result<bool> {

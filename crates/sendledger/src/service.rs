@@ -66,7 +66,7 @@ impl Service {
         // Local mode publishes from the ledger (the outbox); kafka mode writes results in the
         // transactions that record their events.
         let (publisher, replicator) = if kafka_mode {
-            let replicator = Arc::new(LogReplicator::new());
+            let replicator = Arc::new(LogReplicator::new(&config.kafka.group_id));
             engine
                 .install_replicator(replicator.clone())
                 .context("installing the log of record")?;

@@ -21,7 +21,7 @@ use sendledger_bus::{
 use sendledger_core::decide::AttemptOutcome;
 use sendledger_core::error::Chain;
 use sendledger_core::event::{Millis, NotSentCause};
-use sendledger_core::{AcceptedRequest, BoxFuture, Policy, Source, TaskRequest};
+use sendledger_core::{AcceptedRequest, BoxFuture, Policy, Source, TaskRequest, TraceParent};
 use sendledger_effects::Targets;
 use sendledger_store::{Append, Processed};
 
@@ -53,6 +53,7 @@ impl Remote for HttpRemote {
         request: &AcceptedRequest,
         attempt: u32,
         idempotency_key: Option<&str>,
+        trace: Option<TraceParent>,
     ) -> BoxFuture<AttemptOutcome> {
         let Some(target) = self.targets.get(&request.target).cloned() else {
             let cause =
@@ -64,7 +65,11 @@ impl Remote for HttpRemote {
         };
         let request = request.clone();
         let key = idempotency_key.map(str::to_owned);
-        Box::pin(async move { target.execute(&request, attempt, key.as_deref()).await })
+        Box::pin(async move {
+            target
+                .execute_traced(&request, attempt, key.as_deref(), trace)
+                .await
+        })
     }
 
     fn lookup(

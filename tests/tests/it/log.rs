@@ -21,7 +21,7 @@ fn records(prefix: &str, n: usize) -> Vec<LogRecord> {
     (0..n)
         .map(|i| LogRecord {
             key: format!("{prefix}-key"),
-            event_id: format!("{prefix}:{i}"),
+            headers: vec![(sendledger_bus::EVENT_ID_HEADER, format!("{prefix}:{i}"))],
             payload: format!("{{\"n\":{i}}}").into_bytes(),
         })
         .collect()
@@ -262,7 +262,7 @@ async fn a_partition_restored_on_an_empty_disk_resumes_its_tasks_and_sends_nothi
                     let record = sendledger_bus::records::event_record(e);
                     LogRecord {
                         key: e.task_id.to_string(),
-                        event_id: record.event_id.clone(),
+                        headers: vec![(sendledger_bus::EVENT_ID_HEADER, record.event_id.clone())],
                         payload: serde_json::to_vec(&record).unwrap(),
                     }
                 })
@@ -369,7 +369,7 @@ async fn an_engine_in_kafka_mode_records_through_its_partition_log_and_hands_ove
     let keys: Vec<String> = (0..10).map(|i| format!("kmode-{i}")).collect();
 
     let first_dir = tempfile::tempdir().unwrap();
-    let first_log = Arc::new(LogReplicator::new());
+    let first_log = Arc::new(LogReplicator::new("sendledger"));
     let first = replicated_engine(first_dir.path(), &sim, first_log.clone());
     let refused = first
         .submit(request(&keys[0]), source(0))
@@ -438,7 +438,7 @@ async fn an_engine_in_kafka_mode_records_through_its_partition_log_and_hands_ove
     );
 
     // Another instance opens the partition's log: this one is fenced and records nothing more.
-    let second_log = Arc::new(LogReplicator::new());
+    let second_log = Arc::new(LogReplicator::new("sendledger"));
     let taken = tokio::task::block_in_place(|| PartitionLog::open(&kafka, 1, TIMEOUT)).unwrap();
     let late = first
         .submit(request("kmode-late"), source(50))

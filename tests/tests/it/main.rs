@@ -15,6 +15,7 @@ mod ledger;
 mod log;
 mod scripts;
 mod sim;
+mod telemetry;
 mod tls;
 
 /// The seed of a randomized test: `SENDLEDGER_TEST_SEED` when set, else the given default.
