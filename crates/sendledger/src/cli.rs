@@ -80,7 +80,7 @@ fn init_logging(
     format: LogFormat,
     default_level: &str,
     traces_url: Option<&str>,
-) -> Option<sendledger_telemetry::Exporter> {
+) -> Option<crate::telemetry::Exporter> {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::Layer;
@@ -94,7 +94,7 @@ fn init_logging(
         LogFormat::Text => fmt.with_ansi(colour).boxed(),
         LogFormat::Json => fmt.json().with_ansi(false).boxed(),
     };
-    let (otlp, exporter, failure) = match traces_url.map(sendledger_telemetry::otlp_layer) {
+    let (otlp, exporter, failure) = match traces_url.map(crate::telemetry::otlp_layer) {
         Some(Ok((layer, exporter))) => (Some(layer), Some(exporter), None),
         Some(Err(e)) => (None, None, Some(e)),
         None => (None, None, None),

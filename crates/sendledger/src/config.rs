@@ -202,7 +202,7 @@ pub struct TelemetryConfig {
 impl TelemetryConfig {
     /// The traces URL to export to, if any (this setting, else the standard variables).
     pub fn traces_url(&self) -> Option<String> {
-        sendledger_telemetry::traces_url(self.otlp_endpoint.as_deref(), |name| {
+        crate::telemetry::traces_url(self.otlp_endpoint.as_deref(), |name| {
             std::env::var(name).ok()
         })
     }

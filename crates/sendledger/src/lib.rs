@@ -28,5 +28,6 @@ mod produce;
 mod review;
 mod serve;
 pub mod service;
+pub mod telemetry;
 pub mod timeline;
 pub mod wiring;
