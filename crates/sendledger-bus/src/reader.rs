@@ -22,6 +22,7 @@ use crate::cluster::Kafka;
 use crate::config::Role;
 use crate::error::{Error, Result};
 use crate::publisher::EVENT_ID_HEADER;
+use crate::records::{event_from_record, EventRecord};
 
 /// One record as read from a topic.
 #[derive(Debug, Clone)]
@@ -65,6 +66,19 @@ impl Record {
             headers,
             payload: message.payload().map(<[u8]>::to_vec),
         }
+    }
+
+    /// The ledger event a record of the events topic carries (see
+    /// [`crate::records::event_from_record`]).
+    pub fn event(&self) -> Result<sendledger_core::Event> {
+        let record: EventRecord =
+            serde_json::from_slice(self.payload.as_deref().unwrap_or_default()).map_err(|e| {
+                Error::BadRecord {
+                    event_id: self.event_id().unwrap_or_default(),
+                    detail: e.to_string(),
+                }
+            })?;
+        event_from_record(&record)
     }
 
     /// The key as text (empty when there is none).

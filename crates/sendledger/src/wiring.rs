@@ -14,10 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sendledger_bus::log::read_partition;
-use sendledger_bus::{
-    event_from_record, EventRecord, Kafka, LogReplicator, PartitionLog, PartitionOwner,
-    RequestSink, SinkError,
-};
+use sendledger_bus::{Kafka, LogReplicator, PartitionLog, PartitionOwner, RequestSink, SinkError};
 use sendledger_core::decide::AttemptOutcome;
 use sendledger_core::error::Chain;
 use sendledger_core::event::{Millis, NotSentCause};
@@ -239,14 +236,7 @@ impl KafkaOwner {
                 .map_err(|e| Chain(&e).to_string())
         };
         let end = read_partition(&self.kafka, partition, from, TAKE_OVER_TIMEOUT, |record| {
-            let parsed: EventRecord = serde_json::from_slice(
-                record.payload.as_deref().unwrap_or_default(),
-            )
-            .map_err(|e| sendledger_bus::Error::BadRecord {
-                event_id: record.event_id().unwrap_or_default(),
-                detail: e.to_string(),
-            })?;
-            step.push(event_from_record(&parsed)?);
+            step.push(record.event()?);
             if step.len() >= RESTORE_STEP {
                 applied += apply(&mut step, record.offset + 1).map_err(|detail| {
                     sendledger_bus::Error::Replay {

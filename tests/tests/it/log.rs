@@ -40,6 +40,22 @@ fn committed_event_ids(kafka: &Kafka, partition: i32, from: i64) -> (Vec<String>
     (ids, end)
 }
 
+/// The events of events partition `partition` from `from` on, as a `read_committed` consumer
+/// sees them, and where the read ended.
+fn partition_events(
+    kafka: &Kafka,
+    partition: i32,
+    from: i64,
+) -> (Vec<sendledger_core::Event>, i64) {
+    let mut events = Vec::new();
+    let end = read_partition(kafka, partition, from, TIMEOUT, |r| {
+        events.push(r.event()?);
+        Ok(())
+    })
+    .expect("the partition reads back");
+    (events, end)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_writer_fences_the_old_one_and_readers_see_only_committed_batches() {
     let tansu = start_tansu();
@@ -201,7 +217,6 @@ async fn the_events_topic_must_match_the_requests_topic_and_keep_every_event() {
 /// every processed offset, and resumes the tasks left unknown, which lookups then confirm.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_partition_restored_on_an_empty_disk_resumes_its_tasks_and_sends_nothing_twice() {
-    use sendledger_bus::{event_from_record, EventRecord};
     use sendledger_core::Phase;
     use sendledger_sim::{Faults, Sim, SimConfig};
     use sendledger_store::{restore_append, Ledger, LedgerOptions};
@@ -271,14 +286,7 @@ async fn a_partition_restored_on_an_empty_disk_resumes_its_tasks_and_sends_nothi
         };
         writer.commit(&batch, None).unwrap();
 
-        let mut read = Vec::new();
-        read_partition(&kafka, 0, 0, TIMEOUT, |r| {
-            let record: EventRecord =
-                serde_json::from_slice(r.payload.as_deref().unwrap()).unwrap();
-            read.push(event_from_record(&record)?);
-            Ok(())
-        })
-        .unwrap();
+        let (read, _) = partition_events(&kafka, 0, 0);
         assert_eq!(
             read, events,
             "the partition holds the ledger's events, in order"
@@ -350,7 +358,7 @@ fn replicated_engine(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_engine_in_kafka_mode_records_through_its_partition_log_and_hands_over() {
     use sendledger_actors::Error as EngineError;
-    use sendledger_bus::{event_from_record, EventRecord, LogReplicator, TopicReader};
+    use sendledger_bus::{LogReplicator, TopicReader};
     use sendledger_core::{EventBody, Phase, Source};
     use sendledger_sim::{Sim, SimConfig};
     use sendledger_tests::engine::{request, settled, task_id, wait_for};
@@ -391,17 +399,7 @@ async fn an_engine_in_kafka_mode_records_through_its_partition_log_and_hands_ove
     }
 
     // The log holds every event the ledger recorded, in each task's order.
-    let (logged, end) = tokio::task::block_in_place(|| {
-        let mut events = Vec::new();
-        let end = read_partition(&kafka, 1, 0, TIMEOUT, |r| {
-            let record: EventRecord =
-                serde_json::from_slice(r.payload.as_deref().unwrap()).unwrap();
-            events.push(event_from_record(&record)?);
-            Ok(())
-        })
-        .unwrap();
-        (events, end)
-    });
+    let (logged, end) = tokio::task::block_in_place(|| partition_events(&kafka, 1, 0));
     let recorded = first.ledger().read_log(1, usize::MAX).unwrap();
     assert_eq!(logged.len(), recorded.len());
     for (l, r) in logged.iter().zip(&recorded) {
@@ -520,20 +518,14 @@ async fn kafka_mode_service(
 
 /// Every event on the events topic, by task id.
 fn logged_events(kafka: &Kafka) -> std::collections::BTreeMap<String, Vec<sendledger_core::Event>> {
-    use sendledger_bus::{event_from_record, EventRecord};
     let mut by_task: std::collections::BTreeMap<String, Vec<_>> = Default::default();
     for partition in 0..kafka.config().partitions {
-        read_partition(kafka, partition, 0, TIMEOUT, |r| {
-            let record: EventRecord =
-                serde_json::from_slice(r.payload.as_deref().unwrap()).unwrap();
-            let event = event_from_record(&record)?;
+        for event in partition_events(kafka, partition, 0).0 {
             by_task
                 .entry(event.task_id.to_string())
                 .or_default()
                 .push(event);
-            Ok(())
-        })
-        .unwrap();
+        }
     }
     by_task
 }
