@@ -221,22 +221,18 @@ impl Engine {
         self.inner.ownership.as_ref()
     }
 
-    fn ownership_or_refuse(&self) -> Result<&Arc<Ownership>> {
-        self.inner
-            .ownership
-            .as_ref()
-            .ok_or(Error::Ledger(sendledger_store::Error::NoPartition {
-                task: "(local mode has no partitions)".into(),
-            }))
+    /// The owned partitions, or why `what` does not apply (local mode).
+    fn ownership_for(&self, what: &'static str) -> Result<&Arc<Ownership>> {
+        self.inner.ownership.as_ref().ok_or(Error::LocalMode(what))
     }
 
     /// Kafka mode: installs the log of record (see [`Ledger::install_replicator`]).
     pub fn install_replicator(&self, replicator: Arc<dyn Replicator>) -> Result<()> {
-        self.ownership_or_refuse()?;
+        self.ownership_for("a log of record")?;
         self.inner
             .ledger
             .install_replicator(replicator)
-            .map_err(|_| Error::Ledger(sendledger_store::Error::Closed))
+            .map_err(|_| Error::ReplicatorInstalled)
     }
 
     /// Kafka mode: applies events of requests partition `partition` read from its log of
@@ -249,12 +245,9 @@ impl Engine {
         events: Vec<Event>,
         checkpoint: i64,
     ) -> Result<usize> {
-        let ownership = self.ownership_or_refuse()?;
+        let ownership = self.ownership_for("restoring a partition")?;
         if ownership.epoch(partition).is_some() {
-            return Err(Error::Ledger(sendledger_store::Error::NotReplicated {
-                partition,
-                detail: "a partition is restored before it is assigned, never while it is".into(),
-            }));
+            return Err(Error::RestoreWhileOwned(partition));
         }
         let ledger = self.inner.ledger.clone();
         let mut append = ledger
@@ -274,7 +267,7 @@ impl Engine {
     /// restored) and resumes its unsettled tasks as start-up does in local mode: a task found
     /// sending is reconciled, timers are armed again. Returns the number of tasks resumed.
     pub async fn assign_partition(&self, partition: i32) -> Result<usize> {
-        let ownership = self.ownership_or_refuse()?.clone();
+        let ownership = self.ownership_for("assigning a partition")?.clone();
         ownership.assign(partition);
         let ledger = self.inner.ledger.clone();
         let tasks = ledger

@@ -26,6 +26,18 @@ pub enum Error {
     /// did, or lost it to another instance); nothing was recorded.
     #[error("task {task_id} belongs to requests partition {partition}, which this instance does not own; the instance the consumer group assigned it to processes it")]
     NotOwned { task_id: TaskId, partition: i32 },
+    /// A kafka-mode call (partitions, restores, the replicator) on an engine in local mode.
+    #[error(
+        "{0} belongs to kafka mode; this engine runs in local mode (storage.mode = \"local\")"
+    )]
+    LocalMode(&'static str),
+    /// Kafka mode: a replicator is installed already.
+    #[error("the engine's log of record is installed already")]
+    ReplicatorInstalled,
+    /// Kafka mode: a partition is restored only while this instance does not own it (its
+    /// tasks would act on a state being rewritten).
+    #[error("requests partition {0} is owned here; a partition is restored before it is assigned, never while it is")]
+    RestoreWhileOwned(i32),
     /// Kafka mode: a new task's input names no requests partition (a defect).
     #[error("task {0} has no requests partition; in kafka mode every task belongs to the partition of its request")]
     NoPartition(TaskId),
@@ -50,6 +62,9 @@ impl Error {
             | Error::NoSuchTask(_)
             | Error::NotOwned { .. }
             | Error::NoPartition(_)
+            | Error::LocalMode(_)
+            | Error::ReplicatorInstalled
+            | Error::RestoreWhileOwned(_)
             | Error::Stopped => false,
         }
     }

@@ -78,11 +78,6 @@ impl LogReplicator {
         self.lock().logs.contains_key(&partition)
     }
 
-    /// The partitions owned now.
-    pub fn partitions(&self) -> Vec<i32> {
-        self.lock().logs.keys().copied().collect()
-    }
-
     /// The requests consumer completed every message of `partition` before offset `next`:
     /// the partition's next transaction commits it for the group (`group`: the consumer's
     /// group metadata now).
