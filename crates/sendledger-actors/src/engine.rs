@@ -42,6 +42,11 @@ pub struct EngineConfig {
     /// ([`Engine::install_replicator`]), and tasks act only for the partitions assigned with
     /// [`Engine::assign_partition`]; nothing is resumed at start.
     pub replicated: bool,
+    /// Kafka mode's send lease: an attempt's first byte is written within this time of its
+    /// intent being handed to the ledger, or never (the attempt ends not sent). It bounds how
+    /// late an instance that stalled after recording an intent, and lost its partition
+    /// meanwhile, can still send. `None`: no bound (local mode, one writer).
+    pub send_lease: Option<Duration>,
 }
 
 impl EngineConfig {
@@ -57,6 +62,7 @@ impl EngineConfig {
             seed: 0x5e4d_1ed9,
             limits: Limits::default(),
             replicated: false,
+            send_lease: None,
         }
     }
 }
@@ -173,6 +179,7 @@ impl Engine {
                             registry,
                             seed: cfg.seed,
                             ownership: ownership2,
+                            send_lease: cfg.send_lease,
                         });
                         let _ = tx.send((ctx.address(), shared.timers.clone(), System::current()));
                         Registry::new(shared, arbiters, cfg.max_live_tasks)

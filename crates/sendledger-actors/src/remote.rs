@@ -2,9 +2,9 @@
 //! effects crate's HTTP client (`sendledger::wiring::HttpRemote`), tests with fakes; the engine
 //! knows nothing about HTTP.
 
-use sendledger_core::decide::AttemptOutcome;
+use sendledger_core::decide::{AttemptOutcome, Sending};
 use sendledger_core::event::Millis;
-use sendledger_core::{AcceptedRequest, BoxFuture, Policy, TraceParent};
+use sendledger_core::{AcceptedRequest, BoxFuture, Policy};
 
 /// Why a lookup told nothing: no evidence either way. Its message is what the task records
 /// about it (`ReviewReason::LookupsFailed { last_error }` when the window closes on it), so it
@@ -49,14 +49,14 @@ pub trait Remote: Send + Sync + 'static {
     }
 
     /// Performs one attempt and classifies what it proves. Must always complete (bounded by
-    /// the target's timeouts). `trace` is the context a remote that takes one (the target's
-    /// `propagate_trace`) receives: the attempt's span, or the task's own context.
+    /// the target's timeouts), and must write no byte of the request after
+    /// `sending.first_byte_by` (ending `NotSent` instead).
     fn attempt(
         &self,
         request: &AcceptedRequest,
         attempt: u32,
         idempotency_key: Option<&str>,
-        trace: Option<TraceParent>,
+        sending: Sending,
     ) -> BoxFuture<AttemptOutcome>;
 
     /// Asks the remote which records match the request, created no earlier than `since`.

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 use sendledger_core::decide::{
-    decide, Action, AttemptOutcome, Ctx, Decision, Input, OperatorResolution,
+    decide, Action, AttemptOutcome, Ctx, Decision, Input, OperatorResolution, Sending,
 };
 use sendledger_core::error::Chain;
 use sendledger_core::{
@@ -41,6 +41,9 @@ pub struct Shared {
     pub seed: u64,
     /// Kafka mode: the partitions owned here; a task acts only for one of them.
     pub ownership: Option<Arc<Ownership>>,
+    /// Kafka mode's send lease: an attempt's first byte is written within this time of the
+    /// moment its intent was handed to the ledger, or never.
+    pub send_lease: Option<std::time::Duration>,
 }
 
 /// Something for a task to handle.
@@ -301,6 +304,12 @@ impl TaskActor {
         }
         let names: Vec<&'static str> = decision.events.iter().map(EventBody::name).collect();
         let ledger = self.shared.ledger.clone();
+        // The send lease runs from before the intent is recorded, so a stall anywhere in
+        // recording it (the log's commit included) counts against it.
+        let first_byte_by = self
+            .shared
+            .send_lease
+            .map(|lease| std::time::Instant::now() + lease);
         let task_id = self.task_id;
         Box::pin(
             async move {
@@ -319,14 +328,21 @@ impl TaskActor {
                 })?;
                 count_recorded(delivery, &decision.events);
                 act.state = next;
-                act.perform(decision.action, slot, ctx);
+                act.perform(decision.action, slot, first_byte_by, ctx);
                 Ok(Reply { task_id, phase: act.state.phase, lsns, events: names })
             }),
         )
     }
 
-    /// Acts on a durable decision; `slot` is the target's room for an attempt to send.
-    fn perform(&mut self, action: Action, slot: Option<Slot>, ctx: &mut Context<Self>) {
+    /// Acts on a durable decision; `slot` is the target's room for an attempt to send, and
+    /// `first_byte_by` the end of its send lease.
+    fn perform(
+        &mut self,
+        action: Action,
+        slot: Option<Slot>,
+        first_byte_by: Option<std::time::Instant>,
+        ctx: &mut Context<Self>,
+    ) {
         let task_id = self.task_id;
         match action {
             Action::None => {}
@@ -356,6 +372,12 @@ impl TaskActor {
                 let Some(request) = &self.state.request else {
                     return;
                 };
+                if let Some(partition) = self.partition_lost() {
+                    // The intent is recorded and nothing was sent: the attempt stays sending,
+                    // and whoever owns the partition now reconciles it.
+                    tracing::info!(task_id = %task_id, attempt, partition, "partition lost before the attempt was sent; not sent here");
+                    return;
+                }
                 self.attempt_in_flight = true;
                 let span = tracing::info_span!(
                     "sendledger.attempt",
@@ -371,7 +393,15 @@ impl TaskActor {
                 let send = self
                     .shared
                     .remote
-                    .attempt(request, attempt, idempotency_key.as_deref(), passed_on)
+                    .attempt(
+                        request,
+                        attempt,
+                        idempotency_key.as_deref(),
+                        Sending {
+                            trace: passed_on,
+                            first_byte_by,
+                        },
+                    )
                     .instrument(span.clone());
                 ctx.spawn(send.into_actor(self).map(move |outcome, act, ctx| {
                     drop(slot);
@@ -388,6 +418,17 @@ impl TaskActor {
                     }));
                 }));
             }
+        }
+    }
+
+    /// Kafka mode: the task's partition, when it is no longer owned here as it was when the
+    /// task's state was read (revoked, or assigned again since).
+    fn partition_lost(&self) -> Option<i32> {
+        let ownership = self.shared.ownership.as_ref()?;
+        let partition = self.state.source.as_ref()?.partition;
+        match ownership.epoch(partition) {
+            Some(epoch) if epoch <= self.loaded_at => None,
+            _ => Some(partition),
         }
     }
 

@@ -61,6 +61,13 @@ pub struct KafkaConfig {
     /// How often stored offsets are committed and processed markers folded into watermarks.
     #[serde(with = "humantime_serde")]
     pub commit_interval: Duration,
+    /// Kafka mode: an attempt's first byte is written within this time of its intent being
+    /// recorded, or never (the attempt ends not sent and is tried again). It bounds how late an
+    /// instance that stalled (a pause, a frozen VM) after recording an intent can still send
+    /// once its partition has moved; every lookup `deadline` must exceed it plus the target's
+    /// `request_timeout`, so a late request is looked for long enough to be found.
+    #[serde(with = "humantime_serde")]
+    pub send_lease: Duration,
     /// The consumer's static group membership (`group.instance.id`): an instance restarted
     /// with the same id gets its partitions back without waiting for its old session to
     /// expire. `sendledger run` derives one from the host name and the ledger directory when
@@ -92,6 +99,7 @@ impl std::fmt::Debug for KafkaConfig {
             .field("max_unfinished_bytes", &self.max_unfinished_bytes)
             .field("max_message_bytes", &self.max_message_bytes)
             .field("commit_interval", &self.commit_interval)
+            .field("send_lease", &self.send_lease)
             .field("instance_id", &self.instance_id)
             .field("properties", &properties)
             .finish()
@@ -113,6 +121,7 @@ impl Default for KafkaConfig {
             max_unfinished_bytes: 64 * 1024 * 1024,
             max_message_bytes: 256 * 1024,
             commit_interval: Duration::from_secs(1),
+            send_lease: Duration::from_secs(10),
             instance_id: None,
             properties: BTreeMap::new(),
         }
@@ -221,6 +230,9 @@ impl KafkaConfig {
         }
         if self.commit_interval.is_zero() {
             return Err(bad("commit_interval", "must be longer than zero".into()));
+        }
+        if self.send_lease.is_zero() {
+            return Err(bad("send_lease", "must be longer than zero".into()));
         }
         if let Some(id) = &self.instance_id {
             if id.len() > 249

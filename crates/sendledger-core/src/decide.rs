@@ -60,6 +60,17 @@ pub struct Ctx<'a> {
     pub policy: &'a Policy,
 }
 
+/// How one attempt is sent, besides its request: what the engine tells the effects layer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sending {
+    /// The trace context a target that takes one (`propagate_trace`) receives as
+    /// `traceparent`: the attempt's span, or the task's own context.
+    pub trace: Option<crate::TraceParent>,
+    /// Kafka mode's send lease: no byte of the request may be written after this instant; the
+    /// attempt ends `NotSent` instead.
+    pub first_byte_by: Option<std::time::Instant>,
+}
+
 /// The result of one attempt, as classified by the effects layer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AttemptOutcome {

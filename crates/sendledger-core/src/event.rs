@@ -37,8 +37,9 @@ pub enum NotSentCause {
     Throttled { status: u16 },
     /// A 5xx that the target's policy declares to mean "not performed".
     ServerError { status: u16 },
-    /// This process ran out of a local resource (file descriptors) before writing anything:
-    /// not the remote's doing, so it does not use up the target's `max_attempts`.
+    /// This process could not write anything for a reason of its own: it ran out of a local
+    /// resource (file descriptors), or (kafka mode) the attempt's send lease ended before its
+    /// first byte. Not the remote's doing, so it does not use up the target's `max_attempts`.
     /// (Envelope version 2.)
     LocalResources(String),
 }

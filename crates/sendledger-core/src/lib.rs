@@ -33,7 +33,7 @@ pub mod trace;
 mod model_tests;
 
 pub use decide::{
-    decide, Action, Ctx, Decision, Input, OperatorResolution, Policy, ReconcilePolicy,
+    decide, Action, Ctx, Decision, Input, OperatorResolution, Policy, ReconcilePolicy, Sending,
 };
 pub use error::{Error, Result};
 pub use event::{

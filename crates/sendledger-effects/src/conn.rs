@@ -23,6 +23,12 @@
 //!   bytes as application data records, which are made from plaintext rustls accepted;
 //! - early data (TLS 1.3 0-RTT, which would send request bytes during the handshake) is never
 //!   enabled.
+//!
+//! An exchange may carry a **first-byte deadline** (kafka mode's send lease): `Tracked` refuses
+//! the request's first write once it has passed, so the request either starts leaving before
+//! the deadline or never does. The check sits at the last point this process controls, right
+//! before the bytes are handed to the kernel (or to rustls), so a stall anywhere before it —
+//! a paused process, a slow connect, a long wait for the pool — cannot send late.
 
 use std::collections::HashMap;
 use std::io;
@@ -54,13 +60,57 @@ const MAX_IDLE_PER_ADDRESS: usize = 256;
 struct Tracked<S> {
     stream: S,
     written: Arc<AtomicU64>,
+    first_byte: Arc<FirstByte>,
+}
+
+/// The first-byte deadline of the exchange under way on a connection, if it has one.
+#[derive(Default)]
+struct FirstByte(Mutex<Deadline>);
+
+#[derive(Default, Clone, Copy, PartialEq, Eq)]
+enum Deadline {
+    /// No deadline, or the first byte already left in time.
+    #[default]
+    None,
+    /// The request's first byte must be written before this instant.
+    Before(std::time::Instant),
+    /// It was not: the write was refused and nothing of the request was written.
+    Missed,
+}
+
+impl FirstByte {
+    fn set(&self, deadline: Deadline) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = deadline;
+    }
+
+    fn get(&self) -> Deadline {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 impl<S> Tracked<S> {
+    /// Refuses a write once the first-byte deadline has passed (and every write after that).
+    fn check(&self) -> Option<io::Error> {
+        let mut deadline = self.first_byte.0.lock().unwrap_or_else(|p| p.into_inner());
+        match *deadline {
+            Deadline::None => None,
+            Deadline::Before(at) if std::time::Instant::now() < at => None,
+            Deadline::Before(_) | Deadline::Missed => {
+                *deadline = Deadline::Missed;
+                Some(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "first-byte deadline passed",
+                ))
+            }
+        }
+    }
+
     fn count(&self, result: &Poll<io::Result<usize>>) {
         if let Poll::Ready(Ok(n)) = result {
             if *n > 0 {
                 self.written.fetch_add(*n as u64, Ordering::SeqCst);
+                // Started in time: the rest of the request may follow.
+                self.first_byte.set(Deadline::None);
             }
         }
     }
@@ -82,6 +132,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        if let Some(refused) = self.check() {
+            return Poll::Ready(Err(refused));
+        }
         let result = Pin::new(&mut self.stream).poll_write(cx, buf);
         self.count(&result);
         result
@@ -92,6 +145,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        if let Some(refused) = self.check() {
+            return Poll::Ready(Err(refused));
+        }
         let result = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
         self.count(&result);
         result
@@ -125,6 +181,7 @@ impl Drop for TaskGuard {
 struct Conn {
     sender: SendRequest<Full<Bytes>>,
     written: Arc<AtomicU64>,
+    first_byte: Arc<FirstByte>,
     task: TaskGuard,
     idle_since: Instant,
 }
@@ -160,6 +217,9 @@ pub(crate) enum Failure {
     NotWritten(String),
     /// Nothing was written because this process ran out of file descriptors.
     Local(String),
+    /// Nothing was written because the first-byte deadline passed first, `by` this much when
+    /// it was noticed.
+    Late { by: Duration },
     /// The request was (at least partly) written and no answer came in time.
     TimedOut,
     /// The request was (at least partly) written and the connection failed.
@@ -222,15 +282,27 @@ impl Pool {
     }
 
     /// Performs one exchange: a pooled or new connection, the request, the whole answer.
+    /// With `first_byte_by`, no byte of the request is written after that instant: the
+    /// exchange fails with [`Failure::Late`] instead.
     pub(crate) async fn exchange(
         &self,
         endpoint: &Endpoint,
         request: Request<Full<Bytes>>,
+        first_byte_by: Option<std::time::Instant>,
     ) -> Result<Answer, Failure> {
+        let late = |at: std::time::Instant| Failure::Late {
+            by: std::time::Instant::now().saturating_duration_since(at),
+        };
+        if let Some(at) = first_byte_by.filter(|at| *at <= std::time::Instant::now()) {
+            return Err(late(at));
+        }
         let mut conn = match self.take(endpoint) {
             Some(conn) => conn,
             None => connect(endpoint).await?,
         };
+        conn.first_byte
+            .set(first_byte_by.map_or(Deadline::None, Deadline::Before));
+        let first_byte = conn.first_byte.clone();
         let before = conn.written.load(Ordering::SeqCst);
         let deadline = Instant::now() + endpoint.request_timeout;
         let sent = tokio::time::timeout_at(deadline, async {
@@ -242,11 +314,10 @@ impl Pool {
             Ok(Ok(response)) => response,
             Ok(Err(e)) => {
                 let written = conn.stop().await > before;
-                let reason = describe_hyper(&e);
-                return Err(if written {
-                    Failure::Broken(reason)
-                } else {
-                    Failure::NotWritten(reason)
+                return Err(match (written, first_byte.get(), first_byte_by) {
+                    (false, Deadline::Missed, Some(at)) => late(at),
+                    (false, ..) => Failure::NotWritten(describe_hyper(&e)),
+                    (true, ..) => Failure::Broken(describe_hyper(&e)),
                 });
             }
             Err(_elapsed) => {
@@ -328,9 +399,11 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let written = Arc::new(AtomicU64::new(0));
+    let first_byte = Arc::new(FirstByte::default());
     let io = TokioIo::new(Tracked {
         stream,
         written: written.clone(),
+        first_byte: first_byte.clone(),
     });
     let (sender, connection) = http1::handshake(io)
         .await
@@ -342,6 +415,7 @@ where
     Ok(Conn {
         sender,
         written,
+        first_byte,
         task: TaskGuard(Some(task)),
         idle_since: Instant::now(),
     })

@@ -7,6 +7,7 @@
 //! | what happened | outcome |
 //! |---|---|
 //! | DNS failure, connect refused or timed out, connection failed before any request byte was written | `NotSent{Connect}`; out of file descriptors (`EMFILE`, `ENFILE`): `NotSent{LocalResources}` |
+//! | kafka mode: the attempt's send lease ([`Sending::first_byte_by`]) passed before its first byte was written (the write is refused at the connection) | `NotSent{LocalResources}`, the cause starting `send lease expired` |
 //! | https: TLS handshake failed (unknown CA, wrong host name, expired certificate, no common protocol, the remote does not speak TLS) or not complete within `connect_timeout` | `NotSent{Connect}`, the cause starting `tls handshake with` |
 //! | 429, or 503 with `Retry-After` | `NotSent{Throttled}` with `retry_after_ms` (at most 1 hour, or `retry.max_backoff` when longer) |
 //! | 2xx | `Succeeded` with the id at `response_id_pointer` (empty when absent: a 2xx proves the effect, the id is informational) |
@@ -52,5 +53,5 @@ pub use config::{
 };
 pub use error::{Error, Result};
 pub use limit::{SendLimiter, SendSlot};
-pub use sendledger_core::decide::AttemptOutcome;
+pub use sendledger_core::decide::{AttemptOutcome, Sending};
 pub use target::{Target, Targets};

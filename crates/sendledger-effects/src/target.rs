@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Method, Request, Uri};
 use http_body_util::Full;
-use sendledger_core::decide::{AttemptOutcome, Policy, ReconcilePolicy};
+use sendledger_core::decide::{AttemptOutcome, Policy, ReconcilePolicy, Sending};
 use sendledger_core::trace::TRACEPARENT;
 use sendledger_core::{AcceptedRequest, NotSentCause, RetryPolicy, TraceParent, UnknownCause};
 use serde_json::Value;
@@ -248,21 +248,23 @@ impl Target {
         attempt: u32,
         idempotency_key: Option<&str>,
     ) -> AttemptOutcome {
-        self.execute_traced(request, attempt, idempotency_key, None)
+        self.execute_with(request, attempt, idempotency_key, Sending::default())
             .await
     }
 
-    /// [`Target::execute`], with the trace context to send as the `traceparent` header when
-    /// the target has `propagate_trace` set (never otherwise).
-    pub async fn execute_traced(
+    /// [`Target::execute`], sent as `sending` says: with a trace context, or within a
+    /// first-byte deadline. A deadline that passes before the request's first byte was written
+    /// ends the attempt `NotSent{LocalResources}`: nothing was sent, and it was this process's
+    /// delay, not the remote's doing.
+    pub async fn execute_with(
         &self,
         request: &AcceptedRequest,
         attempt: u32,
         idempotency_key: Option<&str>,
-        trace: Option<TraceParent>,
+        sending: Sending,
     ) -> AttemptOutcome {
         let task_id = request.task_id();
-        let built = match self.build_attempt(request, idempotency_key, trace) {
+        let built = match self.build_attempt(request, idempotency_key, sending.trace) {
             Ok(built) => built,
             Err(reason) => {
                 warn!(target_name = %self.name, %task_id, attempt, %reason, "attempt cannot be built; rejected without sending");
@@ -275,7 +277,10 @@ impl Target {
                 };
             }
         };
-        let outcome = match self.pool.exchange(&self.endpoint, built).await {
+        let exchange = self
+            .pool
+            .exchange(&self.endpoint, built, sending.first_byte_by);
+        let outcome = match exchange.await {
             Ok(answer) => self.classify(answer),
             Err(Failure::NotWritten(reason)) => AttemptOutcome::NotSent {
                 cause: NotSentCause::Connect(self.scrub(reason)),
@@ -285,6 +290,16 @@ impl Target {
                 cause: NotSentCause::LocalResources(self.scrub(reason)),
                 retry_after_ms: None,
             },
+            Err(Failure::Late { by }) => {
+                warn!(target_name = %self.name, %task_id, attempt, late_ms = by.as_millis() as u64, "send deadline passed before the request could be written; not sent");
+                AttemptOutcome::NotSent {
+                    cause: NotSentCause::LocalResources(format!(
+                        "send lease expired {} before the first request byte; nothing was written",
+                        humantime::format_duration(Duration::from_millis(by.as_millis() as u64))
+                    )),
+                    retry_after_ms: None,
+                }
+            }
             Err(Failure::TimedOut) => AttemptOutcome::Unknown {
                 cause: UnknownCause::Timeout,
             },
@@ -335,13 +350,15 @@ impl Target {
             .insert(header::ACCEPT, HeaderValue::from_static("application/json"));
         let answer = self
             .pool
-            .exchange(&lookup.endpoint, req)
+            .exchange(&lookup.endpoint, req, None)
             .await
             .map_err(|failure| Error::LookupTransport {
                 target: self.name.clone(),
                 reason: self.scrub(match failure {
                     Failure::NotWritten(r) | Failure::Local(r) | Failure::Broken(r) => r,
                     Failure::TimedOut => "no answer within the request timeout".into(),
+                    // Lookups are sent without a first-byte deadline.
+                    Failure::Late { .. } => "not sent within its deadline".into(),
                 }),
             })?;
         let answer_err = |reason: String| Error::LookupAnswer {

@@ -354,10 +354,37 @@ impl Config {
         if self.storage.mode == StorageMode::Kafka && self.kafka.is_embedded() {
             bail!("storage.mode: \"kafka\" needs brokers that fence transactional ids and keep transactional offsets; the embedded cluster does neither: set kafka.brokers, or use mode \"local\"");
         }
+        if self.storage.mode == StorageMode::Kafka {
+            self.check_send_lease()?;
+        }
         if self.targets.is_empty() {
             bail!("targets: none configured; add a [targets.NAME] section (see schemas/sendledger.example.toml)");
         }
         Targets::from_config_with_env(&self.targets, |name| env.get(name).cloned())?;
+        Ok(())
+    }
+
+    /// Kafka mode: a request sent as late as the send lease allows must still be looked for.
+    /// A stalled instance can write an attempt's first byte up to `kafka.send_lease` after its
+    /// intent, and the remote may take `request_timeout` more to act on it; the instance that
+    /// took the task over must not give up on finding that record before then.
+    fn check_send_lease(&self) -> anyhow::Result<()> {
+        let lease = self.kafka.send_lease;
+        for (name, target) in &self.targets {
+            let Some(lookup) = &target.lookup else {
+                continue;
+            };
+            let late = lease + target.request_timeout;
+            if lookup.deadline <= late {
+                bail!(
+                    "targets.{name}.lookup.deadline: is {}, not longer than kafka.send_lease ({}) + targets.{name}.request_timeout ({}); in kafka mode a request may reach the remote that late after its intent, so raise the deadline above {} or shorten the lease or the timeout",
+                    humantime::format_duration(lookup.deadline),
+                    humantime::format_duration(lease),
+                    humantime::format_duration(target.request_timeout),
+                    humantime::format_duration(late),
+                );
+            }
+        }
         Ok(())
     }
 
@@ -389,6 +416,7 @@ impl Config {
         c.lookup_concurrency = self.engine.lookup_concurrency;
         c.timer_tick = self.engine.timer_tick;
         c.replicated = self.storage.mode == StorageMode::Kafka;
+        c.send_lease = c.replicated.then_some(self.kafka.send_lease);
         c.limits = Limits {
             max_payload_bytes: self.engine.max_payload_bytes,
             max_metadata_bytes: self.engine.max_metadata_bytes,
@@ -626,6 +654,37 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.starts_with("targets.payments.url"), "{err}");
+    }
+
+    #[test]
+    fn kafka_mode_refuses_a_lookup_deadline_within_the_send_lease() {
+        let text = r#"
+            [storage]
+            mode = "kafka"
+            [kafka]
+            brokers = "k:9092"
+            send_lease = "10s"
+            [targets.payments]
+            url = "http://127.0.0.1:8600/records"
+            request_timeout = "20s"
+            [targets.payments.lookup]
+            url = "http://127.0.0.1:8600/records?reference={task_id}"
+            deadline = "30s"
+        "#;
+        let err = parse(text, &[]).unwrap_err().to_string();
+        assert!(
+            err.starts_with("targets.payments.lookup.deadline: is 30s, not longer than kafka.send_lease (10s) + targets.payments.request_timeout (20s)"),
+            "{err}"
+        );
+        let c = parse(&text.replace("\"30s\"", "\"31s\""), &[]).unwrap();
+        assert_eq!(c.engine_config().send_lease, Some(Duration::from_secs(10)));
+        // Local mode has one writer and no lease to allow for.
+        let local = parse(&text.replace("\"kafka\"", "\"local\""), &[]).unwrap();
+        assert_eq!(local.engine_config().send_lease, None);
+        let err = parse(&text.replace("\"10s\"", "\"0s\""), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("kafka.send_lease"), "{err}");
     }
 
     #[test]

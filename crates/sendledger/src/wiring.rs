@@ -15,10 +15,10 @@ use std::time::Duration;
 
 use sendledger_bus::log::read_partition;
 use sendledger_bus::{Kafka, LogReplicator, PartitionLog, PartitionOwner, RequestSink, SinkError};
-use sendledger_core::decide::AttemptOutcome;
+use sendledger_core::decide::{AttemptOutcome, Sending};
 use sendledger_core::error::Chain;
 use sendledger_core::event::{Millis, NotSentCause};
-use sendledger_core::{AcceptedRequest, BoxFuture, Policy, Source, TaskRequest, TraceParent};
+use sendledger_core::{AcceptedRequest, BoxFuture, Policy, Source, TaskRequest};
 use sendledger_effects::Targets;
 use sendledger_store::{Append, Processed};
 
@@ -50,7 +50,7 @@ impl Remote for HttpRemote {
         request: &AcceptedRequest,
         attempt: u32,
         idempotency_key: Option<&str>,
-        trace: Option<TraceParent>,
+        sending: Sending,
     ) -> BoxFuture<AttemptOutcome> {
         let Some(target) = self.targets.get(&request.target).cloned() else {
             let cause =
@@ -64,7 +64,7 @@ impl Remote for HttpRemote {
         let key = idempotency_key.map(str::to_owned);
         Box::pin(async move {
             target
-                .execute_traced(&request, attempt, key.as_deref(), trace)
+                .execute_with(&request, attempt, key.as_deref(), sending)
                 .await
         })
     }

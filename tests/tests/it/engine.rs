@@ -918,3 +918,53 @@ async fn a_remote_down_for_a_while_is_waited_out_without_unknowns() {
     assert_eq!(sim.stats().posts, 50);
     engine.shutdown(Duration::from_secs(5)).await;
 }
+
+/// Kafka mode's send lease, seen from the engine: an attempt whose first byte cannot leave
+/// within the lease of its intent (here 1µs: recording the intent alone takes longer) is
+/// recorded not sent, with the lease named, and nothing reaches the remote. It is this
+/// process's delay, so it uses up none of the target's attempts: the same task, resumed by an
+/// engine whose lease it can keep, sends once and succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_that_misses_its_send_lease_is_not_sent_and_tried_again() {
+    let sim = sim(Faults::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let start = |lease: Duration| {
+        let mut config = sendledger_actors::EngineConfig::new(dir.path());
+        config.timer_tick = Duration::from_millis(5);
+        config.send_lease = Some(lease);
+        let remote = std::sync::Arc::new(sendledger::wiring::HttpRemote::new(targets(target(
+            &sim.base_url(),
+            |_| {},
+        ))));
+        tokio::task::block_in_place(|| sendledger_actors::Engine::start(config, remote)).unwrap()
+    };
+    let expired = |events: &[sendledger_core::Event]| {
+        events
+            .iter()
+            .filter(|e| {
+                matches!(&e.body, EventBody::SendNotSent {
+                    cause: NotSentCause::LocalResources(reason), ..
+                } if reason.starts_with("send lease expired"))
+            })
+            .count()
+    };
+
+    let engine = start(Duration::from_micros(1));
+    engine.submit(request("lease-1"), source(0)).await.unwrap();
+    let deadline = std::time::Instant::now() + WAIT;
+    // More lapsed attempts than `max_attempts` (5): they do not use the target's attempts up.
+    while expired(&engine.events(task_id("lease-1")).await.unwrap()) < 6 {
+        assert!(std::time::Instant::now() < deadline, "no lapsed attempts");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let state = engine.state(task_id("lease-1")).await.unwrap();
+    assert!(!state.phase.is_terminal(), "{:?}", state.phase);
+    engine.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(sim.stats().posts, 0, "a request left after its lease");
+
+    let engine = start(Duration::from_secs(10));
+    let state = wait_for(&engine, task_id("lease-1"), WAIT, settled).await;
+    assert_eq!(state.phase, Phase::Succeeded);
+    assert_eq!(sim.records_with_identity("lease-1").len(), 1);
+    engine.shutdown(Duration::from_secs(5)).await;
+}

@@ -1029,9 +1029,13 @@ fn service_config(dir: &Path, brokers: &str, sim: &Sim) -> String {
     toml::to_string(&config).expect("a config serializes to TOML")
 }
 
+/// The Kafka settings of a service against the separate broker process at `brokers`: a killed
+/// member's session expires after 6s, and (in kafka mode) the send lease is 2s, short enough
+/// for the test target's lookup deadline (3s) with its request timeout.
 pub(crate) fn config_for_process(brokers: &str) -> KafkaConfig {
     let mut kafka = config(brokers);
     kafka.replication_factor = 1;
+    kafka.send_lease = Duration::from_secs(2);
     for (k, v) in [
         ("session.timeout.ms", "6000"),
         ("heartbeat.interval.ms", "500"),

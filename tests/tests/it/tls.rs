@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use sendledger_core::{NotSentCause, UnknownCause};
-use sendledger_effects::{AttemptOutcome, Target, TargetConfig};
+use sendledger_effects::{AttemptOutcome, Sending, Target, TargetConfig};
 use sendledger_sim::{Faults, Sim, SimConfig, SimTlsConfig};
 use sendledger_tests::pki::{Ca, Issued};
 use serde_json::json;
@@ -548,4 +548,93 @@ fn tls_config_errors_name_the_field_and_the_reason() {
     ))
     .unwrap();
     Target::from_config("t", &cfg).unwrap();
+}
+
+// ---- Kafka mode's send lease ----
+
+/// Forwards connections on a loopback port to `upstream`, each only after `delay`: a remote
+/// slow to complete the TLS handshake.
+async fn slow_relay(upstream: std::net::SocketAddr, delay: Duration) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let mut server = tokio::net::TcpStream::connect(upstream).await.unwrap();
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+            });
+        }
+    });
+    addr
+}
+
+/// The send lease ends while the TLS handshake is still under way (the remote completes it
+/// only after 600ms): the handshake completes, and the request's first write is refused at the
+/// connection. Not sent, the lease named, and no request reaches the remote. The same target
+/// through the same slow remote without a lease succeeds, so the relay passes requests.
+#[tokio::test]
+async fn a_send_lease_that_ends_during_the_handshake_sends_nothing() {
+    let remote = Remote::start(Faults::default()).await;
+    let relay = slow_relay(remote.sim.addr(), Duration::from_millis(600)).await;
+    let mut cfg = remote.config(&trust(&remote.ca), "connect_timeout = \"5s\"");
+    cfg.url = format!("https://{relay}/records");
+    let target = Target::from_config("payments", &cfg).unwrap();
+
+    let lease = Sending {
+        first_byte_by: Some(std::time::Instant::now() + Duration::from_millis(200)),
+        ..Sending::default()
+    };
+    let outcome = target
+        .execute_with(&request("late-1", json!({})), 1, None, lease)
+        .await;
+    match &outcome {
+        AttemptOutcome::NotSent {
+            cause: NotSentCause::LocalResources(reason),
+            retry_after_ms: None,
+        } => assert!(reason.starts_with("send lease expired"), "{reason}"),
+        other => panic!("expected NotSent{{LocalResources}}, got {other:?}"),
+    }
+    assert_eq!(remote.sim.stats().connections, 1, "the handshake completed");
+    assert_eq!(remote.sim.stats().posts, 0);
+
+    let outcome = target.execute(&request("late-2", json!({})), 1, None).await;
+    assert!(
+        matches!(outcome, AttemptOutcome::Succeeded { .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(remote.sim.stats().posts, 1);
+    assert!(remote.sim.records_with_identity("late-1").is_empty());
+}
+
+/// A pooled connection is not used once the lease is over: nothing is written, and the
+/// connection stays usable for the next attempt.
+#[tokio::test]
+async fn a_lapsed_send_lease_writes_nothing_on_a_pooled_connection() {
+    let remote = Remote::start(Faults::default()).await;
+    let target = remote.target("");
+    let outcome = target.execute(&request("p-1", json!({})), 1, None).await;
+    assert!(
+        matches!(outcome, AttemptOutcome::Succeeded { .. }),
+        "{outcome:?}"
+    );
+    let lapsed = Sending {
+        first_byte_by: Some(std::time::Instant::now()),
+        ..Sending::default()
+    };
+    let outcome = target
+        .execute_with(&request("p-2", json!({})), 1, None, lapsed)
+        .await;
+    assert!(
+        matches!(&outcome, AttemptOutcome::NotSent { cause: NotSentCause::LocalResources(r), .. } if r.starts_with("send lease expired")),
+        "{outcome:?}"
+    );
+    let outcome = target.execute(&request("p-3", json!({})), 1, None).await;
+    assert!(
+        matches!(outcome, AttemptOutcome::Succeeded { .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(remote.sim.stats().posts, 2);
+    assert_eq!(remote.sim.stats().connections, 1);
+    assert!(remote.sim.records_with_identity("p-2").is_empty());
 }
