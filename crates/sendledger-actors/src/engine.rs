@@ -437,9 +437,19 @@ impl Engine {
         Ok(sendledger_core::fold(&self.events(task_id).await?))
     }
 
-    /// Tasks waiting for a person.
+    /// Tasks waiting for a person. In kafka mode, those of the partitions owned here: the
+    /// ledger may still hold copies of tasks whose partition moved, which their owner resolves.
     pub async fn reviews(&self) -> Result<Vec<ReviewItem>> {
-        Ok(self.inner.ledger.read(ReviewItem::list).await?)
+        let mut items = self.inner.ledger.read(ReviewItem::list).await?;
+        if let Some(ownership) = &self.inner.ownership {
+            items.retain(|item| {
+                item.state
+                    .source
+                    .as_ref()
+                    .is_some_and(|s| ownership.epoch(s.partition).is_some())
+            });
+        }
+        Ok(items)
     }
 
     /// Records an operator's resolution on a ledger that no engine has open (the service is

@@ -16,6 +16,12 @@
 //! body (naming the field), 401 for a missing or wrong token, 404 for an unknown task, 409 for
 //! a task not in review. The GET routes need no token: listening beyond loopback logs a warning.
 //!
+//! In kafka mode an instance answers for the partitions it owns: `/healthz` adds `"mode":
+//! "kafka"` and `owned_partitions`; `/tasks/{id}` adds `partition` and `owned_here` (a copy of
+//! a task whose partition moved away carries a `warning` that it may be behind); `/reviews`
+//! lists owned partitions' tasks only; a resolution of a task whose partition is owned
+//! elsewhere is refused with 421, naming the partition.
+//!
 //! Connections are bounded: at most `admin.max_connections` open (more are closed as soon as
 //! they are accepted, with a warning at most every [`REFUSED_WARNING_EVERY`]); one that sends no
 //! request for `admin.idle_timeout` (new, or kept alive after an answer), or does not complete
@@ -90,15 +96,18 @@ const PHASES: [Phase; 8] = [
 /// starts (metrics recorded earlier are lost). Histograms get explicit buckets so they render
 /// as Prometheus histograms.
 pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
-    const SECONDS: [f64; 12] = [
-        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+    // From an fsync (sub-millisecond) to a partition's take-over (seconds to a minute).
+    const SECONDS: [f64; 16] = [
+        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5,
+        10.0, 30.0, 60.0,
     ];
-    const APPENDS: [f64; 12] = [
+    const COUNTS: [f64; 12] = [
         1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
     ];
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &SECONDS)?
-        .set_buckets_for_metric(Matcher::Suffix("_appends".into()), &APPENDS)?
+        .set_buckets_for_metric(Matcher::Suffix("_appends".into()), &COUNTS)?
+        .set_buckets_for_metric(Matcher::Suffix("_events".into()), &COUNTS)?
         .install_recorder()
         .context("installing the metrics recorder (one per process)")?;
     describe();
@@ -164,6 +173,37 @@ fn describe() {
     describe_gauge!(
         "sendledger_ledger_durability",
         "1 for the ledger's durability mode (sync, or buffered: appends not fsynced, unsafe for production)."
+    );
+    describe_gauge!(
+        "sendledger_partitions_owned",
+        "Kafka mode: requests partitions this instance owns (taken over and not lost)."
+    );
+    describe_histogram!(
+        "sendledger_partition_take_over_seconds",
+        Unit::Seconds,
+        "Kafka mode: time to take a partition over (open its log, fencing the previous owner; restore; resume its tasks)."
+    );
+    describe_counter!(
+        "sendledger_restored_events_total",
+        "Kafka mode: events read from the log of record into the ledger while taking partitions over, by partition (grows step by step during a restore)."
+    );
+    describe_gauge!(
+        "sendledger_partition_restoring",
+        "Kafka mode: 1 while a partition is being restored from its log, by partition."
+    );
+    describe_histogram!(
+        "sendledger_log_commit_seconds",
+        Unit::Seconds,
+        "Kafka mode: time of each transaction that commits a partition's batch of events (with its results and requests offset)."
+    );
+    describe_histogram!(
+        "sendledger_log_batch_events",
+        Unit::Count,
+        "Kafka mode: events per partition transaction."
+    );
+    describe_counter!(
+        "sendledger_partitions_fenced_total",
+        "Kafka mode: partitions whose log of record was lost (another instance fenced this one, or the producer failed); their tasks stop here."
     );
     describe_gauge!(
         "sendledger_unknowns_open",
@@ -500,6 +540,8 @@ impl From<sendledger_actors::Error> for Failure {
             }
             E::Invalid(_) => StatusCode::BAD_REQUEST,
             E::ShuttingDown | E::Stopped => StatusCode::SERVICE_UNAVAILABLE,
+            // Kafka mode: another instance owns the task's partition and answers for it.
+            E::NotOwned { .. } => StatusCode::MISDIRECTED_REQUEST,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         Failure(status, Chain(&e).to_string())
@@ -604,6 +646,9 @@ async fn metrics(shared: &Shared) -> Answer {
             metrics::gauge!("sendledger_ledger_memory_bytes", "kind" => kind).set(bytes as f64);
         }
     }
+    if let Some(ownership) = shared.engine.ownership() {
+        metrics::gauge!("sendledger_partitions_owned").set(ownership.partitions().len() as f64);
+    }
     let stale = shared
         .gauges_at
         .lock()
@@ -656,6 +701,10 @@ async fn healthz(shared: &Shared) -> Answer {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .clone();
+    if let Some(ownership) = shared.engine.ownership() {
+        body["mode"] = json!("kafka");
+        body["owned_partitions"] = json!(ownership.partitions());
+    }
     if let Some(stats) = ingest {
         body["requests_lost"] = json!(IngestStats::get(&stats.lost));
         let blocked = stats.blocked();
@@ -726,16 +775,34 @@ async fn task(shared: &Shared, segment: &str, query: Option<&str>) -> Answer {
     let task_id = task_ref(segment)?;
     let (after, limit) = timeline_page(query)?;
     let events = shared.engine.events(task_id).await?;
+    let ownership = shared.engine.ownership();
     if events.is_empty() {
-        return Err(Failure::new(
-            StatusCode::NOT_FOUND,
-            format!("task {task_id} is not in the ledger"),
-        ));
+        let message = match ownership {
+            None => format!("task {task_id} is not in the ledger"),
+            Some(o) => format!(
+                "task {task_id} is not in this instance's ledger; in kafka mode a task is known to the instance that owns its requests partition (owned here: {:?})",
+                o.partitions()
+            ),
+        };
+        return Err(Failure::new(StatusCode::NOT_FOUND, message));
     }
     let start = after.map_or(0, |after| events.partition_point(|e| e.task_seq <= after));
     let page = &events[start..events.len().min(start + limit)];
     let more = start + page.len() < events.len();
-    let mut body = task_json(task_id, &fold(&events), page);
+    let state = fold(&events);
+    let mut body = task_json(task_id, &state, page);
+    if let (Some(o), Some(source)) = (ownership, &state.source) {
+        // Kafka mode: a copy left from an earlier ownership may be behind its owner's.
+        let owned = o.epoch(source.partition).is_some();
+        body["partition"] = json!(source.partition);
+        body["owned_here"] = json!(owned);
+        if !owned {
+            body["warning"] = json!(format!(
+                "requests partition {} is owned by another instance: this copy is from when it was owned here and may be behind; ask the owner",
+                source.partition
+            ));
+        }
+    }
     body["remote_ids_seen"] = remote_ids_seen(&events);
     body["more"] = json!(more);
     body["next_after"] = json!(page.last().filter(|_| more).map(|e| e.task_seq));

@@ -229,11 +229,19 @@ impl KafkaOwner {
             .unwrap_or(0);
         let mut step = Vec::with_capacity(RESTORE_STEP);
         let mut applied = 0;
+        let label = partition.to_string();
+        let restoring =
+            metrics::gauge!("sendledger_partition_restoring", "partition" => label.clone());
+        let restored = metrics::counter!("sendledger_restored_events_total", "partition" => label);
+        restoring.set(1.0);
         let apply = |step: &mut Vec<sendledger_core::Event>, next: i64| -> Result<usize, String> {
             let events = std::mem::take(step);
-            self.runtime
+            let n = self
+                .runtime
                 .block_on(self.engine.restore(partition, events, next))
-                .map_err(|e| Chain(&e).to_string())
+                .map_err(|e| Chain(&e).to_string())?;
+            restored.increment(n as u64);
+            Ok(n)
         };
         let end = read_partition(&self.kafka, partition, from, TAKE_OVER_TIMEOUT, |record| {
             step.push(record.event()?);
@@ -247,9 +255,10 @@ impl KafkaOwner {
             }
             Ok(())
         })
-        .map_err(|e| Chain(&e).to_string())?;
-        applied += apply(&mut step, end)?;
-        Ok(applied)
+        .map_err(|e| Chain(&e).to_string());
+        let last = end.and_then(|end| apply(&mut step, end));
+        restoring.set(0.0);
+        Ok(applied + last?)
     }
 }
 
@@ -266,7 +275,6 @@ impl PartitionOwner for KafkaOwner {
             .runtime
             .block_on(self.engine.assign_partition(partition))
             .map_err(|e| Chain(&e).to_string())?;
-        metrics::counter!("sendledger_restored_events_total").increment(restored as u64);
         tracing::info!(partition, restored, resumed, took = ?started.elapsed(), "partition restored from its log and resumed");
         Ok(())
     }

@@ -648,3 +648,158 @@ async fn two_instances_in_kafka_mode_split_the_partitions_and_send_nothing_twice
         .any(|c| c.starts_with("lsn-contiguous")));
     sim.shutdown().await;
 }
+
+/// The configuration file of a `sendledger run` process in kafka mode on `dir`, against the
+/// separate broker at `brokers`, with the target `sim` and the admin endpoint on a free port.
+fn kafka_mode_config_file(
+    dir: &std::path::Path,
+    brokers: &str,
+    sim: &sendledger_sim::Sim,
+) -> std::path::PathBuf {
+    use sendledger::config::{Config, StorageMode};
+    let mut config = Config::default();
+    config.storage.data = dir.join("ledger");
+    config.storage.mode = StorageMode::Kafka;
+    config.engine.timer_tick = Duration::from_millis(5);
+    config.kafka = config_for_process(brokers);
+    config.admin.listen = "127.0.0.1:0".parse().unwrap();
+    config.targets.insert(
+        "sim".into(),
+        sendledger_tests::engine::target(&sim.base_url(), |_| {}),
+    );
+    let file = dir.join("sendledger.toml");
+    std::fs::write(&file, toml::to_string(&config).unwrap()).unwrap();
+    file
+}
+
+/// A child process, killed when the test ends, passed or not.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A counter or gauge's value in Prometheus text (its unlabelled sample).
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// In kafka mode each instance's admin endpoint answers for the partitions it owns: `/healthz`
+/// and `/metrics` name them, and what was restored. A task whose partition moved is still in
+/// the first instance's ledger: `/tasks/{id}` shows that copy marked as not owned (with a
+/// warning that it may be behind), and a review resolution sent there is refused with 421,
+/// naming the partition. Its owner knows the task (restored from the log) and answers for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_instance_answers_for_the_partitions_it_owns() {
+    use crate::admin::{get_json, http, resolve, TOKEN};
+    use crate::kafka::{identity_key, produce, request_json, results_for, task_ids};
+
+    let tansu = tokio::task::block_in_place(start_tansu);
+    let brokers = format!("127.0.0.1:{}", tansu.port);
+    let kafka = Kafka::connect(config_for_process(&brokers)).unwrap();
+    let sim = sendledger_sim::Sim::start(Default::default())
+        .await
+        .unwrap();
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let env = [("SENDLEDGER__ADMIN__TOKEN", TOKEN.to_string())];
+    let start = |dir: &std::path::Path| {
+        let file = kafka_mode_config_file(dir, &brokers, &sim);
+        let (child, ready) = tokio::task::block_in_place(|| crate::cli::start_run(&file, &env));
+        (
+            Killed(child),
+            crate::cli::ready_field(&ready, "admin=http://"),
+        )
+    };
+    let owned = |addr: String| async move {
+        let health = get_json(&addr, "/healthz").await;
+        assert_eq!(health["mode"], "kafka", "{health}");
+        let owned: Vec<i64> = health["owned_partitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_i64().unwrap())
+            .collect();
+        owned
+    };
+
+    let (mut a, admin_a) = start(dir_a.path());
+    let keys: Vec<String> = (0..40).map(|i| format!("own-{i}")).collect();
+    produce(
+        &kafka,
+        keys.iter()
+            .map(|k| (None, identity_key(k), Some(request_json(k))))
+            .collect(),
+    )
+    .await;
+    results_for(&kafka, task_ids(&keys)).await;
+    let partitions = kafka.config().partitions as usize;
+    assert_eq!(owned(admin_a.clone()).await.len(), partitions);
+
+    let (mut b, admin_b) = start(dir_b.path());
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let (on_a, on_b) = loop {
+        let (on_a, on_b) = (owned(admin_a.clone()).await, owned(admin_b.clone()).await);
+        if !on_b.is_empty() && on_a.len() + on_b.len() == partitions {
+            break (on_a, on_b);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the partitions were not split: {on_a:?} / {on_b:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let (_, text) = http(&admin_b, "GET", "/metrics", None, None).await;
+    assert_eq!(
+        metric(&text, "sendledger_partitions_owned"),
+        Some(on_b.len() as f64),
+        "{text}"
+    );
+    assert!(
+        text.contains("sendledger_restored_events_total{partition=")
+            && text.contains("sendledger_partition_take_over_seconds_bucket"),
+        "{text}"
+    );
+
+    // A task of a partition that moved to B.
+    let mut moved_task = None;
+    for key in &keys {
+        let id = sendledger_tests::engine::task_id(key).to_string();
+        let copy = get_json(&admin_a, &format!("/tasks/{id}")).await;
+        let partition = copy["partition"].as_i64().unwrap();
+        assert_eq!(copy["owned_here"], on_a.contains(&partition), "{copy}");
+        if on_b.contains(&partition) {
+            assert!(copy["warning"]
+                .as_str()
+                .unwrap()
+                .contains("owned by another instance"));
+            moved_task = Some((id, partition));
+            break;
+        }
+    }
+    let (id, partition) = moved_task.expect("a task of a partition that moved");
+    let on_owner = get_json(&admin_b, &format!("/tasks/{id}")).await;
+    assert_eq!(on_owner["owned_here"], true, "{on_owner}");
+    assert_eq!(on_owner["state"], "succeeded", "{on_owner}");
+    let body = serde_json::json!({ "as": "failed", "by": "ops", "reason": "not here" });
+    let (status, answer) = resolve(&admin_a, &id, Some(TOKEN), body.clone()).await;
+    assert_eq!(status, 421, "{answer}");
+    let error = answer["error"].as_str().unwrap();
+    assert!(
+        error.contains(&format!("requests partition {partition}")),
+        "{error}"
+    );
+    // The owner refuses it too, for the reason that applies there: the task is settled.
+    let (status, answer) = resolve(&admin_b, &id, Some(TOKEN), body).await;
+    assert_eq!(status, 409, "{answer}");
+
+    for Killed(child) in [&mut a, &mut b] {
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+        assert!(child.wait().unwrap().success());
+    }
+    assert_eq!(sim.stats().posts, 40);
+}
