@@ -183,6 +183,11 @@ fn describe() {
         Unit::Seconds,
         "Kafka mode: time to take a partition over (open its log, fencing the previous owner; restore; resume its tasks)."
     );
+    describe_histogram!(
+        "sendledger_partition_restore_seconds",
+        Unit::Seconds,
+        "Kafka mode: time to read a partition's log from the checkpoint and apply it (part of the take-over)."
+    );
     describe_counter!(
         "sendledger_restored_events_total",
         "Kafka mode: events read from the log of record into the ledger while taking partitions over, by partition (grows step by step during a restore)."

@@ -24,6 +24,9 @@ pub enum Bench {
     /// Tasks per second end to end through Kafka (embedded cluster): ingest, engine, publisher,
     /// until every result is read back from the results topic.
     Kafka(crate::bench_kafka::KafkaArgs),
+    /// Kafka mode against local mode on one instance, same requests, same brokers (which must
+    /// support transactions), and the restore of the kafka-mode log on an empty disk.
+    Cluster(crate::bench_cluster::ClusterArgs),
     /// Inputs per second through every input boundary (request, stored event, event record,
     /// configuration, review body) with generated inputs; counts panics and saves their inputs.
     Fuzz(crate::bench_fuzz::FuzzArgs),
@@ -50,6 +53,7 @@ pub fn run(bench: Bench) -> anyhow::Result<()> {
         Bench::Engine(args) => crate::bench_engine::run(args),
         Bench::Audit(args) => crate::bench_audit::run(args),
         Bench::Kafka(args) => crate::bench_kafka::run(args),
+        Bench::Cluster(args) => crate::bench_cluster::run(args),
         Bench::Fuzz(args) => crate::bench_fuzz::run(args),
     }
 }

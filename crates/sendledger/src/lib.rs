@@ -15,6 +15,7 @@
 pub mod admin;
 mod bench;
 mod bench_audit;
+mod bench_cluster;
 mod bench_effects;
 mod bench_engine;
 pub mod bench_fuzz;

@@ -234,6 +234,7 @@ impl KafkaOwner {
             metrics::gauge!("sendledger_partition_restoring", "partition" => label.clone());
         let restored = metrics::counter!("sendledger_restored_events_total", "partition" => label);
         restoring.set(1.0);
+        let started = std::time::Instant::now();
         let apply = |step: &mut Vec<sendledger_core::Event>, next: i64| -> Result<usize, String> {
             let events = std::mem::take(step);
             let n = self
@@ -258,6 +259,8 @@ impl KafkaOwner {
         .map_err(|e| Chain(&e).to_string());
         let last = end.and_then(|end| apply(&mut step, end));
         restoring.set(0.0);
+        metrics::histogram!("sendledger_partition_restore_seconds")
+            .record(started.elapsed().as_secs_f64());
         Ok(applied + last?)
     }
 }

@@ -58,19 +58,13 @@ fn flag<'a>(args: &'a [String], name: &str) -> &'a str {
     &args[i + 1]
 }
 
-#[test]
-fn docker_compose_agrees_with_the_config_format() {
-    let docs = YamlLoader::load_from_str(&read("docker-compose.yml")).expect("valid YAML");
-    let services = &docs[0]["services"];
-    let dockerfile = read("Dockerfile");
-    assert!(dockerfile.contains("ENTRYPOINT [\"sendledger\"]"));
-
-    // The service: its config file with the compose environment is valid for this build.
-    let sl = &services["sendledger"];
+/// The configuration of the compose service `sl`: its `run --config` file with its
+/// environment, loaded and validated as `sendledger run` does.
+fn service_config(sl: &Yaml, dockerfile: &str) -> Config {
     assert_eq!(sl["build"].as_str(), Some("."));
     let args = strings(&sl["command"]);
     assert_eq!(args[0], "run");
-    let config_path = repo_path(&dockerfile, flag(&args, "--config"));
+    let config_path = repo_path(dockerfile, flag(&args, "--config"));
     let env: BTreeMap<String, String> = sl["environment"]
         .as_hash()
         .expect("environment is a map")
@@ -84,8 +78,80 @@ fn docker_compose_agrees_with_the_config_format() {
             (k.as_str().unwrap().to_string(), resolve(&v))
         })
         .collect();
-    let config = Config::parse(&read(&config_path), &env)
-        .unwrap_or_else(|e| panic!("{config_path} with the compose environment: {e:#}"));
+    Config::parse(&read(&config_path), &env)
+        .unwrap_or_else(|e| panic!("{config_path} with the compose environment: {e:#}"))
+}
+
+/// The `kafka-mode` profile: two instances in kafka mode share one group and its topics, each
+/// with its own ledger volume, static membership id and admin port; the events topic is
+/// created keeping every event, with the requests topic's partition count.
+#[test]
+fn docker_compose_kafka_mode_profile_runs_two_instances_of_one_group() {
+    use sendledger::config::StorageMode;
+    let docs = YamlLoader::load_from_str(&read("docker-compose.yml")).expect("valid YAML");
+    let services = &docs[0]["services"];
+    let dockerfile = read("Dockerfile");
+    let (a, b) = (&services["sendledger-a"], &services["sendledger-b"]);
+    let (ca, cb) = (
+        service_config(a, &dockerfile),
+        service_config(b, &dockerfile),
+    );
+    for (sl, c) in [(a, &ca), (b, &cb)] {
+        assert_eq!(strings(&sl["profiles"]), ["kafka-mode"]);
+        assert_eq!(c.storage.mode, StorageMode::Kafka);
+        assert_eq!(c.kafka.brokers, "kafka:9092");
+        assert_eq!(
+            sl["depends_on"]["topics-kafka-mode"]["condition"].as_str(),
+            Some("service_completed_successfully")
+        );
+    }
+    assert_eq!(ca.kafka.group_id, cb.kafka.group_id);
+    assert_ne!(
+        ca.kafka.group_id, "sendledger",
+        "not the local-mode instance's group"
+    );
+    assert_eq!(ca.kafka.topics(), cb.kafka.topics());
+    assert_ne!(ca.kafka.instance_id, cb.kafka.instance_id);
+    assert_ne!(strings(&a["volumes"]), strings(&b["volumes"]));
+    assert_ne!(strings(&a["ports"]), strings(&b["ports"]));
+
+    let init = strings(&services["topics-kafka-mode"]["command"]).join(" ");
+    assert_eq!(
+        strings(&services["topics-kafka-mode"]["profiles"]),
+        ["kafka-mode"]
+    );
+    for topic in ca.kafka.topics() {
+        assert!(init.contains(topic), "topic {topic} is not created: {init}");
+    }
+    let events = init
+        .split("&&")
+        .find(|c| c.contains(&ca.kafka.events_topic))
+        .unwrap();
+    for setting in [
+        "retention.ms=-1",
+        "retention.bytes=-1",
+        "cleanup.policy=delete",
+    ] {
+        assert!(events.contains(setting), "{events}");
+    }
+    assert_eq!(
+        init.matches(&format!("--partitions {}", ca.kafka.partitions))
+            .count(),
+        2,
+        "{init}"
+    );
+}
+
+#[test]
+fn docker_compose_agrees_with_the_config_format() {
+    let docs = YamlLoader::load_from_str(&read("docker-compose.yml")).expect("valid YAML");
+    let services = &docs[0]["services"];
+    let dockerfile = read("Dockerfile");
+    assert!(dockerfile.contains("ENTRYPOINT [\"sendledger\"]"));
+
+    // The service: its config file with the compose environment is valid for this build.
+    let sl = &services["sendledger"];
+    let config = service_config(sl, &dockerfile);
     assert_eq!(config.kafka.brokers, "kafka:9092");
     assert!(config.storage.data.starts_with("/var/lib/sendledger"));
     let volume = strings(&sl["volumes"]);
