@@ -170,7 +170,7 @@ impl PartitionLog {
         self.producer
             .begin_transaction()
             .map_err(|e| self.error(e))?;
-        if let Err(e) = self.write(batch, group) {
+        if let Err(e) = self.write(batch, group).and_then(|()| self.delivered()) {
             return Err(self.abort(e));
         }
         if let Err(e) = self.producer.commit_transaction(self.timeout) {
@@ -252,6 +252,21 @@ impl PartitionLog {
                 Err((e, _)) => return Err(e),
             }
         }
+    }
+
+    /// Waits until every record written is acknowledged and its delivery report served.
+    /// `commit_transaction` would do it too, but rust-rdkafka's `BaseProducer` flushes by
+    /// polling in steps of 100 ms, each step taken whole: that alone added 100 ms to every
+    /// transaction (measured: p50 103 ms per commit before, against tansu).
+    fn delivered(&self) -> Result<(), KafkaError> {
+        let deadline = Instant::now() + self.timeout;
+        while self.producer.in_flight_count() > 0 {
+            if Instant::now() >= deadline {
+                return Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut));
+            }
+            self.producer.poll(Duration::from_millis(1));
+        }
+        Ok(())
     }
 
     /// Aborts the open transaction after `cause`, and says what became of the writer.
@@ -406,7 +421,9 @@ pub fn read_partition(
     let mut next = from;
     let mut last_progress = Instant::now();
     while next < end {
-        match consumer.poll(Duration::from_millis(100)) {
+        // Short polls: past the last record only a transaction marker may remain, which a poll
+        // never returns; the position then says the partition was read to its end.
+        match consumer.poll(Duration::from_millis(10)) {
             Some(Ok(m)) => {
                 last_progress = Instant::now();
                 next = m.offset() + 1;

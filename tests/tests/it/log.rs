@@ -803,3 +803,166 @@ async fn each_instance_answers_for_the_partitions_it_owns() {
     }
     assert_eq!(sim.stats().posts, 40);
 }
+
+/// The log of a partition holding 100,000 tasks (written to the events topic as an owner would
+/// have: 99,990 confirmed, 10 left sending with their records at the remote) is taken over by
+/// an instance on an empty disk. Once it owns the partition it knows every task: the tasks'
+/// summaries by state, a redelivery of 200 of the requests is a duplicate each (nothing sent),
+/// and the 10 tasks left sending are resumed, reconciled and confirmed by lookup without a
+/// resend. The time from start to owning the partition is printed (`bench cluster` measures
+/// the restore rate).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partition_of_100000_tasks_is_restored_on_an_empty_disk() {
+    use crate::kafka::{identity_key, produce, request_json};
+    use sendledger_core::{Event, EventBody, Evidence, Limits, Phase, Source};
+    use sendledger_tests::engine::{request, settled, task_id, wait_for};
+
+    const TASKS: usize = 100_000;
+    const SENDING: usize = 10;
+    let tansu = tokio::task::block_in_place(start_tansu);
+    let mut config = config_for_process(&format!("127.0.0.1:{}", tansu.port));
+    config.partitions = 1;
+    let kafka = Kafka::connect(config).unwrap();
+    kafka.ensure_topics(1, TIMEOUT, true).await.unwrap();
+    let sim = sendledger_sim::Sim::start(Default::default())
+        .await
+        .unwrap();
+    let key = |i: usize| format!("big-{i}");
+
+    // The log an earlier owner wrote, in transactions of 10,000 events.
+    let requests_topic = kafka.config().requests_topic.clone();
+    let written = std::time::Instant::now();
+    tokio::task::block_in_place(|| {
+        let writer = PartitionLog::open(&kafka, 0, TIMEOUT).unwrap();
+        let mut batch = LogBatch::default();
+        for i in 0..TASKS {
+            let accepted = request(&key(i)).accept(&Limits::default()).unwrap();
+            let (id, payload_hash) = (accepted.task_id(), accepted.payload_hash());
+            let mut bodies = vec![
+                EventBody::TaskAccepted {
+                    request: accepted,
+                    payload_hash,
+                    source: Source {
+                        topic: requests_topic.clone(),
+                        partition: 0,
+                        offset: i as i64,
+                    },
+                },
+                EventBody::SendIntended {
+                    attempt: 1,
+                    idempotency_key: None,
+                },
+            ];
+            if i >= SENDING {
+                bodies.push(EventBody::Confirmed {
+                    remote_id: format!("r-{i}"),
+                    evidence: Evidence::Response { status: 201 },
+                });
+            }
+            for (seq, body) in bodies.into_iter().enumerate() {
+                let event = Event {
+                    lsn: 0,
+                    task_id: id,
+                    task_seq: seq as u32,
+                    at: 1_700_000_000_000 + i as u64,
+                    body,
+                };
+                let record = sendledger_bus::records::event_record(&event);
+                batch.events.push(LogRecord {
+                    key: id.to_string(),
+                    headers: vec![(sendledger_bus::EVENT_ID_HEADER, record.event_id.clone())],
+                    payload: serde_json::to_vec(&record).unwrap(),
+                });
+            }
+            if batch.events.len() >= 10_000 || i == TASKS - 1 {
+                writer.commit(&std::mem::take(&mut batch), None).unwrap();
+            }
+        }
+    });
+    eprintln!(
+        "wrote {} events in {:?}",
+        TASKS * 3 - SENDING,
+        written.elapsed()
+    );
+    // The remote holds the records of the tasks left sending: their attempts got through.
+    for i in 0..SENDING {
+        let body =
+            serde_json::json!({ "request_key": key(i), "reference": task_id(&key(i)).to_string() });
+        let (status, _) = crate::admin::http(
+            &sim.addr().to_string(),
+            "POST",
+            "/records",
+            None,
+            Some(body),
+        )
+        .await;
+        assert_eq!(status, 201);
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let started = std::time::Instant::now();
+    let service = kafka_mode_service(dir.path(), &kafka, &sim).await;
+    let ownership = service.engine().ownership().unwrap().clone();
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    while ownership.partitions() != [0] {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the partition was not taken over"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "restored {TASKS} tasks ({} events): start to partition owned in {:?}",
+        TASKS * 3 - SENDING,
+        started.elapsed()
+    );
+
+    let counts = service.engine().ledger().task_counts().unwrap();
+    let total: u64 = counts.by_phase.values().sum();
+    assert_eq!(total, TASKS as u64, "{counts:?}");
+    for i in 0..SENDING {
+        let state = wait_for(service.engine(), task_id(&key(i)), TIMEOUT, settled).await;
+        assert_eq!(state.phase, Phase::Succeeded, "{}", key(i));
+        let events = service.engine().events(task_id(&key(i))).await.unwrap();
+        assert!(events.iter().any(|e| matches!(
+            e.body,
+            EventBody::Confirmed {
+                evidence: Evidence::Lookup,
+                ..
+            }
+        )));
+    }
+    let sample: Vec<String> = (0..TASKS).step_by(TASKS / 200).map(key).collect();
+    produce(
+        &kafka,
+        sample
+            .iter()
+            .map(|k| (None, identity_key(k), Some(request_json(k))))
+            .collect(),
+    )
+    .await;
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    for k in &sample {
+        loop {
+            let events = service.engine().events(task_id(k)).await.unwrap();
+            if events
+                .iter()
+                .any(|e| matches!(e.body, EventBody::DuplicateDelivery { .. }))
+            {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{k}: the redelivery is not a duplicate"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    assert_eq!(
+        sim.stats().posts,
+        SENDING as u64,
+        "a restored task was sent"
+    );
+    service.shutdown().await.unwrap();
+    sim.shutdown().await;
+}
