@@ -829,8 +829,10 @@ async fn a_partition_of_100000_tasks_is_restored_on_an_empty_disk() {
         .unwrap();
     let key = |i: usize| format!("big-{i}");
 
-    // The log an earlier owner wrote, in transactions of 10,000 events.
-    let requests_topic = kafka.config().requests_topic.clone();
+    // The log an earlier owner wrote, in transactions of 10,000 events. Its requests came from
+    // another topic, so the redeliveries below (on the requests topic, which is empty so far)
+    // are judged by identity alone, not by an offset already processed.
+    let requests_topic = format!("{}.earlier", kafka.config().requests_topic);
     let written = std::time::Instant::now();
     tokio::task::block_in_place(|| {
         let writer = PartitionLog::open(&kafka, 0, TIMEOUT).unwrap();
