@@ -38,6 +38,15 @@ pub enum Error {
     },
     #[error("ledger at {path} has an unreadable format marker; it is not a sendledger ledger or it is damaged")]
     BadFormatMarker { path: PathBuf },
+    /// The ledger was written in the other storage mode. A local-mode ledger is the record of
+    /// its tasks; a kafka-mode ledger is a copy of what the events topic records. Neither can
+    /// stand for the other.
+    #[error("ledger at {path} was written in {written} mode and cannot be opened in {wanted} mode; use another storage.data directory to change modes (README, \"Moving from local mode\")")]
+    OtherMode {
+        path: PathBuf,
+        written: &'static str,
+        wanted: &'static str,
+    },
     #[error(
         "event envelope at lsn {lsn} has format version {version}, which this build does not read"
     )]
@@ -82,6 +91,7 @@ impl Error {
             | Error::InUse { .. }
             | Error::NewerFormat { .. }
             | Error::BadFormatMarker { .. }
+            | Error::OtherMode { .. }
             | Error::UnknownEnvelope { .. }
             | Error::Corrupt { .. }
             | Error::BadValue { .. }

@@ -80,8 +80,12 @@ pub enum Replication {
 /// The cursor holding the checkpoint of requests partition `partition`'s log of record: the
 /// events-topic offset to read from to catch up.
 pub fn log_checkpoint(partition: i32) -> String {
-    format!("log-of-record/{partition}")
+    format!("{LOG_CHECKPOINTS}{partition}")
 }
+
+/// The prefix of every log checkpoint's cursor name.
+// format: do not change
+pub(crate) const LOG_CHECKPOINTS: &str = "log-of-record/";
 
 /// Why a timer was set.
 // format: do not change (stored as one byte)

@@ -25,6 +25,9 @@ pub const ALL_CFS: [&str; 8] = [
 ];
 
 pub const META_FORMAT: &[u8] = b"format";
+/// Which mode writes the ledger: `local` or `kafka` (see [`crate::Ledger::open`]).
+// format: do not change
+pub const META_MODE: &[u8] = b"mode";
 
 pub fn lsn_key(lsn: u64) -> [u8; 8] {
     lsn.to_be_bytes()

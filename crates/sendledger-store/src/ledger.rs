@@ -196,6 +196,45 @@ fn check_format_and_last_lsn(db: &DB, path: &Path) -> Result<u64> {
     }
 }
 
+/// Records the mode of a ledger opened for the first time (`replicated`: kafka mode), and
+/// refuses a ledger written in the other mode. A ledger from before the mode was recorded
+/// holding events is a kafka-mode one when it has a log checkpoint, else a local-mode one.
+fn check_mode(db: &DB, path: &Path, replicated: bool, last_lsn: u64) -> Result<()> {
+    let name = |kafka: bool| if kafka { "kafka" } else { "local" };
+    let meta = db
+        .cf_handle(CF_META)
+        .expect("opened with every column family");
+    let written = match db.get_cf(meta, META_MODE)?.as_deref() {
+        Some(b"kafka") => true,
+        Some(b"local") => false,
+        Some(_) => return Err(Error::BadValue { what: "meta mode" }),
+        None => {
+            let written = if last_lsn == 0 {
+                replicated
+            } else {
+                let cursors = db
+                    .cf_handle(CF_CURSORS)
+                    .expect("opened with every column family");
+                let prefix = journal::LOG_CHECKPOINTS.as_bytes();
+                db.prefix_iterator_cf(cursors, prefix)
+                    .next()
+                    .transpose()?
+                    .is_some_and(|(k, _)| k.starts_with(prefix))
+            };
+            db.put_cf(meta, META_MODE, name(written))?;
+            written
+        }
+    };
+    if written != replicated {
+        return Err(Error::OtherMode {
+            path: path.to_path_buf(),
+            written: name(written),
+            wanted: name(replicated),
+        });
+    }
+    Ok(())
+}
+
 /// An open ledger. Cheap to clone; the journal stops when the last clone is dropped.
 #[derive(Clone)]
 pub struct Ledger {
@@ -278,6 +317,7 @@ impl Ledger {
             db.put_cf(meta, META_FORMAT, [FORMAT_VERSION])?;
         }
         let last = check_format_and_last_lsn(&db, &path)?;
+        check_mode(&db, &path, options.replicated, last)?;
         let db = Arc::new(db);
         let last_lsn = Arc::new(AtomicU64::new(last));
         let stats = Arc::new(JournalStats::default());
@@ -741,6 +781,81 @@ mod tests {
                 .contains("run a sendledger version that supports it"),
             "{err}"
         );
+    }
+
+    /// A ledger keeps the mode it was first opened in: local mode refuses a kafka-mode copy
+    /// and kafka mode a local-mode record, naming both. A ledger from before the mode was
+    /// recorded counts as kafka mode when it holds a log checkpoint.
+    #[test]
+    fn a_ledger_refuses_the_other_mode() {
+        let kafka = LedgerOptions {
+            replicated: true,
+            ..LedgerOptions::default()
+        };
+        let (local_dir, kafka_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        drop(Ledger::open(local_dir.path(), LedgerOptions::default()).unwrap());
+        let err = Ledger::open(local_dir.path(), kafka.clone()).err().unwrap();
+        assert!(
+            err.to_string()
+                .contains("written in local mode and cannot be opened in kafka mode"),
+            "{err}"
+        );
+        drop(Ledger::open(kafka_dir.path(), kafka.clone()).unwrap());
+        let err = Ledger::open(kafka_dir.path(), LedgerOptions::default())
+            .err()
+            .unwrap();
+        assert!(
+            matches!(
+                err,
+                Error::OtherMode {
+                    written: "kafka",
+                    wanted: "local",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(!err.is_transient());
+
+        // Before the marker: events and a checkpoint.
+        let old = tempfile::tempdir().unwrap();
+        {
+            let db = DB::open_cf(
+                &{
+                    let mut o = Options::default();
+                    o.create_if_missing(true);
+                    o.create_missing_column_families(true);
+                    o
+                },
+                old.path(),
+                ALL_CFS,
+            )
+            .unwrap();
+            db.put_cf(
+                db.cf_handle(CF_META).unwrap(),
+                META_FORMAT,
+                [FORMAT_VERSION],
+            )
+            .unwrap();
+            db.put_cf(db.cf_handle(CF_LOG).unwrap(), lsn_key(1), b"x")
+                .unwrap();
+            db.put_cf(
+                db.cf_handle(CF_CURSORS).unwrap(),
+                journal::log_checkpoint(3).as_bytes(),
+                7u64.to_be_bytes(),
+            )
+            .unwrap();
+        }
+        assert!(matches!(
+            Ledger::open(old.path(), LedgerOptions::default())
+                .err()
+                .unwrap(),
+            Error::OtherMode {
+                written: "kafka",
+                ..
+            }
+        ));
+        drop(Ledger::open(old.path(), kafka).unwrap());
     }
 
     #[test]

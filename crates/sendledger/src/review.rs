@@ -172,6 +172,11 @@ fn open(dir: &PathBuf) -> anyhow::Result<Ledger> {
             "the ledger at {} is in use by a running service; use --admin URL",
             dir.display()
         ),
+        // Its record is the events topic: a resolution written only here would be lost.
+        Err(sendledger_store::Error::OtherMode { .. }) => anyhow::bail!(
+            "the ledger at {} is a kafka-mode copy; resolve through the admin endpoint of the instance that owns the task's partition (--admin URL)",
+            dir.display()
+        ),
         Err(e) => Err(e).with_context(|| format!("opening the ledger at {}", dir.display())),
     }
 }
