@@ -235,12 +235,16 @@ impl KafkaOwner {
         let restored = metrics::counter!("sendledger_restored_events_total", "partition" => label);
         restoring.set(1.0);
         let started = std::time::Instant::now();
+        // Time spent applying (the rest is reading and decoding the log), for the log line.
+        let applying = std::cell::Cell::new(Duration::ZERO);
         let apply = |step: &mut Vec<sendledger_core::Event>, next: i64| -> Result<usize, String> {
             let events = std::mem::take(step);
+            let at = std::time::Instant::now();
             let n = self
                 .runtime
                 .block_on(self.engine.restore(partition, events, next))
                 .map_err(|e| Chain(&e).to_string())?;
+            applying.set(applying.get() + at.elapsed());
             restored.increment(n as u64);
             Ok(n)
         };
@@ -261,6 +265,7 @@ impl KafkaOwner {
         restoring.set(0.0);
         metrics::histogram!("sendledger_partition_restore_seconds")
             .record(started.elapsed().as_secs_f64());
+        tracing::debug!(partition, took = ?started.elapsed(), applying = ?applying.get(), "partition log read and applied");
         Ok(applied + last?)
     }
 }
