@@ -1042,6 +1042,9 @@ impl<S: RequestSink> Worker<S> {
         if let Work::Submit(request) = &mut work {
             keep_trace_context(request, msg.headers(), partition, offset);
         }
+        if self.owner.is_some() {
+            work = keyed_by_identity(work, msg.key());
+        }
         let job = Job {
             sink: self.sink.clone(),
             stop: self.stop.clone(),
@@ -1286,6 +1289,26 @@ impl<S: RequestSink> Worker<S> {
     }
 }
 
+/// Kafka mode: a request must be keyed by its identity (`tenant/operation/request_key`, as
+/// `sendledger produce` keys it). Its partition decides which instance owns its task, so a
+/// delivery under another key may land on a partition another instance owns, which has never
+/// heard of the task and would send it again: such a message is rejected unprocessed.
+fn keyed_by_identity(work: Work, key: Option<&[u8]>) -> Work {
+    let Work::Submit(request) = &work else {
+        return work;
+    };
+    let identity = crate::produce::request_key(request);
+    if key == Some(identity.as_bytes()) {
+        return work;
+    }
+    let key = key.map_or("none".to_string(), |k| {
+        format!("{:?}", String::from_utf8_lossy(k))
+    });
+    Work::Reject(format!(
+        "in kafka mode a request must be keyed by its identity {identity:?} (the key is {key}): under another key its deliveries may reach an instance that does not know the task; produce it again with that key"
+    ))
+}
+
 /// Keeps a message's `traceparent` header (the last one, if repeated) with its request. An
 /// invalid one is ignored: the request is processed as if it had none.
 fn keep_trace_context(
@@ -1455,6 +1478,33 @@ fn partitions_of(tpl: &TopicPartitionList, topic: &str) -> Vec<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Kafka mode takes a request only under its identity's key: another key, or none, is a
+    /// rejection that names the key to use; an invalid message stays rejected for its reason.
+    #[test]
+    fn kafka_mode_takes_a_request_only_under_its_identity_key() {
+        let json = br#"{"tenant":"acme","operation":"pay","request_key":"k/1","target":"sim","payload":{}}"#;
+        let submit = || Work::Submit(Box::new(TaskRequest::from_json(json).unwrap()));
+        assert!(matches!(
+            keyed_by_identity(submit(), Some(b"acme/pay/k%2F1")),
+            Work::Submit(_)
+        ));
+        for key in [Some(&b"acme/pay/k/1"[..]), Some(b"k1"), None] {
+            let Work::Reject(reason) = keyed_by_identity(submit(), key) else {
+                panic!("{key:?} was taken");
+            };
+            assert!(
+                reason.starts_with(
+                    "in kafka mode a request must be keyed by its identity \"acme/pay/k%2F1\""
+                ),
+                "{reason}"
+            );
+        }
+        let Work::Reject(reason) = keyed_by_identity(Work::Reject("bad json".into()), None) else {
+            panic!()
+        };
+        assert_eq!(reason, "bad json");
+    }
 
     fn load(messages: usize, bytes: usize) -> Load {
         Load { messages, bytes }
