@@ -432,6 +432,15 @@ impl Engine {
             .await?)
     }
 
+    /// The lookup URL of a task's request, as its reconciliation asks it (see
+    /// [`Remote::lookup_url`]).
+    pub fn lookup_url(
+        &self,
+        request: &AcceptedRequest,
+    ) -> Option<std::result::Result<String, String>> {
+        self.inner.remote.lookup_url(request)
+    }
+
     /// A task's current state (the fold of its events).
     pub async fn state(&self, task_id: TaskId) -> Result<State> {
         Ok(sendledger_core::fold(&self.events(task_id).await?))

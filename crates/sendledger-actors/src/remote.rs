@@ -59,6 +59,12 @@ pub trait Remote: Send + Sync + 'static {
         sending: Sending,
     ) -> BoxFuture<AttemptOutcome>;
 
+    /// What a lookup of the request asks, for people to see (the review console): the
+    /// rendered lookup URL, or why it cannot be built. `None`: no lookup configured.
+    fn lookup_url(&self, _request: &AcceptedRequest) -> Option<Result<String, String>> {
+        None
+    }
+
     /// Asks the remote which records match the request, created no earlier than `since`.
     /// `Err` means the lookup itself failed: no evidence either way.
     fn lookup(

@@ -321,6 +321,21 @@ impl Target {
         outcome
     }
 
+    /// The URL a lookup of this task asks (the target's lookup template rendered for it), or
+    /// why it cannot be built; `None` without a lookup. Nothing is sent.
+    pub fn lookup_url(
+        &self,
+        request: &AcceptedRequest,
+    ) -> Option<std::result::Result<String, String>> {
+        let lookup = self.lookup.as_ref()?;
+        let url = lookup
+            .url
+            .render_url(request, &request.payload_value())
+            .map(|url| self.scrub(url.to_string()))
+            .map_err(|reason| self.scrub(reason));
+        Some(url)
+    }
+
     /// Asks the remote which records match the task: the configured query, then the filters.
     /// `intent_at_ms` (milliseconds since the Unix epoch) is the time of the task's first
     /// intent, for the `created_after_intent` filter. Returns the matching remote ids, each

@@ -49,6 +49,7 @@
         el("dt", {}, "Target"), el("dd", { id: "task-target" }, request.target || "-"),
         el("dt", {}, "Attempts"), el("dd", {}, String(task.attempts)),
         el("dt", {}, "Remote id"), el("dd", { id: "task-remote-id" }, task.remote_id || "none"),
+        el("dt", {}, "Lookup URL"), el("dd", { id: "task-lookup-url", class: "mono" }, task.lookup_url || "no lookup configured"),
         task.state === "manual_review" && review ? [el("dt", {}, "Review reason"), el("dd", { id: "task-reason" }, review.detail)] : null),
       task.state === "manual_review" ? resolveForm(task, health) : el("p", { class: "hint", id: "not-in-review" },
         "This task is " + task.state + ": only tasks in manual review can be resolved."),

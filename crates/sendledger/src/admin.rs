@@ -6,7 +6,7 @@
 //! |---|---|
 //! | `GET /metrics` | Prometheus text: every `sendledger_*` metric of the process, plus gauges computed from the ledger (see [`Admin`]) |
 //! | `GET /healthz` | `{"ok": true, "last_lsn", "live_tasks", "waiting", "durability", "token_configured"}` (and a `warning` with `buffered` durability); 503 when the engine has stopped |
-//! | `GET /tasks/{id}?after=SEQ&limit=N` | a task's state and one page of its timeline: the shape of `sendledger inspect --json` with the events after sequence number `after` (default: from the first), at most `limit` (default 500, at most 5000), and `more` and `next_after` to read on (task id, or `tenant/operation/request_key` URL-encoded); with the task's `request` and `remote_ids_seen` |
+//! | `GET /tasks/{id}?after=SEQ&limit=N` | a task's state and one page of its timeline: the shape of `sendledger inspect --json` with the events after sequence number `after` (default: from the first), at most `limit` (default 500, at most 5000), and `more` and `next_after` to read on (task id, or `tenant/operation/request_key` URL-encoded); with the task's `request`, `remote_ids_seen` and `lookup_url` (the URL its lookups ask; null without a lookup) |
 //! | `GET /reviews` | the tasks in manual review, with reason and evidence (computed at most once per second, however many read it) |
 //! | `GET /console`, `/console/task/{id}`, `/console/dashboard`, `/console/assets/{name}` | the review console (see [`crate::console`]): HTML pages that call the routes here; a task page answers 404 for a task not in the ledger |
 //! | `POST /reviews/{id}` | resolve a review: `{"as": "succeeded", "remote_id", "by", "reason"}`, `{"as": "failed", "by", "reason"}` or `{"resend": true, "by", "reason"}` |
@@ -809,6 +809,15 @@ async fn task(shared: &Shared, segment: &str, query: Option<&str>) -> Answer {
         }
     }
     body["remote_ids_seen"] = remote_ids_seen(&events);
+    body["lookup_url"] = match state
+        .request
+        .as_ref()
+        .and_then(|r| shared.engine.lookup_url(r))
+    {
+        Some(Ok(url)) => json!(url),
+        Some(Err(why)) => json!(format!("cannot be built: {why}")),
+        None => Value::Null,
+    };
     body["more"] = json!(more);
     body["next_after"] = json!(page.last().filter(|_| more).map(|e| e.task_seq));
     Ok(json_response(StatusCode::OK, &body))

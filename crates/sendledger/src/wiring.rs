@@ -69,6 +69,10 @@ impl Remote for HttpRemote {
         })
     }
 
+    fn lookup_url(&self, request: &AcceptedRequest) -> Option<Result<String, String>> {
+        self.targets.get(&request.target)?.lookup_url(request)
+    }
+
     fn lookup(
         &self,
         request: &AcceptedRequest,

@@ -425,6 +425,10 @@ async fn admin_endpoint_metrics_and_review_round_trips() {
     assert_eq!(ok1["attempts"], 1);
     let record = &sim.records_with_identity("ok-1")[0];
     assert_eq!(ok1["remote_id"], record.id.as_str());
+    assert_eq!(
+        ok1["lookup_url"],
+        format!("{}/records?reference={}", sim.base_url(), task_id("ok-1"))
+    );
     let names: Vec<&str> = ok1["events"]
         .as_array()
         .unwrap()

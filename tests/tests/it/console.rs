@@ -185,6 +185,14 @@ async fn console_resolves_reviews_and_the_ledger_records_the_operator() {
             payload.as_str().unwrap().contains("\"amount\": 1250"),
             "{payload}"
         );
+        let lookup = browser.text("#task-lookup-url");
+        assert!(
+            lookup
+                .as_str()
+                .unwrap()
+                .ends_with(&format!("/records?reference={}", task_id("cs-1"))),
+            "{lookup}"
+        );
         let timeline = browser
             .eval("[...document.querySelectorAll('#timeline tbody tr')].map(r => r.dataset.event)");
         assert!(
