@@ -285,8 +285,18 @@ pub(crate) struct Service {
 impl Service {
     /// Starts the child; with `brokers` it also consumes requests and publishes results.
     pub(crate) fn start(dir: &std::path::Path, target: &str, brokers: Option<&str>) -> Service {
+        Service::start_with_token(dir, target, brokers, TOKEN)
+    }
+
+    /// As [`Service::start`], with the admin token `token` (`""`: none configured).
+    pub(crate) fn start_with_token(
+        dir: &std::path::Path,
+        target: &str,
+        brokers: Option<&str>,
+        token: &str,
+    ) -> Service {
         let mut child = Command::new(env!("CARGO_BIN_EXE_admin_child"))
-            .args([dir.to_str().unwrap(), target, TOKEN])
+            .args([dir.to_str().unwrap(), target, token])
             .args(brokers)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -32,6 +32,15 @@ impl Setup {
     /// Requests `keys` (with the payload `payload_of(key)`) through Kafka while the remote
     /// answers 500, and waits until each is in manual review; then the remote answers again.
     async fn with_reviews(keys: &[&str], payload_of: impl Fn(&str) -> Value) -> Setup {
+        Setup::with_reviews_and_token(keys, payload_of, TOKEN).await
+    }
+
+    /// As [`Setup::with_reviews`], with the admin token `token` (`""`: none configured).
+    async fn with_reviews_and_token(
+        keys: &[&str],
+        payload_of: impl Fn(&str) -> Value,
+        token: &str,
+    ) -> Setup {
         let kafka = tokio::task::block_in_place(|| {
             Kafka::connect(KafkaConfig {
                 brokers: "embedded".into(),
@@ -47,7 +56,12 @@ impl Setup {
         }))
         .unwrap();
         let service = tokio::task::block_in_place(|| {
-            Service::start(dir.path(), &target_json, Some(kafka.bootstrap_servers()))
+            Service::start_with_token(
+                dir.path(),
+                &target_json,
+                Some(kafka.bootstrap_servers()),
+                token,
+            )
         });
         sim.set_faults(Faults {
             error: 1.0,
@@ -306,6 +320,90 @@ async fn console_resolves_reviews_and_the_ledger_records_the_operator() {
         browser.wait_for("document.querySelectorAll('#chart-lag text.value').length >= 1");
     });
     assert_eq!(setup.sim.records().len(), 0, "nothing was sent again");
+    drop(browser);
+    setup.stop();
+}
+
+/// Authorizing a resend from the task page records it with the operator's name; the task
+/// sends one new attempt, which the remote (answering again) takes: one record, succeeded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_authorizes_one_resend_and_the_task_sends_it() {
+    let setup = Setup::with_reviews(&["rs-1"], |_| json!({ "amount": 5 })).await;
+    let addr = setup.service.addr.clone();
+    let mut browser = tokio::task::block_in_place(Browser::launch);
+    tokio::task::block_in_place(|| {
+        browser.goto(&setup.url(&format!("/console/task/{}", task_ref("rs-1"))));
+        resolve_in_page(&mut browser, "resend", "", "Ada Operator", TOKEN);
+        let result = browser.wait_for("document.querySelector('#result[data-status]') && document.querySelector('#result').textContent");
+        assert!(
+            result.as_str().unwrap().starts_with("Recorded:"),
+            "{result}"
+        );
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let recorded = loop {
+        let (state, recorded) = events(&addr, "rs-1").await;
+        if state == "succeeded" {
+            break recorded;
+        }
+        assert!(std::time::Instant::now() < deadline, "still {state}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let authorized = recorded
+        .iter()
+        .find(|e| e["event"] == "ResendAuthorized")
+        .expect("the resend is recorded");
+    assert!(
+        authorized.to_string().contains("Ada Operator"),
+        "{authorized}"
+    );
+    let intents = recorded
+        .iter()
+        .filter(|e| e["event"] == "SendIntended")
+        .count();
+    assert!(intents >= 2, "{recorded:?}");
+    assert_eq!(setup.sim.records_with_identity("rs-1").len(), 1);
+    tokio::task::block_in_place(|| {
+        browser.goto(&setup.url(&format!("/console/task/{}", task_ref("rs-1"))));
+        browser.wait_for("document.querySelector('#task-state').textContent === 'succeeded'");
+    });
+    drop(browser);
+    setup.stop();
+}
+
+/// With no admin token configured the console is read-only and says why: a task in review
+/// shows no form, and a resolution sent anyway is refused (403) with nothing recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_without_a_token_is_read_only_and_says_why() {
+    let setup = Setup::with_reviews_and_token(&["ro-1"], |_| json!({ "amount": 5 }), "").await;
+    let addr = setup.service.addr.clone();
+    let mut browser = tokio::task::block_in_place(Browser::launch);
+    tokio::task::block_in_place(|| {
+        browser.goto(&setup.url(&format!("/console/task/{}", task_ref("ro-1"))));
+        let text = browser.wait_for("document.querySelector('#read-only') && document.querySelector('#read-only').textContent");
+        assert!(
+            text.as_str().unwrap().contains("no admin.token configured"),
+            "{text}"
+        );
+        assert_eq!(
+            browser.eval("document.querySelector('#resolve-form')"),
+            Value::Null
+        );
+    });
+    let (_, before) = events(&addr, "ro-1").await;
+    let (status, _) = resolve(
+        &addr,
+        &task_ref("ro-1"),
+        Some("anything"),
+        json!({ "as": "failed", "by": "Mallory", "reason": "no token here" }),
+    )
+    .await;
+    assert_eq!(status, 403);
+    let (state, after) = events(&addr, "ro-1").await;
+    assert_eq!(
+        (state.as_str(), after.len()),
+        ("manual_review", before.len())
+    );
     drop(browser);
     setup.stop();
 }
