@@ -254,7 +254,16 @@ impl TaskRequest {
                 max: limits.max_payload_bytes,
             });
         }
-        let metadata_len: usize = self.metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
+        // A valid trace context does not count: the ingest may add one from a message header
+        // (at most 66 bytes), and a request must not become too large by being traced.
+        let metadata_len: usize = self
+            .metadata
+            .iter()
+            .filter(|(k, v)| {
+                k.as_str() != crate::trace::TRACEPARENT || crate::TraceParent::parse(v).is_none()
+            })
+            .map(|(k, v)| k.len() + v.len())
+            .sum();
         if metadata_len > limits.max_metadata_bytes {
             return Err(Error::TooLong {
                 field: "metadata",
@@ -642,6 +651,33 @@ mod tests {
             "{err}"
         );
         assert!(err.to_string().contains("limit of 65536"));
+    }
+
+    /// Metadata right at its limit stays acceptable once a valid trace context is added (as
+    /// the ingest does from a message header); an invalid one counts like any entry.
+    #[test]
+    fn a_trace_context_does_not_count_against_the_metadata_limit() {
+        let limits = Limits {
+            max_metadata_bytes: 10,
+            ..Limits::default()
+        };
+        let mut r = req("{}");
+        r.metadata.insert("k".into(), "123456789".into());
+        assert!(r.accept(&limits).is_ok());
+        r.set_traceparent(
+            crate::TraceParent::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+                .unwrap(),
+        );
+        assert!(r.accept(&limits).is_ok());
+        r.metadata
+            .insert(crate::trace::TRACEPARENT.into(), "not a trace".into());
+        assert!(matches!(
+            r.accept(&limits),
+            Err(Error::TooLong {
+                field: "metadata",
+                ..
+            })
+        ));
     }
 
     #[test]
