@@ -67,10 +67,12 @@ impl Reconciler {
                 matches = tracing::field::Empty,
                 outcome = tracing::field::Empty,
             );
-            sendledger_telemetry::join(&span, job.request.traceparent());
+            let trace = job.request.traceparent();
+            sendledger_telemetry::join(&span, trace);
+            let passed_on = sendledger_telemetry::pass_on(&span, trace);
             let lookup = self
                 .remote
-                .lookup(&job.request, job.since)
+                .lookup(&job.request, job.since, passed_on)
                 .instrument(span.clone());
             let (task_id, attempt) = (job.task_id, job.attempt);
             ctx.spawn(lookup.into_actor(self).map(move |result, act, ctx| {

@@ -4,7 +4,7 @@
 
 use sendledger_core::decide::{AttemptOutcome, Sending};
 use sendledger_core::event::Millis;
-use sendledger_core::{AcceptedRequest, BoxFuture, Policy};
+use sendledger_core::{AcceptedRequest, BoxFuture, Policy, TraceParent};
 
 /// Why a lookup told nothing: no evidence either way. Its message is what the task records
 /// about it (`ReviewReason::LookupsFailed { last_error }` when the window closes on it), so it
@@ -66,10 +66,12 @@ pub trait Remote: Send + Sync + 'static {
     }
 
     /// Asks the remote which records match the request, created no earlier than `since`.
-    /// `Err` means the lookup itself failed: no evidence either way.
+    /// `Err` means the lookup itself failed: no evidence either way. `trace` is the context a
+    /// remote that takes one receives, as for attempts.
     fn lookup(
         &self,
         request: &AcceptedRequest,
         since: Millis,
+        trace: Option<TraceParent>,
     ) -> BoxFuture<Result<Vec<String>, LookupError>>;
 }

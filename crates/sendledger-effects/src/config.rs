@@ -70,8 +70,8 @@ pub struct TargetConfig {
     /// Without it, the remote's certificate must chain to a public root (webpki roots).
     #[serde(default)]
     pub tls: Option<TlsConfig>,
-    /// Send a W3C `traceparent` header with each attempt of a task that has a trace context
-    /// (naming the attempt's span when traces are exported, else the request's own context),
+    /// Send a W3C `traceparent` header with each attempt and lookup of a task that has a
+    /// trace context (naming their span when traces are exported, else the request's own context),
     /// so that the remote's spans join the task's trace. Off by default: it tells the remote
     /// which trace a request belongs to.
     #[serde(default)]

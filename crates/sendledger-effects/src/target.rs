@@ -345,6 +345,17 @@ impl Target {
         request: &AcceptedRequest,
         intent_at_ms: Option<u64>,
     ) -> Result<Vec<String>> {
+        self.lookup_traced(request, intent_at_ms, None).await
+    }
+
+    /// [`Target::lookup`], sending `trace` as the `traceparent` header when the target has
+    /// `propagate_trace` set (never otherwise), as attempts do.
+    pub async fn lookup_traced(
+        &self,
+        request: &AcceptedRequest,
+        intent_at_ms: Option<u64>,
+        trace: Option<TraceParent>,
+    ) -> Result<Vec<String>> {
         let Some(lookup) = &self.lookup else {
             return Err(Error::config(
                 format!("targets.{}.lookup", self.name),
@@ -363,6 +374,7 @@ impl Target {
         let mut req = self.request(Method::GET, &url, &lookup.endpoint, Bytes::new())?;
         req.headers_mut()
             .insert(header::ACCEPT, HeaderValue::from_static("application/json"));
+        self.propagate(&mut req, trace);
         let answer = self
             .pool
             .exchange(&lookup.endpoint, req, None)
@@ -454,6 +466,12 @@ impl Target {
                 .map_err(|_| "the idempotency key is not a valid header value".to_string())?;
             req.headers_mut().insert(header_name.clone(), value);
         }
+        self.propagate(&mut req, trace);
+        Ok(req)
+    }
+
+    /// Sets `traceparent` on a request when the target propagates trace contexts.
+    fn propagate(&self, req: &mut Request<Full<Bytes>>, trace: Option<TraceParent>) {
         if let (true, Some(trace)) = (self.propagate_trace, trace) {
             // A traceparent is ASCII (hex and dashes): always a valid header value.
             if let Ok(value) = HeaderValue::from_str(&trace.to_string()) {
@@ -461,7 +479,6 @@ impl Target {
                     .insert(HeaderName::from_static(TRACEPARENT), value);
             }
         }
-        Ok(req)
     }
 
     /// A request to a rendered URL, with the configured headers.

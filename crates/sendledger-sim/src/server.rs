@@ -116,7 +116,13 @@ struct Shared {
     workers: Option<tokio::sync::Semaphore>,
     /// Set when the remote speaks https.
     tls: Option<TlsAcceptor>,
+    /// The `traceparent` headers of the latest lookups that had one (at most
+    /// [`LOOKUP_TRACES_KEPT`]).
+    lookup_traces: Mutex<std::collections::VecDeque<String>>,
 }
+
+/// Lookup trace contexts kept for [`Sim::lookup_traceparents`].
+const LOOKUP_TRACES_KEPT: usize = 1000;
 
 /// A running simulated remote. Dropping it stops it; [`Sim::shutdown`] also waits for the
 /// accept loop to end.
@@ -218,6 +224,7 @@ impl Sim {
             shutdown,
             workers,
             tls,
+            lookup_traces: Mutex::default(),
         });
         let accept = tokio::spawn(accept_loop(listener, shared.clone()));
         debug!(%addr, "simulated remote listening");
@@ -269,6 +276,17 @@ impl Sim {
     /// Every record, in creation order.
     pub fn records(&self) -> Vec<Record> {
         self.shared.lock_store().records.clone()
+    }
+
+    /// The `traceparent` headers of the latest lookups that carried one (as received,
+    /// unchecked; the last 1000), oldest first.
+    pub fn lookup_traceparents(&self) -> Vec<String> {
+        let traces = self
+            .shared
+            .lookup_traces
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        traces.iter().cloned().collect()
     }
 
     /// The records whose identity field has this value.
@@ -434,6 +452,20 @@ async fn handle(shared: Arc<Shared>, kill: Arc<Notify>, req: Request<Incoming>) 
             Ending::Hang => std::future::pending().await,
         }
     } else if req.method() == Method::GET && path == config.lookup_path {
+        if let Some(trace) = req
+            .headers()
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+        {
+            let mut traces = shared
+                .lookup_traces
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if traces.len() == LOOKUP_TRACES_KEPT {
+                traces.pop_front();
+            }
+            traces.push_back(trace.to_string());
+        }
         lookup(&shared, req.uri().query().unwrap_or("")).await
     } else if req.method() == Method::GET && path == config.stats_path {
         match serde_json::to_value(shared.stats()) {

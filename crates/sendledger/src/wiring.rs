@@ -18,7 +18,7 @@ use sendledger_bus::{Kafka, LogReplicator, PartitionLog, PartitionOwner, Request
 use sendledger_core::decide::{AttemptOutcome, Sending};
 use sendledger_core::error::Chain;
 use sendledger_core::event::{Millis, NotSentCause};
-use sendledger_core::{AcceptedRequest, BoxFuture, Policy, Source, TaskRequest};
+use sendledger_core::{AcceptedRequest, BoxFuture, Policy, Source, TaskRequest, TraceParent};
 use sendledger_effects::Targets;
 use sendledger_store::{Append, Processed};
 
@@ -77,6 +77,7 @@ impl Remote for HttpRemote {
         &self,
         request: &AcceptedRequest,
         since: Millis,
+        trace: Option<TraceParent>,
     ) -> BoxFuture<Result<Vec<String>, LookupError>> {
         let Some(target) = self.targets.get(&request.target).cloned() else {
             let err = format!("target `{}` is not configured", request.target);
@@ -85,7 +86,7 @@ impl Remote for HttpRemote {
         let request = request.clone();
         Box::pin(async move {
             target
-                .lookup(&request, Some(since))
+                .lookup_traced(&request, Some(since), trace)
                 .await
                 .map_err(|e| LookupError::new(e.to_string(), e.is_transient()))
         })

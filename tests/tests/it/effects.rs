@@ -617,6 +617,29 @@ async fn a_sim_shutdown_ends_a_hanging_attempt_as_unknown() {
 
 // ---- Lookups ----
 
+/// A lookup carries the trace context as `traceparent` when its target propagates trace
+/// contexts (`propagate_trace = true`), as attempts do, and never otherwise.
+#[tokio::test]
+async fn lookups_send_traceparent_only_when_the_target_propagates() {
+    let sim = start_sim(Faults::default()).await;
+    let trace = sendledger_core::TraceParent::parse(
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    )
+    .unwrap();
+    let req = request("ord-t", json!({}));
+    target(&sim, "")
+        .lookup_traced(&req, None, Some(trace))
+        .await
+        .unwrap();
+    assert!(sim.lookup_traceparents().is_empty());
+    target(&sim, "propagate_trace = true")
+        .lookup_traced(&req, None, Some(trace))
+        .await
+        .unwrap();
+    assert_eq!(sim.lookup_traceparents(), [trace.to_string()]);
+    assert_eq!(sim.stats().lookups, 2);
+}
+
 #[tokio::test]
 async fn lookup_finds_zero_one_and_several_matches() {
     let sim = start_sim(Faults::default()).await;
