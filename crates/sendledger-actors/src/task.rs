@@ -220,6 +220,11 @@ impl TaskActor {
     }
 
     fn decide_and_append(&mut self, input: TaskInput) -> ResponseActFuture<Self, Result<Reply>> {
+        if let TaskInput::Lookup { .. } = input {
+            // The lookup is over, whatever becomes of its answer (refused below when the
+            // partition is no longer owned here): the next wake may look up again.
+            self.lookup_in_flight = false;
+        }
         if let Some(Err(e)) = &self.loaded {
             let err = Error::Load {
                 task_id: self.task_id,
@@ -246,7 +251,6 @@ impl TaskActor {
                 Input::Wake
             }
             TaskInput::Lookup { attempt, result } => {
-                self.lookup_in_flight = false;
                 // The core records the failure's message as it is.
                 let result = result.map_err(|e| e.to_string());
                 Input::Lookup { attempt, result }

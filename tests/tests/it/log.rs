@@ -966,5 +966,69 @@ async fn a_partition_of_100000_tasks_is_restored_on_an_empty_disk() {
         "a restored task was sent"
     );
     service.shutdown().await.unwrap();
+
+/// A lookup whose answer arrives while its task's partition is revoked is over all the same:
+/// when the partition is assigned back, the task looks the record up again and settles (it
+/// used to wait forever for that answer, which had been refused, and never looked up again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lookup_answered_while_the_partition_was_revoked_is_made_again_after_it_returns() {
+    use sendledger_bus::LogReplicator;
+    use sendledger_core::{Phase, Source};
+    use sendledger_sim::{Faults, Sim, SimConfig};
+    use sendledger_tests::engine::{request, settled, task_id, wait_for};
+    use std::sync::Arc;
+
+    let tansu = start_tansu();
+    let kafka = Kafka::connect(config_for_process(&format!("127.0.0.1:{}", tansu.port))).unwrap();
+    kafka.ensure_topics(1, TIMEOUT, true).await.unwrap();
+    // Every create is committed and its response dropped; every request and lookup takes
+    // 300 ms, and a record is visible to lookups a second after its creation.
+    let sim = Sim::start(SimConfig {
+        faults: Faults {
+            commit_then_drop: 1.0,
+            latency: Duration::from_millis(300),
+            ..Faults::default()
+        },
+        lookup_lag: Duration::from_secs(1),
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let replicator = Arc::new(LogReplicator::new("sendledger"));
+    let engine = replicated_engine(dir.path(), &sim, replicator.clone());
+    let take = |replicator: &LogReplicator| {
+        let log = tokio::task::block_in_place(|| PartitionLog::open(&kafka, 1, TIMEOUT)).unwrap();
+        replicator.own(log);
+    };
+    take(&replicator);
+    engine.assign_partition(1).await.unwrap();
+    let source = Source {
+        topic: kafka.config().requests_topic.clone(),
+        partition: 1,
+        offset: 0,
+    };
+    engine.submit(request("revoked-1"), source).await.unwrap();
+
+    // Revoked while the first lookup is out: its answer is refused.
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while sim.stats().lookups == 0 {
+        assert!(std::time::Instant::now() < deadline, "no lookup was made");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    engine.revoke_partition(1);
+    replicator.release(1);
+    // Time for the answer to come back and be refused.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let lookups = sim.stats().lookups;
+
+    // Assigned back (nothing to restore: no other instance wrote to the partition).
+    take(&replicator);
+    engine.assign_partition(1).await.unwrap();
+    let state = wait_for(&engine, task_id("revoked-1"), TIMEOUT, settled).await;
+    assert_eq!(state.phase, Phase::Succeeded);
+    assert!(sim.stats().lookups > lookups, "{:?}", sim.stats());
+    assert_eq!(sim.records_with_identity("revoked-1").len(), 1);
+    engine.shutdown(Duration::from_secs(5)).await;
     sim.shutdown().await;
 }
