@@ -966,6 +966,8 @@ async fn a_partition_of_100000_tasks_is_restored_on_an_empty_disk() {
         "a restored task was sent"
     );
     service.shutdown().await.unwrap();
+    sim.shutdown().await;
+}
 
 /// A lookup whose answer arrives while its task's partition is revoked is over all the same:
 /// when the partition is assigned back, the task looks the record up again and settles (it
