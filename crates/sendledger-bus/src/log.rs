@@ -174,7 +174,7 @@ impl PartitionLog {
             return Err(self.abort(e));
         }
         if let Err(e) = self.producer.commit_transaction(self.timeout) {
-            return Err(self.abort(e));
+            return Err(self.commit_error(e));
         }
         let delivered = self.producer.context().take();
         if let Some(detail) = delivered.failure {
@@ -267,6 +267,26 @@ impl PartitionLog {
             self.producer.poll(Duration::from_millis(1));
         }
         Ok(())
+    }
+
+    /// What a failed commit leaves. A commit that timed out (a retriable error) is still in
+    /// progress and may yet complete: its outcome is unknown, so the batch must not be written
+    /// again, and librdkafka refuses to abort it (and to begin another transaction) while it
+    /// lasts. The writer is done; whoever opens the log next completes or aborts the
+    /// transaction and reads what it committed. (A fenced writer whose transaction was open
+    /// gets this from brokers that never answer its commit, such as the test broker.)
+    fn commit_error(&self, cause: KafkaError) -> LogError {
+        match &cause {
+            KafkaError::Transaction(t)
+                if t.is_retriable() && !t.txn_requires_abort() && !is_fencing(t.code()) =>
+            {
+                LogError::Failed {
+                    partition: self.partition,
+                    detail: format!("the commit's outcome is unknown: {t}"),
+                }
+            }
+            _ => self.abort(cause),
+        }
     }
 
     /// Aborts the open transaction after `cause`, and says what became of the writer.
