@@ -143,9 +143,9 @@ pub(crate) fn request_json(key: &str) -> Vec<u8> {
 /// One record read back from a topic.
 #[derive(Debug, Clone)]
 pub(crate) struct Rec {
-    key: String,
-    event_id: String,
-    value: serde_json::Value,
+    pub(crate) key: String,
+    pub(crate) event_id: String,
+    pub(crate) value: serde_json::Value,
 }
 
 /// Reads every partition of `topic` from the start until `done` holds for what was read.
@@ -195,7 +195,7 @@ async fn read_until(
 
 /// Results deduplicated by event id, in first-seen order; checks that a re-delivered id carries
 /// the same record.
-fn dedupe(records: &[Rec]) -> Vec<TaskResult> {
+pub(crate) fn dedupe(records: &[Rec]) -> Vec<TaskResult> {
     let mut seen: HashMap<&str, &serde_json::Value> = HashMap::new();
     let mut out = Vec::new();
     for r in records {
@@ -213,7 +213,7 @@ fn dedupe(records: &[Rec]) -> Vec<TaskResult> {
     out
 }
 
-fn terminal_by_task(results: &[TaskResult]) -> BTreeMap<String, Vec<&TaskResult>> {
+pub(crate) fn terminal_by_task(results: &[TaskResult]) -> BTreeMap<String, Vec<&TaskResult>> {
     let mut map: BTreeMap<String, Vec<&TaskResult>> = BTreeMap::new();
     for r in results.iter().filter(|r| r.status.is_terminal()) {
         map.entry(r.task_id.clone()).or_default().push(r);
@@ -229,7 +229,7 @@ fn schema(name: &str) -> jsonschema::Validator {
     jsonschema::validator_for(&schema).expect("a valid schema")
 }
 
-fn validate_all(records: &[Rec], schema_name: &str) {
+pub(crate) fn validate_all(records: &[Rec], schema_name: &str) {
     let validator = schema(schema_name);
     for r in records {
         if let Err(e) = validator.validate(&r.value) {
@@ -979,8 +979,17 @@ pub(crate) fn start_tansu() -> Tansu {
     start_tansu_advertising(None)
 }
 
+/// Starts tansu with its log (at `RUST_LOG=info`) appended to `log`.
+pub(crate) fn start_tansu_logging_to(log: &Path) -> Tansu {
+    start_tansu_with(None, Some(log))
+}
+
 /// Starts tansu; clients are told to connect to `advertised` (a relay's port) when given.
 fn start_tansu_advertising(advertised: Option<u16>) -> Tansu {
+    start_tansu_with(advertised, None)
+}
+
+fn start_tansu_with(advertised: Option<u16>, log: Option<&Path>) -> Tansu {
     let port = TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -998,12 +1007,26 @@ fn start_tansu_advertising(advertised: Option<u16>) -> Tansu {
             "--storage-engine",
             "memory://tansu/",
         ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .env("RUST_LOG", "info")
+        .stdout(output(log))
+        .stderr(output(log))
         .spawn()
         .expect("start tansu");
     wait_listening(port, "tansu");
     Tansu { child, port }
+}
+
+/// A child's output: appended to `log`, or discarded.
+fn output(log: Option<&Path>) -> Stdio {
+    match log {
+        Some(path) => std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .expect("the broker's log file")
+            .into(),
+        None => Stdio::null(),
+    }
 }
 
 /// Waits until `what` accepts connections on the loopback `port`.

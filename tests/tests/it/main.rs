@@ -3,6 +3,7 @@
 mod admin;
 mod audit;
 mod cli;
+mod cluster;
 mod console;
 mod crash;
 mod deploy;
