@@ -6,7 +6,7 @@
 //!
 //! Who owns which partition, and when, is read from each process's own log (JSON lines on its
 //! stderr: `partition taken over`, `partitions revoked`, and the error a fenced partition
-//! logs); the admin endpoint has no gauge of owned partitions yet.
+//! logs), which times every change of hands, including those of a process killed since.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{BufRead, Read, Write};
