@@ -664,6 +664,7 @@ impl Group {
 /// audits clean. The failover of each kill (until another instance took over every partition
 /// the killed one owned) is printed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "kafka-mode chaos soak (several minutes); run by scripts/soak-cluster"]
 async fn three_instances_survive_kills_scaling_and_a_wiped_disk() {
     const TASKS: usize = 5_000;
     const KILLS: usize = 10;
@@ -1065,6 +1066,7 @@ impl Stream {
 /// just before it froze reaches the remote only when A is thawed, and B must see that record
 /// before it gives up looking (kafka mode has no send lease yet; README, "Scaling out").
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "kafka-mode chaos soak (a frozen instance); run by scripts/soak-cluster"]
 async fn a_frozen_instance_sends_nothing_for_partitions_it_lost() {
     let root = KeptOnFailure::new();
     let tansu =
