@@ -429,6 +429,24 @@ impl ResultsFollower {
     }
 }
 
+/// The events topic read back ([`logged_events`]) and its audit as a `read_committed` reader.
+fn read_and_audit_log(
+    kafka: &Kafka,
+) -> (
+    (Vec<sendledger_core::Event>, Vec<Rec>),
+    sendledger_store::AuditReport,
+) {
+    let logged = logged_events(kafka);
+    let report = sendledger_bus::audit_topic(
+        kafka,
+        &kafka.config().events_topic,
+        Default::default(),
+        |_, _| {},
+    )
+    .expect("the events topic is audited");
+    (logged, report)
+}
+
 /// Every event of the events topic, as a `read_committed` consumer reads it, and its records.
 fn logged_events(kafka: &Kafka) -> (Vec<sendledger_core::Event>, Vec<Rec>) {
     let (mut events, mut records) = (Vec::new(), Vec::new());
@@ -933,17 +951,7 @@ async fn three_instances_survive_kills_scaling_and_a_wiped_disk() {
     );
 
     // The log of record: one acceptance per task, one duplicate per second delivery, clean.
-    let ((events, records), report) = tokio::task::block_in_place(|| {
-        let events = logged_events(&kafka);
-        let report = sendledger_bus::audit_topic(
-            &kafka,
-            &kafka.config().events_topic,
-            Default::default(),
-            |_, _| {},
-        )
-        .expect("the events topic is audited");
-        (events, report)
-    });
+    let ((events, records), report) = tokio::task::block_in_place(|| read_and_audit_log(&kafka));
     validate_all(&records, "event.schema.json");
     let review_causes: Vec<String> = reviews
         .iter()
@@ -1260,17 +1268,7 @@ async fn a_frozen_instance_sends_nothing_for_partitions_it_lost() {
         sim.stats()
     );
     assert_settled_once(&sim, &keys, &raw);
-    let ((events, records), report) = tokio::task::block_in_place(|| {
-        let logged = logged_events(&kafka);
-        let report = sendledger_bus::audit_topic(
-            &kafka,
-            &kafka.config().events_topic,
-            Default::default(),
-            |_, _| {},
-        )
-        .expect("the events topic is audited");
-        (logged, report)
-    });
+    let ((events, records), report) = tokio::task::block_in_place(|| read_and_audit_log(&kafka));
     validate_all(&records, "event.schema.json");
     assert!(report.violations.is_empty(), "{:?}", report.violations);
     assert_eq!(report.tasks, keys.len() as u64, "{report:?}");
