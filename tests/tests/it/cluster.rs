@@ -121,25 +121,29 @@ impl Timeline {
         owned
     }
 
-    /// When every one of `partitions` was taken over after `since` by an instance other than
-    /// `instance`, if they all were.
-    fn moved_away(
+    /// When every one of `partitions` was taken over after `since` by a process other than run
+    /// `run` of instance `instance` (each partition's first take-over counts), if they all
+    /// were; and whether the instance's own restart took any of them.
+    fn taken_over(
         &self,
         instance: usize,
+        run: usize,
         partitions: &BTreeSet<i32>,
         since: Instant,
-    ) -> Option<Instant> {
+    ) -> Option<(Instant, bool)> {
         let notes = self.notes();
         let mut last = since;
+        let mut by_restart = false;
         for p in partitions {
-            let at = notes
-                .iter()
-                .filter(|n| n.at > since && n.instance != instance && n.said == Said::TakenOver(*p))
-                .map(|n| n.at)
-                .next()?;
-            last = last.max(at);
+            let first = notes.iter().find(|n| {
+                n.at > since
+                    && (n.instance, n.run) != (instance, run)
+                    && n.said == Said::TakenOver(*p)
+            })?;
+            last = last.max(first.at);
+            by_restart |= first.instance == instance;
         }
-        Some(last)
+        Some((last, by_restart))
     }
 
     fn fenced(&self, instance: usize) -> usize {
@@ -466,15 +470,6 @@ fn logged_events(kafka: &Kafka) -> (Vec<sendledger_core::Event>, Vec<Rec>) {
     (events, records)
 }
 
-/// Durations as seconds with one decimal.
-fn seconds(durations: &[Duration]) -> String {
-    let text: Vec<String> = durations
-        .iter()
-        .map(|d| format!("{:.1}", d.as_secs_f64()))
-        .collect();
-    format!("[{}] s", text.join(", "))
-}
-
 /// A temporary directory kept (and named) when the test fails, for the instances' logs.
 struct KeptOnFailure(Option<tempfile::TempDir>);
 
@@ -679,7 +674,7 @@ impl Group {
 /// remote holds at most one record per identity; every task settled once for a
 /// `read_committed` consumer of the results topic (see [`assert_settled_once`]); the events
 /// topic records one acceptance per task and one duplicate delivery per second delivery, and
-/// audits clean. The failover of each kill (until another instance took over every partition
+/// audits clean. The failover of each kill (until other processes took over every partition
 /// the killed one owned) is printed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "kafka-mode chaos soak (several minutes); run by scripts/soak-cluster"]
@@ -773,8 +768,8 @@ async fn three_instances_survive_kills_scaling_and_a_wiped_disk() {
             .unwrap_or(11_000),
     );
     let mut producing = Vec::new();
-    // Each kill: when, whom (and which run), the partitions it owned then.
-    let mut killed: Vec<(Instant, usize, BTreeSet<i32>)> = Vec::new();
+    // Each kill: when, whom (instance and run), the partitions it owned then.
+    let mut killed: Vec<(Instant, usize, usize, BTreeSet<i32>)> = Vec::new();
     let mut kills = 0;
     // The instance killed at the previous step, restarted right after this step's blow: its
     // partitions first fail over to the others.
@@ -802,9 +797,9 @@ async fn three_instances_survive_kills_scaling_and_a_wiped_disk() {
                 };
                 let victim = *candidates.choose(&mut rng).unwrap();
                 let instance = &mut group.instances[victim];
-                let owned = timeline.owned(victim, instance.run());
+                let (run, owned) = (instance.run(), timeline.owned(victim, instance.run()));
                 instance.kill();
-                killed.push((Instant::now(), victim, owned.clone()));
+                killed.push((Instant::now(), victim, run, owned.clone()));
                 if *action == Action::Kill {
                     kills += 1;
                 } else {
@@ -899,12 +894,17 @@ async fn three_instances_survive_kills_scaling_and_a_wiped_disk() {
     let duration = started.elapsed();
     let settled = group.wait_settled(Duration::from_secs(60)).await;
     eprintln!("the group settled: {settled:?}, {}", group.owners());
-    // Failover of each kill: until every partition the killed instance owned was taken over
-    // by another instance (a kill during a rebalance may find it owning none).
-    let failovers: Vec<Option<Duration>> = killed
+    // Failover of each kill: until every partition the killed process owned was taken over
+    // by another one (the killed instance's restart, at the next step, included; marked `*`).
+    // A kill during a rebalance may find it owning none.
+    let failovers: Vec<Option<(Duration, bool)>> = killed
         .iter()
-        .filter(|(_, _, owned)| !owned.is_empty())
-        .map(|(at, victim, owned)| timeline.moved_away(*victim, owned, *at).map(|t| t - *at))
+        .filter(|(_, _, _, owned)| !owned.is_empty())
+        .map(|(at, victim, run, owned)| {
+            timeline
+                .taken_over(*victim, *run, owned, *at)
+                .map(|(t, by_restart)| (t - *at, by_restart))
+        })
         .collect();
     let fenced: usize = (0..4).map(|i| timeline.fenced(i)).sum();
     tokio::task::block_in_place(|| {
@@ -922,7 +922,18 @@ async fn three_instances_survive_kills_scaling_and_a_wiped_disk() {
     });
     let raw = results.stop();
 
-    let measured: Vec<Duration> = failovers.iter().flatten().copied().collect();
+    let measured: Vec<Duration> = failovers.iter().flatten().map(|(d, _)| *d).collect();
+    let marked: Vec<String> = failovers
+        .iter()
+        .flatten()
+        .map(|(d, by_restart)| {
+            format!(
+                "{:.1}{}",
+                d.as_secs_f64(),
+                if *by_restart { "*" } else { "" }
+            )
+        })
+        .collect();
     assert!(
         !measured.is_empty(),
         "no kill found its partitions taken over"
@@ -931,11 +942,11 @@ async fn three_instances_survive_kills_scaling_and_a_wiped_disk() {
         "{TASKS} tasks ({produced} deliveries, {duplicates} duplicates) through {kills} kill -9, \
          {SCALES} scale-ups and downs and a wiped disk: every task answered after {duration:?} \
          (the chaos was over after {chaos_ended:?}); failover, from a kill -9 (the wipe's \
-         included) until every partition the killed instance owned was taken over by another: \
-         {}, {} not seen, {} kills found it owning nothing (mid-rebalance); the group settled \
+         included) until every partition the killed process owned was taken over by another \
+         (* the killed instance's restart took some): [{}] s, {} not seen, {} kills found it owning nothing (mid-rebalance); the group settled \
          within {cap:?} after {settled_steps} of the {} steps; {fenced} partitions fenced; the \
          remote: {:?}",
-        seconds(&measured),
+        marked.join(", "),
         failovers.len() - measured.len(),
         killed.len() - failovers.len(),
         plan.len(),
@@ -1121,7 +1132,8 @@ async fn a_frozen_instance_sends_nothing_for_partitions_it_lost() {
     let results = ResultsFollower::start(&kafka);
     let stream = Stream::start(&kafka, "zombie", 10, Duration::from_millis(50));
 
-    // Steady state: A has answered some of its tasks.
+    // Steady state: A has answered some of its tasks (50; a minute at most on a loaded
+    // machine).
     let a_owned = timeline.owned(a, group.instances[a].run());
     let of_a = |produced: &[(String, i32)]| -> Vec<String> {
         produced
@@ -1130,14 +1142,14 @@ async fn a_frozen_instance_sends_nothing_for_partitions_it_lost() {
             .map(|(k, _)| k.clone())
             .collect()
     };
-    let deadline = Instant::now() + TIMEOUT;
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let answered = results.answered();
         let a_answered = of_a(&stream.produced())
             .iter()
             .filter(|k| answered.contains(&sendledger_tests::engine::task_id(k).to_string()))
             .count();
-        if a_answered >= 100 {
+        if a_answered >= 50 {
             break;
         }
         assert!(Instant::now() < deadline, "A answered {a_answered} tasks");
@@ -1154,7 +1166,7 @@ async fn a_frozen_instance_sends_nothing_for_partitions_it_lost() {
         .filter(|k| !answered.contains(&sendledger_tests::engine::task_id(k).to_string()))
         .collect();
     let all: BTreeSet<i32> = (0..PARTITIONS).collect();
-    let deadline = Instant::now() + TIMEOUT;
+    let deadline = Instant::now() + Duration::from_secs(60);
     while timeline.owned(b, group.instances[b].run()) != all {
         group.assert_alive();
         assert!(

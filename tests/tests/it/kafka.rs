@@ -979,7 +979,8 @@ pub(crate) fn start_tansu() -> Tansu {
     start_tansu_advertising(None)
 }
 
-/// Starts tansu with its log (at `RUST_LOG=info`) appended to `log`.
+/// Starts tansu with its warnings and errors appended to `log` (its `info` level logs every
+/// request: gigabytes in a few minutes).
 pub(crate) fn start_tansu_logging_to(log: &Path) -> Tansu {
     start_tansu_with(None, Some(log))
 }
@@ -1007,7 +1008,7 @@ fn start_tansu_with(advertised: Option<u16>, log: Option<&Path>) -> Tansu {
             "--storage-engine",
             "memory://tansu/",
         ])
-        .env("RUST_LOG", "info")
+        .env("RUST_LOG", "warn")
         .stdout(output(log))
         .stderr(output(log))
         .spawn()
