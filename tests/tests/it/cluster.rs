@@ -710,9 +710,15 @@ async fn three_instances_survive_kills_scaling_and_a_wiped_disk() {
     })
     .await
     .unwrap();
-    // The default test target: 400 ms request timeout (a hung create becomes an unknown
-    // outcome), lookups every 100 ms for 3 s.
-    let target = sendledger_tests::engine::target(&sim.base_url(), |_| {});
+    // The default test target (400 ms request timeout: a hung create becomes an unknown
+    // outcome; lookups every 100 ms), with a 20 s lookup deadline. Every fault here commits a
+    // record, so each unknown outcome has one to find; a loaded remote may commit it seconds
+    // after the request timed out, and a partition may move before the lookups begin. Review
+    // would be the right answer to a record that stays invisible past the deadline, but this
+    // soak checks that none is needed.
+    let target = sendledger_tests::engine::target(&sim.base_url(), |t| {
+        t["lookup"]["deadline"] = "20s".into();
+    });
     let timeline = Timeline::default();
     let mut group = Group {
         instances: (0..4)
