@@ -327,8 +327,15 @@ impl TaskActor {
             .into_actor(self)
             .map(move |res, act, ctx| {
                 let slot = act.slot.take();
-                let lsns = res.inspect_err(|e| {
-                    tracing::error!(task_id = %task_id, error = %Chain(e), "ledger write failed; the task is reconciled when the engine restarts");
+                let lsns = res.inspect_err(|e| match e {
+                    // Kafka mode: the partition is taken over, here again or elsewhere, and
+                    // the task resumed from what its log holds.
+                    sendledger_store::Error::PartitionLost { partition, .. } => {
+                        tracing::debug!(task_id = %task_id, partition, "events not recorded: the task's partition is not owned here now; it resumes where the partition is taken over");
+                    }
+                    e => {
+                        tracing::error!(task_id = %task_id, error = %Chain(e), "ledger write failed; the task is resumed when the engine restarts");
+                    }
                 })?;
                 count_recorded(delivery, &decision.events);
                 act.state = next;

@@ -72,8 +72,17 @@ const RETRY_INITIAL: Duration = Duration::from_millis(50);
 const RETRY_MAX: Duration = Duration::from_secs(5);
 /// Longest wait for a partition's start and end offsets.
 const WATERMARK_TIMEOUT: Duration = Duration::from_secs(5);
-/// Kafka mode: how long a partition whose take-over failed waits before the next try.
+/// Kafka mode: how long a partition whose take-over failed, or whose log failed, waits before
+/// the next take-over.
 const TAKE_OVER_RETRY: Duration = Duration::from_secs(5);
+/// Kafka mode: how many session timeouts a partition whose log was fenced, but that is still
+/// assigned here, waits before it is taken over again. A fencing comes with a rebalance that
+/// moves the partition (this member's session expired, or another member was given the
+/// partition), which this consumer learns of within a session; only a partition the group
+/// still assigns here afterwards is taken back (whoever fenced it did so outside the group).
+const FENCED_RETAKE_SESSIONS: u32 = 2;
+/// librdkafka's `session.timeout.ms` when none is set.
+const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(45);
 
 /// Counters of a running ingest.
 #[derive(Debug, Default)]
@@ -176,9 +185,12 @@ impl Ingest {
             revoke_grace: Duration::from_secs(10),
             stats: stats.clone(),
         };
-        let consumer: BaseConsumer<IngestContext> = kafka
-            .client_config(Role::Ingest)
-            .create_with_context(context)?;
+        let client = kafka.client_config(Role::Ingest);
+        let session = client
+            .get("session.timeout.ms")
+            .and_then(|ms| ms.parse().ok())
+            .map_or(DEFAULT_SESSION_TIMEOUT, Duration::from_millis);
+        let consumer: BaseConsumer<IngestContext> = client.create_with_context(context)?;
         consumer.subscribe(&[&config.requests_topic])?;
         let dead_letters = match &config.dead_letter_topic {
             Some(topic) => Some(Arc::new(DeadLetters {
@@ -206,6 +218,7 @@ impl Ingest {
             },
             max_message_bytes: config.max_message_bytes,
             commit_interval: config.commit_interval,
+            fenced_retake: session * FENCED_RETAKE_SESSIONS,
         };
         let thread = std::thread::Builder::new()
             .name("sendledger-ingest".into())
@@ -659,6 +672,8 @@ struct Worker<S: RequestSink> {
     budget: Budget,
     max_message_bytes: usize,
     commit_interval: Duration,
+    /// Kafka mode: how long a fenced partition still assigned here waits to be taken back.
+    fenced_retake: Duration,
 }
 
 /// What to do with one message.
@@ -716,6 +731,7 @@ impl<S: RequestSink> Worker<S> {
                     }
                 }
             }
+            self.retake_lost();
             if let Err(e) = self.take_over_assigned() {
                 result = Err(e);
                 break;
@@ -1085,22 +1101,71 @@ impl<S: RequestSink> Worker<S> {
         Ok(())
     }
 
-    /// Kafka mode: takes partition `partition` over now, if it is assigned and not owned yet.
-    /// Returns whether it is owned afterwards.
+    /// Kafka mode: a partition whose log was given up (see [`PartitionOwner::lost`]) while it is
+    /// assigned here stops like a revoked one (its unfinished messages are abandoned, its tasks
+    /// stop) and is paused, then taken over again once due: after [`TAKE_OVER_RETRY`], or
+    /// [`FENCED_RETAKE_SESSIONS`] session timeouts when another writer fenced it. Its messages are read again from the
+    /// group's committed offset.
+    fn retake_lost(&self) {
+        let Some(owner) = &self.owner else {
+            return;
+        };
+        for (partition, fenced) in owner.lost() {
+            let retry_in = if fenced {
+                self.fenced_retake
+            } else {
+                TAKE_OVER_RETRY
+            };
+            {
+                let mut t = lock(&self.tracker);
+                if !t.parts.get(&partition).is_some_and(|p| p.owned) {
+                    continue;
+                }
+                t.assign(partition);
+                if let Some(p) = t.parts.get_mut(&partition) {
+                    p.retry_take_over = Some(Instant::now() + retry_in);
+                }
+            }
+            owner.release(partition);
+            if let Err(e) = self.pause_partition(partition) {
+                tracing::warn!(partition, error = %e, "cannot pause the partition");
+            }
+            let why = match fenced {
+                true => "its log was fenced by another writer while the partition is assigned here",
+                false => "a transaction of its log failed",
+            };
+            tracing::warn!(partition, retry_in = ?retry_in, "{why}; the partition is taken over again");
+            self.stats
+                .blocked
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(
+                    partition,
+                    format!("{why}; taken over again in {retry_in:?}"),
+                );
+        }
+    }
+
+    /// Kafka mode: takes partition `partition` over, if it is assigned and not owned yet, and
+    /// no earlier failure postponed it. Returns whether it is owned afterwards.
     fn take_over(&self, partition: i32) -> Result<bool> {
         let Some(owner) = &self.owner else {
             return Ok(true);
         };
-        let (needed, retried) = {
+        let (needed, retry) = {
             let t = lock(&self.tracker);
             match t.parts.get(&partition) {
                 None => return Ok(false),
-                Some(p) => (!p.owned, p.retry_take_over.is_some()),
+                Some(p) => (!p.owned, p.retry_take_over),
             }
         };
         if !needed {
             return Ok(true);
         }
+        if retry.is_some_and(|at| at > Instant::now()) {
+            return Ok(false);
+        }
+        let retried = retry.is_some();
         let started = Instant::now();
         match owner.take_over(partition) {
             Ok(()) => {

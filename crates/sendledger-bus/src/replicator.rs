@@ -32,6 +32,9 @@ struct Owned {
     /// Per partition, the projections of the tasks of its latest batch (as the outbox
     /// publisher keeps them): a task with events in consecutive batches is not folded again.
     projections: BTreeMap<i32, HashMap<TaskId, Projection>>,
+    /// Partitions whose log was given up after a failed transaction, not yet taken by
+    /// [`LogReplicator::take_lost`], with whether another writer fenced it.
+    lost: BTreeMap<i32, bool>,
 }
 
 /// The replicator of the partitions this instance owns. Cheap to share.
@@ -71,6 +74,13 @@ impl LogReplicator {
         owned.logs.remove(&partition);
         owned.commits.remove(&partition);
         owned.projections.remove(&partition);
+        owned.lost.remove(&partition);
+    }
+
+    /// The partitions whose log was given up after a failed transaction since the last call,
+    /// each with whether another writer fenced it (see [`crate::sink::PartitionOwner::lost`]).
+    pub fn take_lost(&self) -> Vec<(i32, bool)> {
+        std::mem::take(&mut self.lock().lost).into_iter().collect()
     }
 
     /// Whether partition `partition` is owned (its log open and not fenced).
@@ -211,18 +221,23 @@ impl Replicator for LogReplicator {
 }
 
 impl LogReplicator {
-    /// What a failed transaction means for the partition: an aborted one may be written again;
-    /// after any other failure the partition's log is gone (fenced: another instance owns the
-    /// partition; a failed producer: this instance gives the partition up rather than guess).
+    /// What a failed transaction means for the partition: its log is given up and nothing of
+    /// the batch is recorded. Fenced, the partition belongs to another instance now. Any other
+    /// failure (an aborted transaction, a commit whose outcome is unknown, a failed producer)
+    /// leaves tasks whose last events may or may not be in the log: the partition is taken
+    /// over again (the log opened anew, which completes or aborts the open transaction,
+    /// restored from the checkpoint, the tasks resumed from what was committed) rather than
+    /// guessed at.
     fn refused(&self, partition: i32, e: LogError) -> Replication {
-        match e {
-            LogError::Aborted { .. } => Replication::Failed(e.to_string()),
-            e => {
-                tracing::error!(partition, error = %e, "the partition's log of record is lost; its tasks stop here");
-                metrics::counter!("sendledger_partitions_fenced_total").increment(1);
-                self.release(partition);
-                Replication::Lost(e.to_string())
-            }
+        let fenced = e.is_fenced();
+        if fenced {
+            tracing::warn!(partition, error = %e, "the partition's log of record is lost: another instance took the partition over; its tasks stop here");
+            metrics::counter!("sendledger_partitions_fenced_total").increment(1);
+        } else {
+            tracing::warn!(partition, error = %e, "the partition's log of record is lost: a transaction failed; the partition is taken over again");
         }
+        self.release(partition);
+        self.lock().lost.insert(partition, fenced);
+        Replication::Lost(e.to_string())
     }
 }

@@ -42,6 +42,12 @@ pub trait PartitionOwner: Send + Sync + 'static {
     /// Every message of `partition` before `next` is recorded: the partition's next
     /// transaction commits `next` for the group (`group`: the consumer's group metadata).
     fn completed(&self, partition: i32, next: i64, group: rdkafka::consumer::ConsumerGroupMetadata);
+
+    /// Partitions whose log was given up since the last call, though the consumer may still
+    /// hold them, each with whether another writer fenced it. The consumer takes such a
+    /// partition over again while it is assigned here: soon after a failed transaction, and
+    /// after a fencing only when no rebalance moved the partition in the meantime.
+    fn lost(&self) -> Vec<(i32, bool)>;
 }
 
 /// What the consumer hands messages to. Every future must resolve only once what it records is

@@ -305,6 +305,10 @@ impl PartitionOwner for KafkaOwner {
     ) {
         self.replicator.commit_requests(partition, next, group);
     }
+
+    fn lost(&self) -> Vec<(i32, bool)> {
+        self.replicator.take_lost()
+    }
 }
 
 #[cfg(test)]

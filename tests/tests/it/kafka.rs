@@ -103,10 +103,23 @@ pub(crate) async fn produce(
     kafka: &Kafka,
     messages: Vec<(Option<i32>, String, Option<Vec<u8>>)>,
 ) -> Vec<(i32, i64)> {
-    let producer: FutureProducer = kafka
+    produce_with(&requests_producer(kafka), kafka, messages).await
+}
+
+/// A producer of requests, for [`produce_with`].
+pub(crate) fn requests_producer(kafka: &Kafka) -> FutureProducer {
+    kafka
         .client_config(Role::Producer)
         .create()
-        .expect("producer");
+        .expect("producer")
+}
+
+/// [`produce`] through `producer`, one of [`requests_producer`].
+pub(crate) async fn produce_with(
+    producer: &FutureProducer,
+    kafka: &Kafka,
+    messages: Vec<(Option<i32>, String, Option<Vec<u8>>)>,
+) -> Vec<(i32, i64)> {
     let topic = kafka.config().requests_topic.clone();
     let mut acks = Vec::new();
     for (partition, key, value) in &messages {
