@@ -56,8 +56,8 @@ pub use produce::{request_key, RequestProducer};
 pub use publisher::{Publisher, PublisherStats, PUBLISHER_CURSOR};
 pub use reader::{Record, ResultsReader, TopicReader};
 pub use records::{
-    event_from_record, events_source, record_headers, results_source, EventRecord, RecordKind,
-    EVENT_ID_HEADER,
+    event_from_json, event_from_record, events_source, record_headers, results_source, EventRecord,
+    RecordKind, EVENT_ID_HEADER,
 };
 pub use replay::audit_topic;
 pub use replicator::LogReplicator;

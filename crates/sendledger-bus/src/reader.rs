@@ -22,7 +22,7 @@ use crate::cluster::Kafka;
 use crate::config::Role;
 use crate::error::{Error, Result};
 use crate::publisher::EVENT_ID_HEADER;
-use crate::records::{event_from_record, EventRecord};
+use crate::records::event_from_json;
 
 /// One record as read from a topic.
 #[derive(Debug, Clone)]
@@ -69,16 +69,15 @@ impl Record {
     }
 
     /// The ledger event a record of the events topic carries (see
-    /// [`crate::records::event_from_record`]).
+    /// [`crate::records::event_from_json`]).
     pub fn event(&self) -> Result<sendledger_core::Event> {
-        let record: EventRecord =
-            serde_json::from_slice(self.payload.as_deref().unwrap_or_default()).map_err(|e| {
-                Error::BadRecord {
-                    event_id: self.event_id().unwrap_or_default(),
-                    detail: e.to_string(),
-                }
-            })?;
-        event_from_record(&record)
+        event_from_json(self.payload.as_deref().unwrap_or_default()).map_err(|e| match e {
+            Error::BadRecord { event_id, detail } if event_id.is_empty() => Error::BadRecord {
+                event_id: self.event_id().unwrap_or_default(),
+                detail,
+            },
+            e => e,
+        })
     }
 
     /// The key as text (empty when there is none).

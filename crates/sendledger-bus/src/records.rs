@@ -153,13 +153,7 @@ pub fn event_from_record(record: &EventRecord) -> Result<Event> {
         event_id: record.event_id.clone(),
         detail,
     };
-    let task_id: TaskId = record.task_id.parse().map_err(bad)?;
-    if record.event_id != event_id(task_id, record.task_seq) {
-        return Err(bad(format!(
-            "event_id is not task_id:task_seq ({}:{})",
-            record.task_id, record.task_seq
-        )));
-    }
+    let task_id = checked_task_id(&record.event_id, &record.task_id, record.task_seq)?;
     let mut body = record.body.clone();
     if let Value::Object(map) = &mut body {
         if let Some(hash) = map.get_mut("payload_hash") {
@@ -185,6 +179,97 @@ pub fn event_from_record(record: &EventRecord) -> Result<Event> {
         task_id,
         task_seq: record.task_seq,
         at: record.at,
+        body,
+    })
+}
+
+/// The task id of a record, checked against its event id (`<task_id>:<task_seq>`, as
+/// [`event_id`] writes it).
+fn checked_task_id(event_id: &str, task_id: &str, task_seq: u32) -> Result<TaskId> {
+    let bad = |detail: String| Error::BadRecord {
+        event_id: event_id.to_string(),
+        detail,
+    };
+    let task: TaskId = task_id.parse().map_err(bad)?;
+    if !is_event_id(event_id, task, task_seq) {
+        return Err(bad(format!(
+            "event_id is not task_id:task_seq ({task_id}:{task_seq})"
+        )));
+    }
+    Ok(task)
+}
+
+/// Whether `text` is [`event_id`]`(task, seq)`, compared without writing it out.
+fn is_event_id(text: &str, task: TaskId, seq: u32) -> bool {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let Some((hex, digits)) = text.split_once(':') else {
+        return false;
+    };
+    hex.len() == 32
+        && hex
+            .as_bytes()
+            .chunks(2)
+            .zip(task.0)
+            .all(|(pair, b)| pair == [HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]])
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && (digits == "0" || !digits.starts_with('0'))
+        && digits.parse::<u32>() == Ok(seq)
+}
+
+/// An event record as read, its body left as JSON text (see [`event_from_json`]).
+#[derive(Deserialize)]
+struct RawEventRecord<'a> {
+    #[serde(borrow)]
+    event_id: std::borrow::Cow<'a, str>,
+    lsn: u64,
+    #[serde(borrow)]
+    task_id: std::borrow::Cow<'a, str>,
+    task_seq: u32,
+    at: u64,
+    #[serde(rename = "type", borrow)]
+    kind: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    body: &'a serde_json::value::RawValue,
+}
+
+/// The event the JSON of an [`EventRecord`] carries: [`event_from_record`] of it, decoded
+/// straight from the text. Only the bodies with fields a record writes differently from the
+/// event (a payload hash as hex, an input's raw bytes as text) go through a JSON value first;
+/// a restore or an audit decodes every event of a log.
+pub fn event_from_json(json: &[u8]) -> Result<Event> {
+    let bad = |event_id: &str, detail: String| Error::BadRecord {
+        event_id: event_id.to_string(),
+        detail,
+    };
+    let raw: RawEventRecord = serde_json::from_slice(json).map_err(|e| bad("", e.to_string()))?;
+    if matches!(
+        raw.kind.as_ref(),
+        "TaskAccepted" | "RequestConflict" | "InputRejected"
+    ) {
+        let body =
+            serde_json::from_str(raw.body.get()).map_err(|e| bad(&raw.event_id, e.to_string()))?;
+        return event_from_record(&EventRecord {
+            event_id: raw.event_id.into_owned(),
+            lsn: raw.lsn,
+            task_id: raw.task_id.into_owned(),
+            task_seq: raw.task_seq,
+            at: raw.at,
+            kind: raw.kind.into_owned(),
+            body,
+        });
+    }
+    let task_id = checked_task_id(&raw.event_id, &raw.task_id, raw.task_seq)?;
+    // Externally tagged: `{"Variant": {fields}}`, the variant's name escaped as JSON.
+    let kind =
+        serde_json::to_string(raw.kind.as_ref()).map_err(|e| bad(&raw.event_id, e.to_string()))?;
+    let tagged = format!("{{{kind}:{}}}", raw.body.get());
+    let body: EventBody =
+        serde_json::from_str(&tagged).map_err(|e| bad(&raw.event_id, e.to_string()))?;
+    Ok(Event {
+        lsn: raw.lsn,
+        task_id,
+        task_seq: raw.task_seq,
+        at: raw.at,
         body,
     })
 }
@@ -334,11 +419,33 @@ mod tests {
             let json = serde_json::to_vec(&event_record(&event)).unwrap();
             let record: EventRecord = serde_json::from_slice(&json).unwrap();
             assert_eq!(event_from_record(&record).unwrap(), event);
+            assert_eq!(event_from_json(&json).unwrap(), event);
         }
         let mut wrong =
             event_record(&history(task, vec![EventBody::DuplicateDelivery { source: src(1) }])[0]);
         wrong.task_seq += 1;
         assert!(event_from_record(&wrong).is_err());
+        assert!(event_from_json(&serde_json::to_vec(&wrong).unwrap()).is_err());
+        // The event id is compared as `event_id` writes it: lowercase, no leading zero.
+        let right =
+            event_record(&history(task, vec![EventBody::DuplicateDelivery { source: src(1) }])[0]);
+        for event_id in [
+            right.event_id.to_uppercase(),
+            right.event_id.replace(':', ":0"),
+            right.event_id.replace(':', ":+"),
+            format!("{}:", right.task_id),
+            right.task_id.clone(),
+        ] {
+            let mut other = right.clone();
+            other.event_id = event_id;
+            assert!(event_from_record(&other).is_err(), "{}", other.event_id);
+            assert!(event_from_json(&serde_json::to_vec(&other).unwrap()).is_err());
+        }
+        assert!(event_from_json(&serde_json::to_vec(&right).unwrap()).is_ok());
+        // The variant's name cannot reach into the body's JSON.
+        let mut injected = right.clone();
+        injected.kind = r#"DuplicateDelivery":{},"x"#.into();
+        assert!(event_from_json(&serde_json::to_vec(&injected).unwrap()).is_err());
         // A payload hash is hex digits only, as `event_record` writes it.
         let conflict = EventBody::RequestConflict {
             source: src(9),

@@ -30,7 +30,7 @@ use sendledger_core::{CheckConfig, Event, TaskId};
 use crate::cluster::Kafka;
 use crate::config::Role;
 use crate::error::{Error, Result};
-use crate::records::{event_from_record, EventRecord};
+use crate::records::event_from_json;
 
 /// Longest wait for metadata or the next record before the replay gives up.
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -114,9 +114,8 @@ pub fn audit_topic(
         if report.events % 10_000 == 0 || ends.is_empty() {
             progress(report.events, total);
         }
-        let event = serde_json::from_slice::<EventRecord>(message.payload().unwrap_or_default())
-            .map_err(|e| e.to_string())
-            .and_then(|record| event_from_record(&record).map_err(|e| e.to_string()));
+        let event =
+            event_from_json(message.payload().unwrap_or_default()).map_err(|e| e.to_string());
         match event {
             Ok(event) => tasks.entry(event.task_id).or_default().push(event),
             Err(e) => report.violations.push(Finding::integrity(

@@ -27,8 +27,13 @@ pub fn restore_append(ledger: &Ledger, events: &[Event]) -> Result<Append> {
     for e in events {
         let history = match tasks.entry(e.task_id) {
             std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+            // A task without a summary has no events in the ledger: one point read instead
+            // of a scan of its events (most tasks of a restore on an empty disk).
             std::collections::btree_map::Entry::Vacant(v) => {
-                v.insert(ledger.task_events(e.task_id)?)
+                v.insert(match ledger.task_summary(e.task_id)? {
+                    Some(_) => ledger.task_events(e.task_id)?,
+                    None => Vec::new(),
+                })
             }
         };
         let next_seq = history.len() as u32;

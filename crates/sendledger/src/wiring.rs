@@ -18,7 +18,9 @@ use sendledger_bus::{Kafka, LogReplicator, PartitionLog, PartitionOwner, Request
 use sendledger_core::decide::{AttemptOutcome, Sending};
 use sendledger_core::error::Chain;
 use sendledger_core::event::{Millis, NotSentCause};
-use sendledger_core::{AcceptedRequest, BoxFuture, Policy, Source, TaskRequest, TraceParent};
+use sendledger_core::{
+    AcceptedRequest, BoxFuture, Event, Policy, Source, TaskRequest, TraceParent,
+};
 use sendledger_effects::Targets;
 use sendledger_store::{Append, Processed};
 
@@ -223,7 +225,8 @@ impl KafkaOwner {
         })
     }
 
-    /// Reads the partition's log from the ledger's checkpoint and applies it, a step at a time.
+    /// Reads the partition's log from the ledger's checkpoint and applies it, a step at a time:
+    /// a thread of its own reads and decodes the next step while the last one is applied.
     /// Returns the events applied.
     fn restore(&self, partition: i32) -> Result<usize, String> {
         let from = self
@@ -232,46 +235,72 @@ impl KafkaOwner {
             .log_checkpoint(partition)
             .map_err(|e| Chain(&e).to_string())?
             .unwrap_or(0);
-        let mut step = Vec::with_capacity(RESTORE_STEP);
-        let mut applied = 0;
         let label = partition.to_string();
         let restoring =
             metrics::gauge!("sendledger_partition_restoring", "partition" => label.clone());
         let restored = metrics::counter!("sendledger_restored_events_total", "partition" => label);
         restoring.set(1.0);
         let started = std::time::Instant::now();
-        // Time spent applying (the rest is reading and decoding the log), for the log line.
-        let applying = std::cell::Cell::new(Duration::ZERO);
-        let apply = |step: &mut Vec<sendledger_core::Event>, next: i64| -> Result<usize, String> {
-            let events = std::mem::take(step);
-            let at = std::time::Instant::now();
-            let n = self
-                .runtime
-                .block_on(self.engine.restore(partition, events, next))
-                .map_err(|e| Chain(&e).to_string())?;
-            applying.set(applying.get() + at.elapsed());
-            restored.increment(n as u64);
-            Ok(n)
-        };
-        let end = read_partition(&self.kafka, partition, from, TAKE_OVER_TIMEOUT, |record| {
-            step.push(record.event()?);
-            if step.len() >= RESTORE_STEP {
-                applied += apply(&mut step, record.offset + 1).map_err(|detail| {
-                    sendledger_bus::Error::Replay {
-                        topic: "events".into(),
-                        detail,
+        // Time spent applying (the rest is waiting for the reader), for the log line.
+        let mut applying = Duration::ZERO;
+        let kafka = &self.kafka;
+        let outcome = std::thread::scope(|scope| {
+            // Two steps decoded ahead at most.
+            let (steps, decoded) = std::sync::mpsc::sync_channel::<(Vec<Event>, i64)>(2);
+            let reader = scope.spawn(move || -> Result<(), String> {
+                let mut step = Vec::with_capacity(RESTORE_STEP);
+                let end = read_partition(kafka, partition, from, TAKE_OVER_TIMEOUT, |record| {
+                    step.push(record.event()?);
+                    if step.len() >= RESTORE_STEP {
+                        let full = std::mem::replace(&mut step, Vec::with_capacity(RESTORE_STEP));
+                        steps.send((full, record.offset + 1)).map_err(|_| {
+                            sendledger_bus::Error::Replay {
+                                topic: kafka.config().events_topic.clone(),
+                                detail: "the restore stopped".into(),
+                            }
+                        })?;
                     }
-                })?;
+                    Ok(())
+                })
+                .map_err(|e| Chain(&e).to_string())?;
+                // The last step, even an empty one, records the checkpoint of the log's end.
+                let _ = steps.send((step, end));
+                Ok(())
+            });
+            let mut applied = 0;
+            let mut failed = None;
+            for (events, next) in decoded.iter() {
+                let at = std::time::Instant::now();
+                match self
+                    .runtime
+                    .block_on(self.engine.restore(partition, events, next))
+                {
+                    Ok(n) => {
+                        applying += at.elapsed();
+                        restored.increment(n as u64);
+                        applied += n;
+                    }
+                    Err(e) => {
+                        failed = Some(Chain(&e).to_string());
+                        break;
+                    }
+                }
             }
-            Ok(())
-        })
-        .map_err(|e| Chain(&e).to_string());
-        let last = end.and_then(|end| apply(&mut step, end));
+            // Stops the reader if applying failed.
+            drop(decoded);
+            let read = reader
+                .join()
+                .unwrap_or_else(|_| Err("the log's reader panicked".into()));
+            match failed {
+                Some(e) => Err(e),
+                None => read.map(|()| applied),
+            }
+        });
         restoring.set(0.0);
         metrics::histogram!("sendledger_partition_restore_seconds")
             .record(started.elapsed().as_secs_f64());
-        tracing::debug!(partition, took = ?started.elapsed(), applying = ?applying.get(), "partition log read and applied");
-        Ok(applied + last?)
+        tracing::debug!(partition, took = ?started.elapsed(), applying = ?applying, "partition log read and applied");
+        outcome
     }
 }
 
