@@ -81,6 +81,8 @@ const TAKE_OVER_RETRY: Duration = Duration::from_secs(5);
 /// partition), which this consumer learns of within a session; only a partition the group
 /// still assigns here afterwards is taken back (whoever fenced it did so outside the group).
 const FENCED_RETAKE_SESSIONS: u32 = 2;
+/// Kafka mode: take-overs (each opening a partition's log and reading it back) run at once.
+const PARALLEL_TAKE_OVERS: usize = 8;
 /// librdkafka's `session.timeout.ms` when none is set.
 const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(45);
 
@@ -1083,20 +1085,42 @@ impl<S: RequestSink> Worker<S> {
     /// blocked, and tried again after [`TAKE_OVER_RETRY`]; once taken over it is consumed
     /// from its committed offset.
     fn take_over_assigned(&self) -> Result<()> {
-        if self.owner.is_none() {
+        let Some(owner) = &self.owner else {
             return Ok(());
-        }
-        let due: Vec<i32> = {
+        };
+        let due: Vec<(i32, bool)> = {
             let t = lock(&self.tracker);
             let now = Instant::now();
             t.parts
                 .iter()
                 .filter(|(_, p)| !p.owned && p.retry_take_over.is_none_or(|at| at <= now))
-                .map(|(&i, _)| i)
+                .map(|(&i, p)| (i, p.retry_take_over.is_some()))
                 .collect()
         };
-        for partition in due {
-            self.take_over(partition)?;
+        // Each take-over opens a log and reads it back: several run at once.
+        for batch in due.chunks(PARALLEL_TAKE_OVERS) {
+            let outcomes: Vec<_> = std::thread::scope(|scope| {
+                let running: Vec<_> = batch
+                    .iter()
+                    .map(|&(partition, retried)| {
+                        let started = Instant::now();
+                        let job = scope.spawn(move || owner.take_over(partition));
+                        (partition, retried, started, job)
+                    })
+                    .collect();
+                running
+                    .into_iter()
+                    .map(|(partition, retried, started, job)| {
+                        let outcome = job
+                            .join()
+                            .unwrap_or_else(|_| Err("the take-over panicked".into()));
+                        (partition, retried, started, outcome)
+                    })
+                    .collect()
+            });
+            for (partition, retried, started, outcome) in outcomes {
+                self.taken_over(partition, retried, started, outcome);
+            }
         }
         Ok(())
     }
@@ -1165,9 +1189,21 @@ impl<S: RequestSink> Worker<S> {
         if retry.is_some_and(|at| at > Instant::now()) {
             return Ok(false);
         }
-        let retried = retry.is_some();
         let started = Instant::now();
-        match owner.take_over(partition) {
+        let outcome = owner.take_over(partition);
+        Ok(self.taken_over(partition, retry.is_some(), started, outcome))
+    }
+
+    /// Records how the take-over of `partition` (begun at `started`; `retried` after a failed
+    /// one or a lost log) went; returns whether the partition is owned now.
+    fn taken_over(
+        &self,
+        partition: i32,
+        retried: bool,
+        started: Instant,
+        outcome: std::result::Result<(), String>,
+    ) -> bool {
+        match outcome {
             Ok(()) => {
                 tracing::info!(partition, took = ?started.elapsed(), "partition taken over");
                 metrics::histogram!("sendledger_partition_take_over_seconds")
@@ -1181,7 +1217,7 @@ impl<S: RequestSink> Worker<S> {
                     p.owned = true;
                     p.retry_take_over = None;
                 }
-                Ok(true)
+                true
             }
             Err(why) => {
                 tracing::error!(partition, error = %why, retry_in = ?TAKE_OVER_RETRY, "cannot take the partition over; it stays paused");
@@ -1197,7 +1233,7 @@ impl<S: RequestSink> Worker<S> {
                 if let Some(p) = t.parts.get_mut(&partition) {
                     p.retry_take_over = Some(Instant::now() + TAKE_OVER_RETRY);
                 }
-                Ok(false)
+                false
             }
         }
     }

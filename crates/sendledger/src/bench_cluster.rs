@@ -117,14 +117,25 @@ async fn bench(args: ClusterArgs, metrics: PrometheusHandle) -> anyhow::Result<(
         .context("kafka mode has ownership")?
         .clone();
     let deadline = Instant::now() + Duration::from_secs(300);
+    // When the first partition began to restore (its log open): partitions restore at once.
+    let mut first_restoring = None;
     while ownership.partitions().len() < args.partitions as usize {
         anyhow::ensure!(
             Instant::now() < deadline,
             "the partitions were not all taken over within 5 minutes"
         );
+        if first_restoring.is_none()
+            && metrics
+                .render()
+                .lines()
+                .any(|l| l.starts_with("sendledger_partition_restoring{") && l.ends_with(" 1"))
+        {
+            first_restoring = Some(Instant::now());
+        }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let all_owned_secs = started.elapsed().as_secs_f64();
+    let restore_wall_secs = first_restoring.map_or(all_owned_secs, |at| at.elapsed().as_secs_f64());
     let restored_tasks = service
         .engine()
         .ledger()
@@ -168,8 +179,9 @@ async fn bench(args: ClusterArgs, metrics: PrometheusHandle) -> anyhow::Result<(
             "log_batch_events_p99": quantile("sendledger_log_batch_events", "0.99"),
             "restored_events": restored_events,
             "take_over_secs": round4(take_over_secs),
-            "restore_secs": round4(restore_secs),
-            "restore_events_per_sec": (restored_events / restore_secs).round(),
+            "restore_secs_summed_over_partitions": round4(restore_secs),
+            "restore_wall_secs": round4(restore_wall_secs),
+            "restore_events_per_sec": (restored_events / restore_wall_secs).round(),
             "restore_start_to_all_owned_secs": round4(all_owned_secs),
             "remote_duplicates": 0,
         })
