@@ -272,8 +272,12 @@ impl Conn {
         self.written.load(Ordering::SeqCst)
     }
 
+    /// Open as far as this process knows: the connection's task still runs. It may not be
+    /// ready for the next request yet (right after an answer, until its task has been polled
+    /// again); the exchange waits for that (`ready`), and a connection that closed meanwhile
+    /// fails it with nothing written.
     fn is_usable(&self) -> bool {
-        self.sender.is_ready() && self.task.0.as_ref().is_some_and(|t| !t.is_finished())
+        !self.sender.is_closed() && self.task.0.as_ref().is_some_and(|t| !t.is_finished())
     }
 }
 
