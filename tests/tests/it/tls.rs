@@ -755,10 +755,13 @@ async fn relay_connection(
     let mut remote = tokio::net::TcpStream::connect(upstream).await.unwrap();
     let (mut from_client, mut from_remote) = (Vec::new(), Vec::new());
     let Some((moment, ending)) = plan else {
+        // Until either side ends the connection.
         while let Some(request) = read_message(&mut tls, &mut from_client).await {
             remote.write_all(&request).await.unwrap();
             let answer = read_message(&mut remote, &mut from_remote).await.unwrap();
-            tls.write_all(&answer).await.unwrap();
+            if tls.write_all(&answer).await.is_err() {
+                break;
+            }
         }
         return None;
     };
