@@ -2,17 +2,73 @@
 
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
+use rdkafka::error::KafkaError;
+use rdkafka::metadata::Metadata;
 use rdkafka::mocking::MockCluster;
-use rdkafka::producer::DefaultProducerContext;
+use rdkafka::producer::Producer;
+use rdkafka::producer::{BaseProducer, DefaultProducerContext};
 use rdkafka::types::{RDKafkaApiKey, RDKafkaErrorCode, RDKafkaRespErr};
-use rdkafka::ClientConfig;
+use rdkafka::{ClientConfig, ClientContext};
 
 use crate::config::{KafkaConfig, Role};
 use crate::error::{Error, Result};
+
+/// How long one metadata request may take before [`Kafka::metadata`] looks at what librdkafka
+/// reported meanwhile.
+const METADATA_STEP: Duration = Duration::from_millis(250);
+
+/// What librdkafka reports for a client while it waits for the brokers: the first refusal
+/// (authentication or TLS failed: waiting longer does not cure it) and the last error.
+#[derive(Default)]
+struct Watch {
+    refused: Mutex<Option<String>>,
+    last: Mutex<Option<String>>,
+}
+
+impl ClientContext for Watch {
+    fn error(&self, error: KafkaError, reason: &str) {
+        let text = format!("{error}: {reason}");
+        // rust-rdkafka hands a producer's error event over twice in a row: logged once.
+        if lock(&self.last).as_deref() != Some(text.as_str()) {
+            tracing::error!(%error, reason, "kafka client error");
+        }
+        if matches!(
+            error.rdkafka_error_code(),
+            Some(
+                RDKafkaErrorCode::Authentication
+                    | RDKafkaErrorCode::SaslAuthenticationFailed
+                    | RDKafkaErrorCode::SSL
+            )
+        ) {
+            lock(&self.refused).get_or_insert_with(|| text.clone());
+        }
+        *lock(&self.last) = Some(text);
+    }
+}
+
+impl rdkafka::producer::ProducerContext for Watch {
+    type DeliveryOpaque = ();
+
+    /// The probe produces nothing.
+    fn delivery(&self, _: &rdkafka::message::DeliveryResult<'_>, _: ()) {}
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `text` with every secret value in it replaced by `***` (librdkafka does not quote them; this
+/// keeps it so whatever it says).
+fn scrub(mut text: String, secrets: &[String]) -> String {
+    for secret in secrets.iter().filter(|s| !s.is_empty()) {
+        text = text.replace(secret.as_str(), "***");
+    }
+    text
+}
 
 /// The mock cluster type of librdkafka, as the embedded cluster owns it.
 pub type Mock = MockCluster<'static, DefaultProducerContext>;
@@ -220,6 +276,46 @@ impl Kafka {
         self.config.client_config(role, &self.bootstrap)
     }
 
+    /// The brokers' metadata, within `timeout` (blocking). librdkafka's own errors are watched
+    /// meanwhile: when the brokers refuse this client (authentication failed, or the TLS
+    /// handshake), the wait ends at once with [`Error::Refused`] and librdkafka's reason, since
+    /// waiting longer does not help; when nothing answers in time, the error carries the last
+    /// reason librdkafka gave.
+    pub fn metadata(&self, timeout: Duration) -> Result<Metadata> {
+        let secrets = self.config.secret_values();
+        let probe: BaseProducer<Watch> = self
+            .client_config(Role::Admin)
+            .create_with_context(Watch::default())?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let fetched = probe.client().fetch_metadata(None, left.min(METADATA_STEP));
+            // Serves what librdkafka reported meanwhile: errors (to `Watch`) and its logs.
+            probe.poll(Duration::from_millis(20));
+            let e = match fetched {
+                Ok(metadata) => return Ok(metadata),
+                Err(e) => e,
+            };
+            let watch = probe.context();
+            if let Some(reason) = lock(&watch.refused).clone() {
+                return Err(Error::Refused {
+                    brokers: self.bootstrap.clone(),
+                    reason: scrub(reason, &secrets),
+                });
+            }
+            if Instant::now() >= deadline {
+                return Err(match lock(&watch.last).clone() {
+                    Some(reason) => Error::NoAnswer {
+                        brokers: self.bootstrap.clone(),
+                        within: humantime::format_duration(timeout).to_string(),
+                        reason: scrub(reason, &secrets),
+                    },
+                    None => e.into(),
+                });
+            }
+        }
+    }
+
     /// Creates the topics that do not exist yet, with `partitions` partitions (for external
     /// brokers; the embedded cluster creates them at start). Existing topics are left alone,
     /// and when all exist nothing is asked of the brokers' admin API. With `log_of_record`
@@ -233,12 +329,10 @@ impl Kafka {
         if self.embedded.is_some() {
             return Ok(());
         }
-        let admin: Arc<AdminClient<DefaultClientContext>> =
-            Arc::new(self.client_config(Role::Admin).create()?);
-        let meta = admin.clone();
+        let kafka = self.clone();
         let existing: Vec<String> = tokio::task::spawn_blocking(move || {
-            meta.inner()
-                .fetch_metadata(None, timeout)
+            kafka
+                .metadata(timeout)
                 .map(|m| m.topics().iter().map(|t| t.name().to_string()).collect())
         })
         .await
@@ -268,6 +362,7 @@ impl Kafka {
         if topics.is_empty() {
             return Ok(());
         }
+        let admin: AdminClient<DefaultClientContext> = self.client_config(Role::Admin).create()?;
         let opts = AdminOptions::new().operation_timeout(Some(timeout));
         for result in admin.create_topics(&topics, &opts).await? {
             match result {
@@ -294,13 +389,11 @@ impl Kafka {
         timeout: Duration,
     ) -> Result<()> {
         let config = &self.config;
-        let admin: Arc<AdminClient<DefaultClientContext>> =
-            Arc::new(self.client_config(Role::Admin).create()?);
-        let meta = admin.clone();
+        let kafka = self.clone();
         let topics = [config.requests_topic.clone(), config.events_topic.clone()];
         let counts: Vec<Option<usize>> = tokio::task::spawn_blocking(move || {
-            let m = meta.inner().fetch_metadata(None, timeout)?;
-            Ok::<_, rdkafka::error::KafkaError>(
+            let m = kafka.metadata(timeout)?;
+            Ok::<_, Error>(
                 topics
                     .iter()
                     .map(|name| {
@@ -344,6 +437,7 @@ impl Kafka {
         if allow_finite_retention {
             return Ok(());
         }
+        let admin: AdminClient<DefaultClientContext> = self.client_config(Role::Admin).create()?;
         let opts = AdminOptions::new().request_timeout(Some(timeout));
         let described = admin
             .describe_configs(&[ResourceSpecifier::Topic(&config.events_topic)], &opts)

@@ -326,6 +326,15 @@ impl KafkaConfig {
         c
     }
 
+    /// The values of the secret properties ([`is_secret`]), to keep out of any text shown.
+    pub fn secret_values(&self) -> Vec<String> {
+        self.properties
+            .iter()
+            .filter(|(k, _)| is_secret(k))
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
     /// The topics sendledger uses, with the dead-letter topic when configured.
     pub fn topics(&self) -> Vec<&str> {
         let mut t = vec![

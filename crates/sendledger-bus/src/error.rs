@@ -6,6 +6,14 @@ pub enum Error {
     Config { field: String, problem: String },
     #[error("kafka")]
     Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("the brokers at {brokers} refused this client: {reason}; check the security settings in kafka.properties (security.protocol, sasl.mechanism, sasl.username, sasl.password, ssl.ca.location) against what the brokers accept")]
+    Refused { brokers: String, reason: String },
+    #[error("no answer from the brokers at {brokers} within {within}; the last error: {reason}")]
+    NoAnswer {
+        brokers: String,
+        within: String,
+        reason: String,
+    },
     #[error("cannot start the embedded kafka cluster: {0}")]
     Embedded(String),
     #[error("ledger")]

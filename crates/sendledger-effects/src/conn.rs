@@ -21,6 +21,11 @@
 //!   bytes still buffered in rustls when the connection failed; that errs towards unknown,
 //!   which is safe. The other way round cannot happen: the remote can only receive request
 //!   bytes as application data records, which are made from plaintext rustls accepted;
+//! - a write to the TLS stream can fail after part of it reached the socket: tokio-rustls
+//!   hands the plaintext to rustls, writes the records to the socket, and when a later socket
+//!   write in the same call fails (the remote reset the connection meanwhile) it returns the
+//!   error and not the count. So the socket under TLS is counted too ([`Wire`]), and a failed
+//!   write during which the socket accepted bytes counts as written;
 //! - early data (TLS 1.3 0-RTT, which would send request bytes during the handshake) is never
 //!   enabled.
 //!
@@ -61,6 +66,63 @@ struct Tracked<S> {
     stream: S,
     written: Arc<AtomicU64>,
     first_byte: Arc<FirstByte>,
+    /// Under TLS: the bytes the socket beneath accepted ([`Wire`]'s count).
+    wire: Option<Arc<AtomicU64>>,
+}
+
+/// The socket under a TLS stream, counting the bytes the kernel accepted (handshake, records,
+/// alerts). [`Tracked`] compares the count before and after each write it passes to TLS.
+struct Wire<S> {
+    stream: S,
+    sent: Arc<AtomicU64>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Wire<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Wire<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let result = Pin::new(&mut self.stream).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = result {
+            self.sent.fetch_add(n as u64, Ordering::SeqCst);
+        }
+        result
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let result = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = result {
+            self.sent.fetch_add(n as u64, Ordering::SeqCst);
+        }
+        result
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
 }
 
 /// The first-byte deadline of the exchange under way on a connection, if it has one.
@@ -105,13 +167,24 @@ impl<S> Tracked<S> {
         }
     }
 
-    fn count(&self, result: &Poll<io::Result<usize>>) {
-        if let Poll::Ready(Ok(n)) = result {
-            if *n > 0 {
-                self.written.fetch_add(*n as u64, Ordering::SeqCst);
-                // Started in time: the rest of the request may follow.
-                self.first_byte.set(Deadline::None);
-            }
+    /// The socket's count under TLS, taken before a write.
+    fn wire_sent(&self) -> u64 {
+        self.wire.as_ref().map_or(0, |w| w.load(Ordering::SeqCst))
+    }
+
+    /// Counts a write's result. A failed write counts too when the socket beneath TLS accepted
+    /// bytes during it (`wire_before` is the socket's count before the write): records made
+    /// from its plaintext may have left before the failure.
+    fn count(&self, result: &Poll<io::Result<usize>>, wire_before: u64) {
+        let n = match result {
+            Poll::Ready(Ok(n)) => *n as u64,
+            Poll::Ready(Err(_)) => self.wire_sent().saturating_sub(wire_before),
+            Poll::Pending => 0,
+        };
+        if n > 0 {
+            self.written.fetch_add(n, Ordering::SeqCst);
+            // Started in time: the rest of the request may follow.
+            self.first_byte.set(Deadline::None);
         }
     }
 }
@@ -135,8 +208,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
         if let Some(refused) = self.check() {
             return Poll::Ready(Err(refused));
         }
+        let wire_before = self.wire_sent();
         let result = Pin::new(&mut self.stream).poll_write(cx, buf);
-        self.count(&result);
+        self.count(&result, wire_before);
         result
     }
 
@@ -148,8 +222,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
         if let Some(refused) = self.check() {
             return Poll::Ready(Err(refused));
         }
+        let wire_before = self.wire_sent();
         let result = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
-        self.count(&result);
+        self.count(&result, wire_before);
         result
     }
 
@@ -197,8 +272,12 @@ impl Conn {
         self.written.load(Ordering::SeqCst)
     }
 
+    /// Open as far as this process knows: the connection's task still runs. It may not be
+    /// ready for the next request yet (right after an answer, until its task has been polled
+    /// again); the exchange waits for that (`ready`), and a connection that closed meanwhile
+    /// fails it with nothing written.
     fn is_usable(&self) -> bool {
-        self.sender.is_ready() && self.task.0.as_ref().is_some_and(|t| !t.is_finished())
+        !self.sender.is_closed() && self.task.0.as_ref().is_some_and(|t| !t.is_finished())
     }
 }
 
@@ -377,12 +456,18 @@ async fn connect(endpoint: &Endpoint) -> Result<Conn, Failure> {
     };
     let _ = stream.set_nodelay(true);
     let Some(tls) = &endpoint.tls else {
-        return start(address, stream).await;
+        return start(address, stream, None).await;
     };
     // The handshake's own bytes are not counted: `Tracked` wraps the stream once it is over.
-    let handshake = tls.connector.connect(tls.server_name.clone(), stream);
+    // `Wire` counts beneath TLS from the start, but only its changes during a write matter.
+    let sent = Arc::new(AtomicU64::new(0));
+    let wire = Wire {
+        stream,
+        sent: sent.clone(),
+    };
+    let handshake = tls.connector.connect(tls.server_name.clone(), wire);
     match tokio::time::timeout_at(deadline, handshake).await {
-        Ok(Ok(stream)) => start(address, stream).await,
+        Ok(Ok(stream)) => start(address, stream, Some(sent)).await,
         Ok(Err(e)) => Err(Failure::NotWritten(format!(
             "tls handshake with {address}: {}",
             describe_tls(&e)
@@ -393,8 +478,9 @@ async fn connect(endpoint: &Endpoint) -> Result<Conn, Failure> {
     }
 }
 
-/// Starts HTTP/1.1 on a connected stream, counting what is written to it from now on.
-async fn start<S>(address: &str, stream: S) -> Result<Conn, Failure>
+/// Starts HTTP/1.1 on a connected stream, counting what is written to it from now on (`wire`:
+/// the count of the socket beneath, when `stream` is TLS).
+async fn start<S>(address: &str, stream: S, wire: Option<Arc<AtomicU64>>) -> Result<Conn, Failure>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -404,6 +490,7 @@ where
         stream,
         written: written.clone(),
         first_byte: first_byte.clone(),
+        wire,
     });
     let (sender, connection) = http1::handshake(io)
         .await
@@ -458,6 +545,150 @@ fn describe_hyper(e: &hyper::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use rustls::pki_types::{PrivatePkcs8KeyDer, ServerName};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+    /// How [`Breaking`] treats writes.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Break {
+        Intact,
+        /// The next write goes through; every one after it fails with a reset.
+        AfterOneWrite,
+        /// Every write fails with a reset.
+        Broken,
+    }
+
+    /// The client's end of an in-memory socket that can be broken: a remote that resets the
+    /// connection while a write is under way.
+    struct Breaking {
+        inner: DuplexStream,
+        state: Arc<Mutex<Break>>,
+    }
+
+    impl AsyncRead for Breaking {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.inner).poll_read(cx, buf)
+        }
+    }
+
+    impl AsyncWrite for Breaking {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            let state = *self.state.lock().unwrap();
+            match state {
+                Break::Intact => Pin::new(&mut self.inner).poll_write(cx, buf),
+                Break::AfterOneWrite => {
+                    let result = Pin::new(&mut self.inner).poll_write(cx, buf);
+                    if let Poll::Ready(Ok(_)) = result {
+                        *self.state.lock().unwrap() = Break::Broken;
+                    }
+                    result
+                }
+                Break::Broken => Poll::Ready(Err(io::ErrorKind::ConnectionReset.into())),
+            }
+        }
+
+        fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.inner).poll_flush(cx)
+        }
+
+        fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.inner).poll_shutdown(cx)
+        }
+    }
+
+    /// A TLS connection over a [`Breaking`] socket, broken as `mode` once the handshake is
+    /// over; 20,000 bytes (two TLS records) are written through [`Tracked`]. Returns whether
+    /// the write failed, the count `Tracked` kept, and the plaintext bytes the remote received.
+    async fn write_through_breaking_tls(mode: Break) -> (bool, u64, usize) {
+        let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![certified.cert.der().clone()],
+                PrivatePkcs8KeyDer::from(certified.key_pair.serialize_der()).into(),
+            )
+            .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(certified.cert.der().clone()).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+
+        let (client_io, server_io) = tokio::io::duplex(1 << 20);
+        let (accepted, handshake_over) = tokio::sync::oneshot::channel();
+        let remote = tokio::spawn(async move {
+            let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+            let mut tls = acceptor.accept(server_io).await.unwrap();
+            accepted.send(()).unwrap();
+            let mut received = 0;
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = tls.read(&mut buf).await {
+                received += n;
+            }
+            received
+        });
+        let state = Arc::new(Mutex::new(Break::Intact));
+        let sent = Arc::new(AtomicU64::new(0));
+        let wire = Wire {
+            stream: Breaking {
+                inner: client_io,
+                state: state.clone(),
+            },
+            sent: sent.clone(),
+        };
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(client))
+            .connect(ServerName::try_from("localhost").unwrap(), wire)
+            .await
+            .unwrap();
+        handshake_over.await.unwrap();
+        *state.lock().unwrap() = mode;
+        let written = Arc::new(AtomicU64::new(0));
+        let mut tracked = Tracked {
+            stream: tls,
+            written: written.clone(),
+            first_byte: Arc::new(FirstByte::default()),
+            wire: Some(sent),
+        };
+        let failed = tracked.write(&[b'x'; 20_000]).await.is_err();
+        drop(tracked);
+        let received = remote.await.unwrap();
+        (failed, written.load(Ordering::SeqCst), received)
+    }
+
+    /// The remote resets the connection after the first of two TLS records of a write reached
+    /// it: the write fails, and its first 16,384 bytes are at the remote. They count as written
+    /// (the exchange is unknown, not "not sent").
+    #[tokio::test]
+    async fn a_tls_write_that_fails_after_a_record_left_counts_as_written() {
+        let (failed, written, received) = write_through_breaking_tls(Break::AfterOneWrite).await;
+        assert!(failed);
+        assert_eq!(received, 16_384, "the first record reached the remote");
+        assert!(written > 0, "bytes at the remote, none counted");
+    }
+
+    /// A write whose first socket write already fails leaves nothing at the remote and counts
+    /// nothing (still "not sent").
+    #[tokio::test]
+    async fn a_tls_write_that_fails_before_any_record_left_counts_nothing() {
+        let (failed, written, received) = write_through_breaking_tls(Break::Broken).await;
+        assert!(failed);
+        assert_eq!(received, 0);
+        assert_eq!(written, 0);
+    }
 
     #[test]
     fn descriptor_exhaustion_is_named_local() {

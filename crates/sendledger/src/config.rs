@@ -3,8 +3,9 @@
 //!
 //! Environment overrides: `SENDLEDGER__<SECTION>__<FIELD>=value` sets `<section>.<field>`
 //! (names are lower-cased; `__` separates levels), e.g. `SENDLEDGER__KAFKA__BROKERS=kafka:9092`
-//! or `SENDLEDGER__ADMIN__TOKEN=...`. Under `kafka.properties` a single `_` becomes a `.`, so
-//! `SENDLEDGER__KAFKA__PROPERTIES__SASL_PASSWORD` sets the librdkafka property `sasl.password`.
+//! or `SENDLEDGER__ADMIN__TOKEN=...`. Under `kafka.properties` a `_` (or `__`) becomes a `.`, so
+//! `SENDLEDGER__KAFKA__PROPERTIES__SASL_PASSWORD` (or `..._SASL__PASSWORD`) sets the librdkafka
+//! property `sasl.password`.
 //! A value is read as a TOML literal when it is one (`4`, `true`, `["a"]`), else as a string.
 //!
 //! Every error names the field (`kafka.brokers: ...`) and, for an override, the variable.
@@ -450,15 +451,18 @@ fn problem(field: &str, e: serde_path_to_error::Error<toml::de::Error>) -> Strin
     }
 }
 
-/// `KAFKA__PROPERTIES__SASL_PASSWORD` → `["kafka", "properties", "sasl.password"]`.
+/// `KAFKA__PROPERTIES__SASL_PASSWORD` → `["kafka", "properties", "sasl.password"]`; so does
+/// `KAFKA__PROPERTIES__SASL__PASSWORD` (a property's value is never a table).
 fn override_path(path: &str) -> anyhow::Result<Vec<String>> {
     let parts: Vec<&str> = path.split("__").collect();
     if parts.iter().any(|p| p.is_empty()) {
         bail!("has an empty name between `__` separators");
     }
     let mut out: Vec<String> = parts.iter().map(|p| p.to_ascii_lowercase()).collect();
-    if out.len() == 3 && out[0] == "kafka" && out[1] == "properties" {
-        out[2] = out[2].replace('_', ".");
+    if out.len() >= 3 && out[0] == "kafka" && out[1] == "properties" {
+        let property = out[2..].join(".").replace('_', ".");
+        out.truncate(2);
+        out.push(property);
     }
     Ok(out)
 }
@@ -607,6 +611,17 @@ mod tests {
         assert_eq!(c.kafka.partitions, 12);
         assert_eq!(c.kafka.properties["sasl.password"], "s3cret");
         assert_eq!(c.admin.token.as_deref(), Some("12345"));
+        // Below kafka.properties, `__` separates the parts of a property name as `_` does.
+        let split = parse(
+            MINIMAL,
+            &[
+                ("SENDLEDGER__KAFKA__PROPERTIES__SASL__PASSWORD", "12345"),
+                ("SENDLEDGER__KAFKA__PROPERTIES__SSL__KEY_PASSWORD", "k3y"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(split.kafka.properties["sasl.password"], "12345");
+        assert_eq!(split.kafka.properties["ssl.key.password"], "k3y");
         assert_eq!(c.engine.timer_tick, Duration::from_millis(50));
     }
 

@@ -84,6 +84,8 @@ pub(crate) fn config_of(args: &RunArgs) -> anyhow::Result<Config> {
 /// consumer fails for good (an error).
 pub fn run(args: RunArgs) -> anyhow::Result<bool> {
     let config = Config::load(&args.config)?;
+    // Secrets show as `***` (see `Config`'s `Debug`).
+    tracing::debug!(?config, "configuration");
     runtime()?.block_on(async {
         let signal = tokio::spawn(shutdown_signal());
         let kafka = tokio::task::block_in_place(|| Kafka::connect(config.kafka_config()))

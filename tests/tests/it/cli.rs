@@ -364,6 +364,57 @@ fn the_example_configs_run_together() {
     );
 }
 
+/// `bench effects --tls` with tiny counts reports both schemes and their ratio: every attempt
+/// succeeded with one record at its remote (none twice), https over pooled connections (one
+/// per attempt in flight at most) with no failed handshake, and the ratio is https over http.
+/// Without `--tls` there is no https part.
+#[test]
+fn bench_effects_with_tls_reports_http_and_https_attempts_and_their_ratio() {
+    let out = cli()
+        .args(["bench", "effects", "--tls", "--seconds", "0.4"])
+        .args(["--in-flight", "2", "--rounds", "2"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let https = &report["https"];
+    assert_eq!(report["connections"], "pooled", "{report}");
+    assert_eq!(report["rounds"], 2, "{report}");
+    for run in [&report, https] {
+        assert!(run["attempts"].as_u64().unwrap() > 0, "{report}");
+        assert_eq!(run["outcomes"]["succeeded"], run["attempts"], "{report}");
+        assert_eq!(run["sim"]["duplicates"], 0, "{report}");
+    }
+    assert_eq!(https["sim"]["records"], https["attempts"], "{report}");
+    assert_eq!(https["sim"]["handshakes_failed"], 0, "{report}");
+    assert!(
+        https["sim"]["connections"].as_u64().unwrap() <= 2,
+        "{report}"
+    );
+    let http_rate = report["attempts_per_sec"].as_f64().unwrap();
+    let https_rate = https["attempts_per_sec"].as_f64().unwrap();
+    let ratio = report["https_to_http_ratio"].as_f64().unwrap();
+    assert!(
+        (ratio - https_rate / http_rate).abs() < 0.011,
+        "ratio {ratio} is not https/http: {report}"
+    );
+
+    let out = cli()
+        .args(["bench", "effects", "--seconds", "0.1", "--in-flight", "1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(report["attempts"].as_u64().unwrap() > 0, "{report}");
+    assert!(report.get("https").is_none(), "{report}");
+    assert!(report.get("https_to_http_ratio").is_none(), "{report}");
+}
+
 /// The body of `GET path` on `addr` (HTTP/1.1, connection closed by the server).
 pub fn http_get(addr: &str, path: &str) -> String {
     use std::io::{Read, Write};

@@ -3,14 +3,20 @@
 //! handshake is not sent (no record can exist); once request bytes were handed to TLS, a broken
 //! or silent connection is unknown. Plus mutual TLS, pooling, lookups and load errors.
 
+use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use sendledger_core::{NotSentCause, UnknownCause};
 use sendledger_effects::{AttemptOutcome, Sending, Target, TargetConfig};
 use sendledger_sim::{Faults, Sim, SimConfig, SimTlsConfig};
 use sendledger_tests::pki::{Ca, Issued};
 use serde_json::json;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio_rustls::TlsAcceptor;
 
 use super::effects::{config, faults, request};
 
@@ -382,11 +388,13 @@ async fn https_refused_after_the_handshake_is_unknown_and_nothing_was_created() 
 
 // ---- Connections and mutual TLS ----
 
-#[tokio::test]
+/// On a runtime with several threads, so a connection's task may not have been polled again
+/// yet when its answer has been read and it goes back to the pool: it is kept all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_idle_connections_are_reused_only_when_pooling_is_on() {
     let remote = Remote::start(Faults::default()).await;
     let pooled = remote.target("");
-    for i in 0..10 {
+    for i in 0..50 {
         let outcome = pooled
             .execute(&request(&format!("p-{i}"), json!({})), 1, None)
             .await;
@@ -407,7 +415,7 @@ async fn https_idle_connections_are_reused_only_when_pooling_is_on() {
         );
     }
     assert_eq!(remote.sim.stats().connections, 11);
-    assert_eq!(remote.sim.stats().records, 20);
+    assert_eq!(remote.sim.stats().records, 60);
 }
 
 /// The remote requires a client certificate from its clients' CA. A target presenting one
@@ -637,4 +645,377 @@ async fn a_lapsed_send_lease_writes_nothing_on_a_pooled_connection() {
     assert_eq!(remote.sim.stats().posts, 2);
     assert_eq!(remote.sim.stats().connections, 1);
     assert!(remote.sim.records_with_identity("p-2").is_empty());
+}
+
+// ---- A pooled connection ended by the remote as a request is written on it ----
+
+/// How the relay ends a connection.
+#[derive(Clone, Copy, Debug)]
+enum Ending {
+    /// `close_notify` and FIN; it goes on reading, so request bytes that still arrive are seen.
+    CloseNotify,
+    /// FIN without `close_notify` (a remote that just closes its socket); it goes on reading.
+    Fin,
+    /// A reset: what arrives afterwards cannot be seen.
+    Reset,
+}
+
+/// When the relay ends the connection that answered a first request.
+#[derive(Clone, Copy, Debug)]
+enum Moment {
+    /// This long after it relayed the first answer, whatever the client is doing then.
+    Idle(Duration),
+    /// As soon as the first bytes of a second request arrive; that request is not forwarded.
+    FirstBytes,
+    /// Once a second request arrived whole and the remote answered it (its record exists); the
+    /// answer is not relayed.
+    Answered,
+}
+
+/// What the relay saw of the second request on a connection it ended: plaintext bytes, and
+/// whether it saw everything the client wrote (not after a reset).
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    bytes: usize,
+    complete: bool,
+}
+
+/// A TLS-terminating relay in front of the plain-http simulated remote. Each new connection
+/// takes the next plan, if there is one: it relays one exchange, ends the connection as planned
+/// and reports what it saw of a second request. Connections without a plan relay everything.
+struct Relay {
+    addr: std::net::SocketAddr,
+    /// Connections accepted so far.
+    connections: Arc<std::sync::atomic::AtomicUsize>,
+    plans: Arc<Mutex<VecDeque<(Moment, Ending)>>>,
+    seen: tokio::sync::mpsc::UnboundedReceiver<Seen>,
+}
+
+impl Relay {
+    async fn start(upstream: std::net::SocketAddr, acceptor: TlsAcceptor) -> Relay {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let plans: Arc<Mutex<VecDeque<(Moment, Ending)>>> = Arc::default();
+        let (report, seen) = tokio::sync::mpsc::unbounded_channel();
+        let next = plans.clone();
+        let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let accepted = connections.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let plan = next.lock().unwrap().pop_front();
+                let (acceptor, report) = (acceptor.clone(), report.clone());
+                tokio::spawn(async move {
+                    let seen = relay_connection(tcp, acceptor, upstream, plan).await;
+                    if let Some(seen) = seen {
+                        let _ = report.send(seen);
+                    }
+                });
+            }
+        });
+        Relay {
+            addr,
+            connections,
+            plans,
+            seen,
+        }
+    }
+
+    fn connections(&self) -> usize {
+        self.connections.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The plan of the next connection opened to the relay.
+    fn plan(&self, moment: Moment, ending: Ending) {
+        self.plans.lock().unwrap().push_back((moment, ending));
+    }
+
+    /// What the planned connection saw of its second request, once it ended.
+    async fn seen(&mut self) -> Seen {
+        tokio::time::timeout(Duration::from_secs(20), self.seen.recv())
+            .await
+            .expect("the relay reports what it saw")
+            .unwrap()
+    }
+}
+
+/// Relays one connection (see [`Relay`]); with a plan, returns what it saw of the second
+/// request.
+async fn relay_connection(
+    tcp: tokio::net::TcpStream,
+    acceptor: TlsAcceptor,
+    upstream: std::net::SocketAddr,
+    plan: Option<(Moment, Ending)>,
+) -> Option<Seen> {
+    let _ = tcp.set_nodelay(true);
+    let mut tls = acceptor
+        .accept(tcp)
+        .await
+        .expect("the client completes the handshake");
+    let mut remote = tokio::net::TcpStream::connect(upstream).await.unwrap();
+    let (mut from_client, mut from_remote) = (Vec::new(), Vec::new());
+    let Some((moment, ending)) = plan else {
+        // Until either side ends the connection.
+        while let Some(request) = read_message(&mut tls, &mut from_client).await {
+            remote.write_all(&request).await.unwrap();
+            let answer = read_message(&mut remote, &mut from_remote).await.unwrap();
+            if tls.write_all(&answer).await.is_err() {
+                break;
+            }
+        }
+        return None;
+    };
+    let request = read_message(&mut tls, &mut from_client).await.unwrap();
+    remote.write_all(&request).await.unwrap();
+    let answer = read_message(&mut remote, &mut from_remote).await.unwrap();
+    tls.write_all(&answer).await.unwrap();
+    tls.flush().await.unwrap();
+    let before_end = match moment {
+        Moment::Idle(after) => {
+            spin(after).await;
+            0
+        }
+        Moment::FirstBytes => {
+            let mut chunk = [0u8; 1];
+            tls.read(&mut chunk).await.unwrap_or(0)
+        }
+        Moment::Answered => {
+            let Some(request) = read_message(&mut tls, &mut from_client).await else {
+                // The client ended the connection without a whole second request.
+                return Some(Seen {
+                    bytes: from_client.len(),
+                    complete: true,
+                });
+            };
+            remote.write_all(&request).await.unwrap();
+            read_message(&mut remote, &mut from_remote).await.unwrap();
+            request.len()
+        }
+    };
+    match ending {
+        Ending::Reset => {
+            tls.get_ref().0.set_zero_linger().unwrap();
+            return Some(Seen {
+                bytes: before_end,
+                complete: false,
+            });
+        }
+        Ending::CloseNotify => {
+            let _ = tls.shutdown().await;
+        }
+        Ending::Fin => {
+            let _ = tls.get_mut().0.shutdown().await;
+        }
+    }
+    // Whatever the client still writes arrives before its own end of the connection.
+    let mut bytes = before_end;
+    let mut chunk = [0u8; 16384];
+    while let Ok(Ok(n @ 1..)) =
+        tokio::time::timeout(Duration::from_secs(10), tls.read(&mut chunk)).await
+    {
+        bytes += n;
+    }
+    Some(Seen {
+        bytes,
+        complete: true,
+    })
+}
+
+/// Reads one HTTP/1.1 message (its body by `content-length`) from `io`, after what `buf`
+/// holds already; leaves what follows it in `buf`. `None` when the stream ends first.
+async fn read_message<S: AsyncRead + Unpin>(io: &mut S, buf: &mut Vec<u8>) -> Option<Vec<u8>> {
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = std::str::from_utf8(&buf[..end]).unwrap();
+            let body = head
+                .lines()
+                .filter_map(|line| line.split_once(':'))
+                .find(|(name, _)| name.trim().eq_ignore_ascii_case("content-length"))
+                .map_or(0, |(_, value)| value.trim().parse::<usize>().unwrap());
+            let total = end + 4 + body;
+            if buf.len() >= total {
+                let rest = buf.split_off(total);
+                return Some(std::mem::replace(buf, rest));
+            }
+        }
+        let mut chunk = [0u8; 16384];
+        match io.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// Waits `d` without sleeping (timers are too coarse for the race's microseconds).
+async fn spin(d: Duration) {
+    let until = std::time::Instant::now() + d;
+    while std::time::Instant::now() < until {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// A relay in front of a plain-http simulated remote, with a certificate from `ca`, and a
+/// target configuration against it (pooled connections) that trusts `ca`.
+async fn relayed_remote(ca: &Ca) -> (Sim, Relay, TargetConfig) {
+    let sim = super::effects::start_sim(Faults::default()).await;
+    let issued = ca.issue("relay", &["127.0.0.1"]);
+    let relay = Relay::start(sim.addr(), acceptor(&issued)).await;
+    let mut cfg = config(&sim, &format!("tls = {{ {} }}", trust(ca)));
+    cfg.url = format!("https://{}/records", relay.addr);
+    (sim, relay, cfg)
+}
+
+fn acceptor(issued: &Issued) -> TlsAcceptor {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain = CertificateDer::pem_file_iter(&issued.cert)
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_file(&issued.key).unwrap();
+    let server = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(chain, key)
+    .unwrap();
+    TlsAcceptor::from(Arc::new(server))
+}
+
+/// Checks one race: the first request `warm` went through the relay on a connection that the
+/// relay then ended at `moment`, and `outcome` is the attempt of `key` that followed on the
+/// pooled connection. Returns the outcome's class.
+fn check_race(
+    sim: &Sim,
+    moment: Moment,
+    ending: Ending,
+    key: &str,
+    outcome: &AttemptOutcome,
+    seen: Seen,
+    posts: u64,
+) -> &'static str {
+    let records = sim.records_with_identity(key).len();
+    let context =
+        format!("{moment:?}, {ending:?}: {outcome:?}, relay saw {seen:?}, {records} records");
+    let class = match outcome {
+        AttemptOutcome::NotSent {
+            cause: NotSentCause::Connect(_),
+            ..
+        } => {
+            // Nothing of the request left: the relay saw none of it, nothing was created.
+            assert_eq!(
+                seen.bytes, 0,
+                "not sent, yet request bytes arrived: {context}"
+            );
+            assert_eq!(records, 0, "{context}");
+            "not sent"
+        }
+        AttemptOutcome::Unknown { .. } => {
+            // Written on the ended connection: the relay forwarded it only when planned to.
+            if seen.complete {
+                assert!(
+                    seen.bytes > 0,
+                    "unknown, yet no request byte arrived: {context}"
+                );
+            }
+            let forwarded = usize::from(matches!(moment, Moment::Answered));
+            assert_eq!(records, forwarded, "{context}");
+            "unknown"
+        }
+        AttemptOutcome::Succeeded { .. } => {
+            // The client saw the connection end and opened another: nothing on the old one.
+            assert_eq!(seen.bytes, 0, "{context}");
+            assert_eq!(records, 1, "{context}");
+            "succeeded on a new connection"
+        }
+        other => panic!("unexpected outcome {other:?} ({context})"),
+    };
+    // Never sent twice: one POST at most reached the remote, none when nothing was created.
+    assert_eq!(posts, records as u64, "posts at the remote: {context}");
+    class
+}
+
+/// The remote ends an idle pooled connection (`close_notify`, a bare FIN or a reset) at a
+/// seeded moment around the instant the next request is written on it. Whichever comes first,
+/// an attempt is "not sent" only when no byte of its request arrived and nothing was created,
+/// and "unknown" only when request bytes arrived (as far as the relay can see); a client that
+/// noticed the end in time succeeds on a new connection. No request is ever sent twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_connection_ended_as_a_request_is_written_is_never_not_sent_once_bytes_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new(dir.path(), "relay");
+    let (sim, mut relay, cfg) = relayed_remote(&ca).await;
+    let mut rng = StdRng::seed_from_u64(20_260_512);
+    let mut tally: BTreeMap<String, usize> = BTreeMap::new();
+    for i in 0..240 {
+        let ending = [Ending::CloseNotify, Ending::Fin, Ending::Reset][i % 3];
+        let relay_after = Duration::from_micros(rng.random_range(0..=1_500));
+        let client_after = Duration::from_micros(rng.random_range(0..=1_500));
+        relay.plan(Moment::Idle(relay_after), ending);
+        let target = Target::from_config("payments", &cfg).unwrap();
+        let warm = target
+            .execute(&request(&format!("warm-{i}"), json!({})), 1, None)
+            .await;
+        assert!(matches!(warm, AttemptOutcome::Succeeded { .. }), "{warm:?}");
+        let posts = sim.stats().posts;
+        spin(client_after).await;
+        let key = format!("race-{i}");
+        let outcome = target.execute(&request(&key, json!({})), 1, None).await;
+        let seen = relay.seen().await;
+        let posts = sim.stats().posts - posts;
+        let class = check_race(
+            &sim,
+            Moment::Idle(relay_after),
+            ending,
+            &key,
+            &outcome,
+            seen,
+            posts,
+        );
+        *tally.entry(format!("{ending:?}: {class}")).or_default() += 1;
+    }
+    eprintln!("outcomes over the seeded schedule: {tally:?}");
+}
+
+/// The remote ends the pooled connection on the first bytes of the next request (not
+/// forwarded: nothing created), or after that request was answered by the remote (its record
+/// exists) without relaying the answer. Either way bytes were written: unknown, with the
+/// remote's records counted (none, or exactly one). Small requests and requests of several TLS
+/// records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_connection_ended_after_request_bytes_arrived_is_unknown() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new(dir.path(), "relay");
+    let (sim, mut relay, cfg) = relayed_remote(&ca).await;
+    let large = "x".repeat(60_000);
+    let mut i = 0;
+    for moment in [Moment::FirstBytes, Moment::Answered] {
+        for ending in [Ending::CloseNotify, Ending::Fin, Ending::Reset] {
+            for payload in [json!({}), json!({ "memo": large })] {
+                i += 1;
+                relay.plan(moment, ending);
+                let target = Target::from_config("payments", &cfg).unwrap();
+                let warm = target
+                    .execute(&request(&format!("warm-{i}"), json!({})), 1, None)
+                    .await;
+                assert!(matches!(warm, AttemptOutcome::Succeeded { .. }), "{warm:?}");
+                let posts = sim.stats().posts;
+                let connections = relay.connections();
+                let key = format!("race-{i}");
+                let outcome = target.execute(&request(&key, payload), 1, None).await;
+                let seen = relay.seen().await;
+                assert_eq!(
+                    relay.connections(),
+                    connections,
+                    "the pooled connection was not reused: {moment:?}, {ending:?}, {outcome:?}"
+                );
+                let posts = sim.stats().posts - posts;
+                let class = check_race(&sim, moment, ending, &key, &outcome, seen, posts);
+                assert_eq!(class, "unknown", "{moment:?}, {ending:?}: {outcome:?}");
+                assert!(seen.bytes > 0);
+            }
+        }
+    }
 }
