@@ -51,6 +51,10 @@ pub struct Append {
     /// Kafka mode: the events were read from the log of record (a restore), so they are
     /// recorded without being written to it again; `cursors` carries the checkpoint.
     pub restored: bool,
+    /// Kafka mode, a restore: tasks whose events in the ledger from this sequence number on
+    /// differ from the log of record's. The index forgets them (before `events` are indexed);
+    /// the log's events replace them.
+    pub truncate_tasks: Vec<(TaskId, u32)>,
 }
 
 /// Kafka mode's log of record as the journal sees it: before the ledger records a batch, the
@@ -330,6 +334,14 @@ fn build_batch(db: &DB, first_lsn: u64, pending: &[Request]) -> (WriteBatch, Vec
     for req in pending {
         let a = &req.append;
         let start = lsn;
+        for (task, from) in &a.truncate_tasks {
+            batch.delete_range_cf(
+                task_events,
+                task_event_key(*task, *from),
+                task_event_key(*task, u32::MAX),
+            );
+            batch.delete_cf(task_events, task_event_key(*task, u32::MAX));
+        }
         for ev in &a.events {
             let event = ev.clone().with_lsn(lsn);
             batch.put_cf(log, lsn_key(lsn), encode_event(&event));

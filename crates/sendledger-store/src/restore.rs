@@ -3,7 +3,10 @@
 //! the partition over, before it resumes the partition's tasks.
 //!
 //! Applying is idempotent: an event the ledger already holds (same task, same sequence
-//! number) is skipped, so a restore may start from an older checkpoint than needed. What the
+//! number, same content) is skipped, so a restore may start from an older checkpoint than
+//! needed. The log of record wins over the ledger: when the ledger holds a different event at
+//! a task's sequence number (a copy that went its own way), the task's events from there on
+//! are replaced by the log's. What the
 //! ledger derives from events comes with them, as the task's writer would have appended it:
 //! the task's summary (folded from all its events), its identity on acceptance, and the
 //! processed marker of every delivery's requests offset. Timers are not restored: the engine
@@ -38,7 +41,15 @@ pub fn restore_append(ledger: &Ledger, events: &[Event]) -> Result<Append> {
         };
         let next_seq = history.len() as u32;
         if e.task_seq < next_seq {
-            continue;
+            let held = &history[e.task_seq as usize];
+            if held.body == e.body && held.at == e.at {
+                continue;
+            }
+            // The ledger's copy went its own way (events the log of record does not hold):
+            // the log wins, from this event on.
+            tracing::warn!(task_id = %e.task_id, task_seq = e.task_seq, held = held.body.name(), logged = e.body.name(), "the ledger's events of a task differ from its log of record; the log's replace them");
+            history.truncate(e.task_seq as usize);
+            append.truncate_tasks.push((e.task_id, e.task_seq));
         }
         if e.task_seq > next_seq {
             return Err(Error::Corrupt {
@@ -92,4 +103,92 @@ pub fn restore_append(ledger: &Ledger, events: &[Event]) -> Result<Append> {
         ));
     }
     Ok(append)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::LedgerOptions;
+    use sendledger_core::event::Evidence;
+    use sendledger_core::fixtures::accepted;
+    use sendledger_core::Phase;
+
+    fn event(task: TaskId, seq: u32, at: u64, body: EventBody) -> Event {
+        Event {
+            lsn: 0,
+            task_id: task,
+            task_seq: seq,
+            at,
+            body,
+        }
+    }
+
+    fn restore(ledger: &Ledger, events: &[Event]) {
+        let mut append = restore_append(ledger, events).unwrap();
+        append.restored = true;
+        ledger.append_blocking(append).unwrap();
+    }
+
+    /// The ledger held its own copy of a task: an intent and an unknown outcome that the log
+    /// of record does not hold, where the log has another instance's intent and confirmation.
+    /// The log's events replace the copy from the first that differs, the index forgets the
+    /// copy's longer tail, and the summary is folded from the log's history. Events the ledger
+    /// holds as they are in the log are skipped.
+    #[test]
+    fn a_ledger_copy_that_differs_from_the_log_is_replaced_by_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(dir.path(), LedgerOptions::default()).unwrap();
+        let (task, body) = accepted();
+        let intent = |attempt| EventBody::SendIntended {
+            attempt,
+            idempotency_key: None,
+        };
+        let unknown = EventBody::SendUnknown {
+            attempt: 1,
+            cause: sendledger_core::event::UnknownCause::Recovery,
+        };
+        let first = event(task, 0, 10, body);
+        restore(
+            &ledger,
+            &[
+                first.clone(),
+                event(task, 1, 20, intent(1)),
+                event(task, 2, 30, unknown.clone()),
+                event(task, 3, 40, unknown),
+            ],
+        );
+        assert_eq!(ledger.task_events(task).unwrap().len(), 4);
+
+        let confirmed = EventBody::Confirmed {
+            remote_id: "rec-1".into(),
+            evidence: Evidence::Response { status: 201 },
+        };
+        let log = [
+            first,
+            event(task, 1, 25, intent(1)),
+            event(task, 2, 35, confirmed),
+        ];
+        let append = restore_append(&ledger, &log).unwrap();
+        assert_eq!(append.truncate_tasks, [(task, 1)]);
+        assert_eq!(append.events.len(), 2, "the first event is held as it is");
+        restore(&ledger, &log);
+        let held: Vec<(u32, u64, EventBody)> = ledger
+            .task_events(task)
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.task_seq, e.at, e.body))
+            .collect();
+        let logged: Vec<(u32, u64, EventBody)> = log
+            .iter()
+            .map(|e| (e.task_seq, e.at, e.body.clone()))
+            .collect();
+        assert_eq!(held, logged);
+        let summary = ledger.task_summary(task).unwrap().unwrap();
+        assert_eq!(summary.phase, Phase::Succeeded);
+        assert_eq!(summary.next_seq, 3);
+
+        // Restoring the same log again changes nothing.
+        let again = restore_append(&ledger, &log).unwrap();
+        assert!(again.events.is_empty() && again.truncate_tasks.is_empty());
+    }
 }
