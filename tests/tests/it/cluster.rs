@@ -193,6 +193,19 @@ struct Running {
     run: usize,
 }
 
+/// A test that fails leaves no process behind: a running instance is killed (thawed first,
+/// should it be frozen).
+impl Drop for Instance {
+    fn drop(&mut self) {
+        if let Some(mut running) = self.running.take() {
+            // SAFETY: kill(2) on our own child's pid, which has not been waited for yet.
+            unsafe { libc::kill(running.child.id() as i32, libc::SIGCONT) };
+            let _ = running.child.kill();
+            let _ = running.child.wait();
+        }
+    }
+}
+
 impl Instance {
     fn new(
         root: &Path,
