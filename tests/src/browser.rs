@@ -110,6 +110,17 @@ impl Browser {
     /// One command, to the page (`session`) or the browser; its result. Panics on an error
     /// answer.
     fn send(&mut self, session: Option<&str>, method: &str, params: Value) -> Value {
+        self.try_send(session, method, params)
+            .unwrap_or_else(|error| panic!("{method} failed: {error}"))
+    }
+
+    /// [`Browser::send`], with an error answer returned.
+    fn try_send(
+        &mut self,
+        session: Option<&str>,
+        method: &str,
+        params: Value,
+    ) -> Result<Value, Value> {
         self.next_id += 1;
         let id = self.next_id;
         let mut command = json!({ "id": id, "method": method, "params": params });
@@ -132,9 +143,9 @@ impl Browser {
                 continue;
             }
             if let Some(error) = answer.get("error") {
-                panic!("{method} failed: {error}");
+                return Err(error.clone());
             }
-            return answer["result"].clone();
+            return Ok(answer["result"].clone());
         }
     }
 
@@ -171,9 +182,31 @@ impl Browser {
     pub fn wait_for(&mut self, expression: &str) -> Value {
         let deadline = Instant::now() + PAGE_WAIT;
         loop {
-            let value = self.eval(&format!(
-                "(() => {{ try {{ return {expression}; }} catch (_) {{ return null; }} }})()"
-            ));
+            let session = self.session.clone();
+            let answer = self.try_send(
+                Some(&session),
+                "Runtime.evaluate",
+                json!({
+                    "expression": format!(
+                        "(() => {{ try {{ return {expression}; }} catch (_) {{ return null; }} }})()"
+                    ),
+                    "returnByValue": true,
+                    "awaitPromise": true,
+                }),
+            );
+            // A page that is navigating (a form just submitted) has no context to evaluate in
+            // yet: not shown yet.
+            let value = match answer {
+                Ok(result) => result["result"]["value"].clone(),
+                Err(error)
+                    if error["message"].as_str().is_some_and(|m| {
+                        m.contains("navigated or closed") || m.contains("context")
+                    }) =>
+                {
+                    Value::Null
+                }
+                Err(error) => panic!("Runtime.evaluate failed: {error}"),
+            };
             if !matches!(value, Value::Null | Value::Bool(false))
                 && value != json!(0)
                 && value != json!("")
