@@ -47,6 +47,19 @@ fn cluster_kafka(brokers: &str) -> KafkaConfig {
     }
 }
 
+/// The separate broker (logging to `dir`), the group's configuration against it, and a
+/// client of it with the topics created.
+async fn start_broker(dir: &Path) -> (crate::kafka::Tansu, KafkaConfig, Kafka) {
+    let tansu = tokio::task::block_in_place(|| start_tansu_logging_to(&dir.join("tansu.log")));
+    let kafka_config = cluster_kafka(&format!("127.0.0.1:{}", tansu.port));
+    let kafka = Kafka::connect(kafka_config.clone()).unwrap();
+    kafka
+        .ensure_topics(1, TIMEOUT, true)
+        .await
+        .expect("topics created");
+    (tansu, kafka_config, kafka)
+}
+
 /// The configuration file of one `sendledger run` in kafka mode on `dir`, with the admin
 /// endpoint on a free loopback port.
 fn instance_config(
@@ -664,6 +677,39 @@ impl Group {
         None
     }
 
+    /// Waits (at most `limit`) until every one of `tasks` has a result.
+    async fn wait_answered(
+        &mut self,
+        results: &ResultsFollower,
+        tasks: &BTreeSet<String>,
+        limit: Duration,
+    ) {
+        let deadline = Instant::now() + limit;
+        while !tasks.is_subset(&results.answered()) {
+            self.assert_alive();
+            assert!(
+                Instant::now() < deadline,
+                "{} tasks without a result",
+                tasks.difference(&results.answered()).count()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// SIGTERM to every running instance; each must stop cleanly (exit 0).
+    fn stop_all(&mut self) {
+        tokio::task::block_in_place(|| {
+            for i in self.instances.iter_mut().filter(|i| i.is_running()) {
+                let status = i.terminate();
+                assert!(
+                    status.success(),
+                    "instance {} did not stop cleanly: {status}",
+                    i.id
+                );
+            }
+        });
+    }
+
     fn owners(&self) -> String {
         self.instances
             .iter()
@@ -699,14 +745,7 @@ async fn three_instances_survive_kills_scaling_and_a_wiped_disk() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let started = Instant::now();
     let root = KeptOnFailure::new();
-    let tansu =
-        tokio::task::block_in_place(|| start_tansu_logging_to(&root.path().join("tansu.log")));
-    let kafka_config = cluster_kafka(&format!("127.0.0.1:{}", tansu.port));
-    let kafka = Kafka::connect(kafka_config.clone()).unwrap();
-    kafka
-        .ensure_topics(1, TIMEOUT, true)
-        .await
-        .expect("topics created");
+    let (tansu, kafka_config, kafka) = start_broker(root.path()).await;
     let sim = Sim::start(SimConfig {
         seed,
         lookup_lag: Duration::from_millis(300),
@@ -1108,14 +1147,7 @@ impl Stream {
 #[ignore = "kafka-mode chaos soak (a frozen instance); run by scripts/soak-cluster"]
 async fn a_frozen_instance_sends_nothing_for_partitions_it_lost() {
     let root = KeptOnFailure::new();
-    let tansu =
-        tokio::task::block_in_place(|| start_tansu_logging_to(&root.path().join("tansu.log")));
-    let kafka_config = cluster_kafka(&format!("127.0.0.1:{}", tansu.port));
-    let kafka = Kafka::connect(kafka_config.clone()).unwrap();
-    kafka
-        .ensure_topics(1, TIMEOUT, true)
-        .await
-        .expect("topics created");
+    let (tansu, kafka_config, kafka) = start_broker(root.path()).await;
     let sim = Sim::start(SimConfig {
         faults: Faults {
             latency: Duration::from_millis(500),
@@ -1249,16 +1281,9 @@ async fn a_frozen_instance_sends_nothing_for_partitions_it_lost() {
     let produced = stream.stop().await;
     let keys: Vec<String> = produced.iter().map(|(k, _)| k.clone()).collect();
     let tasks = crate::kafka::task_ids(&keys);
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while !tasks.is_subset(&results.answered()) {
-        group.assert_alive();
-        assert!(
-            Instant::now() < deadline,
-            "{} tasks without a result",
-            tasks.difference(&results.answered()).count()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    group
+        .wait_answered(&results, &tasks, Duration::from_secs(90))
+        .await;
 
     // A lived through it, is healthy, and stops cleanly.
     let instance_a = &group.instances[a];
@@ -1280,16 +1305,7 @@ async fn a_frozen_instance_sends_nothing_for_partitions_it_lost() {
         timeline.fenced(a)
     );
     assert!(healthy.is_some(), "A is not healthy");
-    tokio::task::block_in_place(|| {
-        for i in &mut group.instances {
-            let status = i.terminate();
-            assert!(
-                status.success(),
-                "instance {} did not stop cleanly: {status}",
-                i.id
-            );
-        }
-    });
+    group.stop_all();
     let raw = results.stop();
 
     // One record per identity at most, each task settled once, a clean log.
@@ -1385,14 +1401,7 @@ fn restored_events(log: &Path, run: usize) -> BTreeMap<i32, u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn failover_after_a_kill_and_after_a_restart_on_an_intact_disk() {
     let root = KeptOnFailure::new();
-    let tansu =
-        tokio::task::block_in_place(|| start_tansu_logging_to(&root.path().join("tansu.log")));
-    let kafka_config = cluster_kafka(&format!("127.0.0.1:{}", tansu.port));
-    let kafka = Kafka::connect(kafka_config.clone()).unwrap();
-    kafka
-        .ensure_topics(1, TIMEOUT, true)
-        .await
-        .expect("topics created");
+    let (tansu, kafka_config, kafka) = start_broker(root.path()).await;
     let sim = Sim::start(SimConfig::default()).await.unwrap();
     let target = sendledger_tests::engine::target(&sim.base_url(), |_| {});
     let timeline = Timeline::default();
@@ -1490,26 +1499,10 @@ async fn failover_after_a_kill_and_after_a_restart_on_an_intact_disk() {
 
     let keys: Vec<String> = produced.iter().map(|(k, _)| k.clone()).collect();
     let tasks = crate::kafka::task_ids(&keys);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !tasks.is_subset(&results.answered()) {
-        group.assert_alive();
-        assert!(
-            Instant::now() < deadline,
-            "{} tasks without a result",
-            tasks.difference(&results.answered()).count()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    tokio::task::block_in_place(|| {
-        for i in &mut group.instances {
-            let status = i.terminate();
-            assert!(
-                status.success(),
-                "instance {} did not stop cleanly: {status}",
-                i.id
-            );
-        }
-    });
+    group
+        .wait_answered(&results, &tasks, Duration::from_secs(60))
+        .await;
+    group.stop_all();
     let raw = results.stop();
     let reviews = assert_settled_once(&sim, &keys, &raw);
     assert!(reviews.is_empty(), "tasks in review: {reviews:?}");
@@ -1569,14 +1562,7 @@ async fn failover_after_a_kill_and_after_a_restart_on_an_intact_disk() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_partition_whose_log_failed_is_taken_over_again() {
     let root = KeptOnFailure::new();
-    let tansu =
-        tokio::task::block_in_place(|| start_tansu_logging_to(&root.path().join("tansu.log")));
-    let kafka_config = cluster_kafka(&format!("127.0.0.1:{}", tansu.port));
-    let kafka = Kafka::connect(kafka_config.clone()).unwrap();
-    kafka
-        .ensure_topics(1, TIMEOUT, true)
-        .await
-        .expect("topics created");
+    let (tansu, kafka_config, kafka) = start_broker(root.path()).await;
     let sim = Sim::start(SimConfig::default()).await.unwrap();
     let target = sendledger_tests::engine::target(&sim.base_url(), |_| {});
     let timeline = Timeline::default();
@@ -1650,23 +1636,10 @@ async fn a_partition_whose_log_failed_is_taken_over_again() {
     let produced = stream.stop().await;
     let keys: Vec<String> = produced.iter().map(|(k, _)| k.clone()).collect();
     let tasks = crate::kafka::task_ids(&keys);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !tasks.is_subset(&results.answered()) {
-        group.assert_alive();
-        assert!(
-            Instant::now() < deadline,
-            "{} tasks without a result",
-            tasks.difference(&results.answered()).count()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    tokio::task::block_in_place(|| {
-        let status = group.instances[0].terminate();
-        assert!(
-            status.success(),
-            "the instance did not stop cleanly: {status}"
-        );
-    });
+    group
+        .wait_answered(&results, &tasks, Duration::from_secs(60))
+        .await;
+    group.stop_all();
     let raw = results.stop();
     assert_settled_once(&sim, &keys, &raw);
     let (_, report) = tokio::task::block_in_place(|| read_and_audit_log(&kafka));
