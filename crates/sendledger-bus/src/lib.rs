@@ -13,6 +13,8 @@
 //!   every event to the events topic and one [`TaskResult`] per result-bearing event to the
 //!   results topic (projected by the core crate) with the idempotent producer; the cursor advances only after every record up
 //!   to it is acknowledged.
+//! - [`conformance`]: `sendledger check-broker`, whether the brokers keep the transactional
+//!   promises kafka mode relies on.
 //! - [`audit_topic`]: the audit of an events topic instead of a local ledger: every record read
 //!   back into a ledger event ([`event_from_record`]) and checked with the same rules.
 //!
@@ -36,6 +38,7 @@
 
 pub mod cluster;
 pub mod config;
+pub mod conformance;
 pub mod error;
 pub mod ingest;
 pub mod log;

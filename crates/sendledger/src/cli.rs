@@ -51,6 +51,10 @@ enum Command {
     /// List and resolve tasks in manual review, on a running service (--admin URL) or on a
     /// stopped ledger (--data DIR).
     Review(review::ReviewArgs),
+    /// Check that the brokers keep the transactional promises kafka mode relies on (fencing
+    /// aborts the previous writer's open transaction, ...); exits 0 when they do, 2 when one
+    /// is broken, 1 when the check could not run.
+    CheckBroker(ops::CheckBrokerArgs),
     /// Processed-offset markers of the requests topic.
     Offsets {
         #[command(subcommand)]
@@ -146,6 +150,7 @@ pub fn main() -> ExitCode {
         Command::Demo(args) => demo::run(args),
         Command::Inspect(args) => ops::inspect(args).map(|()| true),
         Command::Audit(args) => ops::audit(args),
+        Command::CheckBroker(args) => ops::check_broker(args),
         Command::Review(args) => review::run(args).map(|()| true),
         Command::Offsets {
             what: OffsetsCommand::Reset(args),

@@ -1034,3 +1034,77 @@ async fn a_lookup_answered_while_the_partition_was_revoked_is_made_again_after_i
     engine.shutdown(Duration::from_secs(5)).await;
     sim.shutdown().await;
 }
+
+/// `check-broker` against both brokers of these tests, as an operator would run it before
+/// trusting kafka mode to them. What each is known to keep and break is asserted promise by
+/// promise, so a change in either broker (or in the check) fails here: the separate broker
+/// (tansu) keeps everything but the abort of a fenced writer's open transaction (it commits it;
+/// the README's chaos-soak notes show what that costs), and the embedded mock cluster fences
+/// nothing, keeps no transactional offsets and shows open transactions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_broker_names_the_promises_each_broker_keeps() {
+    let tansu = tokio::task::block_in_place(start_tansu);
+    let run = |brokers: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sendledger_cli"))
+            .args([
+                "check-broker",
+                "--json",
+                "--timeout",
+                "20s",
+                "--brokers",
+                brokers,
+            ])
+            .output()
+            .expect("run check-broker");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "check-broker printed no JSON ({e}); stderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        let kept: std::collections::BTreeMap<String, serde_json::Value> = report["checks"]
+            .as_array()
+            .expect("checks")
+            .iter()
+            .map(|c| (c["name"].as_str().unwrap().to_string(), c["kept"].clone()))
+            .collect();
+        (out.status.code(), report["kafka_mode_safe"].clone(), kept)
+    };
+    let expect = |pairs: &[(&str, bool)]| {
+        pairs
+            .iter()
+            .map(|(name, kept)| (name.to_string(), serde_json::Value::Bool(*kept)))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+
+    let (code, safe, kept) =
+        tokio::task::block_in_place(|| run(&format!("127.0.0.1:{}", tansu.port)));
+    assert_eq!((code, safe), (Some(2), serde_json::Value::Bool(false)));
+    assert_eq!(
+        kept,
+        expect(&[
+            ("transactions", true),
+            ("committed_visible", true),
+            ("offsets_in_transaction", true),
+            ("open_hidden", true),
+            ("fencing_aborts", false),
+            ("fenced_refused", true),
+        ]),
+        "the separate broker"
+    );
+
+    let (code, safe, kept) = tokio::task::block_in_place(|| run("embedded"));
+    assert_eq!((code, safe), (Some(2), serde_json::Value::Bool(false)));
+    assert_eq!(
+        kept,
+        expect(&[
+            ("transactions", true),
+            ("committed_visible", true),
+            ("offsets_in_transaction", false),
+            ("open_hidden", false),
+            ("fencing_aborts", false),
+            ("fenced_refused", false),
+        ]),
+        "the embedded cluster"
+    );
+}
