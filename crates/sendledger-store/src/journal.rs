@@ -4,6 +4,8 @@
 //! journal thread takes every append that is pending, writes them all in one `WriteBatch`
 //! (with `sync = true` unless durability is `buffered`), assigns LSNs in commit order, and only
 //! then acknowledges each caller with the LSNs of its events. Many tasks share one fsync.
+//! In kafka mode an append with events is written only after its requests partition's
+//! transaction took them (see [`Replicator`]); partitions do not wait for each other.
 //!
 //! Metrics (through the `metrics` facade; the binary installs the exporter):
 //! `sendledger_journal_batch_appends` (appends per write batch) and
@@ -13,9 +15,9 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
 use std::sync::Arc;
 
+use crossbeam_channel::Receiver;
 use rocksdb::{WriteBatch, WriteOptions, DB};
 use sendledger_core::{Event, Identity, NewEvent, PayloadHash, TaskId};
 use tokio::sync::oneshot;
@@ -57,9 +59,9 @@ pub struct Append {
     pub truncate_tasks: Vec<(TaskId, u32)>,
 }
 
-/// Kafka mode's log of record as the journal sees it: before the ledger records a batch, the
-/// events of each requests partition are made durable there (the Kafka crate implements it).
-/// Calls block the journal thread; partitions are replicated in parallel.
+/// Kafka mode's log of record as the journal sees it: before the ledger records a partition's
+/// appends, their events are made durable there (the Kafka crate implements it). Each call
+/// runs on a thread of its own, one at a time per partition, partitions in parallel.
 pub trait Replicator: Send + Sync {
     /// Makes `events` (of requests partition `partition`, in order) durable in its log, and
     /// returns the position to read the log from after them (the checkpoint recorded with the
@@ -155,40 +157,61 @@ pub(crate) fn run(
     db: Arc<DB>,
     sync: bool,
     replicated: Option<ReplicatorSlot>,
-    rx: mpsc::Receiver<Request>,
+    rx: Receiver<Request>,
     last_lsn: Arc<AtomicU64>,
     stats: Arc<JournalStats>,
 ) {
     let mut write_opts = WriteOptions::default();
     write_opts.set_sync(sync);
-    let mut next_lsn = last_lsn.load(Ordering::SeqCst) + 1;
-    let mut pending = Vec::with_capacity(MAX_BATCH);
-    while let Ok(first) = rx.recv() {
-        pending.push(first);
-        while pending.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(req) => pending.push(req),
-                Err(_) => break,
+    let next_lsn = last_lsn.load(Ordering::SeqCst) + 1;
+    let mut writer = Writer {
+        db,
+        write_opts,
+        next_lsn,
+        last_lsn,
+        stats,
+    };
+    match replicated {
+        None => {
+            let mut pending = Vec::with_capacity(MAX_BATCH);
+            while let Ok(first) = rx.recv() {
+                pending.push(first);
+                pending.extend(rx.try_iter().take(MAX_BATCH - 1));
+                writer.write(&mut pending);
             }
         }
-        if let Some(slot) = &replicated {
-            replicate(&db, slot.get().map(|r| r.as_ref()), &mut pending);
-            if pending.is_empty() {
-                continue;
-            }
+        Some(slot) => run_replicated(writer, &slot, rx),
+    }
+}
+
+/// The ledger's writes: LSNs in commit order, stats, acknowledgements.
+struct Writer {
+    db: Arc<DB>,
+    write_opts: WriteOptions,
+    next_lsn: u64,
+    last_lsn: Arc<AtomicU64>,
+    stats: Arc<JournalStats>,
+}
+
+impl Writer {
+    /// Writes every append of `pending` in one batch and answers each (drained either way).
+    fn write(&mut self, pending: &mut Vec<Request>) {
+        if pending.is_empty() {
+            return;
         }
+        let stats = &self.stats;
         let started = std::time::Instant::now();
-        let (batch, ranges) = build_batch(&db, next_lsn, &pending);
-        let events = ranges.last().map_or(0, |r| r.end - next_lsn);
+        let (batch, ranges) = build_batch(&self.db, self.next_lsn, pending);
+        let events = ranges.last().map_or(0, |r| r.end - self.next_lsn);
         let write_started = std::time::Instant::now();
-        match db.write_opt(batch, &write_opts) {
+        match self.db.write_opt(batch, &self.write_opts) {
             Ok(()) => {
                 metrics::histogram!("sendledger_journal_fsync_seconds")
                     .record(write_started.elapsed().as_secs_f64());
                 metrics::histogram!("sendledger_journal_batch_appends")
                     .record(pending.len() as f64);
-                next_lsn += events;
-                last_lsn.store(next_lsn - 1, Ordering::SeqCst);
+                self.next_lsn += events;
+                self.last_lsn.store(self.next_lsn - 1, Ordering::SeqCst);
                 stats.batches.fetch_add(1, Ordering::Relaxed);
                 if stats.write_failures.load(Ordering::Relaxed) > 0 {
                     stats.set_failing(None);
@@ -218,100 +241,143 @@ pub(crate) fn run(
     }
 }
 
-/// Kafka mode: makes the events of each requests partition in `pending` durable in its log,
-/// partitions in parallel. The appends of a partition that failed are answered with the error
-/// and taken out of `pending`; the last append of each partition that made it carries the
-/// partition's new checkpoint. Restored appends and appends without events pass as they are.
-fn replicate(db: &DB, replicator: Option<&dyn Replicator>, pending: &mut Vec<Request>) {
-    let mut groups: BTreeMap<i32, Vec<usize>> = BTreeMap::new();
-    let mut refused: BTreeMap<usize, Error> = BTreeMap::new();
-    for (i, req) in pending.iter().enumerate() {
-        let a = &req.append;
-        match (a.events.first(), a.partition) {
-            (None, _) => {}
-            (Some(_), _) if a.restored => {}
-            (Some(_), Some(p)) => groups.entry(p).or_default().push(i),
-            (Some(e), None) => {
-                refused.insert(
-                    i,
-                    Error::NoPartition {
-                        task: e.task_id.to_string(),
-                    },
-                );
+/// One partition's transaction, finished: its appends and what became of their events.
+struct Replicated {
+    partition: i32,
+    members: Vec<Request>,
+    outcome: std::result::Result<i64, Replication>,
+}
+
+/// Kafka mode. The events of each requests partition are made durable in its log before the
+/// ledger records them, one transaction at a time per partition and partitions independently:
+/// the appends of a partition whose transaction is under way wait for it and then go together
+/// in the next one, while every other partition goes on (a partition whose commit hangs holds
+/// up only its own tasks). A partition's appends are recorded in the order they arrived, and
+/// its next transaction starts only once the last one's events are in the ledger, since the
+/// replicator reads the tasks' earlier events from it. Appends without events and restored
+/// ones are recorded at once: every writer waits for its previous append's acknowledgement,
+/// so none of them has to be ordered after another's transaction.
+fn run_replicated(mut writer: Writer, slot: &ReplicatorSlot, rx: Receiver<Request>) {
+    let (done_tx, done_rx) = crossbeam_channel::unbounded::<Replicated>();
+    let never = crossbeam_channel::never();
+    let mut open = true;
+    // Partitions with a transaction under way, and the appends waiting for it to end.
+    let mut busy: BTreeMap<i32, Vec<Request>> = BTreeMap::new();
+    let mut ready = Vec::with_capacity(MAX_BATCH);
+    loop {
+        if !open && busy.is_empty() {
+            return;
+        }
+        let requests = if open { &rx } else { &never };
+        let mut arrived = Vec::new();
+        let mut finished = Vec::new();
+        crossbeam_channel::select! {
+            recv(requests) -> req => match req {
+                Ok(req) => arrived.push(req),
+                Err(_) => open = false,
+            },
+            recv(done_rx) -> done => finished.extend(done),
+        }
+        arrived.extend(rx.try_iter().take(MAX_BATCH));
+        finished.extend(done_rx.try_iter());
+        // Partitions whose transaction ended take their waiting appends first: they are older.
+        let mut groups: BTreeMap<i32, Vec<Request>> = BTreeMap::new();
+        for done in finished {
+            let waiting = busy.remove(&done.partition).unwrap_or_default();
+            if !waiting.is_empty() {
+                groups.insert(done.partition, waiting);
+            }
+            settle(done, &mut ready);
+        }
+        for req in arrived {
+            let a = &req.append;
+            match (a.events.first(), a.partition) {
+                (None, _) => ready.push(req),
+                (Some(_), _) if a.restored => ready.push(req),
+                (Some(_), Some(p)) => match busy.get_mut(&p) {
+                    Some(waiting) => waiting.push(req),
+                    None => groups.entry(p).or_default().push(req),
+                },
+                (Some(e), None) => {
+                    let task = e.task_id.to_string();
+                    let _ = req.ack.send(Err(Error::NoPartition { task }));
+                }
             }
         }
-    }
-    let history = |task| crate::ledger::task_events(db, task);
-    let outcomes: Vec<(i32, Vec<usize>, std::result::Result<i64, Replication>)> =
-        std::thread::scope(|scope| {
-            let running: Vec<_> = groups
-                .into_iter()
-                .map(|(partition, members)| {
-                    let events: Vec<NewEvent> = members
-                        .iter()
-                        .flat_map(|&i| pending[i].append.events.iter().cloned())
-                        .collect();
-                    let history = &history;
-                    let job = scope.spawn(move || match replicator {
-                        Some(r) => r.replicate(partition, &events, history),
+        // Recorded before the next transactions start: they read these tasks' histories.
+        writer.write(&mut ready);
+        for (partition, members) in groups {
+            busy.insert(partition, Vec::new());
+            let events: Vec<NewEvent> = members
+                .iter()
+                .flat_map(|r| r.append.events.iter().cloned())
+                .collect();
+            let (db, done) = (writer.db.clone(), done_tx.clone());
+            let replicator = slot.get().cloned();
+            let spawned = std::thread::Builder::new()
+                .name(format!("sendledger-log-{partition}"))
+                .spawn(move || {
+                    let history = |task| crate::ledger::task_events(&db, task);
+                    let outcome = match replicator {
+                        Some(r) => r.replicate(partition, &events, &history),
                         None => Err(Replication::Failed(
                             "the log of record is not open yet".into(),
                         )),
-                    });
-                    (partition, members, job)
-                })
-                .collect();
-            running
-                .into_iter()
-                .map(|(partition, members, job)| {
-                    let outcome = job.join().unwrap_or_else(|_| {
-                        Err(Replication::Failed("the replicator panicked".into()))
-                    });
-                    (partition, members, outcome)
-                })
-                .collect()
-        });
-    for (partition, members, outcome) in outcomes {
-        match outcome {
-            Ok(checkpoint) => {
-                if let Some(&last) = members.last() {
-                    pending[last]
-                        .append
-                        .cursors
-                        .push((log_checkpoint(partition), checkpoint.max(0) as u64));
-                }
-            }
-            Err(why) => {
-                metrics::counter!("sendledger_log_failures_total", "kind" => match why { Replication::Failed(_) => "failed", Replication::Lost(_) => "lost" }).increment(1);
-                for i in members {
-                    let error = match &why {
-                        Replication::Failed(detail) => Error::NotReplicated {
-                            partition,
-                            detail: detail.clone(),
-                        },
-                        Replication::Lost(detail) => Error::PartitionLost {
-                            partition,
-                            detail: detail.clone(),
-                        },
                     };
-                    refused.insert(i, error);
-                }
+                    let _ = done.send(Replicated {
+                        partition,
+                        members,
+                        outcome,
+                    });
+                });
+            if let Err(e) = spawned {
+                // The closure (and the appends in it) is gone: their callers see the journal
+                // closed. Nothing of them was written.
+                tracing::error!(partition, error = %e, "cannot start a thread for the partition's transaction");
+                busy.remove(&partition);
             }
         }
     }
-    if refused.is_empty() {
-        return;
-    }
-    let mut kept = Vec::with_capacity(pending.len());
-    for (i, req) in pending.drain(..).enumerate() {
-        match refused.remove(&i) {
-            Some(e) => {
-                let _ = req.ack.send(Err(e));
+}
+
+/// Moves a finished transaction's appends to `ready` (the last one carrying the partition's
+/// new checkpoint), or answers them with its failure.
+fn settle(done: Replicated, ready: &mut Vec<Request>) {
+    let Replicated {
+        partition,
+        mut members,
+        outcome,
+    } = done;
+    match outcome {
+        Ok(checkpoint) => {
+            if let Some(last) = members.last_mut() {
+                last.append
+                    .cursors
+                    .push((log_checkpoint(partition), checkpoint.max(0) as u64));
             }
-            None => kept.push(req),
+            ready.extend(members);
+        }
+        Err(why) => {
+            let kind = match why {
+                Replication::Failed(_) => "failed",
+                Replication::Lost(_) => "lost",
+            };
+            metrics::counter!("sendledger_log_failures_total", "kind" => kind).increment(1);
+            for req in members {
+                let error = match &why {
+                    Replication::Failed(detail) => Error::NotReplicated {
+                        partition,
+                        detail: detail.clone(),
+                    },
+                    Replication::Lost(detail) => Error::PartitionLost {
+                        partition,
+                        detail: detail.clone(),
+                    },
+                };
+                let _ = req.ack.send(Err(error));
+            }
         }
     }
-    *pending = kept;
 }
 
 fn build_batch(db: &DB, first_lsn: u64, pending: &[Request]) -> (WriteBatch, Vec<Range<u64>>) {
@@ -513,6 +579,101 @@ mod tests {
             4,
             "a restore is not written back"
         );
+    }
+
+    /// Partition 3's transactions wait until the test lets them go; every call is remembered
+    /// with the number of earlier events the ledger held for its first task.
+    struct Gate {
+        open: Mutex<bool>,
+        opened: std::sync::Condvar,
+        calls: Mutex<Vec<(i32, usize)>>,
+    }
+
+    impl Replicator for Gate {
+        fn replicate(
+            &self,
+            partition: i32,
+            events: &[NewEvent],
+            history: &dyn Fn(TaskId) -> Result<Vec<Event>>,
+        ) -> std::result::Result<i64, Replication> {
+            let known = history(events[0].task_id).map_or(0, |h| h.len());
+            self.calls.lock().unwrap().push((partition, known));
+            if partition == 3 {
+                let mut open = self.open.lock().unwrap();
+                while !*open {
+                    open = self.opened.wait(open).unwrap();
+                }
+            }
+            Ok(events.len() as i64)
+        }
+    }
+
+    #[test]
+    fn a_partition_whose_transaction_hangs_holds_up_only_its_own_appends() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = LedgerOptions {
+            replicated: true,
+            ..LedgerOptions::default()
+        };
+        let ledger = Ledger::open(dir.path(), options).unwrap();
+        let gate = Arc::new(Gate {
+            open: Mutex::new(false),
+            opened: std::sync::Condvar::new(),
+            calls: Mutex::new(Vec::new()),
+        });
+        assert!(ledger.install_replicator(gate.clone()).is_ok());
+        let (slow, body) = accepted();
+        let dup = EventBody::DuplicateDelivery { source: src(8) };
+        let first = {
+            let ledger = ledger.clone();
+            let events = events_of(slow, 0, vec![body.clone()]);
+            std::thread::spawn(move || ledger.append_blocking(append(Some(3), events)))
+        };
+        while gate.calls.lock().unwrap().is_empty() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let second = {
+            let ledger = ledger.clone();
+            let events = events_of(slow, 1, vec![dup.clone()]);
+            std::thread::spawn(move || ledger.append_blocking(append(Some(3), events)))
+        };
+
+        // Partition 1 is recorded while partition 3's transaction hangs.
+        let other = TaskId([7; 16]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            let ledger = ledger.clone();
+            let events = events_of(other, 0, vec![body]);
+            std::thread::spawn(move || tx.send(ledger.append_blocking(append(Some(1), events))));
+        }
+        let range = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("partition 1 is not held up by partition 3")
+            .unwrap();
+        assert_eq!(range, 1..2);
+        assert_eq!(ledger.task_events(slow).unwrap().len(), 0);
+        assert!(!second.is_finished(), "partition 3's next append waits");
+        assert_eq!(
+            gate.calls
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|c| c.0 == 3)
+                .count(),
+            1,
+            "one transaction at a time per partition"
+        );
+
+        *gate.open.lock().unwrap() = true;
+        gate.opened.notify_all();
+        assert_eq!(first.join().unwrap().unwrap(), 2..3);
+        assert_eq!(second.join().unwrap().unwrap(), 3..4);
+        assert_eq!(
+            gate.calls.lock().unwrap().last(),
+            Some(&(3, 1)),
+            "the next transaction starts once the last one's events are in the ledger"
+        );
+        assert_eq!(ledger.task_events(slow).unwrap().len(), 2);
     }
 
     #[test]

@@ -4,7 +4,7 @@ use std::ops::Range;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use rocksdb::{
@@ -244,7 +244,7 @@ pub struct Ledger {
 struct Inner {
     db: Arc<DB>,
     path: PathBuf,
-    tx: Mutex<Option<mpsc::Sender<Request>>>,
+    tx: Mutex<Option<crossbeam_channel::Sender<Request>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     last_lsn: Arc<AtomicU64>,
     stats: Arc<JournalStats>,
@@ -321,7 +321,7 @@ impl Ledger {
         let db = Arc::new(db);
         let last_lsn = Arc::new(AtomicU64::new(last));
         let stats = Arc::new(JournalStats::default());
-        let (tx, rx) = mpsc::channel();
+        let (tx, rx) = crossbeam_channel::unbounded();
         let sync = options.durability == Durability::Sync;
         let replicator = options.replicated.then(ReplicatorSlot::default);
         let thread = {
