@@ -1,21 +1,21 @@
 //! `sendledger bench engine`: tasks per second through the whole engine (durable acceptance,
 //! intent, attempt over HTTP, outcome) against the simulated remote, with task latencies and
-//! the fsyncs each task cost.
+//! the fsyncs each task cost. The remote runs in a child process, so the peak memory reported
+//! is the engine's own (with its RocksDB and HTTP client), as in a deployment.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use clap::Args;
 use sendledger_actors::{Engine, EngineConfig};
 use sendledger_core::{EventBody, Source};
 
 use crate::bench::bench_request;
+use crate::bench_remote::{own_peak_rss_bytes, RemoteProcess};
 use crate::wiring::HttpRemote;
 use sendledger_effects::{TargetConfig, Targets};
-use sendledger_sim::{Sim, SimConfig};
 use sendledger_store::Durability;
 
 #[derive(Args)]
@@ -50,12 +50,7 @@ pub fn run(args: EngineArgs) -> anyhow::Result<()> {
         .worker_threads(1)
         .enable_all()
         .build()?;
-    let sim = runtime
-        .block_on(Sim::start(SimConfig {
-            identity_field: "reference".into(),
-            ..SimConfig::default()
-        }))
-        .context("starting the simulated remote")?;
+    let sim = RemoteProcess::start()?;
     let target: TargetConfig = serde_json::from_value(serde_json::json!({
         "url": sim.create_url(),
         "body_fields": { "reference": "{task_id}" },
@@ -99,7 +94,7 @@ pub fn run(args: EngineArgs) -> anyhow::Result<()> {
                 .ledger()
                 .read(|l| Ok(l.active_tasks()?.len()))
                 .await?;
-            if active == 0 && sim.stats().records >= total {
+            if active == 0 && sim.stats().await?.records >= total {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -134,7 +129,7 @@ pub fn run(args: EngineArgs) -> anyhow::Result<()> {
     let stats = engine.ledger().stats();
     let batches = stats.batches.load(Ordering::Relaxed);
     let events = stats.events.load(Ordering::Relaxed);
-    let remote = sim.stats();
+    let remote = runtime.block_on(sim.stats())?;
     let report = serde_json::json!({
         "bench": "engine",
         "tasks": total,
@@ -148,6 +143,7 @@ pub fn run(args: EngineArgs) -> anyhow::Result<()> {
         "events_per_task": (events as f64 / total as f64 * 100.0).round() / 100.0,
         "remote_records": remote.records,
         "remote_duplicates": remote.duplicates,
+        "peak_rss_bytes": own_peak_rss_bytes(),
     });
     runtime.block_on(engine.shutdown(Duration::from_secs(5)));
     println!("{report}");

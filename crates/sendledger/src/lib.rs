@@ -20,6 +20,7 @@ mod bench_effects;
 mod bench_engine;
 pub mod bench_fuzz;
 mod bench_kafka;
+mod bench_remote;
 pub mod cli;
 pub mod config;
 pub mod console;

@@ -1,0 +1,109 @@
+//! The simulated remote of a benchmark in a process of its own (`sendledger sim-remote`), so
+//! the benchmark's peak memory and CPU are the service's alone, as in a deployment.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+use anyhow::Context;
+use sendledger_sim::Stats;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A `sendledger sim-remote` child, stopped when dropped.
+pub struct RemoteProcess {
+    child: Child,
+    create_url: String,
+    lookup_url: String,
+    stats_url: String,
+    _config: tempfile::NamedTempFile,
+}
+
+impl RemoteProcess {
+    /// Starts a well-behaved remote (no faults) whose records are identified by the body field
+    /// `reference`, on a free local port, and waits until it listens.
+    pub fn start() -> anyhow::Result<RemoteProcess> {
+        let config = tempfile::NamedTempFile::new()?;
+        std::fs::write(config.path(), "identity_field = \"reference\"\n")?;
+        let mut child = Command::new(std::env::current_exe()?)
+            .args(["sim-remote", "--listen", "127.0.0.1:0", "--config"])
+            .arg(config.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting `sendledger sim-remote`")?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line)?;
+        // `ready create=POST URL lookup=GET URL?FIELD=VALUE stats=GET URL`
+        let url_after = |label: &str| {
+            line.split(label)
+                .nth(1)
+                .and_then(|rest| rest.split_whitespace().next())
+                .map(|u| u.trim_end_matches("?FIELD=VALUE").to_string())
+        };
+        let (Some(create_url), Some(lookup_url), Some(stats_url)) = (
+            url_after("create=POST "),
+            url_after("lookup=GET "),
+            url_after("stats=GET "),
+        ) else {
+            let _ = child.kill();
+            anyhow::bail!("`sendledger sim-remote` did not start: it printed {line:?}");
+        };
+        Ok(RemoteProcess {
+            child,
+            create_url,
+            lookup_url,
+            stats_url,
+            _config: config,
+        })
+    }
+
+    pub fn create_url(&self) -> &str {
+        &self.create_url
+    }
+
+    pub fn lookup_url(&self) -> &str {
+        &self.lookup_url
+    }
+
+    /// The remote's counters, from its stats endpoint.
+    pub async fn stats(&self) -> anyhow::Result<Stats> {
+        let rest = self
+            .stats_url
+            .strip_prefix("http://")
+            .context("the stats URL is not http")?;
+        let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        let mut stream = tokio::net::TcpStream::connect(host).await?;
+        let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await?;
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).await?;
+        let text = String::from_utf8_lossy(&response);
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, body)| body)
+            .context("the stats endpoint answered without a body")?;
+        serde_json::from_str(body).with_context(|| format!("the stats endpoint answered {text:?}"))
+    }
+}
+
+impl Drop for RemoteProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// This process's peak resident memory so far, in bytes, from the kernel.
+pub fn own_peak_rss_bytes() -> u64 {
+    // SAFETY: rusage is plain data (integers only), valid when zeroed.
+    #[allow(unsafe_code)]
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: RUSAGE_SELF with a pointer to a live local.
+    #[allow(unsafe_code)]
+    let ok = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } == 0;
+    // Linux reports ru_maxrss in KiB.
+    if ok {
+        usage.ru_maxrss as u64 * 1024
+    } else {
+        0
+    }
+}
