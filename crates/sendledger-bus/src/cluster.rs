@@ -1,21 +1,19 @@
 //! Where the brokers are: a bootstrap list, or the embedded in-process mock cluster.
 
-use std::sync::{mpsc, Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::KafkaError;
 use rdkafka::metadata::Metadata;
-use rdkafka::mocking::MockCluster;
-use rdkafka::producer::Producer;
-use rdkafka::producer::{BaseProducer, DefaultProducerContext};
+use rdkafka::producer::{BaseProducer, Producer};
 use rdkafka::types::{RDKafkaApiKey, RDKafkaErrorCode, RDKafkaRespErr};
 use rdkafka::{ClientConfig, ClientContext};
 
 use crate::config::{KafkaConfig, Role};
 use crate::error::{Error, Result};
+use crate::mock::MockCluster;
 
 /// How long one metadata request may take before [`Kafka::metadata`] looks at what librdkafka
 /// reported meanwhile.
@@ -70,74 +68,45 @@ fn scrub(mut text: String, secrets: &[String]) -> String {
     text
 }
 
-/// The mock cluster type of librdkafka, as the embedded cluster owns it.
-pub type Mock = MockCluster<'static, DefaultProducerContext>;
-
-type MockOp = Box<dyn FnOnce(&Mock) + Send>;
+/// How long the embedded cluster lets a consumer group's first member wait for others before
+/// it assigns the partitions (a broker's `group.initial.rebalance.delay.ms`). librdkafka's
+/// mock waits 3 s, as brokers do by default, to gather members that start together; an
+/// embedded cluster serves one instance per consumer group (several instances need real
+/// brokers), so nobody else is coming and the wait was most of the time to a first result. A
+/// member that joins later still triggers an ordinary rebalance.
+const EMBEDDED_INITIAL_REBALANCE_DELAY_MS: i32 = 0;
 
 /// librdkafka's in-process Kafka-protocol cluster (experimental in librdkafka; meant for the
 /// demo, tests and trying sendledger without setup). It lives until the last clone of this
-/// handle is dropped. The cluster is owned by one thread, and every operation on it runs there.
+/// handle is dropped.
 #[derive(Clone)]
 pub struct EmbeddedCluster {
     inner: Arc<EmbeddedInner>,
 }
 
 struct EmbeddedInner {
+    cluster: MockCluster,
     bootstrap: String,
     brokers: i32,
-    tx: Mutex<Option<mpsc::Sender<MockOp>>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
-}
-
-impl Drop for EmbeddedInner {
-    fn drop(&mut self) {
-        self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            let _ = t.join();
-        }
-    }
 }
 
 impl EmbeddedCluster {
     /// Starts a cluster of `brokers` brokers and creates `topics` (name, partitions).
     pub fn start(brokers: i32, topics: &[(String, i32)]) -> Result<EmbeddedCluster> {
-        let (ready_tx, ready_rx) = mpsc::channel::<Result<String>>();
-        let (tx, rx) = mpsc::channel::<MockOp>();
-        let topics = topics.to_vec();
-        let thread = std::thread::Builder::new()
-            .name("sendledger-embedded-kafka".into())
-            .spawn(move || {
-                let cluster = match Mock::new(brokers) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(Error::Embedded(e.to_string())));
-                        return;
-                    }
-                };
-                for (name, partitions) in &topics {
-                    if let Err(e) = cluster.create_topic(name, *partitions, 1) {
-                        let _ = ready_tx
-                            .send(Err(Error::Embedded(format!("creating topic {name}: {e}"))));
-                        return;
-                    }
-                }
-                let _ = ready_tx.send(Ok(cluster.bootstrap_servers()));
-                while let Ok(op) = rx.recv() {
-                    op(&cluster);
-                }
-            })
-            .map_err(|e| Error::Embedded(e.to_string()))?;
-        let bootstrap = ready_rx.recv().map_err(|_| Error::Thread {
-            what: "embedded kafka",
-        })??;
+        let cluster = MockCluster::new(brokers).map_err(|e| Error::Embedded(e.to_string()))?;
+        cluster.initial_rebalance_delay(EMBEDDED_INITIAL_REBALANCE_DELAY_MS);
+        for (name, partitions) in topics {
+            cluster
+                .create_topic(name, *partitions)
+                .map_err(|e| Error::Embedded(format!("creating topic {name}: {e}")))?;
+        }
+        let bootstrap = cluster.bootstrap_servers();
         tracing::info!(bootstrap = %bootstrap, brokers, "embedded kafka cluster started");
         Ok(EmbeddedCluster {
             inner: Arc::new(EmbeddedInner {
+                cluster,
                 bootstrap,
                 brokers,
-                tx: Mutex::new(Some(tx)),
-                thread: Mutex::new(Some(thread)),
             }),
         })
     }
@@ -151,47 +120,22 @@ impl EmbeddedCluster {
         self.inner.brokers
     }
 
-    /// Runs `f` on the cluster's thread and returns its result. Blocks briefly (mock
-    /// operations only enqueue work for the cluster).
-    pub fn with<R: Send + 'static>(
-        &self,
-        f: impl FnOnce(&Mock) -> R + Send + 'static,
-    ) -> Result<R> {
-        let (tx, rx) = mpsc::channel();
-        {
-            let guard = self.inner.tx.lock().unwrap_or_else(|e| e.into_inner());
-            let sender = guard.as_ref().ok_or(Error::Thread {
-                what: "embedded kafka",
-            })?;
-            sender
-                .send(Box::new(move |c: &Mock| {
-                    let _ = tx.send(f(c));
-                }))
-                .map_err(|_| Error::Thread {
-                    what: "embedded kafka",
-                })?;
-        }
-        rx.recv().map_err(|_| Error::Thread {
-            what: "embedded kafka",
-        })
-    }
-
     /// Takes broker `id` down: its connections close and it refuses new ones.
     pub fn broker_down(&self, id: i32) -> Result<()> {
-        Ok(self.with(move |c| c.broker_down(id))??)
+        Ok(self.inner.cluster.set_broker_up(id, false)?)
     }
 
     pub fn broker_up(&self, id: i32) -> Result<()> {
-        Ok(self.with(move |c| c.broker_up(id))??)
+        Ok(self.inner.cluster.set_broker_up(id, true)?)
     }
 
     /// The next requests of kind `api` fail with `errors`, one each, in order.
-    pub fn request_errors(&self, api: RDKafkaApiKey, errors: Vec<RDKafkaRespErr>) -> Result<()> {
-        self.with(move |c| c.request_errors(api, &errors))
+    pub fn request_errors(&self, api: RDKafkaApiKey, errors: &[RDKafkaRespErr]) {
+        self.inner.cluster.push_request_errors(api, errors);
     }
 
-    pub fn clear_request_errors(&self, api: RDKafkaApiKey) -> Result<()> {
-        self.with(move |c| c.clear_request_errors(api))
+    pub fn clear_request_errors(&self, api: RDKafkaApiKey) {
+        self.inner.cluster.clear_request_errors(api);
     }
 }
 

@@ -297,6 +297,14 @@ impl KafkaConfig {
             }
             Role::Log | Role::Admin | Role::Replay => {}
         }
+        if self.is_embedded() && matches!(role, Role::Ingest | Role::Replay) {
+            // A broker answers a fetch as soon as records arrive; librdkafka's mock cluster
+            // answers one that found nothing only when its wait is over (500 ms by default),
+            // however soon records arrive, so a request or a result waited up to that long
+            // on each topic it crossed. Asking the in-process cluster again every 10 ms
+            // costs little.
+            c.set("fetch.wait.max.ms", "10");
+        }
         for (k, v) in &self.properties {
             c.set(k, v);
         }

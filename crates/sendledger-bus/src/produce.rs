@@ -1,14 +1,17 @@
 //! Producing request messages: what `sendledger produce` and the demo use to feed the requests
-//! topic, the way a client application would; and the one way records are handed to a
-//! producer (waiting while its queue is full), used by the publisher too.
+//! topic, the way a client application would; and, used by the publisher too, the one way
+//! records are handed to a producer (waiting while its queue is full) and the start-up help
+//! that lets a new producer send at once (`ensure_producer_id`).
 
-use std::time::Duration;
+use std::future::Future;
+use std::time::{Duration, Instant};
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::ToBytes;
 use rdkafka::producer::future_producer::DeliveryFuture;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use sendledger_core::TaskRequest;
+use tokio::sync::OnceCell;
 
 use crate::cluster::Kafka;
 use crate::config::Role;
@@ -25,6 +28,8 @@ pub fn request_key(request: &TaskRequest) -> String {
 pub struct RequestProducer {
     producer: FutureProducer,
     topic: String,
+    /// Set once the producer was helped to its producer id (see [`ensure_producer_id`]).
+    ready: OnceCell<()>,
 }
 
 impl RequestProducer {
@@ -32,6 +37,7 @@ impl RequestProducer {
         Ok(RequestProducer {
             producer: kafka.client_config(Role::Producer).create()?,
             topic: kafka.config().requests_topic.clone(),
+            ready: OnceCell::new(),
         })
     }
 
@@ -47,17 +53,75 @@ impl RequestProducer {
     ) -> Result<Vec<(i32, i64)>> {
         let mut pending = Vec::new();
         for (key, value) in messages {
-            let mut record = FutureRecord::to(&self.topic).payload(&value);
-            if let Some(k) = &key {
-                record = record.key(k.as_str());
-            }
-            pending.push(enqueue(&self.producer, record).await?);
+            pending.push(self.send(key.as_deref(), &value).await?);
         }
         let mut acked = Vec::with_capacity(pending.len());
         for delivery in pending {
-            acked.push(ack(delivery).await?);
+            acked.push(delivery.await?);
         }
         Ok(acked)
+    }
+
+    /// Waits, the first time, until the producer has its producer id and sends at once (for
+    /// at most 2 s; see `ensure_producer_id`). [`RequestProducer::send`] waits for it too;
+    /// calling this first keeps the wait out of whatever is timed.
+    pub async fn ready(&self) {
+        self.ready
+            .get_or_init(|| ensure_producer_id(&self.producer, &self.topic))
+            .await;
+    }
+
+    /// Hands one message to the producer, waiting while its queue is full; the returned future
+    /// resolves to the message's `(partition, offset)` once it is acknowledged. Must be called
+    /// within a tokio runtime.
+    pub async fn send(
+        &self,
+        key: Option<&str>,
+        value: &[u8],
+    ) -> Result<impl Future<Output = Result<(i32, i64)>>> {
+        self.ready().await;
+        let mut record = FutureRecord::to(&self.topic).payload(value);
+        if let Some(k) = key {
+            record = record.key(k);
+        }
+        Ok(ack(enqueue(&self.producer, record).await?))
+    }
+}
+
+/// How long [`ensure_producer_id`] helps a new producer to its producer id before giving up
+/// (its messages then wait inside librdkafka until it has one).
+const READY_WITHIN: Duration = Duration::from_secs(2);
+/// How long one metadata request of [`ensure_producer_id`] may take.
+const READY_STEP: Duration = Duration::from_millis(500);
+
+/// Helps the new idempotent `producer` to its producer id, without which it sends nothing.
+/// librdkafka asks for the id on a 500 ms timer, and at once when a metadata response arrives
+/// while a broker it learned from the cluster's metadata is up. A new client's first metadata
+/// comes from its bootstrap connection, before that broker is connected, so the id came with
+/// the timer: a new producer's first records waited half a second (the first result of a
+/// service, on every start). A metadata request answered by a learned broker (not the
+/// bootstrap connection, whose id is -1) has the id asked for at once. Gives up after
+/// [`READY_WITHIN`] (brokers that do not answer): the timer still gets the id.
+pub(crate) async fn ensure_producer_id(producer: &FutureProducer, topic: &str) {
+    let (producer, topic) = (producer.clone(), topic.to_string());
+    let answered = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + READY_WITHIN;
+        while Instant::now() < deadline {
+            match producer.client().fetch_metadata(Some(&topic), READY_STEP) {
+                Ok(m) if m.orig_broker_id() >= 0 => return true,
+                Ok(_) => {}
+                // Brokers not reachable yet: asking again at once would spin.
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+        false
+    })
+    .await;
+    if !matches!(answered, Ok(true)) {
+        tracing::debug!(
+            within = ?READY_WITHIN,
+            "no metadata from a broker yet; the producer id comes with librdkafka's timer"
+        );
     }
 }
 

@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::produce::enqueue;
+use crate::produce::{enqueue, ensure_producer_id};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
@@ -315,6 +315,9 @@ impl Worker {
             .unwrap_or(0);
         self.stats.cursor.store(cursor, Ordering::SeqCst);
         tracing::info!(cursor, "publisher started");
+        // Nothing is sent before the producer has its id; without this the first batch of
+        // every start waited half a second for it.
+        ensure_producer_id(&self.producer, &self.results_topic).await;
         let mut delay = RETRY_INITIAL;
         while !self.stop.load(Ordering::SeqCst) {
             if self.ledger.last_lsn() <= cursor {

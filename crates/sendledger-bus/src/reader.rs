@@ -4,14 +4,15 @@
 //! their event id.
 //!
 //! Readers are assigned their partitions and commit nothing, so they never disturb a consumer
-//! group. Polling blocks: [`TopicReader::next`] belongs on a thread of its own or in
-//! `spawn_blocking`, never on an async executor thread.
+//! group. Creating a reader (a metadata request) and polling block: they belong on a thread of
+//! their own, in `spawn_blocking` or `block_in_place`, never directly on an async executor
+//! thread.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
@@ -86,6 +87,9 @@ impl Record {
     }
 }
 
+/// How long [`TopicReader::from_beginning`] waits for the topic's metadata.
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Reads every partition of one topic from its beginning.
 pub struct TopicReader {
     consumer: BaseConsumer,
@@ -93,9 +97,15 @@ pub struct TopicReader {
 
 impl TopicReader {
     /// Assigns the configured number of partitions (`kafka.partitions`) of `topic`, each from
-    /// its beginning.
+    /// its beginning. Blocking: looks the topic up first (for at most 5 s).
     pub fn from_beginning(kafka: &Kafka, topic: &str) -> Result<TopicReader> {
         let consumer: BaseConsumer = kafka.client_config(Role::Replay).create()?;
+        // librdkafka asks for the start of a partition assigned before its leader is known
+        // only 500 ms later: without the lookup, every reader read its first record half a
+        // second late. When the lookup fails librdkafka keeps trying, as before.
+        if let Err(e) = consumer.fetch_metadata(Some(topic), LOOKUP_TIMEOUT) {
+            tracing::debug!(topic, error = %e, "cannot look the topic up before reading it");
+        }
         let mut tpl = TopicPartitionList::new();
         for p in 0..kafka.config().partitions {
             tpl.add_partition_offset(topic, p, Offset::Beginning)?;
@@ -115,8 +125,8 @@ impl TopicReader {
 }
 
 /// Follows the results topic from its beginning, as a consumer of sendledger would: results
-/// are deduplicated by event id, and per task it keeps its distinct terminal results and
-/// whether it has any result.
+/// are deduplicated by event id, and per task it keeps its distinct terminal results and when
+/// its first answer was read.
 pub struct ResultsReader {
     seen: Arc<Mutex<Seen>>,
     stop: Arc<AtomicBool>,
@@ -128,12 +138,12 @@ struct Seen {
     event_ids: HashSet<String>,
     /// Task id → its distinct terminal results (event ids).
     terminal: HashMap<String, HashSet<String>>,
-    /// Tasks with a terminal or manual-review result.
-    answered: HashSet<String>,
+    /// Tasks with a terminal or manual-review result, and when the first was read.
+    answered: HashMap<String, Instant>,
 }
 
 impl Seen {
-    fn add(&mut self, event_id: String, result: TaskResult) {
+    fn add(&mut self, event_id: String, result: TaskResult, read_at: Instant) {
         if !self.event_ids.insert(event_id.clone()) {
             return;
         }
@@ -144,13 +154,14 @@ impl Seen {
                 .insert(event_id);
         }
         if result.status.is_terminal() || result.status == ResultStatus::ManualReview {
-            self.answered.insert(result.task_id);
+            self.answered.entry(result.task_id).or_insert(read_at);
         }
     }
 }
 
 impl ResultsReader {
-    /// Starts reading the results topic on a thread of its own.
+    /// Starts reading the results topic on a thread of its own. Blocking, briefly (see
+    /// [`TopicReader::from_beginning`]).
     pub fn start(kafka: &Kafka) -> Result<ResultsReader> {
         let reader = TopicReader::from_beginning(kafka, &kafka.config().results_topic)?;
         let seen = Arc::new(Mutex::new(Seen::default()));
@@ -171,7 +182,10 @@ impl ResultsReader {
                         tracing::error!("a results record without event id or not a TaskResult");
                         continue;
                     };
-                    s.lock().unwrap_or_else(|e| e.into_inner()).add(id, result);
+                    let read_at = Instant::now();
+                    s.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .add(id, result, read_at);
                 }
             })
             .map_err(|_| Error::Thread {
@@ -187,6 +201,16 @@ impl ResultsReader {
             seen.answered.len(),
             seen.terminal.values().filter(|t| t.len() > 1).count(),
         )
+    }
+
+    /// When the first answer (a terminal or manual-review result) of each answered task was
+    /// read, by task id.
+    pub fn answered_at(&self) -> HashMap<String, Instant> {
+        self.seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .answered
+            .clone()
     }
 
     /// Stops reading; returns the last [`ResultsReader::progress`].

@@ -95,12 +95,12 @@ async fn bench(args: ClusterArgs, metrics: PrometheusHandle) -> anyhow::Result<(
 
     let local = config_for(StorageMode::Local, "local")?;
     let kafka_local = tokio::task::block_in_place(|| Kafka::connect(local.kafka.clone()))?;
-    let local_run = through_kafka(&local, &kafka_local, args.tasks).await?;
+    let local_run = through_kafka(&local, &kafka_local, args.tasks, None).await?;
     check_remote(&sim, &local_run)?;
 
     let mode = config_for(StorageMode::Kafka, "kafka")?;
     let kafka_mode = tokio::task::block_in_place(|| Kafka::connect(mode.kafka.clone()))?;
-    let kafka_run = through_kafka(&mode, &kafka_mode, args.tasks).await?;
+    let kafka_run = through_kafka(&mode, &kafka_mode, args.tasks, None).await?;
     check_remote(&sim_kafka, &kafka_run)?;
     let after_run = metrics.render();
 

@@ -1,6 +1,8 @@
-//! `sendledger bench kafka`: tasks per second end to end through Kafka: requests already on the
-//! requests topic of the embedded cluster, the whole service (ingest, engine, publisher) against
-//! the simulated remote, until every task's result has been read back from the results topic.
+//! `sendledger bench kafka`: tasks per second end to end through Kafka: requests on the requests
+//! topic of the embedded cluster (all produced before the service starts, or at a steady rate
+//! while it runs), the whole service (ingest, engine, publisher) against the simulated remote,
+//! until every task's result has been read back from the results topic; and the latency of each
+//! task from its request's production to its result's reading.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -21,9 +23,14 @@ use crate::wiring::HttpRemote;
 
 #[derive(Args)]
 pub struct KafkaArgs {
-    /// Tasks to run (one request each, produced before the service starts).
+    /// Tasks to run (one request each, produced before the service starts unless --rate is
+    /// given).
     #[arg(long, default_value_t = 20_000)]
     tasks: u64,
+    /// Produce the requests at this many per second while the service runs, instead of all
+    /// before it starts (the latency is then each request's own, not its wait in a backlog).
+    #[arg(long)]
+    rate: Option<u64>,
     /// `sync` (fsync per group commit) or `buffered` (no fsync; unsafe on power loss).
     #[arg(long, default_value = "sync", value_parser = parse_durability)]
     durability: Durability,
@@ -31,6 +38,7 @@ pub struct KafkaArgs {
 
 pub fn run(args: KafkaArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.tasks > 0, "--tasks must be positive");
+    anyhow::ensure!(args.rate != Some(0), "--rate must be positive");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -46,18 +54,21 @@ async fn bench(args: KafkaArgs) -> anyhow::Result<()> {
     let n = args.tasks;
     let one = serde_json::to_vec(&bench_request(0, "payments"))?.len() as u64;
     kafka.check_embedded_backlog(n, n * (one + 64))?;
-    let run = through_kafka(&config, &kafka, n).await?;
+    let run = through_kafka(&config, &kafka, n, args.rate).await?;
     check_remote(&sim, &run)?;
     let n = n as f64;
     println!(
         "{}",
         serde_json::json!({
             "tasks": args.tasks,
+            "rate": args.rate,
             "durability": format!("{:?}", args.durability).to_lowercase(),
             "produce_per_sec": (n / run.produce_secs).round(),
             "tasks_per_sec": run.tasks_per_sec(),
             "tasks_per_sec_after_first_result": (n / run.steady_secs).round(),
             "first_result_after_ms": ((run.total_secs - run.steady_secs) * 1000.0).round(),
+            "latency_ms_p50": run.latency_ms(0.50),
+            "latency_ms_p99": run.latency_ms(0.99),
             "fsyncs_per_task": round4(run.batches as f64 / n),
             "events_per_task": round4(run.events as f64 / n),
             "remote_duplicates": sim.stats().duplicates,
@@ -114,23 +125,70 @@ pub(crate) struct Run {
     /// Journal batches (fsyncs) and events recorded.
     pub batches: u64,
     pub events: u64,
+    /// Each task's time from its request handed to the producer to its result read back,
+    /// sorted.
+    pub latencies: Vec<Duration>,
 }
 
 impl Run {
     pub fn tasks_per_sec(&self) -> f64 {
         (self.tasks as f64 / self.total_secs).round()
     }
+
+    /// The latency at quantile `q` (0 to 1), in milliseconds to a tenth.
+    pub fn latency_ms(&self, q: f64) -> f64 {
+        let Some(last) = self.latencies.len().checked_sub(1) else {
+            return 0.0;
+        };
+        let at = self.latencies[(last as f64 * q).round() as usize];
+        (at.as_secs_f64() * 10_000.0).round() / 10.0
+    }
 }
 
-/// Produces `n` requests, starts the service of `config` on `kafka`, waits until every task's
-/// result has been read back from the results topic (a `read_committed` reader deduplicating by
-/// event id), stops the service, and checks that each task had one terminal result.
-pub(crate) async fn through_kafka(config: &Config, kafka: &Kafka, n: u64) -> anyhow::Result<Run> {
+/// When each request was handed to the producer (index: request number), and how long
+/// producing them all took until the last acknowledgement.
+struct Produced {
+    at: Vec<Instant>,
+    secs: f64,
+}
+
+/// Produces requests `0..n`, all at once, or `rate` per second.
+async fn produce(kafka: &Kafka, n: u64, rate: Option<u64>) -> anyhow::Result<Produced> {
+    let producer = RequestProducer::new(kafka)?;
+    producer.ready().await;
+    let started = Instant::now();
+    let begin = tokio::time::Instant::now();
+    let mut at = Vec::with_capacity(n as usize);
+    let mut acks = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        if let Some(rate) = rate {
+            tokio::time::sleep_until(begin + Duration::from_secs_f64(i as f64 / rate as f64)).await;
+        }
+        let request = bench_request(i, "payments");
+        let value = serde_json::to_vec(&request)?;
+        at.push(Instant::now());
+        acks.push(producer.send(Some(&request_key(&request)), &value).await?);
+    }
+    for ack in acks {
+        ack.await?;
+    }
+    Ok(Produced {
+        at,
+        secs: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Produces `n` requests (all before the service starts, or `rate` per second from its start),
+/// starts the service of `config` on `kafka`, waits until every task's result has been read
+/// back from the results topic (a `read_committed` reader deduplicating by event id), stops the
+/// service, and checks that each task had one terminal result.
+pub(crate) async fn through_kafka(
+    config: &Config,
+    kafka: &Kafka,
+    n: u64,
+    rate: Option<u64>,
+) -> anyhow::Result<Run> {
     config.validate(&BTreeMap::new())?;
-    let messages = (0..n).map(|i| {
-        let r = bench_request(i, "payments");
-        (Some(request_key(&r)), serde_json::to_vec(&r).expect("JSON"))
-    });
     kafka
         .ensure_topics(
             config.kafka.replication_factor,
@@ -138,14 +196,20 @@ pub(crate) async fn through_kafka(config: &Config, kafka: &Kafka, n: u64) -> any
             config.storage.mode == crate::config::StorageMode::Kafka,
         )
         .await?;
-    let produce_started = Instant::now();
-    RequestProducer::new(kafka)?.send_all(messages).await?;
-    let produce_secs = produce_started.elapsed().as_secs_f64();
+    let mut producing = None;
+    let mut produced = None;
+    if rate.is_none() {
+        produced = Some(produce(kafka, n, None).await?);
+    }
 
-    let results = ResultsReader::start(kafka)?;
+    let results = tokio::task::block_in_place(|| ResultsReader::start(kafka))?;
     let started = Instant::now();
     let remote = Arc::new(HttpRemote::new(config.load_targets()?));
     let service = Service::start(config, kafka, remote, None).await?;
+    if rate.is_some() {
+        let kafka = kafka.clone();
+        producing = Some(tokio::spawn(async move { produce(&kafka, n, rate).await }));
+    }
     let mut first_result = None;
     loop {
         let (done, _) = results.progress();
@@ -156,10 +220,31 @@ pub(crate) async fn through_kafka(config: &Config, kafka: &Kafka, n: u64) -> any
             break;
         }
         anyhow::ensure!(service.is_healthy(), "the service stopped consuming");
+        if producing.as_ref().is_some_and(|p| p.is_finished()) {
+            if let Some(p) = producing.take() {
+                produced = Some(p.await??);
+            }
+        }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let total_secs = started.elapsed().as_secs_f64();
     let steady_secs = first_result.map_or(total_secs, |t| t.elapsed().as_secs_f64());
+    if let Some(p) = producing.take() {
+        produced = Some(p.await??);
+    }
+    let produced = produced.context("the requests were not produced")?;
+    let answered_at = results.answered_at();
+    let mut latencies: Vec<Duration> = (0..n)
+        .filter_map(|i| {
+            let task = bench_request(i, "payments")
+                .identity()
+                .task_id()
+                .to_string();
+            let read = answered_at.get(&task)?;
+            Some(read.saturating_duration_since(produced.at[i as usize]))
+        })
+        .collect();
+    latencies.sort_unstable();
     let stats = service.engine().ledger().stats();
     let batches = stats.batches.load(Ordering::Relaxed);
     let events = stats.events.load(Ordering::Relaxed);
@@ -171,11 +256,12 @@ pub(crate) async fn through_kafka(config: &Config, kafka: &Kafka, n: u64) -> any
     );
     Ok(Run {
         tasks: n,
-        produce_secs,
+        produce_secs: produced.secs,
         total_secs,
         steady_secs,
         batches,
         events,
+        latencies,
     })
 }
 

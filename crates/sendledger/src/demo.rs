@@ -70,7 +70,7 @@ async fn demo(args: DemoArgs, data: PathBuf) -> anyhow::Result<bool> {
         setup.sim.base_url()
     );
 
-    let results = ResultsReader::start(&setup.kafka)?;
+    let results = tokio::task::block_in_place(|| ResultsReader::start(&setup.kafka))?;
     let started = Instant::now();
     let service = setup.start_service().await?;
     let produce = produce(&setup.kafka, &deliveries)?;

@@ -625,24 +625,18 @@ async fn broker_faults_delay_but_never_lose_or_duplicate() {
 
     use RDKafkaRespErr::*;
     tokio::task::block_in_place(|| {
-        cluster
-            .request_errors(
-                RDKafkaApiKey::Produce,
-                vec![RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 8],
-            )
-            .unwrap();
-        cluster
-            .request_errors(
-                RDKafkaApiKey::Fetch,
-                vec![RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION; 4],
-            )
-            .unwrap();
-        cluster
-            .request_errors(
-                RDKafkaApiKey::OffsetCommit,
-                vec![RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT; 4],
-            )
-            .unwrap();
+        cluster.request_errors(
+            RDKafkaApiKey::Produce,
+            &[RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 8],
+        );
+        cluster.request_errors(
+            RDKafkaApiKey::Fetch,
+            &[RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION; 4],
+        );
+        cluster.request_errors(
+            RDKafkaApiKey::OffsetCommit,
+            &[RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT; 4],
+        );
     });
     produce(
         &kafka,

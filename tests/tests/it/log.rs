@@ -124,12 +124,10 @@ async fn a_new_writer_fences_the_old_one_and_readers_see_only_committed_batches(
 async fn brokers_refusing_transactions_are_named_at_open() {
     let kafka = tokio::task::block_in_place(|| Kafka::connect(KafkaConfig::default())).unwrap();
     let cluster = kafka.embedded().unwrap();
-    cluster
-        .request_errors(
-            RDKafkaApiKey::InitProducerId,
-            vec![RDKafkaRespErr::RD_KAFKA_RESP_ERR_TRANSACTIONAL_ID_AUTHORIZATION_FAILED; 4],
-        )
-        .unwrap();
+    cluster.request_errors(
+        RDKafkaApiKey::InitProducerId,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TRANSACTIONAL_ID_AUTHORIZATION_FAILED; 4],
+    );
     let err = tokio::task::block_in_place(|| PartitionLog::open(&kafka, 0, TIMEOUT))
         .err()
         .expect("the log does not open");
