@@ -12,7 +12,8 @@ use sendledger_bus::Kafka;
 use sendledger_store::Durability;
 
 use crate::bench_engine::parse_durability;
-use crate::bench_kafka::{bench_config, bench_sim, check_remote, round4, through_kafka};
+use crate::bench_kafka::{bench_config, check_remote, round4, through_kafka};
+use crate::bench_remote::RemoteProcess;
 use crate::config::{Config, StorageMode};
 use crate::service::Service;
 use crate::wiring::HttpRemote;
@@ -50,7 +51,7 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
 
 async fn bench(args: ClusterArgs, metrics: PrometheusHandle) -> anyhow::Result<()> {
     // One remote per mode: both modes send the same tasks.
-    let (sim, sim_kafka) = (bench_sim().await?, bench_sim().await?);
+    let (sim, sim_kafka) = (RemoteProcess::start()?, RemoteProcess::start()?);
     let dir = tempfile::tempdir()?;
     // Topics and groups of this run only, so runs against one broker never mix.
     let run_id = format!(
@@ -96,12 +97,12 @@ async fn bench(args: ClusterArgs, metrics: PrometheusHandle) -> anyhow::Result<(
     let local = config_for(StorageMode::Local, "local")?;
     let kafka_local = tokio::task::block_in_place(|| Kafka::connect(local.kafka.clone()))?;
     let local_run = through_kafka(&local, &kafka_local, args.tasks, None).await?;
-    check_remote(&sim, &local_run)?;
+    check_remote(&sim, &local_run).await?;
 
     let mode = config_for(StorageMode::Kafka, "kafka")?;
     let kafka_mode = tokio::task::block_in_place(|| Kafka::connect(mode.kafka.clone()))?;
     let kafka_run = through_kafka(&mode, &kafka_mode, args.tasks, None).await?;
-    check_remote(&sim_kafka, &kafka_run)?;
+    check_remote(&sim_kafka, &kafka_run).await?;
     let after_run = metrics.render();
 
     // Restore: a new instance on an empty disk takes every partition of the log over.
@@ -151,9 +152,7 @@ async fn bench(args: ClusterArgs, metrics: PrometheusHandle) -> anyhow::Result<(
         "the restore found {restored_tasks} tasks of {}",
         args.tasks
     );
-    check_remote(&sim_kafka, &kafka_run)?;
-    sim.shutdown().await;
-    sim_kafka.shutdown().await;
+    check_remote(&sim_kafka, &kafka_run).await?;
 
     let quantile = |name: &str, q: &str| -> Option<f64> {
         let prefix = format!("{name}{{quantile=\"{q}\"}} ");

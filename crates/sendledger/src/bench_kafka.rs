@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Args;
 use sendledger_bus::{request_key, Kafka, RequestProducer, ResultsReader};
-use sendledger_sim::{Sim, SimConfig};
 use sendledger_store::Durability;
 
 use crate::bench::bench_request;
 use crate::bench_engine::parse_durability;
+use crate::bench_remote::{own_peak_rss_bytes, RemoteProcess};
 use crate::config::Config;
 use crate::service::Service;
 use crate::wiring::HttpRemote;
@@ -47,7 +47,7 @@ pub fn run(args: KafkaArgs) -> anyhow::Result<()> {
 }
 
 async fn bench(args: KafkaArgs) -> anyhow::Result<()> {
-    let sim = bench_sim().await?;
+    let sim = RemoteProcess::start()?;
     let dir = tempfile::tempdir()?;
     let config = bench_config(&sim, dir.path(), args.durability)?;
     let kafka = tokio::task::block_in_place(|| Kafka::connect(config.kafka.clone()))?;
@@ -55,7 +55,8 @@ async fn bench(args: KafkaArgs) -> anyhow::Result<()> {
     let one = serde_json::to_vec(&bench_request(0, "payments"))?.len() as u64;
     kafka.check_embedded_backlog(n, n * (one + 64))?;
     let run = through_kafka(&config, &kafka, n, args.rate).await?;
-    check_remote(&sim, &run)?;
+    check_remote(&sim, &run).await?;
+    let remote = sim.stats().await?;
     let n = n as f64;
     println!(
         "{}",
@@ -71,10 +72,12 @@ async fn bench(args: KafkaArgs) -> anyhow::Result<()> {
             "latency_ms_p99": run.latency_ms(0.99),
             "fsyncs_per_task": round4(run.batches as f64 / n),
             "events_per_task": round4(run.events as f64 / n),
-            "remote_duplicates": sim.stats().duplicates,
+            "remote_duplicates": remote.duplicates,
+            // This process: the service, the embedded cluster holding every topic, and the
+            // benchmark's producer and results reader; the remote runs in a child.
+            "peak_rss_bytes": own_peak_rss_bytes(),
         })
     );
-    sim.shutdown().await;
     Ok(())
 }
 
@@ -82,20 +85,10 @@ pub(crate) fn round4(x: f64) -> f64 {
     (x * 10_000.0).round() / 10_000.0
 }
 
-/// The simulated remote of the Kafka benchmarks: records told apart by `reference`.
-pub(crate) async fn bench_sim() -> anyhow::Result<Sim> {
-    Sim::start(SimConfig {
-        identity_field: "reference".into(),
-        ..SimConfig::default()
-    })
-    .await
-    .context("starting the simulated remote")
-}
-
 /// A service configuration on `data` with the one target `payments` at `sim`, on the embedded
 /// cluster (callers change `kafka` and `storage.mode` as they need).
 pub(crate) fn bench_config(
-    sim: &Sim,
+    sim: &RemoteProcess,
     data: &std::path::Path,
     durability: Durability,
 ) -> anyhow::Result<Config> {
@@ -266,8 +259,8 @@ pub(crate) async fn through_kafka(
 }
 
 /// Fails when the remote holds two records of one task.
-pub(crate) fn check_remote(sim: &Sim, run: &Run) -> anyhow::Result<()> {
-    let duplicates = sim.stats().duplicates;
+pub(crate) async fn check_remote(sim: &RemoteProcess, run: &Run) -> anyhow::Result<()> {
+    let duplicates = sim.stats().await?.duplicates;
     anyhow::ensure!(
         duplicates == 0,
         "benchmark run broke an invariant: {duplicates} duplicates at the remote after {} tasks",
