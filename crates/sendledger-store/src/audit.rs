@@ -7,19 +7,29 @@
 //! the log. Then its fold is compared with the summary and the task is dropped. So memory holds
 //! the open tasks, not the log: in a ledger written by the engine, the tasks that were in
 //! flight together (plus any task that gets events much later, such as a late duplicate
-//! delivery, until it gets them). An event of a task that was already dropped re-opens it from
-//! the index.
+//! delivery, until it gets them). An event of a task that was already dropped (its summary
+//! counts too few events) re-opens it from the index, to the end of the log, where it is
+//! compared again; it is counted once.
 //!
-//! Meanwhile a second thread reads the per-task index and fingerprints it (count and a sum of
-//! hashes of `task, seq, lsn`); the log pass fingerprints the events it decodes the same way.
-//! Equal fingerprints mean every event is indexed under its task and sequence number and no
-//! index entry points elsewhere. Only when they differ does a slower pass look up each index
-//! entry in the log to name what is wrong.
+//! The summaries are read first, in one sequential scan of the `tasks` column family, into a
+//! table of 22 bytes a task ([`Summaries`]): looking each task's summary up when it opens was a
+//! random read of a block that no longer fits in the cache, and most of the audit's time.
+//! Every read is made in one snapshot, so a ledger written to meanwhile is audited as it was
+//! when the audit started.
+//!
+//! The pass is a pipeline of three threads, each with about a third of the work: one iterates
+//! over the log and checks its keys, one decodes and fingerprints the events, and the calling
+//! thread checks the tasks. Meanwhile a fourth thread reads the per-task index and fingerprints
+//! it (count and a sum of hashes of `task, seq, lsn`), as the events are. Equal fingerprints
+//! mean every event is indexed under its task and sequence number and no index entry points
+//! elsewhere. Only when they differ does a slower pass look up each index entry in the log to
+//! name what is wrong.
 
 use std::collections::hash_map::{Entry, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::mpsc;
 
-use rocksdb::{Direction, IteratorMode, ReadOptions};
+use rocksdb::{Direction, IteratorMode, ReadOptions, SnapshotWithThreadMode, DB};
 use sendledger_core::audit::{AuditReport, Finding, Integrity, LsnSequence, TaskAudit};
 use sendledger_core::{CheckConfig, Event, TaskId};
 
@@ -31,20 +41,113 @@ use crate::ledger::{Ledger, TaskSummary};
 /// How often `progress` is called, in events.
 const PROGRESS_EVERY: u64 = 100_000;
 
+type Snapshot<'a> = SnapshotWithThreadMode<'a, DB>;
+
 /// A task between its first event and its last.
 struct Open {
     audit: TaskAudit,
-    /// `None` until looked up (in batches); then the stored summary, if there is one.
-    summary: Option<Option<TaskSummary>>,
+    /// The stored summary, if there is one.
+    summary: Option<TaskSummary>,
+    /// Dropped once already, and counted then.
+    reopened: bool,
     last_lsn: u64,
 }
 
 impl Open {
-    /// Has every event its summary announces.
+    /// Has every event its summary announces (and was not dropped before).
     fn complete(&self) -> bool {
-        matches!(self.summary, Some(Some(s)) if self.audit.state().next_seq >= s.next_seq)
+        !self.reopened
+            && self
+                .summary
+                .is_some_and(|s| self.audit.state().next_seq >= s.next_seq)
     }
 }
+
+/// Every task's stored summary, by task id.
+struct Summaries {
+    /// The `tasks` entries (key and value as stored: 22 bytes a task), in task id order. One
+    /// whose summary does not decode is left out: it counts as missing.
+    entries: Vec<([u8; 16], [u8; 6])>,
+    /// `starts[b]..starts[b + 1]` are the entries whose ids start with the `bits` bits `b`. Task
+    /// ids are SHA-256 outputs, evenly spread, so each range holds a few entries: a lookup
+    /// touches two places in memory where a binary search would touch twenty.
+    starts: Vec<u32>,
+    bits: u32,
+}
+
+impl Summaries {
+    fn read(ledger: &Ledger, snapshot: &Snapshot) -> Result<Summaries> {
+        let cf = ledger.cf(CF_TASKS);
+        // Sized once from RocksDB's count of the keys: a vector grown by doubling could hold
+        // twice the memory the table needs.
+        let estimate = ledger
+            .db()
+            .property_int_value_cf(cf, "rocksdb.estimate-num-keys")?
+            .unwrap_or(0);
+        let mut entries = Vec::with_capacity(estimate as usize);
+        let mut it = snapshot.raw_iterator_cf_opt(cf, scan_options());
+        it.seek_to_first();
+        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+            if let (Ok(id), Ok(value), Ok(_)) = (k.try_into(), v.try_into(), TaskSummary::decode(v))
+            {
+                entries.push((id, value));
+            }
+            it.next();
+        }
+        it.status()?;
+        let bits = (entries.len() / 4).max(2).ilog2();
+        let mut summaries = Summaries {
+            starts: Vec::with_capacity((1 << bits) + 1),
+            entries,
+            bits,
+        };
+        for (i, (id, _)) in summaries.entries.iter().enumerate() {
+            let range = summaries.range_of(id);
+            while summaries.starts.len() <= range {
+                summaries.starts.push(i as u32);
+            }
+        }
+        let len = summaries.entries.len() as u32;
+        summaries.starts.resize((1 << bits) + 1, len);
+        Ok(summaries)
+    }
+
+    fn range_of(&self, task: &[u8; 16]) -> usize {
+        let first = u64::from_be_bytes(task[..8].try_into().expect("8 bytes"));
+        (first >> (64 - self.bits)) as usize
+    }
+
+    fn get(&self, task: &TaskId) -> Option<TaskSummary> {
+        let range = self.range_of(&task.0);
+        let (from, to) = (self.starts[range], self.starts[range + 1]);
+        self.entries[from as usize..to as usize]
+            .iter()
+            .find(|(id, _)| *id == task.0)
+            .and_then(|(_, value)| TaskSummary::decode(value).ok())
+    }
+}
+
+/// Hashes a task id by its first eight bytes, which are already evenly spread (SHA-256): the
+/// open tasks' map is looked up twice an event.
+#[derive(Default)]
+struct TaskIdHasher(u64);
+
+impl Hasher for TaskIdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        if let Some(first) = bytes.get(..8) {
+            self.0 = u64::from_le_bytes(first.try_into().expect("8 bytes"));
+        }
+    }
+
+    // The length a `[u8; 16]` hashes before its bytes: the same for every id.
+    fn write_usize(&mut self, _: usize) {}
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type TaskMap<V> = HashMap<TaskId, V, BuildHasherDefault<TaskIdHasher>>;
 
 /// Count and wrapping sum of the hashes of `(task, seq, lsn)`: equal for two sets of entries
 /// when they hold the same entries (up to a 2^-64 chance).
@@ -73,8 +176,9 @@ fn mix(mut x: u64) -> u64 {
 
 fn scan_options() -> ReadOptions {
     let mut opts = ReadOptions::default();
-    // A full scan: read ahead, and keep its blocks out of the cache (nothing reads them again).
-    opts.set_readahead_size(8 << 20);
+    // A full scan: read ahead (each scan running holds a buffer of this size, and larger ones
+    // read no faster), and keep its blocks out of the cache (nothing reads them again).
+    opts.set_readahead_size(512 << 10);
     opts.fill_cache(false);
     opts
 }
@@ -92,23 +196,110 @@ pub fn audit(
         last_lsn: ledger.last_lsn(),
         ..AuditReport::default()
     };
-    let (tx, rx) = mpsc::sync_channel::<Batch>(4);
-    let (read, index_print) = std::thread::scope(|s| {
-        let reader = s.spawn(|| read_log(ledger, tx));
-        let index = s.spawn(|| index_fingerprint(ledger));
-        let checked = check_tasks(ledger, config, rx, &mut report, &mut progress);
-        let read = reader.join().expect("the log reader does not panic");
+    let snapshot = ledger.db().snapshot();
+    // Queues of a few batches, so that a thread descheduled for a moment does not stall the
+    // others at once.
+    let (raw_tx, raw_rx) = mpsc::sync_channel::<Raw>(8);
+    let (tx, rx) = mpsc::sync_channel::<Batch>(8);
+    let (scan, decoded, index_print) = std::thread::scope(|s| {
+        let reader = s.spawn(|| read_log(ledger, &snapshot, raw_tx));
+        let decoder = s.spawn(|| decode_log(raw_rx, tx));
+        let index = s.spawn(|| index_fingerprint(ledger, &snapshot));
+        // The reader and the decoder fill their queues meanwhile.
+        let checked = Summaries::read(ledger, &snapshot).and_then(|summaries| {
+            let check = Check {
+                ledger,
+                snapshot: &snapshot,
+                summaries: &summaries,
+                config,
+            };
+            check.tasks(rx, &mut report, &mut progress)
+        });
+        let scan = reader.join().expect("the log reader does not panic");
+        let decoded = decoder.join().expect("the decoder does not panic");
         let index = index.join().expect("the index scan does not panic");
         checked?;
-        Ok::<_, crate::Error>((read?, index?))
+        Ok::<_, crate::Error>((scan?, decoded, index?))
     })?;
-    report.events = read.entries;
+    report.events = scan.entries;
     // Damage to the log first, then what the tasks broke.
-    report.violations.splice(0..0, read.findings);
-    if read.print != index_print || !read.undecodable.is_empty() {
-        compare_index(ledger, read.print, &read.undecodable, &mut report)?;
+    report.violations.splice(0..0, scan.findings);
+    if decoded.print != index_print || !decoded.undecodable.is_empty() {
+        compare_index(
+            ledger,
+            &snapshot,
+            decoded.print,
+            &decoded.undecodable,
+            &mut report,
+        )?;
     }
     Ok(report)
+}
+
+/// Log entries handed from thread to thread at once: enough that handing them over costs
+/// little, few enough that the batches in the queues take little memory.
+const BATCH: usize = 1024;
+
+/// Log entries in LSN order as read: their values back to back.
+struct Raw {
+    /// Each entry's LSN and where its value ends in `values`.
+    entries: Vec<(u64, usize)>,
+    values: Vec<u8>,
+    /// Log entries read up to the end of this batch.
+    read: u64,
+}
+
+/// What the log reader found besides the entries.
+struct Scan {
+    entries: u64,
+    findings: Vec<Finding>,
+}
+
+/// Reads the log in LSN order and checks its keys. Its own thread: RocksDB's iteration is as
+/// much work as decoding the events, so each has a thread, and checking the tasks a third.
+fn read_log(ledger: &Ledger, snapshot: &Snapshot, tx: mpsc::SyncSender<Raw>) -> Result<Scan> {
+    let mut scratch = AuditReport::default();
+    let mut lsns = LsnSequence::default();
+    let mut scan = Scan {
+        entries: 0,
+        findings: Vec::new(),
+    };
+    let new_batch = || Raw {
+        entries: Vec::with_capacity(BATCH),
+        values: Vec::with_capacity(BATCH * 128),
+        read: 0,
+    };
+    let mut batch = new_batch();
+    let mut it = snapshot.raw_iterator_cf_opt(ledger.cf(CF_LOG), scan_options());
+    it.seek_to_first();
+    while let (Some(k), Some(v)) = (it.key(), it.value()) {
+        scan.entries += 1;
+        match decode_u64(k) {
+            None => scan.findings.push(Finding::integrity(
+                Integrity::EventDecodable,
+                None,
+                vec![],
+                format!("malformed log key {k:02x?}"),
+            )),
+            Some(lsn) => {
+                lsns.push(lsn, &mut scratch);
+                batch.values.extend_from_slice(v);
+                batch.entries.push((lsn, batch.values.len()));
+            }
+        }
+        if batch.entries.len() == BATCH {
+            batch.read = scan.entries;
+            if tx.send(std::mem::replace(&mut batch, new_batch())).is_err() {
+                break; // the checker stopped on an error of its own
+            }
+        }
+        it.next();
+    }
+    it.status()?;
+    batch.read = scan.entries;
+    let _ = tx.send(batch);
+    scan.findings.append(&mut scratch.violations);
+    Ok(scan)
 }
 
 /// Decoded events in LSN order, and how many log entries were read up to them.
@@ -117,188 +308,158 @@ struct Batch {
     entries: u64,
 }
 
-/// What the log reader found besides the events.
-struct Read {
-    entries: u64,
+/// What decoding the log found besides the events.
+struct Decoded {
     print: Fingerprint,
     undecodable: Vec<u64>,
-    findings: Vec<Finding>,
 }
 
-const BATCH: usize = 4096;
-
-/// Reads and decodes the log in LSN order (its own thread, so decoding and checking overlap).
-fn read_log(ledger: &Ledger, tx: mpsc::SyncSender<Batch>) -> Result<Read> {
-    let mut scratch = AuditReport::default();
-    let mut lsns = LsnSequence::default();
-    let mut read = Read {
-        entries: 0,
+/// Decodes the entries the reader sends and fingerprints them, for the checker.
+fn decode_log(rx: mpsc::Receiver<Raw>, tx: mpsc::SyncSender<Batch>) -> Decoded {
+    let mut decoded = Decoded {
         print: Fingerprint::default(),
         undecodable: Vec::new(),
-        findings: Vec::new(),
     };
-    let mut events = Vec::with_capacity(BATCH);
-    let mut it = ledger
-        .db()
-        .raw_iterator_cf_opt(ledger.cf(CF_LOG), scan_options());
-    it.seek_to_first();
-    while let (Some(k), Some(v)) = (it.key(), it.value()) {
-        read.entries += 1;
-        match decode_u64(k) {
-            None => read.findings.push(Finding::integrity(
-                Integrity::EventDecodable,
-                None,
-                vec![],
-                format!("malformed log key {k:02x?}"),
-            )),
-            Some(lsn) => {
-                lsns.push(lsn, &mut scratch);
-                match decode_event(lsn, v) {
-                    Ok(event) => {
-                        read.print.add(&event.task_id.0, event.task_seq, lsn);
-                        events.push(event);
-                    }
-                    Err(_) => read.undecodable.push(lsn),
+    for raw in rx {
+        let mut events = Vec::with_capacity(raw.entries.len());
+        let mut start = 0;
+        for &(lsn, end) in &raw.entries {
+            match decode_event(lsn, &raw.values[start..end]) {
+                Ok(event) => {
+                    decoded.print.add(&event.task_id.0, event.task_seq, lsn);
+                    events.push(event);
                 }
+                Err(_) => decoded.undecodable.push(lsn),
             }
+            start = end;
         }
-        if events.len() == BATCH {
-            let batch = Batch {
-                events: std::mem::replace(&mut events, Vec::with_capacity(BATCH)),
-                entries: read.entries,
-            };
-            if tx.send(batch).is_err() {
-                break; // the checker stopped on an error of its own
-            }
+        let batch = Batch {
+            events,
+            entries: raw.read,
+        };
+        if tx.send(batch).is_err() {
+            break; // the checker stopped on an error of its own
         }
-        it.next();
     }
-    it.status()?;
-    let _ = tx.send(Batch {
-        events,
-        entries: read.entries,
-    });
-    read.findings.append(&mut scratch.violations);
-    Ok(read)
+    decoded
 }
 
-/// Feeds every event to its open task, closing tasks as they complete.
-fn check_tasks(
-    ledger: &Ledger,
+/// What checking the tasks reads besides the log.
+struct Check<'a> {
+    ledger: &'a Ledger,
+    snapshot: &'a Snapshot<'a>,
+    summaries: &'a Summaries,
     config: CheckConfig,
-    rx: mpsc::Receiver<Batch>,
-    report: &mut AuditReport,
-    progress: &mut impl FnMut(u64),
-) -> Result<()> {
-    let mut open: HashMap<TaskId, Open> = HashMap::new();
-    // Opened tasks whose summary is not looked up yet.
-    let mut unresolved: Vec<TaskId> = Vec::new();
-    let mut reported = 0;
-    for batch in rx {
-        for event in &batch.events {
-            let task = event.task_id;
-            let entry = match open.entry(task) {
-                Entry::Occupied(o) => o.into_mut(),
-                Entry::Vacant(v) => {
-                    unresolved.push(task);
-                    v.insert(reopen(ledger, config, event)?)
-                }
-            };
-            entry.audit.push(event, report);
-            entry.last_lsn = event.lsn;
-            if entry.complete() {
-                let done = open.remove(&task).expect("present");
-                close(task, done, report);
-            }
-        }
-        resolve_summaries(ledger, &mut unresolved, &mut open, report)?;
-        if batch.entries / PROGRESS_EVERY > reported {
-            reported = batch.entries / PROGRESS_EVERY;
-            progress(batch.entries);
-        }
-    }
-    // Tasks with fewer events than their summary says, or without a summary.
-    let mut rest: Vec<_> = open.into_iter().collect();
-    rest.sort_unstable_by_key(|(task, _)| *task);
-    for (task, done) in rest {
-        close(task, done, report);
-    }
-    Ok(())
 }
 
-/// Looks up the summaries of newly opened tasks in one batched read, and closes those that
-/// turn out complete.
-fn resolve_summaries(
-    ledger: &Ledger,
-    unresolved: &mut Vec<TaskId>,
-    open: &mut HashMap<TaskId, Open>,
-    report: &mut AuditReport,
-) -> Result<()> {
-    unresolved.retain(|t| open.contains_key(t));
-    unresolved.sort_unstable();
-    let keys: Vec<&[u8]> = unresolved.iter().map(|t| &t.0[..]).collect();
-    let values = ledger
-        .db()
-        .batched_multi_get_cf(ledger.cf(CF_TASKS), keys, true);
-    for (task, value) in unresolved.drain(..).zip(values) {
-        let summary = value?.and_then(|v| TaskSummary::decode(&v).ok());
-        let entry = open.get_mut(&task).expect("retained above");
-        entry.summary = Some(summary);
-        if entry.complete() {
-            let done = open.remove(&task).expect("present");
+impl Check<'_> {
+    /// Feeds every event to its open task, closing tasks as they complete.
+    fn tasks(
+        &self,
+        rx: mpsc::Receiver<Batch>,
+        report: &mut AuditReport,
+        progress: &mut impl FnMut(u64),
+    ) -> Result<()> {
+        // Boxed: a task's state is large, and the map moves its entries as it grows and shrinks.
+        let mut open: TaskMap<Box<Open>> = TaskMap::default();
+        let mut reported = 0;
+        for batch in rx {
+            // The summaries of the tasks that start in this batch, looked up in one loop: each
+            // lookup misses the CPU's caches, and together the misses overlap.
+            let mut starting = (batch.events.iter())
+                .filter(|e| e.task_seq == 0)
+                .map(|e| self.summaries.get(&e.task_id))
+                .collect::<Vec<_>>()
+                .into_iter();
+            for event in &batch.events {
+                let task = event.task_id;
+                let first = (event.task_seq == 0).then(|| starting.next().expect("looked up"));
+                let entry = match open.entry(task) {
+                    Entry::Occupied(o) => o.into_mut(),
+                    Entry::Vacant(v) => {
+                        let summary = first.unwrap_or_else(|| self.summaries.get(&task));
+                        v.insert(self.open(event, summary)?)
+                    }
+                };
+                entry.audit.push(event, report);
+                entry.last_lsn = event.lsn;
+                if entry.complete() {
+                    let done = open.remove(&task).expect("present");
+                    close(task, done, report);
+                }
+            }
+            if batch.entries / PROGRESS_EVERY > reported {
+                reported = batch.entries / PROGRESS_EVERY;
+                progress(batch.entries);
+            }
+        }
+        // Tasks with fewer events than their summary says, without a summary, or re-opened.
+        let mut rest: Vec<_> = open.into_iter().collect();
+        rest.sort_unstable_by_key(|(task, _)| *task);
+        for (task, done) in rest {
             close(task, done, report);
         }
+        Ok(())
     }
-    Ok(())
+
+    /// Opens a task at `event` with its summary, and its earlier events when `event` is not its
+    /// first. Earlier events the log holds were checked and counted already, with the task,
+    /// which was dropped since: they are folded in silently.
+    fn open(&self, event: &Event, summary: Option<TaskSummary>) -> Result<Box<Open>> {
+        let mut audit = TaskAudit::new(event.task_id, self.config);
+        let mut reopened = false;
+        if event.task_seq > 0 {
+            let mut scratch = AuditReport::default();
+            for earlier in self.events_before(event.task_id, event.lsn)? {
+                audit.push(&earlier, &mut scratch);
+                reopened = true;
+            }
+        }
+        Ok(Box::new(Open {
+            audit,
+            summary,
+            reopened,
+            last_lsn: event.lsn,
+        }))
+    }
+
+    /// The task's events before `lsn` that are in the index and decode (what does not is
+    /// reported elsewhere).
+    fn events_before(&self, task: TaskId, lsn: u64) -> Result<Vec<Event>> {
+        let (ledger, snapshot) = (self.ledger, self.snapshot);
+        let start = task_event_key(task, 0);
+        let mut lsns = Vec::new();
+        for item in snapshot.iterator_cf(
+            ledger.cf(CF_TASK_EVENTS),
+            IteratorMode::From(&start, Direction::Forward),
+        ) {
+            let (k, v) = item?;
+            if k[..16] != task.0 {
+                break;
+            }
+            lsns.extend(decode_u64(&v).filter(|l| *l < lsn));
+        }
+        let log = ledger.cf(CF_LOG);
+        let values = snapshot.multi_get_cf(lsns.iter().map(|l| (log, lsn_key(*l))));
+        let mut events = Vec::with_capacity(lsns.len());
+        for (value, lsn) in values.into_iter().zip(lsns) {
+            if let Some(event) = value?.and_then(|bytes| decode_event(lsn, &bytes).ok()) {
+                events.push(event);
+            }
+        }
+        Ok(events)
+    }
 }
 
-/// Opens a task at `event`: its summary, and its earlier events when `event` is not its first
-/// (they were checked and counted already, so they are folded in silently).
-fn reopen(ledger: &Ledger, config: CheckConfig, event: &Event) -> Result<Open> {
-    let mut audit = TaskAudit::new(event.task_id, config);
-    if event.task_seq > 0 {
-        let mut scratch = AuditReport::default();
-        for earlier in events_before(ledger, event.task_id, event.lsn)? {
-            audit.push(&earlier, &mut scratch);
-        }
-    }
-    Ok(Open {
-        audit,
-        summary: None,
-        last_lsn: event.lsn,
-    })
-}
-
-/// The task's events before `lsn` that are in the index and decode (what does not is reported
-/// elsewhere).
-fn events_before(ledger: &Ledger, task: TaskId, lsn: u64) -> Result<Vec<Event>> {
-    let db = ledger.db();
-    let start = task_event_key(task, 0);
-    let mut lsns = Vec::new();
-    for item in db.iterator_cf(
-        ledger.cf(CF_TASK_EVENTS),
-        IteratorMode::From(&start, Direction::Forward),
-    ) {
-        let (k, v) = item?;
-        if k[..16] != task.0 {
-            break;
-        }
-        lsns.extend(decode_u64(&v).filter(|l| *l < lsn));
-    }
-    let log = ledger.cf(CF_LOG);
-    let values = db.multi_get_cf(lsns.iter().map(|l| (log, lsn_key(*l))));
-    let mut events = Vec::with_capacity(lsns.len());
-    for (value, lsn) in values.into_iter().zip(lsns) {
-        if let Some(event) = value?.and_then(|bytes| decode_event(lsn, &bytes).ok()) {
-            events.push(event);
-        }
-    }
-    Ok(events)
-}
-
-fn close(task: TaskId, done: Open, report: &mut AuditReport) {
-    let summary = done.summary.flatten();
-    let state = done.audit.finish(report);
+fn close(task: TaskId, done: Box<Open>, report: &mut AuditReport) {
+    let summary = done.summary;
+    let mut scratch = AuditReport::default();
+    let counts = if done.reopened {
+        &mut scratch
+    } else {
+        &mut *report
+    };
+    let state = done.audit.finish(counts);
     if summary.is_some_and(|s| s.phase == state.phase && s.next_seq == state.next_seq) {
         return;
     }
@@ -320,11 +481,9 @@ fn close(task: TaskId, done: Open, report: &mut AuditReport) {
 }
 
 /// The fingerprint of the per-task index.
-fn index_fingerprint(ledger: &Ledger) -> Result<Fingerprint> {
+fn index_fingerprint(ledger: &Ledger, snapshot: &Snapshot) -> Result<Fingerprint> {
     let mut print = Fingerprint::default();
-    let mut it = ledger
-        .db()
-        .raw_iterator_cf_opt(ledger.cf(CF_TASK_EVENTS), scan_options());
+    let mut it = snapshot.raw_iterator_cf_opt(ledger.cf(CF_TASK_EVENTS), scan_options());
     it.seek_to_first();
     while let (Some(k), Some(v)) = (it.key(), it.value()) {
         match (decode_task_event_key(k), decode_u64(v)) {
@@ -342,15 +501,15 @@ fn index_fingerprint(ledger: &Ledger) -> Result<Fingerprint> {
 /// log. Also names the task of each undecodable event that the index knows.
 fn compare_index(
     ledger: &Ledger,
+    snapshot: &Snapshot,
     log_print: Fingerprint,
     undecodable: &[u64],
     report: &mut AuditReport,
 ) -> Result<()> {
-    let db = ledger.db();
     let log = ledger.cf(CF_LOG);
     let mut matching = 0u64;
     let mut attributed = Vec::new();
-    for item in db.iterator_cf(ledger.cf(CF_TASK_EVENTS), IteratorMode::Start) {
+    for item in snapshot.iterator_cf(ledger.cf(CF_TASK_EVENTS), IteratorMode::Start) {
         let (k, v) = item?;
         let (Some((task, seq)), Some(lsn)) = (decode_task_event_key(&k), decode_u64(&v)) else {
             report.violations.push(Finding::integrity(
@@ -361,7 +520,7 @@ fn compare_index(
             ));
             continue;
         };
-        let problem = match db.get_cf(log, lsn_key(lsn))? {
+        let problem = match snapshot.get_cf(log, lsn_key(lsn))? {
             None => "indexed event missing from the log".to_string(),
             Some(bytes) => match decode_event(lsn, &bytes) {
                 Err(e) => {
@@ -392,7 +551,7 @@ fn compare_index(
         ));
     }
     for &lsn in undecodable.iter().filter(|l| !attributed.contains(l)) {
-        let detail = match db.get_cf(log, lsn_key(lsn))? {
+        let detail = match snapshot.get_cf(log, lsn_key(lsn))? {
             Some(bytes) => decode_event(lsn, &bytes)
                 .err()
                 .map_or("undecodable".into(), |e| e.to_string()),

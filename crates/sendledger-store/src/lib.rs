@@ -6,7 +6,8 @@
 //! all pending appends into one `WriteBatch` and one fsync, and assigns log sequence numbers in
 //! commit order with no gaps. [`audit()`] replays the whole ledger against the rules of
 //! `docs/rules.md` and the integrity of the log and its indexes, in memory bounded by the tasks
-//! in progress. [`Ledger::task_counts`] counts its tasks by state (the admin endpoint's gauges).
+//! in progress and a 22-byte summary of every task. [`Ledger::task_counts`] counts its tasks by
+//! state (the admin endpoint's gauges).
 //! The key encodings, column families and format versions are listed in `docs/architecture.md`.
 //!
 //! The `fault-injection` feature (test-only; only the workspace test crate enables it) adds raw
