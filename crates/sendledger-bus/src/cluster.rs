@@ -306,14 +306,25 @@ impl Kafka {
         if topics.is_empty() {
             return Ok(());
         }
+        self.create_topics(&topics, timeout, "brokers").await
+    }
+
+    /// Creates `topics`; one that exists already is left alone. A refusal is a configuration
+    /// error of `field`.
+    pub(crate) async fn create_topics(
+        &self,
+        topics: &[NewTopic<'_>],
+        timeout: Duration,
+        field: &str,
+    ) -> Result<()> {
         let admin: AdminClient<DefaultClientContext> = self.client_config(Role::Admin).create()?;
         let opts = AdminOptions::new().operation_timeout(Some(timeout));
-        for result in admin.create_topics(&topics, &opts).await? {
+        for result in admin.create_topics(topics, &opts).await? {
             match result {
                 Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
                 Err((topic, code)) => {
                     return Err(Error::Config {
-                        field: "brokers".into(),
+                        field: field.into(),
                         problem: format!("cannot create topic {topic}: {code}; create it yourself or grant the permission"),
                     })
                 }

@@ -13,18 +13,16 @@
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::admin::{NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 
 use crate::cluster::Kafka;
 use crate::config::Role;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// One promise and whether the broker kept it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -39,6 +37,31 @@ pub struct Check {
     pub detail: String,
 }
 
+/// A promise: its stable name and what kafka mode relies on.
+type Promise = (&'static str, &'static str);
+
+const TRANSACTIONS: Promise = ("transactions", "a transactional producer initializes");
+const COMMITTED_VISIBLE: Promise = (
+    "committed_visible",
+    "a committed transaction's record is visible to read_committed readers",
+);
+const OFFSETS_IN_TRANSACTION: Promise = (
+    "offsets_in_transaction",
+    "offsets sent in a committed transaction become the group's committed offsets",
+);
+const OPEN_HIDDEN: Promise = (
+    "open_hidden",
+    "an open transaction's record is invisible to read_committed readers",
+);
+const FENCING_ABORTS: Promise = (
+    "fencing_aborts",
+    "the next writer's init_transactions aborts the previous writer's open transaction",
+);
+const FENCED_REFUSED: Promise = (
+    "fenced_refused",
+    "the fenced writer can neither write nor commit",
+);
+
 /// How long a reader waits for one more record before it takes what it has as everything
 /// visible: long enough for a broker to make a commit visible, short enough for a check that
 /// runs a handful of reads.
@@ -51,21 +74,8 @@ pub async fn ensure_topic(kafka: &Kafka, topic: &str, timeout: Duration) -> Resu
         // topic there).
         return Ok(());
     }
-    let admin: AdminClient<DefaultClientContext> = kafka.client_config(Role::Admin).create()?;
-    let opts = AdminOptions::new().operation_timeout(Some(timeout));
-    let new = NewTopic::new(topic, 1, TopicReplication::Fixed(-1));
-    for result in admin.create_topics([&new], &opts).await? {
-        match result {
-            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((topic, code)) => {
-                return Err(Error::Config {
-                    field: "topic".into(),
-                    problem: format!("cannot create {topic}: {code}; create it (one partition) or grant the permission"),
-                })
-            }
-        }
-    }
-    Ok(())
+    let scratch = NewTopic::new(topic, 1, TopicReplication::Fixed(-1));
+    kafka.create_topics(&[scratch], timeout, "topic").await
 }
 
 /// Plays the fencing scenario on partition 0 of `topic` (which must exist) and reports every
@@ -93,7 +103,7 @@ pub fn check_transactions(kafka: &Kafka, topic: &str, timeout: Duration) -> Resu
         Ok(client.create()?)
     };
     let mut checks = Vec::new();
-    let mut check = |name, promise, kept: Option<bool>, detail: String| {
+    let mut check = |(name, promise): Promise, kept: Option<bool>, detail: String| {
         checks.push(Check {
             name,
             promise,
@@ -105,16 +115,14 @@ pub fn check_transactions(kafka: &Kafka, topic: &str, timeout: Duration) -> Resu
     let first = producer("first")?;
     if let Err(e) = first.init_transactions(timeout) {
         check(
-            "transactions",
-            "a transactional producer initializes",
+            TRANSACTIONS,
             Some(false),
             format!("init_transactions failed: {e}"),
         );
         return Ok(checks);
     }
     check(
-        "transactions",
-        "a transactional producer initializes",
+        TRANSACTIONS,
         Some(true),
         "init_transactions succeeded".into(),
     );
@@ -130,8 +138,7 @@ pub fn check_transactions(kafka: &Kafka, topic: &str, timeout: Duration) -> Resu
     let sent_offset = 1;
     let Some(metadata) = group_consumer.group_metadata() else {
         check(
-            "committed_visible",
-            "a committed transaction's record is visible to read_committed readers",
+            COMMITTED_VISIBLE,
             None,
             "librdkafka gave no group metadata for the check's consumer".into(),
         );
@@ -147,8 +154,7 @@ pub fn check_transactions(kafka: &Kafka, topic: &str, timeout: Duration) -> Resu
     })();
     if let Err(e) = outcome {
         check(
-            "committed_visible",
-            "a committed transaction's record is visible to read_committed readers",
+            COMMITTED_VISIBLE,
             Some(false),
             format!("the transaction did not commit: {e}"),
         );
@@ -156,8 +162,7 @@ pub fn check_transactions(kafka: &Kafka, topic: &str, timeout: Duration) -> Resu
     }
     let seen = visible(kafka, topic, timeout)?;
     check(
-        "committed_visible",
-        "a committed transaction's record is visible to read_committed readers",
+        COMMITTED_VISIBLE,
         Some(seen.contains(&committed)),
         found(&seen, &committed),
     );
@@ -168,8 +173,7 @@ pub fn check_transactions(kafka: &Kafka, topic: &str, timeout: Duration) -> Resu
         .ok()
         .and_then(|l| l.find_partition(topic, 0).map(|p| p.offset()));
     check(
-        "offsets_in_transaction",
-        "offsets sent in a committed transaction become the group's committed offsets",
+        OFFSETS_IN_TRANSACTION,
         Some(stored == Some(Offset::Offset(sent_offset))),
         match stored {
             Some(Offset::Offset(o)) => {
@@ -186,8 +190,7 @@ pub fn check_transactions(kafka: &Kafka, topic: &str, timeout: Duration) -> Resu
         .and_then(|()| send(&first, topic, &open));
     if let Err(e) = outcome {
         check(
-            "open_hidden",
-            "an open transaction's record is invisible to read_committed readers",
+            OPEN_HIDDEN,
             None,
             format!("could not write in a second transaction: {e}"),
         );
@@ -195,8 +198,7 @@ pub fn check_transactions(kafka: &Kafka, topic: &str, timeout: Duration) -> Resu
     }
     let seen = visible(kafka, topic, timeout)?;
     check(
-        "open_hidden",
-        "an open transaction's record is invisible to read_committed readers",
+        OPEN_HIDDEN,
         Some(!seen.contains(&open)),
         found(&seen, &open),
     );
@@ -204,8 +206,7 @@ pub fn check_transactions(kafka: &Kafka, topic: &str, timeout: Duration) -> Resu
     let started = Instant::now();
     if let Err(e) = second.init_transactions(timeout) {
         check(
-            "fencing_aborts",
-            "the next writer's init_transactions aborts the previous writer's open transaction",
+            FENCING_ABORTS,
             None,
             format!("the second writer could not initialize: {e}"),
         );
@@ -214,8 +215,7 @@ pub fn check_transactions(kafka: &Kafka, topic: &str, timeout: Duration) -> Resu
     let init_took = started.elapsed();
     let seen = visible(kafka, topic, timeout)?;
     check(
-        "fencing_aborts",
-        "the next writer's init_transactions aborts the previous writer's open transaction",
+        FENCING_ABORTS,
         Some(!seen.contains(&open)),
         format!(
             "{} (the second writer initialized in {} ms)",
@@ -230,8 +230,7 @@ pub fn check_transactions(kafka: &Kafka, topic: &str, timeout: Duration) -> Resu
     let seen = visible(kafka, topic, timeout)?;
     let refused = outcome.is_err() && !seen.contains(&late);
     check(
-        "fenced_refused",
-        "the fenced writer can neither write nor commit",
+        FENCED_REFUSED,
         Some(refused),
         match outcome {
             Ok(()) => format!("its commit succeeded; {}", found(&seen, &late)),

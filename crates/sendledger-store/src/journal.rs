@@ -503,6 +503,17 @@ mod tests {
             .collect()
     }
 
+    /// A kafka-mode ledger in a temporary directory (kept as long as the returned guard).
+    fn replicated_ledger() -> (tempfile::TempDir, Ledger) {
+        let dir = tempfile::tempdir().unwrap();
+        let options = LedgerOptions {
+            replicated: true,
+            ..LedgerOptions::default()
+        };
+        let ledger = Ledger::open(dir.path(), options).unwrap();
+        (dir, ledger)
+    }
+
     fn append(partition: Option<i32>, events: Vec<NewEvent>) -> Append {
         Append {
             events,
@@ -513,12 +524,7 @@ mod tests {
 
     #[test]
     fn replicated_appends_are_recorded_only_once_their_partition_log_took_them() {
-        let dir = tempfile::tempdir().unwrap();
-        let options = LedgerOptions {
-            replicated: true,
-            ..LedgerOptions::default()
-        };
-        let ledger = Ledger::open(dir.path(), options).unwrap();
+        let (_dir, ledger) = replicated_ledger();
         let (task, body) = accepted();
         let first = events_of(task, 0, vec![body]);
 
@@ -610,12 +616,7 @@ mod tests {
 
     #[test]
     fn a_partition_whose_transaction_hangs_holds_up_only_its_own_appends() {
-        let dir = tempfile::tempdir().unwrap();
-        let options = LedgerOptions {
-            replicated: true,
-            ..LedgerOptions::default()
-        };
-        let ledger = Ledger::open(dir.path(), options).unwrap();
+        let (_dir, ledger) = replicated_ledger();
         let gate = Arc::new(Gate {
             open: Mutex::new(false),
             opened: std::sync::Condvar::new(),
