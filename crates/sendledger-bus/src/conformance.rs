@@ -31,35 +31,49 @@ pub struct Check {
     pub name: &'static str,
     /// What kafka mode relies on.
     pub promise: &'static str,
+    /// Whether kafka mode's guarantees stand on it. A promise they do not stand on, broken,
+    /// costs consumer lag and deliveries read again, never an outcome.
+    pub guarantees: bool,
     /// `None` when the promise could not be tried (an earlier step failed).
     pub kept: Option<bool>,
     /// What was observed.
     pub detail: String,
 }
 
-/// A promise: its stable name and what kafka mode relies on.
-type Promise = (&'static str, &'static str);
+/// A promise: its stable name, what kafka mode relies on, and whether its guarantees stand on
+/// it (see [`Check::guarantees`]).
+type Promise = (&'static str, &'static str, bool);
 
-const TRANSACTIONS: Promise = ("transactions", "a transactional producer initializes");
+const TRANSACTIONS: Promise = ("transactions", "a transactional producer initializes", true);
 const COMMITTED_VISIBLE: Promise = (
     "committed_visible",
     "a committed transaction's record is visible to read_committed readers",
+    true,
 );
 const OFFSETS_IN_TRANSACTION: Promise = (
     "offsets_in_transaction",
     "offsets sent in a committed transaction become the group's committed offsets",
+    true,
+);
+const OFFSETS_ALONE: Promise = (
+    "offsets_alone",
+    "a later transaction that carries only offsets commits them",
+    false,
 );
 const OPEN_HIDDEN: Promise = (
     "open_hidden",
     "an open transaction's record is invisible to read_committed readers",
+    true,
 );
 const FENCING_ABORTS: Promise = (
     "fencing_aborts",
     "the next writer's init_transactions aborts the previous writer's open transaction",
+    true,
 );
 const FENCED_REFUSED: Promise = (
     "fenced_refused",
     "the fenced writer can neither write nor commit",
+    true,
 );
 
 /// How long a reader waits for one more record before it takes what it has as everything
@@ -103,10 +117,11 @@ pub fn check_transactions(kafka: &Kafka, topic: &str, timeout: Duration) -> Resu
         Ok(client.create()?)
     };
     let mut checks = Vec::new();
-    let mut check = |(name, promise): Promise, kept: Option<bool>, detail: String| {
+    let mut check = |(name, promise, guarantees): Promise, kept: Option<bool>, detail: String| {
         checks.push(Check {
             name,
             promise,
+            guarantees,
             kept,
             detail,
         })
@@ -166,21 +181,36 @@ pub fn check_transactions(kafka: &Kafka, topic: &str, timeout: Duration) -> Resu
         Some(seen.contains(&committed)),
         found(&seen, &committed),
     );
-    let mut asked = TopicPartitionList::new();
-    asked.add_partition(topic, 0);
-    let stored = group_consumer
-        .committed_offsets(asked, timeout)
-        .ok()
-        .and_then(|l| l.find_partition(topic, 0).map(|p| p.offset()));
+    let stored = group_offset(&group_consumer, topic, timeout);
     check(
         OFFSETS_IN_TRANSACTION,
         Some(stored == Some(Offset::Offset(sent_offset))),
-        match stored {
-            Some(Offset::Offset(o)) => {
-                format!("the group's committed offset is {o}, {sent_offset} was sent")
-            }
-            _ => format!("the group has no committed offset, {sent_offset} was sent"),
-        },
+        offset_found(stored, sent_offset),
+    );
+
+    // A transaction with offsets and no records: kafka mode's turn for messages that were all
+    // dropped as processed.
+    let alone_offset = sent_offset + 1;
+    let outcome = (|| {
+        first.begin_transaction()?;
+        let mut offsets = TopicPartitionList::new();
+        offsets.add_partition_offset(topic, 0, Offset::Offset(alone_offset))?;
+        first.send_offsets_to_transaction(&offsets, &metadata, timeout)?;
+        first.commit_transaction(timeout)
+    })();
+    if let Err(e) = outcome {
+        check(
+            OFFSETS_ALONE,
+            Some(false),
+            format!("the transaction did not commit: {e}"),
+        );
+        return Ok(checks);
+    }
+    let stored = group_offset(&group_consumer, topic, timeout);
+    check(
+        OFFSETS_ALONE,
+        Some(stored == Some(Offset::Offset(alone_offset))),
+        offset_found(stored, alone_offset),
     );
 
     // An open transaction, then a second writer with the same transactional.id.
@@ -250,6 +280,23 @@ fn send(
         .send(BaseRecord::<(), str>::to(topic).partition(0).payload(value))
         .map_err(|(e, _)| e)?;
     producer.flush(Duration::from_secs(10))
+}
+
+/// The group's committed offset of partition 0 of `topic`, if it has one.
+fn group_offset(consumer: &BaseConsumer, topic: &str, timeout: Duration) -> Option<Offset> {
+    let mut asked = TopicPartitionList::new();
+    asked.add_partition(topic, 0);
+    consumer
+        .committed_offsets(asked, timeout)
+        .ok()
+        .and_then(|l| l.find_partition(topic, 0).map(|p| p.offset()))
+}
+
+fn offset_found(stored: Option<Offset>, sent: i64) -> String {
+    match stored {
+        Some(Offset::Offset(o)) => format!("the group's committed offset is {o}, {sent} was sent"),
+        _ => format!("the group has no committed offset, {sent} was sent"),
+    }
 }
 
 fn found(seen: &[String], value: &str) -> String {

@@ -450,18 +450,22 @@ impl Tracker {
         {
             part.inflight[i].1 = true;
         }
-        advance(consumer, topic, done.partition, part, self.owner.as_deref());
+        if let Some(owner) = &self.owner {
+            owner.done(done.partition, done.offset, consumer.group_metadata());
+        }
+        advance(consumer, topic, done.partition, part, self.owner.is_some());
     }
 }
 
-/// Pops the done prefix of a partition and stores the offset after it (kafka mode: hands it to
-/// the owner, whose next transaction of the partition commits it).
+/// Pops the done prefix of a partition and, in local mode, stores the offset after it. (In
+/// kafka mode the owner hears of each message done, and the partition's transactions commit
+/// the offsets.)
 fn advance(
     consumer: &BaseConsumer<IngestContext>,
     topic: &str,
     partition: i32,
     part: &mut PartitionState,
-    owner: Option<&dyn PartitionOwner>,
+    kafka_mode: bool,
 ) {
     let mut last = None;
     while let Some((offset, true)) = part.inflight.front().copied() {
@@ -472,21 +476,12 @@ fn advance(
         return;
     };
     part.done_through = Some(offset);
-    match owner {
-        Some(owner) => match consumer.group_metadata() {
-            Some(group) => owner.completed(partition, offset + 1, group),
-            None => tracing::debug!(
-                partition,
-                offset,
-                "no group metadata; the offset is committed with a later one"
-            ),
-        },
-        // Stores `offset + 1`, the next offset to read.
-        None => {
-            if let Err(e) = consumer.store_offset(topic, partition, offset) {
-                tracing::debug!(partition, offset, error = %e, "offset not stored (partition no longer assigned)");
-            }
-        }
+    if kafka_mode {
+        return;
+    }
+    // Stores `offset + 1`, the next offset to read.
+    if let Err(e) = consumer.store_offset(topic, partition, offset) {
+        tracing::debug!(partition, offset, error = %e, "offset not stored (partition no longer assigned)");
     }
 }
 
@@ -1321,14 +1316,21 @@ impl<S: RequestSink> Worker<S> {
                 .fetch_add(1, Ordering::Relaxed);
             metrics::counter!("sendledger_duplicates_dropped_total", "by" => "offset").increment(1);
             part.inflight.push_back((offset, true));
+            if let Some(owner) = &self.owner {
+                owner.received(partition, offset, None);
+                owner.done(partition, offset, self.consumer.group_metadata());
+            }
             advance(
                 &self.consumer,
                 &self.topic,
                 partition,
                 part,
-                self.owner.as_deref(),
+                self.owner.is_some(),
             );
             return None;
+        }
+        if let Some(owner) = &self.owner {
+            owner.received(partition, offset, self.consumer.group_metadata());
         }
         part.inflight.push_back((offset, false));
         part.unfinished.add(Load { messages: 1, bytes });

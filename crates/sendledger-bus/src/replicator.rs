@@ -8,8 +8,9 @@
 //! events may be recorded by several instances in turn. An event's position in the log of
 //! record is its partition and offset; its id is `<task_id>:<task_seq>`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use rdkafka::consumer::ConsumerGroupMetadata;
 use sendledger_core::result::Projection;
@@ -19,16 +20,54 @@ use sendledger_store::{Replication, Replicator};
 use crate::log::{LogBatch, LogError, LogRecord, PartitionLog};
 use crate::records::{event_record, events_source, record_headers, results_source, RecordKind};
 
-/// The requests offset a partition's next transaction commits for the group.
-struct PendingCommit {
-    next: i64,
-    group: Arc<ConsumerGroupMetadata>,
+/// Kafka mode: the messages of a requests partition received since its offsets were last
+/// committed for the group. A transaction commits the offset after the longest prefix of
+/// them that is done (recorded by earlier transactions, or dropped as processed) or recorded
+/// by the transaction itself: the offsets ride with the events that record their messages, as
+/// in Kafka's consume-transform-produce transactions.
+#[derive(Default)]
+struct Frontier {
+    /// Offset → whether the message is done.
+    messages: BTreeMap<i64, bool>,
+    /// The requests consumer's group metadata, as last reported.
+    group: Option<Arc<ConsumerGroupMetadata>>,
+    /// Since when done messages have waited for a transaction to commit their offsets.
+    waiting_since: Option<Instant>,
+}
+
+impl Frontier {
+    /// The offset a transaction recording the messages at `recorded` commits, if it commits
+    /// one.
+    fn next(&self, recorded: &BTreeSet<i64>) -> Option<i64> {
+        self.messages
+            .iter()
+            .take_while(|(o, &done)| done || recorded.contains(o))
+            .last()
+            .map(|(o, _)| o + 1)
+    }
+
+    /// A transaction recorded the messages at `recorded` and committed `next`. The messages
+    /// it recorded are done from now on, although the consumer may hear so only later.
+    fn committed(&mut self, recorded: &BTreeSet<i64>, next: Option<i64>) {
+        if let Some(next) = next {
+            self.messages = self.messages.split_off(&next);
+        }
+        for offset in recorded {
+            if let Some(done) = self.messages.get_mut(offset) {
+                *done = true;
+            }
+        }
+        self.waiting_since = match self.next(&BTreeSet::new()) {
+            None => None,
+            Some(_) => self.waiting_since.or_else(|| Some(Instant::now())),
+        };
+    }
 }
 
 #[derive(Default)]
 struct Owned {
     logs: BTreeMap<i32, Arc<PartitionLog>>,
-    commits: BTreeMap<i32, PendingCommit>,
+    frontiers: BTreeMap<i32, Frontier>,
     /// Per partition, the projections of the tasks of its latest batch (as the outbox
     /// publisher keeps them): a task with events in consecutive batches is not folded again.
     projections: BTreeMap<i32, HashMap<TaskId, Projection>>,
@@ -72,7 +111,7 @@ impl LogReplicator {
     pub fn release(&self, partition: i32) {
         let mut owned = self.lock();
         owned.logs.remove(&partition);
-        owned.commits.remove(&partition);
+        owned.frontiers.remove(&partition);
         owned.projections.remove(&partition);
         owned.lost.remove(&partition);
     }
@@ -83,25 +122,63 @@ impl LogReplicator {
         std::mem::take(&mut self.lock().lost).into_iter().collect()
     }
 
+    /// The partitions whose done messages have waited at least `age` for a transaction to
+    /// commit their offsets: no events came to carry them (every delivery was dropped as
+    /// processed, or the tasks' last events went before their messages were done). Each
+    /// deserves an append with `commit_offsets`, which the journal orders with the
+    /// partition's transactions.
+    pub fn waiting_commits(&self, age: Duration) -> Vec<i32> {
+        self.lock()
+            .frontiers
+            .iter()
+            .filter(|(_, f)| f.waiting_since.is_some_and(|at| at.elapsed() >= age))
+            .map(|(&p, _)| p)
+            .collect()
+    }
+
     /// Whether partition `partition` is owned (its log open and not fenced).
     pub fn owns(&self, partition: i32) -> bool {
         self.lock().logs.contains_key(&partition)
     }
 
-    /// The requests consumer completed every message of `partition` before offset `next`:
-    /// the partition's next transaction commits it for the group (`group`: the consumer's
-    /// group metadata now).
-    pub fn commit_requests(&self, partition: i32, next: i64, group: ConsumerGroupMetadata) {
+    /// The requests consumer received message `offset` of `partition` (see
+    /// [`crate::sink::PartitionOwner::received`]); `group` is its group metadata now, if it has
+    /// any.
+    pub fn received(&self, partition: i32, offset: i64, group: Option<ConsumerGroupMetadata>) {
+        self.update(partition, group, |frontier| {
+            frontier.messages.entry(offset).or_insert(false);
+        });
+    }
+
+    /// Message `offset` of `partition` is done (see [`crate::sink::PartitionOwner::done`]);
+    /// `group` is the consumer's group metadata now, if it has any.
+    pub fn done(&self, partition: i32, offset: i64, group: Option<ConsumerGroupMetadata>) {
+        self.update(partition, group, |frontier| {
+            if let Some(done) = frontier.messages.get_mut(&offset) {
+                *done = true;
+            }
+            if frontier.waiting_since.is_none() && frontier.next(&BTreeSet::new()).is_some() {
+                frontier.waiting_since = Some(Instant::now());
+            }
+        });
+    }
+
+    /// Applies `change` to the frontier of `partition`, if it is owned.
+    fn update(
+        &self,
+        partition: i32,
+        group: Option<ConsumerGroupMetadata>,
+        change: impl FnOnce(&mut Frontier),
+    ) {
         let mut owned = self.lock();
-        if owned.logs.contains_key(&partition) {
-            owned.commits.insert(
-                partition,
-                PendingCommit {
-                    next,
-                    group: Arc::new(group),
-                },
-            );
+        if !owned.logs.contains_key(&partition) {
+            return;
         }
+        let frontier = owned.frontiers.entry(partition).or_default();
+        if let Some(group) = group {
+            frontier.group = Some(Arc::new(group));
+        }
+        change(frontier);
     }
 
     /// The records of `events` and the projections of their tasks after them.
@@ -193,15 +270,39 @@ impl Replicator for LogReplicator {
                 "requests partition {partition} is not assigned to this instance"
             )));
         };
+        // The messages this batch records: committed with it, their offsets may be too.
+        let recorded: BTreeSet<i64> = events
+            .iter()
+            .filter_map(|e| e.body.source())
+            .filter(|source| source.partition == partition)
+            .map(|source| source.offset)
+            .collect();
+        let (next, group) = {
+            let owned = self.lock();
+            let frontier = owned.frontiers.get(&partition);
+            let group = frontier.and_then(|f| f.group.clone());
+            // Without the group's metadata (no message done yet) offsets wait for a later
+            // transaction.
+            let next = frontier
+                .and_then(|f| f.next(&recorded))
+                .filter(|_| group.is_some());
+            (next, group)
+        };
+        if events.is_empty() && next.is_none() {
+            // A turn for offsets that an earlier transaction already carried.
+            return Ok(0);
+        }
         let (mut batch, projections) = self.batch(partition, events, history)?;
-        let commit = self.lock().commits.remove(&partition);
-        batch.next_request_offset = commit.as_ref().map(|c| c.next);
-        let group = commit.as_ref().map(|c| c.group.as_ref());
+        batch.next_request_offset = next;
+        let group = group.as_deref();
         match log.commit(&batch, group) {
             Ok(committed) => {
                 let mut owned = self.lock();
                 if owned.logs.contains_key(&partition) {
                     owned.projections.insert(partition, projections);
+                }
+                if let Some(frontier) = owned.frontiers.get_mut(&partition) {
+                    frontier.committed(&recorded, next);
                 }
                 metrics::histogram!("sendledger_log_commit_seconds")
                     .record(committed.took.as_secs_f64());
@@ -209,13 +310,7 @@ impl Replicator for LogReplicator {
                 let (_, last) = committed.events.unwrap_or((-1, -1));
                 Ok(last + 1)
             }
-            Err(e) => {
-                if let Some(commit) = commit {
-                    // Not committed: the next transaction carries it (unless a later one came).
-                    self.lock().commits.entry(partition).or_insert(commit);
-                }
-                Err(self.refused(partition, e))
-            }
+            Err(e) => Err(self.refused(partition, e)),
         }
     }
 }
@@ -239,5 +334,53 @@ impl LogReplicator {
         self.release(partition);
         self.lock().lost.insert(partition, fenced);
         Replication::Lost(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frontier(messages: &[(i64, bool)]) -> Frontier {
+        Frontier {
+            messages: messages.iter().copied().collect(),
+            ..Frontier::default()
+        }
+    }
+
+    /// A transaction commits the offset after the messages that are done or that it records,
+    /// up to the first that is neither; gaps in the offsets (transaction markers, deleted
+    /// records) are no messages and do not stop it.
+    #[test]
+    fn a_transaction_commits_the_offsets_of_what_it_records_and_what_is_done() {
+        let f = frontier(&[(4, true), (5, false), (7, false), (9, true), (10, false)]);
+        assert_eq!(f.next(&BTreeSet::new()), Some(5));
+        assert_eq!(f.next(&BTreeSet::from([5])), Some(6));
+        assert_eq!(f.next(&BTreeSet::from([5, 7])), Some(10));
+        assert_eq!(f.next(&BTreeSet::from([5, 7, 10])), Some(11));
+        assert_eq!(f.next(&BTreeSet::from([7, 10])), Some(5), "5 is neither");
+        assert_eq!(frontier(&[(3, false)]).next(&BTreeSet::new()), None);
+        assert_eq!(frontier(&[]).next(&BTreeSet::from([3])), None);
+    }
+
+    /// What a transaction committed is forgotten; what it recorded is done although the
+    /// consumer has not said so yet; done messages after it wait for the next transaction.
+    #[test]
+    fn committed_offsets_are_forgotten_and_what_is_left_waits() {
+        let mut f = frontier(&[(4, true), (5, false), (6, true), (7, false), (8, false)]);
+        f.committed(&BTreeSet::from([5, 8]), Some(6));
+        assert_eq!(
+            f.messages,
+            BTreeMap::from([(6, true), (7, false), (8, true)])
+        );
+        assert!(f.waiting_since.is_some(), "6 is done and not committed");
+        assert_eq!(
+            f.next(&BTreeSet::from([7])),
+            Some(9),
+            "8 was recorded before"
+        );
+        f.committed(&BTreeSet::from([7]), Some(9));
+        assert!(f.messages.is_empty());
+        assert!(f.waiting_since.is_none());
     }
 }

@@ -39,9 +39,25 @@ pub trait PartitionOwner: Send + Sync + 'static {
     /// Gives partition `partition` up: its tasks stop acting here.
     fn release(&self, partition: i32);
 
-    /// Every message of `partition` before `next` is recorded: the partition's next
-    /// transaction commits `next` for the group (`group`: the consumer's group metadata).
-    fn completed(&self, partition: i32, next: i64, group: rdkafka::consumer::ConsumerGroupMetadata);
+    /// Message `offset` of `partition` was received and is handled: its offset may be
+    /// committed for the group only with or after what records it (`group`: the consumer's
+    /// group metadata now, if it has any).
+    fn received(
+        &self,
+        partition: i32,
+        offset: i64,
+        group: Option<rdkafka::consumer::ConsumerGroupMetadata>,
+    );
+
+    /// Message `offset` of `partition` is done: recorded, or dropped as processed. Its offset
+    /// (with those before it) is committed for the group by the partition's next transaction
+    /// (`group`: the consumer's group metadata now, if it has any).
+    fn done(
+        &self,
+        partition: i32,
+        offset: i64,
+        group: Option<rdkafka::consumer::ConsumerGroupMetadata>,
+    );
 
     /// Partitions whose log was given up since the last call, though the consumer may still
     /// hold them, each with whether another writer fenced it. The consumer takes such a

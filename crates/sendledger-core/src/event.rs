@@ -205,6 +205,18 @@ impl EventBody {
             EventBody::InputRejected { .. } => "InputRejected",
         }
     }
+
+    /// The requests-topic delivery this event records, when it records one: once the event
+    /// is durable, that message is processed.
+    pub fn source(&self) -> Option<&Source> {
+        match self {
+            EventBody::TaskAccepted { source, .. }
+            | EventBody::DuplicateDelivery { source }
+            | EventBody::RequestConflict { source, .. }
+            | EventBody::InputRejected { source, .. } => Some(source),
+            _ => None,
+        }
+    }
 }
 
 impl EventBody {

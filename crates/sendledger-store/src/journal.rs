@@ -57,6 +57,10 @@ pub struct Append {
     /// differ from the log of record's. The index forgets them (before `events` are indexed);
     /// the log's events replace them.
     pub truncate_tasks: Vec<(TaskId, u32)>,
+    /// Kafka mode, with `partition` and no events: a turn in the partition's transactions, so
+    /// its done requests offsets are committed even when no events come to carry them (every
+    /// delivery dropped as already processed).
+    pub commit_offsets: bool,
 }
 
 /// Kafka mode's log of record as the journal sees it: before the ledger records a partition's
@@ -292,6 +296,10 @@ fn run_replicated(mut writer: Writer, slot: &ReplicatorSlot, rx: Receiver<Reques
         for req in arrived {
             let a = &req.append;
             match (a.events.first(), a.partition) {
+                (None, Some(p)) if a.commit_offsets => match busy.get_mut(&p) {
+                    Some(waiting) => waiting.push(req),
+                    None => groups.entry(p).or_default().push(req),
+                },
                 (None, _) => ready.push(req),
                 (Some(_), _) if a.restored => ready.push(req),
                 (Some(_), Some(p)) => match busy.get_mut(&p) {
@@ -350,7 +358,9 @@ fn settle(done: Replicated, ready: &mut Vec<Request>) {
     } = done;
     match outcome {
         Ok(checkpoint) => {
-            if let Some(last) = members.last_mut() {
+            // A turn without events wrote nothing to the events partition: no checkpoint.
+            let wrote = members.iter().any(|r| !r.append.events.is_empty());
+            if let Some(last) = members.last_mut().filter(|_| wrote) {
                 last.append
                     .cursors
                     .push((log_checkpoint(partition), checkpoint.max(0) as u64));
@@ -675,6 +685,35 @@ mod tests {
             "the next transaction starts once the last one's events are in the ledger"
         );
         assert_eq!(ledger.task_events(slow).unwrap().len(), 2);
+    }
+
+    /// An append without events that asks for a turn in its partition's transactions (to
+    /// commit requests offsets) reaches the replicator with no events, and moves no
+    /// checkpoint; an empty append that does not ask never reaches it.
+    #[test]
+    fn an_offsets_turn_reaches_the_replicator_and_moves_no_checkpoint() {
+        let (_dir, ledger) = replicated_ledger();
+        let log = Arc::new(Log::default());
+        assert!(ledger.install_replicator(log.clone()).is_ok());
+        let (task, body) = accepted();
+        ledger
+            .append_blocking(append(Some(1), events_of(task, 0, vec![body])))
+            .unwrap();
+        assert_eq!(ledger.log_checkpoint(1).unwrap(), Some(101));
+
+        ledger.append_blocking(append(Some(1), Vec::new())).unwrap();
+        assert_eq!(log.written.lock().unwrap().len(), 1, "not a turn");
+        let turn = Append {
+            commit_offsets: true,
+            ..append(Some(1), Vec::new())
+        };
+        assert_eq!(ledger.append_blocking(turn).unwrap(), 2..2);
+        assert_eq!(log.written.lock().unwrap().last(), Some(&(1, 0, 0)));
+        assert_eq!(
+            ledger.log_checkpoint(1).unwrap(),
+            Some(101),
+            "nothing was written to the events partition"
+        );
     }
 
     #[test]

@@ -67,27 +67,20 @@ pub fn restore_append(ledger: &Ledger, events: &[Event]) -> Result<Append> {
             at: e.at,
             body: e.body.clone(),
         });
-        match &e.body {
-            EventBody::TaskAccepted {
-                request,
-                payload_hash,
-                source,
-            } => {
-                append
-                    .identities
-                    .push((request.identity.clone(), e.task_id, *payload_hash));
-                append
-                    .offsets
-                    .push((source.topic.clone(), source.partition, source.offset));
-            }
-            EventBody::DuplicateDelivery { source, .. }
-            | EventBody::RequestConflict { source, .. }
-            | EventBody::InputRejected { source, .. } => {
-                append
-                    .offsets
-                    .push((source.topic.clone(), source.partition, source.offset));
-            }
-            _ => {}
+        if let EventBody::TaskAccepted {
+            request,
+            payload_hash,
+            ..
+        } = &e.body
+        {
+            append
+                .identities
+                .push((request.identity.clone(), e.task_id, *payload_hash));
+        }
+        if let Some(source) = e.body.source() {
+            append
+                .offsets
+                .push((source.topic.clone(), source.partition, source.offset));
         }
     }
     let restored: std::collections::BTreeSet<TaskId> =

@@ -52,8 +52,8 @@ enum Command {
     /// stopped ledger (--data DIR).
     Review(review::ReviewArgs),
     /// Check that the brokers keep the transactional promises kafka mode relies on (fencing
-    /// aborts the previous writer's open transaction, ...); exits 0 when they do, 2 when one
-    /// is broken, 1 when the check could not run.
+    /// aborts the previous writer's open transaction, ...); exits 0 when they keep every one its
+    /// guarantees stand on, 2 when one is broken, 1 when the check could not run.
     CheckBroker(ops::CheckBrokerArgs),
     /// Processed-offset markers of the requests topic.
     Offsets {

@@ -22,7 +22,7 @@ use sendledger_core::{
     AcceptedRequest, BoxFuture, Event, Policy, Source, TaskRequest, TraceParent,
 };
 use sendledger_effects::Targets;
-use sendledger_store::{Append, Processed};
+use sendledger_store::{Append, Ledger, Processed};
 
 /// The engine's remote over HTTP.
 pub struct HttpRemote {
@@ -195,6 +195,40 @@ impl RequestSink for EngineSink {
     }
 }
 
+/// How long done requests offsets wait for a transaction with events to carry them before
+/// they get one of their own.
+const OFFSETS_WAIT: Duration = Duration::from_secs(1);
+
+/// Kafka mode: commits the requests offsets that no transaction with events carried (the
+/// last deliveries of a partition were all dropped as processed), each partition's in a
+/// transaction of its own. Without it the group's committed offset would stay behind them
+/// and the next owner would read them again. Ends with the replicator or the ledger.
+async fn commit_waiting_offsets(replicator: std::sync::Weak<LogReplicator>, ledger: Ledger) {
+    let mut tick = tokio::time::interval(OFFSETS_WAIT);
+    loop {
+        tick.tick().await;
+        let Some(waiting) = replicator
+            .upgrade()
+            .map(|r| r.waiting_commits(OFFSETS_WAIT))
+        else {
+            return;
+        };
+        for partition in waiting {
+            let turn = Append {
+                partition: Some(partition),
+                commit_offsets: true,
+                ..Append::default()
+            };
+            match ledger.append(turn).await {
+                Err(sendledger_store::Error::Closed) => return,
+                // A lost partition is taken over again; its offsets wait for that.
+                Err(e) => tracing::debug!(partition, error = %e, "requests offset not committed"),
+                Ok(_) => {}
+            }
+        }
+    }
+}
+
 /// How long a take-over waits for the brokers (opening the log, reading it).
 const TAKE_OVER_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -217,11 +251,16 @@ impl KafkaOwner {
         engine: Engine,
         replicator: Arc<LogReplicator>,
     ) -> anyhow::Result<KafkaOwner> {
+        let runtime = tokio::runtime::Handle::try_current()?;
+        runtime.spawn(commit_waiting_offsets(
+            Arc::downgrade(&replicator),
+            engine.ledger().clone(),
+        ));
         Ok(KafkaOwner {
             kafka,
             engine,
             replicator,
-            runtime: tokio::runtime::Handle::try_current()?,
+            runtime,
         })
     }
 
@@ -326,13 +365,22 @@ impl PartitionOwner for KafkaOwner {
         self.replicator.release(partition);
     }
 
-    fn completed(
+    fn received(
         &self,
         partition: i32,
-        next: i64,
-        group: sendledger_bus::rdkafka::consumer::ConsumerGroupMetadata,
+        offset: i64,
+        group: Option<sendledger_bus::rdkafka::consumer::ConsumerGroupMetadata>,
     ) {
-        self.replicator.commit_requests(partition, next, group);
+        self.replicator.received(partition, offset, group);
+    }
+
+    fn done(
+        &self,
+        partition: i32,
+        offset: i64,
+        group: Option<sendledger_bus::rdkafka::consumer::ConsumerGroupMetadata>,
+    ) {
+        self.replicator.done(partition, offset, group);
     }
 
     fn lost(&self) -> Vec<(i32, bool)> {

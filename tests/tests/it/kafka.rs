@@ -815,7 +815,7 @@ async fn bad_input_is_rejected_and_the_partition_keeps_flowing() {
 }
 
 /// The offset the ingest's consumer group committed for a requests-topic partition.
-fn committed(kafka: &Kafka, partition: i32) -> Offset {
+pub(crate) fn committed(kafka: &Kafka, partition: i32) -> Offset {
     let mut cfg = kafka.client_config(Role::Ingest);
     cfg.set("group.id", &kafka.config().group_id);
     let probe: BaseConsumer = cfg.create().unwrap();

@@ -1066,6 +1066,12 @@ async fn check_broker_names_the_promises_each_broker_keeps() {
             .iter()
             .map(|c| (c["name"].as_str().unwrap().to_string(), c["kept"].clone()))
             .collect();
+        // Kafka mode's guarantees stand on every promise but one, which only its committed
+        // offsets need.
+        for c in report["checks"].as_array().expect("checks") {
+            let name = c["name"].as_str().unwrap();
+            assert_eq!(c["guarantees"], name != "offsets_alone", "{name}");
+        }
         (out.status.code(), report["kafka_mode_safe"].clone(), kept)
     };
     let expect = |pairs: &[(&str, bool)]| {
@@ -1084,6 +1090,7 @@ async fn check_broker_names_the_promises_each_broker_keeps() {
             ("transactions", true),
             ("committed_visible", true),
             ("offsets_in_transaction", true),
+            ("offsets_alone", false),
             ("open_hidden", true),
             ("fencing_aborts", false),
             ("fenced_refused", true),
@@ -1099,10 +1106,80 @@ async fn check_broker_names_the_promises_each_broker_keeps() {
             ("transactions", true),
             ("committed_visible", true),
             ("offsets_in_transaction", false),
+            ("offsets_alone", false),
             ("open_hidden", false),
             ("fencing_aborts", false),
             ("fenced_refused", false),
         ]),
         "the embedded cluster"
     );
+}
+
+/// Kafka mode: once every request is answered, the group's committed offsets reach the end of
+/// the requests topic, so a consumer-lag monitor sees 0, and the same holds after a second
+/// delivery of every request. Each message's offset rides in the transaction that records it
+/// (the tasks' later events may all be committed before the consumer hears that the message
+/// is recorded, so no later transaction would carry it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_answered_request_is_committed_for_the_group() {
+    use crate::kafka::{identity_key, produce, request_json, results_for, task_ids};
+    use sendledger_sim::{Sim, SimConfig};
+
+    let tansu = tokio::task::block_in_place(start_tansu);
+    let kafka = Kafka::connect(config_for_process(&format!("127.0.0.1:{}", tansu.port))).unwrap();
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let keys: Vec<String> = (0..40).map(|i| format!("committed-{i}")).collect();
+    let service = kafka_mode_service(dir.path(), &kafka, &sim).await;
+    let messages = keys
+        .iter()
+        .map(|k| (None, identity_key(k), Some(request_json(k))))
+        .collect();
+    let acked = produce(&kafka, messages).await;
+    let (_, results) = results_for(&kafka, task_ids(&keys)).await;
+    assert_eq!(results.len(), keys.len());
+    assert_committed_through(&kafka, &acked).await;
+
+    // The same requests again: each is recorded as a duplicate delivery, nothing is sent.
+    let again = keys
+        .iter()
+        .map(|k| (None, identity_key(k), Some(request_json(k))))
+        .collect();
+    let acked = produce(&kafka, again).await;
+    assert_committed_through(&kafka, &acked).await;
+    assert_eq!(
+        sim.stats().records,
+        keys.len() as u64,
+        "one record per request"
+    );
+    service.shutdown().await.unwrap();
+}
+
+/// Waits until the group's committed offset of each partition in `acked` (partition, offset
+/// produced) is one past the last offset produced to it; fails after 30 s.
+async fn assert_committed_through(kafka: &Kafka, acked: &[(i32, i64)]) {
+    let mut ends = vec![0i64; kafka.config().partitions as usize];
+    for &(p, offset) in acked {
+        ends[p as usize] = ends[p as usize].max(offset + 1);
+    }
+    let lag = || -> Vec<(i32, i64, Offset)> {
+        ends.iter()
+            .enumerate()
+            .filter(|(_, &end)| end > 0)
+            .map(|(p, &end)| (p as i32, end, crate::kafka::committed(kafka, p as i32)))
+            .filter(|(_, end, at)| *at != Offset::Offset(*end))
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let behind = lag();
+        if behind.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "committed offsets behind the end (partition, end, committed): {behind:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
