@@ -12,8 +12,8 @@ use sendledger_bus::Kafka;
 use sendledger_store::Durability;
 
 use crate::bench_engine::parse_durability;
-use crate::bench_kafka::{bench_config, check_remote, round4, through_kafka};
-use crate::bench_remote::RemoteProcess;
+use crate::bench_kafka::{bench_config, check_remote, round4, through_kafka, Placement};
+use crate::bench_process::RemoteProcess;
 use crate::config::{Config, StorageMode};
 use crate::service::Service;
 use crate::wiring::HttpRemote;
@@ -96,12 +96,14 @@ async fn bench(args: ClusterArgs, metrics: PrometheusHandle) -> anyhow::Result<(
 
     let local = config_for(StorageMode::Local, "local")?;
     let kafka_local = tokio::task::block_in_place(|| Kafka::connect(local.kafka.clone()))?;
-    let local_run = through_kafka(&local, &kafka_local, args.tasks, None).await?;
+    let local_run =
+        through_kafka(&local, &kafka_local, args.tasks, None, Placement::InProcess).await?;
     check_remote(&sim, &local_run).await?;
 
     let mode = config_for(StorageMode::Kafka, "kafka")?;
     let kafka_mode = tokio::task::block_in_place(|| Kafka::connect(mode.kafka.clone()))?;
-    let kafka_run = through_kafka(&mode, &kafka_mode, args.tasks, None).await?;
+    let kafka_run =
+        through_kafka(&mode, &kafka_mode, args.tasks, None, Placement::InProcess).await?;
     check_remote(&sim_kafka, &kafka_run).await?;
     let after_run = metrics.render();
 

@@ -13,7 +13,7 @@ use sendledger_actors::{Engine, EngineConfig};
 use sendledger_core::{EventBody, Source};
 
 use crate::bench::bench_request;
-use crate::bench_remote::{own_peak_rss_bytes, RemoteProcess};
+use crate::bench_process::{own_peak_rss_bytes, RemoteProcess};
 use crate::wiring::HttpRemote;
 use sendledger_effects::{TargetConfig, Targets};
 use sendledger_store::Durability;

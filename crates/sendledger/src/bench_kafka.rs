@@ -2,7 +2,8 @@
 //! topic of the embedded cluster (all produced before the service starts, or at a steady rate
 //! while it runs), the whole service (ingest, engine, publisher) against the simulated remote,
 //! until every task's result has been read back from the results topic; and the latency of each
-//! task from its request's production to its result's reading.
+//! task from its request's production to its result's reading. With `--service-process` the
+//! service runs as a `sendledger run` child, so its peak memory is measured alone.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -16,7 +17,7 @@ use sendledger_store::Durability;
 
 use crate::bench::bench_request;
 use crate::bench_engine::parse_durability;
-use crate::bench_remote::{own_peak_rss_bytes, RemoteProcess};
+use crate::bench_process::{own_peak_rss_bytes, RemoteProcess, ServiceProcess};
 use crate::config::Config;
 use crate::service::Service;
 use crate::wiring::HttpRemote;
@@ -34,6 +35,11 @@ pub struct KafkaArgs {
     /// `sync` (fsync per group commit) or `buffered` (no fsync; unsafe on power loss).
     #[arg(long, default_value = "sync", value_parser = parse_durability)]
     durability: Durability,
+    /// Run the service in a child process (`sendledger run`, connected to the embedded
+    /// cluster's listeners), so `peak_rss_bytes` is the service's alone and not the embedded
+    /// cluster's or the benchmark's.
+    #[arg(long)]
+    service_process: bool,
 }
 
 pub fn run(args: KafkaArgs) -> anyhow::Result<()> {
@@ -53,8 +59,20 @@ async fn bench(args: KafkaArgs) -> anyhow::Result<()> {
     let kafka = tokio::task::block_in_place(|| Kafka::connect(config.kafka.clone()))?;
     let n = args.tasks;
     let one = serde_json::to_vec(&bench_request(0, "payments"))?.len() as u64;
-    kafka.check_embedded_backlog(n, n * (one + 64))?;
-    let run = through_kafka(&config, &kafka, n, args.rate).await?;
+    // At a steady rate, requests wait only while the service is behind: allow for 10 s (a
+    // service further behind loses requests to the embedded cluster's retention, and the run
+    // stops without results).
+    let backlog = args.rate.map_or(n, |rate| n.min(rate.saturating_mul(10)));
+    kafka.check_embedded_backlog(backlog, backlog * (one + 64))?;
+    let placement = if args.service_process {
+        Placement::Child {
+            dir: dir.path(),
+            toml: child_config(&sim, &config, kafka.bootstrap_servers()),
+        }
+    } else {
+        Placement::InProcess
+    };
+    let run = through_kafka(&config, &kafka, n, args.rate, placement).await?;
     check_remote(&sim, &run).await?;
     let remote = sim.stats().await?;
     let n = n as f64;
@@ -70,12 +88,14 @@ async fn bench(args: KafkaArgs) -> anyhow::Result<()> {
             "first_result_after_ms": ((run.total_secs - run.steady_secs) * 1000.0).round(),
             "latency_ms_p50": run.latency_ms(0.50),
             "latency_ms_p99": run.latency_ms(0.99),
-            "fsyncs_per_task": round4(run.batches as f64 / n),
-            "events_per_task": round4(run.events as f64 / n),
+            "fsyncs_per_task": run.batches.map(|b| round4(b as f64 / n)),
+            "events_per_task": run.events.map(|e| round4(e as f64 / n)),
             "remote_duplicates": remote.duplicates,
-            // This process: the service, the embedded cluster holding every topic, and the
-            // benchmark's producer and results reader; the remote runs in a child.
-            "peak_rss_bytes": own_peak_rss_bytes(),
+            "service_process": args.service_process,
+            // With --service-process the service's alone; otherwise this process's: the
+            // service, the embedded cluster holding every topic, and the benchmark's producer
+            // and results reader. The remote runs in a child either way.
+            "peak_rss_bytes": run.service_peak_rss_bytes.unwrap_or_else(own_peak_rss_bytes),
         })
     );
     Ok(())
@@ -107,6 +127,70 @@ pub(crate) fn bench_config(
     Ok(config)
 }
 
+/// The configuration file of a `sendledger run` child doing what `config` describes (its
+/// storage and target), on the brokers at `bootstrap`.
+fn child_config(sim: &RemoteProcess, config: &Config, bootstrap: &str) -> String {
+    let durability = format!("{:?}", config.storage.durability).to_lowercase();
+    format!(
+        r#"[storage]
+data = {data:?}
+durability = "{durability}"
+
+[kafka]
+brokers = "{bootstrap}"
+
+[kafka.properties]
+# As the embedded cluster's own consumers: its brokers hold an empty fetch this long.
+"fetch.wait.max.ms" = "10"
+
+[admin]
+enabled = false
+
+[targets.payments]
+url = "{create}"
+body_fields = {{ reference = "{{task_id}}" }}
+
+[targets.payments.lookup]
+url = "{lookup}?reference={{task_id}}"
+"#,
+        data = config.storage.data.display().to_string(),
+        create = sim.create_url(),
+        lookup = sim.lookup_url(),
+    )
+}
+
+/// Where the service under test runs.
+pub(crate) enum Placement<'a> {
+    /// In this process.
+    InProcess,
+    /// In a `sendledger run` child on configuration `toml`, with its files in `dir`.
+    Child {
+        dir: &'a std::path::Path,
+        toml: String,
+    },
+}
+
+/// The service under test, running.
+enum Running {
+    InProcess(Service),
+    Child(ServiceProcess),
+}
+
+impl Running {
+    fn ensure_healthy(&mut self) -> anyhow::Result<()> {
+        match self {
+            Running::InProcess(service) => {
+                anyhow::ensure!(service.is_healthy(), "the service stopped consuming");
+                Ok(())
+            }
+            Running::Child(child) => child.ensure_running(),
+        }
+    }
+}
+
+/// How long a run may go without a new result before it is given up.
+const STALLED: Duration = Duration::from_secs(60);
+
 /// What one run through Kafka measured.
 pub(crate) struct Run {
     pub tasks: u64,
@@ -115,9 +199,11 @@ pub(crate) struct Run {
     pub total_secs: f64,
     /// From the first result read back to the last.
     pub steady_secs: f64,
-    /// Journal batches (fsyncs) and events recorded.
-    pub batches: u64,
-    pub events: u64,
+    /// Journal batches (fsyncs) and events recorded (unknown for a service in a child).
+    pub batches: Option<u64>,
+    pub events: Option<u64>,
+    /// A service in a child: its peak resident memory.
+    pub service_peak_rss_bytes: Option<u64>,
     /// Each task's time from its request handed to the producer to its result read back,
     /// sorted.
     pub latencies: Vec<Duration>,
@@ -180,6 +266,7 @@ pub(crate) async fn through_kafka(
     kafka: &Kafka,
     n: u64,
     rate: Option<u64>,
+    placement: Placement<'_>,
 ) -> anyhow::Result<Run> {
     config.validate(&BTreeMap::new())?;
     kafka
@@ -197,13 +284,19 @@ pub(crate) async fn through_kafka(
 
     let results = tokio::task::block_in_place(|| ResultsReader::start(kafka))?;
     let started = Instant::now();
-    let remote = Arc::new(HttpRemote::new(config.load_targets()?));
-    let service = Service::start(config, kafka, remote, None).await?;
+    let mut service = match placement {
+        Placement::InProcess => {
+            let remote = Arc::new(HttpRemote::new(config.load_targets()?));
+            Running::InProcess(Service::start(config, kafka, remote, None).await?)
+        }
+        Placement::Child { dir, toml } => Running::Child(ServiceProcess::start(dir, &toml)?),
+    };
     if rate.is_some() {
         let kafka = kafka.clone();
         producing = Some(tokio::spawn(async move { produce(&kafka, n, rate).await }));
     }
     let mut first_result = None;
+    let mut last_progress = (0, Instant::now());
     loop {
         let (done, _) = results.progress();
         if done > 0 && first_result.is_none() {
@@ -212,7 +305,14 @@ pub(crate) async fn through_kafka(
         if done >= n as usize {
             break;
         }
-        anyhow::ensure!(service.is_healthy(), "the service stopped consuming");
+        if done > last_progress.0 {
+            last_progress = (done, Instant::now());
+        }
+        anyhow::ensure!(
+            last_progress.1.elapsed() < STALLED,
+            "no new result for {STALLED:?} ({done} of {n} answered)"
+        );
+        service.ensure_healthy()?;
         if producing.as_ref().is_some_and(|p| p.is_finished()) {
             if let Some(p) = producing.take() {
                 produced = Some(p.await??);
@@ -238,10 +338,20 @@ pub(crate) async fn through_kafka(
         })
         .collect();
     latencies.sort_unstable();
-    let stats = service.engine().ledger().stats();
-    let batches = stats.batches.load(Ordering::Relaxed);
-    let events = stats.events.load(Ordering::Relaxed);
-    service.shutdown().await?;
+    let (mut batches, mut events, mut service_peak_rss_bytes) = (None, None, None);
+    match service {
+        Running::InProcess(service) => {
+            let stats = service.engine().ledger().stats();
+            batches = Some(stats.batches.load(Ordering::Relaxed));
+            events = Some(stats.events.load(Ordering::Relaxed));
+            service.shutdown().await?;
+        }
+        Running::Child(child) => {
+            service_peak_rss_bytes = Some(child.peak_rss_bytes()?);
+            let status = tokio::task::block_in_place(|| child.stop(Duration::from_secs(30)))?;
+            anyhow::ensure!(status.success(), "the service exited with {status}");
+        }
+    }
     let (answered, more_than_one_terminal) = results.stop();
     anyhow::ensure!(
         answered == n as usize && more_than_one_terminal == 0,
@@ -254,6 +364,7 @@ pub(crate) async fn through_kafka(
         steady_secs,
         batches,
         events,
+        service_peak_rss_bytes,
         latencies,
     })
 }

@@ -20,7 +20,7 @@ mod bench_effects;
 mod bench_engine;
 pub mod bench_fuzz;
 mod bench_kafka;
-mod bench_remote;
+mod bench_process;
 pub mod cli;
 pub mod config;
 pub mod console;

@@ -1,8 +1,12 @@
-//! The simulated remote of a benchmark in a process of its own (`sendledger sim-remote`), so
-//! the benchmark's peak memory and CPU are the service's alone, as in a deployment.
+//! The processes a benchmark runs beside its own: the simulated remote (`sendledger
+//! sim-remote`), so the benchmark's peak memory and CPU are not the remote's, and, for
+//! `bench kafka --service-process`, the service itself (`sendledger run`), so its peak memory
+//! is measured alone, as in a deployment.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use sendledger_sim::Stats;
@@ -86,6 +90,87 @@ impl RemoteProcess {
 }
 
 impl Drop for RemoteProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A `sendledger run` child on a configuration file, its output in a log file next to it;
+/// killed when dropped unless stopped.
+pub struct ServiceProcess {
+    child: Child,
+    log: PathBuf,
+}
+
+impl ServiceProcess {
+    /// Starts `sendledger run --config <dir>/sendledger.toml` with `config` (TOML) as that file.
+    pub fn start(dir: &Path, config: &str) -> anyhow::Result<ServiceProcess> {
+        let path = dir.join("sendledger.toml");
+        std::fs::write(&path, config)?;
+        let log = dir.join("service.log");
+        let child = Command::new(std::env::current_exe()?)
+            .args(["run", "--config"])
+            .arg(&path)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()
+            .context("starting `sendledger run`")?;
+        Ok(ServiceProcess { child, log })
+    }
+
+    /// Fails, with the end of its log, when the service has exited.
+    pub fn ensure_running(&mut self) -> anyhow::Result<()> {
+        match self.child.try_wait()? {
+            None => Ok(()),
+            Some(status) => anyhow::bail!("the service exited ({status}): {}", self.log_tail()),
+        }
+    }
+
+    /// The service's peak resident memory so far, in bytes, from the kernel (`VmHWM`).
+    pub fn peak_rss_bytes(&self) -> anyhow::Result<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().strip_suffix("kB"))
+            .and_then(|kib| kib.trim().parse::<u64>().ok())
+            .map(|kib| kib * 1024)
+            .context("no VmHWM in the service's /proc status")
+    }
+
+    /// Stops the service as an operator does (SIGTERM) and waits up to `grace` for it to exit.
+    pub fn stop(mut self, grace: Duration) -> anyhow::Result<ExitStatus> {
+        let pid = libc::pid_t::try_from(self.child.id())?;
+        // SAFETY: kill(2) with the pid of a child not yet waited for, so not reused.
+        #[allow(unsafe_code)]
+        let sent = unsafe { libc::kill(pid, libc::SIGTERM) } == 0;
+        anyhow::ensure!(sent, "cannot signal the service");
+        let deadline = Instant::now() + grace;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the service did not stop within {grace:?}: {}",
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The last lines of the service's log, for an error.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(10)..].join("\n")
+    }
+}
+
+impl Drop for ServiceProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
