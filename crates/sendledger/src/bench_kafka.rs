@@ -40,6 +40,11 @@ pub struct KafkaArgs {
     /// cluster's or the benchmark's.
     #[arg(long)]
     service_process: bool,
+    /// First run the same tasks through the engine alone (`sendledger bench engine` in a child
+    /// process: no Kafka, requests handed straight to the engine) and report its tasks/s and
+    /// this run's ratio to it.
+    #[arg(long)]
+    compare_engine: bool,
 }
 
 pub fn run(args: KafkaArgs) -> anyhow::Result<()> {
@@ -53,6 +58,13 @@ pub fn run(args: KafkaArgs) -> anyhow::Result<()> {
 }
 
 async fn bench(args: KafkaArgs) -> anyhow::Result<()> {
+    let engine_tasks_per_sec = if args.compare_engine {
+        Some(tokio::task::block_in_place(|| {
+            engine_alone(args.tasks, args.durability)
+        })?)
+    } else {
+        None
+    };
     let sim = RemoteProcess::start()?;
     let dir = tempfile::tempdir()?;
     let config = bench_config(&sim, dir.path(), args.durability)?;
@@ -84,6 +96,8 @@ async fn bench(args: KafkaArgs) -> anyhow::Result<()> {
             "durability": format!("{:?}", args.durability).to_lowercase(),
             "produce_per_sec": (n / run.produce_secs).round(),
             "tasks_per_sec": run.tasks_per_sec(),
+            "engine_tasks_per_sec": engine_tasks_per_sec,
+            "ratio_to_engine": engine_tasks_per_sec.map(|e| round4(run.tasks_per_sec() / e)),
             "tasks_per_sec_after_first_result": (n / run.steady_secs).round(),
             "first_result_after_ms": ((run.total_secs - run.steady_secs) * 1000.0).round(),
             "latency_ms_p50": run.latency_ms(0.50),
@@ -125,6 +139,27 @@ pub(crate) fn bench_config(
         }))?,
     );
     Ok(config)
+}
+
+/// Tasks per second of `sendledger bench engine` with `tasks` tasks, run as a child process.
+fn engine_alone(tasks: u64, durability: Durability) -> anyhow::Result<f64> {
+    let durability = format!("{durability:?}").to_lowercase();
+    let out = std::process::Command::new(std::env::current_exe()?)
+        .args(["bench", "engine", "--tasks", &tasks.to_string()])
+        .args(["--durability", &durability])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("running `sendledger bench engine`")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "`sendledger bench engine` failed: {}",
+        out.status
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .context("`sendledger bench engine` printed no JSON report")?;
+    report["tasks_per_sec"]
+        .as_f64()
+        .context("`sendledger bench engine` reported no tasks_per_sec")
 }
 
 /// The configuration file of a `sendledger run` child doing what `config` describes (its
