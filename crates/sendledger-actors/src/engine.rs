@@ -285,11 +285,9 @@ impl Engine {
                         continue;
                     }
                     let first = l.task_events(task_id)?.into_iter().next();
-                    let of_partition = first.is_some_and(|e| match e.body {
-                        EventBody::TaskAccepted { source, .. }
-                        | EventBody::InputRejected { source, .. } => source.partition == partition,
-                        _ => false,
-                    });
+                    let of_partition = first
+                        .and_then(|e| e.body.source().map(|s| s.partition == partition))
+                        .unwrap_or(false);
                     if of_partition {
                         out.push(task_id);
                     }

@@ -14,7 +14,7 @@
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rdkafka::admin::{NewTopic, TopicReplication};
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
@@ -159,14 +159,14 @@ pub fn check_transactions(kafka: &Kafka, topic: &str, timeout: Duration) -> Resu
         );
         return Ok(checks);
     };
-    let outcome = (|| {
-        first.begin_transaction()?;
-        send(&first, topic, &committed)?;
-        let mut offsets = TopicPartitionList::new();
-        offsets.add_partition_offset(topic, 0, Offset::Offset(sent_offset))?;
-        first.send_offsets_to_transaction(&offsets, &metadata, timeout)?;
-        first.commit_transaction(timeout)
-    })();
+    let outcome = commit_with_offset(
+        &first,
+        topic,
+        Some(&committed),
+        sent_offset,
+        &metadata,
+        timeout,
+    );
     if let Err(e) = outcome {
         check(
             COMMITTED_VISIBLE,
@@ -191,13 +191,7 @@ pub fn check_transactions(kafka: &Kafka, topic: &str, timeout: Duration) -> Resu
     // A transaction with offsets and no records: kafka mode's turn for messages that were all
     // dropped as processed.
     let alone_offset = sent_offset + 1;
-    let outcome = (|| {
-        first.begin_transaction()?;
-        let mut offsets = TopicPartitionList::new();
-        offsets.add_partition_offset(topic, 0, Offset::Offset(alone_offset))?;
-        first.send_offsets_to_transaction(&offsets, &metadata, timeout)?;
-        first.commit_transaction(timeout)
-    })();
+    let outcome = commit_with_offset(&first, topic, None, alone_offset, &metadata, timeout);
     if let Err(e) = outcome {
         check(
             OFFSETS_ALONE,
@@ -280,6 +274,26 @@ fn send(
         .send(BaseRecord::<(), str>::to(topic).partition(0).payload(value))
         .map_err(|(e, _)| e)?;
     producer.flush(Duration::from_secs(10))
+}
+
+/// One transaction of `producer`: `value` (if any) on partition 0 of `topic`, and `offset` of
+/// that partition for the group of `metadata`.
+fn commit_with_offset(
+    producer: &BaseProducer,
+    topic: &str,
+    value: Option<&str>,
+    offset: i64,
+    metadata: &ConsumerGroupMetadata,
+    timeout: Duration,
+) -> std::result::Result<(), rdkafka::error::KafkaError> {
+    producer.begin_transaction()?;
+    if let Some(value) = value {
+        send(producer, topic, value)?;
+    }
+    let mut offsets = TopicPartitionList::new();
+    offsets.add_partition_offset(topic, 0, Offset::Offset(offset))?;
+    producer.send_offsets_to_transaction(&offsets, metadata, timeout)?;
+    producer.commit_transaction(timeout)
 }
 
 /// The group's committed offset of partition 0 of `topic`, if it has one.

@@ -51,11 +51,7 @@ pub fn run(args: EngineArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let sim = RemoteProcess::start()?;
-    let target: TargetConfig = serde_json::from_value(serde_json::json!({
-        "url": sim.create_url(),
-        "body_fields": { "reference": "{task_id}" },
-        "lookup": { "url": format!("{}?reference={{task_id}}", sim.lookup_url()) },
-    }))?;
+    let target: TargetConfig = serde_json::from_value(sim.target())?;
     let targets = Targets::from_config(&BTreeMap::from([("bench".to_string(), target)]))?;
     let dir = tempfile::tempdir()?;
     let mut config = EngineConfig::new(dir.path());

@@ -79,7 +79,7 @@ async fn bench(args: KafkaArgs) -> anyhow::Result<()> {
     let placement = if args.service_process {
         Placement::Child {
             dir: dir.path(),
-            toml: child_config(&sim, &config, kafka.bootstrap_servers()),
+            toml: child_config(&sim, &config, kafka.bootstrap_servers())?,
         }
     } else {
         Placement::InProcess
@@ -130,14 +130,9 @@ pub(crate) fn bench_config(
     config.admin.enabled = false;
     config.storage.data = data.join("ledger");
     config.storage.durability = durability;
-    config.targets.insert(
-        "payments".into(),
-        serde_json::from_value(serde_json::json!({
-            "url": sim.create_url(),
-            "body_fields": { "reference": "{task_id}" },
-            "lookup": { "url": format!("{}?reference={{task_id}}", sim.lookup_url()) },
-        }))?,
-    );
+    config
+        .targets
+        .insert("payments".into(), serde_json::from_value(sim.target())?);
     Ok(config)
 }
 
@@ -164,34 +159,22 @@ fn engine_alone(tasks: u64, durability: Durability) -> anyhow::Result<f64> {
 
 /// The configuration file of a `sendledger run` child doing what `config` describes (its
 /// storage and target), on the brokers at `bootstrap`.
-fn child_config(sim: &RemoteProcess, config: &Config, bootstrap: &str) -> String {
-    let durability = format!("{:?}", config.storage.durability).to_lowercase();
-    format!(
-        r#"[storage]
-data = {data:?}
-durability = "{durability}"
-
-[kafka]
-brokers = "{bootstrap}"
-
-[kafka.properties]
-# As the embedded cluster's own consumers: its brokers hold an empty fetch this long.
-"fetch.wait.max.ms" = "10"
-
-[admin]
-enabled = false
-
-[targets.payments]
-url = "{create}"
-body_fields = {{ reference = "{{task_id}}" }}
-
-[targets.payments.lookup]
-url = "{lookup}?reference={{task_id}}"
-"#,
-        data = config.storage.data.display().to_string(),
-        create = sim.create_url(),
-        lookup = sim.lookup_url(),
-    )
+fn child_config(sim: &RemoteProcess, config: &Config, bootstrap: &str) -> anyhow::Result<String> {
+    let file = serde_json::json!({
+        "storage": {
+            "data": config.storage.data,
+            "durability": format!("{:?}", config.storage.durability).to_lowercase(),
+        },
+        "kafka": {
+            "brokers": bootstrap,
+            // As the embedded cluster's own consumers: its brokers hold an empty fetch this
+            // long.
+            "properties": { "fetch.wait.max.ms": "10" },
+        },
+        "admin": { "enabled": false },
+        "targets": { "payments": sim.target() },
+    });
+    Ok(toml::to_string(&file)?)
 }
 
 /// Where the service under test runs.

@@ -60,12 +60,14 @@ impl RemoteProcess {
         })
     }
 
-    pub fn create_url(&self) -> &str {
-        &self.create_url
-    }
-
-    pub fn lookup_url(&self) -> &str {
-        &self.lookup_url
+    /// A target's configuration (as JSON) that creates records here, identified by the
+    /// task id in the body field `reference`, and looks them up by it.
+    pub fn target(&self) -> serde_json::Value {
+        serde_json::json!({
+            "url": self.create_url,
+            "body_fields": { "reference": "{task_id}" },
+            "lookup": { "url": format!("{}?reference={{task_id}}", self.lookup_url) },
+        })
     }
 
     /// The remote's counters, from its stats endpoint.
