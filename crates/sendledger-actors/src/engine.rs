@@ -258,7 +258,7 @@ impl Engine {
         }
         let ledger = self.inner.ledger.clone();
         let mut append = ledger
-            .read(move |l| sendledger_store::restore_append(l, &events))
+            .read(move |l| sendledger_store::restore_append(l, events))
             .await?;
         let restored = append.events.len();
         append.restored = true;

@@ -33,7 +33,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use sendledger_core::error::Chain;
-use sendledger_core::result::Projection;
+use sendledger_core::result::{event_id, Projection};
 use sendledger_core::{TaskId, TraceParent};
 use sendledger_store::{Append, Ledger};
 
@@ -41,7 +41,9 @@ use crate::cluster::Kafka;
 use crate::config::Role;
 use crate::error::{Error, Result};
 pub use crate::records::EVENT_ID_HEADER;
-use crate::records::{event_record, events_source, record_headers, results_source, RecordKind};
+use crate::records::{
+    event_record_json, events_source, record_headers, results_source, RecordKind,
+};
 
 /// The ledger cursor holding the last LSN whose records are acknowledged.
 pub const PUBLISHER_CURSOR: &str = "publisher";
@@ -224,14 +226,13 @@ fn build_batch(
             projection.traceparent(),
             projection.target().map(str::to_owned),
         );
-        let rec = event_record(e);
         records.push(OutRecord {
             dest: Dest::Events,
             key: key.clone(),
-            payload: serde_json::to_vec(&rec).map_err(json_err)?,
-            ce_type: RecordKind::Event(&rec.kind).ce_type(),
-            event_id: rec.event_id,
-            at: rec.at,
+            payload: event_record_json(e)?,
+            ce_type: RecordKind::Event(e.body.name()).ce_type(),
+            event_id: event_id(e.task_id, e.task_seq),
+            at: e.at,
             task_id: e.task_id,
             target: target.clone(),
             trace,

@@ -11,6 +11,7 @@
 //!
 //! [`TaskResult`]: sendledger_core::result::TaskResult
 
+use std::io::Write as _;
 use std::time::{Duration, UNIX_EPOCH};
 
 use sendledger_core::result::event_id;
@@ -38,37 +39,38 @@ pub struct EventRecord {
     pub body: Value,
 }
 
-pub fn event_record(event: &Event) -> EventRecord {
-    let mut body = match serde_json::to_value(&event.body) {
-        // Externally tagged: `{"Variant": {fields}}`.
-        Ok(Value::Object(map)) if map.len() == 1 => map
-            .into_iter()
-            .next()
-            .map(|(_, v)| v)
-            .unwrap_or(Value::Null),
-        Ok(other) => other,
-        Err(_) => Value::Null,
-    };
-    if let Value::Object(map) = &mut body {
-        if let Some(hash) = map.get_mut("payload_hash") {
-            *hash = Value::String(bytes_hex(hash));
-        }
-        if let EventBody::InputRejected { raw, .. } = &event.body {
-            map.insert(
-                "raw".into(),
-                Value::String(String::from_utf8_lossy(raw).into_owned()),
-            );
-        }
-    }
-    EventRecord {
-        event_id: event_id(event.task_id, event.task_seq),
-        lsn: event.lsn,
-        task_id: event.task_id.to_string(),
-        task_seq: event.task_seq,
-        at: event.at,
-        kind: event.body.name().into(),
-        body,
-    }
+/// The JSON of `event`'s record on the events topic: [`EventRecord`]'s fields in order, the
+/// body the event's fields as serde writes them (a payload hash in hex, an input's raw bytes
+/// as text). Written straight from the event: the publisher writes one for every event.
+pub fn event_record_json(event: &Event) -> Result<Vec<u8>> {
+    let name = event.body.name();
+    // Externally tagged: `{"Variant":{fields}}`; the record's body is `{fields}`.
+    let tagged = serde_json::to_string(&event.body).map_err(|e| Error::Encode(e.to_string()))?;
+    let body = tagged
+        .strip_prefix("{\"")
+        .and_then(|t| t.strip_prefix(name))
+        .and_then(|t| t.strip_prefix("\":"))
+        .and_then(|t| t.strip_suffix('}'))
+        .filter(|b| b.starts_with('{'))
+        .ok_or_else(|| Error::Encode(format!("{name} is not written as a tagged object")))?;
+    // The other fields need no escaping: hex digits, digits and the variant's name.
+    let mut out = Vec::with_capacity(tagged.len() + 160);
+    write!(
+        out,
+        "{{\"event_id\":\"{}\",\"lsn\":{},\"task_id\":\"{}\",\"task_seq\":{},\"at\":{},\"type\":\"{name}\",\"body\":{body}}}",
+        event_id(event.task_id, event.task_seq),
+        event.lsn,
+        event.task_id,
+        event.task_seq,
+        event.at,
+    )
+    .map_err(|e| Error::Encode(e.to_string()))?;
+    Ok(out)
+}
+
+/// `event`'s record as a value (see [`event_record_json`]).
+pub fn event_record(event: &Event) -> Result<EventRecord> {
+    serde_json::from_slice(&event_record_json(event)?).map_err(|e| Error::Encode(e.to_string()))
 }
 
 /// The header carrying a record's stable id (see [`sendledger_core::result::event_id`]).
@@ -149,31 +151,12 @@ pub fn record_headers(
 /// event except the raw bytes of an `InputRejected` message that were not valid UTF-8 (the
 /// record carries them as text, with invalid sequences replaced).
 pub fn event_from_record(record: &EventRecord) -> Result<Event> {
-    let bad = |detail: String| Error::BadRecord {
-        event_id: record.event_id.clone(),
-        detail,
-    };
     let task_id = checked_task_id(&record.event_id, &record.task_id, record.task_seq)?;
-    let mut body = record.body.clone();
-    if let Value::Object(map) = &mut body {
-        if let Some(hash) = map.get_mut("payload_hash") {
-            let bytes = hash
-                .as_str()
-                .and_then(hex_bytes)
-                .ok_or_else(|| bad("payload_hash is not a hex string".into()))?;
-            *hash = Value::from(bytes);
-        }
-        if record.kind == "InputRejected" {
-            if let Some(raw) = map.get_mut("raw") {
-                let text = raw
-                    .as_str()
-                    .ok_or_else(|| bad("raw is not a string".into()))?;
-                *raw = Value::from(text.as_bytes().to_vec());
-            }
-        }
-    }
-    let tagged = Value::Object(Map::from_iter([(record.kind.clone(), body)]));
-    let body: EventBody = serde_json::from_value(tagged).map_err(|e| bad(e.to_string()))?;
+    let tagged = Value::Object(Map::from_iter([(record.kind.clone(), record.body.clone())]));
+    let body: EventBody = serde_json::from_value(tagged).map_err(|e| Error::BadRecord {
+        event_id: record.event_id.clone(),
+        detail: e.to_string(),
+    })?;
     Ok(Event {
         lsn: record.lsn,
         task_id,
@@ -233,31 +216,13 @@ struct RawEventRecord<'a> {
 }
 
 /// The event the JSON of an [`EventRecord`] carries: [`event_from_record`] of it, decoded
-/// straight from the text. Only the bodies with fields a record writes differently from the
-/// event (a payload hash as hex, an input's raw bytes as text) go through a JSON value first;
-/// a restore or an audit decodes every event of a log.
+/// straight from the text (a restore or an audit decodes every event of a log).
 pub fn event_from_json(json: &[u8]) -> Result<Event> {
     let bad = |event_id: &str, detail: String| Error::BadRecord {
         event_id: event_id.to_string(),
         detail,
     };
     let raw: RawEventRecord = serde_json::from_slice(json).map_err(|e| bad("", e.to_string()))?;
-    if matches!(
-        raw.kind.as_ref(),
-        "TaskAccepted" | "RequestConflict" | "InputRejected"
-    ) {
-        let body =
-            serde_json::from_str(raw.body.get()).map_err(|e| bad(&raw.event_id, e.to_string()))?;
-        return event_from_record(&EventRecord {
-            event_id: raw.event_id.into_owned(),
-            lsn: raw.lsn,
-            task_id: raw.task_id.into_owned(),
-            task_seq: raw.task_seq,
-            at: raw.at,
-            kind: raw.kind.into_owned(),
-            body,
-        });
-    }
     let task_id = checked_task_id(&raw.event_id, &raw.task_id, raw.task_seq)?;
     // Externally tagged: `{"Variant": {fields}}`, the variant's name escaped as JSON.
     let kind =
@@ -272,27 +237,6 @@ pub fn event_from_json(json: &[u8]) -> Result<Event> {
         at: raw.at,
         body,
     })
-}
-
-fn hex_bytes(hex: &str) -> Option<Vec<u8>> {
-    // Digits only: `from_str_radix` alone would also take a sign (`+a` as 0x0a).
-    if hex.len() % 2 != 0 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).ok())
-        .collect()
-}
-
-fn bytes_hex(v: &Value) -> String {
-    match v {
-        Value::Array(items) => items
-            .iter()
-            .map(|b| format!("{:02x}", b.as_u64().unwrap_or(0)))
-            .collect(),
-        other => other.to_string(),
-    }
 }
 
 #[cfg(test)]
@@ -416,19 +360,22 @@ mod tests {
         let kinds: std::collections::BTreeSet<&str> = bodies.iter().map(|b| b.name()).collect();
         assert_eq!(kinds.len(), 14, "a body kind is missing from this test");
         for event in history(task, bodies) {
-            let json = serde_json::to_vec(&event_record(&event)).unwrap();
+            let json = event_record_json(&event).unwrap();
             let record: EventRecord = serde_json::from_slice(&json).unwrap();
+            assert_eq!(record, event_record(&event).unwrap());
             assert_eq!(event_from_record(&record).unwrap(), event);
             assert_eq!(event_from_json(&json).unwrap(), event);
         }
         let mut wrong =
-            event_record(&history(task, vec![EventBody::DuplicateDelivery { source: src(1) }])[0]);
+            event_record(&history(task, vec![EventBody::DuplicateDelivery { source: src(1) }])[0])
+                .unwrap();
         wrong.task_seq += 1;
         assert!(event_from_record(&wrong).is_err());
         assert!(event_from_json(&serde_json::to_vec(&wrong).unwrap()).is_err());
         // The event id is compared as `event_id` writes it: lowercase, no leading zero.
         let right =
-            event_record(&history(task, vec![EventBody::DuplicateDelivery { source: src(1) }])[0]);
+            event_record(&history(task, vec![EventBody::DuplicateDelivery { source: src(1) }])[0])
+                .unwrap();
         for event_id in [
             right.event_id.to_uppercase(),
             right.event_id.replace(':', ":0"),
@@ -451,7 +398,7 @@ mod tests {
             source: src(9),
             payload_hash: PayloadHash([0x0a; 32]),
         };
-        let mut signed = event_record(&history(task, vec![conflict])[0]);
+        let mut signed = event_record(&history(task, vec![conflict])[0]).unwrap();
         signed.body["payload_hash"] = "+a".repeat(32).into();
         assert!(event_from_record(&signed).is_err());
     }
@@ -497,7 +444,7 @@ mod tests {
             source: src(9),
             payload_hash: PayloadHash([1; 32]),
         };
-        let rec = event_record(&history(task, vec![conflict])[0]);
+        let rec = event_record(&history(task, vec![conflict])[0]).unwrap();
         assert_eq!(rec.kind, "RequestConflict");
         assert_eq!(rec.body["payload_hash"], Value::String("01".repeat(32)));
         assert_eq!(rec.body["source"]["offset"], 9);
@@ -512,7 +459,9 @@ mod tests {
         };
         let task = TaskId::for_rejected_input("req", 0, 3);
         assert_eq!(
-            event_record(&history(task, vec![rejected])[0]).body["raw"],
+            event_record(&history(task, vec![rejected])[0])
+                .unwrap()
+                .body["raw"],
             Value::String(r#"{"tenant":"acme","request_key":"x"}"#.into())
         );
     }

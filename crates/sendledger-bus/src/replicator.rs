@@ -13,12 +13,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::ConsumerGroupMetadata;
-use sendledger_core::result::Projection;
+use sendledger_core::result::{event_id, Projection};
 use sendledger_core::{Event, NewEvent, TaskId};
 use sendledger_store::{Replication, Replicator};
 
 use crate::log::{LogBatch, LogError, LogRecord, PartitionLog};
-use crate::records::{event_record, events_source, record_headers, results_source, RecordKind};
+use crate::records::{
+    event_record_json, events_source, record_headers, results_source, RecordKind,
+};
 
 /// Kafka mode: the messages of a requests partition received since its offsets were last
 /// committed for the group. A transaction commits the offset after the longest prefix of
@@ -223,15 +225,15 @@ impl LogReplicator {
             };
             let result = projection.apply(&event);
             let (key, trace) = (projection.key(event.task_id), projection.traceparent());
-            let record = event_record(&event);
             batch.events.push(LogRecord {
                 key: key.clone(),
-                payload: json(&record)?,
+                payload: event_record_json(&event)
+                    .map_err(|e| Replication::Failed(format!("cannot encode a record: {e}")))?,
                 headers: record_headers(
-                    &record.event_id,
+                    &event_id(event.task_id, event.task_seq),
                     &self.events_source,
-                    &RecordKind::Event(&record.kind).ce_type(),
-                    record.at,
+                    &RecordKind::Event(event.body.name()).ce_type(),
+                    event.at,
                     trace,
                 ),
             });

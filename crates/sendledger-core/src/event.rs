@@ -181,8 +181,33 @@ pub enum EventBody {
     InputRejected {
         source: Source,
         reason: String,
+        /// The message's bytes. Text in human-readable formats (invalid UTF-8 replaced, so
+        /// not read back exactly), bytes in binary ones.
+        #[serde(with = "raw_text")]
         raw: Vec<u8>,
     },
+}
+
+/// The raw bytes of a rejected input: as text where a format is read by people (JSON), as
+/// bytes (as derived) in the ledger's bincode.
+mod raw_text {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(raw: &Vec<u8>, serializer: S) -> Result<S::Ok, S::Error> {
+        if serializer.is_human_readable() {
+            serializer.serialize_str(&String::from_utf8_lossy(raw))
+        } else {
+            raw.serialize(serializer)
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
+        if deserializer.is_human_readable() {
+            String::deserialize(deserializer).map(String::into_bytes)
+        } else {
+            Vec::deserialize(deserializer)
+        }
+    }
 }
 
 impl EventBody {

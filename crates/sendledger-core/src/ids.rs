@@ -67,8 +67,44 @@ impl FromStr for TaskId {
 }
 
 /// SHA-256 of a payload's canonical JSON (sorted keys, no whitespace).
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+///
+/// Serialized as 64 lowercase hex digits in human-readable formats (JSON: the events topic,
+/// timelines) and as its 32 bytes in binary ones (bincode: the ledger).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PayloadHash(pub [u8; 32]);
+
+/// The binary form of [`PayloadHash`], as `#[derive]` wrote it.
+// format: do not change (stored inside `TaskAccepted` and `RequestConflict`)
+#[derive(Serialize, Deserialize)]
+#[serde(rename = "PayloadHash")]
+struct PayloadHashBytes([u8; 32]);
+
+impl Serialize for PayloadHash {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if serializer.is_human_readable() {
+            serializer.collect_str(self)
+        } else {
+            PayloadHashBytes(self.0).serialize(serializer)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for PayloadHash {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        if deserializer.is_human_readable() {
+            let text = std::borrow::Cow::<str>::deserialize(deserializer)?;
+            let mut hash = [0u8; 32];
+            parse_hex(&text, &mut hash).ok_or_else(|| {
+                serde::de::Error::custom(format!(
+                    "payload hash must be 64 hex digits, got {text:?}"
+                ))
+            })?;
+            Ok(PayloadHash(hash))
+        } else {
+            PayloadHashBytes::deserialize(deserializer).map(|b| PayloadHash(b.0))
+        }
+    }
+}
 
 impl PayloadHash {
     pub fn of_canonical(canonical_json: &str) -> PayloadHash {
@@ -121,5 +157,21 @@ mod tests {
         assert_eq!(a.to_string().parse::<TaskId>().unwrap(), a);
         assert!("xyz".parse::<TaskId>().is_err());
         assert!("+a".repeat(16).parse::<TaskId>().is_err());
+    }
+
+    /// Hex in JSON, 32 bare bytes in bincode (the ledger's encoding, as derived before).
+    #[test]
+    fn a_payload_hash_is_hex_in_json_and_bytes_in_bincode() {
+        let hash = PayloadHash::of_canonical("{}");
+        let json = serde_json::to_string(&hash).unwrap();
+        assert_eq!(json, format!("\"{hash}\""));
+        assert_eq!(json.len(), 66);
+        assert_eq!(serde_json::from_str::<PayloadHash>(&json).unwrap(), hash);
+        for bad in ["\"ab\"", "[1,2]", &format!("\"{}\"", "+a".repeat(32))] {
+            assert!(serde_json::from_str::<PayloadHash>(bad).is_err(), "{bad}");
+        }
+        let bytes = bincode::serialize(&hash).unwrap();
+        assert_eq!(bytes, hash.0);
+        assert_eq!(bincode::deserialize::<PayloadHash>(&bytes).unwrap(), hash);
     }
 }

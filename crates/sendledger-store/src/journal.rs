@@ -22,7 +22,7 @@ use rocksdb::{WriteBatch, WriteOptions, DB};
 use sendledger_core::{Event, Identity, NewEvent, PayloadHash, TaskId};
 use tokio::sync::oneshot;
 
-use crate::envelope::encode_event;
+use crate::envelope::encode_new_event;
 use crate::error::{Error, Result};
 use crate::keys::*;
 use crate::ledger::TaskSummary;
@@ -419,8 +419,7 @@ fn build_batch(db: &DB, first_lsn: u64, pending: &[Request]) -> (WriteBatch, Vec
             batch.delete_cf(task_events, task_event_key(*task, u32::MAX));
         }
         for ev in &a.events {
-            let event = ev.clone().with_lsn(lsn);
-            batch.put_cf(log, lsn_key(lsn), encode_event(&event));
+            batch.put_cf(log, lsn_key(lsn), encode_new_event(lsn, ev));
             batch.put_cf(
                 task_events,
                 task_event_key(ev.task_id, ev.task_seq),

@@ -12,44 +12,79 @@
 //! processed marker of every delivery's requests offset. Timers are not restored: the engine
 //! re-arms each unsettled task's timer when it resumes the task.
 
-use std::collections::BTreeMap;
+use std::collections::btree_map::{BTreeMap, Entry};
 
-use sendledger_core::{fold, Event, EventBody, NewEvent, TaskId};
+use sendledger_core::{fold, Event, EventBody, NewEvent, State, TaskId};
 
 use crate::error::{Error, Result};
 use crate::journal::Append;
 use crate::ledger::{Ledger, TaskSummary};
 
+/// A task of a restore: the events the ledger holds, those the restore adds, and the state
+/// they fold to.
+struct Restoring {
+    held: Vec<Event>,
+    /// Indexes of the task's new events in the restore's list, in sequence order.
+    new: Vec<usize>,
+    state: State,
+}
+
 /// What appending `events` (in the order they were written) to `ledger` takes: the events the
 /// ledger does not hold yet, the summaries of their tasks, identities of first acceptances
 /// and processed markers. A task whose events skip a sequence number is refused (the source
 /// lost an event: restoring past it would fold a wrong state).
-pub fn restore_append(ledger: &Ledger, events: &[Event]) -> Result<Append> {
+pub fn restore_append(ledger: &Ledger, events: Vec<Event>) -> Result<Append> {
     let mut append = Append::default();
-    let mut tasks: BTreeMap<TaskId, Vec<Event>> = BTreeMap::new();
+    // The new events; one replaced by a later event of the log becomes `None`.
+    let mut new: Vec<Option<NewEvent>> = Vec::with_capacity(events.len());
+    let mut tasks: BTreeMap<TaskId, Restoring> = BTreeMap::new();
     for e in events {
-        let history = match tasks.entry(e.task_id) {
-            std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+        let task = match tasks.entry(e.task_id) {
+            Entry::Occupied(o) => o.into_mut(),
             // A task without a summary has no events in the ledger: one point read instead
             // of a scan of its events (most tasks of a restore on an empty disk).
-            std::collections::btree_map::Entry::Vacant(v) => {
-                v.insert(match ledger.task_summary(e.task_id)? {
+            Entry::Vacant(v) => {
+                let held = match ledger.task_summary(e.task_id)? {
                     Some(_) => ledger.task_events(e.task_id)?,
                     None => Vec::new(),
+                };
+                v.insert(Restoring {
+                    state: fold(&held),
+                    held,
+                    new: Vec::new(),
                 })
             }
         };
-        let next_seq = history.len() as u32;
+        let held_len = task.held.len() as u32;
+        let next_seq = held_len + task.new.len() as u32;
         if e.task_seq < next_seq {
-            let held = &history[e.task_seq as usize];
-            if held.body == e.body && held.at == e.at {
+            let (at, body) = if e.task_seq < held_len {
+                let held = &task.held[e.task_seq as usize];
+                (held.at, &held.body)
+            } else {
+                let index = task.new[(e.task_seq - held_len) as usize];
+                let held = new[index].as_ref().expect("a task's new events are kept");
+                (held.at, &held.body)
+            };
+            if *body == e.body && at == e.at {
                 continue;
             }
             // The ledger's copy went its own way (events the log of record does not hold):
             // the log wins, from this event on.
-            tracing::warn!(task_id = %e.task_id, task_seq = e.task_seq, held = held.body.name(), logged = e.body.name(), "the ledger's events of a task differ from its log of record; the log's replace them");
-            history.truncate(e.task_seq as usize);
-            append.truncate_tasks.push((e.task_id, e.task_seq));
+            tracing::warn!(task_id = %e.task_id, task_seq = e.task_seq, held = body.name(), logged = e.body.name(), "the ledger's events of a task differ from its log of record; the log's replace them");
+            let kept_new = e.task_seq.saturating_sub(held_len) as usize;
+            for index in task.new.drain(kept_new..) {
+                new[index] = None;
+            }
+            task.held.truncate(e.task_seq as usize);
+            task.state = fold(&task.held);
+            for &index in &task.new {
+                let n = new[index].as_ref().expect("a task's new events are kept");
+                task.state.apply(n.task_id, n.at, &n.body);
+            }
+            if e.task_seq < held_len {
+                append.truncate_tasks.push((e.task_id, e.task_seq));
+            }
         }
         if e.task_seq > next_seq {
             return Err(Error::Corrupt {
@@ -60,13 +95,7 @@ pub fn restore_append(ledger: &Ledger, events: &[Event]) -> Result<Append> {
                 ),
             });
         }
-        history.push(e.clone());
-        append.events.push(NewEvent {
-            task_id: e.task_id,
-            task_seq: e.task_seq,
-            at: e.at,
-            body: e.body.clone(),
-        });
+        task.state.apply(e.task_id, e.at, &e.body);
         if let EventBody::TaskAccepted {
             request,
             payload_hash,
@@ -82,16 +111,21 @@ pub fn restore_append(ledger: &Ledger, events: &[Event]) -> Result<Append> {
                 .offsets
                 .push((source.topic.clone(), source.partition, source.offset));
         }
+        task.new.push(new.len());
+        new.push(Some(NewEvent {
+            task_id: e.task_id,
+            task_seq: e.task_seq,
+            at: e.at,
+            body: e.body,
+        }));
     }
-    let restored: std::collections::BTreeSet<TaskId> =
-        append.events.iter().map(|e| e.task_id).collect();
-    for (task, history) in tasks.iter().filter(|(t, _)| restored.contains(t)) {
-        let state = fold(history);
+    append.events = new.into_iter().flatten().collect();
+    for (id, task) in tasks.iter().filter(|(_, t)| !t.new.is_empty()) {
         append.tasks.push((
-            *task,
+            *id,
             TaskSummary {
-                phase: state.phase,
-                next_seq: state.next_seq,
+                phase: task.state.phase,
+                next_seq: task.state.next_seq,
             },
         ));
     }
@@ -117,7 +151,7 @@ mod tests {
     }
 
     fn restore(ledger: &Ledger, events: &[Event]) {
-        let mut append = restore_append(ledger, events).unwrap();
+        let mut append = restore_append(ledger, events.to_vec()).unwrap();
         append.restored = true;
         ledger.append_blocking(append).unwrap();
     }
@@ -161,7 +195,7 @@ mod tests {
             event(task, 1, 25, intent(1)),
             event(task, 2, 35, confirmed),
         ];
-        let append = restore_append(&ledger, &log).unwrap();
+        let append = restore_append(&ledger, log.to_vec()).unwrap();
         assert_eq!(append.truncate_tasks, [(task, 1)]);
         assert_eq!(append.events.len(), 2, "the first event is held as it is");
         restore(&ledger, &log);
@@ -181,7 +215,54 @@ mod tests {
         assert_eq!(summary.next_seq, 3);
 
         // Restoring the same log again changes nothing.
-        let again = restore_append(&ledger, &log).unwrap();
+        let again = restore_append(&ledger, log.to_vec()).unwrap();
         assert!(again.events.is_empty() && again.truncate_tasks.is_empty());
+    }
+
+    /// The log holds two different events at one sequence number within one restore (a
+    /// writer's transaction committed after another's): the later one and what follows it
+    /// are the task's events, and nothing of the earlier one is indexed.
+    #[test]
+    fn a_later_event_at_the_same_sequence_number_replaces_one_of_the_same_restore() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(dir.path(), LedgerOptions::default()).unwrap();
+        let (task, body) = accepted();
+        let intent = |attempt| EventBody::SendIntended {
+            attempt,
+            idempotency_key: None,
+        };
+        let unknown = EventBody::SendUnknown {
+            attempt: 1,
+            cause: sendledger_core::event::UnknownCause::Timeout,
+        };
+        let confirmed = EventBody::Confirmed {
+            remote_id: "rec-1".into(),
+            evidence: Evidence::Response { status: 201 },
+        };
+        let log = [
+            event(task, 0, 10, body),
+            event(task, 1, 20, intent(1)),
+            event(task, 2, 30, unknown.clone()),
+            event(task, 3, 40, unknown),
+            event(task, 1, 25, intent(1)),
+            event(task, 2, 35, confirmed),
+        ];
+        let append = restore_append(&ledger, log.to_vec()).unwrap();
+        assert!(
+            append.truncate_tasks.is_empty(),
+            "the ledger held none of them"
+        );
+        let seqs: Vec<(u32, u64)> = append.events.iter().map(|e| (e.task_seq, e.at)).collect();
+        assert_eq!(seqs, [(0, 10), (1, 25), (2, 35)]);
+        restore(&ledger, &log);
+        let held: Vec<(u32, u64)> = ledger
+            .task_events(task)
+            .unwrap()
+            .iter()
+            .map(|e| (e.task_seq, e.at))
+            .collect();
+        assert_eq!(held, [(0, 10), (1, 25), (2, 35)]);
+        let summary = ledger.task_summary(task).unwrap().unwrap();
+        assert_eq!((summary.phase, summary.next_seq), (Phase::Succeeded, 3));
     }
 }

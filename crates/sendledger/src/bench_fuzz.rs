@@ -19,7 +19,9 @@ use clap::{Args, ValueEnum};
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
-use sendledger_bus::records::{event_from_record, event_record, EventRecord};
+use sendledger_bus::records::{
+    event_from_json, event_from_record, event_record, event_record_json, EventRecord,
+};
 use sendledger_core::canonical::canonical_text;
 use sendledger_core::{Identity, Limits, ResolveBody, TaskRequest};
 use sendledger_store::envelope::{decode_event, encode_event, EVENT_V1};
@@ -121,7 +123,10 @@ impl Target {
                     return;
                 };
                 if let Ok(event) = event_from_record(&record) {
-                    let again = event_from_record(&event_record(&event));
+                    let json = serde_json::to_vec(&record).expect("a record serializes");
+                    let direct = event_from_json(&json);
+                    assert_eq!(direct.ok().as_ref(), Some(&event), "both decoders agree");
+                    let again = event_record(&event).and_then(|r| event_from_record(&r));
                     assert_eq!(again.ok().as_ref(), Some(&event), "record round trip");
                 }
             }
@@ -161,7 +166,7 @@ impl Target {
             }
             Target::EventRecord => sample_events()
                 .iter()
-                .map(|e| serde_json::to_vec(&event_record(e)).expect("a record serializes"))
+                .map(|e| event_record_json(e).expect("a record serializes"))
                 .collect(),
             Target::Config => vec![
                 include_bytes!("../../../schemas/sendledger.example.toml").to_vec(),

@@ -272,7 +272,7 @@ async fn a_partition_restored_on_an_empty_disk_resumes_its_tasks_and_sends_nothi
             events: events
                 .iter()
                 .map(|e| {
-                    let record = sendledger_bus::records::event_record(e);
+                    let record = sendledger_bus::records::event_record(e).unwrap();
                     LogRecord {
                         key: e.task_id.to_string(),
                         headers: vec![(sendledger_bus::EVENT_ID_HEADER, record.event_id.clone())],
@@ -290,9 +290,9 @@ async fn a_partition_restored_on_an_empty_disk_resumes_its_tasks_and_sends_nothi
             "the partition holds the ledger's events, in order"
         );
         let restored = Ledger::open(second_dir.path(), LedgerOptions::default()).unwrap();
-        let append = restore_append(&restored, &read).unwrap();
+        let append = restore_append(&restored, read.clone()).unwrap();
         restored.append_blocking(append).unwrap();
-        let again = restore_append(&restored, &read).unwrap();
+        let again = restore_append(&restored, read).unwrap();
         assert!(again.events.is_empty(), "a second restore adds nothing");
         let processed = restored.processed("test", 0).unwrap();
         for offset in 0..keys.len() as i64 {
@@ -867,7 +867,7 @@ async fn a_partition_of_100000_tasks_is_restored_on_an_empty_disk() {
                     at: 1_700_000_000_000 + i as u64,
                     body,
                 };
-                let record = sendledger_bus::records::event_record(&event);
+                let record = sendledger_bus::records::event_record(&event).unwrap();
                 batch.events.push(LogRecord {
                     key: id.to_string(),
                     headers: vec![(sendledger_bus::EVENT_ID_HEADER, record.event_id.clone())],
