@@ -128,13 +128,21 @@ fn write_hex(f: &mut fmt::Formatter<'_>, bytes: &[u8]) -> fmt::Result {
     bytes.iter().try_for_each(|b| write!(f, "{b:02x}"))
 }
 
+/// Hex digits (either case) into `out`, exactly two per byte; nothing else (no sign).
 fn parse_hex(s: &str, out: &mut [u8]) -> Option<()> {
-    // Digits only: `from_str_radix` alone would also take a sign (`+a` as 0x0a).
-    if s.len() != out.len() * 2 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+    fn nibble(digit: u8) -> Option<u8> {
+        match digit {
+            b'0'..=b'9' => Some(digit - b'0'),
+            b'a'..=b'f' => Some(digit - b'a' + 10),
+            b'A'..=b'F' => Some(digit - b'A' + 10),
+            _ => None,
+        }
+    }
+    if s.len() != out.len() * 2 {
         return None;
     }
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
+    for (byte, pair) in out.iter_mut().zip(s.as_bytes().chunks_exact(2)) {
+        *byte = nibble(pair[0])? << 4 | nibble(pair[1])?;
     }
     Some(())
 }
@@ -157,6 +165,12 @@ mod tests {
         assert_eq!(a.to_string().parse::<TaskId>().unwrap(), a);
         assert!("xyz".parse::<TaskId>().is_err());
         assert!("+a".repeat(16).parse::<TaskId>().is_err());
+        let upper = a.to_string().to_uppercase();
+        assert_eq!(upper.parse::<TaskId>().unwrap(), a);
+        for bad in ["g", " ", "-", "é"] {
+            let text = format!("{bad}{}", &a.to_string()[bad.len()..]);
+            assert!(text.parse::<TaskId>().is_err(), "{text}");
+        }
     }
 
     /// Hex in JSON, 32 bare bytes in bincode (the ledger's encoding, as derived before).
