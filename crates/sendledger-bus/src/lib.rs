@@ -45,6 +45,7 @@ pub mod ingest;
 pub mod log;
 mod mock;
 pub mod produce;
+mod projections;
 pub mod publisher;
 pub mod reader;
 pub mod records;

@@ -22,7 +22,6 @@
 //!
 //! [`TaskResult`]: sendledger_core::TaskResult
 
-use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -33,13 +32,14 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use sendledger_core::error::Chain;
-use sendledger_core::result::{event_id, Projection};
+use sendledger_core::result::event_id;
 use sendledger_core::{TaskId, TraceParent};
 use sendledger_store::{Append, Ledger};
 
 use crate::cluster::Kafka;
 use crate::config::Role;
 use crate::error::{Error, Result};
+use crate::projections::Projections;
 pub use crate::records::EVENT_ID_HEADER;
 use crate::records::{
     event_record_json, events_source, record_headers, results_source, RecordKind,
@@ -64,8 +64,8 @@ pub struct PublisherStats {
     /// Batches that failed to publish and were tried again.
     pub failures: AtomicU64,
     /// Events of earlier batches read again from a task's history to resume projecting it (its
-    /// first event in a batch when the previous batch did not end with it, or a batch built
-    /// again). A task whose events come in consecutive batches adds none.
+    /// first event in a batch when its projection was not kept, or a batch built again). A
+    /// task whose projection is kept between its events adds none.
     pub refolded: AtomicU64,
     /// The cursor: every event up to this LSN is published.
     pub cursor: AtomicU64,
@@ -96,7 +96,7 @@ impl Publisher {
             events_topic: kafka.config().events_topic.clone(),
             events_source: events_source(&kafka.config().group_id),
             results_source: results_source(&kafka.config().group_id),
-            projections: Projections::new(),
+            projections: Projections::default(),
         };
         let handle = tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?;
         let task = handle.spawn(worker.run());
@@ -187,39 +187,26 @@ struct Batch {
     refolded: u64,
 }
 
-/// The projections of the tasks of the latest batch built, each after its last event there.
-type Projections = HashMap<TaskId, Projection>;
-
 /// Reads events from `from` and builds their records. Blocking: runs on the blocking pool.
 ///
-/// Each task is projected incrementally: from `previous` when it holds the task right before
-/// its first event of this batch (a task with events in consecutive batches), else from its
-/// history up to that event, folded once. Returns the projections of this batch's tasks,
-/// which bounds what is kept between batches to one batch's tasks. A batch built again after
-/// a failure finds its tasks' projections past its events, and folds them from the history.
+/// Each task is projected incrementally, from its kept projection when that stands right
+/// before its first event of this batch, else from its history up to that event, folded once
+/// (see [`Projections`]). A batch built again after a failure finds its tasks' projections
+/// past its events, and folds them from the history.
 fn build_batch(
     ledger: &Ledger,
     from: u64,
     limit: usize,
-    mut previous: Projections,
+    mut projections: Projections,
 ) -> Result<(Batch, Projections)> {
     let events = ledger.read_log(from, limit)?;
-    let mut projections = Projections::new();
+    projections.start_batch();
     let mut records = Vec::with_capacity(events.len() + events.len() / 2);
     let mut last_lsn = from.saturating_sub(1);
     let mut refolded = 0;
     for e in &events {
-        let projection = match projections.entry(e.task_id) {
-            Entry::Occupied(slot) => slot.into_mut(),
-            Entry::Vacant(slot) => slot.insert(match previous.remove(&e.task_id) {
-                Some(p) if p.next_seq() == e.task_seq => p,
-                _ => {
-                    let history = ledger.task_events(e.task_id)?;
-                    refolded += u64::from(e.task_seq);
-                    Projection::of(history.iter().take_while(|h| h.task_seq < e.task_seq))
-                }
-            }),
-        };
+        let (projection, folded) = projections.before(e, || ledger.task_events(e.task_id))?;
+        refolded += folded;
         let result = projection.apply(e);
         let key = projection.key(e.task_id);
         let (trace, target) = (
@@ -252,6 +239,7 @@ fn build_batch(
         }
         last_lsn = e.lsn;
     }
+    projections.end_batch();
     let batch = Batch {
         last_lsn,
         records,

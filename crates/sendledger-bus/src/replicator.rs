@@ -8,16 +8,17 @@
 //! events may be recorded by several instances in turn. An event's position in the log of
 //! record is its partition and offset; its id is `<task_id>:<task_seq>`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::ConsumerGroupMetadata;
-use sendledger_core::result::{event_id, Projection};
+use sendledger_core::result::event_id;
 use sendledger_core::{Event, NewEvent, TaskId};
 use sendledger_store::{Replication, Replicator};
 
 use crate::log::{LogBatch, LogError, LogRecord, PartitionLog};
+use crate::projections::Projections;
 use crate::records::{
     event_record_json, events_source, record_headers, results_source, RecordKind,
 };
@@ -70,9 +71,9 @@ impl Frontier {
 struct Owned {
     logs: BTreeMap<i32, Arc<PartitionLog>>,
     frontiers: BTreeMap<i32, Frontier>,
-    /// Per partition, the projections of the tasks of its latest batch (as the outbox
-    /// publisher keeps them): a task with events in consecutive batches is not folded again.
-    projections: BTreeMap<i32, HashMap<TaskId, Projection>>,
+    /// Per partition, the projections kept after its last committed transaction (as the
+    /// outbox publisher keeps them): a task's next events are not folded from its history.
+    projections: BTreeMap<i32, Projections>,
     /// Partitions whose log was given up after a failed transaction, not yet taken by
     /// [`LogReplicator::take_lost`], with whether another writer fenced it.
     lost: BTreeMap<i32, bool>,
@@ -189,40 +190,27 @@ impl LogReplicator {
         partition: i32,
         events: &[NewEvent],
         history: &dyn Fn(TaskId) -> sendledger_store::Result<Vec<Event>>,
-    ) -> Result<(LogBatch, HashMap<TaskId, Projection>), Replication> {
-        let mut previous = self
+    ) -> Result<(LogBatch, Projections), Replication> {
+        let mut projections = self
             .lock()
             .projections
             .remove(&partition)
             .unwrap_or_default();
-        let mut projections: HashMap<TaskId, Projection> = HashMap::new();
+        projections.start_batch();
         let mut batch = LogBatch::default();
         for new in events {
             let event = new.clone().with_lsn(0);
-            let projection = match projections.entry(event.task_id) {
-                std::collections::hash_map::Entry::Occupied(slot) => slot.into_mut(),
-                std::collections::hash_map::Entry::Vacant(slot) => {
-                    slot.insert(match previous.remove(&event.task_id) {
-                        Some(p) if p.next_seq() == event.task_seq => p,
-                        _ => {
-                            let history = history(event.task_id).map_err(|e| {
-                                Replication::Failed(format!(
-                                    "cannot read task {}'s events to project its results: {e}",
-                                    event.task_id
-                                ))
-                            })?;
-                            // Positioned as the log records them: results re-announced
-                            // from this history must equal the records first published.
-                            let unpositioned: Vec<Event> = history
-                                .into_iter()
-                                .take_while(|h| h.task_seq < event.task_seq)
-                                .map(|h| Event { lsn: 0, ..h })
-                                .collect();
-                            Projection::of(&unpositioned)
-                        }
-                    })
-                }
-            };
+            let (projection, _) = projections.before(&event, || {
+                let history = history(event.task_id).map_err(|e| {
+                    Replication::Failed(format!(
+                        "cannot read task {}'s events to project its results: {e}",
+                        event.task_id
+                    ))
+                })?;
+                // Positioned as the log records them: results re-announced from this
+                // history must equal the records first published.
+                Ok(history.into_iter().map(|h| Event { lsn: 0, ..h }).collect())
+            })?;
             let result = projection.apply(&event);
             let (key, trace) = (projection.key(event.task_id), projection.traceparent());
             batch.events.push(LogRecord {
@@ -251,6 +239,7 @@ impl LogReplicator {
                 });
             }
         }
+        projections.end_batch();
         Ok((batch, projections))
     }
 }

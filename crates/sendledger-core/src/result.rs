@@ -202,6 +202,12 @@ impl Projection {
         self.state.next_seq
     }
 
+    /// Whether the task is in a terminal state (later events are rare: a duplicate delivery, an
+    /// operator's note).
+    pub fn settled(&self) -> bool {
+        self.state.phase.is_terminal()
+    }
+
     /// The key of the task's published records (on Kafka): its identity `tenant/operation/request_key` once
     /// accepted (the same key as its requests), else its task id.
     pub fn key(&self, task_id: TaskId) -> String {

@@ -104,6 +104,7 @@ async fn bench(args: KafkaArgs) -> anyhow::Result<()> {
             "latency_ms_p99": run.latency_ms(0.99),
             "fsyncs_per_task": run.batches.map(|b| round4(b as f64 / n)),
             "events_per_task": run.events.map(|e| round4(e as f64 / n)),
+            "refolded_per_task": run.refolded.map(|e| round4(e as f64 / n)),
             "remote_duplicates": remote.duplicates,
             "service_process": args.service_process,
             // With --service-process the service's alone; otherwise this process's: the
@@ -220,6 +221,8 @@ pub(crate) struct Run {
     /// Journal batches (fsyncs) and events recorded (unknown for a service in a child).
     pub batches: Option<u64>,
     pub events: Option<u64>,
+    /// Events the outbox publisher read again to project tasks (see `PublisherStats::refolded`).
+    pub refolded: Option<u64>,
     /// A service in a child: its peak resident memory.
     pub service_peak_rss_bytes: Option<u64>,
     /// Each task's time from its request handed to the producer to its result read back,
@@ -356,12 +359,16 @@ pub(crate) async fn through_kafka(
         })
         .collect();
     latencies.sort_unstable();
-    let (mut batches, mut events, mut service_peak_rss_bytes) = (None, None, None);
+    let (mut batches, mut events, mut refolded, mut service_peak_rss_bytes) =
+        (None, None, None, None);
     match service {
         Running::InProcess(service) => {
             let stats = service.engine().ledger().stats();
             batches = Some(stats.batches.load(Ordering::Relaxed));
             events = Some(stats.events.load(Ordering::Relaxed));
+            refolded = service
+                .publisher()
+                .map(|p| p.stats().refolded.load(Ordering::Relaxed));
             service.shutdown().await?;
         }
         Running::Child(child) => {
@@ -382,6 +389,7 @@ pub(crate) async fn through_kafka(
         steady_secs,
         batches,
         events,
+        refolded,
         service_peak_rss_bytes,
         latencies,
     })
