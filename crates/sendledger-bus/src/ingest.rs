@@ -186,6 +186,7 @@ impl Ingest {
             topic: config.requests_topic.clone(),
             revoke_grace: Duration::from_secs(10),
             stats: stats.clone(),
+            closing: AtomicBool::new(false),
         };
         let client = kafka.client_config(Role::Ingest);
         let session = client
@@ -509,6 +510,10 @@ struct IngestContext {
     topic: String,
     revoke_grace: Duration,
     stats: Arc<IngestStats>,
+    /// Set once the ingest stopped: the consumer is being closed, and an assignment that
+    /// arrives now is not acted on. librdkafka does not answer a question about the
+    /// assignment asked from a rebalance callback while it closes: the close hung on it.
+    closing: AtomicBool,
 }
 
 impl ClientContext for IngestContext {
@@ -566,6 +571,10 @@ impl ConsumerContext for IngestContext {
             return;
         };
         let assigned = partitions_of(tpl, &self.topic);
+        if self.closing.load(Ordering::SeqCst) {
+            tracing::info!(partitions = ?assigned, "partitions assigned while the ingest stops; not consumed");
+            return;
+        }
         let mut t = lock(&self.tracker);
         for p in &assigned {
             t.assign(*p);
@@ -740,6 +749,11 @@ impl<S: RequestSink> Worker<S> {
         }
         self.drain();
         self.checkpoint(CommitMode::Sync);
+        // Dropping the consumer closes it, and serves the rebalances still queued.
+        self.consumer
+            .context()
+            .closing
+            .store(true, Ordering::SeqCst);
         tracing::info!("ingest stopped");
         result
     }
