@@ -150,6 +150,19 @@ mod tests {
         }
     }
 
+    fn empty_ledger() -> (tempfile::TempDir, Ledger) {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(dir.path(), LedgerOptions::default()).unwrap();
+        (dir, ledger)
+    }
+
+    fn intent(attempt: u32) -> EventBody {
+        EventBody::SendIntended {
+            attempt,
+            idempotency_key: None,
+        }
+    }
+
     fn restore(ledger: &Ledger, events: &[Event]) {
         let mut append = restore_append(ledger, events.to_vec()).unwrap();
         append.restored = true;
@@ -163,13 +176,8 @@ mod tests {
     /// holds as they are in the log are skipped.
     #[test]
     fn a_ledger_copy_that_differs_from_the_log_is_replaced_by_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let ledger = Ledger::open(dir.path(), LedgerOptions::default()).unwrap();
+        let (_dir, ledger) = empty_ledger();
         let (task, body) = accepted();
-        let intent = |attempt| EventBody::SendIntended {
-            attempt,
-            idempotency_key: None,
-        };
         let unknown = EventBody::SendUnknown {
             attempt: 1,
             cause: sendledger_core::event::UnknownCause::Recovery,
@@ -224,13 +232,8 @@ mod tests {
     /// are the task's events, and nothing of the earlier one is indexed.
     #[test]
     fn a_later_event_at_the_same_sequence_number_replaces_one_of_the_same_restore() {
-        let dir = tempfile::tempdir().unwrap();
-        let ledger = Ledger::open(dir.path(), LedgerOptions::default()).unwrap();
+        let (_dir, ledger) = empty_ledger();
         let (task, body) = accepted();
-        let intent = |attempt| EventBody::SendIntended {
-            attempt,
-            idempotency_key: None,
-        };
         let unknown = EventBody::SendUnknown {
             attempt: 1,
             cause: sendledger_core::event::UnknownCause::Timeout,
