@@ -2,10 +2,11 @@
 //! and in kafka mode each partition's log writer): a task's next event is projected from
 //! where its last one left it, instead of folding its history read back from the ledger.
 //!
-//! Bounded: a settled task's projection is forgotten at the end of the batch that settled it
-//! (later events are rare, a duplicate delivery or an operator's note, and each folds its
-//! history once), and beyond
-//! [`KEPT`] tasks the least recently used are forgotten.
+//! Bounded: a settled task's projection is forgotten at the end of the first batch without
+//! events of its task (later events are rare, a duplicate delivery or an operator's note, and
+//! then its history is folded once; a run of them in consecutive batches goes on from the kept
+//! projection), and beyond [`KEPT`] tasks the least recently used are forgotten. An unsettled
+//! task's state is held by its live task actor too.
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -46,10 +47,10 @@ impl Projections {
         history: impl FnOnce() -> Result<Vec<Event>, E>,
     ) -> Result<(&mut Projection, u64), E> {
         let batch = self.batch;
-        // A task's first event has nothing before it to read.
         let fold = |history: Vec<Event>| {
             Projection::of(history.iter().take_while(|h| h.task_seq < event.task_seq))
         };
+        // A task's first event has nothing before it to read.
         let history = || match event.task_seq {
             0 => Ok(Vec::new()),
             _ => history(),
