@@ -23,7 +23,6 @@ use crate::cluster::Kafka;
 use crate::config::Role;
 use crate::error::{Error, Result};
 use crate::publisher::EVENT_ID_HEADER;
-use crate::records::event_from_json;
 
 /// One record as read from a topic.
 #[derive(Debug, Clone)]
@@ -67,18 +66,6 @@ impl Record {
             headers,
             payload: message.payload().map(<[u8]>::to_vec),
         }
-    }
-
-    /// The ledger event a record of the events topic carries (see
-    /// [`crate::records::event_from_json`]).
-    pub fn event(&self) -> Result<sendledger_core::Event> {
-        event_from_json(self.payload.as_deref().unwrap_or_default()).map_err(|e| match e {
-            Error::BadRecord { event_id, detail } if event_id.is_empty() => Error::BadRecord {
-                event_id: self.event_id().unwrap_or_default(),
-                detail,
-            },
-            e => e,
-        })
     }
 
     /// The key as text (empty when there is none).

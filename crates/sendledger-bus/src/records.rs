@@ -17,6 +17,9 @@ use std::time::{Duration, UNIX_EPOCH};
 use sendledger_core::result::event_id;
 use sendledger_core::trace::TRACEPARENT;
 use sendledger_core::{Event, EventBody, ResultStatus, TaskId, TraceParent};
+use serde::de::{
+    DeserializeSeed, Deserializer, EnumAccess, IntoDeserializer, VariantAccess, Visitor,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -215,6 +218,77 @@ struct RawEventRecord<'a> {
     body: &'a serde_json::value::RawValue,
 }
 
+/// An externally tagged enum's variant name and content, deserialized as if they were the
+/// JSON `{"<kind>": <content>}` (a record's `type` and `body`) without writing that out.
+struct Tagged<'k, D> {
+    kind: &'k str,
+    content: D,
+}
+
+impl<'de, D: Deserializer<'de>> Deserializer<'de> for Tagged<'_, D> {
+    type Error = D::Error;
+
+    fn deserialize_any<V: Visitor<'de>>(
+        self,
+        visitor: V,
+    ) -> std::result::Result<V::Value, D::Error> {
+        visitor.visit_enum(self)
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+        option unit unit_struct newtype_struct seq tuple tuple_struct map struct enum
+        identifier ignored_any
+    }
+}
+
+impl<'de, D: Deserializer<'de>> EnumAccess<'de> for Tagged<'_, D> {
+    type Error = D::Error;
+    type Variant = Content<D>;
+
+    fn variant_seed<S: DeserializeSeed<'de>>(
+        self,
+        seed: S,
+    ) -> std::result::Result<(S::Value, Content<D>), D::Error> {
+        let variant = seed.deserialize(self.kind.into_deserializer())?;
+        Ok((variant, Content(self.content)))
+    }
+}
+
+/// The content of a [`Tagged`] variant.
+struct Content<D>(D);
+
+impl<'de, D: Deserializer<'de>> VariantAccess<'de> for Content<D> {
+    type Error = D::Error;
+
+    fn unit_variant(self) -> std::result::Result<(), D::Error> {
+        <()>::deserialize(self.0)
+    }
+
+    fn newtype_variant_seed<T: DeserializeSeed<'de>>(
+        self,
+        seed: T,
+    ) -> std::result::Result<T::Value, D::Error> {
+        seed.deserialize(self.0)
+    }
+
+    fn tuple_variant<V: Visitor<'de>>(
+        self,
+        len: usize,
+        visitor: V,
+    ) -> std::result::Result<V::Value, D::Error> {
+        self.0.deserialize_tuple(len, visitor)
+    }
+
+    fn struct_variant<V: Visitor<'de>>(
+        self,
+        fields: &'static [&'static str],
+        visitor: V,
+    ) -> std::result::Result<V::Value, D::Error> {
+        self.0.deserialize_struct("", fields, visitor)
+    }
+}
+
 /// The event the JSON of an [`EventRecord`] carries: [`event_from_record`] of it, decoded
 /// straight from the text (a restore or an audit decodes every event of a log).
 pub fn event_from_json(json: &[u8]) -> Result<Event> {
@@ -224,12 +298,12 @@ pub fn event_from_json(json: &[u8]) -> Result<Event> {
     };
     let raw: RawEventRecord = serde_json::from_slice(json).map_err(|e| bad("", e.to_string()))?;
     let task_id = checked_task_id(&raw.event_id, &raw.task_id, raw.task_seq)?;
-    // Externally tagged: `{"Variant": {fields}}`, the variant's name escaped as JSON.
-    let kind =
-        serde_json::to_string(raw.kind.as_ref()).map_err(|e| bad(&raw.event_id, e.to_string()))?;
-    let tagged = format!("{{{kind}:{}}}", raw.body.get());
-    let body: EventBody =
-        serde_json::from_str(&tagged).map_err(|e| bad(&raw.event_id, e.to_string()))?;
+    let mut content = serde_json::Deserializer::from_str(raw.body.get());
+    let body = EventBody::deserialize(Tagged {
+        kind: &raw.kind,
+        content: &mut content,
+    })
+    .map_err(|e| bad(&raw.event_id, e.to_string()))?;
     Ok(Event {
         lsn: raw.lsn,
         task_id,

@@ -12,7 +12,7 @@
 //! processed marker of every delivery's requests offset. Timers are not restored: the engine
 //! re-arms each unsettled task's timer when it resumes the task.
 
-use std::collections::btree_map::{BTreeMap, Entry};
+use std::collections::{hash_map, HashMap};
 
 use sendledger_core::{fold, Event, EventBody, NewEvent, State, TaskId};
 
@@ -35,26 +35,33 @@ struct Restoring {
 /// lost an event: restoring past it would fold a wrong state).
 pub fn restore_append(ledger: &Ledger, events: Vec<Event>) -> Result<Append> {
     let mut append = Append::default();
+    // The tasks in the order they first appear, and where each is in that list. The ledger's
+    // summaries of them are read at once: a task without one has no events in the ledger
+    // (most tasks of a restore on an empty disk), so its events are not read.
+    let mut index: HashMap<TaskId, usize> = HashMap::new();
+    let mut ids = Vec::new();
+    for e in &events {
+        if let hash_map::Entry::Vacant(v) = index.entry(e.task_id) {
+            v.insert(ids.len());
+            ids.push(e.task_id);
+        }
+    }
+    let mut tasks = Vec::with_capacity(ids.len());
+    for (id, summary) in ids.iter().zip(ledger.task_summaries_of(&ids)?) {
+        let held = match summary {
+            Some(_) => ledger.task_events(*id)?,
+            None => Vec::new(),
+        };
+        tasks.push(Restoring {
+            state: fold(&held),
+            held,
+            new: Vec::new(),
+        });
+    }
     // The new events; one replaced by a later event of the log becomes `None`.
     let mut new: Vec<Option<NewEvent>> = Vec::with_capacity(events.len());
-    let mut tasks: BTreeMap<TaskId, Restoring> = BTreeMap::new();
     for e in events {
-        let task = match tasks.entry(e.task_id) {
-            Entry::Occupied(o) => o.into_mut(),
-            // A task without a summary has no events in the ledger: one point read instead
-            // of a scan of its events (most tasks of a restore on an empty disk).
-            Entry::Vacant(v) => {
-                let held = match ledger.task_summary(e.task_id)? {
-                    Some(_) => ledger.task_events(e.task_id)?,
-                    None => Vec::new(),
-                };
-                v.insert(Restoring {
-                    state: fold(&held),
-                    held,
-                    new: Vec::new(),
-                })
-            }
-        };
+        let task = &mut tasks[index[&e.task_id]];
         let held_len = task.held.len() as u32;
         let next_seq = held_len + task.new.len() as u32;
         if e.task_seq < next_seq {
@@ -119,8 +126,9 @@ pub fn restore_append(ledger: &Ledger, events: Vec<Event>) -> Result<Append> {
             body: e.body,
         }));
     }
-    append.events = new.into_iter().flatten().collect();
-    for (id, task) in tasks.iter().filter(|(_, t)| !t.new.is_empty()) {
+    append.events = Vec::with_capacity(new.len());
+    append.events.extend(new.into_iter().flatten());
+    for (id, task) in ids.iter().zip(&tasks).filter(|(_, t)| !t.new.is_empty()) {
         append.tasks.push((
             *id,
             TaskSummary {

@@ -13,7 +13,8 @@ use sendledger_actors::{Engine, Error, LookupError, Remote, Slot};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sendledger_bus::log::read_partition;
+use sendledger_bus::log::{read_partition, record_event};
+use sendledger_bus::rdkafka::message::Message as _;
 use sendledger_bus::{Kafka, LogReplicator, PartitionLog, PartitionOwner, RequestSink, SinkError};
 use sendledger_core::decide::{AttemptOutcome, Sending};
 use sendledger_core::error::Chain;
@@ -289,10 +290,10 @@ impl KafkaOwner {
             let reader = scope.spawn(move || -> Result<(), String> {
                 let mut step = Vec::with_capacity(RESTORE_STEP);
                 let end = read_partition(kafka, partition, from, TAKE_OVER_TIMEOUT, |record| {
-                    step.push(record.event()?);
+                    step.push(record_event(record)?);
                     if step.len() >= RESTORE_STEP {
                         let full = std::mem::replace(&mut step, Vec::with_capacity(RESTORE_STEP));
-                        steps.send((full, record.offset + 1)).map_err(|_| {
+                        steps.send((full, record.offset() + 1)).map_err(|_| {
                             sendledger_bus::Error::Replay {
                                 topic: kafka.config().events_topic.clone(),
                                 detail: "the restore stopped".into(),

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
 use sendledger::config::{Config, StorageMode};
-use sendledger_bus::{Kafka, KafkaConfig, PartitionLog, TopicReader};
+use sendledger_bus::{Kafka, KafkaConfig, PartitionLog, Record, TopicReader};
 use sendledger_core::result::{Projection, TaskResult};
 use sendledger_core::{Event, EventBody, ResultStatus, UnknownCause};
 use sendledger_sim::{Faults, Sim, SimConfig};
@@ -482,8 +482,9 @@ fn read_and_audit_log(
 fn logged_events(kafka: &Kafka) -> (Vec<sendledger_core::Event>, Vec<Rec>) {
     let (mut events, mut records) = (Vec::new(), Vec::new());
     for partition in 0..kafka.config().partitions {
-        sendledger_bus::log::read_partition(kafka, partition, 0, TIMEOUT, |r| {
-            events.push(r.event()?);
+        sendledger_bus::log::read_partition(kafka, partition, 0, TIMEOUT, |m| {
+            events.push(sendledger_bus::log::record_event(m)?);
+            let r = Record::from_message(m);
             records.push(Rec {
                 key: r.key_text(),
                 event_id: r.event_id().unwrap_or_default(),

@@ -5,13 +5,15 @@
 
 use std::time::Duration;
 
-use sendledger_bus::log::{read_partition, Committed};
+use sendledger_bus::log::{read_partition, record_event, Committed};
 use sendledger_bus::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use sendledger_bus::rdkafka::client::DefaultClientContext;
 use sendledger_bus::rdkafka::consumer::{BaseConsumer, Consumer};
 use sendledger_bus::rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use sendledger_bus::rdkafka::{Offset, TopicPartitionList};
-use sendledger_bus::{Kafka, KafkaConfig, LogBatch, LogError, LogRecord, PartitionLog, Role};
+use sendledger_bus::{
+    Kafka, KafkaConfig, LogBatch, LogError, LogRecord, PartitionLog, Record, Role,
+};
 
 use crate::kafka::{config_for_process, start_tansu};
 
@@ -31,7 +33,8 @@ fn records(prefix: &str, n: usize) -> Vec<LogRecord> {
 /// consumer sees them, and where the read ended.
 fn committed_event_ids(kafka: &Kafka, partition: i32, from: i64) -> (Vec<String>, i64) {
     let mut ids = Vec::new();
-    let end = read_partition(kafka, partition, from, TIMEOUT, |r| {
+    let end = read_partition(kafka, partition, from, TIMEOUT, |m| {
+        let r = Record::from_message(m);
         assert_eq!(r.partition, partition);
         ids.push(r.event_id().unwrap_or_default());
         Ok(())
@@ -48,8 +51,8 @@ fn partition_events(
     from: i64,
 ) -> (Vec<sendledger_core::Event>, i64) {
     let mut events = Vec::new();
-    let end = read_partition(kafka, partition, from, TIMEOUT, |r| {
-        events.push(r.event()?);
+    let end = read_partition(kafka, partition, from, TIMEOUT, |m| {
+        events.push(record_event(m)?);
         Ok(())
     })
     .expect("the partition reads back");
