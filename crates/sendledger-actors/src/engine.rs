@@ -284,8 +284,9 @@ impl Engine {
                     if !resumable(summary.phase) {
                         continue;
                     }
-                    let first = l.task_events(task_id)?.into_iter().next();
-                    let of_partition = first
+                    // Its first event says where its request came from.
+                    let of_partition = l
+                        .task_event(task_id, 0)?
                         .and_then(|e| e.body.source().map(|s| s.partition == partition))
                         .unwrap_or(false);
                     if of_partition {

@@ -297,6 +297,14 @@ impl KafkaConfig {
             }
             Role::Log | Role::Admin | Role::Replay => {}
         }
+        if matches!(role, Role::Ingest | Role::Replay) {
+            // How much librdkafka fetches ahead of the application, per consumer. Its 64 MiB
+            // came on top of the requests in flight (`max_unfinished`, `max_unfinished_bytes`)
+            // in a service behind its input, and per partition in a take-over (each restored
+            // partition has a consumer of its own). 16 MiB still holds tens of thousands of
+            // records, more than the in-flight limit lets through at once.
+            c.set("queued.max.messages.kbytes", "16384");
+        }
         if self.is_embedded() && matches!(role, Role::Ingest | Role::Replay) {
             // A broker answers a fetch as soon as records arrive; librdkafka's mock cluster
             // answers one that found nothing only when its wait is over (500 ms by default),

@@ -527,6 +527,24 @@ impl Ledger {
         task_events(&self.inner.db, task)
     }
 
+    /// A task's event `seq` (0 is its first), if the ledger holds it.
+    pub fn task_event(&self, task: TaskId, seq: u32) -> Result<Option<Event>> {
+        let db = &self.inner.db;
+        let Some(lsn) = db.get_cf(self.cf(CF_TASK_EVENTS), task_event_key(task, seq))? else {
+            return Ok(None);
+        };
+        let lsn = decode_u64(&lsn).ok_or(Error::BadValue {
+            what: "task_events",
+        })?;
+        match db.get_cf(self.cf(CF_LOG), lsn_key(lsn))? {
+            Some(bytes) => decode_event(lsn, &bytes).map(Some),
+            None => Err(Error::Corrupt {
+                lsn,
+                detail: "indexed event missing from the log".into(),
+            }),
+        }
+    }
+
     /// Events from `from` (inclusive) in LSN order, at most `limit`.
     pub fn read_log(&self, from: u64, limit: usize) -> Result<Vec<Event>> {
         self.log_from(from).take(limit).collect()
