@@ -495,3 +495,43 @@ pub fn record_event(message: &impl Message) -> crate::Result<Event> {
         e => e,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::message::{OwnedMessage, Timestamp};
+
+    fn message(payload: &[u8], event_id: Option<&str>) -> OwnedMessage {
+        let headers = event_id.map(|id| {
+            OwnedHeaders::new().insert(Header {
+                key: EVENT_ID_HEADER,
+                value: Some(id),
+            })
+        });
+        let topic = "sendledger.events".to_string();
+        OwnedMessage::new(
+            Some(payload.to_vec()),
+            None,
+            topic,
+            Timestamp::NotAvailable,
+            0,
+            7,
+            headers,
+        )
+    }
+
+    /// A record that does not decode is named by its event id header, when it has one.
+    #[test]
+    fn an_undecodable_record_is_named_by_its_header() {
+        let named = record_event(&message(b"{not json", Some("abc:3")));
+        match named {
+            Err(crate::Error::BadRecord { event_id, .. }) => assert_eq!(event_id, "abc:3"),
+            other => panic!("expected a bad record, got {other:?}"),
+        }
+        let anonymous = record_event(&message(b"[]", None));
+        match anonymous {
+            Err(crate::Error::BadRecord { event_id, .. }) => assert_eq!(event_id, ""),
+            other => panic!("expected a bad record, got {other:?}"),
+        }
+    }
+}

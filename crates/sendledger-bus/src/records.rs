@@ -463,6 +463,13 @@ mod tests {
             assert!(event_from_json(&serde_json::to_vec(&other).unwrap()).is_err());
         }
         assert!(event_from_json(&serde_json::to_vec(&right).unwrap()).is_ok());
+        // An unknown type, or a body of another shape than its type's, is refused.
+        let mut unknown = right.clone();
+        unknown.kind = "Teleported".into();
+        assert!(event_from_json(&serde_json::to_vec(&unknown).unwrap()).is_err());
+        let mut shapeless = right.clone();
+        shapeless.body = serde_json::json!([1, 2]);
+        assert!(event_from_json(&serde_json::to_vec(&shapeless).unwrap()).is_err());
         // The variant's name cannot reach into the body's JSON.
         let mut injected = right.clone();
         injected.kind = r#"DuplicateDelivery":{},"x"#.into();

@@ -229,6 +229,10 @@ mod tests {
         let summary = ledger.task_summary(task).unwrap().unwrap();
         assert_eq!(summary.phase, Phase::Succeeded);
         assert_eq!(summary.next_seq, 3);
+        // One event read by its sequence number: the log's, and none past the log's last.
+        let last = ledger.task_event(task, 2).unwrap().map(|e| (e.at, e.body));
+        assert_eq!(last, Some((35, logged[2].2.clone())));
+        assert_eq!(ledger.task_event(task, 3).unwrap(), None);
 
         // Restoring the same log again changes nothing.
         let again = restore_append(&ledger, log.to_vec()).unwrap();
