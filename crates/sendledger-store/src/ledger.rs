@@ -536,13 +536,7 @@ impl Ledger {
         let lsn = decode_u64(&lsn).ok_or(Error::BadValue {
             what: "task_events",
         })?;
-        match db.get_cf(self.cf(CF_LOG), lsn_key(lsn))? {
-            Some(bytes) => decode_event(lsn, &bytes).map(Some),
-            None => Err(Error::Corrupt {
-                lsn,
-                detail: "indexed event missing from the log".into(),
-            }),
-        }
+        indexed_event(lsn, db.get_cf(self.cf(CF_LOG), lsn_key(lsn))?).map(Some)
     }
 
     /// Events from `from` (inclusive) in LSN order, at most `limit`.
@@ -770,14 +764,19 @@ pub(crate) fn task_events(db: &DB, task: TaskId) -> Result<Vec<Event>> {
     db.multi_get_cf(keys)
         .into_iter()
         .zip(&lsns)
-        .map(|(v, lsn)| match v? {
-            Some(bytes) => decode_event(*lsn, &bytes),
-            None => Err(Error::Corrupt {
-                lsn: *lsn,
-                detail: "indexed event missing from the log".into(),
-            }),
-        })
+        .map(|(v, lsn)| indexed_event(*lsn, v?))
         .collect()
+}
+
+/// The event the task index points to at `lsn`, as read from the log: missing is corruption.
+fn indexed_event(lsn: u64, bytes: Option<Vec<u8>>) -> Result<Event> {
+    match bytes {
+        Some(bytes) => decode_event(lsn, &bytes),
+        None => Err(Error::Corrupt {
+            lsn,
+            detail: "indexed event missing from the log".into(),
+        }),
+    }
 }
 
 #[cfg(test)]
