@@ -124,6 +124,21 @@ fn traces_url(command: &Command) -> Option<String> {
     }
 }
 
+/// Turns transparent huge pages off for this process (and the children it starts). mimalloc
+/// asks for them on its memory and returns freed parts of it to the OS, so each touch of such
+/// a part again faulted in and zeroed a whole 2 MiB page, and every page touched counted 2 MiB
+/// of RSS. Measured, one binary with and one without, alternating: `bench kafka` (20,000
+/// tasks, three pairs) peaked at 257-279 MiB against 326-406 MiB, with 1.3-1.5 s of system
+/// CPU against 2.3-3.3 s; the service alone (300,000 tasks at 3,000/s) at 128 MiB against 190.
+fn no_transparent_huge_pages() {
+    // SAFETY: prctl(PR_SET_THP_DISABLE) sets a flag of this process's memory and takes no
+    // pointers. A kernel without it (before 3.15) refuses, and the process runs as before.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0)
+    };
+}
+
 /// Runs the command line of this process and returns its exit code.
 pub fn main() -> ExitCode {
     // Ledger files are created private to the owner (the ledger directory is 0700 as well).
@@ -132,6 +147,7 @@ pub fn main() -> ExitCode {
     unsafe {
         libc::umask(0o077)
     };
+    no_transparent_huge_pages();
     let cli = Cli::parse();
     // The service logs what it does; the other commands only what goes wrong.
     let default_level = match cli.command {

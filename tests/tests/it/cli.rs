@@ -241,6 +241,30 @@ fn sim_remote_serves_until_sigterm() {
     assert_eq!(stats["duplicates"], 0, "{stats}");
 }
 
+/// A command runs with transparent huge pages turned off (the kernel says so for the process),
+/// since its allocator's returned-then-touched-again memory cost a zeroed 2 MiB page each.
+#[test]
+fn commands_run_without_transparent_huge_pages() {
+    let mut child = cli()
+        .args(["sim-remote", "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert!(line.starts_with("ready"), "{line}");
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    assert!(child.wait().unwrap().success());
+    let thp = status
+        .lines()
+        .find_map(|l| l.strip_prefix("THP_enabled:"))
+        .unwrap_or_else(|| panic!("this kernel does not report THP_enabled:\n{status}"));
+    assert_eq!(thp.trim(), "0", "transparent huge pages are on");
+}
+
 /// The commented example configurations work together as shipped: `sim-remote` with
 /// `schemas/sim-remote.example.toml` (faults and lookup lag included), `run` with
 /// `schemas/sendledger.example.toml` (its own embedded Kafka; only the ledger directory, the
