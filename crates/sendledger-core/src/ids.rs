@@ -124,8 +124,21 @@ impl fmt::Debug for PayloadHash {
     }
 }
 
+/// Lowercase hex, two digits a byte, written a run at a time: a `write!` per byte went through
+/// the formatting machinery 16 times a task id, and task ids name every record and log line
+/// (3% of `bench kafka`'s CPU, in `perf`).
 fn write_hex(f: &mut fmt::Formatter<'_>, bytes: &[u8]) -> fmt::Result {
-    bytes.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut buf = [0u8; 64];
+    for run in bytes.chunks(buf.len() / 2) {
+        let out = &mut buf[..run.len() * 2];
+        for (pair, b) in out.chunks_exact_mut(2).zip(run) {
+            pair[0] = DIGITS[usize::from(b >> 4)];
+            pair[1] = DIGITS[usize::from(b & 0xf)];
+        }
+        f.write_str(std::str::from_utf8(out).map_err(|_| fmt::Error)?)?;
+    }
+    Ok(())
 }
 
 /// Hex digits (either case) into `out`, exactly two per byte; nothing else (no sign).
@@ -150,6 +163,18 @@ fn parse_hex(s: &str, out: &mut [u8]) -> Option<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every byte value is written as its two lowercase hex digits, in order.
+    #[test]
+    fn ids_are_written_as_lowercase_hex() {
+        for first in (0..=255u8).step_by(32) {
+            let bytes: [u8; 32] = std::array::from_fn(|i| first + i as u8);
+            let expected: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            assert_eq!(PayloadHash(bytes).to_string(), expected);
+            let task = TaskId(bytes[..16].try_into().unwrap());
+            assert_eq!(task.to_string(), expected[..32]);
+        }
+    }
 
     #[test]
     fn task_id_is_stable_and_unambiguous() {
