@@ -193,10 +193,8 @@ fn run_goes_on_when_nobody_reads_stdout() {
     assert_eq!(child.wait().unwrap().code(), Some(0));
 }
 
-/// `sim-remote` serves on the address it prints, creates records, and reports its ground
-/// truth when stopped with SIGTERM.
-#[test]
-fn sim_remote_serves_until_sigterm() {
+/// Starts `sim-remote` on a free port and returns it, its stdout, and its first line.
+fn start_sim_remote() -> (Child, std::io::BufReader<ChildStdout>, String) {
     let mut child = cli()
         .args(["sim-remote", "--listen", "127.0.0.1:0"])
         .stdout(Stdio::piped())
@@ -205,6 +203,14 @@ fn sim_remote_serves_until_sigterm() {
     let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
+    (child, out, line)
+}
+
+/// `sim-remote` serves on the address it prints, creates records, and reports its ground
+/// truth when stopped with SIGTERM.
+#[test]
+fn sim_remote_serves_until_sigterm() {
+    let (mut child, mut out, line) = start_sim_remote();
     // `ready create=POST http://ADDR/records lookup=...`
     let mut words = line.split_whitespace().skip_while(|w| *w != "create=POST");
     let url = words
@@ -245,14 +251,7 @@ fn sim_remote_serves_until_sigterm() {
 /// since its allocator's returned-then-touched-again memory cost a zeroed 2 MiB page each.
 #[test]
 fn commands_run_without_transparent_huge_pages() {
-    let mut child = cli()
-        .args(["sim-remote", "--listen", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
+    let (mut child, _out, line) = start_sim_remote();
     assert!(line.starts_with("ready"), "{line}");
     let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
     // SAFETY: kill(2) on our own child's pid.
