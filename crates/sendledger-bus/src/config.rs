@@ -74,7 +74,10 @@ pub struct KafkaConfig {
     /// unset (stable across restarts of one instance, distinct between instances); `""` turns
     /// static membership off. The brokers fence the older of two live members with one id.
     pub instance_id: Option<String>,
-    /// Passed to librdkafka as they are (security, SASL, timeouts, ...). The properties that
+    /// Passed to librdkafka as they are (security, SASL, timeouts, ...): to every client, or,
+    /// under a `consumer.` or `producer.` prefix (which is removed), to the consumers or the
+    /// producers only, so a consumer's `session.timeout.ms` is not handed to the producers
+    /// (librdkafka warns about each property a client ignores). The properties that
     /// sendledger's guarantees rest on cannot be set here.
     pub properties: BTreeMap<String, String>,
 }
@@ -143,6 +146,35 @@ pub enum Role {
     /// A reader of whole topics (the audit, the readers of published records): assigned
     /// partitions, nothing committed.
     Replay,
+}
+
+/// The clients a prefixed pass-through property goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ClientKind {
+    Consumer,
+    Producer,
+}
+
+impl Role {
+    fn is(self, kind: ClientKind) -> bool {
+        match kind {
+            ClientKind::Consumer => matches!(self, Role::Ingest | Role::Replay),
+            ClientKind::Producer => matches!(self, Role::Producer | Role::Log),
+        }
+    }
+}
+
+/// A pass-through property's key as configured: the clients it is for when it has a
+/// `consumer.` or `producer.` prefix (none of librdkafka's own names starts with either),
+/// and the librdkafka name.
+fn property_name(key: &str) -> (Option<ClientKind>, &str) {
+    if let Some(name) = key.strip_prefix("consumer.") {
+        (Some(ClientKind::Consumer), name)
+    } else if let Some(name) = key.strip_prefix("producer.") {
+        (Some(ClientKind::Producer), name)
+    } else {
+        (None, key)
+    }
 }
 
 /// Properties sendledger sets itself; the configuration may not override them.
@@ -247,7 +279,7 @@ impl KafkaConfig {
             }
         }
         for key in self.properties.keys() {
-            if RESERVED.contains(&key.as_str()) {
+            if RESERVED.contains(&property_name(key).1) {
                 return Err(bad(
                     &format!("properties.{key}"),
                     "is set by sendledger (its delivery guarantees rest on it); remove it".into(),
@@ -314,7 +346,10 @@ impl KafkaConfig {
             c.set("fetch.wait.max.ms", "10");
         }
         for (k, v) in &self.properties {
-            c.set(k, v);
+            let (only, name) = property_name(k);
+            if only.is_none_or(|kind| role.is(kind)) {
+                c.set(name, v);
+            }
         }
         c.set("bootstrap.servers", bootstrap_servers);
         match role {
@@ -438,6 +473,10 @@ mod tests {
             .insert("auto.offset.reset".into(), "latest".into());
         let err = c.validate().unwrap_err().to_string();
         assert!(err.contains("`properties.auto.offset.reset`"), "{err}");
+        let mut c = KafkaConfig::default();
+        c.properties.insert("producer.acks".into(), "1".into());
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("`properties.producer.acks`"), "{err}");
         let c = KafkaConfig {
             max_unfinished_bytes: 1000,
             ..KafkaConfig::default()
@@ -474,6 +513,40 @@ mod tests {
         let p = with_id.client_config(Role::Producer, "h:1");
         assert_eq!(p.get("group.instance.id"), None);
         assert_eq!(i.get("bootstrap.servers"), Some("h:1"));
+    }
+
+    /// A property under `consumer.` reaches the consumers only and one under `producer.` the
+    /// producers only, without the prefix; one without a prefix reaches every client.
+    #[test]
+    fn prefixed_properties_reach_their_kind_of_client_only() {
+        let mut c = KafkaConfig::default();
+        c.properties
+            .insert("consumer.session.timeout.ms".into(), "7000".into());
+        c.properties
+            .insert("producer.linger.ms".into(), "20".into());
+        c.properties
+            .insert("security.protocol".into(), "ssl".into());
+        let all = [
+            Role::Ingest,
+            Role::Replay,
+            Role::Producer,
+            Role::Log,
+            Role::Admin,
+        ];
+        for role in all {
+            let client = c.client_config(role, "h:1");
+            let consumer = matches!(role, Role::Ingest | Role::Replay);
+            let producer = matches!(role, Role::Producer | Role::Log);
+            assert_eq!(
+                client.get("session.timeout.ms") == Some("7000"),
+                consumer,
+                "{role:?}"
+            );
+            assert_eq!(client.get("linger.ms") == Some("20"), producer, "{role:?}");
+            assert_eq!(client.get("security.protocol"), Some("ssl"), "{role:?}");
+            assert_eq!(client.get("consumer.session.timeout.ms"), None, "{role:?}");
+            assert_eq!(client.get("producer.linger.ms"), None, "{role:?}");
+        }
     }
 
     #[test]

@@ -86,8 +86,8 @@ async fn bench(args: ClusterArgs, metrics: PrometheusHandle) -> anyhow::Result<(
         k.events_topic = format!("{name}.events");
         k.instance_id = Some(String::new());
         for (key, value) in [
-            ("session.timeout.ms", "6000"),
-            ("heartbeat.interval.ms", "500"),
+            ("consumer.session.timeout.ms", "6000"),
+            ("consumer.heartbeat.interval.ms", "500"),
         ] {
             k.properties.insert(key.into(), value.into());
         }

@@ -1068,8 +1068,8 @@ pub(crate) fn config_for_process(brokers: &str) -> KafkaConfig {
     kafka.replication_factor = 1;
     kafka.send_lease = Duration::from_secs(2);
     for (k, v) in [
-        ("session.timeout.ms", "6000"),
-        ("heartbeat.interval.ms", "500"),
+        ("consumer.session.timeout.ms", "6000"),
+        ("consumer.heartbeat.interval.ms", "500"),
     ] {
         kafka.properties.insert(k.into(), v.into());
     }
