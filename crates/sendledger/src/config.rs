@@ -617,11 +617,19 @@ mod tests {
             &[
                 ("SENDLEDGER__KAFKA__PROPERTIES__SASL__PASSWORD", "12345"),
                 ("SENDLEDGER__KAFKA__PROPERTIES__SSL__KEY_PASSWORD", "k3y"),
+                (
+                    "SENDLEDGER__KAFKA__PROPERTIES__CONSUMER__SESSION_TIMEOUT_MS",
+                    "6000",
+                ),
             ],
         )
         .unwrap();
         assert_eq!(split.kafka.properties["sasl.password"], "12345");
         assert_eq!(split.kafka.properties["ssl.key.password"], "k3y");
+        assert_eq!(
+            split.kafka.properties["consumer.session.timeout.ms"],
+            "6000"
+        );
         assert_eq!(c.engine.timer_tick, Duration::from_millis(50));
     }
 
