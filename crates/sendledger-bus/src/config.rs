@@ -148,7 +148,7 @@ pub enum Role {
     Replay,
 }
 
-/// The clients a prefixed pass-through property goes to.
+/// A kind of client: the consumers (of requests and of whole topics) or the producers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ClientKind {
     Consumer,
@@ -329,7 +329,7 @@ impl KafkaConfig {
             }
             Role::Log | Role::Admin | Role::Replay => {}
         }
-        if matches!(role, Role::Ingest | Role::Replay) {
+        if role.is(ClientKind::Consumer) {
             // How much librdkafka fetches ahead of the application, per consumer. Its 64 MiB
             // came on top of the requests in flight (`max_unfinished`, `max_unfinished_bytes`)
             // in a service behind its input, and per partition in a take-over (each restored
@@ -337,7 +337,7 @@ impl KafkaConfig {
             // records, more than the in-flight limit lets through at once.
             c.set("queued.max.messages.kbytes", "16384");
         }
-        if self.is_embedded() && matches!(role, Role::Ingest | Role::Replay) {
+        if self.is_embedded() && role.is(ClientKind::Consumer) {
             // A broker answers a fetch as soon as records arrive; librdkafka's mock cluster
             // answers one that found nothing only when its wait is over (500 ms by default),
             // however soon records arrive, so a request or a result waited up to that long
