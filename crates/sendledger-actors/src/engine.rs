@@ -281,6 +281,7 @@ impl Engine {
             .await?;
         let restored = append.events.len();
         append.restored = true;
+        append.partition = Some(partition);
         append.cursors.push((
             sendledger_store::log_checkpoint(partition),
             checkpoint.max(0) as u64,
@@ -298,21 +299,11 @@ impl Engine {
         let ledger = self.inner.ledger.clone();
         let tasks = ledger
             .read(move |l| {
-                let mut out = Vec::new();
-                for (task_id, summary) in l.active_tasks()? {
-                    if !resumable(summary.phase) {
-                        continue;
-                    }
-                    // Its first event says where its request came from.
-                    let of_partition = l
-                        .task_event(task_id, 0)?
-                        .and_then(|e| e.body.source().map(|s| s.partition == partition))
-                        .unwrap_or(false);
-                    if of_partition {
-                        out.push(task_id);
-                    }
-                }
-                Ok(out)
+                let active = l.active_tasks_of_partition(partition)?;
+                Ok((active.into_iter())
+                    .filter(|(_, summary)| resumable(summary.phase))
+                    .map(|(task_id, _)| task_id)
+                    .collect::<Vec<_>>())
             })
             .await?;
         for &task_id in &tasks {

@@ -482,7 +482,8 @@ pub(crate) fn record(
     next.apply_all(now, &decision.events);
 
     let mut append = Append {
-        // Kafka mode: the events go to the log of the partition of the task's request.
+        // The partition of the task's request: the unsettled index lists the task under it,
+        // and in kafka mode the events go to that partition's log.
         partition: next.source.as_ref().map(|s| s.partition),
         ..Append::default()
     };

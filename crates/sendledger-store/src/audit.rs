@@ -14,6 +14,8 @@
 //! The summaries are read first, in one sequential scan of the `tasks` column family, into a
 //! table of 22 bytes a task ([`Summaries`]): looking each task's summary up when it opens was a
 //! random read of a block that no longer fits in the cache, and most of the audit's time.
+//! The `unsettled` index (what start-up and a partition's take-over resume) is compared with
+//! the summaries in one merge, both being in task id order.
 //! Every read is made in one snapshot, so a ledger written to meanwhile is audited as it was
 //! when the audit started.
 //!
@@ -25,6 +27,7 @@
 //! elsewhere. Only when they differ does a slower pass look up each index entry in the log to
 //! name what is wrong.
 
+use std::cmp::Ordering;
 use std::collections::hash_map::{Entry, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::mpsc;
@@ -207,6 +210,7 @@ pub fn audit(
         let index = s.spawn(|| index_fingerprint(ledger, &snapshot));
         // The reader and the decoder fill their queues meanwhile.
         let checked = Summaries::read(ledger, &snapshot).and_then(|summaries| {
+            check_unsettled(ledger, &snapshot, &summaries, &mut report)?;
             let check = Check {
                 ledger,
                 snapshot: &snapshot,
@@ -478,6 +482,86 @@ fn close(task: TaskId, done: Box<Open>, report: &mut AuditReport) {
             state.next_seq
         ),
     ));
+}
+
+/// The `unsettled` index lists exactly the tasks whose summary is not terminal: a task missing
+/// from it would not be resumed at start-up (or on a partition's take-over), and one listed
+/// that settled would be resumed for nothing. Both lists are in task id order, so one merge
+/// compares them. A ledger of format 1 opened read-only has no such index.
+fn check_unsettled(
+    ledger: &Ledger,
+    snapshot: &Snapshot,
+    summaries: &Summaries,
+    report: &mut AuditReport,
+) -> Result<()> {
+    let Some(cf) = ledger.db().cf_handle(CF_UNSETTLED) else {
+        report.skipped_checks.push(
+            "index-consistent (unsettled tasks): a ledger of format 1 has no unsettled index \
+             (the service builds it when it opens the ledger)"
+                .into(),
+        );
+        return Ok(());
+    };
+    let mut finding = |task: Option<TaskId>, detail: String| {
+        report.violations.push(Finding::integrity(
+            Integrity::IndexConsistent,
+            task,
+            vec![],
+            detail,
+        ))
+    };
+    let mut listed = Vec::new();
+    let mut it = snapshot.raw_iterator_cf_opt(cf, scan_options());
+    it.seek_to_first();
+    while let (Some(k), Some(v)) = (it.key(), it.value()) {
+        match (<[u8; 16]>::try_from(k), decode_partition_value(v)) {
+            (Ok(id), Some(_)) => listed.push(TaskId(id)),
+            _ => finding(
+                None,
+                format!("malformed unsettled entry {k:02x?}: {v:02x?}"),
+            ),
+        }
+        it.next();
+    }
+    it.status()?;
+    let unsettled: Vec<(TaskId, TaskSummary)> = (summaries.entries.iter())
+        .filter_map(|(id, v)| Some((TaskId(*id), TaskSummary::decode(v).ok()?)))
+        .filter(|(_, s)| !s.phase.is_terminal())
+        .collect();
+    let (mut i, mut j) = (0, 0);
+    loop {
+        let order = match (listed.get(i), unsettled.get(j)) {
+            (None, None) => break,
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (Some(a), Some((b, _))) => a.cmp(b),
+        };
+        match order {
+            Ordering::Equal => (i, j) = (i + 1, j + 1),
+            Ordering::Less => {
+                let task = listed[i];
+                let phase = summaries.get(&task).map_or("missing", |s| s.phase.name());
+                finding(
+                    Some(task),
+                    format!("the unsettled index lists task {task}, whose summary is {phase}"),
+                );
+                i += 1;
+            }
+            Ordering::Greater => {
+                let (task, summary) = unsettled[j];
+                finding(
+                    Some(task),
+                    format!(
+                        "task {task} is {} but missing from the unsettled index: a restart \
+                         would not resume it",
+                        summary.phase.name()
+                    ),
+                );
+                j += 1;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The fingerprint of the per-task index.

@@ -47,8 +47,8 @@ pub struct Append {
     pub set_timers: Vec<(u64, TaskId, TimerKind)>,
     /// Named cursors (e.g. the publisher's last delivered LSN).
     pub cursors: Vec<(String, u64)>,
-    /// Kafka mode: the requests partition whose log of record carries the events (the
-    /// partition of the task's request). Ignored in local mode.
+    /// The requests partition of the tasks' requests: the `unsettled` index lists a new task
+    /// under it, and in kafka mode that partition's log of record carries the events.
     pub partition: Option<i32>,
     /// Kafka mode: the events were read from the log of record (a restore), so they are
     /// recorded without being written to it again; `cursors` carries the checkpoint.
@@ -404,6 +404,7 @@ fn build_batch(db: &DB, first_lsn: u64, pending: &[Request]) -> (WriteBatch, Vec
         cf(CF_TIMERS),
         cf(CF_CURSORS),
     );
+    let unsettled = cf(CF_UNSETTLED);
     let mut batch = WriteBatch::default();
     let mut ranges = Vec::with_capacity(pending.len());
     let mut lsn = first_lsn;
@@ -427,8 +428,25 @@ fn build_batch(db: &DB, first_lsn: u64, pending: &[Request]) -> (WriteBatch, Vec
             );
             lsn += 1;
         }
+        // The tasks whose first event is in this append.
+        let mut first = (a.events.iter())
+            .filter(|e| e.task_seq == 0)
+            .map(|e| e.task_id)
+            .collect::<Vec<_>>();
+        first.sort_unstable();
         for (task, summary) in &a.tasks {
             batch.put_cf(tasks, task.0, summary.encode());
+            // The unsettled index lists a task once its first events (or, in a restore, the
+            // events that replace its own) leave it unsettled, and forgets it once it settles:
+            // a terminal phase is final, so nothing else changes whether it is listed.
+            let new = first.binary_search(task).is_ok();
+            if !summary.phase.is_terminal() {
+                if new || a.truncate_tasks.iter().any(|(t, _)| t == task) {
+                    batch.put_cf(unsettled, task.0, partition_value(a.partition));
+                }
+            } else if !new {
+                batch.delete_cf(unsettled, task.0);
+            }
         }
         for (id, task, hash) in &a.identities {
             let mut v = Vec::with_capacity(48);

@@ -12,8 +12,12 @@ pub const CF_OFFSETS: &str = "offsets";
 pub const CF_TIMERS: &str = "timers";
 pub const CF_CURSORS: &str = "cursors";
 pub const CF_META: &str = "meta";
+/// Format 2: the tasks not settled (not in a terminal phase), by task id, each with the
+/// partition of its request ([`partition_value`]).
+pub const CF_UNSETTLED: &str = "unsettled";
 
-pub const ALL_CFS: [&str; 8] = [
+/// The column families of format 1.
+pub const FORMAT_1_CFS: [&str; 8] = [
     CF_LOG,
     CF_TASK_EVENTS,
     CF_TASKS,
@@ -22,6 +26,18 @@ pub const ALL_CFS: [&str; 8] = [
     CF_TIMERS,
     CF_CURSORS,
     CF_META,
+];
+
+pub const ALL_CFS: [&str; 9] = [
+    CF_LOG,
+    CF_TASK_EVENTS,
+    CF_TASKS,
+    CF_IDENTITY,
+    CF_OFFSETS,
+    CF_TIMERS,
+    CF_CURSORS,
+    CF_META,
+    CF_UNSETTLED,
 ];
 
 pub const META_FORMAT: &[u8] = b"format";
@@ -101,6 +117,20 @@ pub fn decode_offset_key(key: &[u8]) -> Option<(String, i32, Option<i64>)> {
     }
 }
 
+/// An `unsettled` value: the requests partition of the task's request, or nothing for a task
+/// submitted without one.
+pub fn partition_value(partition: Option<i32>) -> Vec<u8> {
+    partition.map_or_else(Vec::new, |p| p.to_be_bytes().to_vec())
+}
+
+/// The partition of an `unsettled` value; `None` for a malformed one.
+pub fn decode_partition_value(value: &[u8]) -> Option<Option<i32>> {
+    match value {
+        [] => Some(None),
+        v => Some(Some(i32::from_be_bytes(v.try_into().ok()?))),
+    }
+}
+
 /// `due_at_ms ‖ task_id`: iteration order is due order.
 pub fn timer_key(due_at_ms: u64, task: TaskId) -> [u8; 24] {
     let mut k = [0u8; 24];
@@ -152,5 +182,9 @@ mod tests {
             request_key: "d".into(),
         };
         assert_ne!(identity_key(&a), identity_key(&b));
+        for p in [None, Some(0), Some(7), Some(i32::MAX)] {
+            assert_eq!(decode_partition_value(&partition_value(p)), Some(p));
+        }
+        assert_eq!(decode_partition_value(&[1, 2]), None);
     }
 }

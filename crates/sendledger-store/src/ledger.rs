@@ -21,7 +21,7 @@ use crate::keys::*;
 
 /// The storage format this build writes and the newest it reads.
 // format: do not change (bump only with a migration)
-pub const FORMAT_VERSION: u8 = 1;
+pub const FORMAT_VERSION: u8 = 2;
 
 /// Whether an acknowledged append survives a power loss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -241,6 +241,34 @@ fn check_mode(db: &DB, path: &Path, replicated: bool, last_lsn: u64) -> Result<(
     Ok(())
 }
 
+/// Format 1 to 2: lists every task not settled in the `unsettled` index (the partition of its
+/// request from its first event), in one write with the new format marker.
+fn migrate_to_format_2(db: &DB, path: &Path) -> Result<()> {
+    let cf = |name| db.cf_handle(name).expect("opened with every column family");
+    let mut batch = rocksdb::WriteBatch::default();
+    let mut listed = 0u64;
+    for item in db.iterator_cf(cf(CF_TASKS), IteratorMode::Start) {
+        let (k, v) = item?;
+        if TaskSummary::decode(&v)?.phase.is_terminal() {
+            continue;
+        }
+        let task = TaskId(
+            k[..]
+                .try_into()
+                .map_err(|_| Error::BadValue { what: "tasks key" })?,
+        );
+        let partition = task_event(db, task, 0)?.and_then(|e| e.body.source().map(|s| s.partition));
+        batch.put_cf(cf(CF_UNSETTLED), task.0, partition_value(partition));
+        listed += 1;
+    }
+    batch.put_cf(cf(CF_META), META_FORMAT, [2]);
+    let mut sync = rocksdb::WriteOptions::default();
+    sync.set_sync(true);
+    db.write_opt(batch, &sync)?;
+    tracing::info!(ledger = %path.display(), unsettled = listed, "ledger migrated to storage format 2: its unsettled tasks are indexed");
+    Ok(())
+}
+
 /// An open ledger. Cheap to clone; the journal stops when the last clone is dropped.
 #[derive(Clone)]
 pub struct Ledger {
@@ -323,6 +351,9 @@ impl Ledger {
             db.put_cf(meta, META_FORMAT, [FORMAT_VERSION])?;
         }
         let last = check_format_and_last_lsn(&db, &path)?;
+        if db.get_cf(meta, META_FORMAT)?.as_deref() == Some(&[1]) {
+            migrate_to_format_2(&db, &path)?;
+        }
         check_mode(&db, &path, options.replicated, last)?;
         let db = Arc::new(db);
         let last_lsn = Arc::new(AtomicU64::new(last));
@@ -376,7 +407,9 @@ impl Ledger {
         }
         let opts = Options::default();
         let names = DB::list_cf(&opts, &path)?;
-        if ALL_CFS.iter().any(|cf| !names.iter().any(|n| n == cf)) {
+        // A ledger of format 1 (no `unsettled` index) is read as it is: what the index would
+        // answer is found by scanning the summaries.
+        if FORMAT_1_CFS.iter().any(|cf| !names.iter().any(|n| n == cf)) {
             return Err(Error::BadFormatMarker { path });
         }
         let db = DB::open_cf_for_read_only(&opts, &path, &names, false)?;
@@ -529,14 +562,7 @@ impl Ledger {
 
     /// A task's event `seq` (0 is its first), if the ledger holds it.
     pub fn task_event(&self, task: TaskId, seq: u32) -> Result<Option<Event>> {
-        let db = &self.inner.db;
-        let Some(lsn) = db.get_cf(self.cf(CF_TASK_EVENTS), task_event_key(task, seq))? else {
-            return Ok(None);
-        };
-        let lsn = decode_u64(&lsn).ok_or(Error::BadValue {
-            what: "task_events",
-        })?;
-        indexed_event(lsn, db.get_cf(self.cf(CF_LOG), lsn_key(lsn))?).map(Some)
+        task_event(&self.inner.db, task, seq)
     }
 
     /// Events from `from` (inclusive) in LSN order, at most `limit`.
@@ -597,13 +623,61 @@ impl Ledger {
             })
     }
 
-    /// Every task not in a terminal state, for resumption at start-up.
+    /// Every task not in a terminal state, in task id order, for resumption at start-up. Read
+    /// from the `unsettled` index: the cost grows with the tasks not settled, not with every
+    /// task ever recorded.
     pub fn active_tasks(&self) -> Result<Vec<(TaskId, TaskSummary)>> {
-        let mut out = Vec::new();
-        for item in self.task_summaries() {
-            let (id, summary) = item?;
-            if !summary.phase.is_terminal() {
+        self.unsettled(None)
+    }
+
+    /// The tasks not in a terminal state whose request came from requests partition
+    /// `partition`, in task id order (kafka mode: the tasks a partition's new owner resumes).
+    pub fn active_tasks_of_partition(&self, partition: i32) -> Result<Vec<(TaskId, TaskSummary)>> {
+        self.unsettled(Some(partition))
+    }
+
+    /// The tasks not settled, of one requests partition or (`None`) all.
+    fn unsettled(&self, partition: Option<i32>) -> Result<Vec<(TaskId, TaskSummary)>> {
+        let db = &self.inner.db;
+        let wanted = |p: Option<i32>| partition.is_none() || p == partition;
+        let Some(index) = db.cf_handle(CF_UNSETTLED) else {
+            // A ledger of format 1 opened read-only has no index: every summary is read.
+            let mut out = Vec::new();
+            for item in self.task_summaries() {
+                let (id, summary) = item?;
+                if summary.phase.is_terminal() {
+                    continue;
+                }
+                if partition.is_some() {
+                    let event = self.task_event(id, 0)?;
+                    if !wanted(event.and_then(|e| e.body.source().map(|s| s.partition))) {
+                        continue;
+                    }
+                }
                 out.push((id, summary));
+            }
+            return Ok(out);
+        };
+        let mut ids = Vec::new();
+        for item in db.iterator_cf(index, IteratorMode::Start) {
+            let (k, v) = item?;
+            let p = decode_partition_value(&v).ok_or(Error::BadValue { what: "unsettled" })?;
+            if wanted(p) {
+                let id = k[..].try_into().map_err(|_| Error::BadValue {
+                    what: "unsettled key",
+                })?;
+                ids.push(TaskId(id));
+            }
+        }
+        let summaries = self.task_summaries_of(&ids)?;
+        let mut out = Vec::with_capacity(ids.len());
+        for (id, summary) in ids.into_iter().zip(summaries) {
+            match summary {
+                Some(s) if !s.phase.is_terminal() => out.push((id, s)),
+                // The audit names such a task (index-consistent); it is not resumed.
+                other => {
+                    tracing::warn!(task_id = %id, summary = ?other, "the unsettled index lists a task whose summary is settled or missing; not resumed")
+                }
             }
         }
         Ok(out)
@@ -719,6 +793,15 @@ impl Ledger {
         Ok(self.inner.db.delete_cf(self.cf(CF_LOG), lsn_key(lsn))?)
     }
 
+    /// Lists `task` in the unsettled index, or removes it, whatever its summary says.
+    pub fn set_unsettled_entry(&self, task: TaskId, listed: bool) -> Result<()> {
+        let (db, cf) = (&self.inner.db, self.cf(CF_UNSETTLED));
+        Ok(match listed {
+            true => db.put_cf(cf, task.0, partition_value(None))?,
+            false => db.delete_cf(cf, task.0)?,
+        })
+    }
+
     /// Stops the journal as if its thread had died: appends already acknowledged stay, every
     /// later append of every handle fails with [`Error::Closed`]. Reads still work.
     pub fn stop_journal(&self) {
@@ -740,6 +823,20 @@ impl Ledger {
 }
 
 /// A task's events in task order, read from the ledger's database (the journal reads them too).
+fn task_event(db: &DB, task: TaskId, seq: u32) -> Result<Option<Event>> {
+    let cf = |name| {
+        db.cf_handle(name)
+            .expect("column families are created at open")
+    };
+    let Some(lsn) = db.get_cf(cf(CF_TASK_EVENTS), task_event_key(task, seq))? else {
+        return Ok(None);
+    };
+    let lsn = decode_u64(&lsn).ok_or(Error::BadValue {
+        what: "task_events",
+    })?;
+    indexed_event(lsn, db.get_cf(cf(CF_LOG), lsn_key(lsn))?).map(Some)
+}
+
 pub(crate) fn task_events(db: &DB, task: TaskId) -> Result<Vec<Event>> {
     let cf = |name| {
         db.cf_handle(name)
@@ -804,8 +901,8 @@ mod tests {
             matches!(
                 err,
                 Error::NewerFormat {
-                    found: 2,
-                    supported: 1,
+                    found: 3,
+                    supported: 2,
                     ..
                 }
             ),
@@ -931,6 +1028,96 @@ mod tests {
             supported: 1,
         };
         assert!(!newer.is_transient());
+    }
+
+    /// Task `n` accepted from requests partition `partition`, as its first append records it,
+    /// with the phase it is left in.
+    fn first_append(n: u8, partition: i32, phase: Phase) -> (TaskId, Append) {
+        let (_, mut body) = sendledger_core::fixtures::accepted();
+        if let sendledger_core::EventBody::TaskAccepted { source, .. } = &mut body {
+            source.partition = partition;
+        }
+        let task = TaskId([n; 16]);
+        let append = Append {
+            events: vec![sendledger_core::NewEvent {
+                task_id: task,
+                task_seq: 0,
+                at: 1,
+                body,
+            }],
+            tasks: vec![(task, TaskSummary { phase, next_seq: 1 })],
+            partition: Some(partition),
+            ..Append::default()
+        };
+        (task, append)
+    }
+
+    fn ids(tasks: Vec<(TaskId, TaskSummary)>) -> Vec<TaskId> {
+        tasks.into_iter().map(|(t, _)| t).collect()
+    }
+
+    /// The unsettled index lists a task from its first events until it settles, under the
+    /// partition of its request; a task settled by its first append is never listed. A ledger
+    /// of format 1 (no index) is read by scanning its summaries, and indexed when the service
+    /// opens it.
+    #[test]
+    fn unsettled_tasks_are_indexed_by_partition_and_format_1_is_migrated() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(dir.path(), LedgerOptions::default()).unwrap();
+        let (a, first_a) = first_append(1, 1, Phase::Accepted);
+        let (b, first_b) = first_append(2, 2, Phase::Accepted);
+        let (_, rejected) = first_append(3, 1, Phase::Rejected);
+        let (d, first_d) = first_append(4, 1, Phase::Unknown);
+        for append in [first_a, first_b, rejected, first_d] {
+            ledger.append_blocking(append).unwrap();
+        }
+        assert_eq!(ids(ledger.active_tasks().unwrap()), vec![a, b, d]);
+        // Task b settles; task d goes to review, still not settled. (The journal records the
+        // summary it is given, whatever the event.)
+        for (task, phase) in [(b, Phase::Succeeded), (d, Phase::ManualReview)] {
+            let mut next = first_append(0, 0, phase).1;
+            next.events[0].task_id = task;
+            next.events[0].task_seq = 1;
+            next.tasks = vec![(task, TaskSummary { phase, next_seq: 2 })];
+            ledger.append_blocking(next).unwrap();
+        }
+        let all = ledger.active_tasks().unwrap();
+        assert_eq!(ids(all.clone()), vec![a, d]);
+        assert_eq!(all[1].1.phase, Phase::ManualReview);
+        assert_eq!(
+            ids(ledger.active_tasks_of_partition(1).unwrap()),
+            vec![a, d]
+        );
+        assert_eq!(ids(ledger.active_tasks_of_partition(2).unwrap()), vec![]);
+        drop(ledger);
+
+        // The same ledger as format 1 wrote it: no index, format marker 1.
+        {
+            let mut db = DB::open_cf(&Options::default(), dir.path(), ALL_CFS).unwrap();
+            db.drop_cf(CF_UNSETTLED).unwrap();
+            db.put_cf(db.cf_handle(CF_META).unwrap(), META_FORMAT, [1])
+                .unwrap();
+        }
+        let old = Ledger::open_read_only(dir.path()).unwrap();
+        assert_eq!(ids(old.active_tasks().unwrap()), vec![a, d]);
+        assert_eq!(ids(old.active_tasks_of_partition(1).unwrap()), vec![a, d]);
+        drop(old);
+        let migrated = Ledger::open(dir.path(), LedgerOptions::default()).unwrap();
+        assert_eq!(
+            migrated
+                .inner
+                .db
+                .get_cf(migrated.cf(CF_META), META_FORMAT)
+                .unwrap()
+                .as_deref(),
+            Some(&[2][..])
+        );
+        assert_eq!(
+            ids(migrated.active_tasks_of_partition(1).unwrap()),
+            vec![a, d]
+        );
+        assert_eq!(ids(migrated.active_tasks_of_partition(2).unwrap()), vec![]);
+        assert_eq!(ids(migrated.active_tasks().unwrap()), vec![a, d]);
     }
 
     #[test]

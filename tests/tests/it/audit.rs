@@ -416,6 +416,59 @@ fn an_event_after_a_terminal_state_is_reported() {
     assert_eq!(code, 2);
 }
 
+/// The unsettled index (what start-up resumes) must list exactly the tasks not settled: a
+/// task in it that settled, and a task left out of it that is waiting for a lookup, are both
+/// named.
+#[test]
+fn an_unsettled_index_that_disagrees_with_the_summaries_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = open(dir.path());
+    write_clean_tasks(&ledger);
+    let (waiting, _) = write_task(&ledger, "waiting", vec![intend(1, None), unknown(1)]);
+    let (done, _) = write_task(&ledger, "done", vec![intend(1, None), ok()]);
+    assert_eq!(
+        ledger
+            .active_tasks()
+            .unwrap()
+            .iter()
+            .map(|(t, _)| *t)
+            .collect::<Vec<_>>(),
+        vec![waiting]
+    );
+    let (code, report) = audit_dir(dir.path());
+    assert_eq!((code, findings(&report)), (0, vec![]), "{report:#}");
+
+    ledger.set_unsettled_entry(waiting, false).unwrap();
+    ledger.set_unsettled_entry(done, true).unwrap();
+    drop(ledger);
+    let (code, report) = audit_dir(dir.path());
+    let mut found = findings(&report);
+    found.sort();
+    let mut expected = vec![
+        finding("index-consistent", Some(waiting), &[]),
+        finding("index-consistent", Some(done), &[]),
+    ];
+    expected.sort();
+    assert_eq!(found, expected, "{report:#}");
+    let details: Vec<&str> = report["violations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["detail"].as_str().unwrap())
+        .collect();
+    assert!(
+        details.contains(
+            &format!("the unsettled index lists task {done}, whose summary is succeeded").as_str()
+        ),
+        "{details:?}"
+    );
+    assert!(
+        details.contains(&format!("task {waiting} is unknown but missing from the unsettled index: a restart would not resume it").as_str()),
+        "{details:?}"
+    );
+    assert_eq!(code, 2);
+}
+
 /// A lost log entry: the gap is named by the LSNs around it, and the index names the task
 /// that lost it.
 #[test]
