@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use rocksdb::{
-    BlockBasedOptions, Cache, ColumnFamilyDescriptor, Direction, IteratorMode, Options,
-    WriteBufferManager, DB,
+    BlockBasedIndexType, BlockBasedOptions, Cache, ColumnFamilyDescriptor, Direction, IteratorMode,
+    LruCacheOptions, Options, WriteBufferManager, DB,
 };
 use sendledger_core::{Event, Identity, PayloadHash, Phase, TaskId};
 use tokio::sync::oneshot;
@@ -70,10 +70,22 @@ impl Memory {
         self.bytes.max(Self::MIN_BYTES)
     }
 
+    /// Shards of the block cache: as many as leave each at least 8 MiB, at most 64.
+    fn cache_shard_bits(bytes: usize) -> i32 {
+        (bytes / (8 << 20)).max(1).ilog2().min(6) as i32
+    }
+
     /// RocksDB options sharing one cache and one write budget, and those of each family.
     fn rocksdb_options(self) -> (Options, Options, Cache, WriteBufferManager) {
         let bytes = self.budget();
-        let cache = Cache::new_lru_cache(bytes);
+        // RocksDB splits an LRU cache into shards by key hash, 64 of them by default for this
+        // size: a 64 MiB cache held 1 MiB a shard, less than one unpartitioned filter block of
+        // a large table file, so such blocks were read again at nearly every lookup. Shards of
+        // at least 8 MiB (and the partitioned blocks below) keep them cached.
+        let mut lru = LruCacheOptions::default();
+        lru.set_capacity(bytes);
+        lru.set_num_shard_bits(Self::cache_shard_bits(bytes));
+        let cache = Cache::new_lru_cache_opts(&lru);
         let buffers = WriteBufferManager::new_write_buffer_manager_with_cache(
             bytes / 2,
             false,
@@ -90,6 +102,15 @@ impl Memory {
         // filter (about 10 bits a key) answers those without reading a block of each file,
         // and one in the memtable without searching it.
         table.set_bloom_filter(10.0, false);
+        // A table file's index and filter are cut into blocks of about 4 KiB, with a small
+        // top-level index kept in the cache: a lookup reads the parts it needs instead of the
+        // whole index and filter of a 64 MiB file (megabytes, read and checksummed again each
+        // time they were evicted).
+        table.set_index_type(BlockBasedIndexType::TwoLevelIndexSearch);
+        table.set_partition_filters(true);
+        table.set_metadata_block_size(4096);
+        table.set_pin_top_level_index_and_filter(true);
+        table.set_cache_index_and_filter_blocks_with_high_priority(true);
         let mut family = Options::default();
         family.set_block_based_table_factory(&table);
         family.set_write_buffer_size(bytes / 8);
@@ -1118,6 +1139,14 @@ mod tests {
         );
         assert_eq!(ids(migrated.active_tasks_of_partition(2).unwrap()), vec![]);
         assert_eq!(ids(migrated.active_tasks().unwrap()), vec![a, d]);
+    }
+
+    #[test]
+    fn cache_shards_hold_at_least_8_mib() {
+        let mib = 1 << 20;
+        for (bytes, bits) in [(4 * mib, 0), (16 * mib, 1), (64 * mib, 3), (1 << 30, 6)] {
+            assert_eq!(Memory::cache_shard_bits(bytes), bits, "{bytes}");
+        }
     }
 
     #[test]
