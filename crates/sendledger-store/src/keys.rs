@@ -16,18 +16,7 @@ pub const CF_META: &str = "meta";
 /// partition of its request ([`partition_value`]).
 pub const CF_UNSETTLED: &str = "unsettled";
 
-/// The column families of format 1.
-pub const FORMAT_1_CFS: [&str; 8] = [
-    CF_LOG,
-    CF_TASK_EVENTS,
-    CF_TASKS,
-    CF_IDENTITY,
-    CF_OFFSETS,
-    CF_TIMERS,
-    CF_CURSORS,
-    CF_META,
-];
-
+/// Every column family; a ledger of format 1 has all but the last.
 pub const ALL_CFS: [&str; 9] = [
     CF_LOG,
     CF_TASK_EVENTS,

@@ -430,7 +430,8 @@ impl Ledger {
         let names = DB::list_cf(&opts, &path)?;
         // A ledger of format 1 (no `unsettled` index) is read as it is: what the index would
         // answer is found by scanning the summaries.
-        if FORMAT_1_CFS.iter().any(|cf| !names.iter().any(|n| n == cf)) {
+        let mut format_1 = ALL_CFS.iter().filter(|cf| **cf != CF_UNSETTLED);
+        if format_1.any(|cf| !names.iter().any(|n| n == cf)) {
             return Err(Error::BadFormatMarker { path });
         }
         let db = DB::open_cf_for_read_only(&opts, &path, &names, false)?;
@@ -817,10 +818,11 @@ impl Ledger {
     /// Lists `task` in the unsettled index, or removes it, whatever its summary says.
     pub fn set_unsettled_entry(&self, task: TaskId, listed: bool) -> Result<()> {
         let (db, cf) = (&self.inner.db, self.cf(CF_UNSETTLED));
-        Ok(match listed {
+        match listed {
             true => db.put_cf(cf, task.0, partition_value(None))?,
             false => db.delete_cf(cf, task.0)?,
-        })
+        }
+        Ok(())
     }
 
     /// Stops the journal as if its thread had died: appends already acknowledged stay, every
