@@ -193,13 +193,13 @@ impl TaskSummary {
     }
 }
 
-/// Refuses a ledger of a newer storage format (or none), and returns its last LSN.
-fn check_format_and_last_lsn(db: &DB, path: &Path) -> Result<u64> {
+/// Refuses a ledger of a newer storage format (or none), and returns its format and last LSN.
+fn check_format_and_last_lsn(db: &DB, path: &Path) -> Result<(u8, u64)> {
     let meta = db
         .cf_handle(CF_META)
         .expect("opened with every column family");
-    match db.get_cf(meta, META_FORMAT)?.as_deref() {
-        Some([v]) if *v <= FORMAT_VERSION => {}
+    let format = match db.get_cf(meta, META_FORMAT)?.as_deref() {
+        Some([v]) if *v <= FORMAT_VERSION => *v,
         Some([v]) => {
             return Err(Error::NewerFormat {
                 path: path.to_path_buf(),
@@ -212,15 +212,16 @@ fn check_format_and_last_lsn(db: &DB, path: &Path) -> Result<u64> {
                 path: path.to_path_buf(),
             })
         }
-    }
+    };
     let log = db
         .cf_handle(CF_LOG)
         .expect("opened with every column family");
     let mut it = db.iterator_cf(log, IteratorMode::End);
-    match it.next() {
-        Some(item) => decode_u64(&item?.0).ok_or(Error::BadValue { what: "log key" }),
-        None => Ok(0),
-    }
+    let last = match it.next() {
+        Some(item) => decode_u64(&item?.0).ok_or(Error::BadValue { what: "log key" })?,
+        None => 0,
+    };
+    Ok((format, last))
 }
 
 /// Records the mode of a ledger opened for the first time (`replicated`: kafka mode), and
@@ -278,7 +279,7 @@ fn migrate_to_format_2(db: &DB, path: &Path) -> Result<()> {
                 .try_into()
                 .map_err(|_| Error::BadValue { what: "tasks key" })?,
         );
-        let partition = task_event(db, task, 0)?.and_then(|e| e.body.source().map(|s| s.partition));
+        let partition = request_partition(db, task)?;
         batch.put_cf(cf(CF_UNSETTLED), task.0, partition_value(partition));
         listed += 1;
     }
@@ -371,8 +372,8 @@ impl Ledger {
         if db.get_cf(meta, META_FORMAT)?.is_none() {
             db.put_cf(meta, META_FORMAT, [FORMAT_VERSION])?;
         }
-        let last = check_format_and_last_lsn(&db, &path)?;
-        if db.get_cf(meta, META_FORMAT)?.as_deref() == Some(&[1]) {
+        let (format, last) = check_format_and_last_lsn(&db, &path)?;
+        if format == 1 {
             migrate_to_format_2(&db, &path)?;
         }
         check_mode(&db, &path, options.replicated, last)?;
@@ -435,7 +436,7 @@ impl Ledger {
             return Err(Error::BadFormatMarker { path });
         }
         let db = DB::open_cf_for_read_only(&opts, &path, &names, false)?;
-        let last = check_format_and_last_lsn(&db, &path)?;
+        let (_, last) = check_format_and_last_lsn(&db, &path)?;
         Ok(Ledger {
             inner: Arc::new(Inner {
                 db: Arc::new(db),
@@ -670,11 +671,8 @@ impl Ledger {
                 if summary.phase.is_terminal() {
                     continue;
                 }
-                if partition.is_some() {
-                    let event = self.task_event(id, 0)?;
-                    if !wanted(event.and_then(|e| e.body.source().map(|s| s.partition))) {
-                        continue;
-                    }
+                if partition.is_some() && !wanted(request_partition(db, id)?) {
+                    continue;
                 }
                 out.push((id, summary));
             }
@@ -845,7 +843,12 @@ impl Ledger {
     }
 }
 
-/// A task's events in task order, read from the ledger's database (the journal reads them too).
+/// The requests partition a task's request came from, as its first event records it.
+fn request_partition(db: &DB, task: TaskId) -> Result<Option<i32>> {
+    Ok(task_event(db, task, 0)?.and_then(|e| e.body.source().map(|s| s.partition)))
+}
+
+/// A task's event `seq`, read from the ledger's database.
 fn task_event(db: &DB, task: TaskId, seq: u32) -> Result<Option<Event>> {
     let cf = |name| {
         db.cf_handle(name)
@@ -860,6 +863,7 @@ fn task_event(db: &DB, task: TaskId, seq: u32) -> Result<Option<Event>> {
     indexed_event(lsn, db.get_cf(cf(CF_LOG), lsn_key(lsn))?).map(Some)
 }
 
+/// A task's events in task order, read from the ledger's database (the journal reads them too).
 pub(crate) fn task_events(db: &DB, task: TaskId) -> Result<Vec<Event>> {
     let cf = |name| {
         db.cf_handle(name)
