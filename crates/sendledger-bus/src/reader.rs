@@ -127,6 +127,9 @@ struct Seen {
     terminal: HashMap<String, HashSet<String>>,
     /// Tasks with a terminal or manual-review result, and when the first was read.
     answered: HashMap<String, Instant>,
+    /// Tasks with more than one distinct terminal result (kept as they arrive: progress is
+    /// asked for every few milliseconds, and counting would walk every task each time).
+    conflicting: usize,
 }
 
 impl Seen {
@@ -135,10 +138,11 @@ impl Seen {
             return;
         }
         if result.status.is_terminal() {
-            self.terminal
-                .entry(result.task_id.clone())
-                .or_default()
-                .insert(event_id);
+            let ids = self.terminal.entry(result.task_id.clone()).or_default();
+            ids.insert(event_id);
+            if ids.len() == 2 {
+                self.conflicting += 1;
+            }
         }
         if result.status.is_terminal() || result.status == ResultStatus::ManualReview {
             self.answered.entry(result.task_id).or_insert(read_at);
@@ -184,10 +188,7 @@ impl ResultsReader {
     /// Tasks answered so far, and tasks with more than one distinct terminal result.
     pub fn progress(&self) -> (usize, usize) {
         let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        (
-            seen.answered.len(),
-            seen.terminal.values().filter(|t| t.len() > 1).count(),
-        )
+        (seen.answered.len(), seen.conflicting)
     }
 
     /// When the first answer (a terminal or manual-review result) of each answered task was

@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 
 use rocksdb::{
     BlockBasedIndexType, BlockBasedOptions, Cache, ColumnFamilyDescriptor, Direction, IteratorMode,
-    LruCacheOptions, Options, WriteBufferManager, DB,
+    LruCacheOptions, Options, ReadOptions, WriteBufferManager, DB,
 };
 use sendledger_core::{Event, Identity, PayloadHash, Phase, TaskId};
 use tokio::sync::oneshot;
@@ -620,10 +620,18 @@ impl Ledger {
     /// The summaries of `tasks`, in their order: one batched read, cheaper than a point read
     /// each.
     pub fn task_summaries_of(&self, tasks: &[TaskId]) -> Result<Vec<Option<TaskSummary>>> {
+        self.task_summaries_with(tasks, &ReadOptions::default())
+    }
+
+    fn task_summaries_with(
+        &self,
+        tasks: &[TaskId],
+        options: &ReadOptions,
+    ) -> Result<Vec<Option<TaskSummary>>> {
         let cf = self.cf(CF_TASKS);
         self.inner
             .db
-            .batched_multi_get_cf(cf, tasks.iter().map(|t| &t.0), false)
+            .batched_multi_get_cf_opt(cf, tasks.iter().map(|t| &t.0), false, options)
             .into_iter()
             .map(|v| v?.map(|v| TaskSummary::decode(&v)).transpose())
             .collect()
@@ -678,8 +686,13 @@ impl Ledger {
             }
             return Ok(out);
         };
+        // The index and the summaries are read in one snapshot: a task that settles between
+        // the two reads would otherwise look like an index that disagrees with its summary.
+        let snapshot = db.snapshot();
+        let mut options = ReadOptions::default();
+        options.set_snapshot(&snapshot);
         let mut ids = Vec::new();
-        for item in db.iterator_cf(index, IteratorMode::Start) {
+        for item in snapshot.iterator_cf(index, IteratorMode::Start) {
             let (k, v) = item?;
             let p = decode_partition_value(&v).ok_or(Error::BadValue { what: "unsettled" })?;
             if wanted(p) {
@@ -689,7 +702,7 @@ impl Ledger {
                 ids.push(TaskId(id));
             }
         }
-        let summaries = self.task_summaries_of(&ids)?;
+        let summaries = self.task_summaries_with(&ids, &options)?;
         let mut out = Vec::with_capacity(ids.len());
         for (id, summary) in ids.into_iter().zip(summaries) {
             match summary {
