@@ -67,12 +67,12 @@ impl EngineConfig {
     }
 }
 
-/// Threads for blocking work (the task actors' ledger reads, and name lookups of new HTTP
-/// connections) per actor thread's runtime: the system's and each worker's. Tokio's default
-/// is 512 a runtime: a service taking 3,000 requests per second had grown to 148 Tokio
-/// threads (its own runtime allows 18), each with a stack and allocator pages of its own. The
-/// reads are short and bound by the CPU; a name lookup that hangs holds its thread until the
-/// resolver gives up.
+/// Threads for blocking work (the task actors' ledger reads) per actor thread's runtime: the
+/// system's and each worker's. Tokio's default is 512 a runtime: a service taking 3,000
+/// requests per second had grown to 148 Tokio threads (its own runtime allows 18), each with a
+/// stack and allocator pages of its own. The reads are short and bound by the CPU. Name
+/// lookups of new HTTP connections, which can hang as long as the resolver waits, run on
+/// threads of their own (the effects crate's resolver), never in this pool.
 const BLOCKING_THREADS_PER_RUNTIME: usize = 8;
 
 /// The Tokio runtime of an actor thread: actix's (one thread, timers and I/O), with at most

@@ -567,7 +567,7 @@ impl Actor for TaskActor {
             self.loaded_at = ownership.current();
         }
         let ledger = self.shared.ledger.clone();
-        ctx.wait(async move { ledger.read(move |l| l.task_events(task_id)).await }.into_actor(self).map(
+        ctx.wait(async move { ledger.read(move |l| l.task_history(task_id)).await }.into_actor(self).map(
             |res, act, _| match res {
                 Ok(events) => {
                     act.state = sendledger_core::fold(&events);

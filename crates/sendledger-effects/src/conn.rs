@@ -53,6 +53,7 @@ use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::resolve::Resolver;
 use crate::tls::Tls;
 
 /// Largest response body read; the rest of a larger one is treated as unreadable.
@@ -308,7 +309,8 @@ pub(crate) enum Failure {
 /// Where and how to connect.
 #[derive(Debug, Clone)]
 pub(crate) struct Endpoint {
-    /// `host:port`, as written in the URL (resolved on each new connection).
+    /// `host:port`, as written in the URL (looked up on each new connection, see
+    /// [`Resolver`]).
     pub address: String,
     /// Set for https: the handshake's settings and the name the certificate must be valid for.
     pub tls: Option<Tls>,
@@ -328,6 +330,7 @@ impl Endpoint {
 #[derive(Default)]
 pub(crate) struct Pool {
     idle: Mutex<HashMap<(bool, String), Vec<Conn>>>,
+    resolver: Resolver,
 }
 
 impl Pool {
@@ -377,7 +380,7 @@ impl Pool {
         }
         let mut conn = match self.take(endpoint) {
             Some(conn) => conn,
-            None => connect(endpoint).await?,
+            None => connect(endpoint, &self.resolver).await?,
         };
         conn.first_byte
             .set(first_byte_by.map_or(Deadline::None, Deadline::Before));
@@ -440,12 +443,20 @@ impl Pool {
 /// Opens a connection: TCP, then for https the TLS handshake, both within `connect_timeout`.
 /// Nothing of the request has been written when this fails, so every failure is
 /// [`Failure::NotWritten`] (or [`Failure::Local`]).
-async fn connect(endpoint: &Endpoint) -> Result<Conn, Failure> {
+async fn connect(endpoint: &Endpoint, resolver: &Resolver) -> Result<Conn, Failure> {
     let address = &endpoint.address;
     let within = humantime::format_duration(endpoint.connect_timeout);
     let deadline = Instant::now() + endpoint.connect_timeout;
-    let stream = match tokio::time::timeout_at(deadline, TcpStream::connect(address.as_str())).await
-    {
+    let addrs = match tokio::time::timeout_at(deadline, resolver.lookup(address)).await {
+        Ok(Ok(addrs)) => addrs,
+        Ok(Err(e)) => return Err(connect_error(address, &e)),
+        Err(_) => {
+            return Err(Failure::NotWritten(format!(
+                "connect to {address}: the name lookup did not answer within {within}"
+            )))
+        }
+    };
+    let stream = match tokio::time::timeout_at(deadline, TcpStream::connect(&addrs[..])).await {
         Ok(Ok(stream)) => stream,
         Ok(Err(e)) => return Err(connect_error(address, &e)),
         Err(_) => {

@@ -36,13 +36,14 @@
 //! The core crate (for the outcome and policy types), tokio, hyper, rustls (with the ring
 //! provider and the webpki roots; never OpenSSL) and serde. Never the ledger
 //! (RocksDB), Kafka or the actors: this crate performs I/O to remotes and nothing else, and
-//! holds no state beyond idle connections.
+//! holds no state beyond idle connections and the name lookups under way.
 
 mod classify;
 mod config;
 mod conn;
 mod error;
 mod limit;
+mod resolve;
 mod target;
 mod template;
 mod tls;

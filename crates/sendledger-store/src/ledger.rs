@@ -583,6 +583,17 @@ impl Ledger {
         task_events(&self.inner.db, task)
     }
 
+    /// A task's events in task order, as [`Ledger::task_events`], for a task that is most
+    /// likely new: its summary is looked up first, and a task without one has no events
+    /// (they are written in one batch). The lookup of a missing key is answered by the
+    /// filters; reading the events seeks in every level.
+    pub fn task_history(&self, task: TaskId) -> Result<Vec<Event>> {
+        match self.task_summary(task)? {
+            Some(_) => self.task_events(task),
+            None => Ok(Vec::new()),
+        }
+    }
+
     /// A task's event `seq` (0 is its first), if the ledger holds it.
     pub fn task_event(&self, task: TaskId, seq: u32) -> Result<Option<Event>> {
         task_event(&self.inner.db, task, seq)
