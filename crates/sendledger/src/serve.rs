@@ -87,14 +87,19 @@ fn print_line(line: &str) {
     }
 }
 
-/// Resolves on SIGINT or SIGTERM with the signal's name.
-pub async fn shutdown_signal() -> anyhow::Result<&'static str> {
+/// Installs the SIGINT and SIGTERM handlers, and returns what resolves on the first of them
+/// with its name. The handlers are in place when this returns, before "ready" is printed: a
+/// signal sent right after it is never met by the default action (the process killed
+/// without a clean stop).
+pub fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = &'static str>> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    Ok(tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        }
     })
 }
 
@@ -111,7 +116,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
     // Secrets show as `***` (see `Config`'s `Debug`).
     tracing::debug!(?config, "configuration");
     runtime()?.block_on(async {
-        let signal = tokio::spawn(shutdown_signal());
+        let signal = tokio::spawn(shutdown_signal()?);
         let kafka = tokio::task::block_in_place(|| Kafka::connect(config.kafka_config()))
             .context("kafka")?;
         let remote = Arc::new(HttpRemote::new(config.load_targets()?));
@@ -139,7 +144,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
         ));
         let failure = tokio::select! {
             s = signal => {
-                let s = s.context("signal handler")??;
+                let s = s.context("signal handler")?;
                 tracing::info!(signal = s, "stopping");
                 None
             }
@@ -184,7 +189,7 @@ pub fn sim_remote(args: SimRemoteArgs) -> anyhow::Result<bool> {
         });
     }
     runtime()?.block_on(async {
-        let signal = tokio::spawn(shutdown_signal());
+        let signal = tokio::spawn(shutdown_signal()?);
         let sim = Sim::start(config).await?;
         print_line(&format!(
             "ready create=POST {} lookup=GET {}?FIELD=VALUE stats=GET {}",
@@ -192,7 +197,7 @@ pub fn sim_remote(args: SimRemoteArgs) -> anyhow::Result<bool> {
             sim.lookup_url(),
             sim.stats_url()
         ));
-        signal.await??;
+        signal.await?;
         let stats = sim.stats();
         print_line(&serde_json::to_string(&stats)?);
         sim.shutdown().await;
