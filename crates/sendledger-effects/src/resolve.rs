@@ -24,12 +24,14 @@ type LookupFn = Arc<dyn Fn(&str) -> io::Result<Vec<SocketAddr>> + Send + Sync>;
 /// A lookup's outcome, shared by its waiters (an `io::Error` cannot be cloned).
 type Shared = Result<Vec<SocketAddr>, (io::ErrorKind, Option<i32>, String)>;
 
+/// Addresses being looked up, and who waits for each.
+type InFlight = Arc<Mutex<HashMap<String, Vec<oneshot::Sender<Shared>>>>>;
+
 /// Looks `host:port` addresses up; see the module documentation.
 #[derive(Clone)]
 pub(crate) struct Resolver {
     lookup: LookupFn,
-    /// Addresses being looked up, and who waits for each.
-    in_flight: Arc<Mutex<HashMap<String, Vec<oneshot::Sender<Shared>>>>>,
+    in_flight: InFlight,
 }
 
 impl Default for Resolver {
@@ -61,35 +63,22 @@ impl Resolver {
             waiting.len() == 1
         };
         if first {
-            let (lookup, in_flight, name) = (
-                self.lookup.clone(),
-                self.in_flight.clone(),
-                address.to_string(),
-            );
+            // Answers the waiters with the lookup's outcome, or with an error when dropped
+            // without one: no waiter is left behind.
+            let mut answer = Answer {
+                in_flight: self.in_flight.clone(),
+                name: address.to_string(),
+                answered: false,
+            };
+            let lookup = self.lookup.clone();
             let spawned = std::thread::Builder::new()
                 .name("sendledger-dns".into())
                 .spawn(move || {
-                    let outcome =
-                        lookup(&name).map_err(|e| (e.kind(), e.raw_os_error(), e.to_string()));
-                    let waiting = (in_flight.lock().unwrap_or_else(|p| p.into_inner()))
-                        .remove(&name)
-                        .unwrap_or_default();
-                    for tx in waiting {
-                        let _ = tx.send(outcome.clone());
-                    }
+                    let outcome = lookup(&answer.name);
+                    answer.send(outcome.map_err(|e| (e.kind(), e.raw_os_error(), e.to_string())));
                 });
             if let Err(e) = spawned {
-                let waiting = (self.in_flight.lock().unwrap_or_else(|p| p.into_inner()))
-                    .remove(address)
-                    .unwrap_or_default();
-                let outcome: Shared = Err((
-                    e.kind(),
-                    e.raw_os_error(),
-                    format!("cannot start a thread for the name lookup: {e}"),
-                ));
-                for tx in waiting {
-                    let _ = tx.send(outcome.clone());
-                }
+                tracing::warn!(address, error = %e, "cannot start a thread for a name lookup");
             }
         }
         match rx.await {
@@ -100,9 +89,39 @@ impl Resolver {
             Ok(Ok(addrs)) => Ok(addrs),
             Ok(Err((_, Some(code), _))) => Err(io::Error::from_raw_os_error(code)),
             Ok(Err((kind, None, message))) => Err(io::Error::new(kind, message)),
-            Err(_) => Err(io::Error::other(
-                "the name lookup's thread ended without an answer",
-            )),
+            Err(_) => Err(io::Error::other("the name lookup ended without an answer")),
+        }
+    }
+}
+
+/// A lookup under way: it hands its outcome to everyone waiting for the name, or, dropped
+/// without one (its thread could not start, or the lookup panicked), an error.
+struct Answer {
+    in_flight: InFlight,
+    name: String,
+    answered: bool,
+}
+
+impl Answer {
+    fn send(&mut self, outcome: Shared) {
+        let waiting = (self.in_flight.lock().unwrap_or_else(|p| p.into_inner()))
+            .remove(&self.name)
+            .unwrap_or_default();
+        for tx in waiting {
+            let _ = tx.send(outcome.clone());
+        }
+        self.answered = true;
+    }
+}
+
+impl Drop for Answer {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.send(Err((
+                io::ErrorKind::Other,
+                None,
+                "the name lookup gave no answer (its thread could not start, or failed)".into(),
+            )));
         }
     }
 }
@@ -226,5 +245,27 @@ mod tests {
             assert!(e.to_string().contains("no such name"), "{e}");
         }
         assert!(Resolver::default().lookup("no-port").await.is_err());
+    }
+
+    /// A lookup that panics answers its waiters with an error and leaves nothing behind: the
+    /// next lookup of the name is made again.
+    #[tokio::test]
+    async fn a_lookup_that_panics_answers_its_waiters_and_the_next_one_runs() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let resolver = Resolver::with(Arc::new(move |_: &str| {
+            if counted.fetch_add(1, Ordering::SeqCst) == 0 {
+                panic!("a resolver bug");
+            }
+            Ok(vec!["192.0.2.9:80".parse().unwrap()])
+        }));
+        let e = resolver.lookup("y.example:80").await.unwrap_err();
+        assert!(
+            e.to_string().contains("the name lookup gave no answer"),
+            "{e}"
+        );
+        let addrs = resolver.lookup("y.example:80").await.unwrap();
+        assert_eq!(addrs, vec!["192.0.2.9:80".parse().unwrap()]);
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
     }
 }
