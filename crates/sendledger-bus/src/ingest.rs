@@ -20,6 +20,8 @@
 //! - Rebalances: before partitions are revoked, the thread waits (bounded) for their messages in
 //!   flight, stores their offsets and commits synchronously; messages of revoked partitions that
 //!   finish later are durable in the ledger and dropped by whichever consumer gets them again.
+//!   Partitions the group took away because this member's session expired (it was stopped or
+//!   cut off) are logged as lost and counted (`sendledger_partitions_lost_total{cause="session"}`).
 //! - Messages of one task identity reach the sink in partition order, so the first of two
 //!   conflicting requests is the one accepted.
 //! - Sink failures: one that may pass ([`SinkError::Retry`]: a failing ledger write, a full
@@ -539,6 +541,16 @@ impl ConsumerContext for IngestContext {
             return;
         };
         let revoked = partitions_of(tpl, &self.topic);
+        if consumer.assignment_lost() {
+            // The group gave them away without asking this member: its session expired while
+            // it was stopped or cut off. Whoever has them now may be processing their
+            // messages already.
+            for p in &revoked {
+                tracing::warn!(partition = p, "partition lost to the group: this instance's session expired (it was stopped, or cut off from the group coordinator, for longer than session.timeout.ms); another instance may own it now, and its tasks stop here");
+            }
+            metrics::counter!("sendledger_partitions_lost_total", "cause" => "session")
+                .increment(revoked.len() as u64);
+        }
         let mut t = lock(&self.tracker);
         let deadline = Instant::now() + self.revoke_grace;
         let pending = |t: &Tracker| {

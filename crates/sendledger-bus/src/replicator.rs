@@ -17,7 +17,7 @@ use sendledger_core::result::event_id;
 use sendledger_core::{Event, NewEvent, TaskId};
 use sendledger_store::{Replication, Replicator};
 
-use crate::log::{LogBatch, LogError, LogRecord, PartitionLog};
+use crate::log::{Committed, LogBatch, LogError, LogRecord, PartitionLog};
 use crate::projections::Projections;
 use crate::records::{
     event_record_json, events_source, record_headers, results_source, RecordKind,
@@ -112,11 +112,7 @@ impl LogReplicator {
 
     /// Gives partition `partition` up: its events are refused as lost from now on.
     pub fn release(&self, partition: i32) {
-        let mut owned = self.lock();
-        owned.logs.remove(&partition);
-        owned.frontiers.remove(&partition);
-        owned.projections.remove(&partition);
-        owned.lost.remove(&partition);
+        self.lock().forget(partition);
     }
 
     /// The partitions whose log was given up after a failed transaction since the last call,
@@ -285,52 +281,143 @@ impl Replicator for LogReplicator {
         }
         let (mut batch, projections) = self.batch(partition, events, history)?;
         batch.next_request_offset = next;
-        let group = group.as_deref();
-        match log.commit(&batch, group) {
-            Ok(committed) => {
-                let mut owned = self.lock();
-                if owned.logs.contains_key(&partition) {
-                    owned.projections.insert(partition, projections);
-                }
-                if let Some(frontier) = owned.frontiers.get_mut(&partition) {
-                    frontier.committed(&recorded, next);
-                }
-                metrics::histogram!("sendledger_log_commit_seconds")
-                    .record(committed.took.as_secs_f64());
-                metrics::histogram!("sendledger_log_batch_events").record(events.len() as f64);
-                let (_, last) = committed.events.unwrap_or((-1, -1));
-                Ok(last + 1)
-            }
-            Err(e) => Err(self.refused(partition, e)),
+        let outcome = log.commit(&batch, group.as_deref());
+        if let Ok(committed) = &outcome {
+            metrics::histogram!("sendledger_log_commit_seconds")
+                .record(committed.took.as_secs_f64());
+            metrics::histogram!("sendledger_log_batch_events").record(events.len() as f64);
         }
+        self.finished(partition, &log, outcome, &recorded, next, projections)
     }
 }
 
 impl LogReplicator {
+    /// Takes in the outcome of a transaction written through `log`, which was partition
+    /// `partition`'s log when the transaction began. The partition may have been revoked
+    /// meanwhile, and even owned again through a new log: what the transaction's outcome says
+    /// about its writer concerns that writer only (a transaction of a log given up earlier,
+    /// failing late, must not give up the new one).
+    fn finished(
+        &self,
+        partition: i32,
+        log: &Arc<PartitionLog>,
+        outcome: Result<Committed, LogError>,
+        recorded: &BTreeSet<i64>,
+        next: Option<i64>,
+        projections: Projections,
+    ) -> Result<i64, Replication> {
+        match outcome {
+            Ok(committed) => {
+                let mut owned = self.lock();
+                if owned.is_current(partition, log) {
+                    owned.projections.insert(partition, projections);
+                    if let Some(frontier) = owned.frontiers.get_mut(&partition) {
+                        frontier.committed(recorded, next);
+                    }
+                }
+                let (_, last) = committed.events.unwrap_or((-1, -1));
+                Ok(last + 1)
+            }
+            Err(e) => Err(self.refused(partition, log, e)),
+        }
+    }
+
     /// What a failed transaction means for the partition: its log is given up and nothing of
     /// the batch is recorded. Fenced, the partition belongs to another instance now. Any other
     /// failure (an aborted transaction, a commit whose outcome is unknown, a failed producer)
     /// leaves tasks whose last events may or may not be in the log: the partition is taken
     /// over again (the log opened anew, which completes or aborts the open transaction,
     /// restored from the checkpoint, the tasks resumed from what was committed) rather than
-    /// guessed at.
-    fn refused(&self, partition: i32, e: LogError) -> Replication {
+    /// guessed at. A transaction of a log that is not the partition's any more (revoked while
+    /// it was under way, such as the commit of an instance that was stopped past its session)
+    /// says nothing about the partition now: only its own batch is refused.
+    fn refused(&self, partition: i32, log: &Arc<PartitionLog>, e: LogError) -> Replication {
         let fenced = e.is_fenced();
-        if fenced {
+        {
+            let mut owned = self.lock();
+            if !owned.is_current(partition, log) {
+                drop(owned);
+                tracing::info!(partition, error = %e, "a transaction of a log this instance had already given up failed; its batch is not recorded");
+                return Replication::Lost(e.to_string());
+            }
+            owned.forget(partition);
+            owned.lost.insert(partition, fenced);
+        }
+        let cause = if fenced {
             tracing::warn!(partition, error = %e, "the partition's log of record is lost: another instance took the partition over; its tasks stop here");
-            metrics::counter!("sendledger_partitions_fenced_total").increment(1);
+            "fenced"
         } else {
             tracing::warn!(partition, error = %e, "the partition's log of record is lost: a transaction failed; the partition is taken over again");
-        }
-        self.release(partition);
-        self.lock().lost.insert(partition, fenced);
+            "failed"
+        };
+        metrics::counter!("sendledger_partitions_lost_total", "cause" => cause).increment(1);
         Replication::Lost(e.to_string())
+    }
+}
+
+impl Owned {
+    /// Whether `log` is partition `partition`'s log now.
+    fn is_current(&self, partition: i32, log: &Arc<PartitionLog>) -> bool {
+        self.logs
+            .get(&partition)
+            .is_some_and(|current| Arc::ptr_eq(current, log))
+    }
+
+    /// Gives partition `partition`'s log and what goes with it up.
+    fn forget(&mut self, partition: i32) {
+        self.logs.remove(&partition);
+        self.frontiers.remove(&partition);
+        self.projections.remove(&partition);
+        self.lost.remove(&partition);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Kafka, KafkaConfig};
+
+    /// A transaction of a log that is not its partition's any more (the partition was revoked
+    /// while it was under way, then owned again through a new log) fails alone: the new log
+    /// stays and nothing is reported lost. The same failure of the current log gives the
+    /// partition up and reports it.
+    #[test]
+    fn a_late_failure_of_a_log_given_up_costs_the_partition_nothing() {
+        let kafka = Kafka::connect(KafkaConfig::default()).unwrap();
+        let open = || PartitionLog::open(&kafka, 0, Duration::from_secs(20)).unwrap();
+        let replicator = LogReplicator::new("group");
+        replicator.own(open());
+        let given_up = replicator.lock().logs[&0].clone();
+        replicator.release(0);
+        replicator.own(open());
+        let current = replicator.lock().logs[&0].clone();
+        let fail = |log: &Arc<PartitionLog>| {
+            let fenced = LogError::Fenced {
+                partition: 0,
+                detail: "fenced by a newer writer".into(),
+            };
+            let outcome = Err(fenced);
+            replicator.finished(
+                0,
+                log,
+                outcome,
+                &BTreeSet::new(),
+                None,
+                Projections::default(),
+            )
+        };
+
+        assert!(
+            matches!(fail(&given_up), Err(Replication::Lost(_))),
+            "its batch is refused"
+        );
+        assert!(replicator.owns(0), "the new log was given up");
+        assert!(replicator.take_lost().is_empty());
+
+        assert!(matches!(fail(&current), Err(Replication::Lost(_))));
+        assert!(!replicator.owns(0));
+        assert_eq!(replicator.take_lost(), [(0, true)]);
+    }
 
     fn frontier(messages: &[(i64, bool)]) -> Frontier {
         Frontier {

@@ -207,8 +207,8 @@ fn describe() {
         "Kafka mode: events per partition transaction."
     );
     describe_counter!(
-        "sendledger_partitions_fenced_total",
-        "Kafka mode: partitions whose log of record was lost (another instance fenced this one, or the producer failed); their tasks stop here."
+        "sendledger_partitions_lost_total",
+        "Partitions this instance stopped processing without giving them up, by cause: `fenced` (kafka mode: another instance opened the partition's log), `failed` (kafka mode: a transaction of its log failed; taken over again while assigned), `session` (the consumer group took them away: this instance's session expired)."
     );
     describe_gauge!(
         "sendledger_unknowns_open",
