@@ -18,7 +18,8 @@ use sendledger_core::decide::{
 };
 use sendledger_core::error::Chain;
 use sendledger_core::{
-    AcceptedRequest, EventBody, Evidence, NewEvent, Phase, Policy, Source, State, TaskId,
+    AcceptedRequest, EventBody, Evidence, NewEvent, NotSentCause, Phase, Policy, Source, State,
+    TaskId,
 };
 use sendledger_store::{Append, Ledger, TaskSummary, TimerKind};
 use tracing::Instrument;
@@ -237,6 +238,7 @@ impl TaskActor {
                 return refused_or_reload;
             }
         }
+        let input = self.unsent_outcome(input);
         let now = crate::now_ms();
         let mut clear = None;
         let mut source = None;
@@ -385,8 +387,12 @@ impl TaskActor {
                 };
                 if let Some(partition) = self.partition_lost() {
                     // The intent is recorded and nothing was sent: the attempt stays sending,
-                    // and whoever owns the partition now reconciles it.
+                    // and whoever owns the partition now reconciles it (this instance, should
+                    // it own the partition again, records it as not sent).
                     tracing::info!(task_id = %task_id, attempt, partition, "partition lost before the attempt was sent; not sent here");
+                    if let Some(ownership) = &self.shared.ownership {
+                        ownership.note_unsent(task_id, attempt);
+                    }
                     return;
                 }
                 self.attempt_in_flight = true;
@@ -429,6 +435,38 @@ impl TaskActor {
                     }));
                 }));
             }
+        }
+    }
+
+    /// Kafka mode: what the resumption of a task whose attempt was not sent here is. The task
+    /// recorded the intent here, and its partition was lost before the first byte (a
+    /// transaction that committed after the partition's revocation; see
+    /// [`Ownership::note_unsent`]). When the partition is owned here again and its log shows
+    /// that attempt still sending, nothing was sent: only the instance that records an intent
+    /// sends it, and any other owner in between only reconciled. So the resumption records the
+    /// attempt as not sent (it is tried again) instead of as unknown (reconciled by lookups
+    /// that cannot find it, then manual review).
+    fn unsent_outcome(&mut self, input: TaskInput) -> TaskInput {
+        let (TaskInput::Recover, Some(ownership)) = (&input, &self.shared.ownership) else {
+            return input;
+        };
+        let Some(attempt) = ownership.take_unsent(self.task_id) else {
+            return input;
+        };
+        if self.state.phase != Phase::Sending || self.state.in_flight != Some(attempt) {
+            // The log moved past the attempt.
+            return input;
+        }
+        tracing::info!(task_id = %self.task_id, attempt, "an attempt not sent here when its partition was lost is resumed as not sent");
+        TaskInput::Outcome {
+            attempt,
+            outcome: AttemptOutcome::NotSent {
+                cause: NotSentCause::LocalResources(
+                    "the partition was revoked between the intent and the first byte; nothing was sent"
+                        .into(),
+                ),
+                retry_after_ms: None,
+            },
         }
     }
 

@@ -67,9 +67,17 @@ impl Frontier {
     }
 }
 
+/// A partition's log here, with its generation (see [`Replicator::generation`]).
+struct OwnedLog {
+    generation: u64,
+    log: Arc<PartitionLog>,
+}
+
 #[derive(Default)]
 struct Owned {
-    logs: BTreeMap<i32, Arc<PartitionLog>>,
+    logs: BTreeMap<i32, OwnedLog>,
+    /// The generation of the last log taken on.
+    last_generation: u64,
     frontiers: BTreeMap<i32, Frontier>,
     /// Per partition, the projections kept after its last committed transaction (as the
     /// outbox publisher keeps them): a task's next events are not folded from its history.
@@ -106,7 +114,10 @@ impl LogReplicator {
     pub fn own(&self, log: PartitionLog) {
         let mut owned = self.lock();
         let partition = log.partition();
-        owned.logs.insert(partition, Arc::new(log));
+        owned.last_generation += 1;
+        let generation = owned.last_generation;
+        let log = Arc::new(log);
+        owned.logs.insert(partition, OwnedLog { generation, log });
         owned.projections.remove(&partition);
     }
 
@@ -246,16 +257,29 @@ fn json(value: &impl serde::Serialize) -> Result<Vec<u8>, Replication> {
 }
 
 impl Replicator for LogReplicator {
+    fn generation(&self, partition: i32) -> Option<u64> {
+        self.lock().logs.get(&partition).map(|l| l.generation)
+    }
+
     fn replicate(
         &self,
         partition: i32,
+        generation: u64,
         events: &[NewEvent],
         history: &dyn Fn(TaskId) -> sendledger_store::Result<Vec<Event>>,
     ) -> Result<i64, Replication> {
-        let Some(log) = self.lock().logs.get(&partition).cloned() else {
-            return Err(Replication::Lost(format!(
-                "requests partition {partition} is not assigned to this instance"
-            )));
+        let log = match self.lock().logs.get(&partition) {
+            Some(l) if l.generation == generation => l.log.clone(),
+            Some(_) => {
+                return Err(Replication::Lost(format!(
+                    "requests partition {partition} was taken over anew since these events were decided"
+                )))
+            }
+            None => {
+                return Err(Replication::Lost(format!(
+                    "requests partition {partition} is not assigned to this instance"
+                )))
+            }
         };
         // The messages this batch records: committed with it, their offsets may be too.
         let recorded: BTreeSet<i64> = events
@@ -360,7 +384,7 @@ impl Owned {
     fn is_current(&self, partition: i32, log: &Arc<PartitionLog>) -> bool {
         self.logs
             .get(&partition)
-            .is_some_and(|current| Arc::ptr_eq(current, log))
+            .is_some_and(|current| Arc::ptr_eq(&current.log, log))
     }
 
     /// Gives partition `partition`'s log and what goes with it up.
@@ -377,9 +401,10 @@ mod tests {
     use super::*;
     use crate::{Kafka, KafkaConfig};
 
-    /// A transaction of a log that is not its partition's any more (the partition was revoked
-    /// while it was under way, then owned again through a new log) fails alone: the new log
-    /// stays and nothing is reported lost. The same failure of the current log gives the
+    /// Each log taken on is a new generation of its partition. A transaction of a log that is
+    /// not its partition's any more (the partition was revoked while it was under way, then
+    /// owned again through a new log) fails alone: the new log stays and nothing is reported
+    /// lost. The same failure of the current log gives the
     /// partition up and reports it.
     #[test]
     fn a_late_failure_of_a_log_given_up_costs_the_partition_nothing() {
@@ -387,10 +412,13 @@ mod tests {
         let open = || PartitionLog::open(&kafka, 0, Duration::from_secs(20)).unwrap();
         let replicator = LogReplicator::new("group");
         replicator.own(open());
-        let given_up = replicator.lock().logs[&0].clone();
+        let given_up = replicator.lock().logs[&0].log.clone();
+        assert_eq!(replicator.generation(0), Some(1));
         replicator.release(0);
+        assert_eq!(replicator.generation(0), None);
         replicator.own(open());
-        let current = replicator.lock().logs[&0].clone();
+        assert_eq!(replicator.generation(0), Some(2), "taken over anew");
+        let current = replicator.lock().logs[&0].log.clone();
         let fail = |log: &Arc<PartitionLog>| {
             let fenced = LogError::Fenced {
                 partition: 0,

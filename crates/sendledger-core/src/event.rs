@@ -39,7 +39,8 @@ pub enum NotSentCause {
     ServerError { status: u16 },
     /// This process could not write anything for a reason of its own: it ran out of a local
     /// resource (file descriptors), or (kafka mode) the attempt's send lease ended before its
-    /// first byte. Not the remote's doing, so it does not use up the target's `max_attempts`.
+    /// first byte, or its partition was revoked between its intent and its first byte. Not the
+    /// remote's doing, so it does not use up the target's `max_attempts`.
     /// (Envelope version 2.)
     LocalResources(String),
 }

@@ -62,9 +62,11 @@ pub enum Error {
     /// tried again.
     #[error("the events of requests partition {partition} could not be written to the log of record: {detail}")]
     NotReplicated { partition: i32, detail: String },
-    /// Kafka mode: the partition now belongs to another instance (this one was fenced);
-    /// nothing of the append was recorded and nothing more may be done for its tasks here.
-    #[error("requests partition {partition} was taken over by another instance; its tasks are not processed here any more: {detail}")]
+    /// Kafka mode: the partition is not this instance's as it was when the append was made
+    /// (another instance fenced this one, or the partition was given up and taken over anew
+    /// since); nothing of the append was recorded and nothing more may be done for its tasks
+    /// on the state the append came from.
+    #[error("requests partition {partition} is no longer owned here as it was when the append was made; its tasks are not processed on that state any more: {detail}")]
     PartitionLost { partition: i32, detail: String },
     /// Kafka mode: an append with events named no requests partition (a defect: every task
     /// belongs to the partition of its request).

@@ -67,12 +67,21 @@ pub struct Append {
 /// appends, their events are made durable there (the Kafka crate implements it). Each call
 /// runs on a thread of its own, one at a time per partition, partitions in parallel.
 pub trait Replicator: Send + Sync {
-    /// Makes `events` (of requests partition `partition`, in order) durable in its log, and
-    /// returns the position to read the log from after them (the checkpoint recorded with the
-    /// events). `history` reads the events the ledger holds for a task, those before `events`.
+    /// The generation of requests partition `partition`'s log here: it changes each time the
+    /// partition is taken over (its log opened anew), and is `None` while the partition is not
+    /// owned here. An append carries the generation it was made in; one made in an earlier
+    /// generation is refused, since the partition's tasks were resumed from the log since.
+    fn generation(&self, partition: i32) -> Option<u64>;
+
+    /// Makes `events` (of requests partition `partition`, in order) durable in its log of
+    /// generation `generation` (refused as lost when the partition's log is of another one),
+    /// and returns the position to read the log from after them (the checkpoint recorded with
+    /// the events). `history` reads the events the ledger holds for a task, those before
+    /// `events`.
     fn replicate(
         &self,
         partition: i32,
+        generation: u64,
         events: &[NewEvent],
         history: &dyn Fn(TaskId) -> Result<Vec<Event>>,
     ) -> std::result::Result<i64, Replication>;
@@ -149,6 +158,9 @@ impl JournalStats {
 pub(crate) struct Request {
     pub append: Append,
     pub ack: oneshot::Sender<Result<Range<u64>>>,
+    /// Kafka mode: the generation of the append's partition when it was made (see
+    /// [`Replicator::generation`]).
+    pub generation: Option<u64>,
 }
 
 /// Most appends one batch takes; the rest wait for the next batch.
@@ -315,20 +327,28 @@ fn run_replicated(mut writer: Writer, slot: &ReplicatorSlot, rx: Receiver<Reques
         // Recorded before the next transactions start: they read these tasks' histories.
         writer.write(&mut ready);
         for (partition, members) in groups {
+            let replicator = slot.get().cloned();
+            let generation = replicator.as_ref().and_then(|r| r.generation(partition));
+            let members = match &replicator {
+                Some(_) => refuse_stale(partition, generation, members),
+                None => members,
+            };
+            if members.is_empty() {
+                continue;
+            }
             busy.insert(partition, Vec::new());
             let events: Vec<NewEvent> = members
                 .iter()
                 .flat_map(|r| r.append.events.iter().cloned())
                 .collect();
             let (db, done) = (writer.db.clone(), done_tx.clone());
-            let replicator = slot.get().cloned();
             let spawned = std::thread::Builder::new()
                 .name(format!("sendledger-log-{partition}"))
                 .spawn(move || {
                     let history = |task| crate::ledger::task_events(&db, task);
-                    let outcome = match replicator {
-                        Some(r) => r.replicate(partition, &events, &history),
-                        None => Err(Replication::Failed(
+                    let outcome = match (replicator, generation) {
+                        (Some(r), Some(g)) => r.replicate(partition, g, &events, &history),
+                        _ => Err(Replication::Failed(
                             "the log of record is not open yet".into(),
                         )),
                     };
@@ -346,6 +366,28 @@ fn run_replicated(mut writer: Writer, slot: &ReplicatorSlot, rx: Receiver<Reques
             }
         }
     }
+}
+
+/// The appends of `members` made in generation `generation` of the partition's log, the one
+/// it has now. The others are answered as lost: made while the partition was not owned here,
+/// or before it was given up and taken over anew (a task's decision from before then, waiting
+/// behind a transaction that outlived the partition's revocation). The partition's tasks were
+/// resumed from its log since, on a state without them.
+fn refuse_stale(partition: i32, generation: Option<u64>, members: Vec<Request>) -> Vec<Request> {
+    let (current, stale): (Vec<_>, Vec<_>) = members
+        .into_iter()
+        .partition(|r| r.generation.is_some() && r.generation == generation);
+    for req in stale {
+        let detail = match generation {
+            None => "the partition is not owned here",
+            Some(_) => "the partition was given up and taken over anew since the append was made",
+        };
+        let _ = req.ack.send(Err(Error::PartitionLost {
+            partition,
+            detail: detail.into(),
+        }));
+    }
+    current
 }
 
 /// Moves a finished transaction's appends to `ready` (the last one carrying the partition's
@@ -496,9 +538,14 @@ mod tests {
     }
 
     impl Replicator for Log {
+        fn generation(&self, _partition: i32) -> Option<u64> {
+            Some(0)
+        }
+
         fn replicate(
             &self,
             partition: i32,
+            _generation: u64,
             events: &[NewEvent],
             history: &dyn Fn(TaskId) -> Result<Vec<Event>>,
         ) -> std::result::Result<i64, Replication> {
@@ -620,12 +667,41 @@ mod tests {
         open: Mutex<bool>,
         opened: std::sync::Condvar,
         calls: Mutex<Vec<(i32, usize)>>,
+        /// The generation of every partition's log.
+        generation: std::sync::atomic::AtomicU64,
+    }
+
+    impl Gate {
+        fn closed() -> Arc<Gate> {
+            Arc::new(Gate {
+                open: Mutex::new(false),
+                opened: std::sync::Condvar::new(),
+                calls: Mutex::new(Vec::new()),
+                generation: std::sync::atomic::AtomicU64::new(0),
+            })
+        }
+
+        fn open(&self) {
+            *self.open.lock().unwrap() = true;
+            self.opened.notify_all();
+        }
+
+        fn wait_for_calls(&self, n: usize) {
+            while self.calls.lock().unwrap().len() < n {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
     }
 
     impl Replicator for Gate {
+        fn generation(&self, _partition: i32) -> Option<u64> {
+            Some(self.generation.load(Ordering::SeqCst))
+        }
+
         fn replicate(
             &self,
             partition: i32,
+            _generation: u64,
             events: &[NewEvent],
             history: &dyn Fn(TaskId) -> Result<Vec<Event>>,
         ) -> std::result::Result<i64, Replication> {
@@ -644,11 +720,7 @@ mod tests {
     #[test]
     fn a_partition_whose_transaction_hangs_holds_up_only_its_own_appends() {
         let (_dir, ledger) = replicated_ledger();
-        let gate = Arc::new(Gate {
-            open: Mutex::new(false),
-            opened: std::sync::Condvar::new(),
-            calls: Mutex::new(Vec::new()),
-        });
+        let gate = Gate::closed();
         assert!(ledger.install_replicator(gate.clone()).is_ok());
         let (slow, body) = accepted();
         let dup = EventBody::DuplicateDelivery { source: src(8) };
@@ -657,9 +729,7 @@ mod tests {
             let events = events_of(slow, 0, vec![body.clone()]);
             std::thread::spawn(move || ledger.append_blocking(append(Some(3), events)))
         };
-        while gate.calls.lock().unwrap().is_empty() {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
+        gate.wait_for_calls(1);
         let second = {
             let ledger = ledger.clone();
             let events = events_of(slow, 1, vec![dup.clone()]);
@@ -692,8 +762,7 @@ mod tests {
             "one transaction at a time per partition"
         );
 
-        *gate.open.lock().unwrap() = true;
-        gate.opened.notify_all();
+        gate.open();
         assert_eq!(first.join().unwrap().unwrap(), 2..3);
         assert_eq!(second.join().unwrap().unwrap(), 3..4);
         assert_eq!(
@@ -702,6 +771,45 @@ mod tests {
             "the next transaction starts once the last one's events are in the ledger"
         );
         assert_eq!(ledger.task_events(slow).unwrap().len(), 2);
+    }
+
+    /// Partition 3 is given up and taken over anew while its transaction hangs (a commit that
+    /// outlived the partition's revocation). An append made before, waiting behind that
+    /// transaction, is refused as lost: the partition's tasks were resumed from its log
+    /// without it. One made after goes into the next transaction, alone.
+    #[test]
+    fn appends_made_before_their_partition_was_taken_over_anew_are_refused() {
+        let (_dir, ledger) = replicated_ledger();
+        let gate = Gate::closed();
+        assert!(ledger.install_replicator(gate.clone()).is_ok());
+        let (slow, body) = accepted();
+        let first = {
+            let ledger = ledger.clone();
+            let events = events_of(slow, 0, vec![body.clone()]);
+            std::thread::spawn(move || ledger.append_blocking(append(Some(3), events)))
+        };
+        gate.wait_for_calls(1);
+        let dup = EventBody::DuplicateDelivery { source: src(8) };
+        let before = ledger
+            .submit(append(Some(3), events_of(slow, 1, vec![dup])))
+            .unwrap();
+        gate.generation.store(1, Ordering::SeqCst);
+        let other = TaskId([7; 16]);
+        let after = ledger
+            .submit(append(Some(3), events_of(other, 0, vec![body])))
+            .unwrap();
+
+        gate.open();
+        assert_eq!(first.join().unwrap().unwrap(), 1..2);
+        let refused = before.blocking_recv().unwrap();
+        assert!(
+            matches!(&refused, Err(Error::PartitionLost { partition: 3, detail }) if detail.contains("taken over anew")),
+            "{refused:?}"
+        );
+        assert_eq!(after.blocking_recv().unwrap().unwrap(), 2..3);
+        assert_eq!(gate.calls.lock().unwrap().len(), 2, "two transactions");
+        assert_eq!(ledger.task_events(slow).unwrap().len(), 1);
+        assert_eq!(ledger.task_events(other).unwrap().len(), 1);
     }
 
     /// An append without events that asks for a turn in its partition's transactions (to

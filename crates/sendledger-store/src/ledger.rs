@@ -476,12 +476,23 @@ impl Ledger {
             .map(|c| c as i64))
     }
 
-    fn submit(&self, append: Append) -> Result<oneshot::Receiver<Result<Range<u64>>>> {
+    pub(crate) fn submit(&self, append: Append) -> Result<oneshot::Receiver<Result<Range<u64>>>> {
         let (ack, rx) = oneshot::channel();
+        // Kafka mode: the generation of the partition's log the append is made in.
+        let generation = match (&self.inner.replicator, append.partition) {
+            (Some(slot), Some(partition)) if !append.restored => {
+                slot.get().and_then(|r| r.generation(partition))
+            }
+            _ => None,
+        };
         let tx = self.inner.tx.lock().unwrap_or_else(|e| e.into_inner());
         tx.as_ref()
             .ok_or(Error::Closed)?
-            .send(Request { append, ack })
+            .send(Request {
+                append,
+                ack,
+                generation,
+            })
             .map_err(|_| Error::Closed)?;
         Ok(rx)
     }

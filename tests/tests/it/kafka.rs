@@ -993,7 +993,7 @@ pub(crate) fn start_tansu_logging_to(log: &Path) -> Tansu {
 }
 
 /// Starts tansu; clients are told to connect to `advertised` (a relay's port) when given.
-fn start_tansu_advertising(advertised: Option<u16>) -> Tansu {
+pub(crate) fn start_tansu_advertising(advertised: Option<u16>) -> Tansu {
     start_tansu_with(advertised, None)
 }
 
@@ -1511,15 +1511,15 @@ async fn requests_deleted_before_processing_are_counted_as_lost() {
 
 /// A TCP relay in front of a broker that a test can cut: while cut, it closes every relayed
 /// connection and every new one at once, as a network partition seen from the client would.
-struct Relay {
-    port: u16,
+pub(crate) struct Relay {
+    pub(crate) port: u16,
     cut: Arc<std::sync::atomic::AtomicBool>,
     generation: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl Relay {
     /// Listens on `port` (the address the broker advertises) and relays to `target`.
-    async fn start_on(port: u16, target: u16) -> Relay {
+    pub(crate) async fn start_on(port: u16, target: u16) -> Relay {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
             .await
             .unwrap();
@@ -1554,7 +1554,7 @@ impl Relay {
         }
     }
 
-    fn set_cut(&self, cut: bool) {
+    pub(crate) fn set_cut(&self, cut: bool) {
         self.cut.store(cut, std::sync::atomic::Ordering::SeqCst);
         if cut {
             self.generation.send_modify(|g| *g += 1);

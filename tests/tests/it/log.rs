@@ -650,6 +650,121 @@ async fn two_instances_in_kafka_mode_split_the_partitions_and_send_nothing_twice
     sim.shutdown().await;
 }
 
+/// Kafka mode with the brokers unreachable for 20 s in the middle of a run: a relay between
+/// the service and the separate broker closes every connection and refuses new ones. The
+/// partitions' transactions fail and the partitions are given up; once the brokers answer
+/// again they are taken over anew (their logs opened, restored from their checkpoints, their
+/// tasks resumed: an attempt sent while its outcome could not be recorded is looked up, never
+/// sent again). Nothing is lost or sent twice: every task has one record at the remote and
+/// exactly one terminal result for a `read_committed` reader of the results topic, and the log
+/// audits clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kafka_mode_rides_out_the_brokers_unreachable_for_a_while() {
+    use crate::kafka::{
+        assert_one_record_each, identity_key, produce, request_json, results_for,
+        start_tansu_advertising, task_ids, Relay,
+    };
+    use sendledger_sim::{Faults, Sim, SimConfig};
+
+    let relay_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let tansu = tokio::task::block_in_place(|| start_tansu_advertising(Some(relay_port)));
+    let relay = Relay::start_on(relay_port, tansu.port).await;
+    let kafka = Kafka::connect(config_for_process(&format!("127.0.0.1:{}", relay.port))).unwrap();
+    let sim = Sim::start(SimConfig {
+        faults: Faults {
+            latency: Duration::from_millis(20),
+            ..Faults::default()
+        },
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let service = kafka_mode_service(dir.path(), &kafka, &sim).await;
+    let keys: Vec<String> = (0..400).map(|i| format!("kafka-cut-{i}")).collect();
+    let messages = |keys: &[String]| -> Vec<(Option<i32>, String, Option<Vec<u8>>)> {
+        keys.iter()
+            .map(|k| (None, identity_key(k), Some(request_json(k))))
+            .collect()
+    };
+    produce(&kafka, messages(&keys[..200])).await;
+    // Cut once the work is under way.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while sim.stats().posts < 20 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing was sent before the outage"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    relay.set_cut(true);
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let during = sim.stats().posts;
+    relay.set_cut(false);
+    produce(&kafka, messages(&keys[200..])).await;
+
+    let (raw, results) = results_for(&kafka, task_ids(&keys)).await;
+    let settled: std::collections::BTreeSet<String> = results
+        .iter()
+        .filter(|r| r.status.is_terminal())
+        .map(|r| r.task_id.clone())
+        .collect();
+    let unsettled: Vec<String> = keys
+        .iter()
+        .map(|k| sendledger_tests::engine::task_id(k))
+        .filter(|id| !settled.contains(&id.to_string()))
+        .map(|id| {
+            let events = service.engine().ledger().task_events(id).unwrap();
+            let names: Vec<&str> = events.iter().map(|e| e.body.name()).collect();
+            format!("{id}: {names:?}")
+        })
+        .collect();
+    assert!(
+        unsettled.is_empty(),
+        "{} tasks without a terminal result, such as {:?}",
+        unsettled.len(),
+        &unsettled[..unsettled.len().min(6)]
+    );
+    assert_one_record_each(&sim, &keys, &results);
+    let mut terminal: std::collections::BTreeMap<&str, usize> = Default::default();
+    for r in &raw {
+        let status = r.value["status"].as_str().unwrap_or_default();
+        if ["succeeded", "rejected", "failed"].contains(&status) {
+            *terminal
+                .entry(r.value["task_id"].as_str().unwrap_or_default())
+                .or_default() += 1;
+        }
+    }
+    let twice: Vec<_> = terminal.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "tasks with more than one terminal result: {twice:?}"
+    );
+    assert_eq!(
+        sim.stats().posts,
+        400,
+        "an attempt was sent again ({during} before the brokers answered again)"
+    );
+    service.shutdown().await.unwrap();
+
+    let topic = kafka.config().events_topic.clone();
+    let report = tokio::task::block_in_place(|| {
+        sendledger_bus::audit_topic(&kafka, &topic, Default::default(), |_, _| {})
+    })
+    .expect("the events topic is audited");
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    assert_eq!(
+        report.tasks_by_state.get("succeeded"),
+        Some(&400),
+        "{report:?}"
+    );
+    sim.shutdown().await;
+}
+
 /// The configuration file of a `sendledger run` process in kafka mode on `dir`, against the
 /// separate broker at `brokers`, with the target `sim` and the admin endpoint on a free port.
 fn kafka_mode_config_file(
