@@ -45,11 +45,16 @@ pub struct KafkaArgs {
     /// this run's ratio to it.
     #[arg(long)]
     compare_engine: bool,
+    /// Partitions of the embedded cluster's topics. It keeps at most 5 MiB per partition, so a
+    /// larger backlog (more tasks at once, or a higher `--rate`) needs more of them.
+    #[arg(long, default_value_t = 4)]
+    partitions: i32,
 }
 
 pub fn run(args: KafkaArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.tasks > 0, "--tasks must be positive");
     anyhow::ensure!(args.rate != Some(0), "--rate must be positive");
+    anyhow::ensure!(args.partitions > 0, "--partitions must be positive");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -67,7 +72,8 @@ async fn bench(args: KafkaArgs) -> anyhow::Result<()> {
     };
     let sim = RemoteProcess::start()?;
     let dir = tempfile::tempdir()?;
-    let config = bench_config(&sim, dir.path(), args.durability)?;
+    let mut config = bench_config(&sim, dir.path(), args.durability)?;
+    config.kafka.partitions = args.partitions;
     let kafka = tokio::task::block_in_place(|| Kafka::connect(config.kafka.clone()))?;
     let n = args.tasks;
     let one = serde_json::to_vec(&bench_request(0, "payments"))?.len() as u64;
@@ -93,6 +99,7 @@ async fn bench(args: KafkaArgs) -> anyhow::Result<()> {
         serde_json::json!({
             "tasks": args.tasks,
             "rate": args.rate,
+            "partitions": args.partitions,
             "durability": format!("{:?}", args.durability).to_lowercase(),
             "produce_per_sec": (n / run.produce_secs).round(),
             "tasks_per_sec": run.tasks_per_sec(),
@@ -168,6 +175,7 @@ fn child_config(sim: &RemoteProcess, config: &Config, bootstrap: &str) -> anyhow
         },
         "kafka": {
             "brokers": bootstrap,
+            "partitions": config.kafka.partitions,
             // As the embedded cluster's own consumers: its brokers hold an empty fetch this
             // long.
             "properties": { "fetch.wait.max.ms": "10" },
