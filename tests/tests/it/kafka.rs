@@ -993,7 +993,7 @@ pub(crate) fn start_tansu_logging_to(log: &Path) -> Tansu {
 }
 
 /// Starts tansu; clients are told to connect to `advertised` (a relay's port) when given.
-pub(crate) fn start_tansu_advertising(advertised: Option<u16>) -> Tansu {
+fn start_tansu_advertising(advertised: Option<u16>) -> Tansu {
     start_tansu_with(advertised, None)
 }
 
@@ -1517,6 +1517,20 @@ pub(crate) struct Relay {
     generation: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
+/// The separate broker, reached only through a [`Relay`] (it advertises the relay's address),
+/// and a client of it through the relay.
+pub(crate) async fn tansu_behind_a_relay() -> (Tansu, Relay, Kafka) {
+    let relay_port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let tansu = tokio::task::block_in_place(|| start_tansu_advertising(Some(relay_port)));
+    let relay = Relay::start_on(relay_port, tansu.port).await;
+    let kafka = Kafka::connect(config_for_process(&format!("127.0.0.1:{}", relay.port))).unwrap();
+    (tansu, relay, kafka)
+}
+
 impl Relay {
     /// Listens on `port` (the address the broker advertises) and relays to `target`.
     pub(crate) async fn start_on(port: u16, target: u16) -> Relay {
@@ -1574,14 +1588,7 @@ async fn the_broker_unreachable_for_a_while_loses_and_duplicates_nothing() {
             .and_then(|s| s.parse().ok())
             .unwrap_or(30),
     );
-    let relay_port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let tansu = tokio::task::block_in_place(|| start_tansu_advertising(Some(relay_port)));
-    let relay = Relay::start_on(relay_port, tansu.port).await;
-    let kafka = Kafka::connect(config_for_process(&format!("127.0.0.1:{}", relay.port))).unwrap();
+    let (_tansu, relay, kafka) = tansu_behind_a_relay().await;
     kafka
         .ensure_topics(1, Duration::from_secs(10), false)
         .await

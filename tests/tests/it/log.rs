@@ -632,17 +632,7 @@ async fn two_instances_in_kafka_mode_split_the_partitions_and_send_nothing_twice
     assert_one_record_each(&sim, &keys, &results);
 
     // The log the two instances wrote audits clean, read as a read_committed consumer.
-    let topic = kafka.config().events_topic.clone();
-    let report = tokio::task::block_in_place(|| {
-        sendledger_bus::audit_topic(&kafka, &topic, Default::default(), |_, _| {})
-    })
-    .expect("the events topic is audited");
-    assert!(report.violations.is_empty(), "{:?}", report.violations);
-    assert_eq!(
-        report.tasks_by_state.get("succeeded"),
-        Some(&200),
-        "{report:?}"
-    );
+    let report = audit_events_topic(&kafka, 200);
     assert!(report
         .skipped_checks
         .iter()
@@ -662,18 +652,11 @@ async fn two_instances_in_kafka_mode_split_the_partitions_and_send_nothing_twice
 async fn kafka_mode_rides_out_the_brokers_unreachable_for_a_while() {
     use crate::kafka::{
         assert_one_record_each, identity_key, produce, request_json, results_for,
-        start_tansu_advertising, task_ids, Relay,
+        tansu_behind_a_relay, task_ids,
     };
     use sendledger_sim::{Faults, Sim, SimConfig};
 
-    let relay_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let tansu = tokio::task::block_in_place(|| start_tansu_advertising(Some(relay_port)));
-    let relay = Relay::start_on(relay_port, tansu.port).await;
-    let kafka = Kafka::connect(config_for_process(&format!("127.0.0.1:{}", relay.port))).unwrap();
+    let (_tansu, relay, kafka) = tansu_behind_a_relay().await;
     let sim = Sim::start(SimConfig {
         faults: Faults {
             latency: Duration::from_millis(20),
@@ -751,17 +734,7 @@ async fn kafka_mode_rides_out_the_brokers_unreachable_for_a_while() {
     );
     service.shutdown().await.unwrap();
 
-    let topic = kafka.config().events_topic.clone();
-    let report = tokio::task::block_in_place(|| {
-        sendledger_bus::audit_topic(&kafka, &topic, Default::default(), |_, _| {})
-    })
-    .expect("the events topic is audited");
-    assert!(report.violations.is_empty(), "{:?}", report.violations);
-    assert_eq!(
-        report.tasks_by_state.get("succeeded"),
-        Some(&400),
-        "{report:?}"
-    );
+    audit_events_topic(&kafka, 400);
     sim.shutdown().await;
 }
 
@@ -1300,4 +1273,21 @@ async fn assert_committed_through(kafka: &Kafka, acked: &[(i32, i64)]) {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// `audit --from-kafka` of the events topic (read as a `read_committed` consumer): no
+/// violation, and `succeeded` tasks succeeded.
+fn audit_events_topic(kafka: &Kafka, succeeded: u64) -> sendledger_core::audit::AuditReport {
+    let topic = kafka.config().events_topic.clone();
+    let report = tokio::task::block_in_place(|| {
+        sendledger_bus::audit_topic(kafka, &topic, Default::default(), |_, _| {})
+    })
+    .expect("the events topic is audited");
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    assert_eq!(
+        report.tasks_by_state.get("succeeded"),
+        Some(&succeeded),
+        "{report:?}"
+    );
+    report
 }
