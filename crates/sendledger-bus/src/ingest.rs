@@ -19,7 +19,8 @@
 //!   byte budget still goes through, alone: nothing else is received until it is done.
 //!   Resuming also wakes the fetchers ([`resume_and_wake`]): librdkafka would otherwise fetch again
 //!   only up to a second later, which capped a backlog's rate at about `max_unfinished`
-//!   messages a second.
+//!   messages a second. Counted in `sendledger_ingest_pauses_total`; the gauge
+//!   `sendledger_ingest_paused` is 1 while paused.
 //! - Rebalances: before partitions are revoked, the thread waits (bounded) for their messages in
 //!   flight, stores their offsets and commits synchronously; messages of revoked partitions that
 //!   finish later are durable in the ledger and dropped by whichever consumer gets them again.
@@ -831,7 +832,13 @@ impl<S: RequestSink> Worker<S> {
             resume_and_wake(&self.consumer, &assignment)
         };
         match res {
-            Ok(()) => t.paused = pause,
+            Ok(()) => {
+                t.paused = pause;
+                if pause {
+                    metrics::counter!("sendledger_ingest_pauses_total").increment(1);
+                }
+                metrics::gauge!("sendledger_ingest_paused").set(f64::from(u8::from(pause)));
+            }
             Err(e) => tracing::warn!(error = %e, "cannot pause or resume partitions"),
         }
     }

@@ -167,6 +167,14 @@ fn describe() {
         "1 while nothing is consumed because another instance is in the consumer group."
     );
     describe_counter!(
+        "sendledger_ingest_pauses_total",
+        "Times the consumer paused its partitions because the requests in flight reached kafka.max_unfinished messages or kafka.max_unfinished_bytes bytes."
+    );
+    describe_gauge!(
+        "sendledger_ingest_paused",
+        "1 while the consumer's partitions are paused at the in-flight budget (a backlog the service is working through)."
+    );
+    describe_counter!(
         "sendledger_ledger_write_failures_total",
         "Ledger batch writes that failed (a full disk, an I/O error): nothing of them was recorded, sent or acknowledged."
     );

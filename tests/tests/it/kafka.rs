@@ -1193,12 +1193,15 @@ async fn run_and_produce_commands() {
     let sim = Sim::start(SimConfig::default()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let config_file = dir.path().join("sendledger.toml");
-    // With the admin endpoint, on a free loopback port.
-    let config = service_config(dir.path(), &brokers, &sim).replace(
-        "[admin]\nlisten = \"127.0.0.1:9464\"\nenabled = false",
-        "[admin]\nlisten = \"127.0.0.1:0\"\nenabled = true",
-    );
+    // With the admin endpoint, on a free loopback port, and an in-flight budget of 4 requests.
+    let config = service_config(dir.path(), &brokers, &sim)
+        .replace(
+            "[admin]\nlisten = \"127.0.0.1:9464\"\nenabled = false",
+            "[admin]\nlisten = \"127.0.0.1:0\"\nenabled = true",
+        )
+        .replace("max_unfinished = 10000\n", "max_unfinished = 4\n");
     assert!(config.contains("127.0.0.1:0"), "{config}");
+    assert!(config.contains("max_unfinished = 4\n"), "{config}");
     std::fs::write(&config_file, config).unwrap();
     let cli = crate::cli::cli;
 
@@ -1275,8 +1278,17 @@ async fn run_and_produce_commands() {
         metrics.contains("# HELP sendledger_attempts_total Attempt outcomes"),
         "{metrics}"
     );
+    let pauses = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("sendledger_ingest_pauses_total "))
+        .and_then(|v| v.parse::<f64>().ok());
+    assert!(
+        pauses.is_some_and(|p| p >= 1.0),
+        "21 requests against a budget of 4 paused no partition: {pauses:?}\n{metrics}"
+    );
     for series in [
         "sendledger_attempts_total{class=\"succeeded\"} 20",
+        "sendledger_ingest_paused 0",
         "sendledger_tasks{state=\"succeeded\"} 20",
         "sendledger_tasks{state=\"rejected\"} 1",
     ] {
