@@ -311,20 +311,20 @@ impl Replicator for LogReplicator {
                 .record(committed.took.as_secs_f64());
             metrics::histogram!("sendledger_log_batch_events").record(events.len() as f64);
         }
-        self.finished(partition, &log, outcome, &recorded, next, projections)
+        self.finished(partition, generation, outcome, &recorded, next, projections)
     }
 }
 
 impl LogReplicator {
-    /// Takes in the outcome of a transaction written through `log`, which was partition
-    /// `partition`'s log when the transaction began. The partition may have been revoked
+    /// Takes in the outcome of a transaction written through the log of generation
+    /// `generation`, which was partition `partition`'s log when the transaction began. The partition may have been revoked
     /// meanwhile, and even owned again through a new log: what the transaction's outcome says
     /// about its writer concerns that writer only (a transaction of a log given up earlier,
     /// failing late, must not give up the new one).
     fn finished(
         &self,
         partition: i32,
-        log: &Arc<PartitionLog>,
+        generation: u64,
         outcome: Result<Committed, LogError>,
         recorded: &BTreeSet<i64>,
         next: Option<i64>,
@@ -333,7 +333,7 @@ impl LogReplicator {
         match outcome {
             Ok(committed) => {
                 let mut owned = self.lock();
-                if owned.is_current(partition, log) {
+                if owned.is_current(partition, generation) {
                     owned.projections.insert(partition, projections);
                     if let Some(frontier) = owned.frontiers.get_mut(&partition) {
                         frontier.committed(recorded, next);
@@ -342,7 +342,7 @@ impl LogReplicator {
                 let (_, last) = committed.events.unwrap_or((-1, -1));
                 Ok(last + 1)
             }
-            Err(e) => Err(self.refused(partition, log, e)),
+            Err(e) => Err(self.refused(partition, generation, e)),
         }
     }
 
@@ -355,11 +355,11 @@ impl LogReplicator {
     /// guessed at. A transaction of a log that is not the partition's any more (revoked while
     /// it was under way, such as the commit of an instance that was stopped past its session)
     /// says nothing about the partition now: only its own batch is refused.
-    fn refused(&self, partition: i32, log: &Arc<PartitionLog>, e: LogError) -> Replication {
+    fn refused(&self, partition: i32, generation: u64, e: LogError) -> Replication {
         let fenced = e.is_fenced();
         {
             let mut owned = self.lock();
-            if !owned.is_current(partition, log) {
+            if !owned.is_current(partition, generation) {
                 drop(owned);
                 tracing::info!(partition, error = %e, "a transaction of a log this instance had already given up failed; its batch is not recorded");
                 return Replication::Lost(e.to_string());
@@ -380,11 +380,11 @@ impl LogReplicator {
 }
 
 impl Owned {
-    /// Whether `log` is partition `partition`'s log now.
-    fn is_current(&self, partition: i32, log: &Arc<PartitionLog>) -> bool {
+    /// Whether the log of generation `generation` is partition `partition`'s log now.
+    fn is_current(&self, partition: i32, generation: u64) -> bool {
         self.logs
             .get(&partition)
-            .is_some_and(|current| Arc::ptr_eq(&current.log, log))
+            .is_some_and(|current| current.generation == generation)
     }
 
     /// Gives partition `partition`'s log and what goes with it up.
@@ -412,14 +412,12 @@ mod tests {
         let open = || PartitionLog::open(&kafka, 0, Duration::from_secs(20)).unwrap();
         let replicator = LogReplicator::new("group");
         replicator.own(open());
-        let given_up = replicator.lock().logs[&0].log.clone();
         assert_eq!(replicator.generation(0), Some(1));
         replicator.release(0);
         assert_eq!(replicator.generation(0), None);
         replicator.own(open());
         assert_eq!(replicator.generation(0), Some(2), "taken over anew");
-        let current = replicator.lock().logs[&0].log.clone();
-        let fail = |log: &Arc<PartitionLog>| {
+        let fail = |generation: u64| {
             let fenced = LogError::Fenced {
                 partition: 0,
                 detail: "fenced by a newer writer".into(),
@@ -427,7 +425,7 @@ mod tests {
             let outcome = Err(fenced);
             replicator.finished(
                 0,
-                log,
+                generation,
                 outcome,
                 &BTreeSet::new(),
                 None,
@@ -436,13 +434,13 @@ mod tests {
         };
 
         assert!(
-            matches!(fail(&given_up), Err(Replication::Lost(_))),
+            matches!(fail(1), Err(Replication::Lost(_))),
             "its batch is refused"
         );
         assert!(replicator.owns(0), "the new log was given up");
         assert!(replicator.take_lost().is_empty());
 
-        assert!(matches!(fail(&current), Err(Replication::Lost(_))));
+        assert!(matches!(fail(2), Err(Replication::Lost(_))));
         assert!(!replicator.owns(0));
         assert_eq!(replicator.take_lost(), [(0, true)]);
     }

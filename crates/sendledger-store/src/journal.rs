@@ -377,11 +377,11 @@ fn refuse_stale(partition: i32, generation: Option<u64>, members: Vec<Request>) 
     let (current, stale): (Vec<_>, Vec<_>) = members
         .into_iter()
         .partition(|r| r.generation.is_some() && r.generation == generation);
+    let detail = match generation {
+        None => "the partition is not owned here",
+        Some(_) => "the partition was given up and taken over anew since the append was made",
+    };
     for req in stale {
-        let detail = match generation {
-            None => "the partition is not owned here",
-            Some(_) => "the partition was given up and taken over anew since the append was made",
-        };
         let _ = req.ack.send(Err(Error::PartitionLost {
             partition,
             detail: detail.into(),
