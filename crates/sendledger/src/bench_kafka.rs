@@ -17,7 +17,7 @@ use sendledger_store::Durability;
 
 use crate::bench::bench_request;
 use crate::bench_engine::parse_durability;
-use crate::bench_process::{own_peak_rss_bytes, RemoteProcess, ServiceProcess};
+use crate::bench_process::{own_cpu_secs, own_peak_rss_bytes, RemoteProcess, ServiceProcess};
 use crate::config::Config;
 use crate::service::Service;
 use crate::wiring::HttpRemote;
@@ -63,7 +63,7 @@ pub fn run(args: KafkaArgs) -> anyhow::Result<()> {
 }
 
 async fn bench(args: KafkaArgs) -> anyhow::Result<()> {
-    let engine_tasks_per_sec = if args.compare_engine {
+    let engine = if args.compare_engine {
         Some(tokio::task::block_in_place(|| {
             engine_alone(args.tasks, args.durability)
         })?)
@@ -103,12 +103,14 @@ async fn bench(args: KafkaArgs) -> anyhow::Result<()> {
             "durability": format!("{:?}", args.durability).to_lowercase(),
             "produce_per_sec": (n / run.produce_secs).round(),
             "tasks_per_sec": run.tasks_per_sec(),
-            "engine_tasks_per_sec": engine_tasks_per_sec,
-            "ratio_to_engine": engine_tasks_per_sec.map(|e| round4(run.tasks_per_sec() / e)),
+            "engine_tasks_per_sec": engine.map(|e| e.tasks_per_sec),
+            "ratio_to_engine": engine.map(|e| round4(run.tasks_per_sec() / e.tasks_per_sec)),
             "tasks_per_sec_after_first_result": (n / run.steady_secs).round(),
             "first_result_after_ms": ((run.total_secs - run.steady_secs) * 1000.0).round(),
             "latency_ms_p50": run.latency_ms(0.50),
             "latency_ms_p99": run.latency_ms(0.99),
+            "cpu_us_per_task": run.cpu_secs.map(|c| (c * 1e6 / n).round()),
+            "engine_cpu_us_per_task": engine.map(|e| e.cpu_us_per_task),
             "fsyncs_per_task": run.batches.map(|b| round4(b as f64 / n)),
             "events_per_task": run.events.map(|e| round4(e as f64 / n)),
             "refolded_per_task": run.refolded.map(|e| round4(e as f64 / n)),
@@ -144,8 +146,15 @@ pub(crate) fn bench_config(
     Ok(config)
 }
 
-/// Tasks per second of `sendledger bench engine` with `tasks` tasks, run as a child process.
-fn engine_alone(tasks: u64, durability: Durability) -> anyhow::Result<f64> {
+/// What `sendledger bench engine` measured.
+#[derive(Clone, Copy)]
+struct EngineAlone {
+    tasks_per_sec: f64,
+    cpu_us_per_task: f64,
+}
+
+/// `sendledger bench engine` with `tasks` tasks, run as a child process.
+fn engine_alone(tasks: u64, durability: Durability) -> anyhow::Result<EngineAlone> {
     let durability = format!("{durability:?}").to_lowercase();
     let out = std::process::Command::new(std::env::current_exe()?)
         .args(["bench", "engine", "--tasks", &tasks.to_string()])
@@ -160,9 +169,15 @@ fn engine_alone(tasks: u64, durability: Durability) -> anyhow::Result<f64> {
     );
     let report: serde_json::Value = serde_json::from_slice(&out.stdout)
         .context("`sendledger bench engine` printed no JSON report")?;
-    report["tasks_per_sec"]
-        .as_f64()
-        .context("`sendledger bench engine` reported no tasks_per_sec")
+    let figure = |name: &str| {
+        report[name]
+            .as_f64()
+            .with_context(|| format!("`sendledger bench engine` reported no {name}"))
+    };
+    Ok(EngineAlone {
+        tasks_per_sec: figure("tasks_per_sec")?,
+        cpu_us_per_task: figure("cpu_us_per_task")?,
+    })
 }
 
 /// The configuration file of a `sendledger run` child doing what `config` describes (its
@@ -233,6 +248,10 @@ pub(crate) struct Run {
     pub refolded: Option<u64>,
     /// A service in a child: its peak resident memory.
     pub service_peak_rss_bytes: Option<u64>,
+    /// A service in this process: the CPU time this process used from the service's start to
+    /// the last result read back (the service, the embedded cluster's brokers, the results
+    /// reader, and with a rate the requests' producer; not the remote, in a child).
+    pub cpu_secs: Option<f64>,
     /// Each task's time from its request handed to the producer to its result read back,
     /// sorted.
     pub latencies: Vec<Duration>,
@@ -313,6 +332,7 @@ pub(crate) async fn through_kafka(
 
     let results = tokio::task::block_in_place(|| ResultsReader::start(kafka))?;
     let started = Instant::now();
+    let cpu_before = own_cpu_secs();
     let mut service = match placement {
         Placement::InProcess => {
             let remote = Arc::new(HttpRemote::new(config.load_targets()?));
@@ -350,6 +370,7 @@ pub(crate) async fn through_kafka(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let total_secs = started.elapsed().as_secs_f64();
+    let cpu_secs = own_cpu_secs() - cpu_before;
     let steady_secs = first_result.map_or(total_secs, |t| t.elapsed().as_secs_f64());
     if let Some(p) = producing.take() {
         produced = Some(p.await??);
@@ -367,10 +388,11 @@ pub(crate) async fn through_kafka(
         })
         .collect();
     latencies.sort_unstable();
-    let (mut batches, mut events, mut refolded, mut service_peak_rss_bytes) =
-        (None, None, None, None);
+    let (mut batches, mut events, mut refolded, mut service_peak_rss_bytes, mut cpu) =
+        (None, None, None, None, None);
     match service {
         Running::InProcess(service) => {
+            cpu = Some(cpu_secs);
             let stats = service.engine().ledger().stats();
             batches = Some(stats.batches.load(Ordering::Relaxed));
             events = Some(stats.events.load(Ordering::Relaxed));
@@ -399,6 +421,7 @@ pub(crate) async fn through_kafka(
         events,
         refolded,
         service_peak_rss_bytes,
+        cpu_secs: cpu,
         latencies,
     })
 }

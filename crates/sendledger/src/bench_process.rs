@@ -179,18 +179,25 @@ impl Drop for ServiceProcess {
     }
 }
 
-/// This process's peak resident memory so far, in bytes, from the kernel.
-pub fn own_peak_rss_bytes() -> u64 {
+/// This process's resource usage so far (its own threads, not its children), from the kernel.
+fn own_usage() -> Option<libc::rusage> {
     // SAFETY: rusage is plain data (integers only), valid when zeroed.
     #[allow(unsafe_code)]
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: RUSAGE_SELF with a pointer to a live local.
     #[allow(unsafe_code)]
     let ok = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } == 0;
+    ok.then_some(usage)
+}
+
+/// This process's peak resident memory so far, in bytes, from the kernel.
+pub fn own_peak_rss_bytes() -> u64 {
     // Linux reports ru_maxrss in KiB.
-    if ok {
-        usage.ru_maxrss as u64 * 1024
-    } else {
-        0
-    }
+    own_usage().map_or(0, |u| u.ru_maxrss as u64 * 1024)
+}
+
+/// The CPU time (user and system, all threads) this process has used so far, in seconds.
+pub fn own_cpu_secs() -> f64 {
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    own_usage().map_or(0.0, |u| secs(u.ru_utime) + secs(u.ru_stime))
 }
