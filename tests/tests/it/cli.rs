@@ -438,6 +438,41 @@ fn bench_effects_with_tls_reports_http_and_https_attempts_and_their_ratio() {
     assert!(report.get("https_to_http_ratio").is_none(), "{report}");
 }
 
+/// `bench kafka --compare-engine` with a few tasks: every task answered once through the
+/// embedded cluster with no duplicate at the remote, both paths' tasks per second and CPU time
+/// per task reported, and the ratio is the Kafka path's rate over the engine's.
+#[test]
+fn bench_kafka_compares_the_kafka_path_with_the_engine_alone() {
+    let out = cli()
+        .args(["bench", "kafka", "--compare-engine", "--tasks", "300"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["tasks"], 300, "{report}");
+    assert_eq!(report["remote_duplicates"], 0, "{report}");
+    for figure in [
+        "tasks_per_sec",
+        "engine_tasks_per_sec",
+        "cpu_us_per_task",
+        "engine_cpu_us_per_task",
+    ] {
+        assert!(report[figure].as_f64().unwrap() > 0.0, "{figure}: {report}");
+    }
+    let ratio = report["ratio_to_engine"].as_f64().unwrap();
+    let expected = report["tasks_per_sec"].as_f64().unwrap()
+        / report["engine_tasks_per_sec"].as_f64().unwrap();
+    assert!(
+        (ratio - expected).abs() < 0.001,
+        "ratio {ratio} is not kafka/engine: {report}"
+    );
+}
+
 /// The body of `GET path` on `addr` (HTTP/1.1, connection closed by the server).
 pub fn http_get(addr: &str, path: &str) -> String {
     use std::io::{Read, Write};
