@@ -44,20 +44,21 @@ pub fn ready_field(line: &str, prefix: &str) -> String {
         .to_string()
 }
 
+/// Runs the binary with `args` and returns what it printed on stdout and on stderr; fails
+/// (showing both) unless it exited 0.
+fn output_of_success(args: &[&str]) -> (String, String) {
+    let out = cli().args(args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    (stdout, stderr)
+}
+
 /// The main job: the whole pipeline through embedded Kafka with faults, duplicates and a
 /// restart, ending with every invariant checked (exit 0 only when all hold).
 #[test]
 fn demo_runs_clean() {
-    let out = cli()
-        .args(["demo", "--tasks", "300", "--seed", "7"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (stdout, stderr) = output_of_success(&["demo", "--tasks", "300", "--seed", "7"]);
     let row = |name: &str| -> u64 {
         let line = stdout
             .lines()
@@ -73,7 +74,6 @@ fn demo_runs_clean() {
 
     // stderr is a pipe here: the progress is plain lines (at most one per tenth of the way,
     // each further than the last), never redrawn in place.
-    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains('\r'), "{stderr:?}");
     assert!(!stderr.contains("\x1b["), "{stderr:?}");
     let done: Vec<u64> = stderr
@@ -393,17 +393,17 @@ fn the_example_configs_run_together() {
 /// Without `--tls` there is no https part.
 #[test]
 fn bench_effects_with_tls_reports_http_and_https_attempts_and_their_ratio() {
-    let out = cli()
-        .args(["bench", "effects", "--tls", "--seconds", "0.4"])
-        .args(["--in-flight", "2", "--rounds", "2"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (stdout, _) = output_of_success(&[
+        "bench",
+        "effects",
+        "--tls",
+        "--seconds",
+        "0.4",
+        "--in-flight",
+        "2",
+        "--rounds",
+        "2",
+    ]);
     let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     let https = &report["https"];
     assert_eq!(report["connections"], "pooled", "{report}");
@@ -443,16 +443,7 @@ fn bench_effects_with_tls_reports_http_and_https_attempts_and_their_ratio() {
 /// per task reported, and the ratio is the Kafka path's rate over the engine's.
 #[test]
 fn bench_kafka_compares_the_kafka_path_with_the_engine_alone() {
-    let out = cli()
-        .args(["bench", "kafka", "--compare-engine", "--tasks", "300"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (stdout, _) = output_of_success(&["bench", "kafka", "--compare-engine", "--tasks", "300"]);
     let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(report["tasks"], 300, "{report}");
     assert_eq!(report["remote_duplicates"], 0, "{report}");
