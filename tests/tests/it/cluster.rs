@@ -26,8 +26,8 @@ use sendledger_core::{Event, EventBody, ResultStatus, UnknownCause};
 use sendledger_sim::{Faults, Sim, SimConfig};
 
 use crate::kafka::{
-    config_for_process, dedupe, identity_key, produce, produce_with, request_json,
-    requests_producer, start_tansu_logging_to, terminal_by_task, validate_all, Rec,
+    config_for_process, dedupe, produce, produce_with, request_messages, requests_producer,
+    start_tansu_logging_to, terminal_by_task, validate_all, Rec,
 };
 
 /// Partitions of every topic: enough for three or four instances to own some each.
@@ -907,11 +907,6 @@ async fn three_instances_survive_kills_scaling_and_a_wiped_disk() {
     for wave in &mut wave_of {
         wave.shuffle(&mut rng);
     }
-    let messages = |wave: &[&String]| -> Vec<(Option<i32>, String, Option<Vec<u8>>)> {
-        wave.iter()
-            .map(|k| (None, identity_key(k), Some(request_json(k))))
-            .collect()
-    };
 
     // The next blow comes once the group has settled (every running instance owns partitions,
     // none twice), or `cap` after the previous one at the latest: on a loaded machine, where
@@ -932,7 +927,7 @@ async fn three_instances_survive_kills_scaling_and_a_wiped_disk() {
     let chaos_started = Instant::now();
     let mut settled_steps = 0;
     for (step, action) in plan.iter().enumerate() {
-        let (kafka2, wave) = (kafka.clone(), messages(&wave_of[step]));
+        let (kafka2, wave) = (kafka.clone(), request_messages(&wave_of[step]));
         producing.push(tokio::spawn(async move { produce(&kafka2, wave).await }));
         // The blow lands a seeded while into the step, once the wave is under way.
         tokio::time::sleep(Duration::from_millis(rng.random_range(200..1_000))).await;
@@ -1005,7 +1000,7 @@ async fn three_instances_survive_kills_scaling_and_a_wiped_disk() {
     if let Some(i) = down.take() {
         tokio::task::block_in_place(|| group.instances[i].start(&timeline));
     }
-    let (kafka2, wave) = (kafka.clone(), messages(&wave_of[waves - 1]));
+    let (kafka2, wave) = (kafka.clone(), request_messages(&wave_of[waves - 1]));
     producing.push(tokio::spawn(async move { produce(&kafka2, wave).await }));
     let produced: usize = {
         let mut n = 0;
@@ -1191,10 +1186,7 @@ impl Stream {
             while !stopped.load(Ordering::Relaxed) {
                 let keys: Vec<String> = (n..n + batch).map(|i| format!("{prefix}-{i}")).collect();
                 n += batch;
-                let messages = keys
-                    .iter()
-                    .map(|k| (None, identity_key(k), Some(request_json(k))))
-                    .collect();
+                let messages = request_messages(keys.iter());
                 let acks = produce_with(&producer, &kafka, messages).await;
                 out.lock()
                     .unwrap()
@@ -1329,14 +1321,7 @@ async fn a_frozen_instance_sends_nothing_for_partitions_it_lost() {
     let taken_over = frozen.elapsed();
 
     // A's unanswered requests delivered again, to B, while A is still frozen.
-    let again = produce(
-        &kafka,
-        in_flight
-            .iter()
-            .map(|k| (None, identity_key(k), Some(request_json(k))))
-            .collect(),
-    )
-    .await;
+    let again = produce(&kafka, request_messages(in_flight.iter())).await;
     assert!(
         again.iter().all(|(p, _)| a_owned.contains(p)),
         "a redelivery went to another partition"

@@ -149,6 +149,35 @@ pub(crate) async fn produce_with(
     out
 }
 
+/// One request message per key for [`produce`]: keyed by the request's identity, its
+/// partition left to the key.
+pub(crate) fn request_messages<K: AsRef<str>>(
+    keys: impl IntoIterator<Item = K>,
+) -> Vec<(Option<i32>, String, Option<Vec<u8>>)> {
+    keys.into_iter()
+        .map(|k| {
+            (
+                None,
+                identity_key(k.as_ref()),
+                Some(request_json(k.as_ref())),
+            )
+        })
+        .collect()
+}
+
+/// A simulated remote whose every answer takes `latency`, with no other fault.
+pub(crate) async fn sim_with_latency(latency: Duration) -> Sim {
+    Sim::start(SimConfig {
+        faults: Faults {
+            latency,
+            ..Faults::default()
+        },
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap()
+}
+
 pub(crate) fn request_json(key: &str) -> Vec<u8> {
     serde_json::to_vec(&request(key)).unwrap()
 }
@@ -464,14 +493,7 @@ async fn end_to_end(kafka: &Kafka, n: usize, seed: u64) {
     deliveries.extend(twice.iter().copied());
     deliveries.shuffle(&mut rng);
     let started = Instant::now();
-    produce(
-        kafka,
-        deliveries
-            .iter()
-            .map(|k| (None, identity_key(k), Some(request_json(k))))
-            .collect(),
-    )
-    .await;
+    produce(kafka, request_messages(deliveries.iter())).await;
 
     let tasks = task_ids(&keys);
     let (raw, results) = results_for(kafka, tasks.clone()).await;
@@ -532,14 +554,7 @@ async fn restart_from_an_old_committed_offset_drops_redeliveries() {
     let first: Vec<String> = (0..200).map(|i| format!("old-{i}")).collect();
 
     let pipeline = Pipeline::start(&kafka, dir.path(), &sim);
-    produce(
-        &kafka,
-        first
-            .iter()
-            .map(|k| (None, identity_key(k), Some(request_json(k))))
-            .collect(),
-    )
-    .await;
+    produce(&kafka, request_messages(first.iter())).await;
     results_for(&kafka, task_ids(&first)).await;
     pipeline.stop().await;
     let posts = sim.stats().posts;
@@ -571,14 +586,7 @@ async fn restart_from_an_old_committed_offset_drops_redeliveries() {
 
     let pipeline = Pipeline::start(&kafka, dir.path(), &sim);
     let second: Vec<String> = (0..50).map(|i| format!("new-{i}")).collect();
-    produce(
-        &kafka,
-        second
-            .iter()
-            .map(|k| (None, identity_key(k), Some(request_json(k))))
-            .collect(),
-    )
-    .await;
+    produce(&kafka, request_messages(second.iter())).await;
     let all: Vec<String> = first.iter().chain(&second).cloned().collect();
     let (_, results) = results_for(&kafka, task_ids(&second)).await;
     let stats = pipeline.ingest.stats().clone();
@@ -638,28 +646,14 @@ async fn broker_faults_delay_but_never_lose_or_duplicate() {
             &[RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT; 4],
         );
     });
-    produce(
-        &kafka,
-        keys[..200]
-            .iter()
-            .map(|k| (None, identity_key(k), Some(request_json(k))))
-            .collect(),
-    )
-    .await;
+    produce(&kafka, request_messages(keys[..200].iter())).await;
 
     tokio::time::sleep(Duration::from_millis(300)).await;
     tokio::task::block_in_place(|| cluster.broker_down(1)).unwrap();
     let kafka2 = kafka.clone();
     let late: Vec<String> = keys[200..].to_vec();
-    let producing = tokio::spawn(async move {
-        produce(
-            &kafka2,
-            late.iter()
-                .map(|k| (None, identity_key(k), Some(request_json(k))))
-                .collect(),
-        )
-        .await
-    });
+    let producing =
+        tokio::spawn(async move { produce(&kafka2, request_messages(late.iter())).await });
     tokio::time::sleep(Duration::from_secs(2)).await;
     tokio::task::block_in_place(|| cluster.broker_up(1)).unwrap();
     producing.await.unwrap();
@@ -1124,12 +1118,7 @@ async fn process_killed_mid_run_against_a_separate_broker() {
     deliveries.shuffle(&mut rng);
     // Half the deliveries before the first process starts, the rest while it is down.
     let (early, late) = deliveries.split_at(deliveries.len() / 2);
-    let messages = |ks: &[&String]| -> Vec<(Option<i32>, String, Option<Vec<u8>>)> {
-        ks.iter()
-            .map(|k| (None, identity_key(k), Some(request_json(k))))
-            .collect()
-    };
-    produce(&kafka, messages(early)).await;
+    produce(&kafka, request_messages(early)).await;
 
     let spawn = || crate::cli::start_run(&config_file, &[]).0;
     let mut child = tokio::task::block_in_place(spawn);
@@ -1145,7 +1134,7 @@ async fn process_killed_mid_run_against_a_separate_broker() {
     tokio::time::sleep(Duration::from_millis(rng.random_range(0..20))).await;
     child.kill().unwrap();
     child.wait().unwrap();
-    produce(&kafka, messages(late)).await;
+    produce(&kafka, request_messages(late)).await;
 
     let mut child = tokio::task::block_in_place(spawn);
     let tasks = task_ids(&keys);
@@ -1605,24 +1594,11 @@ async fn the_broker_unreachable_for_a_while_loses_and_duplicates_nothing() {
         .ensure_topics(1, Duration::from_secs(10), false)
         .await
         .expect("topics created");
-    let sim = Sim::start(SimConfig {
-        faults: Faults {
-            latency: Duration::from_millis(20),
-            ..Faults::default()
-        },
-        ..SimConfig::default()
-    })
-    .await
-    .unwrap();
+    let sim = sim_with_latency(Duration::from_millis(20)).await;
     let dir = tempfile::tempdir().unwrap();
     let pipeline = Pipeline::start(&kafka, dir.path(), &sim);
     let keys: Vec<String> = (0..400).map(|i| format!("cut-{i}")).collect();
-    let messages = |keys: &[String]| {
-        keys.iter()
-            .map(|k| (None, identity_key(k), Some(request_json(k))))
-            .collect::<Vec<_>>()
-    };
-    produce(&kafka, messages(&keys[..200])).await;
+    produce(&kafka, request_messages(&keys[..200])).await;
     // Cut once the work is under way.
     let deadline = Instant::now() + WAIT;
     while sim.stats().posts < 20 {
@@ -1636,7 +1612,7 @@ async fn the_broker_unreachable_for_a_while_loses_and_duplicates_nothing() {
     tokio::time::sleep(outage).await;
     relay.set_cut(false);
     // Requests produced after the outage are consumed by the same, recovered service.
-    produce(&kafka, messages(&keys[200..])).await;
+    produce(&kafka, request_messages(&keys[200..])).await;
 
     let (_, results) = results_for(&kafka, task_ids(&keys)).await;
     assert_exactly_one_terminal(&results, &task_ids(&keys));
@@ -1811,14 +1787,9 @@ async fn two_instances_in_one_group_never_send_a_request_twice() {
     let sim = Sim::start(SimConfig::default()).await.unwrap();
     let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let keys: Vec<String> = (0..200).map(|i| format!("group-{i}")).collect();
-    let messages = || -> Vec<(Option<i32>, String, Option<Vec<u8>>)> {
-        keys.iter()
-            .map(|k| (None, identity_key(k), Some(request_json(k))))
-            .collect()
-    };
 
     let a = Pipeline::start(&kafka, dir_a.path(), &sim);
-    produce(&kafka, messages()).await;
+    produce(&kafka, request_messages(&keys)).await;
     let (_, results) = results_for(&kafka, task_ids(&keys)).await;
     assert_one_record_each(&sim, &keys, &results);
     let a_stats = a.ingest.stats().clone();
@@ -1835,7 +1806,7 @@ async fn two_instances_in_one_group_never_send_a_request_twice() {
         why.contains("another instance is in its consumer group"),
         "{why}"
     );
-    produce(&kafka, messages()).await;
+    produce(&kafka, request_messages(&keys)).await;
     // Time for anything wrongly consumed to show.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(

@@ -568,8 +568,7 @@ async fn each_logged_as_duplicate(kafka: &Kafka, keys: &[String], n: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_instances_in_kafka_mode_split_the_partitions_and_send_nothing_twice() {
     use crate::kafka::{
-        assert_one_record_each, identity_key, produce, request_json, results_for, task_ids,
-        wait_for,
+        assert_one_record_each, produce, request_messages, results_for, task_ids, wait_for,
     };
     use sendledger_sim::{Sim, SimConfig};
 
@@ -578,14 +577,9 @@ async fn two_instances_in_kafka_mode_split_the_partitions_and_send_nothing_twice
     let sim = Sim::start(SimConfig::default()).await.unwrap();
     let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let keys: Vec<String> = (0..200).map(|i| format!("shared-{i}")).collect();
-    let messages = || -> Vec<(Option<i32>, String, Option<Vec<u8>>)> {
-        keys.iter()
-            .map(|k| (None, identity_key(k), Some(request_json(k))))
-            .collect()
-    };
 
     let a = kafka_mode_service(dir_a.path(), &kafka, &sim).await;
-    produce(&kafka, messages()).await;
+    produce(&kafka, request_messages(&keys)).await;
     let (_, results) = results_for(&kafka, task_ids(&keys)).await;
     assert_one_record_each(&sim, &keys, &results);
     let partitions = kafka.config().partitions as usize;
@@ -607,7 +601,7 @@ async fn two_instances_in_kafka_mode_split_the_partitions_and_send_nothing_twice
         },
     )
     .await;
-    produce(&kafka, messages()).await;
+    produce(&kafka, request_messages(&keys)).await;
     each_logged_as_duplicate(&kafka, &keys, 1).await;
     assert_eq!(sim.stats().posts, 200, "a redelivery was sent again");
     let b_tasks: u64 = b
@@ -624,7 +618,7 @@ async fn two_instances_in_kafka_mode_split_the_partitions_and_send_nothing_twice
         || owner_a.partitions().len() == partitions,
     )
     .await;
-    produce(&kafka, messages()).await;
+    produce(&kafka, request_messages(&keys)).await;
     each_logged_as_duplicate(&kafka, &keys, 2).await;
     a.shutdown().await.unwrap();
     assert_eq!(sim.stats().posts, 200, "a redelivery was sent again");
@@ -651,30 +645,16 @@ async fn two_instances_in_kafka_mode_split_the_partitions_and_send_nothing_twice
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kafka_mode_rides_out_the_brokers_unreachable_for_a_while() {
     use crate::kafka::{
-        assert_one_record_each, identity_key, produce, request_json, results_for,
+        assert_one_record_each, produce, request_messages, results_for, sim_with_latency,
         tansu_behind_a_relay, task_ids,
     };
-    use sendledger_sim::{Faults, Sim, SimConfig};
 
     let (_tansu, relay, kafka) = tansu_behind_a_relay().await;
-    let sim = Sim::start(SimConfig {
-        faults: Faults {
-            latency: Duration::from_millis(20),
-            ..Faults::default()
-        },
-        ..SimConfig::default()
-    })
-    .await
-    .unwrap();
+    let sim = sim_with_latency(Duration::from_millis(20)).await;
     let dir = tempfile::tempdir().unwrap();
     let service = kafka_mode_service(dir.path(), &kafka, &sim).await;
     let keys: Vec<String> = (0..400).map(|i| format!("kafka-cut-{i}")).collect();
-    let messages = |keys: &[String]| -> Vec<(Option<i32>, String, Option<Vec<u8>>)> {
-        keys.iter()
-            .map(|k| (None, identity_key(k), Some(request_json(k))))
-            .collect()
-    };
-    produce(&kafka, messages(&keys[..200])).await;
+    produce(&kafka, request_messages(&keys[..200])).await;
     // Cut once the work is under way.
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while sim.stats().posts < 20 {
@@ -688,7 +668,7 @@ async fn kafka_mode_rides_out_the_brokers_unreachable_for_a_while() {
     tokio::time::sleep(Duration::from_secs(20)).await;
     let during = sim.stats().posts;
     relay.set_cut(false);
-    produce(&kafka, messages(&keys[200..])).await;
+    produce(&kafka, request_messages(&keys[200..])).await;
 
     let (raw, results) = results_for(&kafka, task_ids(&keys)).await;
     let settled: std::collections::BTreeSet<String> = results
@@ -785,7 +765,7 @@ fn metric(text: &str, name: &str) -> Option<f64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn each_instance_answers_for_the_partitions_it_owns() {
     use crate::admin::{get_json, http, resolve, TOKEN};
-    use crate::kafka::{identity_key, produce, request_json, results_for, task_ids};
+    use crate::kafka::{produce, request_messages, results_for, task_ids};
 
     let tansu = tokio::task::block_in_place(start_tansu);
     let brokers = format!("127.0.0.1:{}", tansu.port);
@@ -817,13 +797,7 @@ async fn each_instance_answers_for_the_partitions_it_owns() {
 
     let (mut a, admin_a) = start(dir_a.path());
     let keys: Vec<String> = (0..40).map(|i| format!("own-{i}")).collect();
-    produce(
-        &kafka,
-        keys.iter()
-            .map(|k| (None, identity_key(k), Some(request_json(k))))
-            .collect(),
-    )
-    .await;
+    produce(&kafka, request_messages(keys.iter())).await;
     results_for(&kafka, task_ids(&keys)).await;
     let partitions = kafka.config().partitions as usize;
     assert_eq!(owned(admin_a.clone()).await.len(), partitions);
@@ -902,7 +876,7 @@ async fn each_instance_answers_for_the_partitions_it_owns() {
 /// the restore rate).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_partition_of_100000_tasks_is_restored_on_an_empty_disk() {
-    use crate::kafka::{identity_key, produce, request_json};
+    use crate::kafka::{produce, request_messages};
     use sendledger_core::{Event, EventBody, Evidence, Limits, Phase, Source};
     use sendledger_tests::engine::{request, settled, task_id, wait_for};
 
@@ -1024,14 +998,7 @@ async fn a_partition_of_100000_tasks_is_restored_on_an_empty_disk() {
         )));
     }
     let sample: Vec<String> = (0..TASKS).step_by(TASKS / 200).map(key).collect();
-    produce(
-        &kafka,
-        sample
-            .iter()
-            .map(|k| (None, identity_key(k), Some(request_json(k))))
-            .collect(),
-    )
-    .await;
+    produce(&kafka, request_messages(sample.iter())).await;
     let deadline = std::time::Instant::now() + TIMEOUT;
     for k in &sample {
         loop {
@@ -1213,7 +1180,7 @@ async fn check_broker_names_the_promises_each_broker_keeps() {
 /// is recorded, so no later transaction would carry it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_answered_request_is_committed_for_the_group() {
-    use crate::kafka::{identity_key, produce, request_json, results_for, task_ids};
+    use crate::kafka::{produce, request_messages, results_for, task_ids};
     use sendledger_sim::{Sim, SimConfig};
 
     let tansu = tokio::task::block_in_place(start_tansu);
@@ -1222,20 +1189,14 @@ async fn every_answered_request_is_committed_for_the_group() {
     let dir = tempfile::tempdir().unwrap();
     let keys: Vec<String> = (0..40).map(|i| format!("committed-{i}")).collect();
     let service = kafka_mode_service(dir.path(), &kafka, &sim).await;
-    let messages = keys
-        .iter()
-        .map(|k| (None, identity_key(k), Some(request_json(k))))
-        .collect();
+    let messages = request_messages(keys.iter());
     let acked = produce(&kafka, messages).await;
     let (_, results) = results_for(&kafka, task_ids(&keys)).await;
     assert_eq!(results.len(), keys.len());
     assert_committed_through(&kafka, &acked).await;
 
     // The same requests again: each is recorded as a duplicate delivery, nothing is sent.
-    let again = keys
-        .iter()
-        .map(|k| (None, identity_key(k), Some(request_json(k))))
-        .collect();
+    let again = request_messages(keys.iter());
     let acked = produce(&kafka, again).await;
     assert_committed_through(&kafka, &acked).await;
     assert_eq!(
