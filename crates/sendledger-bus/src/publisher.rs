@@ -42,7 +42,7 @@ use crate::error::{Error, Result};
 use crate::projections::Projections;
 pub use crate::records::EVENT_ID_HEADER;
 use crate::records::{
-    event_record_json, events_source, record_headers, results_source, RecordKind,
+    event_record_json, events_source, fold_record_headers, results_source, RecordKind,
 };
 
 /// The ledger cursor holding the last LSN whose records are acknowledged.
@@ -404,15 +404,16 @@ impl Worker {
                 Dest::Events => (&self.events_topic, &self.events_source),
                 Dest::Results => (&self.results_topic, &self.results_source),
             };
-            let mut headers = OwnedHeaders::new_with_capacity(8);
-            for (key, value) in
-                record_headers(&rec.event_id, source, &rec.ce_type, rec.at, rec.trace)
-            {
-                headers = headers.insert(Header {
-                    key,
-                    value: Some(value.as_str()),
-                });
-            }
+            let headers = fold_record_headers(
+                OwnedHeaders::new_with_capacity(8),
+                (&rec.event_id, source, &rec.ce_type, rec.at, rec.trace),
+                |headers, key, value| {
+                    headers.insert(Header {
+                        key,
+                        value: Some(value),
+                    })
+                },
+            );
             let record = FutureRecord::to(topic)
                 .key(&rec.key)
                 .payload(&rec.payload)

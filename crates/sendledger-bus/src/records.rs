@@ -135,19 +135,39 @@ pub fn record_headers(
     at_ms: u64,
     trace: Option<TraceParent>,
 ) -> Vec<(&'static str, String)> {
-    let mut headers = vec![
-        (EVENT_ID_HEADER, event_id.to_string()),
-        (CE_SPECVERSION, "1.0".to_string()),
-        (CE_ID, event_id.to_string()),
-        (CE_SOURCE, ce_source.to_string()),
-        (CE_TYPE, ce_type.to_string()),
-        (CE_TIME, ce_time(at_ms)),
-        (CONTENT_TYPE, "application/json".to_string()),
-    ];
-    if let Some(trace) = trace {
-        headers.push((TRACEPARENT, trace.to_string()));
+    fold_record_headers(
+        Vec::with_capacity(8),
+        (event_id, ce_source, ce_type, at_ms, trace),
+        |mut headers, key, value| {
+            headers.push((key, value.to_string()));
+            headers
+        },
+    )
+}
+
+/// What [`record_headers`] lists, folded into `init` one header at a time, in order, without
+/// owning the values: `header(acc, key, value)`. Takes `record_headers`' arguments as a tuple.
+pub fn fold_record_headers<T>(
+    init: T,
+    (event_id, ce_source, ce_type, at_ms, trace): (&str, &str, &str, u64, Option<TraceParent>),
+    mut header: impl FnMut(T, &'static str, &str) -> T,
+) -> T {
+    let mut acc = init;
+    for (key, value) in [
+        (EVENT_ID_HEADER, event_id),
+        (CE_SPECVERSION, "1.0"),
+        (CE_ID, event_id),
+        (CE_SOURCE, ce_source),
+        (CE_TYPE, ce_type),
+        (CE_TIME, &ce_time(at_ms)),
+        (CONTENT_TYPE, "application/json"),
+    ] {
+        acc = header(acc, key, value);
     }
-    headers
+    match trace {
+        Some(trace) => header(acc, TRACEPARENT, &trace.to_string()),
+        None => acc,
+    }
 }
 
 /// The event an [`EventRecord`] carries: the inverse of [`event_record`]. Faithful for every

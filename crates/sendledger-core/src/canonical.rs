@@ -8,6 +8,7 @@
 //! that text ([`canonical_text`]); a payload built in code, from its value ([`canonical_json`]).
 //! For text without exponents both give the same bytes.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -31,13 +32,27 @@ pub fn canonical_text(text: &str) -> Option<String> {
     Some(out)
 }
 
-/// The members of the JSON object `text`, each value in canonical text, by key. `None` when
-/// `text` is not one JSON object.
-pub fn object_members(text: &str) -> Option<BTreeMap<String, String>> {
+/// Why a text has no canonical form.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotCanonical {
+    /// It is not one JSON value of the expected kind.
+    Invalid,
+    /// An object in it has this key twice (a parsed value would keep one silently).
+    DuplicateKey(String),
+}
+
+/// The members of the JSON object `text`, each value in canonical text, by key; refused when
+/// `text` is not one JSON object or an object in it, at any depth, has a key twice.
+pub fn object_members(text: &str) -> Result<BTreeMap<String, String>, NotCanonical> {
     let mut scan = Scan::new(text);
-    let members = scan.object()?;
-    scan.end()?;
-    Some(members.into_iter().collect())
+    let members = scan.object().and_then(|members| {
+        scan.end()?;
+        Some(members.into_iter().collect())
+    });
+    members.ok_or_else(|| match scan.duplicate {
+        Some(key) => NotCanonical::DuplicateKey(key),
+        None => NotCanonical::Invalid,
+    })
 }
 
 /// The canonical text of an object with these members (values already canonical text).
@@ -100,19 +115,36 @@ fn write_value(value: &Value, out: &mut String) {
 }
 
 fn write_string(s: &str, out: &mut String) {
+    if !s.bytes().any(needs_escape) {
+        out.push('"');
+        out.push_str(s);
+        out.push('"');
+        return;
+    }
     // serde_json's string escaping is deterministic; serializing a &str cannot fail.
     out.push_str(&serde_json::to_string(s).unwrap_or_default());
+}
+
+/// The bytes serde_json writes escaped in a string: `"`, `\` and the control characters.
+fn needs_escape(b: u8) -> bool {
+    b == b'"' || b == b'\\' || b < 0x20
 }
 
 /// A cursor over JSON text that writes its canonical form.
 struct Scan<'a> {
     text: &'a str,
     at: usize,
+    /// The key an object had twice, when that is why the scan failed.
+    duplicate: Option<String>,
 }
 
 impl<'a> Scan<'a> {
     fn new(text: &'a str) -> Scan<'a> {
-        Scan { text, at: 0 }
+        Scan {
+            text,
+            at: 0,
+            duplicate: None,
+        }
     }
 
     fn skip_whitespace(&mut self) {
@@ -172,9 +204,10 @@ impl<'a> Scan<'a> {
             let mut value = String::new();
             self.value(&mut value)?;
             if members.iter().any(|(k, _)| *k == key) {
+                self.duplicate = Some(key.into_owned());
                 return None;
             }
-            members.push((key, value));
+            members.push((key.into_owned(), value));
             if self.eat(b',').is_none() {
                 self.eat(b'}')?;
                 return Some(members);
@@ -182,8 +215,8 @@ impl<'a> Scan<'a> {
         }
     }
 
-    /// A string literal, decoded.
-    fn string(&mut self) -> Option<String> {
+    /// A string literal, decoded (borrowed when it has no escapes).
+    fn string(&mut self) -> Option<Cow<'a, str>> {
         let bytes = self.text.as_bytes();
         if bytes.get(self.at) != Some(&b'"') {
             return None;
@@ -198,7 +231,12 @@ impl<'a> Scan<'a> {
         }
         let literal = &self.text[self.at..=end];
         self.at = end + 1;
-        serde_json::from_str(literal).ok()
+        let inner = &literal[1..literal.len() - 1];
+        if !inner.bytes().any(needs_escape) {
+            return Some(Cow::Borrowed(inner));
+        }
+        // Escapes to decode, or a control character serde_json refuses.
+        serde_json::from_str(literal).ok().map(Cow::Owned)
     }
 
     /// A number or a literal (`true`, `false`, `null`), as written.
@@ -218,6 +256,29 @@ impl<'a> Scan<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn strings_without_escapes_are_copied_and_others_written_as_serde_json_does() {
+        for s in [
+            "plain",
+            "é ü 漢 😀",
+            "a/b",
+            "\u{7f}",
+            "q\"uote",
+            "back\\slash",
+            "tab\t",
+            "\u{1}",
+        ] {
+            let mut out = String::new();
+            write_string(s, &mut out);
+            assert_eq!(out, serde_json::to_string(s).unwrap(), "{s:?}");
+            assert_eq!(canonical_text(&out).as_deref(), Some(out.as_str()), "{s:?}");
+        }
+        // Escapes that need not be are decoded and written as serde_json writes them.
+        assert_eq!(canonical_text(r#""\u0041\/""#).unwrap(), r#""A/""#);
+        // A raw control character is not JSON.
+        assert_eq!(canonical_text("\"a\u{1}\""), None);
+    }
 
     #[test]
     fn text_and_value_agree_except_for_exponents() {
@@ -259,6 +320,10 @@ mod tests {
         let mut members = object_members(r#"{"amount": 1E2, "ref": "old"}"#).unwrap();
         members.insert("ref".into(), string_literal("new"));
         assert_eq!(write_object(&members), r#"{"amount":1E2,"ref":"new"}"#);
-        assert_eq!(object_members("[1]"), None);
+        assert_eq!(object_members("[1]"), Err(NotCanonical::Invalid));
+        assert_eq!(
+            object_members(r#"{"a": {"b": [{"k": 1, "\u006b": 2}]}}"#),
+            Err(NotCanonical::DuplicateKey("k".into()))
+        );
     }
 }

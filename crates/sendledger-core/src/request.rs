@@ -7,15 +7,17 @@
 //! value's numbers exact too (never rounded through an f64, `1e400` not refused), for templates
 //! and filters. A payload with a key twice in one object is refused.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
 use std::str::FromStr;
 
-use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::{Number, Value};
 
-use crate::canonical::{canonical_json, object_members, string_literal, write_object};
+use crate::canonical::{
+    canonical_json, object_members, string_literal, write_object, NotCanonical,
+};
 use crate::error::{Error, Result};
 use crate::ids::{PayloadHash, TaskId};
 use crate::reason::sanitize_reason;
@@ -196,7 +198,7 @@ impl AcceptedRequest {
         &self,
         fields: impl IntoIterator<Item = (&'a str, String)>,
     ) -> Option<String> {
-        let mut members = object_members(&self.payload)?;
+        let mut members = object_members(&self.payload).ok()?;
         for (key, value) in fields {
             members.insert(key.to_owned(), string_literal(&value));
         }
@@ -213,14 +215,22 @@ impl TaskRequest {
     /// Parses a request from JSON bytes (the Kafka message value). An object with a key twice,
     /// at any depth, is refused. The error quotes the input only through [`sanitize_reason`].
     pub fn from_json(bytes: &[u8]) -> Result<TaskRequest> {
-        let json_err = |e: serde_json::Error| Error::Json(sanitize_reason(&e.to_string()));
-        let mut request: TaskRequest = serde_json::from_slice(bytes).map_err(json_err)?;
-        serde_json::from_slice::<UniqueKeys>(bytes).map_err(json_err)?;
-        // serde_json accepted the bytes, so they are UTF-8 and one object with a payload.
-        request.payload_text = std::str::from_utf8(bytes)
-            .ok()
-            .and_then(object_members)
-            .and_then(|mut members| members.remove("payload"));
+        let mut request: TaskRequest = serde_json::from_slice(bytes)
+            .map_err(|e| Error::Json(sanitize_reason(&e.to_string())))?;
+        // serde_json accepted the bytes, so they are UTF-8 and one object with a payload; it
+        // keeps the last of a key written twice, which the canonical scan refuses.
+        let text = std::str::from_utf8(bytes).unwrap_or_default();
+        match object_members(text) {
+            Ok(mut members) => request.payload_text = members.remove("payload"),
+            Err(NotCanonical::DuplicateKey(key)) => {
+                return Err(Error::Json(sanitize_reason(&format!(
+                    "duplicate key `{key}`; a key may appear once per object"
+                ))))
+            }
+            // Not reached for text serde_json accepted; the payload is then written from its
+            // parsed value.
+            Err(NotCanonical::Invalid) => {}
+        }
         Ok(request)
     }
 
@@ -361,67 +371,6 @@ impl Visitor<'_> for LegacyNumberVisitor {
         Number::from_f64(v)
             .map(LegacyNumber)
             .ok_or_else(|| E::custom("not a finite number"))
-    }
-}
-
-/// Any JSON document in which no object has a key twice (serde_json keeps the last silently).
-struct UniqueKeys;
-
-impl<'de> Deserialize<'de> for UniqueKeys {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(UniqueKeys)
-    }
-}
-
-impl<'de> Visitor<'de> for UniqueKeys {
-    type Value = UniqueKeys;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
-
-    fn visit_i64<E>(self, _: i64) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
-
-    fn visit_u64<E>(self, _: u64) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
-
-    fn visit_f64<E>(self, _: f64) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
-
-    fn visit_str<E>(self, _: &str) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
-
-    fn visit_unit<E>(self) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<UniqueKeys, A::Error> {
-        while seq.next_element::<UniqueKeys>()?.is_some() {}
-        Ok(UniqueKeys)
-    }
-
-    // A number kept verbatim also arrives as a map (serde_json's private token → the digits).
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<UniqueKeys, A::Error> {
-        let mut seen = BTreeSet::new();
-        while let Some(key) = map.next_key::<String>()? {
-            if seen.contains(&key) {
-                return Err(de::Error::custom(format_args!(
-                    "duplicate key `{key}`; a key may appear once per object"
-                )));
-            }
-            map.next_value::<UniqueKeys>()?;
-            seen.insert(key);
-        }
-        Ok(UniqueKeys)
     }
 }
 
