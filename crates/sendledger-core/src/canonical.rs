@@ -49,7 +49,7 @@ pub fn object_members(text: &str) -> Result<BTreeMap<String, String>, NotCanonic
         scan.end()?;
         Some(members.into_iter().collect())
     });
-    members.ok_or_else(|| match scan.duplicate {
+    members.ok_or(match scan.duplicate {
         Some(key) => NotCanonical::DuplicateKey(key),
         None => NotCanonical::Invalid,
     })
