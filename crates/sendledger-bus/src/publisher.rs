@@ -406,7 +406,11 @@ impl Worker {
             };
             let headers = fold_record_headers(
                 OwnedHeaders::new_with_capacity(8),
-                (&rec.event_id, source, &rec.ce_type, rec.at, rec.trace),
+                &rec.event_id,
+                source,
+                &rec.ce_type,
+                rec.at,
+                rec.trace,
                 |headers, key, value| {
                     headers.insert(Header {
                         key,

@@ -137,7 +137,11 @@ pub fn record_headers(
 ) -> Vec<(&'static str, String)> {
     fold_record_headers(
         Vec::with_capacity(8),
-        (event_id, ce_source, ce_type, at_ms, trace),
+        event_id,
+        ce_source,
+        ce_type,
+        at_ms,
+        trace,
         |mut headers, key, value| {
             headers.push((key, value.to_string()));
             headers
@@ -146,10 +150,14 @@ pub fn record_headers(
 }
 
 /// What [`record_headers`] lists, folded into `init` one header at a time, in order, without
-/// owning the values: `header(acc, key, value)`. Takes `record_headers`' arguments as a tuple.
+/// owning the values: `header(acc, key, value)`.
 pub fn fold_record_headers<T>(
     init: T,
-    (event_id, ce_source, ce_type, at_ms, trace): (&str, &str, &str, u64, Option<TraceParent>),
+    event_id: &str,
+    ce_source: &str,
+    ce_type: &str,
+    at_ms: u64,
+    trace: Option<TraceParent>,
     mut header: impl FnMut(T, &'static str, &str) -> T,
 ) -> T {
     let mut acc = init;
