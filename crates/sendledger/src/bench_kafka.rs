@@ -85,7 +85,7 @@ async fn bench(args: KafkaArgs) -> anyhow::Result<()> {
     let placement = if args.service_process {
         Placement::Child {
             dir: dir.path(),
-            toml: child_config(&sim, &config, kafka.bootstrap_servers())?,
+            toml: child_config(&config, kafka.bootstrap_servers())?,
         }
     } else {
         Placement::InProcess
@@ -180,25 +180,15 @@ fn engine_alone(tasks: u64, durability: Durability) -> anyhow::Result<EngineAlon
     })
 }
 
-/// The configuration file of a `sendledger run` child doing what `config` describes (its
-/// storage and target), on the brokers at `bootstrap`.
-fn child_config(sim: &RemoteProcess, config: &Config, bootstrap: &str) -> anyhow::Result<String> {
-    let file = serde_json::json!({
-        "storage": {
-            "data": config.storage.data,
-            "durability": format!("{:?}", config.storage.durability).to_lowercase(),
-        },
-        "kafka": {
-            "brokers": bootstrap,
-            "partitions": config.kafka.partitions,
-            // As the embedded cluster's own consumers: its brokers hold an empty fetch this
-            // long.
-            "properties": { "fetch.wait.max.ms": "10" },
-        },
-        "admin": { "enabled": false },
-        "targets": { "payments": sim.target() },
-    });
-    Ok(toml::to_string(&file)?)
+/// The configuration file of a `sendledger run` child doing what `config` describes, on the
+/// brokers at `bootstrap`: `config` itself, serialized (a configuration built as JSON would
+/// carry its numbers as maps, since `arbitrary_precision` is on for the workspace).
+fn child_config(config: &Config, bootstrap: &str) -> anyhow::Result<String> {
+    let mut child = config.clone();
+    child.kafka.brokers = bootstrap.to_string();
+    // As the embedded cluster's own consumers: its brokers hold an empty fetch this long.
+    (child.kafka.properties).insert("fetch.wait.max.ms".into(), "10".into());
+    Ok(toml::to_string(&child)?)
 }
 
 /// Where the service under test runs.

@@ -464,6 +464,33 @@ fn bench_kafka_compares_the_kafka_path_with_the_engine_alone() {
     );
 }
 
+/// `bench kafka --service-process` with a few tasks at a rate: the service runs as a
+/// `sendledger run` child on the configuration the benchmark writes for it, answers every task
+/// once, and the report gives the child's peak RSS (the service's own, well under the
+/// benchmark's) and no figure only the in-process service can know.
+#[test]
+fn bench_kafka_runs_the_service_in_a_child_process() {
+    let (stdout, _) = output_of_success(&[
+        "bench",
+        "kafka",
+        "--service-process",
+        "--tasks",
+        "300",
+        "--rate",
+        "1000",
+    ]);
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["tasks"], 300, "{report}");
+    assert_eq!(report["service_process"], true, "{report}");
+    assert_eq!(report["remote_duplicates"], 0, "{report}");
+    assert!(report["tasks_per_sec"].as_f64().unwrap() > 0.0, "{report}");
+    let rss = report["peak_rss_bytes"].as_u64().unwrap();
+    assert!((1 << 20..4 << 30).contains(&rss), "{report}");
+    for unknown in ["fsyncs_per_task", "events_per_task", "cpu_us_per_task"] {
+        assert!(report[unknown].is_null(), "{unknown}: {report}");
+    }
+}
+
 /// The body of `GET path` on `addr` (HTTP/1.1, connection closed by the server).
 pub fn http_get(addr: &str, path: &str) -> String {
     use std::io::{Read, Write};
