@@ -443,7 +443,8 @@ impl Target {
         idempotency_key: Option<&str>,
         trace: Option<TraceParent>,
     ) -> std::result::Result<Request<Full<Bytes>>, String> {
-        let payload = request.payload_value();
+        let templates = self.body_fields.iter().map(|(_, template)| template);
+        let payload = template::payload_for(request, std::iter::once(&self.url).chain(templates));
         let url = self.url.render_url(request, &payload)?;
         let body = if self.body_fields.is_empty() {
             Bytes::from(request.payload.clone())

@@ -105,6 +105,11 @@ impl Template {
             .collect()
     }
 
+    /// Whether a placeholder of the template reads the payload (`{payload.PATH}`).
+    fn reads_payload(&self) -> bool {
+        (self.parts.iter()).any(|p| matches!(p, Part::Field(Field::Payload(_))))
+    }
+
     /// Renders a URL: field values percent-encoded. A path segment that comes out as `.` or
     /// `..` is an error (it would address another resource at a remote that normalizes paths).
     pub(crate) fn render_url(
@@ -247,6 +252,20 @@ impl Template {
     }
 }
 
+/// The payload as the `templates` render it: parsed when one of them reads it, else `Null`
+/// (read by none), so that a request is not parsed again for templates that only name its
+/// identity or task id.
+pub(crate) fn payload_for<'a>(
+    request: &AcceptedRequest,
+    mut templates: impl Iterator<Item = &'a Template>,
+) -> Value {
+    if templates.any(Template::reads_payload) {
+        request.payload_value()
+    } else {
+        Value::Null
+    }
+}
+
 /// The first path segment of a URL that is `.` or `..` once percent-decoded.
 pub(crate) fn dot_segment(url: &str) -> Option<&str> {
     let path = url.split(['?', '#']).next().unwrap_or_default();
@@ -365,6 +384,18 @@ mod tests {
         }
         .accept(&Limits::default())
         .unwrap()
+    }
+
+    #[test]
+    fn the_payload_is_parsed_only_for_templates_that_read_it() {
+        let r = request();
+        let identity = Template::parse("/c/{request_key}?t={task_id}").unwrap();
+        let reading = Template::parse("{payload.customer.id}").unwrap();
+        assert_eq!(payload_for(&r, [&identity].into_iter()), Value::Null);
+        assert_eq!(payload_for(&r, std::iter::empty()), Value::Null);
+        let payload = payload_for(&r, [&identity, &reading].into_iter());
+        assert_eq!(payload, r.payload_value());
+        assert_eq!(reading.render_text(&r, &payload).unwrap(), "c 1");
     }
 
     #[test]
