@@ -11,6 +11,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::ops::Range;
 
 use serde_json::Value;
 
@@ -45,9 +46,12 @@ pub enum NotCanonical {
 /// `text` is not one JSON object or an object in it, at any depth, has a key twice.
 pub fn object_members(text: &str) -> Result<BTreeMap<String, String>, NotCanonical> {
     let mut scan = Scan::new(text);
-    let members = scan.object().and_then(|members| {
+    let mut values = String::new();
+    let members = scan.members(&mut values).and_then(|members| {
         scan.end()?;
-        Some(members.into_iter().collect())
+        let member =
+            |(key, range): (Cow<str>, Range<usize>)| (key.into_owned(), values[range].to_string());
+        Some(members.into_iter().map(member).collect())
     });
     members.ok_or(match scan.duplicate {
         Some(key) => NotCanonical::DuplicateKey(key),
@@ -58,18 +62,27 @@ pub fn object_members(text: &str) -> Result<BTreeMap<String, String>, NotCanonic
 /// The canonical text of an object with these members (values already canonical text).
 pub fn write_object(members: &BTreeMap<String, String>) -> String {
     let mut out = String::new();
-    out.push('{');
     // A BTreeMap<String, _> iterates in the byte order of its keys.
-    for (i, (key, value)) in members.iter().enumerate() {
+    write_members(
+        members.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        &mut out,
+    );
+    out
+}
+
+/// An object of these members, given in the byte order of their keys (values already
+/// canonical text).
+fn write_members<'k>(members: impl Iterator<Item = (&'k str, &'k str)>, out: &mut String) {
+    out.push('{');
+    for (i, (key, value)) in members.enumerate() {
         if i > 0 {
             out.push(',');
         }
-        write_string(key, &mut out);
+        write_string(key, out);
         out.push(':');
         out.push_str(value);
     }
     out.push('}');
-    out
 }
 
 /// `s` as a JSON string literal, escaped as serde_json writes it.
@@ -167,7 +180,12 @@ impl<'a> Scan<'a> {
 
     fn value(&mut self, out: &mut String) -> Option<()> {
         match self.peek()? {
-            b'{' => out.push_str(&write_object(&self.object()?.into_iter().collect())),
+            b'{' => {
+                let mut values = String::new();
+                let members = self.members(&mut values)?;
+                let members = members.iter();
+                write_members(members.map(|(k, r)| (k.as_ref(), &values[r.clone()])), out);
+            }
             b'[' => {
                 self.at += 1;
                 out.push('[');
@@ -190,29 +208,32 @@ impl<'a> Scan<'a> {
         Some(())
     }
 
-    /// An object's members in the order written; a key written twice is refused.
-    fn object(&mut self) -> Option<Vec<(String, String)>> {
+    /// An object's members in the byte order of their keys: each key, and where its value's
+    /// canonical text is in `values` (written there one after the other). A key written twice
+    /// is refused (found by sorting, so an object of many keys costs n log n, not n²).
+    fn members(&mut self, values: &mut String) -> Option<Vec<(Cow<'a, str>, Range<usize>)>> {
         self.eat(b'{')?;
-        let mut members: Vec<(String, String)> = Vec::new();
-        if self.eat(b'}').is_some() {
-            return Some(members);
-        }
-        loop {
-            self.peek()?;
-            let key = self.string()?;
-            self.eat(b':')?;
-            let mut value = String::new();
-            self.value(&mut value)?;
-            if members.iter().any(|(k, _)| *k == key) {
-                self.duplicate = Some(key.into_owned());
-                return None;
-            }
-            members.push((key.into_owned(), value));
-            if self.eat(b',').is_none() {
-                self.eat(b'}')?;
-                return Some(members);
+        let mut members = Vec::new();
+        if self.eat(b'}').is_none() {
+            loop {
+                self.peek()?;
+                let key = self.string()?;
+                self.eat(b':')?;
+                let start = values.len();
+                self.value(values)?;
+                members.push((key, start..values.len()));
+                if self.eat(b',').is_none() {
+                    self.eat(b'}')?;
+                    break;
+                }
             }
         }
+        members.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+        if let Some(pair) = members.windows(2).find(|pair| pair[0].0 == pair[1].0) {
+            self.duplicate = Some(pair[0].0.to_string());
+            return None;
+        }
+        Some(members)
     }
 
     /// A string literal, decoded (borrowed when it has no escapes).
@@ -313,6 +334,28 @@ mod tests {
         ] {
             assert_eq!(canonical_text(text), None, "{text:?}");
         }
+    }
+
+    #[test]
+    fn many_keys_are_sorted_and_a_repeated_one_is_found() {
+        let keys: Vec<String> = (0..5_000).rev().map(|i| format!("k{i:05}")).collect();
+        let object = |keys: &[String]| {
+            let members: Vec<String> = keys.iter().map(|k| format!("\"{k}\": 1")).collect();
+            format!("{{{}}}", members.join(", "))
+        };
+        let mut sorted = keys.clone();
+        sorted.sort();
+        let expected: Vec<String> = sorted.iter().map(|k| format!("\"{k}\":1")).collect();
+        assert_eq!(
+            canonical_text(&object(&keys)).unwrap(),
+            format!("{{{}}}", expected.join(","))
+        );
+        let mut repeated = keys.clone();
+        repeated.push("k02500".into());
+        assert_eq!(
+            object_members(&object(&repeated)),
+            Err(NotCanonical::DuplicateKey("k02500".into()))
+        );
     }
 
     #[test]
