@@ -154,7 +154,8 @@ impl Default for StorageConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EngineSection {
-    /// Threads running task actors and their HTTP attempts.
+    /// Threads running task actors and their HTTP attempts (default: half the cores, at
+    /// least 1).
     pub workers: usize,
     /// Most task actors alive at once; further messages wait (and the consumer pauses).
     pub max_live_tasks: usize,
