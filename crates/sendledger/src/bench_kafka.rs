@@ -55,11 +55,7 @@ pub fn run(args: KafkaArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.tasks > 0, "--tasks must be positive");
     anyhow::ensure!(args.rate != Some(0), "--rate must be positive");
     anyhow::ensure!(args.partitions > 0, "--partitions must be positive");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    runtime.block_on(bench(args))
+    crate::serve::runtime()?.block_on(bench(args))
 }
 
 async fn bench(args: KafkaArgs) -> anyhow::Result<()> {

@@ -49,11 +49,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<bool> {
         .data
         .clone()
         .unwrap_or_else(|| temp.path().join("ledger"));
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    runtime.block_on(demo(args, data))
+    crate::serve::runtime()?.block_on(demo(args, data))
 }
 
 /// Set up; produce every delivery; run until every task has a result, restarting the service

@@ -48,7 +48,10 @@ pub struct SimRemoteArgs {
     tls_client_ca: Option<PathBuf>,
 }
 
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+/// The runtime a service runs on: `run` and `sim-remote`'s, and the demo's and `bench kafka`'s,
+/// which run the service in their own process (so the benchmark's service has the same
+/// threads as `run`'s).
+pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .max_blocking_threads(MAX_BLOCKING_THREADS)
