@@ -178,7 +178,8 @@ fn engine_alone(tasks: u64, durability: Durability) -> anyhow::Result<EngineAlon
 
 /// The configuration file of a `sendledger run` child doing what `config` describes, on the
 /// brokers at `bootstrap`: `config` itself, serialized (a configuration built as JSON would
-/// carry its numbers as maps, since `arbitrary_precision` is on for the workspace).
+/// carry its numbers as maps, since `arbitrary_precision` is on for the workspace). `Config`
+/// serializes secrets as `***`; the benchmark's configuration has none.
 fn child_config(config: &Config, bootstrap: &str) -> anyhow::Result<String> {
     let mut child = config.clone();
     child.kafka.brokers = bootstrap.to_string();

@@ -465,9 +465,9 @@ fn bench_kafka_compares_the_kafka_path_with_the_engine_alone() {
 }
 
 /// `bench kafka --service-process` with a few tasks at a rate: the service runs as a
-/// `sendledger run` child on the configuration the benchmark writes for it, answers every task
-/// once, and the report gives the child's peak RSS (the service's own, well under the
-/// benchmark's) and no figure only the in-process service can know.
+/// `sendledger run` child on the configuration the benchmark writes for it, every task's result
+/// is read back with no duplicate at the remote, and the report gives the child's peak RSS and
+/// no figure only the in-process service can know.
 #[test]
 fn bench_kafka_runs_the_service_in_a_child_process() {
     let (stdout, _) = output_of_success(&[
