@@ -9,7 +9,6 @@
 //! For text without exponents both give the same bytes.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::ops::Range;
 
@@ -42,32 +41,83 @@ pub enum NotCanonical {
     DuplicateKey(String),
 }
 
-/// The members of the JSON object `text`, each value in canonical text, by key; refused when
-/// `text` is not one JSON object or an object in it, at any depth, has a key twice.
-pub fn object_members(text: &str) -> Result<BTreeMap<String, String>, NotCanonical> {
+/// The canonical text of member `key` of the JSON object `text` (`None` when it has no such
+/// member); refused when `text` is not one JSON object or an object in it, at any depth, has a
+/// key twice.
+pub fn object_member(text: &str, key: &str) -> Result<Option<String>, NotCanonical> {
+    scan_object(text, |members, values| {
+        let i = members.binary_search_by(|(k, _)| k.as_bytes().cmp(key.as_bytes()));
+        i.ok().map(|i| values[members[i].1.clone()].to_string())
+    })
+}
+
+/// The canonical text of the JSON object `text` with `fields` set as string members (replacing
+/// any of the same name; of a name given twice, the last). Refused as [`object_member`] is.
+pub fn object_with_fields<'f>(
+    text: &str,
+    fields: impl IntoIterator<Item = (&'f str, String)>,
+) -> Result<String, NotCanonical> {
+    let mut fields: Vec<(&str, String)> = fields.into_iter().collect();
+    // Stable: of two fields with one name the later stays last, and is the one kept.
+    fields.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+    let mut literals = String::new();
+    let mut set: Vec<(&str, Range<usize>)> = Vec::with_capacity(fields.len());
+    for (i, (key, value)) in fields.iter().enumerate() {
+        if fields.get(i + 1).is_some_and(|next| next.0 == *key) {
+            continue;
+        }
+        let start = literals.len();
+        write_string(value, &mut literals);
+        set.push((key, start..literals.len()));
+    }
+    scan_object(text, |members, values| {
+        let mut out = String::with_capacity(text.len() + literals.len() + 16 * set.len());
+        let (mut old, mut new) = (members.iter().peekable(), set.iter().peekable());
+        let merged = std::iter::from_fn(|| {
+            let order = match (old.peek(), new.peek()) {
+                (None, None) => return None,
+                (Some(_), None) => std::cmp::Ordering::Less,
+                (None, Some(_)) => std::cmp::Ordering::Greater,
+                (Some((o, _)), Some((n, _))) => o.as_bytes().cmp(n.as_bytes()),
+            };
+            if order == std::cmp::Ordering::Equal {
+                old.next();
+            }
+            Some(match order {
+                std::cmp::Ordering::Less => {
+                    let (k, r) = old.next()?;
+                    (k.as_ref(), &values[r.clone()])
+                }
+                _ => {
+                    let (k, r) = new.next()?;
+                    (*k, &literals[r.clone()])
+                }
+            })
+        });
+        write_members(merged, &mut out);
+        out
+    })
+}
+
+/// Scans the JSON object `text` and hands `f` its members in the byte order of their keys,
+/// each with the range of its canonical value in the second argument.
+fn scan_object<R>(
+    text: &str,
+    f: impl FnOnce(&[(Cow<str>, Range<usize>)], &str) -> R,
+) -> Result<R, NotCanonical> {
     let mut scan = Scan::new(text);
     let mut values = String::new();
     let members = scan.members(&mut values).and_then(|members| {
         scan.end()?;
-        let member =
-            |(key, range): (Cow<str>, Range<usize>)| (key.into_owned(), values[range].to_string());
-        Some(members.into_iter().map(member).collect())
+        Some(members)
     });
-    members.ok_or(match scan.duplicate {
-        Some(key) => NotCanonical::DuplicateKey(key),
-        None => NotCanonical::Invalid,
-    })
-}
-
-/// The canonical text of an object with these members (values already canonical text).
-pub fn write_object(members: &BTreeMap<String, String>) -> String {
-    let mut out = String::new();
-    // A BTreeMap<String, _> iterates in the byte order of its keys.
-    write_members(
-        members.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-        &mut out,
-    );
-    out
+    match members {
+        Some(members) => Ok(f(&members, &values)),
+        None => Err(match scan.duplicate {
+            Some(key) => NotCanonical::DuplicateKey(key),
+            None => NotCanonical::Invalid,
+        }),
+    }
 }
 
 /// An object of these members, given in the byte order of their keys (values already
@@ -83,13 +133,6 @@ fn write_members<'k>(members: impl Iterator<Item = (&'k str, &'k str)>, out: &mu
         out.push_str(value);
     }
     out.push('}');
-}
-
-/// `s` as a JSON string literal, escaped as serde_json writes it.
-pub fn string_literal(s: &str) -> String {
-    let mut out = String::new();
-    write_string(s, &mut out);
-    out
 }
 
 fn write_value(value: &Value, out: &mut String) {
@@ -353,19 +396,40 @@ mod tests {
         let mut repeated = keys.clone();
         repeated.push("k02500".into());
         assert_eq!(
-            object_members(&object(&repeated)),
+            object_member(&object(&repeated), "k00000"),
             Err(NotCanonical::DuplicateKey("k02500".into()))
         );
     }
 
     #[test]
-    fn members_can_be_replaced_and_written_back() {
-        let mut members = object_members(r#"{"amount": 1E2, "ref": "old"}"#).unwrap();
-        members.insert("ref".into(), string_literal("new"));
-        assert_eq!(write_object(&members), r#"{"amount":1E2,"ref":"new"}"#);
-        assert_eq!(object_members("[1]"), Err(NotCanonical::Invalid));
+    fn a_member_is_read_and_fields_are_set_in_key_order() {
+        let text = r#"{"ref": "old", "amount": 1E2, "z": {"b": 1, "a": [2]}}"#;
+        assert_eq!(object_member(text, "amount"), Ok(Some("1E2".into())));
         assert_eq!(
-            object_members(r#"{"a": {"b": [{"k": 1, "\u006b": 2}]}}"#),
+            object_member(text, "z"),
+            Ok(Some(r#"{"a":[2],"b":1}"#.into()))
+        );
+        assert_eq!(object_member(text, "missing"), Ok(None));
+        let set = |fields: &[(&'static str, &str)]| {
+            object_with_fields(text, fields.iter().map(|(k, v)| (*k, v.to_string())))
+        };
+        assert_eq!(
+            set(&[("ref", "new"), ("a", "x\"y"), ("m", "1"), ("~", "")]).unwrap(),
+            r#"{"a":"x\"y","amount":1E2,"m":"1","ref":"new","z":{"a":[2],"b":1},"~":""}"#
+        );
+        assert_eq!(
+            set(&[("m", "first"), ("m", "last")]).unwrap(),
+            r#"{"amount":1E2,"m":"last","ref":"old","z":{"a":[2],"b":1}}"#
+        );
+        assert_eq!(
+            object_with_fields("{}", [("k", "v".to_string())]).unwrap(),
+            r#"{"k":"v"}"#
+        );
+        assert_eq!(set(&[]).unwrap(), canonical_text(text).unwrap());
+        assert_eq!(object_member("[1]", "a"), Err(NotCanonical::Invalid));
+        assert_eq!(object_with_fields("{} x", []), Err(NotCanonical::Invalid));
+        assert_eq!(
+            object_member(r#"{"a": {"b": [{"k": 1, "\u006b": 2}]}}"#, "a"),
             Err(NotCanonical::DuplicateKey("k".into()))
         );
     }

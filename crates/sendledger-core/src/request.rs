@@ -15,9 +15,7 @@ use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::{Number, Value};
 
-use crate::canonical::{
-    canonical_json, object_members, string_literal, write_object, NotCanonical,
-};
+use crate::canonical::{canonical_json, object_member, object_with_fields, NotCanonical};
 use crate::error::{Error, Result};
 use crate::ids::{PayloadHash, TaskId};
 use crate::reason::sanitize_reason;
@@ -198,11 +196,7 @@ impl AcceptedRequest {
         &self,
         fields: impl IntoIterator<Item = (&'a str, String)>,
     ) -> Option<String> {
-        let mut members = object_members(&self.payload).ok()?;
-        for (key, value) in fields {
-            members.insert(key.to_owned(), string_literal(&value));
-        }
-        Some(write_object(&members))
+        object_with_fields(&self.payload, fields).ok()
     }
 
     /// The payload as a JSON value (it was valid JSON when accepted).
@@ -220,8 +214,8 @@ impl TaskRequest {
         // serde_json accepted the bytes, so they are UTF-8 and one object with a payload; it
         // keeps the last of a key written twice, which the canonical scan refuses.
         let text = std::str::from_utf8(bytes).unwrap_or_default();
-        match object_members(text) {
-            Ok(mut members) => request.payload_text = members.remove("payload"),
+        match object_member(text, "payload") {
+            Ok(payload) => request.payload_text = payload,
             Err(NotCanonical::DuplicateKey(key)) => {
                 return Err(Error::Json(sanitize_reason(&format!(
                     "duplicate key `{key}`; a key may appear once per object"
