@@ -239,10 +239,23 @@ impl TaskActor {
             }
         }
         let input = self.unsent_outcome(input);
+        if let (None, None, TaskInput::Deliver { request, .. }) =
+            (&self.state.request, &self.slot, &input)
+        {
+            // A new task's first delivery sends its first attempt (unless the core refuses
+            // it, which then spends one unit of the target's rate): room at the target first,
+            // then the decision, from the time the room was found.
+            let reserve = self.shared.remote.reserve(&request.target);
+            return Box::pin(reserve.into_actor(self).then(move |slot, act, _| {
+                act.slot = Some(slot);
+                act.decide_and_append(input)
+            }));
+        }
         let now = crate::now_ms();
         let mut clear = None;
         let mut source = None;
-        let again = input.clone();
+        // What to decide again once there is room at the target, should this decide to send.
+        let again = self.slot.is_none().then(|| input.clone());
         let core_input = match input {
             TaskInput::Deliver { request, source: s } => {
                 source = Some(s.clone());
@@ -291,10 +304,11 @@ impl TaskActor {
             Ok(d) => d,
             Err(e) => return Box::pin(fut::ready(Err(e.into()))),
         };
-        if let (Action::Send { .. }, None) = (&decision.action, &self.slot) {
-            // Room at the target first, then the intent: wait, and decide again from now.
-            if let Some(target) = target_of(&self.state, &decision) {
-                let reserve = self.shared.remote.reserve(&target);
+        if let (Action::Send { .. }, Some(again)) = (&decision.action, again) {
+            // Room at the target first, then the intent: wait, and decide again from now. (A
+            // task with no request yet took its room before its first decision, above.)
+            if let Some(request) = &self.state.request {
+                let reserve = self.shared.remote.reserve(&request.target);
                 return Box::pin(reserve.into_actor(self).then(move |slot, act, _| {
                     act.slot = Some(slot);
                     act.decide_and_append(again)
@@ -489,20 +503,6 @@ impl TaskActor {
             });
         }
     }
-}
-
-/// The target of the task a decision is about (accepted just now, or earlier).
-fn target_of(state: &State, decision: &Decision) -> Option<String> {
-    state
-        .request
-        .as_ref()
-        .map(|r| r.target.clone())
-        .or_else(|| {
-            decision.events.iter().find_map(|e| match e {
-                EventBody::TaskAccepted { request, .. } => Some(request.target.clone()),
-                _ => None,
-            })
-        })
 }
 
 /// What the task's writer appends for a decision: its events, the task's new summary, the
