@@ -7,9 +7,8 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::ToBytes;
 use rdkafka::producer::future_producer::DeliveryFuture;
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer, ProducerContext};
 use sendledger_core::TaskRequest;
 use tokio::sync::OnceCell;
 
@@ -74,6 +73,8 @@ impl RequestProducer {
     /// Hands one message to the producer, waiting while its queue is full; the returned future
     /// resolves to the message's `(partition, offset)` once it is acknowledged. Must be called
     /// within a tokio runtime.
+    // rdkafka's send returns the record with its error, large, so it can be sent again.
+    #[allow(clippy::result_large_err)]
     pub async fn send(
         &self,
         key: Option<&str>,
@@ -84,7 +85,7 @@ impl RequestProducer {
         if let Some(k) = key {
             record = record.key(k);
         }
-        Ok(ack(enqueue(&self.producer, record).await?))
+        Ok(ack(enqueue(record, |r| self.producer.send_result(r)).await?))
     }
 }
 
@@ -102,7 +103,11 @@ const READY_STEP: Duration = Duration::from_millis(500);
 /// service, on every start). A metadata request answered by a learned broker (not the
 /// bootstrap connection, whose id is -1) has the id asked for at once. Gives up after
 /// [`READY_WITHIN`] (brokers that do not answer): the timer still gets the id.
-pub(crate) async fn ensure_producer_id(producer: &FutureProducer, topic: &str) {
+pub(crate) async fn ensure_producer_id<C, P>(producer: &P, topic: &str)
+where
+    C: ProducerContext + 'static,
+    P: Producer<C> + Clone + Send + 'static,
+{
     let (producer, topic) = (producer.clone(), topic.to_string());
     let answered = tokio::task::spawn_blocking(move || {
         let deadline = Instant::now() + READY_WITHIN;
@@ -125,18 +130,14 @@ pub(crate) async fn ensure_producer_id(producer: &FutureProducer, topic: &str) {
     }
 }
 
-/// Hands `record` to the producer, waiting while its queue is full.
-pub(crate) async fn enqueue<K, P>(
-    producer: &FutureProducer,
-    mut record: FutureRecord<'_, K, P>,
-) -> std::result::Result<DeliveryFuture, KafkaError>
-where
-    K: ToBytes + ?Sized,
-    P: ToBytes + ?Sized,
-{
+/// Hands `record` to a producer with `send`, waiting while the producer's queue is full.
+pub(crate) async fn enqueue<R, T>(
+    mut record: R,
+    mut send: impl FnMut(R) -> std::result::Result<T, (KafkaError, R)>,
+) -> std::result::Result<T, KafkaError> {
     loop {
-        match producer.send_result(record) {
-            Ok(delivery) => return Ok(delivery),
+        match send(record) {
+            Ok(sent) => return Ok(sent),
             Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
                 record = r;
                 tokio::time::sleep(Duration::from_millis(2)).await;

@@ -23,14 +23,15 @@
 //! [`TaskResult`]: sendledger_core::TaskResult
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::produce::{enqueue, ensure_producer_id};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::ClientContext;
 use sendledger_core::error::Chain;
 use sendledger_core::result::event_id;
 use sendledger_core::{TaskId, TraceParent};
@@ -83,7 +84,9 @@ pub struct Publisher {
 impl Publisher {
     /// Starts publishing from the ledger's cursor. Must be called within a tokio runtime.
     pub fn start(kafka: &Kafka, ledger: Ledger) -> Result<Publisher> {
-        let producer: FutureProducer = kafka.client_config(Role::Producer).create()?;
+        let producer = kafka
+            .client_config(Role::Producer)
+            .create_with_context(Acks)?;
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(PublisherStats::default());
         let worker = Worker {
@@ -281,9 +284,49 @@ fn json_err(e: serde_json::Error) -> Error {
     Error::Encode(e.to_string())
 }
 
+/// The publisher's producer context: each record's acknowledgement is counted against its
+/// batch.
+struct Acks;
+
+impl ClientContext for Acks {}
+
+impl ProducerContext for Acks {
+    type DeliveryOpaque = Arc<BatchAcks>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, batch: Arc<BatchAcks>) {
+        if let Err((e, _)) = result {
+            let mut failed = batch.failed.lock().unwrap_or_else(|e| e.into_inner());
+            failed.get_or_insert_with(|| e.clone());
+        }
+        if batch.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            batch.done.notify_one();
+        }
+    }
+}
+
+/// The acknowledgements of one batch: how many of its records librdkafka holds, and the first
+/// delivery that failed.
+#[derive(Default)]
+struct BatchAcks {
+    pending: AtomicUsize,
+    failed: Mutex<Option<KafkaError>>,
+    done: tokio::sync::Notify,
+}
+
+impl BatchAcks {
+    /// Waits until every record handed over is acknowledged or failed.
+    async fn settled(&self) {
+        // `notify_one` keeps a permit when nobody waits, so a last acknowledgement between the
+        // check and the wait is not missed.
+        while self.pending.load(Ordering::Acquire) > 0 {
+            self.done.notified().await;
+        }
+    }
+}
+
 struct Worker {
     kafka: Kafka,
-    producer: FutureProducer,
+    producer: ThreadedProducer<Acks>,
     ledger: Ledger,
     stop: Arc<AtomicBool>,
     stats: Arc<PublisherStats>,
@@ -367,7 +410,11 @@ impl Worker {
                     tracing::warn!(from, error = %e, "publishing failed; the batch is published again");
                     if let Some((code, reason)) = self.producer.client().fatal_error() {
                         tracing::warn!(%code, reason, "the producer failed for good; creating a new one");
-                        match self.kafka.client_config(Role::Producer).create() {
+                        match self
+                            .kafka
+                            .client_config(Role::Producer)
+                            .create_with_context(Acks)
+                        {
                             Ok(p) => self.producer = p,
                             Err(e) => tracing::error!(error = %e, "cannot create a producer"),
                         }
@@ -395,9 +442,11 @@ impl Worker {
 
     /// Produces every record of the batch and waits for all acknowledgements. Returns the
     /// number of event and result records.
+    // rdkafka's send returns the record with its error, large, so it can be sent again.
+    #[allow(clippy::result_large_err)]
     async fn produce(&self, batch: &Batch) -> std::result::Result<(u64, u64), KafkaError> {
         let spans = publish_spans(&batch.records);
-        let mut pending = Vec::with_capacity(batch.records.len());
+        let acks = Arc::new(BatchAcks::default());
         let mut failed = None;
         for rec in &batch.records {
             let (topic, source) = match rec.dest {
@@ -418,28 +467,21 @@ impl Worker {
                     })
                 },
             );
-            let record = FutureRecord::to(topic)
-                .key(&rec.key)
-                .payload(&rec.payload)
+            let record = BaseRecord::with_opaque_to(topic, acks.clone())
+                .key(rec.key.as_str())
+                .payload(rec.payload.as_slice())
                 .headers(headers);
-            match enqueue(&self.producer, record).await {
-                Ok(delivery) => pending.push(delivery),
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
+            acks.pending.fetch_add(1, Ordering::AcqRel);
+            if let Err(e) = enqueue(record, |r| self.producer.send(r)).await {
+                // Not handed over: no acknowledgement will come for it.
+                acks.pending.fetch_sub(1, Ordering::AcqRel);
+                failed = Some(e);
+                break;
             }
         }
-        for delivery in pending {
-            match delivery.await {
-                Ok(Ok(_)) => {}
-                Ok(Err((e, _))) => {
-                    failed.get_or_insert(e);
-                }
-                Err(_) => {
-                    failed.get_or_insert(KafkaError::Canceled);
-                }
-            }
+        acks.settled().await;
+        if let Some(e) = acks.failed.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            failed.get_or_insert(e);
         }
         let outcome = if failed.is_some() {
             "failed"
