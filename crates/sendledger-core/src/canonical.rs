@@ -9,6 +9,7 @@
 //! For text without exponents both give the same bytes.
 
 use std::borrow::Cow;
+use std::cmp::Ordering;
 use std::fmt::Write as _;
 use std::ops::Range;
 
@@ -74,24 +75,25 @@ pub fn object_with_fields<'f>(
         let mut out = String::with_capacity(text.len() + literals.len() + 16 * set.len());
         let (mut old, mut new) = (members.iter().peekable(), set.iter().peekable());
         let merged = std::iter::from_fn(|| {
-            let order = match (old.peek(), new.peek()) {
+            let set_next = match (old.peek(), new.peek()) {
                 (None, None) => return None,
-                (Some(_), None) => std::cmp::Ordering::Less,
-                (None, Some(_)) => std::cmp::Ordering::Greater,
-                (Some((o, _)), Some((n, _))) => o.as_bytes().cmp(n.as_bytes()),
+                (Some(_), None) => false,
+                (None, Some(_)) => true,
+                (Some((o, _)), Some((n, _))) => match o.as_bytes().cmp(n.as_bytes()) {
+                    Ordering::Less => false,
+                    Ordering::Greater => true,
+                    Ordering::Equal => {
+                        old.next(); // replaced by the field
+                        true
+                    }
+                },
             };
-            if order == std::cmp::Ordering::Equal {
-                old.next();
-            }
-            Some(match order {
-                std::cmp::Ordering::Less => {
-                    let (k, r) = old.next()?;
-                    (k.as_ref(), &values[r.clone()])
-                }
-                _ => {
-                    let (k, r) = new.next()?;
-                    (*k, &literals[r.clone()])
-                }
+            Some(if set_next {
+                let (k, r) = new.next()?;
+                (*k, &literals[r.clone()])
+            } else {
+                let (k, r) = old.next()?;
+                (k.as_ref(), &values[r.clone()])
             })
         });
         write_members(merged, &mut out);
