@@ -1,5 +1,5 @@
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    sendledger::bench_fuzz::Target::EventRecord.exercise(data);
+    sendledger_bench::fuzz::Target::EventRecord.exercise(data);
 });

@@ -38,10 +38,10 @@ pub mod engine {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
-    use sendledger::wiring::HttpRemote;
     use sendledger_actors::{Engine, EngineConfig};
     use sendledger_core::{Phase, Source, State, TaskId, TaskRequest};
     use sendledger_effects::{TargetConfig, Targets};
+    use sendledger_node::wiring::HttpRemote;
 
     /// A target creating records at `base` (a simulated remote), with fast timeouts and a
     /// lookup by `reference`, the task id. The body also carries the `request_key`, the

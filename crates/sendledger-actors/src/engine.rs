@@ -53,7 +53,7 @@ pub struct EngineConfig {
 /// Actor threads when none are configured: half the cores, at least one. The task actors take
 /// about a third of the service's CPU, and every message between an actor thread and the
 /// others' (the journal's, the ingest's, the registry's) may wake one: on two cores one actor
-/// thread did more than two (`bench kafka`, 100,000 tasks: 7% more tasks a second at 10% less
+/// thread did more than two (`sendledger-bench kafka`, 100,000 tasks: 7% more tasks a second at 10% less
 /// CPU a task).
 fn default_workers() -> usize {
     std::thread::available_parallelism().map_or(1, |cores| (cores.get() / 2).max(1))
@@ -170,7 +170,7 @@ impl Engine {
             Durability::Sync => "sync",
             Durability::Buffered => "buffered",
         };
-        metrics::gauge!("sendledger_ledger_durability", "mode" => mode).set(1.0);
+        metrics::gauge!(crate::metric_definitions::LEDGER_DURABILITY, "mode" => mode).set(1.0);
         // Kafka mode: nothing is owned yet; each partition's tasks resume when it is assigned.
         let ownership = config.replicated.then(|| Arc::new(Ownership::default()));
         let (active, timers) = match ownership {

@@ -10,13 +10,13 @@
 //!   so they survive restarts.
 //! - [`reconciler::Reconciler`]: runs lookups for tasks whose outcome is unknown, with bounded
 //!   concurrency, and hands the evidence to the task actor.
-//! - [`engine::Engine`]: the handle library users and the binary start, submit to, and stop.
+//! - [`engine::Engine`]: the handle library users and the service start, submit to, and stop.
 //!
 //! This crate depends on the core and the store crates only: never on Kafka, never on HTTP.
 //! It owns the seam it needs to reach remotes, the [`remote::Remote`] trait; the adapters that
 //! implement it over HTTP and that hand Kafka messages to the [`Engine`] live where the service
-//! is wired (the binary crate). It records metrics through the `metrics` facade only (the
-//! binary installs the exporter).
+//! is wired (`sendledger-node`). It records metrics through the `metrics` facade only, under
+//! the names in [`metric_definitions`] (the service installs the exporter).
 //!
 //! Invariants: a task's actor is the only writer of its events, and acts only once what it
 //! decided is durable; RocksDB is never called on an executor thread (reads go through the
@@ -24,6 +24,7 @@
 
 pub mod engine;
 pub mod error;
+pub mod metric_definitions;
 pub mod ownership;
 pub mod reconciler;
 pub mod registry;

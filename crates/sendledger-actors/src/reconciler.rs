@@ -94,7 +94,7 @@ impl Reconciler {
                 };
                 span.record("outcome", outcome);
                 drop(span);
-                metrics::counter!("sendledger_lookups_total", "outcome" => outcome).increment(1);
+                metrics::counter!(crate::metric_definitions::LOOKUPS_TOTAL, "outcome" => outcome).increment(1);
                 act.registry.do_send(Route { task_id, input: TaskInput::Lookup { attempt, result } });
                 act.pump(ctx);
             }));

@@ -1,6 +1,6 @@
-//! The side-effect seam: how the engine reaches remotes. The binary implements it with the
-//! effects crate's HTTP client (`sendledger::wiring::HttpRemote`), tests with fakes; the engine
-//! knows nothing about HTTP.
+//! The side-effect seam: how the engine reaches remotes. The service implements it with the
+//! effects crate's HTTP client (`sendledger_node::wiring::HttpRemote`), tests with fakes; the
+//! engine knows nothing about HTTP.
 
 use sendledger_core::decide::{AttemptOutcome, Sending};
 use sendledger_core::event::Millis;

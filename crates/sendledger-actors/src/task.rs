@@ -574,7 +574,7 @@ fn outcome_class(outcome: &AttemptOutcome) -> &'static str {
 /// A delivery that recorded no event is a duplicate past the limit, dropped all the same.
 fn count_recorded(delivery: bool, events: &[EventBody]) {
     if delivery && events.is_empty() {
-        metrics::counter!("sendledger_duplicates_dropped_total", "by" => "identity").increment(1);
+        metrics::counter!(sendledger_store::metric_definitions::DUPLICATES_DROPPED_TOTAL, "by" => "identity").increment(1);
     }
     for body in events {
         let class = match body {
@@ -586,13 +586,13 @@ fn count_recorded(delivery: bool, events: &[EventBody]) {
             EventBody::SendNotSent { .. } => "not_sent",
             EventBody::SendUnknown { .. } => "unknown",
             EventBody::DuplicateDelivery { .. } => {
-                metrics::counter!("sendledger_duplicates_dropped_total", "by" => "identity")
+                metrics::counter!(sendledger_store::metric_definitions::DUPLICATES_DROPPED_TOTAL, "by" => "identity")
                     .increment(1);
                 continue;
             }
             _ => continue,
         };
-        metrics::counter!("sendledger_attempts_total", "class" => class).increment(1);
+        metrics::counter!(crate::metric_definitions::ATTEMPTS_TOTAL, "class" => class).increment(1);
     }
 }
 

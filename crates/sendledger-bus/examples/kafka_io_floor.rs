@@ -1,7 +1,7 @@
 //! The CPU that one task's Kafka I/O costs on its own, with none of the service's work: consume
 //! its request from an embedded (librdkafka mock) cluster, produce its three event records and
 //! its result with seven headers each through an idempotent producer (`linger.ms` 5, as the
-//! publisher's), and wait for every acknowledgement. What `bench kafka` measures adds this to
+//! publisher's), and wait for every acknowledgement. What `sendledger-bench kafka` measures adds this to
 //! the engine's work; this is the least it can add.
 //!
 //!     cargo run --release -p sendledger-bus --example kafka_io_floor -- [tasks]

@@ -506,7 +506,7 @@ fn lock(tracker: &Mutex<Tracker>) -> MutexGuard<'_, Tracker> {
 /// clears the partitions' pause flag, on librdkafka's main thread). So after each pause at
 /// the in-flight budget, fetching started again only up to a second later: with a backlog
 /// the ingest received about `max_unfinished` messages a second, whatever the machine
-/// (`bench kafka` with a budget of 2,048: about 2,400 tasks a second, 14,000 with this wake-up,
+/// (`sendledger-bench kafka` with a budget of 2,048: about 2,400 tasks a second, 14,000 with this wake-up,
 /// on one machine).
 /// A request queued for the leader's connection wakes its thread, which then sees the
 /// partitions fetchable: a watermark query per partition, whose answer is not waited for
@@ -555,7 +555,7 @@ impl ClientContext for IngestContext {
         let partitions = statistics.topics.get(&self.topic).map(|t| &t.partitions);
         for p in partitions.into_iter().flat_map(|p| p.values()) {
             if p.partition >= 0 && p.consumer_lag >= 0 {
-                metrics::gauge!("sendledger_consumer_lag_messages", "partition" => p.partition.to_string())
+                metrics::gauge!(crate::metric_definitions::CONSUMER_LAG_MESSAGES, "partition" => p.partition.to_string())
                     .set(p.consumer_lag as f64);
             }
         }
@@ -578,7 +578,7 @@ impl ConsumerContext for IngestContext {
             for p in &revoked {
                 tracing::warn!(partition = p, "partition lost to the group: this instance's session expired (it was stopped, or cut off from the group coordinator, for longer than session.timeout.ms); another instance may own it now, and its tasks stop here");
             }
-            metrics::counter!("sendledger_partitions_lost_total", "cause" => "session")
+            metrics::counter!(crate::metric_definitions::PARTITIONS_LOST_TOTAL, "cause" => "session")
                 .increment(revoked.len() as u64);
         }
         let mut t = lock(&self.tracker);
@@ -633,7 +633,8 @@ impl ConsumerContext for IngestContext {
         }
         let sharing = self.sharing(consumer);
         let was_shared = std::mem::replace(&mut t.shared, sharing.is_some());
-        metrics::gauge!("sendledger_consumer_group_shared").set(f64::from(u8::from(t.shared)));
+        metrics::gauge!(crate::metric_definitions::CONSUMER_GROUP_SHARED)
+            .set(f64::from(u8::from(t.shared)));
         *self
             .stats
             .shared_group
@@ -835,9 +836,10 @@ impl<S: RequestSink> Worker<S> {
             Ok(()) => {
                 t.paused = pause;
                 if pause {
-                    metrics::counter!("sendledger_ingest_pauses_total").increment(1);
+                    metrics::counter!(crate::metric_definitions::INGEST_PAUSES_TOTAL).increment(1);
                 }
-                metrics::gauge!("sendledger_ingest_paused").set(f64::from(u8::from(pause)));
+                metrics::gauge!(crate::metric_definitions::INGEST_PAUSED)
+                    .set(f64::from(u8::from(pause)));
             }
             Err(e) => tracing::warn!(error = %e, "cannot pause or resume partitions"),
         }
@@ -914,7 +916,7 @@ impl<S: RequestSink> Worker<S> {
             .remove(&partition)
             .is_some();
         if was_blocked {
-            metrics::gauge!("sendledger_partition_blocked", "partition" => partition.to_string())
+            metrics::gauge!(crate::metric_definitions::PARTITION_BLOCKED, "partition" => partition.to_string())
                 .set(0.0);
         }
         let watermark = processed.watermark;
@@ -931,7 +933,7 @@ impl<S: RequestSink> Worker<S> {
         };
         if let Some(why) = self.refusal(partition, processed, high) {
             tracing::error!(topic = %self.topic, partition, ?watermark, high, "{why}");
-            metrics::gauge!("sendledger_partition_blocked", "partition" => partition.to_string())
+            metrics::gauge!(crate::metric_definitions::PARTITION_BLOCKED, "partition" => partition.to_string())
                 .set(1.0);
             self.stats
                 .blocked
@@ -1069,7 +1071,7 @@ impl<S: RequestSink> Worker<S> {
              broker's size limit): they are lost to sendledger; ask their producers to send them again"
         );
         self.stats.lost.fetch_add(lost, Ordering::Relaxed);
-        metrics::counter!("sendledger_requests_lost_total", "partition" => partition.to_string())
+        metrics::counter!(crate::metric_definitions::REQUESTS_LOST_TOTAL, "partition" => partition.to_string())
             .increment(lost);
     }
 
@@ -1263,7 +1265,7 @@ impl<S: RequestSink> Worker<S> {
         match outcome {
             Ok(()) => {
                 tracing::info!(partition, took = ?started.elapsed(), "partition taken over");
-                metrics::histogram!("sendledger_partition_take_over_seconds")
+                metrics::histogram!(crate::metric_definitions::PARTITION_TAKE_OVER_SECONDS)
                     .record(started.elapsed().as_secs_f64());
                 if retried {
                     self.unblock(partition);
@@ -1376,7 +1378,7 @@ impl<S: RequestSink> Worker<S> {
             self.stats
                 .duplicates_dropped
                 .fetch_add(1, Ordering::Relaxed);
-            metrics::counter!("sendledger_duplicates_dropped_total", "by" => "offset").increment(1);
+            metrics::counter!(sendledger_store::metric_definitions::DUPLICATES_DROPPED_TOTAL, "by" => "offset").increment(1);
             part.inflight.push_back((offset, true));
             if let Some(owner) = &self.owner {
                 owner.received(partition, offset, None);

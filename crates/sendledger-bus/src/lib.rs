@@ -26,7 +26,8 @@
 //! This is the only crate that depends on `rdkafka`. It depends on `sendledger-core` (the types
 //! it carries) and `sendledger-store` (the publisher reads the ledger, the ingest reads processed
 //! offsets), never on the actors crate: the engine plugs in through [`RequestSink`]. Metrics go
-//! through the `metrics` facade; the binary installs the exporter. Its only `unsafe` code is
+//! through the `metrics` facade, under the names in [`metric_definitions`]; the service
+//! installs the exporter. Its only `unsafe` code is
 //! `mock.rs`, which owns librdkafka's mock cluster through the C API for [`EmbeddedCluster`].
 //!
 //! Invariants: a message's offset is never stored before its effect is durable; offsets are
@@ -43,6 +44,7 @@ pub mod conformance;
 pub mod error;
 pub mod ingest;
 pub mod log;
+pub mod metric_definitions;
 mod mock;
 pub mod produce;
 mod projections;

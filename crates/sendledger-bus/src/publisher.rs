@@ -402,7 +402,8 @@ impl Worker {
                     self.stats.cursor.store(cursor, Ordering::SeqCst);
                     self.stats.events.fetch_add(events, Ordering::Relaxed);
                     self.stats.results.fetch_add(results, Ordering::Relaxed);
-                    metrics::counter!("sendledger_results_published_total").increment(results);
+                    metrics::counter!(crate::metric_definitions::RESULTS_PUBLISHED_TOTAL)
+                        .increment(results);
                     delay = RETRY_INITIAL;
                 }
                 Err(e) => {

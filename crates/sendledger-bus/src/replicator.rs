@@ -307,9 +307,10 @@ impl Replicator for LogReplicator {
         batch.next_request_offset = next;
         let outcome = log.commit(&batch, group.as_deref());
         if let Ok(committed) = &outcome {
-            metrics::histogram!("sendledger_log_commit_seconds")
+            metrics::histogram!(crate::metric_definitions::LOG_COMMIT_SECONDS)
                 .record(committed.took.as_secs_f64());
-            metrics::histogram!("sendledger_log_batch_events").record(events.len() as f64);
+            metrics::histogram!(crate::metric_definitions::LOG_BATCH_EVENTS)
+                .record(events.len() as f64);
         }
         self.finished(partition, generation, outcome, &recorded, next, projections)
     }
@@ -374,7 +375,8 @@ impl LogReplicator {
             tracing::warn!(partition, error = %e, "the partition's log of record is lost: a transaction failed; the partition is taken over again");
             "failed"
         };
-        metrics::counter!("sendledger_partitions_lost_total", "cause" => cause).increment(1);
+        metrics::counter!(crate::metric_definitions::PARTITIONS_LOST_TOTAL, "cause" => cause)
+            .increment(1);
         Replication::Lost(e.to_string())
     }
 }

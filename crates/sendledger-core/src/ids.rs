@@ -126,7 +126,7 @@ impl fmt::Debug for PayloadHash {
 
 /// Lowercase hex, two digits a byte, written a run at a time: a `write!` per byte went through
 /// the formatting machinery 16 times a task id, and task ids name every record and log line
-/// (1.9% of `bench kafka`'s CPU, in `perf`).
+/// (1.9% of `sendledger-bench kafka`'s CPU, in `perf`).
 fn write_hex(f: &mut fmt::Formatter<'_>, bytes: &[u8]) -> fmt::Result {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut buf = [0u8; 64];

@@ -20,6 +20,7 @@ pub mod event;
 #[cfg(any(test, feature = "fixtures"))]
 pub mod fixtures;
 pub mod ids;
+pub mod metric;
 pub mod reason;
 pub mod request;
 pub mod result;

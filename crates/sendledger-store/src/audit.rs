@@ -39,7 +39,8 @@ use sendledger_core::{CheckConfig, Event, TaskId};
 use crate::envelope::decode_event;
 use crate::error::Result;
 use crate::keys::*;
-use crate::ledger::{Ledger, TaskSummary};
+use crate::ledger::Ledger;
+use crate::summary::TaskSummary;
 
 /// How often `progress` is called, in events.
 const PROGRESS_EVERY: u64 = 100_000;

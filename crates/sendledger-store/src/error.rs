@@ -41,7 +41,7 @@ pub enum Error {
     /// The ledger was written in the other storage mode. A local-mode ledger is the record of
     /// its tasks; a kafka-mode ledger is a copy of what the events topic records. Neither can
     /// stand for the other.
-    #[error("ledger at {path} was written in {written} mode and cannot be opened in {wanted} mode; use another storage.data directory to change modes (README, \"Moving from local mode\")")]
+    #[error("ledger at {path} was written in {written} mode and cannot be opened in {wanted} mode; use another storage.data directory to change modes (docs/kafka-mode.md, \"Moving from local mode\")")]
     OtherMode {
         path: PathBuf,
         written: &'static str,

@@ -25,7 +25,7 @@ use tokio::sync::oneshot;
 use crate::envelope::encode_new_event;
 use crate::error::{Error, Result};
 use crate::keys::*;
-use crate::ledger::TaskSummary;
+use crate::summary::TaskSummary;
 
 /// Everything that must become durable atomically with a set of events.
 #[derive(Debug, Default, Clone)]
@@ -222,9 +222,9 @@ impl Writer {
         let write_started = std::time::Instant::now();
         match self.db.write_opt(batch, &self.write_opts) {
             Ok(()) => {
-                metrics::histogram!("sendledger_journal_fsync_seconds")
+                metrics::histogram!(crate::metric_definitions::JOURNAL_FSYNC_SECONDS)
                     .record(write_started.elapsed().as_secs_f64());
-                metrics::histogram!("sendledger_journal_batch_appends")
+                metrics::histogram!(crate::metric_definitions::JOURNAL_BATCH_APPENDS)
                     .record(pending.len() as f64);
                 self.next_lsn += events;
                 self.last_lsn.store(self.next_lsn - 1, Ordering::SeqCst);
@@ -247,7 +247,8 @@ impl Writer {
             Err(e) => {
                 tracing::error!(error = %e, appends = pending.len(), "ledger write failed; appends not recorded, nothing is sent or acknowledged until writes succeed (a full disk: free space, then restart)");
                 stats.write_failures.fetch_add(1, Ordering::Relaxed);
-                metrics::counter!("sendledger_ledger_write_failures_total").increment(1);
+                metrics::counter!(crate::metric_definitions::LEDGER_WRITE_FAILURES_TOTAL)
+                    .increment(1);
                 stats.set_failing(Some(e.to_string()));
                 for req in pending.drain(..) {
                     let _ = req.ack.send(Err(Error::Rocks(e.clone())));
@@ -345,7 +346,7 @@ fn run_replicated(mut writer: Writer, slot: &ReplicatorSlot, rx: Receiver<Reques
             let spawned = std::thread::Builder::new()
                 .name(format!("sendledger-log-{partition}"))
                 .spawn(move || {
-                    let history = |task| crate::ledger::task_events(&db, task);
+                    let history = |task| crate::reads::task_events(&db, task);
                     let outcome = match (replicator, generation) {
                         (Some(r), Some(g)) => r.replicate(partition, g, &events, &history),
                         _ => Err(Replication::Failed(
@@ -414,7 +415,8 @@ fn settle(done: Replicated, ready: &mut Vec<Request>) {
                 Replication::Failed(_) => "failed",
                 Replication::Lost(_) => "lost",
             };
-            metrics::counter!("sendledger_log_failures_total", "kind" => kind).increment(1);
+            metrics::counter!(crate::metric_definitions::LOG_FAILURES_TOTAL, "kind" => kind)
+                .increment(1);
             for req in members {
                 let error = match &why {
                     Replication::Failed(detail) => Error::NotReplicated {
@@ -525,7 +527,7 @@ fn build_batch(db: &DB, first_lsn: u64, pending: &[Request]) -> (WriteBatch, Vec
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::{Ledger, LedgerOptions};
+    use crate::{Ledger, LedgerOptions};
     use sendledger_core::fixtures::{accepted, src};
     use sendledger_core::EventBody;
     use std::sync::Mutex;

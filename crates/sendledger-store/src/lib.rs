@@ -14,7 +14,7 @@
 //! writes to the log, to build damaged ledgers for the audit tests.
 //!
 //! This is the only crate that depends on `rocksdb`. It may depend on `sendledger-core` for the
-//! types it stores, and on the `metrics` facade (never an exporter: the binary installs one),
+//! types it stores, and on the `metrics` facade (never an exporter: the service installs one; the names are in [`metric_definitions`]),
 //! never on Kafka, actors or HTTP. Invariants: the log is append-only; an
 //! event's index, offset, timer and cursor updates commit atomically with it; RocksDB calls
 //! never run on an async executor thread (the journal has its own thread; async callers only
@@ -27,12 +27,18 @@ pub mod error;
 pub mod journal;
 pub mod keys;
 pub mod ledger;
+pub mod metric_definitions;
+pub mod options;
+mod reads;
 pub mod restore;
+pub mod summary;
 
 pub use audit::audit;
 pub use counts::TaskCounts;
 pub use error::{Error, Result};
 pub use journal::{log_checkpoint, Append, JournalStats, Replication, Replicator, TimerKind};
-pub use ledger::{Durability, Ledger, LedgerOptions, Memory, MemoryUsage, Processed, TaskSummary};
+pub use ledger::{Ledger, MemoryUsage, FORMAT_VERSION};
+pub use options::{Durability, LedgerOptions, Memory};
 pub use restore::restore_append;
 pub use sendledger_core::audit::{AuditReport, Finding};
+pub use summary::{Processed, TaskSummary};

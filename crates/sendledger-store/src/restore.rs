@@ -18,7 +18,8 @@ use sendledger_core::{fold, Event, EventBody, NewEvent, State, TaskId};
 
 use crate::error::{Error, Result};
 use crate::journal::Append;
-use crate::ledger::{Ledger, TaskSummary};
+use crate::ledger::Ledger;
+use crate::summary::TaskSummary;
 
 /// A task of a restore: the events the ledger holds, those the restore adds, and the state
 /// they fold to.
@@ -143,7 +144,7 @@ pub fn restore_append(ledger: &Ledger, events: Vec<Event>) -> Result<Append> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::LedgerOptions;
+    use crate::LedgerOptions;
     use sendledger_core::event::Evidence;
     use sendledger_core::fixtures::accepted;
     use sendledger_core::Phase;

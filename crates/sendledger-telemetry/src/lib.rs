@@ -4,7 +4,7 @@
 //!
 //! Spans are plain `tracing` spans: without an exporter they cost what any span costs and
 //! [`join`] does nothing, so the libraries make them unconditionally. The exporter (OTLP over
-//! HTTP) lives in the `sendledger` binary, which alone installs it: this crate names no HTTP
+//! HTTP) lives in `sendledger-node`, whose service alone installs it: this crate names no HTTP
 //! client, so the engine and the Kafka crate build without one.
 //!
 //! What a span carries: the task id, the target, the attempt number, outcomes and counts.

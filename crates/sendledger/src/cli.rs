@@ -5,7 +5,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::{bench, demo, ops, produce, review, serve};
+use crate::commands::{
+    audit, check_broker, demo, inspect, offsets, produce, review, run, sim_remote,
+};
 
 /// sendledger: a durable dispatcher for side effects that must happen once.
 #[derive(Parser)]
@@ -35,35 +37,30 @@ enum LogFormat {
 enum Command {
     /// The service: consume requests from Kafka, perform them, publish results (stops cleanly
     /// on SIGINT/SIGTERM).
-    Run(serve::RunArgs),
+    Run(run::RunArgs),
     /// The whole pipeline on embedded defaults against a fault-injecting remote, ending in an
     /// audit; exits non-zero if any invariant fails.
     Demo(demo::DemoArgs),
     /// Send JSON request lines (stdin or a file) to the requests topic, keyed by identity.
     Produce(produce::ProduceArgs),
     /// Start the simulated third-party remote (seeded faults, ground-truth stats).
-    SimRemote(serve::SimRemoteArgs),
+    SimRemote(sim_remote::SimRemoteArgs),
     /// A task's timeline, one line per event.
-    Inspect(ops::InspectArgs),
+    Inspect(inspect::InspectArgs),
     /// Replay the whole ledger (or, with --from-kafka, the events topic) and check every rule;
     /// exits 0 when clean, 2 on any violation, 1 when the audit could not run.
-    Audit(ops::AuditArgs),
+    Audit(audit::AuditArgs),
     /// List and resolve tasks in manual review, on a running service (--admin URL) or on a
     /// stopped ledger (--data DIR).
     Review(review::ReviewArgs),
     /// Check that the brokers keep the transactional promises kafka mode relies on (fencing
     /// aborts the previous writer's open transaction, ...); exits 0 when they keep every one its
     /// guarantees stand on, 2 when one is broken, 1 when the check could not run.
-    CheckBroker(ops::CheckBrokerArgs),
+    CheckBroker(check_broker::CheckBrokerArgs),
     /// Processed-offset markers of the requests topic.
     Offsets {
         #[command(subcommand)]
         what: OffsetsCommand,
-    },
-    /// Measure a component and print one JSON object.
-    Bench {
-        #[command(subcommand)]
-        what: bench::Bench,
     },
 }
 
@@ -71,7 +68,7 @@ enum Command {
 enum OffsetsCommand {
     /// Forget a partition's processed offsets (stopped ledger): for a requests topic that was
     /// deleted and recreated, which the service refuses to consume until this is done.
-    Reset(ops::OffsetsResetArgs),
+    Reset(offsets::OffsetsResetArgs),
 }
 
 /// Logs go to stderr at `RUST_LOG`'s level (`default_level` without it). Escape codes only
@@ -84,7 +81,7 @@ fn init_logging(
     format: LogFormat,
     default_level: &str,
     traces_url: Option<&str>,
-) -> Option<crate::telemetry::Exporter> {
+) -> Option<sendledger_node::telemetry::Exporter> {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::Layer;
@@ -98,7 +95,7 @@ fn init_logging(
         LogFormat::Text => fmt.with_ansi(colour).boxed(),
         LogFormat::Json => fmt.json().with_ansi(false).boxed(),
     };
-    let (otlp, exporter, failure) = match traces_url.map(crate::telemetry::otlp_layer) {
+    let (otlp, exporter, failure) = match traces_url.map(sendledger_node::telemetry::otlp_layer) {
         Some(Ok((layer, exporter))) => (Some(layer), Some(exporter), None),
         Some(Err(e)) => (None, None, Some(e)),
         None => (None, None, None),
@@ -119,24 +116,9 @@ fn init_logging(
 /// reported by `run` itself.
 fn traces_url(command: &Command) -> Option<String> {
     match command {
-        Command::Run(args) => serve::config_of(args).ok()?.telemetry.traces_url(),
+        Command::Run(args) => run::config_of(args).ok()?.telemetry.traces_url(),
         _ => None,
     }
-}
-
-/// Turns transparent huge pages off for this process (and the children it starts). mimalloc
-/// asks for them on its memory and returns freed parts of it to the OS, so each touch of such
-/// a part again faulted in and zeroed a whole 2 MiB page, and every page touched counted 2 MiB
-/// of RSS. Measured, one binary with and one without, alternating: `bench kafka` (20,000
-/// tasks, three pairs) peaked at 257-279 MiB against 326-406 MiB, with 1.3-1.5 s of system
-/// CPU against 2.3-3.3 s; the service alone (300,000 tasks at 3,000/s) at 128 MiB against 190.
-fn no_transparent_huge_pages() {
-    // SAFETY: prctl(PR_SET_THP_DISABLE) sets a flag of this process's memory and takes no
-    // pointers. A kernel without it (before 3.15) refuses, and the process runs as before.
-    #[allow(unsafe_code)]
-    unsafe {
-        libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0)
-    };
 }
 
 /// Runs the command line of this process and returns its exit code.
@@ -147,7 +129,7 @@ pub fn main() -> ExitCode {
     unsafe {
         libc::umask(0o077)
     };
-    no_transparent_huge_pages();
+    sendledger_node::runtime::no_transparent_huge_pages();
     let cli = Cli::parse();
     // The service logs what it does; the other commands only what goes wrong.
     let default_level = match cli.command {
@@ -160,18 +142,17 @@ pub fn main() -> ExitCode {
         traces_url(&cli.command).as_deref(),
     );
     let result = match cli.command {
-        Command::Run(args) => serve::run(args),
+        Command::Run(args) => run::run(args),
         Command::Produce(args) => produce::produce(args),
-        Command::SimRemote(args) => serve::sim_remote(args),
+        Command::SimRemote(args) => sim_remote::sim_remote(args),
         Command::Demo(args) => demo::run(args),
-        Command::Inspect(args) => ops::inspect(args).map(|()| true),
-        Command::Audit(args) => ops::audit(args),
-        Command::CheckBroker(args) => ops::check_broker(args),
+        Command::Inspect(args) => inspect::inspect(args).map(|()| true),
+        Command::Audit(args) => audit::audit(args),
+        Command::CheckBroker(args) => check_broker::check_broker(args),
         Command::Review(args) => review::run(args).map(|()| true),
         Command::Offsets {
             what: OffsetsCommand::Reset(args),
-        } => ops::offsets_reset(args).map(|()| true),
-        Command::Bench { what } => bench::run(what).map(|()| true),
+        } => offsets::offsets_reset(args).map(|()| true),
     };
     // The spans still buffered are exported now, after the runtime is gone.
     drop(exporter);

@@ -16,10 +16,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sendledger::admin::{install_recorder, Admin};
-use sendledger::config::AdminConfig;
-use sendledger::wiring::EngineSink;
 use sendledger_bus::{Ingest, Kafka, KafkaConfig, Publisher};
+use sendledger_node::admin::{install_recorder, Admin};
+use sendledger_node::config::AdminConfig;
+use sendledger_node::wiring::EngineSink;
 use sendledger_tests::engine::{request, source, start};
 
 fn main() {

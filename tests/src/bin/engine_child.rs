@@ -8,8 +8,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sendledger::wiring::HttpRemote;
 use sendledger_actors::{Engine, EngineConfig};
+use sendledger_node::wiring::HttpRemote;
 use sendledger_tests::engine::{request, settled, source, targets};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

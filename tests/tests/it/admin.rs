@@ -635,7 +635,7 @@ async fn admin_endpoint_metrics_and_review_round_trips() {
 
     // Metrics after the resolutions: the resend's attempt, and the gauges still consistent
     // with the ledger (they are cached for a few seconds).
-    tokio::time::sleep(sendledger::admin::LEDGER_GAUGES_TTL).await;
+    tokio::time::sleep(sendledger_node::admin::LEDGER_GAUGES_TTL).await;
     let m = Scrape::take(&addr).await;
     assert_eq!(
         m.value("sendledger_attempts_total", &[("class", "succeeded")]),
@@ -714,6 +714,120 @@ async fn admin_endpoint_metrics_and_review_round_trips() {
     engine.shutdown(Duration::from_secs(5)).await;
 }
 
+/// The admin routes answered in process, with no socket (`tower::ServiceExt::oneshot`): a
+/// task's timeline, health, the console's pages and headers, and every error as JSON with its
+/// status (a bad reference, a bad page, a missing or wrong token, a bad body, a task not in
+/// review, a method a route does not take, a route that does not exist).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_routes_answer_in_process() {
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let engine = tokio::task::block_in_place(|| start(dir.path(), target(&sim.base_url(), |_| {})));
+    engine.submit(request("ip-1"), source(0)).await.unwrap();
+    wait_for(&engine, task_id("ip-1"), WAIT, settled).await;
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .build_recorder()
+        .handle();
+    let config = sendledger_node::config::AdminConfig {
+        token: Some("s3cret".into()),
+        ..Default::default()
+    };
+    let routes = sendledger_node::admin::routes(&config, engine.clone(), handle);
+    let call = |method: &str, path: &str, token: Option<&str>, body: &str| {
+        let mut request = http::Request::builder().method(method).uri(path);
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        let request = request
+            .body(http_body_util::Full::new(bytes::Bytes::from(
+                body.to_string(),
+            )))
+            .unwrap();
+        let routes = routes.clone();
+        async move {
+            let response = routes.oneshot(request).await.unwrap();
+            let status = response.status().as_u16();
+            let headers = response.headers().clone();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            (status, headers, String::from_utf8(body.to_vec()).unwrap())
+        }
+    };
+    let error_of = |body: &str| -> String {
+        let value: Value = serde_json::from_str(body).expect("a JSON error");
+        value["error"]
+            .as_str()
+            .expect("an error message")
+            .to_string()
+    };
+
+    let (status, _, body) = call("GET", &format!("/tasks/{}", task_ref("ip-1")), None, "").await;
+    assert_eq!(status, 200, "{body}");
+    let task: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(task["state"], "succeeded", "{task}");
+    assert_eq!(task["task_id"], task_id("ip-1").to_string(), "{task}");
+    let (status, _, body) = call("GET", "/healthz", None, "").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["token_configured"],
+        true
+    );
+
+    let (status, headers, body) = call("GET", "/console", None, "").await;
+    assert_eq!(status, 200);
+    assert!(body.contains("/console/assets/queue.js"), "{body}");
+    assert!(headers["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .contains("script-src 'self'"));
+    let (status, _, _) = call("GET", "/console/assets/nope.js", None, "").await;
+    assert_eq!(status, 404);
+    let (status, _, body) = call("GET", "/console/task/acme%2Fnope%2Fx", None, "").await;
+    assert_eq!(status, 404);
+    assert!(body.contains("No such task"), "{body}");
+
+    let (status, _, body) = call("GET", "/tasks/not-a-task", None, "").await;
+    assert_eq!(status, 400, "{body}");
+    let (status, _, body) = call("GET", "/tasks/acme%2Fnope%2Fx", None, "").await;
+    assert_eq!(status, 404, "{body}");
+    assert!(error_of(&body).contains("not in the ledger"), "{body}");
+    let page = format!("/tasks/{}?limit=0", task_ref("ip-1"));
+    let (status, _, body) = call("GET", &page, None, "").await;
+    assert_eq!(status, 400, "{body}");
+    assert!(error_of(&body).contains("`limit`"), "{body}");
+
+    let review = format!("/reviews/{}", task_ref("ip-1"));
+    let failed = r#"{"as": "failed", "by": "op", "reason": "test"}"#;
+    let (status, _, body) = call("POST", &review, None, failed).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(error_of(&body).contains("missing"), "{body}");
+    let (status, _, body) = call("POST", &review, Some("wrong"), failed).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(error_of(&body).contains("wrong admin token"), "{body}");
+    let (status, _, body) = call("POST", &review, Some("s3cret"), "{\"as\": 1}").await;
+    assert_eq!(status, 400, "{body}");
+    assert!(error_of(&body).starts_with("bad body"), "{body}");
+    let (status, _, body) = call("POST", &review, Some("s3cret"), failed).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(
+        engine.state(task_id("ip-1")).await.unwrap().phase,
+        Phase::Succeeded
+    );
+
+    let (status, _, body) = call("DELETE", "/metrics", None, "").await;
+    assert_eq!(status, 405, "{body}");
+    assert_eq!(error_of(&body), "DELETE is not allowed on /metrics");
+    let (status, _, body) = call("POST", "/console/dashboard", None, "").await;
+    assert_eq!(status, 405, "{body}");
+    assert!(error_of(&body).contains("read with GET"), "{body}");
+    let (status, _, body) = call("GET", "/nothing", None, "").await;
+    assert_eq!(status, 404, "{body}");
+    assert!(error_of(&body).starts_with("no route /nothing"), "{body}");
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
 /// With no token configured, mutations are refused with a message that says what to set.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_token_mutations_are_refused() {
@@ -724,11 +838,11 @@ async fn without_a_token_mutations_are_refused() {
     let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
         .build_recorder()
         .handle();
-    let config = sendledger::config::AdminConfig {
+    let config = sendledger_node::config::AdminConfig {
         listen: ([127, 0, 0, 1], 0).into(),
         ..Default::default()
     };
-    let admin = sendledger::admin::Admin::start(&config, engine.clone(), handle)
+    let admin = sendledger_node::admin::Admin::start(&config, engine.clone(), handle)
         .await
         .unwrap();
     let addr = admin.local_addr().to_string();
@@ -799,7 +913,7 @@ async fn connections_are_capped_and_stalled_ones_closed() {
     let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
         .build_recorder()
         .handle();
-    let config = sendledger::config::AdminConfig {
+    let config = sendledger_node::config::AdminConfig {
         listen: ([127, 0, 0, 1], 0).into(),
         token: Some(TOKEN.into()),
         idle_timeout: Duration::from_secs(2),
@@ -807,7 +921,7 @@ async fn connections_are_capped_and_stalled_ones_closed() {
         max_connections: 3,
         ..Default::default()
     };
-    let admin = sendledger::admin::Admin::start(&config, engine.clone(), handle)
+    let admin = sendledger_node::admin::Admin::start(&config, engine.clone(), handle)
         .await
         .unwrap();
     let addr = admin.local_addr().to_string();
@@ -959,7 +1073,7 @@ async fn buffered_durability_shows_in_health() {
     let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
         .build_recorder()
         .handle();
-    let config = sendledger::config::AdminConfig {
+    let config = sendledger_node::config::AdminConfig {
         listen: ([127, 0, 0, 1], 0).into(),
         ..Default::default()
     };
@@ -970,13 +1084,13 @@ async fn buffered_durability_shows_in_health() {
         let dir = tempfile::tempdir().unwrap();
         let mut engine_config = sendledger_actors::EngineConfig::new(dir.path());
         engine_config.durability = durability;
-        let remote = std::sync::Arc::new(sendledger::wiring::HttpRemote::new(
+        let remote = std::sync::Arc::new(sendledger_node::wiring::HttpRemote::new(
             sendledger_tests::engine::targets(target(&sim.base_url(), |_| {})),
         ));
         let engine =
             tokio::task::block_in_place(|| sendledger_actors::Engine::start(engine_config, remote))
                 .unwrap();
-        let admin = sendledger::admin::Admin::start(&config, engine.clone(), handle.clone())
+        let admin = sendledger_node::admin::Admin::start(&config, engine.clone(), handle.clone())
             .await
             .unwrap();
         let health = get_json(&admin.local_addr().to_string(), "/healthz").await;

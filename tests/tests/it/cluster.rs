@@ -19,10 +19,10 @@ use std::time::{Duration, Instant};
 
 use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
-use sendledger::config::{Config, StorageMode};
 use sendledger_bus::{Kafka, KafkaConfig, PartitionLog, Record, TopicReader};
 use sendledger_core::result::{Projection, TaskResult};
 use sendledger_core::{Event, EventBody, ResultStatus, UnknownCause};
+use sendledger_node::config::{Config, StorageMode};
 use sendledger_sim::{Faults, Sim, SimConfig};
 
 use crate::kafka::{
@@ -549,7 +549,7 @@ fn now_ms() -> u64 {
 }
 
 /// A task in review after a kill -9 is allowed only as the test broker's fencing leaves it
-/// (README, "Chaos soaks"; `check-broker` reports it): the killed owner's open transaction,
+/// (docs/kafka-mode.md, "Chaos soaks"; `check-broker` reports it): the killed owner's open transaction,
 /// committed by the next owner's fencing instead of aborted, held the task's intent, which the
 /// killed owner never acted on. So: its one attempt's intent was recorded before the kill,
 /// was found sending by the next owner (`Recovery`), and no lookup ever matched (the remote
@@ -606,7 +606,7 @@ fn results_in_log(events: &[Event]) -> HashSet<String> {
 /// record. Returns the tasks in review.
 ///
 /// With `killed` (a kill -9 or a freeze during the run), a task may also have terminal results
-/// the log does not announce, as the test broker's fencing leaves them (README, "Chaos soaks";
+/// the log does not announce, as the test broker's fencing leaves them (docs/kafka-mode.md, "Chaos soaks";
 /// `check-broker`'s `fencing_aborts`): the killed owner's open transaction, committed by the
 /// next owner's `init_transactions` instead of aborted, held the result record but not yet
 /// its event, and the next owner settled the task from the log. Kafka aborts that

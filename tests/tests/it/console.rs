@@ -3,7 +3,7 @@
 //! and sends to a simulated remote answering 500, so the requests end in manual review.
 //!
 //! `console_screenshots` (ignored; `scripts/screenshots` runs it) saves the pages shown in the
-//! README under `docs/console/`.
+//! README and `docs/operating/review.md` under `docs/console/`.
 
 use std::time::Duration;
 

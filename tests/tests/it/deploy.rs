@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use sendledger::config::Config;
+use sendledger_node::config::Config;
 use sendledger_sim::SimConfig;
 use yaml_rust2::{Yaml, YamlLoader};
 
@@ -87,7 +87,7 @@ fn service_config(sl: &Yaml, dockerfile: &str) -> Config {
 /// created keeping every event, with the requests topic's partition count.
 #[test]
 fn docker_compose_kafka_mode_profile_runs_two_instances_of_one_group() {
-    use sendledger::config::StorageMode;
+    use sendledger_node::config::StorageMode;
     let docs = YamlLoader::load_from_str(&read("docker-compose.yml")).expect("valid YAML");
     let services = &docs[0]["services"];
     let dockerfile = read("Dockerfile");

@@ -97,12 +97,17 @@ fn resolves(file: &Path, target: &str) -> bool {
     }
 }
 
-#[test]
-fn every_relative_link_in_the_readme_and_docs_resolves() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+/// The repository's root (the tests crate is one of its directories).
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("the repository root")
-        .to_path_buf();
+        .to_path_buf()
+}
+
+#[test]
+fn every_relative_link_in_the_readme_and_docs_resolves() {
+    let root = repo_root();
     let mut files = vec![root.join("README.md")];
     markdown_files(&root.join("docs"), &mut files);
     files.sort();
@@ -127,4 +132,31 @@ fn every_relative_link_in_the_readme_and_docs_resolves() {
         broken.len(),
         broken.join("\n")
     );
+}
+
+/// Every metric the service records is in the operating guide's table, and its help text is
+/// a sentence: names come from one definition per crate, so a metric added there and not
+/// documented fails here.
+#[test]
+fn every_metric_is_in_the_operating_guide() {
+    let guide = fs::read_to_string(repo_root().join("docs/operating/metrics.md")).unwrap();
+    let missing: Vec<&str> = sendledger_node::metric_definitions::all()
+        .map(|m| m.name)
+        .filter(|name| {
+            !guide.contains(&format!("`{name}`")) && !guide.contains(&format!("`{name}{{"))
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "metrics missing from docs/operating/metrics.md: {missing:?}"
+    );
+    for m in sendledger_node::metric_definitions::all() {
+        assert!(m.name.starts_with("sendledger_"), "{}", m.name);
+        assert!(
+            m.help.ends_with('.') || m.help.ends_with(')'),
+            "{}: {}",
+            m.name,
+            m.help
+        );
+    }
 }

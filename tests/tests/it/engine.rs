@@ -563,7 +563,7 @@ async fn a_known_identity_stays_a_duplicate_when_the_configuration_changes() {
         target(&sim.base_url(), |_| {}),
     )]))
     .unwrap();
-    let remote = std::sync::Arc::new(sendledger::wiring::HttpRemote::new(targets));
+    let remote = std::sync::Arc::new(sendledger_node::wiring::HttpRemote::new(targets));
     let engine =
         tokio::task::block_in_place(|| sendledger_actors::Engine::start(config, remote)).unwrap();
     let reply = engine.submit(request("kn-1"), source(1)).await.unwrap();
@@ -932,10 +932,9 @@ async fn an_attempt_that_misses_its_send_lease_is_not_sent_and_tried_again() {
         let mut config = sendledger_actors::EngineConfig::new(dir.path());
         config.timer_tick = Duration::from_millis(5);
         config.send_lease = Some(lease);
-        let remote = std::sync::Arc::new(sendledger::wiring::HttpRemote::new(targets(target(
-            &sim.base_url(),
-            |_| {},
-        ))));
+        let remote = std::sync::Arc::new(sendledger_node::wiring::HttpRemote::new(targets(
+            target(&sim.base_url(), |_| {}),
+        )));
         tokio::task::block_in_place(|| sendledger_actors::Engine::start(config, remote)).unwrap()
     };
     let expired = |events: &[sendledger_core::Event]| {

@@ -1,4 +1,4 @@
-//! Every input boundary against generated inputs (`sendledger bench fuzz`, a short run with a
+//! Every input boundary against generated inputs (`sendledger-bench fuzz`, a short run with a
 //! fixed seed), against the saved hostile inputs of `tests/fixtures/fuzz/<target>/` (inputs a
 //! fuzzer found crashing, kept as regression cases, and hand-made ones at the edges: lengths of
 //! 2^60, nesting 100,000 deep, numbers of 100,000 digits), and the event decoder against length
@@ -7,7 +7,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use sendledger::bench_fuzz::{fuzz, replay, Budget, Target};
+use sendledger_bench::fuzz::{fuzz, replay, Budget, Target};
 use sendledger_store::envelope::decode_event;
 
 #[test]

@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use sendledger::wiring::EngineSink;
 use sendledger_actors::Engine;
 use sendledger_bus::rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use sendledger_bus::rdkafka::producer::{FutureProducer, FutureRecord};
@@ -25,6 +24,7 @@ use sendledger_bus::{Ingest, IngestStats, Kafka, KafkaConfig, Publisher, Role, T
 use sendledger_core::{
     EventBody, Evidence, Limits, NewEvent, Phase, ResultStatus, Source, TaskId, TaskResult,
 };
+use sendledger_node::wiring::EngineSink;
 use sendledger_sim::{Faults, Sim, SimConfig};
 use sendledger_store::{Append, Ledger, LedgerOptions, TaskSummary};
 use sendledger_tests::engine::{request, target};
@@ -1043,7 +1043,7 @@ fn wait_listening(port: u16, what: &str) {
 /// The configuration file of a `sendledger run` process on `dir` against `brokers`, with the
 /// test target at `sim`. A killed predecessor's group membership expires quickly.
 fn service_config(dir: &Path, brokers: &str, sim: &Sim) -> String {
-    let mut config = sendledger::config::Config::default();
+    let mut config = sendledger_node::config::Config::default();
     config.storage.data = dir.join("ledger");
     config.engine.timer_tick = Duration::from_millis(5);
     config.kafka = config_for_process(brokers);

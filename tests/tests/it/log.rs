@@ -343,7 +343,7 @@ fn replicated_engine(
     let mut config = sendledger_actors::EngineConfig::new(dir);
     config.timer_tick = Duration::from_millis(5);
     config.replicated = true;
-    let remote = sendledger::wiring::HttpRemote::new(targets(target(&sim.base_url(), |_| {})));
+    let remote = sendledger_node::wiring::HttpRemote::new(targets(target(&sim.base_url(), |_| {})));
     let engine = tokio::task::block_in_place(|| {
         sendledger_actors::Engine::start(config, std::sync::Arc::new(remote))
     })
@@ -494,8 +494,8 @@ async fn kafka_mode_service(
     dir: &std::path::Path,
     kafka: &Kafka,
     sim: &sendledger_sim::Sim,
-) -> sendledger::service::Service {
-    use sendledger::config::{Config, StorageMode};
+) -> sendledger_node::service::Service {
+    use sendledger_node::config::{Config, StorageMode};
     let mut config = Config::default();
     config.storage.data = dir.to_path_buf();
     config.storage.mode = StorageMode::Kafka;
@@ -509,10 +509,10 @@ async fn kafka_mode_service(
     config
         .validate(&Default::default())
         .expect("a valid config");
-    let remote = std::sync::Arc::new(sendledger::wiring::HttpRemote::new(
+    let remote = std::sync::Arc::new(sendledger_node::wiring::HttpRemote::new(
         config.load_targets().unwrap(),
     ));
-    sendledger::service::Service::start(&config, kafka, remote, None)
+    sendledger_node::service::Service::start(&config, kafka, remote, None)
         .await
         .expect("the service starts in kafka mode")
 }
@@ -725,7 +725,7 @@ fn kafka_mode_config_file(
     brokers: &str,
     sim: &sendledger_sim::Sim,
 ) -> std::path::PathBuf {
-    use sendledger::config::{Config, StorageMode};
+    use sendledger_node::config::{Config, StorageMode};
     let mut config = Config::default();
     config.storage.data = dir.join("ledger");
     config.storage.mode = StorageMode::Kafka;
@@ -872,7 +872,7 @@ async fn each_instance_answers_for_the_partitions_it_owns() {
 /// an instance on an empty disk. Once it owns the partition it knows every task: the tasks'
 /// summaries by state, a redelivery of 200 of the requests is a duplicate each (nothing sent),
 /// and the 10 tasks left sending are resumed, reconciled and confirmed by lookup without a
-/// resend. The time from start to owning the partition is printed (`bench cluster` measures
+/// resend. The time from start to owning the partition is printed (`sendledger-bench cluster` measures
 /// the restore rate).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_partition_of_100000_tasks_is_restored_on_an_empty_disk() {
@@ -1095,7 +1095,7 @@ async fn a_lookup_answered_while_the_partition_was_revoked_is_made_again_after_i
 /// trusting kafka mode to them. What each is known to keep and break is asserted promise by
 /// promise, so a change in either broker (or in the check) fails here: the separate broker
 /// (tansu) keeps everything but the abort of a fenced writer's open transaction (it commits it;
-/// the README's chaos-soak notes show what that costs), and the embedded mock cluster fences
+/// docs/kafka-mode.md's chaos-soak notes show what that costs), and the embedded mock cluster fences
 /// nothing, keeps no transactional offsets and shows open transactions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_broker_names_the_promises_each_broker_keeps() {

@@ -2,11 +2,13 @@
 
 mod admin;
 mod audit;
+mod bench;
 mod cli;
 mod cluster;
 mod console;
 mod crash;
 mod deploy;
+mod docs;
 mod effects;
 mod engine;
 mod engine_kill;

@@ -261,7 +261,7 @@ async fn a_task_s_steps_join_its_request_s_trace_and_records_are_cloudevents() {
         })
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let mut config = sendledger::config::Config::default();
+    let mut config = sendledger_node::config::Config::default();
     config.storage.data = dir.path().join("ledger");
     config.engine.timer_tick = Duration::from_millis(5);
     config.kafka = crate::kafka::config_for_process(&brokers);

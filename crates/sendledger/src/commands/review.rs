@@ -19,7 +19,7 @@ use sendledger_core::{Identity, ResolveBody};
 use sendledger_store::{Ledger, LedgerOptions};
 use serde_json::Value;
 
-use crate::timeline::{parse_task, review_json};
+use sendledger_node::timeline::{parse_task, review_json};
 
 #[derive(Args)]
 pub struct ReviewArgs {

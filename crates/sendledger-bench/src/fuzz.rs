@@ -1,4 +1,4 @@
-//! `sendledger bench fuzz`: a generator-driven fuzzer of every input boundary, counted like a
+//! `sendledger-bench fuzz`: a generator-driven fuzzer of every input boundary, counted like a
 //! benchmark. Each target starts from valid seeds, mutates them with a seeded RNG (bit flips,
 //! byte inserts and deletes, splices of two seeds, boundary integers, big length prefixes,
 //! long strings, deep nesting, tokens of the input's language), and feeds every input to the
@@ -27,7 +27,7 @@ use sendledger_core::{Identity, Limits, ResolveBody, TaskRequest};
 use sendledger_store::envelope::{decode_event, encode_event, EVENT_V1};
 use sha2::{Digest, Sha256};
 
-use crate::config::Config;
+use sendledger_node::config::Config;
 
 #[derive(Args)]
 pub struct FuzzArgs {
@@ -147,7 +147,7 @@ impl Target {
             Target::Request => {
                 let mut seeds: Vec<Vec<u8>> = (0..4)
                     .map(|n| {
-                        serde_json::to_vec(&crate::bench::bench_request(n, "payments"))
+                        serde_json::to_vec(&crate::ledger::bench_request(n, "payments"))
                             .expect("a request serializes")
                     })
                     .collect();
@@ -184,7 +184,7 @@ impl Target {
 }
 
 fn sample_events() -> Vec<sendledger_core::Event> {
-    crate::bench_audit::sample_events(7, 400)
+    crate::audit::sample_events(7, 400)
 }
 
 /// How long each target runs.

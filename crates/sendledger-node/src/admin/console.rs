@@ -16,13 +16,58 @@
 //! Content-Security-Policy allows scripts from the endpoint only, never inline ones, so markup
 //! that slipped into a page could not run either.
 
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::response::Response;
 use bytes::Bytes;
-use http::{header, HeaderValue, Response, StatusCode};
-use http_body_util::Full;
+use http::{header, HeaderValue, StatusCode, Uri};
+use sendledger_core::error::Chain;
+
+use super::tasks::task_ref;
+use super::Shared;
+
+/// `GET /console` and everything under it: a console page or asset; a task page only for a
+/// task in the ledger, so a mistyped id gets a 404 page rather than an empty one. The path is
+/// read as it came (a task reference is one percent-encoded segment).
+pub async fn route(State(shared): State<Arc<Shared>>, uri: Uri) -> Response {
+    let path = uri.path().trim_matches('/');
+    let rest: Vec<&str> = path.split('/').skip(1).collect();
+    match rest.as_slice() {
+        ["assets", name] => asset(name),
+        ["task", segment] if !segment.is_empty() => {
+            let Ok(task_id) = task_ref(segment) else {
+                return error_page(
+                    StatusCode::BAD_REQUEST,
+                    "This is not a task reference: use a task id (32 hex digits) or tenant/operation/request_key URL-encoded.",
+                );
+            };
+            match shared.engine.events(task_id).await {
+                Ok(events) if events.is_empty() => error_page(
+                    StatusCode::NOT_FOUND,
+                    "No such task: the ledger holds no event of it.",
+                ),
+                Ok(_) => page(Page::Task),
+                Err(e) => {
+                    tracing::warn!(error = %Chain(&e), "console: cannot read a task");
+                    error_page(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "The task cannot be read now; the service's log says why.",
+                    )
+                }
+            }
+        }
+        _ => match page_of(&rest) {
+            Some(p) => page(p),
+            None => error_page(StatusCode::NOT_FOUND, "No such console page."),
+        },
+    }
+}
 
 /// One of the console's pages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Page {
+enum Page {
     Queue,
     Task,
     Dashboard,
@@ -40,7 +85,7 @@ impl Page {
 }
 
 /// The page of a console path (the segments after `console`), if it names one.
-pub fn page_of(rest: &[&str]) -> Option<Page> {
+fn page_of(rest: &[&str]) -> Option<Page> {
     match rest {
         [] | [""] => Some(Page::Queue),
         ["dashboard"] => Some(Page::Dashboard),
@@ -54,35 +99,35 @@ const ASSETS: [(&str, &str, &str); 5] = [
     (
         "console.css",
         "text/css; charset=utf-8",
-        include_str!("../console/console.css"),
+        include_str!("../../console/console.css"),
     ),
     (
         "console.js",
         "text/javascript; charset=utf-8",
-        include_str!("../console/console.js"),
+        include_str!("../../console/console.js"),
     ),
     (
         "queue.js",
         "text/javascript; charset=utf-8",
-        include_str!("../console/queue.js"),
+        include_str!("../../console/queue.js"),
     ),
     (
         "task.js",
         "text/javascript; charset=utf-8",
-        include_str!("../console/task.js"),
+        include_str!("../../console/task.js"),
     ),
     (
         "dashboard.js",
         "text/javascript; charset=utf-8",
-        include_str!("../console/dashboard.js"),
+        include_str!("../../console/dashboard.js"),
     ),
 ];
 
 /// The shell every page shares; `{title}` and `{scripts}` are ours, never data.
-const SHELL: &str = include_str!("../console/page.html");
+const SHELL: &str = include_str!("../../console/page.html");
 
 /// An asset by name, or a 404.
-pub fn asset(name: &str) -> Response<Full<Bytes>> {
+fn asset(name: &str) -> Response {
     match ASSETS.iter().find(|(n, _, _)| *n == name) {
         Some((_, content_type, body)) => response(
             StatusCode::OK,
@@ -94,7 +139,7 @@ pub fn asset(name: &str) -> Response<Full<Bytes>> {
 }
 
 /// A page's HTML: the shell with its title and script.
-pub fn page(page: Page) -> Response<Full<Bytes>> {
+fn page(page: Page) -> Response {
     let (title, script) = page.parts();
     let html = SHELL.replace("{title}", title).replace(
         "{scripts}",
@@ -108,7 +153,7 @@ pub fn page(page: Page) -> Response<Full<Bytes>> {
 }
 
 /// An error as a console page: `message` is ours (fixed text), never data from a request.
-pub fn error_page(status: StatusCode, message: &'static str) -> Response<Full<Bytes>> {
+fn error_page(status: StatusCode, message: &'static str) -> Response {
     let html = SHELL
         .replace("{title}", status.canonical_reason().unwrap_or("Error"))
         .replace(
@@ -121,8 +166,8 @@ pub fn error_page(status: StatusCode, message: &'static str) -> Response<Full<By
 
 /// A response with the console's headers: scripts and styles from this endpoint only, no
 /// framing, no sniffing, no referrer (task ids are in the addresses).
-fn response(status: StatusCode, content_type: &str, body: Bytes) -> Response<Full<Bytes>> {
-    let mut resp = Response::new(Full::new(body));
+fn response(status: StatusCode, content_type: &str, body: Bytes) -> Response {
+    let mut resp = Response::new(Body::from(body));
     *resp.status_mut() = status;
     let headers = resp.headers_mut();
     if let Ok(value) = HeaderValue::from_str(content_type) {

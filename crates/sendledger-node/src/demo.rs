@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use clap::Args;
 use rand::seq::{IndexedRandom, SliceRandom};
 use rand::SeedableRng;
 use sendledger_bus::{request_key, Kafka, RequestProducer, ResultsReader};
@@ -22,34 +21,31 @@ use crate::config::{AdminConfig, Config};
 use crate::service::Service;
 use crate::wiring::HttpRemote;
 
-#[derive(Args)]
+/// What the demo runs: `sendledger demo`'s options.
 pub struct DemoArgs {
     /// Distinct requests (tasks).
-    #[arg(long, default_value_t = 10_000)]
-    tasks: u64,
-    /// Share of requests delivered twice.
-    #[arg(long, default_value_t = 0.2)]
-    duplicates: f64,
+    pub tasks: u64,
+    /// Share of requests delivered twice, within [0, 1].
+    pub duplicates: f64,
     /// Seed of the remote's faults and of the delivery order.
-    #[arg(long, default_value_t = 42)]
-    seed: u64,
-    /// Ledger directory (a temporary one by default). Inspect or audit it afterwards.
-    #[arg(long)]
-    data: Option<PathBuf>,
+    pub seed: u64,
+    /// Ledger directory (a temporary one when `None`).
+    pub data: Option<PathBuf>,
 }
 
+/// Runs the demo and prints its report; `Ok(false)` when an invariant failed.
 pub fn run(args: DemoArgs) -> anyhow::Result<bool> {
     anyhow::ensure!(
         (0.0..=1.0).contains(&args.duplicates),
-        "--duplicates must be within [0, 1]"
+        "the share of duplicates must be within [0, 1]"
     );
-    anyhow::ensure!(args.tasks > 0, "--tasks must be positive");
+    anyhow::ensure!(args.tasks > 0, "the number of tasks must be positive");
     let temp = tempfile::tempdir()?;
     let data = args
         .data
         .clone()
         .unwrap_or_else(|| temp.path().join("ledger"));
-    crate::serve::runtime()?.block_on(demo(args, data))
+    crate::runtime::runtime()?.block_on(demo(args, data))
 }
 
 /// Set up; produce every delivery; run until every task has a result, restarting the service

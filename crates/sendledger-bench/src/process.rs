@@ -1,6 +1,6 @@
 //! The processes a benchmark runs beside its own: the simulated remote (`sendledger
 //! sim-remote`), so the benchmark's peak memory and CPU are not the remote's, and, for
-//! `bench kafka --service-process`, the service itself (`sendledger run`), so its peak memory
+//! `sendledger-bench kafka --service-process`, the service itself (`sendledger run`), so its peak memory
 //! is measured alone, as in a deployment.
 
 use std::io::{BufRead, BufReader};
@@ -11,6 +11,23 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use sendledger_sim::Stats;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The `sendledger` executable the benchmarks start as a child: `$SENDLEDGER_BIN`, or the one
+/// built beside this benchmark's executable (`cargo build --release --workspace` builds both
+/// into one directory).
+pub fn sendledger_exe() -> anyhow::Result<PathBuf> {
+    if let Some(path) = std::env::var_os("SENDLEDGER_BIN") {
+        return Ok(PathBuf::from(path));
+    }
+    let this = std::env::current_exe().context("finding this executable")?;
+    let beside = this.with_file_name("sendledger");
+    anyhow::ensure!(
+        beside.is_file(),
+        "no sendledger executable at {}: build it (`cargo build --release --locked -p sendledger`) or set SENDLEDGER_BIN",
+        beside.display()
+    );
+    Ok(beside)
+}
 
 /// A `sendledger sim-remote` child, stopped when dropped.
 pub struct RemoteProcess {
@@ -27,7 +44,7 @@ impl RemoteProcess {
     pub fn start() -> anyhow::Result<RemoteProcess> {
         let config = tempfile::NamedTempFile::new()?;
         std::fs::write(config.path(), "identity_field = \"reference\"\n")?;
-        let mut child = Command::new(std::env::current_exe()?)
+        let mut child = Command::new(sendledger_exe()?)
             .args(["sim-remote", "--listen", "127.0.0.1:0", "--config"])
             .arg(config.path())
             .stdout(Stdio::piped())
@@ -111,7 +128,7 @@ impl ServiceProcess {
         let path = dir.join("sendledger.toml");
         std::fs::write(&path, config)?;
         let log = dir.join("service.log");
-        let child = Command::new(std::env::current_exe()?)
+        let child = Command::new(sendledger_exe()?)
             .args(["run", "--config"])
             .arg(&path)
             .env("RUST_LOG", "warn")

@@ -1,4 +1,4 @@
-//! `sendledger bench effects`: attempts per second through the effects layer against the
+//! `sendledger-bench effects`: attempts per second through the effects layer against the
 //! simulated remote on loopback, and the simulated remote's own capacity under a bare HTTP
 //! load, so end-to-end numbers can be judged against what the remote can take. With `--tls`,
 //! the same attempts also run over https (a second simulated remote with a certificate made
@@ -45,7 +45,7 @@ pub struct EffectsArgs {
 }
 
 fn bench_request(n: u64) -> anyhow::Result<AcceptedRequest> {
-    crate::bench::bench_request(n, "payments")
+    crate::ledger::bench_request(n, "payments")
         .accept(&Limits::default())
         .context("bench request")
 }

@@ -1,4 +1,4 @@
-//! `sendledger bench kafka`: tasks per second end to end through Kafka: requests on the requests
+//! `sendledger-bench kafka`: tasks per second end to end through Kafka: requests on the requests
 //! topic of the embedded cluster (all produced before the service starts, or at a steady rate
 //! while it runs), the whole service (ingest, engine, publisher) against the simulated remote,
 //! until every task's result has been read back from the results topic; and the latency of each
@@ -15,12 +15,12 @@ use clap::Args;
 use sendledger_bus::{request_key, Kafka, RequestProducer, ResultsReader};
 use sendledger_store::Durability;
 
-use crate::bench::bench_request;
-use crate::bench_engine::parse_durability;
-use crate::bench_process::{own_cpu_secs, own_peak_rss_bytes, RemoteProcess, ServiceProcess};
-use crate::config::Config;
-use crate::service::Service;
-use crate::wiring::HttpRemote;
+use crate::engine::parse_durability;
+use crate::ledger::bench_request;
+use crate::process::{own_cpu_secs, own_peak_rss_bytes, RemoteProcess, ServiceProcess};
+use sendledger_node::config::Config;
+use sendledger_node::service::Service;
+use sendledger_node::wiring::HttpRemote;
 
 #[derive(Args)]
 pub struct KafkaArgs {
@@ -40,7 +40,7 @@ pub struct KafkaArgs {
     /// cluster's or the benchmark's.
     #[arg(long)]
     service_process: bool,
-    /// First run the same tasks through the engine alone (`sendledger bench engine` in a child
+    /// First run the same tasks through the engine alone (`sendledger-bench engine` in a child
     /// process: no Kafka, requests handed straight to the engine) and report its tasks/s and
     /// this run's ratio to it.
     #[arg(long)]
@@ -55,7 +55,7 @@ pub fn run(args: KafkaArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.tasks > 0, "--tasks must be positive");
     anyhow::ensure!(args.rate != Some(0), "--rate must be positive");
     anyhow::ensure!(args.partitions > 0, "--partitions must be positive");
-    crate::serve::runtime()?.block_on(bench(args))
+    sendledger_node::runtime::runtime()?.block_on(bench(args))
 }
 
 async fn bench(args: KafkaArgs) -> anyhow::Result<()> {
@@ -142,33 +142,33 @@ pub(crate) fn bench_config(
     Ok(config)
 }
 
-/// What `sendledger bench engine` measured.
+/// What `sendledger-bench engine` measured.
 #[derive(Clone, Copy)]
 struct EngineAlone {
     tasks_per_sec: f64,
     cpu_us_per_task: f64,
 }
 
-/// `sendledger bench engine` with `tasks` tasks, run as a child process.
+/// `sendledger-bench engine` with `tasks` tasks, run as a child process.
 fn engine_alone(tasks: u64, durability: Durability) -> anyhow::Result<EngineAlone> {
     let durability = format!("{durability:?}").to_lowercase();
     let out = std::process::Command::new(std::env::current_exe()?)
-        .args(["bench", "engine", "--tasks", &tasks.to_string()])
+        .args(["engine", "--tasks", &tasks.to_string()])
         .args(["--durability", &durability])
         .stderr(std::process::Stdio::inherit())
         .output()
-        .context("running `sendledger bench engine`")?;
+        .context("running `sendledger-bench engine`")?;
     anyhow::ensure!(
         out.status.success(),
-        "`sendledger bench engine` failed: {}",
+        "`sendledger-bench engine` failed: {}",
         out.status
     );
     let report: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .context("`sendledger bench engine` printed no JSON report")?;
+        .context("`sendledger-bench engine` printed no JSON report")?;
     let figure = |name: &str| {
         report[name]
             .as_f64()
-            .with_context(|| format!("`sendledger bench engine` reported no {name}"))
+            .with_context(|| format!("`sendledger-bench engine` reported no {name}"))
     };
     Ok(EngineAlone {
         tasks_per_sec: figure("tasks_per_sec")?,
@@ -308,7 +308,7 @@ pub(crate) async fn through_kafka(
         .ensure_topics(
             config.kafka.replication_factor,
             Duration::from_secs(30),
-            config.storage.mode == crate::config::StorageMode::Kafka,
+            config.storage.mode == sendledger_node::config::StorageMode::Kafka,
         )
         .await?;
     let mut producing = None;

@@ -1,36 +1,13 @@
-//! `sendledger bench ...`: measurements printed as one JSON object. Timings live here, never
-//! in pass/fail tests.
+//! `sendledger-bench ledger`: durable appends per second, and the request every benchmark uses.
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use clap::{Args, Subcommand};
+use clap::Args;
 use sendledger_core::{EventBody, Limits, NewEvent, Source, TaskRequest};
 use sendledger_store::{Append, Durability, Ledger, LedgerOptions};
-
-#[derive(Subcommand)]
-pub enum Bench {
-    /// Durable appends per second: group commit with many appenders versus one fsync per append.
-    Ledger(LedgerArgs),
-    /// Attempts per second through the effects layer against the simulated remote, and the
-    /// simulated remote's own capacity.
-    Effects(crate::bench_effects::EffectsArgs),
-    /// Tasks per second through the whole engine against the simulated remote.
-    Engine(crate::bench_engine::EngineArgs),
-    /// Events per second through `sendledger audit` on a generated ledger, and its peak memory.
-    Audit(crate::bench_audit::AuditArgs),
-    /// Tasks per second end to end through Kafka (embedded cluster): ingest, engine, publisher,
-    /// until every result is read back from the results topic.
-    Kafka(crate::bench_kafka::KafkaArgs),
-    /// Kafka mode against local mode on one instance, same requests, same brokers (which must
-    /// support transactions), and the restore of the kafka-mode log on an empty disk.
-    Cluster(crate::bench_cluster::ClusterArgs),
-    /// Inputs per second through every input boundary (request, stored event, event record,
-    /// configuration, review body) with generated inputs; counts panics and saves their inputs.
-    Fuzz(crate::bench_fuzz::FuzzArgs),
-}
 
 #[derive(Args)]
 pub struct LedgerArgs {
@@ -44,18 +21,6 @@ pub struct LedgerArgs {
     /// the service will run on: fsync latency is what is measured.
     #[arg(long)]
     dir: Option<PathBuf>,
-}
-
-pub fn run(bench: Bench) -> anyhow::Result<()> {
-    match bench {
-        Bench::Ledger(args) => ledger(args),
-        Bench::Effects(args) => crate::bench_effects::run(args),
-        Bench::Engine(args) => crate::bench_engine::run(args),
-        Bench::Audit(args) => crate::bench_audit::run(args),
-        Bench::Kafka(args) => crate::bench_kafka::run(args),
-        Bench::Cluster(args) => crate::bench_cluster::run(args),
-        Bench::Fuzz(args) => crate::bench_fuzz::run(args),
-    }
 }
 
 /// The `n`-th request of every benchmark, for `target`.
@@ -153,7 +118,8 @@ fn measure(
     })
 }
 
-fn ledger(args: LedgerArgs) -> anyhow::Result<()> {
+/// `sendledger-bench ledger`: group commit against one fsync per append, and no fsync.
+pub fn run(args: LedgerArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.appenders > 0, "--appenders must be at least 1");
     anyhow::ensure!(args.seconds > 0.0, "--seconds must be positive");
     let base = match &args.dir {

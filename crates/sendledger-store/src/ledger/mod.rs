@@ -1,4 +1,5 @@
-//! Opening a ledger, its format version, and reads.
+//! An open ledger: opening it (its format and mode checked, see [`format`]), appends through
+//! its journal, and reads.
 
 use std::ops::Range;
 use std::os::unix::fs::PermissionsExt;
@@ -8,288 +9,27 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use rocksdb::{
-    BlockBasedIndexType, BlockBasedOptions, Cache, ColumnFamilyDescriptor, Direction, IteratorMode,
-    LruCacheOptions, Options, ReadOptions, WriteBufferManager, DB,
+    Cache, ColumnFamilyDescriptor, Direction, IteratorMode, Options, ReadOptions,
+    WriteBufferManager, DB,
 };
-use sendledger_core::{Event, Identity, PayloadHash, Phase, TaskId};
+use sendledger_core::{Event, Identity, PayloadHash, TaskId};
 use tokio::sync::oneshot;
 
 use crate::envelope::decode_event;
 use crate::error::{Error, Result};
 use crate::journal::{self, Append, JournalStats, Replicator, ReplicatorSlot, Request, TimerKind};
 use crate::keys::*;
+use crate::options::{Durability, LedgerOptions};
+use crate::reads::{request_partition, task_event, task_events};
+use crate::summary::{Processed, TaskSummary};
 
-/// The storage format this build writes and the newest it reads.
-// format: do not change (bump only with a migration)
-pub const FORMAT_VERSION: u8 = 2;
+#[cfg(feature = "fault-injection")]
+mod fault;
+mod format;
 
-/// Whether an acknowledged append survives a power loss.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Durability {
-    /// Each write batch is fsynced before any append in it is acknowledged.
-    #[default]
-    Sync,
-    /// No fsync: acknowledged appends survive a process crash but may be lost on power loss
-    /// or an OS crash. Unsafe for production; used to measure the cost of durability.
-    Buffered,
-}
+use format::{check_format_and_last_lsn, check_mode, migrate_to_format_2};
 
-#[derive(Debug, Clone, Default)]
-pub struct LedgerOptions {
-    pub durability: Durability,
-    pub memory: Memory,
-    /// Kafka mode: events are recorded only once a [`Replicator`] made them durable in the
-    /// log of record (installed with [`Ledger::install_replicator`]; until then appends of
-    /// events are refused as not replicated).
-    pub replicated: bool,
-}
-
-/// The memory RocksDB may keep for one ledger, shared by every column family: one block cache
-/// of `bytes` (index and filter blocks included), with the memtables (write buffers) charged to
-/// it and flushed once they pass half of it. Reads beyond it come from the OS page cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Memory {
-    pub bytes: usize,
-}
-
-impl Default for Memory {
-    fn default() -> Self {
-        Memory {
-            bytes: 64 * 1024 * 1024,
-        }
-    }
-}
-
-impl Memory {
-    /// The smallest budget accepted: below it RocksDB would flush tiny memtables constantly.
-    pub const MIN_BYTES: usize = 4 * 1024 * 1024;
-
-    /// The budget in effect: `bytes`, and at least [`Memory::MIN_BYTES`].
-    pub fn budget(self) -> usize {
-        self.bytes.max(Self::MIN_BYTES)
-    }
-
-    /// Shards of the block cache: as many as leave each at least 8 MiB, at most 64.
-    fn cache_shard_bits(bytes: usize) -> i32 {
-        (bytes / (8 << 20)).max(1).ilog2().min(6) as i32
-    }
-
-    /// RocksDB options sharing one cache and one write budget, and those of each family.
-    fn rocksdb_options(self) -> (Options, Options, Cache, WriteBufferManager) {
-        let bytes = self.budget();
-        // RocksDB splits an LRU cache into shards by key hash, 64 of them by default for this
-        // size: a 64 MiB cache held 1 MiB a shard, less than one unpartitioned filter block of
-        // a large table file, so such blocks were read again at nearly every lookup. Shards of
-        // at least 8 MiB (and the partitioned blocks below) keep them cached.
-        let mut lru = LruCacheOptions::default();
-        lru.set_capacity(bytes);
-        lru.set_num_shard_bits(Self::cache_shard_bits(bytes));
-        let cache = Cache::new_lru_cache_opts(&lru);
-        let buffers = WriteBufferManager::new_write_buffer_manager_with_cache(
-            bytes / 2,
-            false,
-            cache.clone(),
-        );
-        let mut db = Options::default();
-        db.set_write_buffer_manager(&buffers);
-        let mut table = BlockBasedOptions::default();
-        table.set_block_cache(&cache);
-        // Index and filter blocks count against the cache too, instead of growing with the data.
-        table.set_cache_index_and_filter_blocks(true);
-        table.set_pin_l0_filter_and_index_blocks_in_cache(true);
-        // Most point reads miss: a new request's identity, a restored task's summary. A
-        // filter (about 10 bits a key) answers those without reading a block of each file,
-        // and one in the memtable without searching it.
-        table.set_bloom_filter(10.0, false);
-        // A table file's index and filter are cut into blocks of about 4 KiB, with a small
-        // top-level index kept in the cache: a lookup reads the parts it needs instead of the
-        // whole index and filter of a 64 MiB file (megabytes, read and checksummed again each
-        // time they were evicted).
-        table.set_index_type(BlockBasedIndexType::TwoLevelIndexSearch);
-        table.set_partition_filters(true);
-        table.set_metadata_block_size(4096);
-        table.set_pin_top_level_index_and_filter(true);
-        table.set_cache_index_and_filter_blocks_with_high_priority(true);
-        let mut family = Options::default();
-        family.set_block_based_table_factory(&table);
-        family.set_write_buffer_size(bytes / 8);
-        family.set_memtable_prefix_bloom_ratio(0.02);
-        family.set_memtable_whole_key_filtering(true);
-        (db, family, cache, buffers)
-    }
-}
-
-/// The processed offsets of one requests-topic partition.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Processed {
-    /// Every offset up to and including this one is processed.
-    pub watermark: Option<i64>,
-    /// Processed offsets above the watermark (out of order, not yet folded into it).
-    pub above: std::collections::BTreeSet<i64>,
-}
-
-impl Processed {
-    pub fn contains(&self, offset: i64) -> bool {
-        self.watermark.is_some_and(|w| offset <= w) || self.above.contains(&offset)
-    }
-
-    /// The highest offset below which everything is processed, counting the markers.
-    pub fn contiguous(&self) -> Option<i64> {
-        let mut w = self.watermark;
-        for &o in &self.above {
-            if o == w.map_or(0, |w| w + 1) {
-                w = Some(o);
-            } else if w.is_some_and(|w| o <= w) {
-                continue;
-            } else {
-                break;
-            }
-        }
-        w
-    }
-}
-
-/// The compact summary of a task kept for start-up: its phase and number of events.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TaskSummary {
-    pub phase: Phase,
-    pub next_seq: u32,
-}
-
-// format: do not change (phase codes are on disk)
-const PHASES: [Phase; 9] = [
-    Phase::New,
-    Phase::Accepted,
-    Phase::Sending,
-    Phase::RetryWait,
-    Phase::Unknown,
-    Phase::ManualReview,
-    Phase::Succeeded,
-    Phase::Rejected,
-    Phase::Failed,
-];
-
-impl TaskSummary {
-    pub(crate) fn encode(&self) -> [u8; 6] {
-        let code = PHASES.iter().position(|p| *p == self.phase).unwrap_or(0) as u8;
-        let seq = self.next_seq.to_be_bytes();
-        [1, code, seq[0], seq[1], seq[2], seq[3]]
-    }
-
-    pub(crate) fn decode(bytes: &[u8]) -> Result<TaskSummary> {
-        match bytes {
-            [1, code, seq @ ..] if seq.len() == 4 => Ok(TaskSummary {
-                phase: *PHASES
-                    .get(*code as usize)
-                    .ok_or(Error::BadValue { what: "tasks" })?,
-                next_seq: u32::from_be_bytes(
-                    seq.try_into()
-                        .map_err(|_| Error::BadValue { what: "tasks" })?,
-                ),
-            }),
-            _ => Err(Error::BadValue { what: "tasks" }),
-        }
-    }
-}
-
-/// Refuses a ledger of a newer storage format (or none), and returns its format and last LSN.
-fn check_format_and_last_lsn(db: &DB, path: &Path) -> Result<(u8, u64)> {
-    let meta = db
-        .cf_handle(CF_META)
-        .expect("opened with every column family");
-    let format = match db.get_cf(meta, META_FORMAT)?.as_deref() {
-        Some([v]) if *v <= FORMAT_VERSION => *v,
-        Some([v]) => {
-            return Err(Error::NewerFormat {
-                path: path.to_path_buf(),
-                found: *v,
-                supported: FORMAT_VERSION,
-            })
-        }
-        _ => {
-            return Err(Error::BadFormatMarker {
-                path: path.to_path_buf(),
-            })
-        }
-    };
-    let log = db
-        .cf_handle(CF_LOG)
-        .expect("opened with every column family");
-    let mut it = db.iterator_cf(log, IteratorMode::End);
-    let last = match it.next() {
-        Some(item) => decode_u64(&item?.0).ok_or(Error::BadValue { what: "log key" })?,
-        None => 0,
-    };
-    Ok((format, last))
-}
-
-/// Records the mode of a ledger opened for the first time (`replicated`: kafka mode), and
-/// refuses a ledger written in the other mode. A ledger from before the mode was recorded
-/// holding events is a kafka-mode one when it has a log checkpoint, else a local-mode one.
-fn check_mode(db: &DB, path: &Path, replicated: bool, last_lsn: u64) -> Result<()> {
-    let name = |kafka: bool| if kafka { "kafka" } else { "local" };
-    let meta = db
-        .cf_handle(CF_META)
-        .expect("opened with every column family");
-    let written = match db.get_cf(meta, META_MODE)?.as_deref() {
-        Some(b"kafka") => true,
-        Some(b"local") => false,
-        Some(_) => return Err(Error::BadValue { what: "meta mode" }),
-        None => {
-            let written = if last_lsn == 0 {
-                replicated
-            } else {
-                let cursors = db
-                    .cf_handle(CF_CURSORS)
-                    .expect("opened with every column family");
-                let prefix = journal::LOG_CHECKPOINTS.as_bytes();
-                db.prefix_iterator_cf(cursors, prefix)
-                    .next()
-                    .transpose()?
-                    .is_some_and(|(k, _)| k.starts_with(prefix))
-            };
-            db.put_cf(meta, META_MODE, name(written))?;
-            written
-        }
-    };
-    if written != replicated {
-        return Err(Error::OtherMode {
-            path: path.to_path_buf(),
-            written: name(written),
-            wanted: name(replicated),
-        });
-    }
-    Ok(())
-}
-
-/// Format 1 to 2: lists every task not settled in the `unsettled` index (the partition of its
-/// request from its first event), in one write with the new format marker.
-fn migrate_to_format_2(db: &DB, path: &Path) -> Result<()> {
-    let cf = |name| db.cf_handle(name).expect("opened with every column family");
-    let mut batch = rocksdb::WriteBatch::default();
-    let mut listed = 0u64;
-    for item in db.iterator_cf(cf(CF_TASKS), IteratorMode::Start) {
-        let (k, v) = item?;
-        if TaskSummary::decode(&v)?.phase.is_terminal() {
-            continue;
-        }
-        let task = TaskId(
-            k[..]
-                .try_into()
-                .map_err(|_| Error::BadValue { what: "tasks key" })?,
-        );
-        let partition = request_partition(db, task)?;
-        batch.put_cf(cf(CF_UNSETTLED), task.0, partition_value(partition));
-        listed += 1;
-    }
-    batch.put_cf(cf(CF_META), META_FORMAT, [2]);
-    let mut sync = rocksdb::WriteOptions::default();
-    sync.set_sync(true);
-    db.write_opt(batch, &sync)?;
-    tracing::info!(ledger = %path.display(), unsettled = listed, "ledger migrated to storage format 2: its unsettled tasks are indexed");
-    Ok(())
-}
+pub use format::FORMAT_VERSION;
 
 /// An open ledger. Cheap to clone; the journal stops when the last clone is dropped.
 #[derive(Clone)]
@@ -833,113 +573,10 @@ impl Ledger {
     }
 }
 
-/// Damage for the audit tests, and a journal that dies. Test-only: compiled only with the
-/// `fault-injection` feature, which only the workspace test crate enables.
-#[cfg(feature = "fault-injection")]
-impl Ledger {
-    /// Stores `bytes` under `lsn` in the log as they are, bypassing the journal, the envelope
-    /// and the indexes (an undecodable event, or an event the index does not know).
-    pub fn inject_raw_log_entry(&self, lsn: u64, bytes: &[u8]) -> Result<()> {
-        Ok(self.inner.db.put_cf(self.cf(CF_LOG), lsn_key(lsn), bytes)?)
-    }
-
-    /// Removes the log entry at `lsn` and nothing else (a gap the index still points into).
-    pub fn delete_log_entry(&self, lsn: u64) -> Result<()> {
-        Ok(self.inner.db.delete_cf(self.cf(CF_LOG), lsn_key(lsn))?)
-    }
-
-    /// Lists `task` in the unsettled index, or removes it, whatever its summary says.
-    pub fn set_unsettled_entry(&self, task: TaskId, listed: bool) -> Result<()> {
-        let (db, cf) = (&self.inner.db, self.cf(CF_UNSETTLED));
-        match listed {
-            true => db.put_cf(cf, task.0, partition_value(None))?,
-            false => db.delete_cf(cf, task.0)?,
-        }
-        Ok(())
-    }
-
-    /// Stops the journal as if its thread had died: appends already acknowledged stay, every
-    /// later append of every handle fails with [`Error::Closed`]. Reads still work.
-    pub fn stop_journal(&self) {
-        self.inner
-            .tx
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(t) = self
-            .inner
-            .thread
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
-            let _ = t.join();
-        }
-    }
-}
-
-/// The requests partition a task's request came from, as its first event records it.
-fn request_partition(db: &DB, task: TaskId) -> Result<Option<i32>> {
-    Ok(task_event(db, task, 0)?.and_then(|e| e.body.source().map(|s| s.partition)))
-}
-
-/// A task's event `seq`, read from the ledger's database.
-fn task_event(db: &DB, task: TaskId, seq: u32) -> Result<Option<Event>> {
-    let cf = |name| {
-        db.cf_handle(name)
-            .expect("column families are created at open")
-    };
-    let Some(lsn) = db.get_cf(cf(CF_TASK_EVENTS), task_event_key(task, seq))? else {
-        return Ok(None);
-    };
-    let lsn = decode_u64(&lsn).ok_or(Error::BadValue {
-        what: "task_events",
-    })?;
-    indexed_event(lsn, db.get_cf(cf(CF_LOG), lsn_key(lsn))?).map(Some)
-}
-
-/// A task's events in task order, read from the ledger's database (the journal reads them too).
-pub(crate) fn task_events(db: &DB, task: TaskId) -> Result<Vec<Event>> {
-    let cf = |name| {
-        db.cf_handle(name)
-            .expect("column families are created at open")
-    };
-    let mut lsns = Vec::new();
-    let start = task_event_key(task, 0);
-    for item in db.iterator_cf(
-        cf(CF_TASK_EVENTS),
-        IteratorMode::From(&start, Direction::Forward),
-    ) {
-        let (k, v) = item?;
-        if k[..16] != task.0 {
-            break;
-        }
-        lsns.push(decode_u64(&v).ok_or(Error::BadValue {
-            what: "task_events",
-        })?);
-    }
-    let log = cf(CF_LOG);
-    let keys: Vec<_> = lsns.iter().map(|l| (log, lsn_key(*l))).collect();
-    db.multi_get_cf(keys)
-        .into_iter()
-        .zip(&lsns)
-        .map(|(v, lsn)| indexed_event(*lsn, v?))
-        .collect()
-}
-
-/// The event the task index points to at `lsn`, as read from the log: missing is corruption.
-fn indexed_event(lsn: u64, bytes: Option<Vec<u8>>) -> Result<Event> {
-    match bytes {
-        Some(bytes) => decode_event(lsn, &bytes),
-        None => Err(Error::Corrupt {
-            lsn,
-            detail: "indexed event missing from the log".into(),
-        }),
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use sendledger_core::Phase;
+
     use super::*;
 
     #[test]
@@ -1180,24 +817,5 @@ mod tests {
         );
         assert_eq!(ids(migrated.active_tasks_of_partition(2).unwrap()), vec![]);
         assert_eq!(ids(migrated.active_tasks().unwrap()), vec![a, d]);
-    }
-
-    #[test]
-    fn cache_shards_hold_at_least_8_mib() {
-        let mib = 1 << 20;
-        for (bytes, bits) in [(4 * mib, 0), (16 * mib, 1), (64 * mib, 3), (1 << 30, 6)] {
-            assert_eq!(Memory::cache_shard_bits(bytes), bits, "{bytes}");
-        }
-    }
-
-    #[test]
-    fn task_summary_codes_are_stable() {
-        let s = TaskSummary {
-            phase: Phase::ManualReview,
-            next_seq: 258,
-        };
-        assert_eq!(s.encode(), [1, 5, 0, 0, 1, 2]);
-        assert_eq!(TaskSummary::decode(&s.encode()).unwrap(), s);
-        assert!(TaskSummary::decode(&[1, 99, 0, 0, 0, 0]).is_err());
     }
 }

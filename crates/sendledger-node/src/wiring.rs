@@ -276,9 +276,8 @@ impl KafkaOwner {
             .map_err(|e| Chain(&e).to_string())?
             .unwrap_or(0);
         let label = partition.to_string();
-        let restoring =
-            metrics::gauge!("sendledger_partition_restoring", "partition" => label.clone());
-        let restored = metrics::counter!("sendledger_restored_events_total", "partition" => label);
+        let restoring = metrics::gauge!(crate::metric_definitions::PARTITION_RESTORING, "partition" => label.clone());
+        let restored = metrics::counter!(crate::metric_definitions::RESTORED_EVENTS_TOTAL, "partition" => label);
         restoring.set(1.0);
         let started = std::time::Instant::now();
         // Time spent applying (the rest is waiting for the reader), for the log line.
@@ -337,7 +336,7 @@ impl KafkaOwner {
             }
         });
         restoring.set(0.0);
-        metrics::histogram!("sendledger_partition_restore_seconds")
+        metrics::histogram!(crate::metric_definitions::PARTITION_RESTORE_SECONDS)
             .record(started.elapsed().as_secs_f64());
         tracing::debug!(partition, took = ?started.elapsed(), applying = ?applying, "partition log read and applied");
         outcome

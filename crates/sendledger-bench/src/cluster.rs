@@ -1,4 +1,4 @@
-//! `sendledger bench cluster`: kafka mode against local mode on one instance, in one run and
+//! `sendledger-bench cluster`: kafka mode against local mode on one instance, in one run and
 //! against the same brokers (which must support transactions: kafka mode cannot run on the
 //! embedded cluster). The same requests go through each mode on topics of their own; then an
 //! instance on an empty disk takes the kafka-mode partitions over, which measures the restore.
@@ -11,12 +11,18 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use sendledger_bus::Kafka;
 use sendledger_store::Durability;
 
-use crate::bench_engine::parse_durability;
-use crate::bench_kafka::{bench_config, check_remote, round4, through_kafka, Placement};
-use crate::bench_process::RemoteProcess;
-use crate::config::{Config, StorageMode};
-use crate::service::Service;
-use crate::wiring::HttpRemote;
+use crate::engine::parse_durability;
+use crate::kafka::{bench_config, check_remote, round4, through_kafka, Placement};
+use crate::process::RemoteProcess;
+use sendledger_bus::metric_definitions::{
+    LOG_BATCH_EVENTS, LOG_COMMIT_SECONDS, PARTITION_TAKE_OVER_SECONDS,
+};
+use sendledger_node::config::{Config, StorageMode};
+use sendledger_node::metric_definitions::{
+    PARTITION_RESTORE_SECONDS, PARTITION_RESTORING, RESTORED_EVENTS_TOTAL,
+};
+use sendledger_node::service::Service;
+use sendledger_node::wiring::HttpRemote;
 
 #[derive(Args)]
 pub struct ClusterArgs {
@@ -131,7 +137,7 @@ async fn bench(args: ClusterArgs, metrics: PrometheusHandle) -> anyhow::Result<(
             && metrics
                 .render()
                 .lines()
-                .any(|l| l.starts_with("sendledger_partition_restoring{") && l.ends_with(" 1"))
+                .any(|l| l.starts_with(&format!("{PARTITION_RESTORING}{{")) && l.ends_with(" 1"))
         {
             first_restoring = Some(Instant::now());
         }
@@ -174,10 +180,10 @@ async fn bench(args: ClusterArgs, metrics: PrometheusHandle) -> anyhow::Result<(
             "kafka_mode_ratio": round4(kafka_run.total_secs.recip() / local_run.total_secs.recip()),
             "local_first_result_after_ms": ((local_run.total_secs - local_run.steady_secs) * 1000.0).round(),
             "kafka_mode_first_result_after_ms": ((kafka_run.total_secs - kafka_run.steady_secs) * 1000.0).round(),
-            "log_commit_ms_p50": ms(quantile("sendledger_log_commit_seconds", "0.5")),
-            "log_commit_ms_p99": ms(quantile("sendledger_log_commit_seconds", "0.99")),
-            "log_batch_events_p50": quantile("sendledger_log_batch_events", "0.5"),
-            "log_batch_events_p99": quantile("sendledger_log_batch_events", "0.99"),
+            "log_commit_ms_p50": ms(quantile(LOG_COMMIT_SECONDS, "0.5")),
+            "log_commit_ms_p99": ms(quantile(LOG_COMMIT_SECONDS, "0.99")),
+            "log_batch_events_p50": quantile(LOG_BATCH_EVENTS, "0.5"),
+            "log_batch_events_p99": quantile(LOG_BATCH_EVENTS, "0.99"),
             "restored_events": restored_events,
             "take_over_secs": round4(take_over_secs),
             "restore_secs_summed_over_partitions": round4(restore_secs),
@@ -206,9 +212,9 @@ impl Sample {
                 .sum()
         };
         Sample {
-            restored_events: sum("sendledger_restored_events_total{"),
-            take_over_secs: sum("sendledger_partition_take_over_seconds_sum"),
-            restore_secs: sum("sendledger_partition_restore_seconds_sum"),
+            restored_events: sum(&format!("{RESTORED_EVENTS_TOTAL}{{")),
+            take_over_secs: sum(&format!("{PARTITION_TAKE_OVER_SECONDS}_sum")),
+            restore_secs: sum(&format!("{PARTITION_RESTORE_SECONDS}_sum")),
         }
     }
 }

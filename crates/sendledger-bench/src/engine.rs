@@ -1,4 +1,4 @@
-//! `sendledger bench engine`: tasks per second through the whole engine (durable acceptance,
+//! `sendledger-bench engine`: tasks per second through the whole engine (durable acceptance,
 //! intent, attempt over HTTP, outcome) against the simulated remote, with task latencies and
 //! the fsyncs each task cost. The remote runs in a child process, so the peak memory reported
 //! is the engine's own (with its RocksDB and HTTP client), as in a deployment, and so is the
@@ -14,10 +14,10 @@ use clap::Args;
 use sendledger_actors::{Engine, EngineConfig};
 use sendledger_core::{EventBody, Source};
 
-use crate::bench::bench_request;
-use crate::bench_process::{own_cpu_secs, own_peak_rss_bytes, RemoteProcess};
-use crate::wiring::HttpRemote;
+use crate::ledger::bench_request;
+use crate::process::{own_cpu_secs, own_peak_rss_bytes, RemoteProcess};
 use sendledger_effects::{TargetConfig, Targets};
+use sendledger_node::wiring::HttpRemote;
 use sendledger_store::Durability;
 
 #[derive(Args)]
@@ -59,7 +59,7 @@ pub fn run(args: EngineArgs) -> anyhow::Result<()> {
     let mut config = EngineConfig::new(dir.path());
     config.durability = args.durability;
     config.max_live_tasks = args.in_flight * 2;
-    // Timed from the engine's start (opening its ledger), as `bench kafka` times the service
+    // Timed from the engine's start (opening its ledger), as `sendledger-bench kafka` times the service
     // from its start: the two figures cover the same span of work.
     let started = Instant::now();
     let cpu_before = own_cpu_secs();

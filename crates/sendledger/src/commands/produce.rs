@@ -10,7 +10,7 @@ use clap::Args;
 use sendledger_bus::{request_key, Kafka, KafkaConfig, RequestProducer};
 use sendledger_core::{Limits, TaskRequest};
 
-use crate::config::Config;
+use sendledger_node::config::Config;
 
 #[derive(Args)]
 pub struct ProduceArgs {

@@ -1,0 +1,23 @@
+//! The metrics this crate records (see `sendledger_core::metric`). Recorded through these
+//! constants only.
+
+use sendledger_core::metric::MetricDefinition as M;
+
+pub const ATTEMPTS_TOTAL: &str = "sendledger_attempts_total";
+pub const LOOKUPS_TOTAL: &str = "sendledger_lookups_total";
+pub const LEDGER_DURABILITY: &str = "sendledger_ledger_durability";
+
+pub const DEFINITIONS: &[M] = &[
+    M::counter(
+        ATTEMPTS_TOTAL,
+        "Attempt outcomes recorded, by class (succeeded, rejected, not_sent, unknown).",
+    ),
+    M::counter(
+        LOOKUPS_TOTAL,
+        "Lookups at remotes, by outcome (none, one, several, error).",
+    ),
+    M::gauge(
+        LEDGER_DURABILITY,
+        "1 for the ledger's durability mode (sync, or buffered: appends not fsynced, unsafe for production).",
+    ),
+];

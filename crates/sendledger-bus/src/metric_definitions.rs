@@ -1,0 +1,67 @@
+//! The metrics this crate records (see `sendledger_core::metric`). Recorded through these
+//! constants only.
+
+use sendledger_core::metric::{MetricDefinition as M, MetricUnit};
+
+pub const CONSUMER_LAG_MESSAGES: &str = "sendledger_consumer_lag_messages";
+pub const CONSUMER_GROUP_SHARED: &str = "sendledger_consumer_group_shared";
+pub const INGEST_PAUSES_TOTAL: &str = "sendledger_ingest_pauses_total";
+pub const INGEST_PAUSED: &str = "sendledger_ingest_paused";
+pub const PARTITION_BLOCKED: &str = "sendledger_partition_blocked";
+pub const PARTITION_TAKE_OVER_SECONDS: &str = "sendledger_partition_take_over_seconds";
+pub const PARTITIONS_LOST_TOTAL: &str = "sendledger_partitions_lost_total";
+pub const REQUESTS_LOST_TOTAL: &str = "sendledger_requests_lost_total";
+pub const RESULTS_PUBLISHED_TOTAL: &str = "sendledger_results_published_total";
+pub const LOG_BATCH_EVENTS: &str = "sendledger_log_batch_events";
+pub const LOG_COMMIT_SECONDS: &str = "sendledger_log_commit_seconds";
+
+pub const DEFINITIONS: &[M] = &[
+    M::gauge(
+        CONSUMER_LAG_MESSAGES,
+        "Requests-topic consumer lag per partition.",
+    )
+    .in_unit(MetricUnit::Count),
+    M::gauge(
+        CONSUMER_GROUP_SHARED,
+        "1 while nothing is consumed because another instance is in the consumer group.",
+    ),
+    M::counter(
+        INGEST_PAUSES_TOTAL,
+        "Times the consumer paused its partitions because the requests in flight reached kafka.max_unfinished messages or kafka.max_unfinished_bytes bytes.",
+    ),
+    M::gauge(
+        INGEST_PAUSED,
+        "1 while the consumer's partitions are paused at the in-flight budget (a backlog the service is working through).",
+    ),
+    M::gauge(
+        PARTITION_BLOCKED,
+        "1 while a requests-topic partition is refused (recreated topic, or processed by another ledger).",
+    ),
+    M::histogram(
+        PARTITION_TAKE_OVER_SECONDS,
+        "Kafka mode: time to take a partition over (open its log, fencing the previous owner; restore; resume its tasks).",
+    )
+    .in_unit(MetricUnit::Seconds),
+    M::counter(
+        PARTITIONS_LOST_TOTAL,
+        "Partitions this instance stopped processing without giving them up, by cause: `fenced` (kafka mode: another instance opened the partition's log), `failed` (kafka mode: a transaction of its log failed; taken over again while assigned), `session` (the consumer group took them away: this instance's session expired).",
+    ),
+    M::counter(
+        REQUESTS_LOST_TOTAL,
+        "Requests deleted from the requests topic before they were processed, by partition.",
+    ),
+    M::counter(
+        RESULTS_PUBLISHED_TOTAL,
+        "Result records acknowledged by Kafka.",
+    ),
+    M::histogram(
+        LOG_BATCH_EVENTS,
+        "Kafka mode: events per partition transaction.",
+    )
+    .in_unit(MetricUnit::Count),
+    M::histogram(
+        LOG_COMMIT_SECONDS,
+        "Kafka mode: time of each transaction that commits a partition's batch of events (with its results and requests offset).",
+    )
+    .in_unit(MetricUnit::Seconds),
+];

@@ -1,0 +1,53 @@
+//! `GET /healthz`: whether the service works, and what an operator must act on when it does not.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use http::StatusCode;
+use sendledger_bus::IngestStats;
+use serde_json::json;
+
+use super::error::ApiResult;
+use super::{json_response, Shared};
+
+pub async fn healthz(State(shared): State<Arc<Shared>>) -> ApiResult {
+    let (live_tasks, waiting) = shared.engine.load().await?;
+    let mut body = json!({ "ok": true, "last_lsn": shared.engine.ledger().last_lsn(), "live_tasks": live_tasks, "waiting": waiting, "durability": "sync", "token_configured": shared.token.is_some() });
+    let mut status = StatusCode::OK;
+    if shared.engine.durability() == sendledger_store::Durability::Buffered {
+        body["durability"] = json!("buffered");
+        body["warning"] = json!("storage.durability is `buffered`: acknowledged events are not fsynced and can be lost on power loss or an OS crash; use `sync` in production");
+    }
+    if let Some(why) = shared.engine.ledger().stats().failing() {
+        // Nothing is recorded, so nothing is accepted or sent: an operator must act.
+        status = StatusCode::SERVICE_UNAVAILABLE;
+        body["ok"] = json!(false);
+        body["ledger_error"] = json!(format!("the ledger cannot write: {why}"));
+    }
+    let ingest = shared
+        .ingest
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    if let Some(ownership) = shared.engine.ownership() {
+        body["mode"] = json!("kafka");
+        body["owned_partitions"] = json!(ownership.partitions());
+    }
+    if let Some(stats) = ingest {
+        body["requests_lost"] = json!(IngestStats::get(&stats.lost));
+        let blocked = stats.blocked();
+        if !blocked.is_empty() {
+            // A partition nobody consumes: an operator must act (see each reason).
+            status = StatusCode::SERVICE_UNAVAILABLE;
+            body["ok"] = json!(false);
+            body["blocked_partitions"] = json!(blocked);
+        }
+        if let Some(why) = stats.shared_group() {
+            // Nothing is consumed while another instance is in the group.
+            status = StatusCode::SERVICE_UNAVAILABLE;
+            body["ok"] = json!(false);
+            body["shared_group"] = json!(why);
+        }
+    }
+    Ok(json_response(status, &body))
+}

@@ -1,0 +1,481 @@
+//! The admin HTTP endpoint of a running service: metrics, health, task timelines and manual
+//! review. Plain HTTP/1.1 on one socket; bind it to loopback (the configuration's default)
+//! or put it behind something that authenticates.
+//!
+//! The routes are an axum [`Router`] with one module per resource ([`metrics`], [`health`],
+//! [`tasks`], [`reviews`], [`console`]) and one error type ([`ApiError`]); [`routes`] gives
+//! them without a listener. [`Admin`] serves them on its own accept loop, which keeps the
+//! connection cap and the timeouts below.
+//!
+//! | route | what |
+//! |---|---|
+//! | `GET /metrics` | Prometheus text: every `sendledger_*` metric of the process, plus gauges computed from the ledger (see [`Admin`]) |
+//! | `GET /healthz` | `{"ok": true, "last_lsn", "live_tasks", "waiting", "durability", "token_configured"}` (and a `warning` with `buffered` durability); 503 when the engine has stopped |
+//! | `GET /tasks/{id}?after=SEQ&limit=N` | a task's state and one page of its timeline: the shape of `sendledger inspect --json` with the events after sequence number `after` (default: from the first), at most `limit` (default 500, at most 5000), and `more` and `next_after` to read on (task id, or `tenant/operation/request_key` URL-encoded); with the task's `request`, `remote_ids_seen` and `lookup_url` (the URL its lookups ask; null without a lookup) |
+//! | `GET /reviews` | the tasks in manual review, with reason and evidence (computed at most once per second, however many read it) |
+//! | `GET /console`, `/console/task/{id}`, `/console/dashboard`, `/console/assets/{name}` | the review console (see [`console`]): HTML pages that call the routes here; a task page answers 404 for a task not in the ledger |
+//! | `POST /reviews/{id}` | resolve a review: `{"as": "succeeded", "remote_id", "by", "reason"}`, `{"as": "failed", "by", "reason"}` or `{"resend": true, "by", "reason"}` |
+//!
+//! Mutating calls need `Authorization: Bearer <admin.token>` (the scheme in any case); with no
+//! token configured they are refused (403). Errors are JSON `{"error": "..."}`: 400 for a bad
+//! body (naming the field), 401 for a missing or wrong token, 404 for an unknown task, 409 for
+//! a task not in review. The GET routes need no token: listening beyond loopback logs a warning.
+//!
+//! In kafka mode an instance answers for the partitions it owns: `/healthz` adds `"mode":
+//! "kafka"` and `owned_partitions`; `/tasks/{id}` adds `partition` and `owned_here` (a copy of
+//! a task whose partition moved away carries a `warning` that it may be behind); `/reviews`
+//! lists owned partitions' tasks only; a resolution of a task whose partition is owned
+//! elsewhere is refused with 421, naming the partition.
+//!
+//! Connections are bounded: at most `admin.max_connections` open (more are closed as soon as
+//! they are accepted, with a warning at most every [`REFUSED_WARNING_EVERY`]); one that sends no
+//! request for `admin.idle_timeout` (new, or kept alive after an answer), or does not complete
+//! a request's head and body within `admin.header_read_timeout` of its first byte, is closed.
+//!
+//! A resolution goes to the task's actor through [`Engine::resolve`], like every other input of
+//! the task: the admin endpoint never writes the ledger itself.
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use bytes::Bytes;
+use http::{header, Method, StatusCode, Uri};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use metrics_exporter_prometheus::PrometheusHandle;
+use sendledger_actors::Engine;
+use sendledger_bus::IngestStats;
+use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tower::ServiceExt;
+use tracing::Instrument;
+
+use crate::config::AdminConfig;
+
+mod console;
+mod error;
+mod health;
+mod metrics;
+mod reviews;
+mod tasks;
+
+pub use error::ApiError;
+pub use metrics::install_recorder;
+
+/// How long the gauges computed from the ledger are reused between scrapes.
+pub const LEDGER_GAUGES_TTL: Duration = Duration::from_secs(5);
+
+/// How long the `GET /reviews` list is reused (a resolution through the endpoint drops it).
+pub const REVIEWS_TTL: Duration = Duration::from_secs(1);
+
+/// Events per page of `GET /tasks/{id}` unless `limit` says otherwise, and the most it may say.
+pub const TIMELINE_PAGE: usize = 500;
+pub const TIMELINE_PAGE_MAX: usize = 5000;
+
+/// Connections refused for the connection limit are reported at most this often.
+pub const REFUSED_WARNING_EVERY: Duration = Duration::from_secs(10);
+
+/// A running admin endpoint.
+///
+/// Besides the metrics the libraries record, `GET /metrics` reports gauges computed from the
+/// ledger at scrape time ([`Ledger::task_counts`]): `sendledger_tasks{state}` (every task ever recorded, by phase),
+/// `sendledger_unknowns_open` (tasks in phase unknown, reconciling) and
+/// `sendledger_unknown_oldest_age_seconds` (since the oldest of them became unknown; 0 when
+/// none). Cost: a scan of the whole `tasks` column family (six bytes per task) plus a fold of
+/// each unknown task's events, on the blocking pool; the result is reused for
+/// [`LEDGER_GAUGES_TTL`], so frequent scrapes stay cheap.
+pub struct Admin {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+struct Shared {
+    token: Option<String>,
+    /// Time allowed for a request body (the head is watched by [`close_when_stalled`]).
+    body_timeout: Duration,
+    engine: Engine,
+    metrics: PrometheusHandle,
+    /// When the ledger gauges were last computed.
+    gauges_at: Mutex<Option<Instant>>,
+    reviews: reviews::ReviewsCache,
+    /// The consumer's counters, once it runs: refused partitions and lost requests.
+    ingest: Mutex<Option<Arc<IngestStats>>>,
+}
+
+impl Shared {
+    fn new(config: &AdminConfig, engine: Engine, metrics: PrometheusHandle) -> Arc<Shared> {
+        Arc::new(Shared {
+            token: config.token.clone().filter(|t| !t.is_empty()),
+            body_timeout: config.header_read_timeout,
+            engine,
+            metrics,
+            gauges_at: Mutex::new(None),
+            reviews: reviews::ReviewsCache::new(REVIEWS_TTL),
+            ingest: Mutex::new(None),
+        })
+    }
+}
+
+/// The admin API's routes alone, without a listener: what [`Admin::start`] serves, for use in
+/// process (`tower::ServiceExt::oneshot`).
+pub fn routes(config: &AdminConfig, engine: Engine, metrics: PrometheusHandle) -> Router {
+    router(Shared::new(config, engine, metrics))
+}
+
+impl Admin {
+    /// Binds `config.listen` and serves until [`Admin::shutdown`], within the configured
+    /// connection limit and timeouts. `metrics` is the handle of the installed recorder
+    /// ([`install_recorder`]); `config.token` guards the mutating routes (none configured: they
+    /// are refused).
+    pub async fn start(
+        config: &AdminConfig,
+        engine: Engine,
+        metrics: PrometheusHandle,
+    ) -> anyhow::Result<Admin> {
+        let listen = config.listen;
+        let listener = TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("binding the admin endpoint to {listen}"))?;
+        let addr = listener.local_addr()?;
+        let shared = Shared::new(config, engine, metrics);
+        if reads_exposed(&addr) {
+            tracing::warn!(
+                %addr,
+                mutations_need_token = shared.token.is_some(),
+                "admin endpoint listens beyond loopback and its GET routes (metrics, task timelines with payloads, reviews) need no token: bind it to loopback or put it behind something that authenticates"
+            );
+        }
+        let (stop, stopped) = watch::channel(false);
+        // The recorder buffers histogram samples until upkeep drains them: run it even when
+        // nothing scrapes.
+        let upkeep = {
+            let (handle, mut stopped) = (shared.metrics.clone(), stopped.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = tokio::time::sleep(LEDGER_GAUGES_TTL) => handle.run_upkeep(),
+                        _ = stopped.wait_for(|s| *s) => return,
+                    }
+                }
+            })
+        };
+        let limits = Limits {
+            connections: Arc::new(Semaphore::new(config.max_connections)),
+            max_connections: config.max_connections,
+            idle_timeout: config.idle_timeout,
+            header_read_timeout: config.header_read_timeout,
+        };
+        let accept = tokio::spawn(accept_loop(
+            listener,
+            router(shared.clone()),
+            limits,
+            stopped,
+        ));
+        tracing::info!(%addr, "admin endpoint listening");
+        Ok(Admin {
+            addr,
+            shared,
+            stop,
+            tasks: vec![accept, upkeep],
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Shows the consumer's refused partitions and lost requests in `/healthz`.
+    pub fn watch_ingest(&self, stats: Arc<IngestStats>) {
+        *self.shared.ingest.lock().unwrap_or_else(|e| e.into_inner()) = Some(stats);
+    }
+
+    /// Stops accepting and closes open connections.
+    pub async fn shutdown(self) {
+        self.stop.send_replace(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+    }
+}
+
+/// Whether `listen` can be reached from other machines (the GET routes need no token).
+fn reads_exposed(listen: &SocketAddr) -> bool {
+    !listen.ip().to_canonical().is_loopback()
+}
+
+/// What bounds the connections.
+struct Limits {
+    connections: Arc<Semaphore>,
+    max_connections: usize,
+    idle_timeout: Duration,
+    header_read_timeout: Duration,
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    router: Router,
+    limits: Limits,
+    mut stopped: watch::Receiver<bool>,
+) {
+    // Connections refused since the last warning, and when that was.
+    let mut refused = 0u64;
+    let mut warned_at: Option<Instant> = None;
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stopped.wait_for(|s| *s) => return,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                tracing::warn!(error = %e, "admin endpoint: accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = limits.connections.clone().try_acquire_owned() else {
+            drop(stream);
+            refused += 1;
+            if warned_at.is_none_or(|at| at.elapsed() >= REFUSED_WARNING_EVERY) {
+                tracing::warn!(
+                    max_connections = limits.max_connections,
+                    refused,
+                    "admin endpoint: connection limit reached; new connections are closed (raise admin.max_connections if this is legitimate)"
+                );
+                warned_at = Some(Instant::now());
+                refused = 0;
+            }
+            continue;
+        };
+        let (router, mut stopped) = (router.clone(), stopped.clone());
+        let (idle, head) = (limits.idle_timeout, limits.header_read_timeout);
+        tokio::spawn(async move {
+            let _permit = permit;
+            let wait = Arc::new(Mutex::new(Wait::request()));
+            let service = {
+                let wait = wait.clone();
+                service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let (router, wait) = (router.clone(), wait.clone());
+                    let span = tracing::debug_span!("admin request", method = %req.method(), path = %req.uri().path());
+                    async move {
+                        set_wait(&wait, Wait::Serving);
+                        let response = router.oneshot(req).await;
+                        set_wait(&wait, Wait::request());
+                        response
+                    }
+                    .instrument(span)
+                })
+            };
+            let io = TokioIo::new(Watched {
+                stream,
+                wait: wait.clone(),
+            });
+            let conn = http1::Builder::new().serve_connection(io, service);
+            tokio::select! {
+                result = conn => if let Err(e) = result {
+                    tracing::debug!(error = %e, "admin endpoint: connection ended with an error");
+                },
+                _ = close_when_stalled(&wait, idle, head) => {
+                    tracing::debug!("admin endpoint: closing a connection that sent no complete request in time");
+                }
+                _ = stopped.wait_for(|s| *s) => {}
+            }
+        });
+    }
+}
+
+/// What a connection is waiting for.
+#[derive(Debug, Clone, Copy)]
+enum Wait {
+    /// A request, since `since` (opened, or the previous answer given); `first_byte` once it
+    /// has begun to arrive.
+    Request {
+        since: Instant,
+        first_byte: Option<Instant>,
+    },
+    /// Its request is being answered.
+    Serving,
+}
+
+impl Wait {
+    /// Waiting for a request from now on.
+    fn request() -> Wait {
+        Wait::Request {
+            since: Instant::now(),
+            first_byte: None,
+        }
+    }
+}
+
+fn set_wait(wait: &Mutex<Wait>, to: Wait) {
+    *wait.lock().unwrap_or_else(|p| p.into_inner()) = to;
+}
+
+/// Returns when the connection has waited too long for a request: `idle` for its first byte,
+/// `head` from its first byte on. Never while a request is being answered.
+async fn close_when_stalled(wait: &Mutex<Wait>, idle: Duration, head: Duration) {
+    loop {
+        let state = *wait.lock().unwrap_or_else(|p| p.into_inner());
+        let deadline = match state {
+            Wait::Request {
+                first_byte: Some(at),
+                ..
+            } => at + head,
+            Wait::Request { since, .. } => since + idle,
+            // Looked at again later: the answer resets the wait.
+            Wait::Serving => Instant::now() + idle.min(head),
+        };
+        if !matches!(state, Wait::Serving) && deadline <= Instant::now() {
+            return;
+        }
+        tokio::time::sleep_until(deadline).await;
+    }
+}
+
+/// A connection's socket that notes when a request's first byte arrives.
+struct Watched {
+    stream: TcpStream,
+    wait: Arc<Mutex<Wait>>,
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let result = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            let mut wait = self.wait.lock().unwrap_or_else(|p| p.into_inner());
+            if let Wait::Request {
+                first_byte: first_byte @ None,
+                ..
+            } = &mut *wait
+            {
+                *first_byte = Some(Instant::now());
+            }
+        }
+        result
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+/// The routes, one module per resource, over the shared state.
+fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics::scrape))
+        .route("/healthz", get(health::healthz))
+        .route("/tasks/{id}", get(tasks::task))
+        .route("/reviews", get(reviews::list))
+        .route("/reviews/{id}", post(reviews::resolve))
+        .route("/console", get(console::route))
+        .route("/console/", get(console::route))
+        .route("/console/{*rest}", get(console::route))
+        .method_not_allowed_fallback(method_not_allowed)
+        .fallback(no_route)
+        .with_state(shared)
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    let path = uri.path();
+    let message = match path.starts_with("/console") {
+        true => format!("{method} is not allowed on {path}: the console's pages are read with GET"),
+        false => format!("{method} is not allowed on {path}"),
+    };
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, message)
+}
+
+async fn no_route(uri: Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!(
+            "no route {}; see GET /metrics, /healthz, /tasks/{{id}}, /reviews, /console, POST /reviews/{{id}}",
+            uri.path()
+        ),
+    )
+}
+
+/// The raw (percent-encoded) last segment of a path: a task reference is one segment, which
+/// may hold an encoded `/`.
+fn last_segment(uri: &Uri) -> &str {
+    uri.path().rsplit('/').next().unwrap_or_default()
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response {
+    json_bytes_response(status, Bytes::from(body.to_string()))
+}
+
+fn json_bytes_response(status: StatusCode, body: Bytes) -> Response {
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_are_exposed_beyond_loopback_only() {
+        for listen in ["127.0.0.1:9464", "[::1]:9464", "[::ffff:127.0.0.1]:9464"] {
+            assert!(!reads_exposed(&listen.parse().unwrap()), "{listen}");
+        }
+        for listen in [
+            "0.0.0.0:9464",
+            "[::]:9464",
+            "10.1.2.3:9464",
+            "[::ffff:10.0.0.1]:1",
+        ] {
+            assert!(reads_exposed(&listen.parse().unwrap()), "{listen}");
+        }
+    }
+}

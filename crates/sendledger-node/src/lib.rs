@@ -1,0 +1,28 @@
+//! sendledger's service as a library: what the `sendledger` command runs, and what the
+//! workspace tests and the benchmarks drive directly.
+//!
+//! - [`config`]: the configuration file, its environment overrides and its validation.
+//! - [`service`]: engine, Kafka ingest and outbox publisher on one ledger, started and stopped
+//!   in the order that keeps every guarantee; [`runtime`]: the process they run in.
+//! - [`wiring`]: the adapters between the libraries (the effects crate's targets as the
+//!   engine's remote, the engine as the Kafka consumer's request sink, kafka mode's partition
+//!   take-over), so that the engine depends on neither Kafka nor HTTP.
+//! - [`admin`]: the admin HTTP endpoint (metrics, health, task timelines, manual review) and
+//!   the process's metrics recorder; the other libraries only record through the `metrics`
+//!   facade, and serves the review console; [`timeline`] is the JSON of a task.
+//! - [`telemetry`]: the OTLP exporter of traces.
+//! - [`demo`]: the whole pipeline on embedded defaults against a fault-injecting remote.
+//!
+//! The design is in the repository's `docs/` (`docs/architecture.md` first). This crate may
+//! depend on every sendledger library crate; only the `sendledger` binary, the benchmarks and
+//! the tests depend on it.
+
+pub mod admin;
+pub mod config;
+pub mod demo;
+pub mod metric_definitions;
+pub mod runtime;
+pub mod service;
+pub mod telemetry;
+pub mod timeline;
+pub mod wiring;

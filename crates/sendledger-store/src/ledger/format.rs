@@ -1,0 +1,115 @@
+//! A ledger's storage format and mode: refused when newer or of the other mode, migrated when
+//! older.
+
+use std::path::Path;
+
+use rocksdb::{IteratorMode, DB};
+use sendledger_core::TaskId;
+
+use crate::error::{Error, Result};
+use crate::journal;
+use crate::keys::*;
+use crate::reads::request_partition;
+use crate::summary::TaskSummary;
+
+/// The storage format this build writes and the newest it reads.
+// format: do not change (bump only with a migration)
+pub const FORMAT_VERSION: u8 = 2;
+
+/// Refuses a ledger of a newer storage format (or none), and returns its format and last LSN.
+pub(super) fn check_format_and_last_lsn(db: &DB, path: &Path) -> Result<(u8, u64)> {
+    let meta = db
+        .cf_handle(CF_META)
+        .expect("opened with every column family");
+    let format = match db.get_cf(meta, META_FORMAT)?.as_deref() {
+        Some([v]) if *v <= FORMAT_VERSION => *v,
+        Some([v]) => {
+            return Err(Error::NewerFormat {
+                path: path.to_path_buf(),
+                found: *v,
+                supported: FORMAT_VERSION,
+            })
+        }
+        _ => {
+            return Err(Error::BadFormatMarker {
+                path: path.to_path_buf(),
+            })
+        }
+    };
+    let log = db
+        .cf_handle(CF_LOG)
+        .expect("opened with every column family");
+    let mut it = db.iterator_cf(log, IteratorMode::End);
+    let last = match it.next() {
+        Some(item) => decode_u64(&item?.0).ok_or(Error::BadValue { what: "log key" })?,
+        None => 0,
+    };
+    Ok((format, last))
+}
+
+/// Records the mode of a ledger opened for the first time (`replicated`: kafka mode), and
+/// refuses a ledger written in the other mode. A ledger from before the mode was recorded
+/// holding events is a kafka-mode one when it has a log checkpoint, else a local-mode one.
+pub(super) fn check_mode(db: &DB, path: &Path, replicated: bool, last_lsn: u64) -> Result<()> {
+    let name = |kafka: bool| if kafka { "kafka" } else { "local" };
+    let meta = db
+        .cf_handle(CF_META)
+        .expect("opened with every column family");
+    let written = match db.get_cf(meta, META_MODE)?.as_deref() {
+        Some(b"kafka") => true,
+        Some(b"local") => false,
+        Some(_) => return Err(Error::BadValue { what: "meta mode" }),
+        None => {
+            let written = if last_lsn == 0 {
+                replicated
+            } else {
+                let cursors = db
+                    .cf_handle(CF_CURSORS)
+                    .expect("opened with every column family");
+                let prefix = journal::LOG_CHECKPOINTS.as_bytes();
+                db.prefix_iterator_cf(cursors, prefix)
+                    .next()
+                    .transpose()?
+                    .is_some_and(|(k, _)| k.starts_with(prefix))
+            };
+            db.put_cf(meta, META_MODE, name(written))?;
+            written
+        }
+    };
+    if written != replicated {
+        return Err(Error::OtherMode {
+            path: path.to_path_buf(),
+            written: name(written),
+            wanted: name(replicated),
+        });
+    }
+    Ok(())
+}
+
+/// Format 1 to 2: lists every task not settled in the `unsettled` index (the partition of its
+/// request from its first event), in one write with the new format marker.
+pub(super) fn migrate_to_format_2(db: &DB, path: &Path) -> Result<()> {
+    let cf = |name| db.cf_handle(name).expect("opened with every column family");
+    let mut batch = rocksdb::WriteBatch::default();
+    let mut listed = 0u64;
+    for item in db.iterator_cf(cf(CF_TASKS), IteratorMode::Start) {
+        let (k, v) = item?;
+        if TaskSummary::decode(&v)?.phase.is_terminal() {
+            continue;
+        }
+        let task = TaskId(
+            k[..]
+                .try_into()
+                .map_err(|_| Error::BadValue { what: "tasks key" })?,
+        );
+        let partition = request_partition(db, task)?;
+        batch.put_cf(cf(CF_UNSETTLED), task.0, partition_value(partition));
+        listed += 1;
+    }
+    batch.put_cf(cf(CF_META), META_FORMAT, [2]);
+    let mut sync = rocksdb::WriteOptions::default();
+    sync.set_sync(true);
+    db.write_opt(batch, &sync)?;
+    tracing::info!(ledger = %path.display(), unsettled = listed, "ledger migrated to storage format 2: its unsettled tasks are indexed");
+    Ok(())
+}

@@ -1,0 +1,69 @@
+//! Reads of a task's events straight from the database, shared by the ledger's readers and the
+//! journal (which checks a task's history before it writes).
+
+use rocksdb::{Direction, IteratorMode, DB};
+use sendledger_core::{Event, TaskId};
+
+use crate::envelope::decode_event;
+use crate::error::{Error, Result};
+use crate::keys::*;
+
+/// The requests partition a task's request came from, as its first event records it.
+pub(crate) fn request_partition(db: &DB, task: TaskId) -> Result<Option<i32>> {
+    Ok(task_event(db, task, 0)?.and_then(|e| e.body.source().map(|s| s.partition)))
+}
+
+/// A task's event `seq`, read from the ledger's database.
+pub(crate) fn task_event(db: &DB, task: TaskId, seq: u32) -> Result<Option<Event>> {
+    let cf = |name| {
+        db.cf_handle(name)
+            .expect("column families are created at open")
+    };
+    let Some(lsn) = db.get_cf(cf(CF_TASK_EVENTS), task_event_key(task, seq))? else {
+        return Ok(None);
+    };
+    let lsn = decode_u64(&lsn).ok_or(Error::BadValue {
+        what: "task_events",
+    })?;
+    indexed_event(lsn, db.get_cf(cf(CF_LOG), lsn_key(lsn))?).map(Some)
+}
+
+/// A task's events in task order, read from the ledger's database (the journal reads them too).
+pub(crate) fn task_events(db: &DB, task: TaskId) -> Result<Vec<Event>> {
+    let cf = |name| {
+        db.cf_handle(name)
+            .expect("column families are created at open")
+    };
+    let mut lsns = Vec::new();
+    let start = task_event_key(task, 0);
+    for item in db.iterator_cf(
+        cf(CF_TASK_EVENTS),
+        IteratorMode::From(&start, Direction::Forward),
+    ) {
+        let (k, v) = item?;
+        if k[..16] != task.0 {
+            break;
+        }
+        lsns.push(decode_u64(&v).ok_or(Error::BadValue {
+            what: "task_events",
+        })?);
+    }
+    let log = cf(CF_LOG);
+    let keys: Vec<_> = lsns.iter().map(|l| (log, lsn_key(*l))).collect();
+    db.multi_get_cf(keys)
+        .into_iter()
+        .zip(&lsns)
+        .map(|(v, lsn)| indexed_event(*lsn, v?))
+        .collect()
+}
+
+/// The event the task index points to at `lsn`, as read from the log: missing is corruption.
+fn indexed_event(lsn: u64, bytes: Option<Vec<u8>>) -> Result<Event> {
+    match bytes {
+        Some(bytes) => decode_event(lsn, &bytes),
+        None => Err(Error::Corrupt {
+            lsn,
+            detail: "indexed event missing from the log".into(),
+        }),
+    }
+}
