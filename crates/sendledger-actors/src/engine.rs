@@ -14,12 +14,13 @@ use sendledger_store::{Durability, Ledger, LedgerOptions, Memory, Replicator};
 use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
+use crate::messages::{Drain, Load, Reply, Route, Schedule, TaskInput};
 use crate::ownership::Ownership;
 use crate::reconciler::Reconciler;
-use crate::registry::{Drain, Load, Registry, Route};
+use crate::registry::Registry;
 use crate::remote::Remote;
-use crate::task::{record, Reply, Shared, TaskInput};
-use crate::timers::{Schedule, Timers};
+use crate::task::{record, Shared};
+use crate::timers::Timers;
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -198,14 +199,17 @@ impl Engine {
                         let shared = Arc::new(Shared {
                             ledger: ledger2,
                             remote: remote2.clone(),
-                            timers: Timers::new(registry.clone(), cfg.timer_tick).start(),
+                            timers: Timers::new(registry.clone().recipient(), cfg.timer_tick)
+                                .start()
+                                .recipient(),
                             reconciler: Reconciler::new(
                                 remote2,
-                                registry.clone(),
+                                registry.clone().recipient(),
                                 cfg.lookup_concurrency,
                             )
-                            .start(),
-                            registry,
+                            .start()
+                            .recipient(),
+                            registry: registry.recipient(),
                             seed: cfg.seed,
                             ownership: ownership2,
                             send_lease: cfg.send_lease,

@@ -10,6 +10,8 @@
 //!   so they survive restarts.
 //! - [`reconciler::Reconciler`]: runs lookups for tasks whose outcome is unknown, with bounded
 //!   concurrency, and hands the evidence to the task actor.
+//! - [`messages`]: what they send each other; an actor that sends one kind of message holds
+//!   a `Recipient` of it, so the task actor does not know the actors it talks to.
 //! - [`engine::Engine`]: the handle library users and the service start, submit to, and stop.
 //!
 //! This crate depends on the core and the store crates only: never on Kafka, never on HTTP.
@@ -24,6 +26,7 @@
 
 pub mod engine;
 pub mod error;
+pub mod messages;
 pub mod metric_definitions;
 pub mod ownership;
 pub mod reconciler;
@@ -34,9 +37,9 @@ pub mod timers;
 
 pub use engine::{Engine, EngineConfig, ReviewItem};
 pub use error::{Error, Result};
+pub use messages::Reply;
 pub use ownership::Ownership;
 pub use remote::{LookupError, Remote, Slot};
-pub use task::Reply;
 
 /// Milliseconds since the Unix epoch, the engine's one clock.
 pub fn now_ms() -> u64 {

@@ -12,27 +12,14 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use actix::prelude::*;
-use sendledger_core::{AcceptedRequest, TaskId};
 use tracing::Instrument;
 
-use crate::registry::{Registry, Route};
+use crate::messages::{LookupJob, Route, TaskInput};
 use crate::remote::Remote;
-use crate::task::TaskInput;
-
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct LookupJob {
-    pub task_id: TaskId,
-    pub request: AcceptedRequest,
-    /// The task's latest attempt when the lookup was issued; its result is about this attempt.
-    pub attempt: u32,
-    /// Records created before this time cannot be the task's.
-    pub since: u64,
-}
 
 pub struct Reconciler {
     remote: Arc<dyn Remote>,
-    registry: Addr<Registry>,
+    registry: Recipient<Route>,
     concurrency: usize,
     running: usize,
     queue: VecDeque<LookupJob>,
@@ -41,7 +28,7 @@ pub struct Reconciler {
 impl Reconciler {
     pub fn new(
         remote: Arc<dyn Remote>,
-        registry: Addr<Registry>,
+        registry: Recipient<Route>,
         concurrency: usize,
     ) -> Reconciler {
         Reconciler {

@@ -9,33 +9,8 @@ use sendledger_core::TaskId;
 use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
-use crate::task::{Reply, Shared, TaskActor, TaskInput, TaskMsg};
-
-/// A message for the actor of `task_id`.
-#[derive(Message)]
-#[rtype(result = "Result<Reply>")]
-pub struct Route {
-    pub task_id: TaskId,
-    pub input: TaskInput,
-}
-
-/// Sent by a task actor that has nothing in flight after handling `handled` messages.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Idle {
-    pub task_id: TaskId,
-    pub handled: u64,
-}
-
-/// Stop taking new work; tasks already live finish what they are doing.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Drain;
-
-/// How many task actors are alive and how many messages wait for room.
-#[derive(Message)]
-#[rtype(result = "(usize, usize)")]
-pub struct Load;
+use crate::messages::{Drain, Idle, Load, Reply, Route, TaskInput, TaskMsg};
+use crate::task::{Shared, TaskActor};
 
 struct Entry {
     addr: Addr<TaskActor>,

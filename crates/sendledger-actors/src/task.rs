@@ -9,35 +9,27 @@
 //! including those past `MAX_RECORDED_DUPLICATES`, which record no event: their only trace in
 //! the ledger is their processed offset).
 
-use std::ops::Range;
 use std::sync::Arc;
 
 use actix::prelude::*;
-use sendledger_core::decide::{
-    decide, Action, AttemptOutcome, Ctx, Decision, Input, OperatorResolution, Sending,
-};
+use sendledger_core::decide::{decide, Action, AttemptOutcome, Ctx, Decision, Input, Sending};
 use sendledger_core::error::Chain;
-use sendledger_core::{
-    AcceptedRequest, EventBody, Evidence, NewEvent, NotSentCause, Phase, Policy, Source, State,
-    TaskId,
-};
+use sendledger_core::{EventBody, Evidence, NewEvent, NotSentCause, Phase, Policy, State, TaskId};
 use sendledger_store::{Append, Ledger, TaskSummary, TimerKind};
 use tracing::Instrument;
 
 use crate::error::{Error, Result};
+use crate::messages::{Idle, LookupJob, Reply, Schedule, TaskInput, TaskMsg};
 use crate::ownership::Ownership;
-use crate::reconciler::{LookupJob, Reconciler};
-use crate::registry::{Idle, Registry};
-use crate::remote::{LookupError, Remote, Slot};
-use crate::timers::{Schedule, Timers};
+use crate::remote::{Remote, Slot};
 
 /// What every task actor shares.
 pub struct Shared {
     pub ledger: Ledger,
     pub remote: Arc<dyn Remote>,
-    pub timers: Addr<Timers>,
-    pub reconciler: Addr<Reconciler>,
-    pub registry: Addr<Registry>,
+    pub timers: Recipient<Schedule>,
+    pub reconciler: Recipient<LookupJob>,
+    pub registry: Recipient<Idle>,
     /// Seed of the decisions' random numbers (retry jitter), so runs can be reproduced.
     pub seed: u64,
     /// Kafka mode: the partitions owned here; a task acts only for one of them.
@@ -46,51 +38,6 @@ pub struct Shared {
     /// moment its intent was handed to the ledger, or never.
     pub send_lease: Option<std::time::Duration>,
 }
-
-/// Something for a task to handle.
-#[derive(Debug, Clone)]
-pub enum TaskInput {
-    Deliver {
-        request: AcceptedRequest,
-        source: Source,
-    },
-    /// A timer of the task fired; `due` names it so it can be cleared.
-    Wake {
-        due: u64,
-    },
-    Lookup {
-        attempt: u32,
-        result: std::result::Result<Vec<String>, LookupError>,
-    },
-    Recover,
-    /// A requests-topic message that is not a valid request (see [`Input::Reject`]).
-    Reject {
-        source: Source,
-        reason: String,
-        raw: Vec<u8>,
-    },
-    Operator(OperatorResolution),
-    /// An attempt of the task ended (internal: sent by the actor to itself).
-    Outcome {
-        attempt: u32,
-        outcome: AttemptOutcome,
-    },
-}
-
-/// The answer to a task message: the task's phase afterwards and what was recorded.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reply {
-    pub task_id: TaskId,
-    pub phase: Phase,
-    /// LSNs of the events recorded for this message (empty when nothing was recorded).
-    pub lsns: Range<u64>,
-    /// Names of the events recorded, in order.
-    pub events: Vec<&'static str>,
-}
-
-#[derive(Message)]
-#[rtype(result = "Result<Reply>")]
-pub struct TaskMsg(pub TaskInput);
 
 pub struct TaskActor {
     task_id: TaskId,

@@ -8,24 +8,16 @@ use std::time::Duration;
 use actix::prelude::*;
 use sendledger_core::TaskId;
 
-use crate::registry::{Registry, Route};
-use crate::task::TaskInput;
-
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Schedule {
-    pub at: u64,
-    pub task_id: TaskId,
-}
+use crate::messages::{Route, Schedule, TaskInput};
 
 pub struct Timers {
     due: BTreeSet<(u64, TaskId)>,
-    registry: Addr<Registry>,
+    registry: Recipient<Route>,
     tick: Duration,
 }
 
 impl Timers {
-    pub fn new(registry: Addr<Registry>, tick: Duration) -> Timers {
+    pub fn new(registry: Recipient<Route>, tick: Duration) -> Timers {
         Timers {
             due: BTreeSet::new(),
             registry,

@@ -27,13 +27,7 @@ pub struct Policy {
     pub idempotency_ttl_margin_ms: u64,
 }
 
-/// The `by` of a `ResendAuthorized` recorded by a target's policy rather than by a person.
-/// Operator names may not start with [`POLICY_PREFIX`].
-pub const POLICY_RESEND_BY: &str = "policy:resend_when_absent";
-pub const POLICY_PREFIX: &str = "policy:";
-
-/// How many resends `resend_when_absent` authorizes per task unless configured otherwise.
-pub const DEFAULT_MAX_POLICY_RESENDS: u32 = 1;
+pub use crate::event::{DEFAULT_MAX_POLICY_RESENDS, POLICY_PREFIX, POLICY_RESEND_BY};
 
 /// How unknown outcomes are reconciled by asking the remote.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -9,6 +9,15 @@ use serde::{Deserialize, Serialize};
 use crate::ids::{PayloadHash, TaskId};
 use crate::request::AcceptedRequest;
 
+/// The `by` of a `ResendAuthorized` recorded by a target's policy rather than by a person.
+/// Operator names may not start with [`POLICY_PREFIX`]; the state, the decisions and the rule checker
+/// all tell a policy's authorization from a person's by it.
+pub const POLICY_RESEND_BY: &str = "policy:resend_when_absent";
+pub const POLICY_PREFIX: &str = "policy:";
+
+/// How many resends `resend_when_absent` authorizes per task unless configured otherwise.
+pub const DEFAULT_MAX_POLICY_RESENDS: u32 = 1;
+
 /// Milliseconds since the Unix epoch. The core never reads a clock; callers pass time in.
 pub type Millis = u64;
 

@@ -19,6 +19,7 @@ use crate::canonical::{canonical_json, object_member, object_with_fields, NotCan
 use crate::error::{Error, Result};
 use crate::ids::{PayloadHash, TaskId};
 use crate::reason::sanitize_reason;
+use crate::trace::{TraceParent, TRACEPARENT};
 
 /// A task request as it arrives on the requests topic (schema: `schemas/task-request.schema.json`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -263,9 +264,7 @@ impl TaskRequest {
         let metadata_len: usize = self
             .metadata
             .iter()
-            .filter(|(k, v)| {
-                k.as_str() != crate::trace::TRACEPARENT || crate::TraceParent::parse(v).is_none()
-            })
+            .filter(|(k, v)| k.as_str() != TRACEPARENT || TraceParent::parse(v).is_none())
             .map(|(k, v)| k.len() + v.len())
             .sum();
         if metadata_len > limits.max_metadata_bytes {
@@ -365,6 +364,29 @@ impl Visitor<'_> for LegacyNumberVisitor {
         Number::from_f64(v)
             .map(LegacyNumber)
             .ok_or_else(|| E::custom("not a finite number"))
+    }
+}
+
+impl AcceptedRequest {
+    /// The task's trace context, if its request carried a valid one.
+    pub fn traceparent(&self) -> Option<TraceParent> {
+        self.metadata
+            .get(TRACEPARENT)
+            .and_then(|v| TraceParent::parse(v))
+    }
+}
+
+impl TaskRequest {
+    /// The request's trace context, if its metadata carries a valid one.
+    pub fn traceparent(&self) -> Option<TraceParent> {
+        self.metadata
+            .get(TRACEPARENT)
+            .and_then(|v| TraceParent::parse(v))
+    }
+
+    /// Sets the request's trace context (kept in its metadata, replacing any there).
+    pub fn set_traceparent(&mut self, trace: TraceParent) {
+        self.metadata.insert(TRACEPARENT.into(), trace.to_string());
     }
 }
 
@@ -631,5 +653,20 @@ mod tests {
         assert!(TaskRequest::from_json(b"not json").is_err());
         let err = TaskRequest::from_json(br#"{"tenant":"a"}"#).unwrap_err();
         assert!(err.to_string().contains("missing field"), "{err}");
+    }
+
+    #[test]
+    fn the_trace_context_travels_in_the_request_metadata() {
+        const GOOD: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut request = TaskRequest::from_json(
+            br#"{"tenant":"acme","operation":"op","request_key":"k","target":"t","payload":{}}"#,
+        )
+        .unwrap();
+        let accepted = request.accept(&Default::default()).unwrap();
+        assert_eq!(accepted.traceparent(), None);
+        request.set_traceparent(TraceParent::parse(GOOD).unwrap());
+        assert_eq!(request.traceparent().unwrap().to_string(), GOOD);
+        let accepted = request.accept(&Default::default()).unwrap();
+        assert_eq!(accepted.traceparent().unwrap().to_string(), GOOD);
     }
 }

@@ -3,8 +3,8 @@
 
 use serde::Serialize;
 
-use crate::decide::POLICY_PREFIX;
 use crate::event::{Event, EventBody, Evidence};
+use crate::event::{DEFAULT_MAX_POLICY_RESENDS, POLICY_PREFIX};
 use crate::state::{Phase, State};
 
 /// A rule a task's events must obey.
@@ -62,7 +62,7 @@ impl Default for CheckConfig {
     fn default() -> Self {
         CheckConfig {
             key_ttl_ms: None,
-            max_policy_resends: crate::decide::DEFAULT_MAX_POLICY_RESENDS,
+            max_policy_resends: DEFAULT_MAX_POLICY_RESENDS,
         }
     }
 }

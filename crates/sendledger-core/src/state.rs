@@ -229,7 +229,7 @@ impl State {
             }
             EventBody::ResendAuthorized { by, .. } => {
                 self.resend_authorized = true;
-                if by.starts_with(crate::decide::POLICY_PREFIX) {
+                if by.starts_with(crate::event::POLICY_PREFIX) {
                     self.policy_resends += 1;
                 }
                 // An operator's authorization ends the review: the task is unknown again, with

@@ -9,8 +9,6 @@
 
 use std::fmt;
 
-use crate::request::{AcceptedRequest, TaskRequest};
-
 /// The metadata key (and the Kafka and HTTP header name) of a task's trace context.
 pub const TRACEPARENT: &str = "traceparent";
 
@@ -80,29 +78,6 @@ impl fmt::Display for TraceParent {
     }
 }
 
-impl AcceptedRequest {
-    /// The task's trace context, if its request carried a valid one.
-    pub fn traceparent(&self) -> Option<TraceParent> {
-        self.metadata
-            .get(TRACEPARENT)
-            .and_then(|v| TraceParent::parse(v))
-    }
-}
-
-impl TaskRequest {
-    /// The request's trace context, if its metadata carries a valid one.
-    pub fn traceparent(&self) -> Option<TraceParent> {
-        self.metadata
-            .get(TRACEPARENT)
-            .and_then(|v| TraceParent::parse(v))
-    }
-
-    /// Sets the request's trace context (kept in its metadata, replacing any there).
-    pub fn set_traceparent(&mut self, trace: TraceParent) {
-        self.metadata.insert(TRACEPARENT.into(), trace.to_string());
-    }
-}
-
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -165,19 +140,5 @@ mod tests {
         ] {
             assert_eq!(TraceParent::parse(bad), None, "{bad:?}");
         }
-    }
-
-    #[test]
-    fn the_trace_context_travels_in_the_request_metadata() {
-        let mut request = TaskRequest::from_json(
-            br#"{"tenant":"acme","operation":"op","request_key":"k","target":"t","payload":{}}"#,
-        )
-        .unwrap();
-        let accepted = request.accept(&Default::default()).unwrap();
-        assert_eq!(accepted.traceparent(), None);
-        request.set_traceparent(TraceParent::parse(GOOD).unwrap());
-        assert_eq!(request.traceparent().unwrap().to_string(), GOOD);
-        let accepted = request.accept(&Default::default()).unwrap();
-        assert_eq!(accepted.traceparent().unwrap().to_string(), GOOD);
     }
 }

@@ -1,0 +1,104 @@
+//! The messages the engine's actors exchange, apart from the actors: an actor that only sends
+//! one kind of message holds a [`Recipient`](actix::Recipient) of it, not the address of the
+//! actor that handles it, so the task actor knows nothing of the registry, the timers or the
+//! reconciler, and they know nothing of it but its input.
+
+use std::ops::Range;
+
+use actix::prelude::*;
+use sendledger_core::decide::{AttemptOutcome, OperatorResolution};
+use sendledger_core::{AcceptedRequest, Phase, Source, TaskId};
+
+use crate::error::Result;
+use crate::remote::LookupError;
+
+/// Something for a task to handle.
+#[derive(Debug, Clone)]
+pub enum TaskInput {
+    Deliver {
+        request: AcceptedRequest,
+        source: Source,
+    },
+    /// A timer of the task fired; `due` names it so it can be cleared.
+    Wake {
+        due: u64,
+    },
+    Lookup {
+        attempt: u32,
+        result: std::result::Result<Vec<String>, LookupError>,
+    },
+    Recover,
+    /// A requests-topic message that is not a valid request (see [`Input::Reject`]).
+    Reject {
+        source: Source,
+        reason: String,
+        raw: Vec<u8>,
+    },
+    Operator(OperatorResolution),
+    /// An attempt of the task ended (internal: sent by the actor to itself).
+    Outcome {
+        attempt: u32,
+        outcome: AttemptOutcome,
+    },
+}
+
+/// The answer to a task message: the task's phase afterwards and what was recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub task_id: TaskId,
+    pub phase: Phase,
+    /// LSNs of the events recorded for this message (empty when nothing was recorded).
+    pub lsns: Range<u64>,
+    /// Names of the events recorded, in order.
+    pub events: Vec<&'static str>,
+}
+
+#[derive(Message)]
+#[rtype(result = "Result<Reply>")]
+pub struct TaskMsg(pub TaskInput);
+
+/// A message for the actor of `task_id`.
+#[derive(Message)]
+#[rtype(result = "Result<Reply>")]
+pub struct Route {
+    pub task_id: TaskId,
+    pub input: TaskInput,
+}
+
+/// Sent by a task actor that has nothing in flight after handling `handled` messages.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Idle {
+    pub task_id: TaskId,
+    pub handled: u64,
+}
+
+/// Stop taking new work; tasks already live finish what they are doing.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Drain;
+
+/// How many task actors are alive and how many messages wait for room.
+#[derive(Message)]
+#[rtype(result = "(usize, usize)")]
+pub struct Load;
+
+/// A lookup for the reconciler to run.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct LookupJob {
+    pub task_id: TaskId,
+    pub request: AcceptedRequest,
+    /// The task's latest attempt when the lookup was issued; its result is about this attempt.
+    pub attempt: u32,
+    /// Records created before this time cannot be the task's.
+    pub since: u64,
+}
+
+/// Wake `task_id` at `at` (ms since the epoch).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Schedule {
+    pub at: u64,
+    pub task_id: TaskId,
+}
