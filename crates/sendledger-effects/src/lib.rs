@@ -32,6 +32,21 @@
 //! - A lookup finds only its own task's records: a target whose lookup URL does not tell
 //!   tasks apart (see `Target::from_config`) is refused.
 //!
+//! # Layout
+//! - `config.rs`: target configuration as written (serde), before validation;
+//! - `target/`: [`Target`] and [`Targets`] (`mod.rs`, with the HTTP request that attempts and
+//!   lookups share), one file per concern: `build.rs` builds and validates a target from its
+//!   configuration, `attempt.rs` performs an attempt and classifies its ending, `lookup.rs`
+//!   asks the remote for a task's records and matches them against the task, `redact.rs` keeps
+//!   header values out of logs, outcomes, errors and `Debug`;
+//! - `classify.rs`: what an answer proves, as one pure function;
+//! - `conn.rs`: HTTP/1.1 exchanges that know whether any request byte was written, and the
+//!   connection pool; `resolve.rs`: name lookups, each on a thread of its own; `tls.rs`: TLS
+//!   client settings, checked at load;
+//! - `template.rs`: `{field}` templates for URLs and body fields;
+//! - `limit.rs`: per-target send limits (`max_in_flight`, `rate_limit`);
+//! - `error.rs`: [`Error`].
+//!
 //! # Dependencies
 //! The core crate (for the outcome and policy types), tokio, hyper, rustls (with the ring
 //! provider and the webpki roots; never OpenSSL) and serde. Never the ledger

@@ -1,0 +1,454 @@
+//! Building and validating a target from its configuration: [`Target::from_config`] and the
+//! checks of each field, in the order they appear in the configuration. Errors name the field
+//! (`targets.<name>.<field>`) and never contain a header value; a lookup that does not tell
+//! tasks apart is refused here.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::{HeaderName, HeaderValue};
+use http::{Method, Uri};
+use sendledger_core::decide::ReconcilePolicy;
+use sendledger_core::RetryPolicy;
+use tokio_rustls::TlsConnector;
+use tracing::warn;
+
+use super::redact::secret_fragments;
+use super::{millis, Headers, Lookup, Target};
+use crate::classify::{Rules, MAX_RETRY_AFTER};
+use crate::config::{
+    HeaderValueConfig, IdempotencyConfig, LookupConfig, RetryConfig, TargetConfig,
+};
+use crate::conn::{Endpoint, Pool};
+use crate::error::{Error, Result};
+use crate::limit::SendLimiter;
+use crate::template::{self, Template};
+use crate::tls::{self, Tls};
+
+/// Headers the client manages itself; configuring them is an error.
+const MANAGED_HEADERS: [&str; 5] = [
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "upgrade",
+];
+
+/// A field path for error messages: `targets.<name>.<field>`.
+struct Path<'a>(&'a str);
+
+impl Path<'_> {
+    fn at(&self, field: &str) -> String {
+        format!("targets.{}.{field}", self.0)
+    }
+}
+
+impl Target {
+    /// Validates one target's configuration, reading header values from the environment where
+    /// configured. Errors name the field (`targets.<name>.<field>`) and never contain a header
+    /// value. A lookup must tell tasks apart: its URL contains `{task_id}`, or each of
+    /// `{tenant}`, `{operation}` and `{request_key}` alone in a path segment or query value,
+    /// and a body field it queries by name has the same template as the query value.
+    pub fn from_config(name: &str, config: &TargetConfig) -> Result<Target> {
+        Target::from_config_with_env(name, config, |var| std::env::var(var).ok())
+    }
+
+    /// As [`Target::from_config`], with environment variables read through `env`. Fields are
+    /// checked in the order they appear in the configuration; the first error is returned.
+    pub fn from_config_with_env(
+        name: &str,
+        config: &TargetConfig,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Target> {
+        check_name(name)?;
+        let path = Path(name);
+        let method = parse_method(&path, &config.method)?;
+        positive(&path, "connect_timeout", config.connect_timeout)?;
+        positive(&path, "request_timeout", config.request_timeout)?;
+        let connector = connector(&path, config)?;
+        let (url, endpoint) = endpoint(&path, "url", &config.url, config, connector.as_ref())?;
+        let (headers, secrets) = parse_headers(&path, &config.headers, &env)?;
+        let body_fields = parse_body_fields(&path, &config.body_fields)?;
+        pointer(&path, "response_id_pointer", &config.response_id_pointer)?;
+        let idempotency = match &config.idempotency {
+            None => None,
+            Some(i) => Some(parse_idempotency(&path, i, &headers)?),
+        };
+        check_send_limits(&path, config)?;
+        let retry = parse_retry(&path, &config.retry)?;
+        let lookup = match &config.lookup {
+            None => None,
+            Some(l) => Some(lookup(&path, l, config, connector.as_ref(), &body_fields)?),
+        };
+
+        Ok(Target {
+            name: name.to_string(),
+            method,
+            url,
+            endpoint,
+            headers,
+            secrets,
+            body_fields,
+            rules: Rules {
+                id_pointer: config.response_id_pointer.clone(),
+                on_5xx: config.on_5xx,
+                on_409: config.on_409,
+                max_retry_after: MAX_RETRY_AFTER.max(config.retry.max_backoff),
+            },
+            idempotency,
+            propagate_trace: config.propagate_trace,
+            retry,
+            lookup,
+            pool: Pool::default(),
+            limiter: Arc::new(SendLimiter::new(config.max_in_flight, config.rate_limit)),
+        })
+    }
+}
+
+fn check_name(name: &str) -> Result<()> {
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
+        return Err(Error::config(
+            format!("targets.{name}"),
+            "a target name is made of ASCII letters, digits, `-`, `_` and `.`",
+        ));
+    }
+    Ok(())
+}
+
+fn parse_method(path: &Path<'_>, method: &str) -> Result<Method> {
+    match method.to_ascii_uppercase().as_str() {
+        "POST" => Ok(Method::POST),
+        "PUT" => Ok(Method::PUT),
+        "PATCH" => Ok(Method::PATCH),
+        "DELETE" => Ok(Method::DELETE),
+        "GET" => Ok(Method::GET),
+        _ => Err(Error::config(
+            path.at("method"),
+            format!("`{method}` is not supported; use POST, PUT, PATCH, DELETE or GET"),
+        )),
+    }
+}
+
+/// The configured headers, their values read from the environment where configured and
+/// marked sensitive, and the secret fragments of those values, longest first.
+fn parse_headers(
+    path: &Path<'_>,
+    config: &BTreeMap<String, HeaderValueConfig>,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<(Headers, Vec<String>)> {
+    let mut headers = Vec::new();
+    let mut secrets = Vec::new();
+    for (header_name, value) in config {
+        let field = path.at(&format!("headers.{header_name}"));
+        let hn = HeaderName::from_bytes(header_name.as_bytes())
+            .map_err(|_| Error::config(&field, "is not a valid header name"))?;
+        if MANAGED_HEADERS.contains(&hn.as_str()) {
+            return Err(Error::config(&field, "is set by the client; remove it"));
+        }
+        let text = match value {
+            HeaderValueConfig::Literal(text) => text.clone(),
+            HeaderValueConfig::Env { env: var, prefix } => match env(var) {
+                Some(v) => format!("{prefix}{v}"),
+                None => {
+                    return Err(Error::config(
+                        &field,
+                        format!("environment variable `{var}` is not set; set it before starting"),
+                    ))
+                }
+            },
+        };
+        let mut hv = HeaderValue::from_str(&text).map_err(|_| {
+            Error::config(
+                &field,
+                "the value is not a valid header value (control characters or non-ASCII)",
+            )
+        })?;
+        hv.set_sensitive(true);
+        headers.push((hn, hv));
+        secrets.extend(secret_fragments(&text));
+    }
+    // Longest first, so a value is removed whole before its parts are looked for.
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    secrets.dedup();
+    Ok((headers, secrets))
+}
+
+fn parse_body_fields(
+    path: &Path<'_>,
+    config: &BTreeMap<String, String>,
+) -> Result<Vec<(String, Template)>> {
+    let mut body_fields = Vec::new();
+    for (key, template) in config {
+        let field = path.at(&format!("body_fields.{key}"));
+        let t = Template::parse(template).map_err(|reason| Error::config(&field, reason))?;
+        body_fields.push((key.clone(), t));
+    }
+    Ok(body_fields)
+}
+
+/// The idempotency header (not one of `headers` nor managed by the client), key TTL and
+/// margin.
+fn parse_idempotency(
+    path: &Path<'_>,
+    config: &IdempotencyConfig,
+    headers: &[(HeaderName, HeaderValue)],
+) -> Result<(HeaderName, Duration, Duration)> {
+    let field = path.at("idempotency.header");
+    let hn = HeaderName::from_bytes(config.header.as_bytes())
+        .map_err(|_| Error::config(&field, "is not a valid header name"))?;
+    if headers.iter().any(|(n, _)| *n == hn) || MANAGED_HEADERS.contains(&hn.as_str()) {
+        return Err(Error::config(
+            &field,
+            "is also a configured or client-managed header",
+        ));
+    }
+    positive(path, "idempotency.ttl", config.ttl)?;
+    if config.margin() >= config.ttl {
+        return Err(Error::config(
+            path.at("idempotency.ttl_margin"),
+            "must be shorter than idempotency.ttl",
+        ));
+    }
+    Ok((hn, config.ttl, config.margin()))
+}
+
+/// `max_in_flight` and `rate_limit`.
+fn check_send_limits(path: &Path<'_>, config: &TargetConfig) -> Result<()> {
+    if config.max_in_flight == 0 {
+        return Err(Error::config(
+            path.at("max_in_flight"),
+            "must be at least 1",
+        ));
+    }
+    if let Some(rate) = config.rate_limit {
+        if !(rate.is_finite() && rate > 0.0) {
+            return Err(Error::config(
+                path.at("rate_limit"),
+                "must be a positive number of attempts per second",
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn parse_retry(path: &Path<'_>, r: &RetryConfig) -> Result<RetryPolicy> {
+    if r.max_attempts == 0 {
+        return Err(Error::config(
+            path.at("retry.max_attempts"),
+            "must be at least 1",
+        ));
+    }
+    if !(r.multiplier.is_finite() && r.multiplier >= 1.0) {
+        return Err(Error::config(
+            path.at("retry.multiplier"),
+            "must be a number of at least 1.0",
+        ));
+    }
+    if r.initial_backoff > r.max_backoff {
+        return Err(Error::config(
+            path.at("retry.initial_backoff"),
+            "must not exceed retry.max_backoff",
+        ));
+    }
+    Ok(RetryPolicy {
+        max_attempts: r.max_attempts,
+        initial_backoff_ms: millis(r.initial_backoff),
+        max_backoff_ms: millis(r.max_backoff),
+        multiplier: r.multiplier,
+    })
+}
+
+fn positive(path: &Path<'_>, field: &str, d: Duration) -> Result<()> {
+    if d.is_zero() {
+        return Err(Error::config(path.at(field), "must be longer than 0s"));
+    }
+    Ok(())
+}
+
+/// Checks JSON pointer syntax: empty, or `/`-separated tokens with `~0`/`~1` escapes only.
+fn pointer(path: &Path<'_>, field: &str, p: &str) -> Result<()> {
+    let bad_escape = p
+        .match_indices('~')
+        .any(|(i, _)| !matches!(p.as_bytes().get(i + 1), Some(b'0' | b'1')));
+    if !(p.is_empty() || p.starts_with('/')) || bad_escape {
+        return Err(Error::config(
+            path.at(field),
+            format!("`{p}` is not a JSON pointer (e.g. `/id` or `/data/0/id`)"),
+        ));
+    }
+    Ok(())
+}
+
+/// The TLS settings of a target that has an https URL (attempts or lookups), built and
+/// checked now; `None` for a target on http only, which must not have a `tls` section.
+fn connector(path: &Path<'_>, config: &TargetConfig) -> Result<Option<TlsConnector>> {
+    let https = |url: &str| url.starts_with("https://");
+    if https(&config.url) || config.lookup.as_ref().is_some_and(|l| https(&l.url)) {
+        return tls::connector(&path.at("tls"), config.tls.as_ref()).map(Some);
+    }
+    if config.tls.is_some() {
+        return Err(Error::config(
+            path.at("tls"),
+            "applies to https:// URLs only, and neither url nor lookup.url is one",
+        ));
+    }
+    Ok(None)
+}
+
+/// Parses a URL template (`field` of the target) and returns it with where it connects to.
+/// The scheme and authority must be literal (no placeholders).
+fn endpoint(
+    path: &Path<'_>,
+    field: &str,
+    source: &str,
+    target: &TargetConfig,
+    connector: Option<&TlsConnector>,
+) -> Result<(Template, Endpoint)> {
+    let field = path.at(field);
+    let field = field.as_str();
+    let template = Template::parse(source).map_err(|reason| Error::config(field, reason))?;
+    let sample: Uri = template
+        .sample()
+        .parse()
+        .map_err(|e| Error::config(field, format!("`{source}` is not a URL: {e}")))?;
+    let (scheme, default_port) = match sample.scheme_str() {
+        Some("http") => ("http", 80),
+        Some("https") => ("https", 443),
+        _ => {
+            return Err(Error::config(
+                field,
+                format!("`{source}` must be an absolute http:// URL (or https://)"),
+            ))
+        }
+    };
+    let authority = sample
+        .authority()
+        .ok_or_else(|| Error::config(field, format!("`{source}` has no host")))?;
+    if !source.starts_with(&format!("{scheme}://{authority}")) || authority.as_str().contains('@') {
+        return Err(Error::config(
+            field,
+            "the host and port must be written literally (no placeholders, no user info)",
+        ));
+    }
+    if let Some(segment) = template::dot_segment(&template.sample()) {
+        return Err(Error::config(
+            field,
+            format!(
+                "has the path segment `{segment}`; write the path without `.` and `..` segments"
+            ),
+        ));
+    }
+    let tls = match (scheme, connector) {
+        ("https", Some(connector)) => Some(Tls {
+            connector: connector.clone(),
+            server_name: tls::server_name(field, authority.host())?,
+        }),
+        _ => None,
+    };
+    let endpoint = Endpoint {
+        address: format!(
+            "{}:{}",
+            authority.host(),
+            authority.port_u16().unwrap_or(default_port)
+        ),
+        tls,
+        connect_timeout: target.connect_timeout,
+        request_timeout: target.request_timeout,
+        pool_idle_timeout: target.pool_idle_timeout,
+    };
+    Ok((template, endpoint))
+}
+
+/// Why a lookup URL must identify its task: with a URL that two tasks render alike, one
+/// task's lookup finds the other's record and confirms it with that record's id.
+const LOOKUP_IDENTITY_RULE: &str = "does not tell tasks apart, so one task's lookup could confirm another task's record: \
+     the lookup URL must contain `{task_id}` (e.g. `?reference={task_id}` with `body_fields.reference = \"{task_id}\"`), \
+     or each of `{tenant}`, `{operation}` and `{request_key}` alone in a path segment or query value; \
+     joined values are ambiguous (`{tenant}:{request_key}` reads `t:1:k` for tenant `t:1` with key `k` and for tenant `t` with key `1:k`)";
+
+/// Checks that a lookup finds only its own task's records: the URL identifies the task
+/// ([`Template::identifies_task`]; refused when it uses identity fields ambiguously, a warning
+/// when it matches on payload or metadata values only, which may be unique by design), and
+/// each body field the URL queries by name (`?reference=` ↔ `body_fields.reference`) is
+/// stored with the template it is looked up by.
+fn check_lookup_identity(
+    path: &Path<'_>,
+    url: &Template,
+    body_fields: &[(String, Template)],
+) -> Result<()> {
+    if !url.identifies_task() {
+        if url.uses_identity() {
+            return Err(Error::config(path.at("lookup.url"), LOOKUP_IDENTITY_RULE));
+        }
+        warn!(
+            target_name = path.0,
+            lookup_url = url.source(),
+            "lookup.url has neither {{task_id}} nor all three identity fields: a record of another task with the same values would confirm this task; prefer `?reference={{task_id}}` with `body_fields.reference = \"{{task_id}}\"`"
+        );
+    }
+    for (name, value) in url.query_params() {
+        if let Some((_, stored)) = body_fields.iter().find(|(key, _)| *key == name) {
+            if !stored.renders_like(&value) {
+                return Err(Error::config(
+                    path.at(&format!("body_fields.{name}")),
+                    format!(
+                        "is `{}` but lookup.url queries `{name}` with `{}`: records are stored under one and looked up by the other; use the same template in both (e.g. `{{task_id}}`)",
+                        stored.source(),
+                        value.source()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn lookup(
+    path: &Path<'_>,
+    l: &LookupConfig,
+    target: &TargetConfig,
+    connector: Option<&TlsConnector>,
+    body_fields: &[(String, Template)],
+) -> Result<Lookup> {
+    let (url, endpoint) = endpoint(path, "lookup.url", &l.url, target, connector)?;
+    check_lookup_identity(path, &url, body_fields)?;
+    pointer(path, "lookup.results_pointer", &l.results_pointer)?;
+    pointer(path, "lookup.id_pointer", &l.id_pointer)?;
+    let mut filters = Vec::new();
+    for (record, payload) in &l.filters {
+        let field = format!("lookup.filters.\"{record}\"");
+        pointer(path, &field, record)?;
+        pointer(path, &field, payload)?;
+        filters.push((record.clone(), payload.clone()));
+    }
+    if let Some(c) = &l.created_after_intent {
+        pointer(path, "lookup.created_after_intent.pointer", &c.pointer)?;
+    }
+    positive(path, "lookup.check_interval", l.check_interval)?;
+    if l.deadline < l.first_check {
+        return Err(Error::config(
+            path.at("lookup.deadline"),
+            "must not be shorter than lookup.first_check",
+        ));
+    }
+    Ok(Lookup {
+        url,
+        endpoint,
+        results_pointer: l.results_pointer.clone(),
+        id_pointer: l.id_pointer.clone(),
+        filters,
+        created_after: l.created_after_intent.clone(),
+        policy: ReconcilePolicy {
+            first_check_ms: millis(l.first_check),
+            check_interval_ms: millis(l.check_interval),
+            deadline_ms: millis(l.deadline),
+            resend_when_absent: l.resend_when_absent,
+            max_policy_resends: l.max_policy_resends,
+        },
+    })
+}

@@ -1,0 +1,239 @@
+//! Lookups and evidence matching: [`Target::lookup`] asks the remote which records it holds
+//! for a task, and `select` keeps those that match the task (the filters, with numbers
+//! compared by exact value, and `created_after_intent`). An error is no evidence either way.
+
+use std::time::UNIX_EPOCH;
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::Method;
+use sendledger_core::{AcceptedRequest, TraceParent};
+use serde_json::Value;
+use tracing::debug;
+
+use super::{millis, Lookup, Target};
+use crate::classify::id_text;
+use crate::config::TimeFormat;
+use crate::conn::Failure;
+use crate::error::{Error, Result};
+
+impl Target {
+    /// The URL a lookup of this task asks (the target's lookup template rendered for it), or
+    /// why it cannot be built; `None` without a lookup. Nothing is sent.
+    pub fn lookup_url(
+        &self,
+        request: &AcceptedRequest,
+    ) -> Option<std::result::Result<String, String>> {
+        let lookup = self.lookup.as_ref()?;
+        let url = lookup
+            .url
+            .render_url(request, &request.payload_value())
+            .map(|url| self.scrub(url.to_string()))
+            .map_err(|reason| self.scrub(reason));
+        Some(url)
+    }
+
+    /// Asks the remote which records match the task: the configured query, then the filters.
+    /// `intent_at_ms` (milliseconds since the Unix epoch) is the time of the task's first
+    /// intent, for the `created_after_intent` filter. Returns the matching remote ids, each
+    /// once, in the remote's order. An error is no evidence either way.
+    pub async fn lookup(
+        &self,
+        request: &AcceptedRequest,
+        intent_at_ms: Option<u64>,
+    ) -> Result<Vec<String>> {
+        self.lookup_traced(request, intent_at_ms, None).await
+    }
+
+    /// [`Target::lookup`], sending `trace` as the `traceparent` header when the target has
+    /// `propagate_trace` set (never otherwise), as attempts do.
+    pub async fn lookup_traced(
+        &self,
+        request: &AcceptedRequest,
+        intent_at_ms: Option<u64>,
+        trace: Option<TraceParent>,
+    ) -> Result<Vec<String>> {
+        let Some(lookup) = &self.lookup else {
+            return Err(Error::config(
+                format!("targets.{}.lookup", self.name),
+                "is not configured; add a lookup to reconcile unknown outcomes",
+            ));
+        };
+        let payload = request.payload_value();
+        let render_err = |reason: String| Error::Render {
+            target: self.name.clone(),
+            reason,
+        };
+        let url = lookup
+            .url
+            .render_url(request, &payload)
+            .map_err(render_err)?;
+        let mut req = self.request(Method::GET, &url, &lookup.endpoint, Bytes::new())?;
+        req.headers_mut()
+            .insert(header::ACCEPT, HeaderValue::from_static("application/json"));
+        self.propagate(&mut req, trace);
+        let answer = self
+            .pool
+            .exchange(&lookup.endpoint, req, None)
+            .await
+            .map_err(|failure| Error::LookupTransport {
+                target: self.name.clone(),
+                reason: self.scrub(match failure {
+                    Failure::NotWritten(r) | Failure::Local(r) | Failure::Broken(r) => r,
+                    Failure::TimedOut => "no answer within the request timeout".into(),
+                    // Lookups are sent without a first-byte deadline.
+                    Failure::Late { .. } => "not sent within its deadline".into(),
+                }),
+            })?;
+        let answer_err = |reason: String| Error::LookupAnswer {
+            target: self.name.clone(),
+            reason: self.scrub(reason),
+        };
+        let body = answer.body.map_err(answer_err)?;
+        if !answer.status.is_success() {
+            let text = String::from_utf8_lossy(&body);
+            let detail: String = text.trim().chars().take(512).collect();
+            return Err(Error::LookupStatus {
+                target: self.name.clone(),
+                status: answer.status.as_u16(),
+                detail: self.scrub(detail),
+            });
+        }
+        let doc: Value =
+            serde_json::from_slice(&body).map_err(|e| answer_err(format!("not JSON: {e}")))?;
+        let ids = select(lookup, &doc, &payload, intent_at_ms).map_err(answer_err)?;
+        debug!(target_name = %self.name, task_id = %request.task_id(), matches = ids.len(), "lookup performed");
+        Ok(ids)
+    }
+}
+
+/// JSON equality with numbers compared by exact value: number tokens are kept as written, so
+/// a remote that stores `100.00` and answers `100.0` still matches (and no two different
+/// numbers ever do, however long).
+fn same_value(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => {
+            match (exact_decimal(&x.to_string()), exact_decimal(&y.to_string())) {
+                (Some(x), Some(y)) => x == y,
+                _ => x == y,
+            }
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_value(x, y))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| same_value(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
+/// A JSON number as (negative, significant digits without leading or trailing zeros,
+/// exponent): equal for equal values. Zero is `(false, "", 0)`.
+fn exact_decimal(token: &str) -> Option<(bool, String, i64)> {
+    let (mantissa, exponent) = match token.find(['e', 'E']) {
+        Some(i) => (&token[..i], token[i + 1..].parse::<i64>().ok()?),
+        None => (token, 0),
+    };
+    let (negative, mantissa) = match mantissa.strip_prefix('-') {
+        Some(m) => (true, m),
+        None => (false, mantissa),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    if !(int.bytes().chain(frac.bytes()).all(|c| c.is_ascii_digit())) {
+        return None;
+    }
+    let digits = format!("{int}{frac}");
+    let mut exponent = exponent.checked_sub(frac.len() as i64)?;
+    let digits = digits.trim_start_matches('0');
+    let trimmed = digits.trim_end_matches('0');
+    exponent = exponent.checked_add((digits.len() - trimmed.len()) as i64)?;
+    if trimmed.is_empty() {
+        return Some((false, String::new(), 0));
+    }
+    Some((negative, trimmed.to_string(), exponent))
+}
+
+/// The ids of the records in a lookup answer that pass the filters.
+fn select(
+    lookup: &Lookup,
+    doc: &Value,
+    payload: &Value,
+    intent_at_ms: Option<u64>,
+) -> std::result::Result<Vec<String>, String> {
+    let records = doc
+        .pointer(&lookup.results_pointer)
+        .and_then(Value::as_array)
+        .ok_or_else(|| format!("no array at `{}`", lookup.results_pointer))?;
+    let mut wanted = Vec::with_capacity(lookup.filters.len());
+    for (record_pointer, payload_pointer) in &lookup.filters {
+        let value = payload.pointer(payload_pointer).ok_or_else(|| {
+            format!("the payload has no value at `{payload_pointer}` for a filter")
+        })?;
+        wanted.push((record_pointer.as_str(), value));
+    }
+    let mut ids: Vec<String> = Vec::new();
+    for (i, record) in records.iter().enumerate() {
+        if !wanted
+            .iter()
+            .all(|(p, v)| record.pointer(p).is_some_and(|r| same_value(r, v)))
+        {
+            continue;
+        }
+        if let (Some(c), Some(intent)) = (&lookup.created_after, intent_at_ms) {
+            let at = record
+                .pointer(&c.pointer)
+                .and_then(|v| timestamp_ms(v, c.format))
+                .ok_or_else(|| {
+                    format!(
+                        "record {i} has no readable creation time at `{}`",
+                        c.pointer
+                    )
+                })?;
+            if at.saturating_add(millis(c.skew)) < intent {
+                continue;
+            }
+        }
+        let id = record
+            .pointer(&lookup.id_pointer)
+            .and_then(id_text)
+            .ok_or_else(|| format!("record {i} has no id at `{}`", lookup.id_pointer))?;
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    Ok(ids)
+}
+
+fn timestamp_ms(v: &Value, format: TimeFormat) -> Option<u64> {
+    match format {
+        TimeFormat::UnixMillis => v.as_u64().or_else(|| v.as_f64().map(|f| f.max(0.0) as u64)),
+        TimeFormat::UnixSeconds => v.as_f64().map(|s| (s.max(0.0) * 1000.0) as u64),
+        TimeFormat::Rfc3339 => humantime::parse_rfc3339_weak(v.as_str()?)
+            .ok()?
+            .duration_since(UNIX_EPOCH)
+            .ok()
+            .map(millis),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn filters_compare_numbers_by_exact_value() {
+        use super::same_value;
+        let v = |s: &str| serde_json::from_str::<serde_json::Value>(s).unwrap();
+        assert!(same_value(&v("100.00"), &v("100.0")));
+        assert!(same_value(&v("1e2"), &v("100")));
+        assert!(same_value(&v("-0"), &v("0.0")));
+        assert!(same_value(&v("{\"a\": [1.50]}"), &v("{\"a\": [1.5]}")));
+        assert!(!same_value(
+            &v("12345678901234567890123"),
+            &v("12345678901234567890124")
+        ));
+        assert!(!same_value(&v("100"), &v("\"100\"")));
+        assert!(!same_value(&v("-1"), &v("1")));
+    }
+}

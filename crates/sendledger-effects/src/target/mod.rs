@@ -1,0 +1,203 @@
+//! A validated target: attempts, lookups and the policy handed to the core crate.
+//!
+//! This file holds [`Target`] and [`Targets`], what the core crate reads of a target (its name,
+//! send limits and [`Policy`]) and the HTTP request that attempts and lookups share (configured
+//! headers, `traceparent`). The rest is one file per concern:
+//! - `build.rs`: building and validating a target from its configuration
+//!   ([`Target::from_config`]); errors name the field and never contain a header value;
+//! - `attempt.rs`: one attempt and its classification by what its ending proves
+//!   ([`Target::execute`]; answers are read by `classify.rs`);
+//! - `lookup.rs`: lookups ([`Target::lookup`]) and matching their records against the task;
+//! - `redact.rs`: secret redaction, so header values never show in logs, outcomes, errors or
+//!   `Debug`.
+
+mod attempt;
+mod build;
+mod lookup;
+mod redact;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderName, HeaderValue};
+use http::{Method, Request, Uri};
+use http_body_util::Full;
+use sendledger_core::decide::{Policy, ReconcilePolicy};
+use sendledger_core::trace::TRACEPARENT;
+use sendledger_core::{RetryPolicy, TraceParent};
+
+use crate::classify::Rules;
+use crate::config::{CreatedAfterConfig, TargetConfig};
+use crate::conn::{Endpoint, Pool};
+use crate::error::{Error, Result};
+use crate::limit::{SendLimiter, SendSlot};
+use crate::template::Template;
+
+/// A remote endpoint, validated and ready: [`Target::execute`] performs attempts,
+/// [`Target::lookup`] asks what the remote holds, [`Target::policy`] tells the core crate how
+/// to drive tasks of this target. Share it behind an `Arc`; connections are pooled inside.
+pub struct Target {
+    name: String,
+    method: Method,
+    url: Template,
+    endpoint: Endpoint,
+    headers: Headers,
+    /// Header values and their significant parts
+    /// ([`secret_fragments`](redact::secret_fragments)), longest first: removed from any
+    /// remote-supplied text we keep.
+    secrets: Vec<String>,
+    body_fields: Vec<(String, Template)>,
+    rules: Rules,
+    /// Header, key TTL and margin.
+    idempotency: Option<(HeaderName, Duration, Duration)>,
+    /// Whether attempts carry the task's `traceparent` header.
+    propagate_trace: bool,
+    retry: RetryPolicy,
+    lookup: Option<Lookup>,
+    pool: Pool,
+    limiter: Arc<SendLimiter>,
+}
+
+struct Lookup {
+    url: Template,
+    endpoint: Endpoint,
+    results_pointer: String,
+    id_pointer: String,
+    filters: Vec<(String, String)>,
+    created_after: Option<CreatedAfterConfig>,
+    policy: ReconcilePolicy,
+}
+
+/// Every configured target by name.
+#[derive(Debug, Default, Clone)]
+pub struct Targets {
+    by_name: BTreeMap<String, Arc<Target>>,
+}
+
+impl Targets {
+    /// Loads and validates every target (`targets.<name>` in error messages), reading header
+    /// values from the environment where configured.
+    pub fn from_config(config: &BTreeMap<String, TargetConfig>) -> Result<Targets> {
+        Targets::from_config_with_env(config, |name| std::env::var(name).ok())
+    }
+
+    /// As [`Targets::from_config`], with environment variables read through `env`.
+    pub fn from_config_with_env(
+        config: &BTreeMap<String, TargetConfig>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Targets> {
+        let mut by_name = BTreeMap::new();
+        for (name, target) in config {
+            by_name.insert(
+                name.clone(),
+                Arc::new(Target::from_config_with_env(name, target, &env)?),
+            );
+        }
+        Ok(Targets { by_name })
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<Target>> {
+        self.by_name.get(name)
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.by_name.keys().map(String::as_str)
+    }
+}
+
+impl Target {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Waits for room to send one attempt (`max_in_flight`, `rate_limit`). Take it before
+    /// recording the attempt's intent and hold it until the attempt ends.
+    pub async fn reserve(&self) -> SendSlot {
+        self.limiter.acquire().await
+    }
+
+    /// Whether the target has a lookup (unknown outcomes can be reconciled).
+    pub fn has_lookup(&self) -> bool {
+        self.lookup.is_some()
+    }
+
+    /// How the core crate drives tasks of this target.
+    pub fn policy(&self) -> Policy {
+        Policy {
+            retry: self.retry.clone(),
+            reconcile: self.lookup.as_ref().map(|l| l.policy.clone()),
+            idempotency_ttl_ms: self.idempotency.as_ref().map(|(_, ttl, _)| millis(*ttl)),
+            idempotency_ttl_margin_ms: self
+                .idempotency
+                .as_ref()
+                .map_or(0, |(_, _, margin)| millis(*margin)),
+        }
+    }
+
+    /// Sets `traceparent` on a request when the target propagates trace contexts.
+    fn propagate(&self, req: &mut Request<Full<Bytes>>, trace: Option<TraceParent>) {
+        if let (true, Some(trace)) = (self.propagate_trace, trace) {
+            // A traceparent is ASCII (hex and dashes): always a valid header value.
+            if let Ok(value) = HeaderValue::from_str(&trace.to_string()) {
+                req.headers_mut()
+                    .insert(HeaderName::from_static(TRACEPARENT), value);
+            }
+        }
+    }
+
+    /// A request to a rendered URL, with the configured headers.
+    fn request(
+        &self,
+        method: Method,
+        url: &str,
+        endpoint: &Endpoint,
+        body: Bytes,
+    ) -> Result<Request<Full<Bytes>>> {
+        let render_err = |reason: String| Error::Render {
+            target: self.name.clone(),
+            reason,
+        };
+        let uri: Uri = url
+            .parse()
+            .map_err(|e| render_err(format!("the rendered URL is invalid: {e}")))?;
+        let path = uri
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/")
+            .parse::<Uri>()
+            .map_err(|e| render_err(format!("the rendered URL is invalid: {e}")))?;
+        let has_body = !body.is_empty();
+        let mut req = Request::new(Full::new(body));
+        *req.method_mut() = method;
+        *req.uri_mut() = path;
+        let headers = req.headers_mut();
+        headers.insert(
+            header::HOST,
+            HeaderValue::from_str(&endpoint.address)
+                .map_err(|_| render_err("the host is not a valid header value".into()))?,
+        );
+        headers.insert(
+            header::USER_AGENT,
+            HeaderValue::from_static(concat!("sendledger/", env!("CARGO_PKG_VERSION"))),
+        );
+        if has_body {
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+        }
+        for (n, v) in &self.headers {
+            headers.insert(n.clone(), v.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// Headers sent with every request, their values marked sensitive.
+type Headers = Vec<(HeaderName, HeaderValue)>;
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
