@@ -34,6 +34,7 @@ use std::sync::mpsc;
 
 use rocksdb::{Direction, IteratorMode, ReadOptions, SnapshotWithThreadMode, DB};
 use sendledger_core::audit::{AuditReport, Finding, Integrity, LsnSequence, TaskAudit};
+use sendledger_core::error::Chain;
 use sendledger_core::{CheckConfig, Event, TaskId};
 
 use crate::envelope::decode_event;
@@ -614,7 +615,7 @@ fn compare_index(
                         Integrity::EventDecodable,
                         Some(task),
                         vec![lsn],
-                        format!("event {seq} of the task: {e}"),
+                        format!("event {seq} of the task: {}", Chain(&e)),
                     ));
                     continue;
                 }

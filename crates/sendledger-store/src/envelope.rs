@@ -65,10 +65,8 @@ pub fn encode_new_event(lsn: u64, event: &NewEvent) -> Vec<u8> {
 pub fn decode_event(lsn: u64, bytes: &[u8]) -> Result<Event> {
     match bytes.first() {
         Some(&(EVENT_V1 | EVENT_V2)) => {
-            let event: Event = bincode::deserialize(&bytes[1..]).map_err(|e| Error::Corrupt {
-                lsn,
-                detail: e.to_string(),
-            })?;
+            let event: Event = bincode::deserialize(&bytes[1..])
+                .map_err(|source| Error::Undecodable { lsn, source })?;
             if event.lsn != lsn {
                 return Err(Error::Corrupt {
                     lsn,

@@ -51,6 +51,13 @@ pub enum Error {
         "event envelope at lsn {lsn} has format version {version}, which this build does not read"
     )]
     UnknownEnvelope { lsn: u64, version: u8 },
+    /// The stored bytes of an event are not an event (see the source for where they fail).
+    #[error("event at lsn {lsn} cannot be decoded")]
+    Undecodable {
+        lsn: u64,
+        source: bincode::Error,
+    },
+    /// An event decodes but contradicts where it is stored or what the indexes say.
     #[error("event at lsn {lsn} cannot be decoded: {detail}")]
     Corrupt { lsn: u64, detail: String },
     #[error("ledger value under {what} is malformed")]
@@ -95,6 +102,7 @@ impl Error {
             | Error::BadFormatMarker { .. }
             | Error::OtherMode { .. }
             | Error::UnknownEnvelope { .. }
+            | Error::Undecodable { .. }
             | Error::Corrupt { .. }
             | Error::BadValue { .. }
             | Error::Closed
