@@ -1,0 +1,228 @@
+//! The offset tracker and the in-flight budget: per assigned partition, the offsets received in
+//! order and the prefix of them that is done, the messages and bytes not yet done, and when
+//! those pause and resume the partitions. Bookkeeping only: storing and committing offsets
+//! through the consumer is in `rebalance` (see [`Tracker::apply`]).
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use sendledger_store::Processed;
+use tokio::sync::oneshot;
+
+use crate::sink::PartitionOwner;
+
+/// How a message's task ended.
+pub(super) enum Outcome {
+    /// Durable in the ledger: its offset may be stored.
+    Recorded,
+    /// Given up because the ingest is stopping: its offset must not be stored.
+    Abandoned,
+    /// The sink will never accept anything again.
+    Fatal(String),
+}
+
+pub(super) struct Done {
+    pub(super) partition: i32,
+    pub(super) generation: u64,
+    pub(super) offset: i64,
+    /// The message's size as counted when it was received.
+    pub(super) bytes: usize,
+    pub(super) outcome: Outcome,
+    pub(super) chain: (String, u64),
+}
+
+/// What the thread knows of one assigned partition.
+pub(super) struct PartitionState {
+    pub(super) generation: u64,
+    /// The ledger's processed offsets, read at the first message after assignment.
+    pub(super) processed: Option<Processed>,
+    /// Offsets received, in order, with whether each is done.
+    pub(super) inflight: VecDeque<(i64, bool)>,
+    pub(super) unfinished: Load,
+    /// Highest offset of the done prefix (stored to Kafka as the next offset to read).
+    pub(super) done_through: Option<i64>,
+    /// The ledger's watermark as last read or raised.
+    pub(super) folded: Option<i64>,
+    /// The last offset received, to notice the position jumping over deleted messages.
+    pub(super) last_seen: Option<i64>,
+    /// The partition is refused: its messages are ignored and no offset is stored.
+    pub(super) blocked: bool,
+    /// Kafka mode: the partition was taken over (its log open, its state restored); until
+    /// then nothing of it is handled. Always true in local mode.
+    pub(super) owned: bool,
+    /// Kafka mode: a failed take-over is tried again at this time (the partition is paused).
+    pub(super) retry_take_over: Option<Instant>,
+}
+
+pub(super) struct Tracker {
+    pub(super) parts: BTreeMap<i32, PartitionState>,
+    pub(super) next_generation: u64,
+    /// Unfinished messages of partitions no longer assigned.
+    pub(super) orphans: Load,
+    pub(super) done_rx: mpsc::Receiver<Done>,
+    /// Per task identity: the last message handed to the sink, and the signal it sends when
+    /// done (taken by the next message of the same identity).
+    pub(super) chains: HashMap<String, (u64, Option<oneshot::Receiver<()>>)>,
+    pub(super) next_chain: u64,
+    pub(super) paused: bool,
+    /// The group has another member: every assigned partition stays paused.
+    pub(super) shared: bool,
+    pub(super) fatal: Option<String>,
+    /// Kafka mode: who takes partitions over and commits their offsets.
+    pub(super) owner: Option<Arc<dyn PartitionOwner>>,
+}
+
+/// Messages received and not yet done, and their bytes.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Load {
+    pub(super) messages: usize,
+    pub(super) bytes: usize,
+}
+
+impl Load {
+    pub(super) fn add(&mut self, other: Load) {
+        self.messages += other.messages;
+        self.bytes += other.bytes;
+    }
+
+    /// One message of `bytes` is done.
+    pub(super) fn finish(&mut self, bytes: usize) {
+        self.messages = self.messages.saturating_sub(1);
+        self.bytes = self.bytes.saturating_sub(bytes);
+    }
+}
+
+/// When the ingest pauses its partitions, and when it resumes them.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Budget {
+    pub(super) messages: usize,
+    pub(super) bytes: usize,
+}
+
+impl Budget {
+    /// Either limit is reached: pause.
+    pub(super) fn reached(&self, load: Load) -> bool {
+        load.messages >= self.messages || load.bytes >= self.bytes
+    }
+
+    /// Both are at half their limit or below: resume. True with nothing unfinished, so a
+    /// message larger than the byte budget never leaves the partitions paused.
+    pub(super) fn relieved(&self, load: Load) -> bool {
+        load.messages <= self.messages / 2 && load.bytes <= self.bytes / 2
+    }
+}
+
+impl Tracker {
+    pub(super) fn new(
+        done_rx: mpsc::Receiver<Done>,
+        owner: Option<Arc<dyn PartitionOwner>>,
+    ) -> Tracker {
+        Tracker {
+            parts: BTreeMap::new(),
+            next_generation: 1,
+            orphans: Load::default(),
+            done_rx,
+            chains: HashMap::new(),
+            next_chain: 0,
+            paused: false,
+            shared: false,
+            fatal: None,
+            owner,
+        }
+    }
+
+    pub(super) fn unfinished(&self) -> Load {
+        let mut load = self.orphans;
+        for p in self.parts.values() {
+            load.add(p.unfinished);
+        }
+        load
+    }
+
+    pub(super) fn assign(&mut self, partition: i32) {
+        let generation = self.next_generation;
+        self.next_generation += 1;
+        if let Some(old) = self.parts.insert(
+            partition,
+            PartitionState {
+                generation,
+                processed: None,
+                inflight: VecDeque::new(),
+                unfinished: Load::default(),
+                done_through: None,
+                folded: None,
+                last_seen: None,
+                blocked: false,
+                owned: self.owner.is_none(),
+                retry_take_over: None,
+            },
+        ) {
+            self.orphans.add(old.unfinished);
+        }
+    }
+
+    pub(super) fn revoke(&mut self, partition: i32) {
+        if let Some(old) = self.parts.remove(&partition) {
+            self.orphans.add(old.unfinished);
+        }
+    }
+}
+
+pub(super) fn lock(tracker: &Mutex<Tracker>) -> MutexGuard<'_, Tracker> {
+    tracker.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(messages: usize, bytes: usize) -> Load {
+        Load { messages, bytes }
+    }
+
+    #[test]
+    fn either_budget_pauses_and_both_must_halve_to_resume() {
+        let budget = Budget {
+            messages: 10,
+            bytes: 1000,
+        };
+        assert!(!budget.reached(load(9, 999)));
+        assert!(budget.reached(load(10, 1)));
+        assert!(budget.reached(load(2, 1000)));
+        assert!(!budget.relieved(load(5, 501)));
+        assert!(!budget.relieved(load(6, 100)));
+        assert!(budget.relieved(load(5, 500)));
+        // One message above the whole byte budget pauses, and resumes once it is done.
+        let mut one = Load::default();
+        one.add(load(1, 5000));
+        assert!(budget.reached(one));
+        one.finish(5000);
+        assert_eq!(one, Load::default());
+        assert!(budget.relieved(one));
+    }
+
+    /// Bytes follow their messages: into the partition when received, to the orphans when the
+    /// partition is revoked or reassigned, and out when each message is done.
+    #[test]
+    fn unfinished_bytes_are_released_by_the_messages_that_added_them() {
+        let (_tx, done_rx) = mpsc::channel();
+        let mut t = Tracker::new(done_rx, None);
+        t.assign(0);
+        t.assign(1);
+        let received = [(0, 100_000), (0, 300), (1, 70_000)];
+        for (p, bytes) in received {
+            t.parts.get_mut(&p).unwrap().unfinished.add(load(1, bytes));
+        }
+        assert_eq!(t.unfinished(), load(3, 170_300));
+        t.revoke(0);
+        assert_eq!(t.orphans, load(2, 100_300));
+        t.assign(1);
+        assert_eq!(t.orphans, load(3, 170_300));
+        assert_eq!(t.unfinished(), load(3, 170_300));
+        for bytes in [100_000, 300, 70_000] {
+            t.orphans.finish(bytes);
+        }
+        assert_eq!(t.unfinished(), Load::default());
+    }
+}
