@@ -16,7 +16,6 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{bail, Context};
 use sendledger_actors::EngineConfig;
 use sendledger_bus::config::is_secret;
 use sendledger_bus::KafkaConfig;
@@ -24,6 +23,8 @@ use sendledger_core::Limits;
 use sendledger_effects::{TargetConfig, Targets};
 use sendledger_store::{Durability, Memory};
 use serde::{Deserialize, Serialize};
+
+use crate::error::ConfigError;
 
 /// Prefix of the environment variables that override the file.
 pub const ENV_PREFIX: &str = "SENDLEDGER__";
@@ -258,16 +259,20 @@ impl Default for AdminConfig {
 
 impl Config {
     /// Reads the file, applies the environment overrides, and validates everything.
-    pub fn load(path: &Path) -> anyhow::Result<Config> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading the configuration {}", path.display()))?;
-        Config::parse(&text, &std::env::vars().collect())
-            .with_context(|| format!("configuration {}", path.display()))
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::parse(&text, &std::env::vars().collect()).map_err(|e| ConfigError::File {
+            path: path.to_path_buf(),
+            source: Box::new(e),
+        })
     }
 
     /// Parses `text` with the overrides found in `env` (the process environment, or a
     /// stand-in for it), and validates.
-    pub fn parse(text: &str, env: &BTreeMap<String, String>) -> anyhow::Result<Config> {
+    pub fn parse(text: &str, env: &BTreeMap<String, String>) -> Result<Config, ConfigError> {
         let mut doc: toml::Table = toml::from_str(text).map_err(|e| syntax_error(text, &e))?;
         // (path, variable, raw value, whether it was read as a non-string literal)
         let mut overrides = Vec::new();
@@ -275,10 +280,14 @@ impl Config {
             let Some(path) = name.strip_prefix(ENV_PREFIX) else {
                 continue;
             };
-            let path = override_path(path).with_context(|| format!("environment {name}"))?;
+            let in_variable = |e: ConfigError| ConfigError::Environment {
+                name: name.clone(),
+                source: Box::new(e),
+            };
+            let path = override_path(path).map_err(in_variable)?;
             let value_literal = literal(value);
             let typed = !value_literal.is_str();
-            set(&mut doc, &path, value_literal).with_context(|| format!("environment {name}"))?;
+            set(&mut doc, &path, value_literal).map_err(in_variable)?;
             overrides.push((path, name.clone(), value.clone(), typed));
         }
         let config: Config = loop {
@@ -294,9 +303,18 @@ impl Config {
                             set(&mut doc, path, toml::Value::String(raw.clone()))?;
                         }
                         Some((_, var, ..)) => {
-                            anyhow::bail!("{field} (set by {var}): {}", problem(&field, e))
+                            return Err(ConfigError::FieldSetBy {
+                                problem: problem(&field, e),
+                                field,
+                                variable: var.clone(),
+                            })
                         }
-                        None => anyhow::bail!("{field}: {}", problem(&field, e)),
+                        None => {
+                            return Err(ConfigError::Field {
+                                problem: problem(&field, e),
+                                field,
+                            })
+                        }
                     }
                 }
             }
@@ -307,7 +325,7 @@ impl Config {
 
     /// Checks what serde cannot: ranges, and the targets (which also reads header values
     /// from the environment).
-    pub fn validate(&self, env: &BTreeMap<String, String>) -> anyhow::Result<()> {
+    pub fn validate(&self, env: &BTreeMap<String, String>) -> Result<(), ConfigError> {
         let e = &self.engine;
         for (field, value) in [
             ("engine.workers", e.workers),
@@ -318,49 +336,64 @@ impl Config {
             ("admin.max_connections", self.admin.max_connections),
         ] {
             if value == 0 {
-                bail!("{field}: must be at least 1");
+                return Err(ConfigError::field(field, "must be at least 1"));
             }
         }
         if e.workers > 256 {
-            bail!("engine.workers: is {}; use 1 to 256", e.workers);
+            return Err(ConfigError::field(
+                "engine.workers",
+                format!("is {}; use 1 to 256", e.workers),
+            ));
         }
         if e.timer_tick.is_zero() || e.timer_tick > Duration::from_secs(10) {
-            bail!("engine.timer_tick: use a duration between 1ms and 10s");
+            return Err(ConfigError::field(
+                "engine.timer_tick",
+                "use a duration between 1ms and 10s",
+            ));
         }
         for (field, value) in [
             ("admin.idle_timeout", self.admin.idle_timeout),
             ("admin.header_read_timeout", self.admin.header_read_timeout),
         ] {
             if value.is_zero() {
-                bail!("{field}: must be longer than 0s");
+                return Err(ConfigError::field(field, "must be longer than 0s"));
             }
         }
         if self.storage.memory_bytes < Memory::MIN_BYTES {
-            bail!(
-                "storage.memory_bytes: is {}; use at least {} (4 MiB)",
-                self.storage.memory_bytes,
-                Memory::MIN_BYTES
-            );
+            return Err(ConfigError::field(
+                "storage.memory_bytes",
+                format!(
+                    "is {}; use at least {} (4 MiB)",
+                    self.storage.memory_bytes,
+                    Memory::MIN_BYTES
+                ),
+            ));
         }
         if self.storage.data.as_os_str().is_empty() {
-            bail!("storage.data: is empty; name the ledger directory");
+            return Err(ConfigError::field(
+                "storage.data",
+                "is empty; name the ledger directory",
+            ));
         }
         if let Err(e) = self.kafka.validate() {
             match e {
                 sendledger_bus::Error::Config { field, problem } => {
-                    bail!("kafka.{field}: {problem}")
+                    return Err(ConfigError::field(format!("kafka.{field}"), problem))
                 }
                 e => return Err(e.into()),
             }
         }
         if self.storage.mode == StorageMode::Kafka && self.kafka.is_embedded() {
-            bail!("storage.mode: \"kafka\" needs brokers that fence transactional ids and keep transactional offsets; the embedded cluster does neither: set kafka.brokers, or use mode \"local\"");
+            return Err(ConfigError::field("storage.mode", "\"kafka\" needs brokers that fence transactional ids and keep transactional offsets; the embedded cluster does neither: set kafka.brokers, or use mode \"local\""));
         }
         if self.storage.mode == StorageMode::Kafka {
             self.check_send_lease()?;
         }
         if self.targets.is_empty() {
-            bail!("targets: none configured; add a [targets.NAME] section (see schemas/sendledger.example.toml)");
+            return Err(ConfigError::field(
+                "targets",
+                "none configured; add a [targets.NAME] section (see schemas/sendledger.example.toml)",
+            ));
         }
         Targets::from_config_with_env(&self.targets, |name| env.get(name).cloned())?;
         Ok(())
@@ -370,7 +403,7 @@ impl Config {
     /// A stalled instance can write an attempt's first byte up to `kafka.send_lease` after its
     /// intent, and the remote may take `request_timeout` more to act on it; the instance that
     /// took the task over must not give up on finding that record before then.
-    fn check_send_lease(&self) -> anyhow::Result<()> {
+    fn check_send_lease(&self) -> Result<(), ConfigError> {
         let lease = self.kafka.send_lease;
         for (name, target) in &self.targets {
             let Some(lookup) = &target.lookup else {
@@ -378,20 +411,23 @@ impl Config {
             };
             let late = lease + target.request_timeout;
             if lookup.deadline <= late {
-                bail!(
-                    "targets.{name}.lookup.deadline: is {}, not longer than kafka.send_lease ({}) + targets.{name}.request_timeout ({}); in kafka mode a request may reach the remote that late after its intent, so raise the deadline above {} or shorten the lease or the timeout",
-                    humantime::format_duration(lookup.deadline),
-                    humantime::format_duration(lease),
-                    humantime::format_duration(target.request_timeout),
-                    humantime::format_duration(late),
-                );
+                return Err(ConfigError::field(
+                    format!("targets.{name}.lookup.deadline"),
+                    format!(
+                        "is {}, not longer than kafka.send_lease ({}) + targets.{name}.request_timeout ({}); in kafka mode a request may reach the remote that late after its intent, so raise the deadline above {} or shorten the lease or the timeout",
+                        humantime::format_duration(lookup.deadline),
+                        humantime::format_duration(lease),
+                        humantime::format_duration(target.request_timeout),
+                        humantime::format_duration(late),
+                    ),
+                ));
             }
         }
         Ok(())
     }
 
     /// The targets, loaded and validated (header values read from the environment).
-    pub fn load_targets(&self) -> anyhow::Result<Targets> {
+    pub fn load_targets(&self) -> Result<Targets, ConfigError> {
         Ok(Targets::from_config(&self.targets)?)
     }
 
@@ -430,15 +466,19 @@ impl Config {
 
 /// A TOML syntax error as its position and message only: toml's own text quotes the source
 /// line, which may hold a secret (`token = "…`).
-fn syntax_error(text: &str, e: &toml::de::Error) -> anyhow::Error {
+fn syntax_error(text: &str, e: &toml::de::Error) -> ConfigError {
     let message = e.message().trim_end().replace('\n', "; ");
     match e.span().and_then(|span| text.get(..span.start)) {
         Some(before) => {
             let line = before.matches('\n').count() + 1;
             let column = before.chars().rev().take_while(|&c| c != '\n').count() + 1;
-            anyhow::anyhow!("line {line}, column {column}: {message}")
+            ConfigError::Syntax {
+                line,
+                column,
+                message,
+            }
         }
-        None => anyhow::anyhow!("{message}"),
+        None => ConfigError::SyntaxUnplaced { message },
     }
 }
 
@@ -454,10 +494,12 @@ fn problem(field: &str, e: serde_path_to_error::Error<toml::de::Error>) -> Strin
 
 /// `KAFKA__PROPERTIES__SASL_PASSWORD` → `["kafka", "properties", "sasl.password"]`; so does
 /// `KAFKA__PROPERTIES__SASL__PASSWORD` (a property's value is never a table).
-fn override_path(path: &str) -> anyhow::Result<Vec<String>> {
+fn override_path(path: &str) -> Result<Vec<String>, ConfigError> {
     let parts: Vec<&str> = path.split("__").collect();
     if parts.iter().any(|p| p.is_empty()) {
-        bail!("has an empty name between `__` separators");
+        return Err(ConfigError::OverridePath(
+            "has an empty name between `__` separators".into(),
+        ));
     }
     let mut out: Vec<String> = parts.iter().map(|p| p.to_ascii_lowercase()).collect();
     if out.len() >= 3 && out[0] == "kafka" && out[1] == "properties" {
@@ -476,7 +518,7 @@ fn literal(value: &str) -> toml::Value {
         .unwrap_or_else(|| toml::Value::String(value.to_string()))
 }
 
-fn set(doc: &mut toml::Table, path: &[String], value: toml::Value) -> anyhow::Result<()> {
+fn set(doc: &mut toml::Table, path: &[String], value: toml::Value) -> Result<(), ConfigError> {
     let (last, parents) = path.split_last().expect("override paths are not empty");
     let mut table = doc;
     for (i, key) in parents.iter().enumerate() {
@@ -485,7 +527,12 @@ fn set(doc: &mut toml::Table, path: &[String], value: toml::Value) -> anyhow::Re
             .or_insert_with(|| toml::Value::Table(toml::Table::new()));
         table = match entry {
             toml::Value::Table(t) => t,
-            _ => bail!("`{}` is not a section", parents[..=i].join(".")),
+            _ => {
+                return Err(ConfigError::OverridePath(format!(
+                    "`{}` is not a section",
+                    parents[..=i].join(".")
+                )))
+            }
         };
     }
     table.insert(last.clone(), value);
@@ -565,7 +612,7 @@ mod tests {
         url = "http://127.0.0.1:8600/records"
     "#;
 
-    fn parse(text: &str, env: &[(&str, &str)]) -> anyhow::Result<Config> {
+    fn parse(text: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
         Config::parse(
             text,
             &env.iter()

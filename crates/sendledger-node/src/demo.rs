@@ -149,7 +149,7 @@ impl Setup {
     }
 
     async fn start_service(&self) -> anyhow::Result<Service> {
-        Service::start(&self.config, &self.kafka, self.remote.clone(), None).await
+        Ok(Service::start(&self.config, &self.kafka, self.remote.clone(), None).await?)
     }
 }
 

@@ -12,6 +12,9 @@
 //!   facade, and serves the review console; [`timeline`] is the JSON of a task.
 //! - [`telemetry`]: the OTLP exporter of traces.
 //! - [`demo`]: the whole pipeline on embedded defaults against a fault-injecting remote.
+//! - [`error`]: what can go wrong, typed ([`Error`], [`ConfigError`]), each with its cause. The
+//!   demo alone reports `anyhow` errors: it is a program that prints them, nothing matches on
+//!   them.
 //!
 //! The design is in the repository's `docs/` (`docs/architecture.md` first). This crate may
 //! depend on every sendledger library crate; only the `sendledger` binary, the benchmarks and
@@ -20,9 +23,12 @@
 pub mod admin;
 pub mod config;
 pub mod demo;
+pub mod error;
 pub mod metric_definitions;
 pub mod runtime;
 pub mod service;
 pub mod telemetry;
 pub mod timeline;
 pub mod wiring;
+
+pub use error::{ConfigError, Error, Result};

@@ -2,15 +2,19 @@
 //! signals. `run`, `sim-remote`, the demo and the benchmarks that run a service in their own
 //! process all use these, so a measured service has the same threads as a deployed one.
 
-use anyhow::Context;
+use crate::error::{Error, Result};
 
 /// The runtime a service runs on.
-pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
+pub fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .max_blocking_threads(MAX_BLOCKING_THREADS)
         .enable_all()
-        .build()?)
+        .build()
+        .map_err(|source| Error::Process {
+            what: "starting the runtime",
+            source,
+        })
 }
 
 /// Threads for blocking work (ledger reads, broker calls), at most. Ledger reads are short
@@ -39,10 +43,11 @@ pub fn return_freed_memory_at_once() {
 /// with its name. The handlers are in place when this returns, before "ready" is printed: a
 /// signal sent right after it is never met by the default action (the process killed
 /// without a clean stop).
-pub fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = &'static str>> {
+pub fn shutdown_signal() -> Result<impl std::future::Future<Output = &'static str>> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let handler = |kind, what| signal(kind).map_err(|source| Error::Process { what, source });
+    let mut term = handler(SignalKind::terminate(), "installing the SIGTERM handler")?;
+    let mut int = handler(SignalKind::interrupt(), "installing the SIGINT handler")?;
     Ok(async move {
         tokio::select! {
             _ = term.recv() => "SIGTERM",

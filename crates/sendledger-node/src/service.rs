@@ -10,13 +10,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use metrics_exporter_prometheus::PrometheusHandle;
 use sendledger_actors::{Engine, Remote};
 use sendledger_bus::{Ingest, Kafka, LogReplicator, Publisher};
 
 use crate::admin::Admin;
 use crate::config::{Config, StorageMode};
+use crate::error::{Error, Result};
 use crate::wiring::{EngineSink, KafkaOwner};
 
 /// How long topic creation on external brokers may take.
@@ -41,39 +41,47 @@ impl Service {
         kafka: &Kafka,
         remote: Arc<dyn Remote>,
         metrics: Option<PrometheusHandle>,
-    ) -> anyhow::Result<Service> {
+    ) -> Result<Service> {
         let metrics = match (config.admin.enabled, metrics) {
             (true, Some(m)) => Some(m),
-            (true, None) => {
-                anyhow::bail!("the admin endpoint needs the metrics recorder; install it first")
-            }
+            (true, None) => return Err(Error::NoRecorder),
             (false, _) => None,
         };
         let kafka_mode = config.storage.mode == StorageMode::Kafka;
         kafka
             .ensure_topics(config.kafka.replication_factor, TOPIC_TIMEOUT, kafka_mode)
             .await
-            .context("creating the topics")?;
+            .map_err(|e| Error::step("creating the topics", e))?;
         if kafka_mode {
             kafka
                 .check_log_of_record(config.storage.allow_finite_log_retention, TOPIC_TIMEOUT)
                 .await
-                .context("checking the events topic, the log of record in kafka mode")?;
+                .map_err(|e| {
+                    Error::step(
+                        "checking the events topic, the log of record in kafka mode",
+                        e,
+                    )
+                })?;
         }
         let engine_config = config.engine_config();
-        let engine = tokio::task::block_in_place(|| Engine::start(engine_config, remote))
-            .with_context(|| format!("starting the engine on {}", config.storage.data.display()))?;
+        let engine =
+            tokio::task::block_in_place(|| Engine::start(engine_config, remote)).map_err(|e| {
+                Error::step(
+                    format!("starting the engine on {}", config.storage.data.display()),
+                    e,
+                )
+            })?;
         // Local mode publishes from the ledger (the outbox); kafka mode writes results in the
         // transactions that record their events.
         let (publisher, replicator) = if kafka_mode {
             let replicator = Arc::new(LogReplicator::new(&config.kafka.group_id));
             engine
                 .install_replicator(replicator.clone())
-                .context("installing the log of record")?;
+                .map_err(|e| Error::step("installing the log of record", e))?;
             (None, Some(replicator))
         } else {
             let publisher = Publisher::start(kafka, engine.ledger().clone())
-                .context("starting the publisher")?;
+                .map_err(|e| Error::step("starting the publisher", e))?;
             (Some(publisher), None)
         };
         let admin = match metrics {
@@ -88,7 +96,7 @@ impl Service {
             }
             None => Ingest::start(kafka, sink),
         }
-        .context("starting the ingest")?;
+        .map_err(|e| Error::step("starting the ingest", e))?;
         if let Some(admin) = &admin {
             admin.watch_ingest(ingest.stats().clone());
         }
@@ -124,7 +132,7 @@ impl Service {
     /// Stops in order within the configured grace. Whatever is cut off is safe: unfinished
     /// messages are delivered again, interrupted attempts are reconciled at the next start,
     /// unpublished events are published then.
-    pub async fn shutdown(self) -> anyhow::Result<()> {
+    pub async fn shutdown(self) -> Result<()> {
         let deadline = Instant::now() + self.grace;
         let left = || deadline.saturating_duration_since(Instant::now());
         let ingest = self.ingest.shutdown(left()).await;
@@ -146,8 +154,8 @@ impl Service {
         if let Some(admin) = self.admin {
             admin.shutdown().await;
         }
-        ingest.context("stopping the ingest")?;
-        publisher.context("stopping the publisher")?;
+        ingest.map_err(|e| Error::step("stopping the ingest", e))?;
+        publisher.map_err(|e| Error::step("stopping the publisher", e))?;
         Ok(())
     }
 }

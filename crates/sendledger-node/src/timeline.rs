@@ -9,13 +9,11 @@ use serde_json::{json, Value};
 
 /// A task id (32 hex digits) or an identity's address `tenant/operation/request_key` (a `/`
 /// inside a part written `%2F`, a `%` as `%25`).
-pub fn parse_task(task: &str) -> anyhow::Result<TaskId> {
+pub fn parse_task(task: &str) -> crate::error::Result<TaskId> {
     if let Ok(id) = task.parse::<TaskId>() {
         return Ok(id);
     }
-    let identity: Identity = task
-        .parse()
-        .map_err(|e| anyhow::anyhow!("{e}; nor is it a task id (32 hex digits)"))?;
+    let identity: Identity = task.parse().map_err(crate::error::Error::TaskReference)?;
     Ok(identity.task_id())
 }
 

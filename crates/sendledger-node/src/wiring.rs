@@ -251,8 +251,10 @@ impl KafkaOwner {
         kafka: Kafka,
         engine: Engine,
         replicator: Arc<LogReplicator>,
-    ) -> anyhow::Result<KafkaOwner> {
-        let runtime = tokio::runtime::Handle::try_current()?;
+    ) -> crate::error::Result<KafkaOwner> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
+            crate::error::Error::step("finding the runtime of kafka mode's partitions", e)
+        })?;
         runtime.spawn(commit_waiting_offsets(
             Arc::downgrade(&replicator),
             engine.ledger().clone(),

@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use anyhow::Context;
 use axum::extract::State;
 use axum::response::IntoResponse;
 use http::header;
@@ -14,6 +13,7 @@ use tokio::time::Instant;
 
 use super::error::ApiResult;
 use super::{Shared, LEDGER_GAUGES_TTL};
+use crate::error::{Error, Result};
 
 /// The phases reported by `sendledger_tasks{state}` (every one, zeros included).
 const PHASES: [Phase; 8] = [
@@ -31,7 +31,7 @@ const PHASES: [Phase; 8] = [
 /// returns the handle [`super::Admin::start`] renders. Call it once per process, before the
 /// engine starts (metrics recorded earlier are lost). Histograms get explicit buckets so they
 /// render as Prometheus histograms.
-pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
+pub fn install_recorder() -> Result<PrometheusHandle> {
     // From an fsync (sub-millisecond) to a partition's take-over (seconds to a minute).
     const SECONDS: [f64; 16] = [
         0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5,
@@ -41,11 +41,11 @@ pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
         1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
     ];
     let handle = PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &SECONDS)?
-        .set_buckets_for_metric(Matcher::Suffix("_appends".into()), &COUNTS)?
-        .set_buckets_for_metric(Matcher::Suffix("_events".into()), &COUNTS)?
-        .install_recorder()
-        .context("installing the metrics recorder (one per process)")?;
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &SECONDS)
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("_appends".into()), &COUNTS))
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("_events".into()), &COUNTS))
+        .and_then(|b| b.install_recorder())
+        .map_err(Error::Recorder)?;
     crate::metric_definitions::describe();
     Ok(handle)
 }

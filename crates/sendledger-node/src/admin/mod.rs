@@ -42,7 +42,6 @@ use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
 
-use anyhow::Context;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -64,6 +63,7 @@ use tower::ServiceExt;
 use tracing::Instrument;
 
 use crate::config::AdminConfig;
+use crate::error::{Error, Result};
 
 mod console;
 mod error;
@@ -146,12 +146,14 @@ impl Admin {
         config: &AdminConfig,
         engine: Engine,
         metrics: PrometheusHandle,
-    ) -> anyhow::Result<Admin> {
+    ) -> Result<Admin> {
         let listen = config.listen;
-        let listener = TcpListener::bind(listen)
-            .await
-            .with_context(|| format!("binding the admin endpoint to {listen}"))?;
-        let addr = listener.local_addr()?;
+        let bind = |source| Error::Bind {
+            addr: listen,
+            source,
+        };
+        let listener = TcpListener::bind(listen).await.map_err(bind)?;
+        let addr = listener.local_addr().map_err(bind)?;
         let shared = Shared::new(config, engine, metrics);
         if reads_exposed(&addr) {
             tracing::warn!(

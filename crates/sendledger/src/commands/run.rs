@@ -24,7 +24,7 @@ pub struct RunArgs {
 
 /// The configuration `run` would use.
 pub fn config_of(args: &RunArgs) -> anyhow::Result<Config> {
-    Config::load(&args.config)
+    Ok(Config::load(&args.config)?)
 }
 
 /// `sendledger run`: the service until a signal (exit 0 after a clean stop) or until the
