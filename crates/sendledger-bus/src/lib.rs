@@ -57,7 +57,7 @@ pub mod sink;
 
 pub use cluster::{EmbeddedCluster, Kafka};
 pub use config::{KafkaConfig, Role};
-pub use error::{Error, Result};
+pub use error::{Error, RecordError, Result};
 pub use ingest::{Ingest, IngestStats};
 pub use log::{LogBatch, LogError, LogRecord, PartitionLog};
 pub use produce::{request_key, RequestProducer};

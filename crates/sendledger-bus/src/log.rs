@@ -501,13 +501,13 @@ pub fn read_partition(
 /// record that does not decode is named by its `sendledger-event-id` header.
 pub fn record_event(message: &impl Message) -> crate::Result<Event> {
     event_from_json(message.payload().unwrap_or_default()).map_err(|e| match e {
-        crate::Error::BadRecord { event_id, detail } if event_id.is_empty() => {
+        crate::Error::BadRecord { event_id, source } if event_id.is_empty() => {
             let event_id = (message.headers().into_iter())
                 .flat_map(|h| h.iter())
                 .find(|h| h.key == EVENT_ID_HEADER)
                 .map(|h| String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned())
                 .unwrap_or_default();
-            crate::Error::BadRecord { event_id, detail }
+            crate::Error::BadRecord { event_id, source }
         }
         e => e,
     })

@@ -281,7 +281,7 @@ fn publish_spans(records: &[OutRecord]) -> Vec<tracing::Span> {
 }
 
 fn json_err(e: serde_json::Error) -> Error {
-    Error::Encode(e.to_string())
+    Error::Encode(e)
 }
 
 /// The publisher's producer context: each record's acknowledgement is counted against its

@@ -23,7 +23,7 @@ use serde::de::{
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, RecordError, Result};
 
 /// One ledger event on the events topic.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -48,14 +48,14 @@ pub struct EventRecord {
 pub fn event_record_json(event: &Event) -> Result<Vec<u8>> {
     let name = event.body.name();
     // Externally tagged: `{"Variant":{fields}}`; the record's body is `{fields}`.
-    let tagged = serde_json::to_string(&event.body).map_err(|e| Error::Encode(e.to_string()))?;
+    let tagged = serde_json::to_string(&event.body).map_err(Error::Encode)?;
     let body = tagged
         .strip_prefix("{\"")
         .and_then(|t| t.strip_prefix(name))
         .and_then(|t| t.strip_prefix("\":"))
         .and_then(|t| t.strip_suffix('}'))
         .filter(|b| b.starts_with('{'))
-        .ok_or_else(|| Error::Encode(format!("{name} is not written as a tagged object")))?;
+        .ok_or(Error::NotTagged { name })?;
     // The other fields need no escaping: hex digits, digits and the variant's name.
     let mut out = Vec::with_capacity(tagged.len() + 160);
     write!(
@@ -67,13 +67,13 @@ pub fn event_record_json(event: &Event) -> Result<Vec<u8>> {
         event.task_seq,
         event.at,
     )
-    .map_err(|e| Error::Encode(e.to_string()))?;
+    .map_err(|e| Error::Encode(serde_json::Error::io(e)))?;
     Ok(out)
 }
 
 /// `event`'s record as a value (see [`event_record_json`]).
 pub fn event_record(event: &Event) -> Result<EventRecord> {
-    serde_json::from_slice(&event_record_json(event)?).map_err(|e| Error::Encode(e.to_string()))
+    serde_json::from_slice(&event_record_json(event)?).map_err(Error::Encode)
 }
 
 /// The header carrying a record's stable id (see [`sendledger_core::result::event_id`]).
@@ -186,7 +186,7 @@ pub fn event_from_record(record: &EventRecord) -> Result<Event> {
     let tagged = Value::Object(Map::from_iter([(record.kind.clone(), record.body.clone())]));
     let body: EventBody = serde_json::from_value(tagged).map_err(|e| Error::BadRecord {
         event_id: record.event_id.clone(),
-        detail: e.to_string(),
+        source: e.into(),
     })?;
     Ok(Event {
         lsn: record.lsn,
@@ -200,15 +200,21 @@ pub fn event_from_record(record: &EventRecord) -> Result<Event> {
 /// The task id of a record, checked against its event id (`<task_id>:<task_seq>`, as
 /// [`event_id`] writes it).
 fn checked_task_id(event_id: &str, task_id: &str, task_seq: u32) -> Result<TaskId> {
-    let bad = |detail: String| Error::BadRecord {
+    let bad = |source: RecordError| Error::BadRecord {
         event_id: event_id.to_string(),
-        detail,
+        source,
     };
-    let task: TaskId = task_id.parse().map_err(bad)?;
+    let task: TaskId = task_id.parse().map_err(|problem| {
+        bad(RecordError::TaskId {
+            task_id: task_id.to_string(),
+            problem,
+        })
+    })?;
     if !is_event_id(event_id, task, task_seq) {
-        return Err(bad(format!(
-            "event_id is not task_id:task_seq ({task_id}:{task_seq})"
-        )));
+        return Err(bad(RecordError::EventId {
+            task_id: task_id.to_string(),
+            task_seq,
+        }));
     }
     Ok(task)
 }
@@ -320,18 +326,18 @@ impl<'de, D: Deserializer<'de>> VariantAccess<'de> for Content<D> {
 /// The event the JSON of an [`EventRecord`] carries: [`event_from_record`] of it, decoded
 /// straight from the text (a restore or an audit decodes every event of a log).
 pub fn event_from_json(json: &[u8]) -> Result<Event> {
-    let bad = |event_id: &str, detail: String| Error::BadRecord {
+    let bad = |event_id: &str, e: serde_json::Error| Error::BadRecord {
         event_id: event_id.to_string(),
-        detail,
+        source: e.into(),
     };
-    let raw: RawEventRecord = serde_json::from_slice(json).map_err(|e| bad("", e.to_string()))?;
+    let raw: RawEventRecord = serde_json::from_slice(json).map_err(|e| bad("", e))?;
     let task_id = checked_task_id(&raw.event_id, &raw.task_id, raw.task_seq)?;
     let mut content = serde_json::Deserializer::from_str(raw.body.get());
     let body = EventBody::deserialize(Tagged {
         kind: &raw.kind,
         content: &mut content,
     })
-    .map_err(|e| bad(&raw.event_id, e.to_string()))?;
+    .map_err(|e| bad(&raw.event_id, e))?;
     Ok(Event {
         lsn: raw.lsn,
         task_id,

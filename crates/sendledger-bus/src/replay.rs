@@ -25,6 +25,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 use sendledger_core::audit::{AuditReport, Finding, Integrity, LsnSequence, TaskAudit};
+use sendledger_core::error::Chain;
 use sendledger_core::{CheckConfig, Event, TaskId};
 
 use crate::cluster::Kafka;
@@ -114,8 +115,8 @@ pub fn audit_topic(
         if report.events % 10_000 == 0 || ends.is_empty() {
             progress(report.events, total);
         }
-        let event =
-            event_from_json(message.payload().unwrap_or_default()).map_err(|e| e.to_string());
+        let event = event_from_json(message.payload().unwrap_or_default())
+            .map_err(|e| Chain(&e).to_string());
         match event {
             Ok(event) => tasks.entry(event.task_id).or_default().push(event),
             Err(e) => report.violations.push(Finding::integrity(

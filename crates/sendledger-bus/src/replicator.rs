@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::ConsumerGroupMetadata;
+use sendledger_core::error::Chain;
 use sendledger_core::result::event_id;
 use sendledger_core::{Event, NewEvent, TaskId};
 use sendledger_store::{Replication, Replicator};
@@ -223,7 +224,7 @@ impl LogReplicator {
             batch.events.push(LogRecord {
                 key: key.clone(),
                 payload: event_record_json(&event)
-                    .map_err(|e| Replication::Failed(format!("cannot encode a record: {e}")))?,
+                    .map_err(|e| Replication::Failed(Chain(&e).to_string()))?,
                 headers: record_headers(
                     &event_id(event.task_id, event.task_seq),
                     &self.events_source,
