@@ -1,9 +1,48 @@
-//! Shared helpers of sendledger's workspace integration tests (`tests/it/`) and of the child
-//! processes they start (`src/bin/`).
+//! The test harness of sendledger's workspace tests: shared by the integration tests
+//! (`tests/it/`), the chaos soaks (`tests/soak/`) and the child processes they start
+//! (`src/bin/`).
+//!
+//! - the crate root: the events of the crash tests' writers ([`crash_event`]), the seed of a
+//!   randomized test ([`seed`]) and the fields of a server's `ready` line ([`ready_field`]);
+//! - [`engine`]: targets pointing at a simulated remote, engines on a temporary directory,
+//!   requests, waiting for a task;
+//! - [`pki`]: a CA and the certificates it signs, made at test time;
+//! - [`kafka`]: the brokers (the embedded cluster, the separate broker process tansu), relays
+//!   in front of it (one that cuts connections, one that terminates TLS), the engine with its
+//!   ingest and publisher, producing requests, reading results and events back, and the
+//!   assertions the Kafka tests share;
+//! - [`cluster`]: kafka mode as deployed: `sendledger run` processes in one consumer group,
+//!   the timeline of who owned which partition when (read from their logs), a steady stream of
+//!   requests, a follower of the results topic, and the check that every task settled once;
+//! - [`browser`]: a headless Chromium driven through the DevTools protocol.
+//!
+//! Nothing here knows where the test binaries are (`CARGO_BIN_EXE_*` is set only when
+//! integration tests are compiled): what starts `sendledger` is given its path.
 
 use sendledger_core::{EventBody, NewEvent, TaskId};
 
 pub mod browser;
+pub mod cluster;
+pub mod kafka;
+
+/// The seed of a randomized test: `SENDLEDGER_TEST_SEED` when set, else the given default.
+/// Printed, so that a failure can be reproduced.
+pub fn seed(default: u64) -> u64 {
+    let seed = std::env::var("SENDLEDGER_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default);
+    eprintln!("seed = {seed} (set SENDLEDGER_TEST_SEED to reproduce)");
+    seed
+}
+
+/// The value after `prefix` in a `ready` line (`brokers=`, `admin=http://`, ...).
+pub fn ready_field(line: &str, prefix: &str) -> String {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(prefix))
+        .unwrap_or_else(|| panic!("no {prefix} in {line:?}"))
+        .to_string()
+}
 
 /// The body of the `seq`-th event of writer task `task` in the crash tests. Deterministic, so
 /// the verifier knows exactly what every stored event must contain; sizes vary from a few

@@ -3,6 +3,8 @@
 use std::io::BufRead;
 use std::process::{Child, ChildStdout, Command, Stdio};
 
+use sendledger_tests::ready_field;
+
 pub fn cli() -> Command {
     Command::new(env!("CARGO_BIN_EXE_sendledger_cli"))
 }
@@ -34,14 +36,6 @@ fn read_ready(child: &mut Child) -> (std::io::BufReader<ChildStdout>, String) {
         "unexpected first line: {line:?}"
     );
     (out, line)
-}
-
-/// The value after `prefix` in a `ready` line (`brokers=`, `admin=http://`, ...).
-pub fn ready_field(line: &str, prefix: &str) -> String {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(prefix))
-        .unwrap_or_else(|| panic!("no {prefix} in {line:?}"))
-        .to_string()
 }
 
 /// Runs the binary with `args` and returns what it printed on stdout and on stderr; fails

@@ -15,7 +15,7 @@ use sendledger_bus::{
     Kafka, KafkaConfig, LogBatch, LogError, LogRecord, PartitionLog, Record, Role,
 };
 
-use crate::kafka::{config_for_process, start_tansu};
+use sendledger_tests::kafka::{config_for_process, start_tansu};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -567,10 +567,10 @@ async fn each_logged_as_duplicate(kafka: &Kafka, keys: &[String], n: usize) {
 /// exactly one terminal result for a `read_committed` reader.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_instances_in_kafka_mode_split_the_partitions_and_send_nothing_twice() {
-    use crate::kafka::{
+    use sendledger_sim::{Sim, SimConfig};
+    use sendledger_tests::kafka::{
         assert_one_record_each, produce, request_messages, results_for, task_ids, wait_for,
     };
-    use sendledger_sim::{Sim, SimConfig};
 
     let tansu = tokio::task::block_in_place(start_tansu);
     let kafka = Kafka::connect(config_for_process(&format!("127.0.0.1:{}", tansu.port))).unwrap();
@@ -644,7 +644,7 @@ async fn two_instances_in_kafka_mode_split_the_partitions_and_send_nothing_twice
 /// audits clean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kafka_mode_rides_out_the_brokers_unreachable_for_a_while() {
-    use crate::kafka::{
+    use sendledger_tests::kafka::{
         assert_one_record_each, produce, request_messages, results_for, sim_with_latency,
         tansu_behind_a_relay, task_ids,
     };
@@ -765,7 +765,7 @@ fn metric(text: &str, name: &str) -> Option<f64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn each_instance_answers_for_the_partitions_it_owns() {
     use crate::admin::{get_json, http, resolve, TOKEN};
-    use crate::kafka::{produce, request_messages, results_for, task_ids};
+    use sendledger_tests::kafka::{produce, request_messages, results_for, task_ids};
 
     let tansu = tokio::task::block_in_place(start_tansu);
     let brokers = format!("127.0.0.1:{}", tansu.port);
@@ -780,7 +780,7 @@ async fn each_instance_answers_for_the_partitions_it_owns() {
         let (child, ready) = tokio::task::block_in_place(|| crate::cli::start_run(&file, &env));
         (
             Killed(child),
-            crate::cli::ready_field(&ready, "admin=http://"),
+            sendledger_tests::ready_field(&ready, "admin=http://"),
         )
     };
     let owned = |addr: String| async move {
@@ -876,9 +876,9 @@ async fn each_instance_answers_for_the_partitions_it_owns() {
 /// the restore rate).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_partition_of_100000_tasks_is_restored_on_an_empty_disk() {
-    use crate::kafka::{produce, request_messages};
     use sendledger_core::{Event, EventBody, Evidence, Limits, Phase, Source};
     use sendledger_tests::engine::{request, settled, task_id, wait_for};
+    use sendledger_tests::kafka::{produce, request_messages};
 
     const TASKS: usize = 100_000;
     const SENDING: usize = 10;
@@ -1180,8 +1180,8 @@ async fn check_broker_names_the_promises_each_broker_keeps() {
 /// is recorded, so no later transaction would carry it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_answered_request_is_committed_for_the_group() {
-    use crate::kafka::{produce, request_messages, results_for, task_ids};
     use sendledger_sim::{Sim, SimConfig};
+    use sendledger_tests::kafka::{produce, request_messages, results_for, task_ids};
 
     let tansu = tokio::task::block_in_place(start_tansu);
     let kafka = Kafka::connect(config_for_process(&format!("127.0.0.1:{}", tansu.port))).unwrap();
@@ -1218,7 +1218,13 @@ async fn assert_committed_through(kafka: &Kafka, acked: &[(i32, i64)]) {
         ends.iter()
             .enumerate()
             .filter(|(_, &end)| end > 0)
-            .map(|(p, &end)| (p as i32, end, crate::kafka::committed(kafka, p as i32)))
+            .map(|(p, &end)| {
+                (
+                    p as i32,
+                    end,
+                    sendledger_tests::kafka::committed(kafka, p as i32),
+                )
+            })
             .filter(|(_, end, at)| *at != Offset::Offset(*end))
             .collect()
     };

@@ -1,4 +1,7 @@
-//! sendledger's workspace integration and fault tests: one test binary, one module per area.
+//! sendledger's workspace integration and fault tests, one module per area. The harness they
+//! share (brokers, relays, producing requests and reading results back, `sendledger run`
+//! processes in a group) is the crate's library, `sendledger_tests`; the chaos soaks are a test
+//! target of their own (`tests/soak/`).
 
 mod admin;
 mod audit;
@@ -21,13 +24,4 @@ mod sim;
 mod telemetry;
 mod tls;
 
-/// The seed of a randomized test: `SENDLEDGER_TEST_SEED` when set, else the given default.
-/// Printed, so that a failure can be reproduced.
-pub fn seed(default: u64) -> u64 {
-    let seed = std::env::var("SENDLEDGER_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default);
-    eprintln!("seed = {seed} (set SENDLEDGER_TEST_SEED to reproduce)");
-    seed
-}
+pub use sendledger_tests::seed;

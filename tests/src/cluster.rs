@@ -1,0 +1,770 @@
+//! Kafka mode as it is deployed: several `sendledger run` processes ([`Instance`]s of a
+//! [`Group`]) in one consumer group on the separate broker process (tansu, started by
+//! [`start_broker`]), each with its own configuration file and data directory, started, killed,
+//! frozen and restarted by the tests; a steady [`Stream`] of requests; a `read_committed`
+//! follower of the results topic ([`ResultsFollower`]); the events topic read back and audited
+//! ([`read_and_audit_log`]); and the check that every task settled once
+//! ([`assert_settled_once`]).
+//!
+//! Who owns which partition, and when, is read from each process's own log (JSON lines on its
+//! stderr: `partition taken over`, `partitions revoked`, and what a partition lost without
+//! being revoked logs) into a [`Timeline`], which times every change of hands, including those
+//! of a process killed since.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::io::{BufRead, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use sendledger_bus::{Kafka, KafkaConfig, Record, TopicReader};
+use sendledger_core::result::{Projection, TaskResult};
+use sendledger_core::{Event, ResultStatus};
+use sendledger_node::config::{Config, StorageMode};
+use sendledger_sim::Sim;
+
+use crate::kafka::{
+    config_for_process, dedupe, produce_with, request_messages, requests_producer,
+    start_tansu_logging_to, terminal_by_task, validate_all, Rec, Tansu,
+};
+
+/// Partitions of every topic: enough for three or four instances to own some each.
+pub const PARTITIONS: i32 = 6;
+/// How long reading a topic back or creating the topics may take.
+pub const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The group's Kafka configuration against `brokers`: a 6 s session, so that a killed member's
+/// partitions move on quickly, and dynamic group membership (`instance_id = ""`). The test
+/// broker accepts static members but never expires one that died or stopped: its partitions
+/// stayed unowned until it came back (none moved within 60 s), and a rebalance while such a
+/// member was gone never completed. On brokers that implement KIP-345, a static member's
+/// partitions move once its session expires.
+pub fn cluster_kafka(brokers: &str) -> KafkaConfig {
+    KafkaConfig {
+        partitions: PARTITIONS,
+        instance_id: Some(String::new()),
+        ..config_for_process(brokers)
+    }
+}
+
+/// The separate broker (logging to `dir`), the group's configuration against it, and a
+/// client of it with the topics created.
+pub async fn start_broker(dir: &Path) -> (Tansu, KafkaConfig, Kafka) {
+    let tansu = tokio::task::block_in_place(|| start_tansu_logging_to(&dir.join("tansu.log")));
+    let kafka_config = cluster_kafka(&format!("127.0.0.1:{}", tansu.port));
+    let kafka = Kafka::connect(kafka_config.clone()).unwrap();
+    kafka
+        .ensure_topics(1, TIMEOUT, true)
+        .await
+        .expect("topics created");
+    (tansu, kafka_config, kafka)
+}
+
+/// The configuration file of one `sendledger run` in kafka mode on `dir`, with the admin
+/// endpoint on a free loopback port.
+fn instance_config(
+    dir: &Path,
+    kafka: &KafkaConfig,
+    target: sendledger_effects::TargetConfig,
+) -> String {
+    let mut config = Config::default();
+    config.storage.data = dir.join("ledger");
+    config.storage.mode = StorageMode::Kafka;
+    config.engine.timer_tick = Duration::from_millis(5);
+    config.kafka = kafka.clone();
+    config.admin.enabled = true;
+    config.admin.listen = "127.0.0.1:0".parse().unwrap();
+    config.targets.insert("sim".into(), target);
+    toml::to_string(&config).expect("a config serializes to TOML")
+}
+
+/// What an instance's log says about its partitions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Said {
+    /// `partition taken over`: the log opened (the previous writer fenced), restored, resumed.
+    TakenOver(i32),
+    /// `partitions revoked` by a rebalance.
+    Revoked(Vec<i32>),
+    /// The partition is lost here: its log's transaction was refused (another instance took
+    /// the partition over) or its commit's outcome is unknown, or the group took it away when
+    /// this instance's session expired.
+    Lost(i32),
+}
+
+#[derive(Debug, Clone)]
+pub struct Note {
+    pub at: Instant,
+    pub instance: usize,
+    /// Which start of the instance said it (0 for the first).
+    pub run: usize,
+    pub said: Said,
+}
+
+/// Everything every instance said about its partitions, in the order it was read.
+#[derive(Clone, Default)]
+pub struct Timeline(Arc<Mutex<Vec<Note>>>);
+
+impl Timeline {
+    fn push(&self, note: Note) {
+        self.0.lock().unwrap().push(note);
+    }
+
+    pub fn notes(&self) -> Vec<Note> {
+        self.0.lock().unwrap().clone()
+    }
+
+    /// The partitions run `run` of instance `instance` owns by what it said so far.
+    pub fn owned(&self, instance: usize, run: usize) -> BTreeSet<i32> {
+        let mut owned = BTreeSet::new();
+        for n in self.notes() {
+            if (n.instance, n.run) != (instance, run) {
+                continue;
+            }
+            match n.said {
+                Said::TakenOver(p) => {
+                    owned.insert(p);
+                }
+                Said::Revoked(ps) => ps.iter().for_each(|p| {
+                    owned.remove(p);
+                }),
+                Said::Lost(p) => {
+                    owned.remove(&p);
+                }
+            }
+        }
+        owned
+    }
+
+    /// When every one of `partitions` was taken over after `since` by a process other than run
+    /// `run` of instance `instance` (each partition's first take-over counts), if they all
+    /// were; and whether the instance's own restart took any of them.
+    pub fn taken_over(
+        &self,
+        instance: usize,
+        run: usize,
+        partitions: &BTreeSet<i32>,
+        since: Instant,
+    ) -> Option<(Instant, bool)> {
+        let notes = self.notes();
+        let mut last = since;
+        let mut by_restart = false;
+        for p in partitions {
+            let first = notes.iter().find(|n| {
+                n.at > since
+                    && (n.instance, n.run) != (instance, run)
+                    && n.said == Said::TakenOver(*p)
+            })?;
+            last = last.max(first.at);
+            by_restart |= first.instance == instance;
+        }
+        Some((last, by_restart))
+    }
+
+    pub fn lost(&self, instance: usize) -> usize {
+        self.notes()
+            .iter()
+            .filter(|n| n.instance == instance && matches!(n.said, Said::Lost(_)))
+            .count()
+    }
+}
+
+/// The numbers in a `Debug`-printed list such as `[0, 3]`.
+fn numbers(text: &str) -> Vec<i32> {
+    text.split(|c: char| !c.is_ascii_digit())
+        .filter_map(|n| n.parse().ok())
+        .collect()
+}
+
+/// What a JSON log line says about partitions, if anything.
+fn parse_log_line(line: &str) -> Option<Said> {
+    let value: serde_json::Value = serde_json::from_str(line).ok()?;
+    let fields = &value["fields"];
+    let partition = || fields["partition"].as_i64().map(|p| p as i32);
+    match fields["message"].as_str()? {
+        "partition taken over" => partition().map(Said::TakenOver),
+        "partitions revoked" => Some(Said::Revoked(numbers(fields["partitions"].as_str()?))),
+        m if m.starts_with("the partition's log of record is lost")
+            || m.starts_with("partition lost to the group") =>
+        {
+            partition().map(Said::Lost)
+        }
+        _ => None,
+    }
+}
+
+/// One `sendledger run` process of the group: its directory (configuration file, ledger, log)
+/// outlives the process, which is started again on it.
+pub struct Instance {
+    pub id: usize,
+    pub dir: PathBuf,
+    config: PathBuf,
+    /// The `sendledger` executable.
+    cli: PathBuf,
+    /// How many times it was started.
+    runs: usize,
+    running: Option<Running>,
+}
+
+struct Running {
+    child: Child,
+    admin: String,
+    run: usize,
+}
+
+/// A test that fails leaves no process behind: a running instance is killed (thawed first,
+/// should it be frozen).
+impl Drop for Instance {
+    fn drop(&mut self) {
+        if let Some(mut running) = self.running.take() {
+            // SAFETY: kill(2) on our own child's pid, which has not been waited for yet.
+            unsafe { libc::kill(running.child.id() as i32, libc::SIGCONT) };
+            let _ = running.child.kill();
+            let _ = running.child.wait();
+        }
+    }
+}
+
+impl Instance {
+    /// Instance `id` of the group: its directory `<root>/instance-<id>` and its configuration
+    /// file there, run by the `sendledger` executable at `cli`.
+    pub fn new(
+        cli: impl AsRef<Path>,
+        root: &Path,
+        id: usize,
+        kafka: &KafkaConfig,
+        target: sendledger_effects::TargetConfig,
+    ) -> Instance {
+        let dir = root.join(format!("instance-{id}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("sendledger.toml");
+        std::fs::write(&config, instance_config(&dir, kafka, target)).unwrap();
+        Instance {
+            id,
+            dir,
+            config,
+            cli: cli.as_ref().to_path_buf(),
+            runs: 0,
+            running: None,
+        }
+    }
+
+    pub fn log_file(&self) -> PathBuf {
+        self.dir.join("stderr.jsonl")
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.running.is_some()
+    }
+
+    pub fn run(&self) -> usize {
+        self.running.as_ref().expect("running").run
+    }
+
+    pub fn admin(&self) -> &str {
+        &self.running.as_ref().expect("running").admin
+    }
+
+    fn pid(&self) -> i32 {
+        self.running.as_ref().expect("running").child.id() as i32
+    }
+
+    /// Starts `sendledger run` and waits for its `ready` line. Its stderr (JSON log lines) is
+    /// appended to [`Instance::log_file`], and what it says about partitions to `timeline`.
+    pub fn start(&mut self, timeline: &Timeline) {
+        assert!(self.running.is_none(), "instance {} runs already", self.id);
+        let run = self.runs;
+        self.runs += 1;
+        let mut child = Command::new(&self.cli)
+            .args(["--log-format", "json", "run", "--config"])
+            .arg(&self.config)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let mut log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_file())
+            .unwrap();
+        writeln!(
+            log,
+            "{{\"test\":\"instance {} run {run} starts\"}}",
+            self.id
+        )
+        .unwrap();
+        let (timeline, instance) = (timeline.clone(), self.id);
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                let _ = writeln!(log, "{line}");
+                if let Some(said) = parse_log_line(&line) {
+                    timeline.push(Note {
+                        at: Instant::now(),
+                        instance,
+                        run,
+                        said,
+                    });
+                }
+            }
+        });
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert!(
+            line.starts_with("ready "),
+            "instance {} did not start: {line:?} (its log: {})",
+            self.id,
+            self.log_file().display()
+        );
+        std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+        let admin = crate::ready_field(&line, "admin=http://");
+        self.running = Some(Running { child, admin, run });
+    }
+
+    /// `kill -9`, and waits for the process to end.
+    pub fn kill(&mut self) {
+        let mut running = self.running.take().expect("running");
+        running.child.kill().unwrap();
+        running.child.wait().unwrap();
+    }
+
+    /// SIGTERM, and the exit status once it stopped.
+    pub fn terminate(&mut self) -> ExitStatus {
+        self.signal(libc::SIGTERM);
+        self.wait()
+    }
+
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(self.pid(), signal) }, 0);
+    }
+
+    /// Waits for the process to end (after a signal), at most a minute.
+    pub fn wait(&mut self) -> ExitStatus {
+        let mut running = self.running.take().expect("running");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = running.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "instance {} did not stop within a minute",
+                self.id
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Fails if the process ended by itself.
+    pub fn assert_alive(&mut self) {
+        let log = self.log_file();
+        if let Some(running) = &mut self.running {
+            if let Some(status) = running.child.try_wait().unwrap() {
+                panic!(
+                    "instance {} (run {}) ended by itself: {status}; its log: {}",
+                    self.id,
+                    running.run,
+                    log.display()
+                );
+            }
+        }
+    }
+
+    /// The instance's `/metrics`, if it answers within a second.
+    pub fn metrics(&self) -> Option<String> {
+        http_get(self.admin(), "/metrics", Duration::from_secs(1))
+    }
+}
+
+/// `GET path` on `addr`; the body of a 200 answer, `None` on anything else or after `timeout`.
+pub fn http_get(addr: &str, path: &str, timeout: Duration) -> Option<String> {
+    let mut stream = std::net::TcpStream::connect_timeout(&addr.parse().ok()?, timeout).ok()?;
+    stream.set_read_timeout(Some(timeout)).ok()?;
+    stream.set_write_timeout(Some(timeout)).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).ok()?;
+    let (head, body) = answer.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
+}
+
+/// Follows the results topic from its beginning as a `read_committed` consumer, on a thread
+/// of its own, keeping every record.
+pub struct ResultsFollower {
+    records: Arc<Mutex<Vec<Rec>>>,
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+impl ResultsFollower {
+    pub fn start(kafka: &Kafka) -> ResultsFollower {
+        let reader = TopicReader::from_beginning(kafka, &kafka.config().results_topic)
+            .expect("a reader of the results topic");
+        let records = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (out, stopped) = (records.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                // Errors (a broker connection lost) are the client's to retry.
+                let Some(Ok(r)) = reader.next(Duration::from_millis(100)) else {
+                    continue;
+                };
+                out.lock().unwrap().push(Rec {
+                    key: r.key_text(),
+                    event_id: r
+                        .event_id()
+                        .expect("every record carries an event id header"),
+                    value: serde_json::from_slice(r.payload.as_deref().unwrap_or_default())
+                        .expect("JSON record"),
+                });
+            }
+        });
+        ResultsFollower {
+            records,
+            stop,
+            thread,
+        }
+    }
+
+    /// Tasks with a terminal or a manual-review result so far.
+    pub fn answered(&self) -> BTreeSet<String> {
+        self.records
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| {
+                r.value["status"].as_str().is_some_and(|s| {
+                    ["succeeded", "rejected", "failed", "manual_review"].contains(&s)
+                })
+            })
+            .filter_map(|r| r.value["task_id"].as_str().map(str::to_string))
+            .collect()
+    }
+
+    pub fn stop(self) -> Vec<Rec> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("the results reader ends");
+        Arc::try_unwrap(self.records)
+            .map(|m| m.into_inner().unwrap())
+            .unwrap_or_else(|m| m.lock().unwrap().clone())
+    }
+}
+
+/// The events topic read back ([`logged_events`]) and its audit as a `read_committed` reader.
+pub fn read_and_audit_log(
+    kafka: &Kafka,
+) -> (
+    (Vec<sendledger_core::Event>, Vec<Rec>),
+    sendledger_store::AuditReport,
+) {
+    let logged = logged_events(kafka);
+    let report = sendledger_bus::audit_topic(
+        kafka,
+        &kafka.config().events_topic,
+        Default::default(),
+        |_, _| {},
+    )
+    .expect("the events topic is audited");
+    (logged, report)
+}
+
+/// Every event of the events topic, as a `read_committed` consumer reads it, and its records.
+fn logged_events(kafka: &Kafka) -> (Vec<sendledger_core::Event>, Vec<Rec>) {
+    let (mut events, mut records) = (Vec::new(), Vec::new());
+    for partition in 0..kafka.config().partitions {
+        sendledger_bus::log::read_partition(kafka, partition, 0, TIMEOUT, |m| {
+            events.push(sendledger_bus::log::record_event(m)?);
+            let r = Record::from_message(m);
+            records.push(Rec {
+                key: r.key_text(),
+                event_id: r.event_id().unwrap_or_default(),
+                value: serde_json::from_slice(r.payload.as_deref().unwrap_or_default())
+                    .expect("JSON record"),
+            });
+            Ok(())
+        })
+        .expect("the events topic reads back");
+    }
+    (events, records)
+}
+
+/// A temporary directory kept (and named) when the test fails, for the instances' logs.
+pub struct KeptOnFailure(Option<tempfile::TempDir>);
+
+impl KeptOnFailure {
+    pub fn new() -> KeptOnFailure {
+        KeptOnFailure(Some(
+            tempfile::Builder::new()
+                .prefix("sendledger-cluster-")
+                .tempdir()
+                .unwrap(),
+        ))
+    }
+
+    pub fn path(&self) -> &Path {
+        self.0.as_ref().unwrap().path()
+    }
+}
+
+impl Default for KeptOnFailure {
+    fn default() -> KeptOnFailure {
+        KeptOnFailure::new()
+    }
+}
+
+impl Drop for KeptOnFailure {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let kept = self.0.take().unwrap().keep();
+            eprintln!(
+                "the instances' directories and logs are kept in {}",
+                kept.display()
+            );
+        }
+    }
+}
+
+/// The event ids of the results the log of record announces: each task's events (as a
+/// `read_committed` reader read them back) projected as the instances project them.
+fn results_in_log(events: &[Event]) -> HashSet<String> {
+    let mut projections: HashMap<sendledger_core::TaskId, Projection> = HashMap::new();
+    events
+        .iter()
+        .filter_map(|e| projections.entry(e.task_id).or_default().apply(e))
+        .map(|r| r.event_id)
+        .collect()
+}
+
+/// The remote holds at most one record per identity, and each task has exactly one terminal
+/// result that the log of record announces, matching the remote, or is in review with no
+/// record. Returns the tasks in review.
+///
+/// With `killed` (a kill -9 or a freeze during the run), a task may also have terminal results
+/// the log does not announce, as the test broker's fencing leaves them (docs/kafka-mode.md, "Chaos soaks";
+/// `check-broker`'s `fencing_aborts`): the killed owner's open transaction, committed by the
+/// next owner's `init_transactions` instead of aborted, held the result record but not yet
+/// its event, and the next owner settled the task from the log. Kafka aborts that
+/// transaction. They are counted and printed; any other extra result fails.
+pub fn assert_settled_once(
+    sim: &Sim,
+    keys: &[String],
+    raw: &[Rec],
+    events: &[Event],
+    killed: bool,
+) -> Vec<String> {
+    let stats = sim.stats();
+    assert_eq!(
+        stats.duplicates, 0,
+        "identities with two records: {stats:?}"
+    );
+    validate_all(raw, "task-result.schema.json");
+    let results = dedupe(raw);
+    let in_log = results_in_log(events);
+    let (terminal, unbacked): (Vec<TaskResult>, Vec<TaskResult>) = results
+        .iter()
+        .cloned()
+        .partition(|r| in_log.contains(&r.event_id) || !r.status.is_terminal());
+    assert!(
+        killed || unbacked.is_empty(),
+        "results the log of record does not announce: {unbacked:?}"
+    );
+    let terminal = terminal_by_task(&terminal);
+    let mut reviews = Vec::new();
+    for key in keys {
+        let task = crate::engine::task_id(key).to_string();
+        let records = sim.records_with_identity(key);
+        assert!(records.len() <= 1, "{key}: {} records", records.len());
+        match terminal.get(&task).map(Vec::as_slice) {
+            Some([one]) => {
+                assert_eq!(one.status, ResultStatus::Succeeded, "{key}: {one:?}");
+                assert_eq!(
+                    records.len(),
+                    1,
+                    "{key}: succeeded, {} records",
+                    records.len()
+                );
+                assert_eq!(
+                    one.remote_id.as_deref(),
+                    Some(records[0].id.as_str()),
+                    "{key}"
+                );
+            }
+            Some(many) => panic!("{key}: {} terminal results: {many:?}", many.len()),
+            None => {
+                assert!(
+                    results
+                        .iter()
+                        .any(|r| r.task_id == task && r.status == ResultStatus::ManualReview),
+                    "{key}: neither a terminal nor a review result"
+                );
+                assert!(
+                    records.is_empty(),
+                    "{key}: in review but the remote holds its record {records:?}"
+                );
+                reviews.push(key.clone());
+            }
+        }
+    }
+    eprintln!(
+        "{} results read ({} distinct): {} tasks succeeded, {} in manual review {reviews:?}; \
+         {} results not in the log of record, committed by the fencing of a killed owner's \
+         transaction: {unbacked:?}",
+        raw.len(),
+        results.len(),
+        keys.len() - reviews.len(),
+        reviews.len(),
+        unbacked.len()
+    );
+    reviews
+}
+
+/// The chaos run: instances, the timeline of their partitions, and the waiting in between.
+pub struct Group {
+    pub instances: Vec<Instance>,
+    pub timeline: Timeline,
+}
+
+impl Group {
+    pub fn running(&self) -> Vec<usize> {
+        self.instances
+            .iter()
+            .filter(|i| i.is_running())
+            .map(|i| i.id)
+            .collect()
+    }
+
+    pub fn assert_alive(&mut self) {
+        for i in &mut self.instances {
+            i.assert_alive();
+        }
+    }
+
+    /// Whether the running instances own every partition between them, each some, none twice.
+    pub fn settled(&self) -> bool {
+        let mut all = BTreeSet::new();
+        let mut count = 0;
+        for i in self.instances.iter().filter(|i| i.is_running()) {
+            let owned = self.timeline.owned(i.id, i.run());
+            if owned.is_empty() {
+                return false;
+            }
+            count += owned.len();
+            all.extend(owned);
+        }
+        count == PARTITIONS as usize && all.len() == PARTITIONS as usize
+    }
+
+    /// Waits (at most `limit`) until the group settled; returns how long that took, or `None`.
+    pub async fn wait_settled(&mut self, limit: Duration) -> Option<Duration> {
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            self.assert_alive();
+            if self.settled() {
+                return Some(started.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
+    }
+
+    /// Waits (at most `limit`) until every one of `tasks` has a result.
+    pub async fn wait_answered(
+        &mut self,
+        results: &ResultsFollower,
+        tasks: &BTreeSet<String>,
+        limit: Duration,
+    ) {
+        let deadline = Instant::now() + limit;
+        while !tasks.is_subset(&results.answered()) {
+            self.assert_alive();
+            assert!(
+                Instant::now() < deadline,
+                "{} tasks without a result",
+                tasks.difference(&results.answered()).count()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// SIGTERM to every running instance; each must stop cleanly (exit 0).
+    pub fn stop_all(&mut self) {
+        tokio::task::block_in_place(|| {
+            for i in self.instances.iter_mut().filter(|i| i.is_running()) {
+                let status = i.terminate();
+                assert!(
+                    status.success(),
+                    "instance {} did not stop cleanly: {status}",
+                    i.id
+                );
+            }
+        });
+    }
+
+    pub fn owners(&self) -> String {
+        self.instances
+            .iter()
+            .filter(|i| i.is_running())
+            .map(|i| format!("{}:{:?}", i.id, self.timeline.owned(i.id, i.run())))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+/// Keys produced by a [`Stream`], with the partition each went to.
+pub type Produced = Arc<Mutex<Vec<(String, i32)>>>;
+
+/// A steady stream of new requests (`batch` every `every`) until stopped.
+pub struct Stream {
+    produced: Produced,
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Stream {
+    pub fn start(kafka: &Kafka, prefix: &'static str, batch: usize, every: Duration) -> Stream {
+        let produced: Produced = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (kafka, out, stopped) = (kafka.clone(), produced.clone(), stop.clone());
+        let task = tokio::spawn(async move {
+            let producer = requests_producer(&kafka);
+            let mut n = 0;
+            while !stopped.load(Ordering::Relaxed) {
+                let keys: Vec<String> = (n..n + batch).map(|i| format!("{prefix}-{i}")).collect();
+                n += batch;
+                let messages = request_messages(keys.iter());
+                let acks = produce_with(&producer, &kafka, messages).await;
+                out.lock()
+                    .unwrap()
+                    .extend(keys.into_iter().zip(acks.into_iter().map(|(p, _)| p)));
+                tokio::time::sleep(every).await;
+            }
+        });
+        Stream {
+            produced,
+            stop,
+            task,
+        }
+    }
+
+    pub fn produced(&self) -> Vec<(String, i32)> {
+        self.produced.lock().unwrap().clone()
+    }
+
+    pub async fn stop(self) -> Vec<(String, i32)> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.unwrap();
+        Arc::try_unwrap(self.produced)
+            .unwrap()
+            .into_inner()
+            .unwrap()
+    }
+}
