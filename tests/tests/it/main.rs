@@ -17,6 +17,7 @@ mod engine;
 mod engine_kill;
 mod fuzz;
 mod kafka;
+mod layout;
 mod ledger;
 mod log;
 mod scripts;
