@@ -13,9 +13,11 @@
 //!   every event to the events topic and one [`TaskResult`] per result-bearing event to the
 //!   results topic (projected by the core crate) with the idempotent producer; the cursor advances only after every record up
 //!   to it is acknowledged.
-//! - [`conformance`]: `sendledger check-broker`, whether the brokers keep the transactional
+//! - [`broker_check`]: `sendledger check-broker`, whether the brokers keep the transactional
 //!   promises kafka mode relies on.
-//! - [`audit_topic`]: the audit of an events topic instead of a local ledger: every record read
+//! - [`partition_log`]: kafka mode's log of record, one transactional producer per requests
+//!   partition, and the reading of a partition's log back (restore).
+//! - [`audit_topic`] ([`topic_audit`]): the audit of an events topic instead of a local ledger: every record read
 //!   back into a ledger event ([`event_from_record`]) and checked with the same rules.
 //!
 //! - [`RequestProducer`]: produces request messages keyed by identity (`sendledger produce`,
@@ -38,28 +40,28 @@
 //!
 //! [`TaskResult`]: sendledger_core::TaskResult
 
+pub mod broker_check;
 pub mod cluster;
 pub mod config;
-pub mod conformance;
 pub mod error;
 pub mod ingest;
-pub mod log;
 pub mod metric_definitions;
 mod mock;
+pub mod partition_log;
 pub mod produce;
 mod projections;
 pub mod publisher;
 pub mod reader;
 pub mod records;
-pub mod replay;
 pub mod replicator;
 pub mod sink;
+pub mod topic_audit;
 
 pub use cluster::{EmbeddedCluster, Kafka};
 pub use config::{KafkaConfig, Role};
 pub use error::{Error, RecordError, Result};
 pub use ingest::{Ingest, IngestStats};
-pub use log::{LogBatch, LogError, LogRecord, PartitionLog};
+pub use partition_log::{LogBatch, LogError, LogRecord, PartitionLog};
 pub use produce::{request_key, RequestProducer};
 pub use publisher::{Publisher, PublisherStats, PUBLISHER_CURSOR};
 pub use reader::{Record, ResultsReader, TopicReader};
@@ -67,9 +69,9 @@ pub use records::{
     event_from_json, event_from_record, events_source, record_headers, results_source, EventRecord,
     RecordKind, EVENT_ID_HEADER,
 };
-pub use replay::audit_topic;
 pub use replicator::LogReplicator;
 pub use sink::{PartitionOwner, RequestSink, SinkError};
+pub use topic_audit::audit_topic;
 
 /// The librdkafka binding, re-exported so that users (and tests) of this crate can inject
 /// faults into the embedded cluster without depending on `rdkafka` themselves.

@@ -18,7 +18,7 @@ use sendledger_core::result::event_id;
 use sendledger_core::{Event, NewEvent, TaskId};
 use sendledger_store::{Replication, Replicator};
 
-use crate::log::{Committed, LogBatch, LogError, LogRecord, PartitionLog};
+use crate::partition_log::{Committed, LogBatch, LogError, LogRecord, PartitionLog};
 use crate::projections::Projections;
 use crate::records::{
     event_record_json, events_source, record_headers, results_source, RecordKind,

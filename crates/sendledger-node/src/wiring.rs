@@ -13,7 +13,7 @@ use sendledger_actors::{Engine, Error, LookupError, Remote, Slot};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sendledger_bus::log::{read_partition, record_event};
+use sendledger_bus::partition_log::{read_partition, record_event};
 use sendledger_bus::rdkafka::message::Message as _;
 use sendledger_bus::{Kafka, LogReplicator, PartitionLog, PartitionOwner, RequestSink, SinkError};
 use sendledger_core::decide::{AttemptOutcome, Sending};

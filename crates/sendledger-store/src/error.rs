@@ -53,10 +53,7 @@ pub enum Error {
     UnknownEnvelope { lsn: u64, version: u8 },
     /// The stored bytes of an event are not an event (see the source for where they fail).
     #[error("event at lsn {lsn} cannot be decoded")]
-    Undecodable {
-        lsn: u64,
-        source: bincode::Error,
-    },
+    Undecodable { lsn: u64, source: bincode::Error },
     /// An event decodes but contradicts where it is stored or what the indexes say.
     #[error("event at lsn {lsn} cannot be decoded: {detail}")]
     Corrupt { lsn: u64, detail: String },

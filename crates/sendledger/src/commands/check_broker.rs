@@ -60,14 +60,15 @@ pub fn check_broker(args: CheckBrokerArgs) -> anyhow::Result<bool> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?
-        .block_on(sendledger_bus::conformance::ensure_topic(
+        .block_on(sendledger_bus::broker_check::ensure_topic(
             &kafka,
             &args.topic,
             args.timeout,
         ))
         .with_context(|| format!("creating the scratch topic {}", args.topic))?;
-    let checks = sendledger_bus::conformance::check_transactions(&kafka, &args.topic, args.timeout)
-        .with_context(|| format!("checking the brokers at {brokers}"))?;
+    let checks =
+        sendledger_bus::broker_check::check_transactions(&kafka, &args.topic, args.timeout)
+            .with_context(|| format!("checking the brokers at {brokers}"))?;
     let safe = checks.iter().all(|c| c.kept == Some(true) || !c.guarantees);
     let lagging = checks.iter().any(|c| c.kept != Some(true) && !c.guarantees);
     if args.json {
