@@ -481,8 +481,8 @@ pub fn read_and_audit_log(
 fn logged_events(kafka: &Kafka) -> (Vec<sendledger_core::Event>, Vec<Rec>) {
     let (mut events, mut records) = (Vec::new(), Vec::new());
     for partition in 0..kafka.config().partitions {
-        sendledger_bus::log::read_partition(kafka, partition, 0, TIMEOUT, |m| {
-            events.push(sendledger_bus::log::record_event(m)?);
+        sendledger_bus::partition_log::read_partition(kafka, partition, 0, TIMEOUT, |m| {
+            events.push(sendledger_bus::partition_log::record_event(m)?);
             let r = Record::from_message(m);
             records.push(Rec {
                 key: r.key_text(),

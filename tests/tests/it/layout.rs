@@ -131,7 +131,11 @@ fn no_module_of_a_crate_imports_one_that_imports_it_back() {
             all.push(format!("{}: {circle:?}", src.display()));
         }
     }
-    assert!(all.is_empty(), "modules importing each other:\n{}", all.join("\n"));
+    assert!(
+        all.is_empty(),
+        "modules importing each other:\n{}",
+        all.join("\n")
+    );
 }
 
 #[test]
@@ -155,12 +159,18 @@ fn no_source_file_holds_more_than_800_lines_of_code() {
 #[test]
 fn the_layout_checks_find_a_circle() {
     let graph = BTreeMap::from([
-        ("a".to_string(), imports("use crate::b::X; use crate::{c, d::Y};")),
+        (
+            "a".to_string(),
+            imports("use crate::b::X; use crate::{c, d::Y};"),
+        ),
         ("b".to_string(), imports("use crate::c::Z;")),
         ("c".to_string(), imports("fn f() { crate::a::g() }")),
         ("d".to_string(), BTreeSet::new()),
     ]);
-    assert_eq!(graph["a"], BTreeSet::from(["b".into(), "c".into(), "d".into()]));
+    assert_eq!(
+        graph["a"],
+        BTreeSet::from(["b".into(), "c".into(), "d".into()])
+    );
     assert_eq!(
         circles(&graph),
         vec![BTreeSet::from(["a".into(), "b".into(), "c".into()])]

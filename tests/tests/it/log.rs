@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use sendledger_bus::log::{read_partition, record_event, Committed};
+use sendledger_bus::partition_log::{read_partition, record_event, Committed};
 use sendledger_bus::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use sendledger_bus::rdkafka::client::DefaultClientContext;
 use sendledger_bus::rdkafka::consumer::{BaseConsumer, Consumer};
