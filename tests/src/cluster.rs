@@ -20,9 +20,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use sendledger_bus::{Kafka, KafkaConfig, Record, TopicReader};
 use sendledger_core::result::{Projection, TaskResult};
 use sendledger_core::{Event, ResultStatus};
+use sendledger_kafka::{Kafka, KafkaConfig, Record, TopicReader};
 use sendledger_node::config::{Config, StorageMode};
 use sendledger_sim::Sim;
 
@@ -467,7 +467,7 @@ pub fn read_and_audit_log(
     sendledger_store::AuditReport,
 ) {
     let logged = logged_events(kafka);
-    let report = sendledger_bus::audit_topic(
+    let report = sendledger_kafka::audit_topic(
         kafka,
         &kafka.config().events_topic,
         Default::default(),
@@ -481,8 +481,8 @@ pub fn read_and_audit_log(
 fn logged_events(kafka: &Kafka) -> (Vec<sendledger_core::Event>, Vec<Rec>) {
     let (mut events, mut records) = (Vec::new(), Vec::new());
     for partition in 0..kafka.config().partitions {
-        sendledger_bus::partition_log::read_partition(kafka, partition, 0, TIMEOUT, |m| {
-            events.push(sendledger_bus::partition_log::record_event(m)?);
+        sendledger_kafka::partition_log::read_partition(kafka, partition, 0, TIMEOUT, |m| {
+            events.push(sendledger_kafka::partition_log::record_event(m)?);
             let r = Record::from_message(m);
             records.push(Rec {
                 key: r.key_text(),

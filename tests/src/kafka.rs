@@ -18,11 +18,11 @@ use std::time::{Duration, Instant};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use sendledger_actors::Engine;
-use sendledger_bus::rdkafka::consumer::{BaseConsumer, Consumer};
-use sendledger_bus::rdkafka::producer::{FutureProducer, FutureRecord};
-use sendledger_bus::rdkafka::{Offset, TopicPartitionList};
-use sendledger_bus::{Ingest, IngestStats, Kafka, KafkaConfig, Publisher, Role, TopicReader};
 use sendledger_core::{ResultStatus, TaskResult};
+use sendledger_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
+use sendledger_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
+use sendledger_kafka::rdkafka::{Offset, TopicPartitionList};
+use sendledger_kafka::{Ingest, IngestStats, Kafka, KafkaConfig, Publisher, Role, TopicReader};
 use sendledger_node::wiring::EngineSink;
 use sendledger_sim::{Faults, Sim, SimConfig};
 

@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Args;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use sendledger_bus::Kafka;
+use sendledger_kafka::Kafka;
 use sendledger_store::Durability;
 
 use crate::engine::parse_durability;
 use crate::kafka::{bench_config, check_remote, round4, through_kafka, Placement};
 use crate::process::RemoteProcess;
-use sendledger_bus::metric_definitions::{
+use sendledger_kafka::metric_definitions::{
     LOG_BATCH_EVENTS, LOG_COMMIT_SECONDS, PARTITION_TAKE_OVER_SECONDS,
 };
 use sendledger_node::config::{Config, StorageMode};

@@ -19,11 +19,11 @@ use clap::{Args, ValueEnum};
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
-use sendledger_bus::records::{
-    event_from_json, event_from_record, event_record, event_record_json, EventRecord,
-};
 use sendledger_core::canonical::canonical_text;
 use sendledger_core::{Identity, Limits, ResolveBody, TaskRequest};
+use sendledger_kafka::records::{
+    event_from_json, event_from_record, event_record, event_record_json, EventRecord,
+};
 use sendledger_store::envelope::{decode_event, encode_event, EVENT_V1};
 use sha2::{Digest, Sha256};
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use sendledger_bus::{request_key, Kafka, RequestProducer, ResultsReader};
+use sendledger_kafka::{request_key, Kafka, RequestProducer, ResultsReader};
 use sendledger_store::Durability;
 
 use crate::engine::parse_durability;

@@ -1,6 +1,6 @@
 //! The audit's report and the accounting every replay shares.
 //!
-//! A replay (of the local ledger in the store crate, of the events topic in the bus crate) feeds
+//! A replay (of the local ledger in the store crate, of the events topic in the Kafka crate) feeds
 //! each task's events in task order to a [`TaskAudit`], which checks them against the rules of
 //! `docs/rules.md` ([`crate::rules`]) and counts what they add to the [`AuditReport`]; it feeds
 //! every LSN in order to an [`LsnSequence`]. What it finds about the log itself is an

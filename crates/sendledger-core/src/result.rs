@@ -1,6 +1,6 @@
 //! The results of tasks as their requesters see them: one [`TaskResult`] per result-bearing
 //! event (a terminal state, a manual review, a conflicting delivery, a rejected message),
-//! projected from the log one event at a time by [`Projection`]. The bus publishes them on the
+//! projected from the log one event at a time by [`Projection`]. The Kafka crate publishes them on the
 //! results topic (schema `schemas/task-result.schema.json`).
 //!
 //! A pure function of the log: a result built from the same events is the same result, byte

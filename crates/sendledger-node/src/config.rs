@@ -17,10 +17,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use sendledger_actors::EngineConfig;
-use sendledger_bus::config::is_secret;
-use sendledger_bus::KafkaConfig;
 use sendledger_core::Limits;
 use sendledger_effects::{TargetConfig, Targets};
+use sendledger_kafka::config::is_secret;
+use sendledger_kafka::KafkaConfig;
 use sendledger_store::{Durability, Memory};
 use serde::{Deserialize, Serialize};
 
@@ -377,7 +377,7 @@ impl Config {
         }
         if let Err(e) = self.kafka.validate() {
             match e {
-                sendledger_bus::Error::Config { field, problem } => {
+                sendledger_kafka::Error::Config { field, problem } => {
                     return Err(ConfigError::field(format!("kafka.{field}"), problem))
                 }
                 e => return Err(e.into()),

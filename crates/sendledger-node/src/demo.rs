@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use rand::seq::{IndexedRandom, SliceRandom};
 use rand::SeedableRng;
-use sendledger_bus::{request_key, Kafka, RequestProducer, ResultsReader};
 use sendledger_core::TaskRequest;
+use sendledger_kafka::{request_key, Kafka, RequestProducer, ResultsReader};
 use sendledger_sim::{Faults, Sim, SimConfig, Stats as SimStats};
 use sendledger_store::AuditReport;
 

@@ -97,7 +97,7 @@ pub enum ConfigError {
         problem: String,
     },
     #[error(transparent)]
-    Kafka(#[from] sendledger_bus::Error),
+    Kafka(#[from] sendledger_kafka::Error),
     #[error(transparent)]
     Targets(#[from] sendledger_effects::Error),
 }

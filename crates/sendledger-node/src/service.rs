@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use sendledger_actors::{Engine, Remote};
-use sendledger_bus::{Ingest, Kafka, LogReplicator, Publisher};
+use sendledger_kafka::{Ingest, Kafka, LogReplicator, Publisher};
 
 use crate::admin::Admin;
 use crate::config::{Config, StorageMode};

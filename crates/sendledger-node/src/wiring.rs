@@ -3,7 +3,7 @@
 //!
 //! - [`HttpRemote`]: the engine's [`Remote`] over HTTP, the targets configured in the effects
 //!   crate.
-//! - [`EngineSink`]: the engine as the Kafka consumer's [`RequestSink`], how the bus hands
+//! - [`EngineSink`]: the engine as the Kafka consumer's [`RequestSink`], how the Kafka crate hands
 //!   messages to tasks. Every call resolves once what it recorded is durable, together with the
 //!   message's processed-offset marker, so the consumer may store the Kafka offset right after.
 //! - [`KafkaOwner`]: kafka mode's [`PartitionOwner`]: takes a partition over (opens its log of
@@ -13,9 +13,6 @@ use sendledger_actors::{Engine, Error, LookupError, Remote, Slot};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sendledger_bus::partition_log::{read_partition, record_event};
-use sendledger_bus::rdkafka::message::Message as _;
-use sendledger_bus::{Kafka, LogReplicator, PartitionLog, PartitionOwner, RequestSink, SinkError};
 use sendledger_core::decide::{AttemptOutcome, Sending};
 use sendledger_core::error::Chain;
 use sendledger_core::event::{Millis, NotSentCause};
@@ -23,6 +20,11 @@ use sendledger_core::{
     AcceptedRequest, BoxFuture, Event, Policy, Source, TaskRequest, TraceParent,
 };
 use sendledger_effects::Targets;
+use sendledger_kafka::partition_log::{read_partition, record_event};
+use sendledger_kafka::rdkafka::message::Message as _;
+use sendledger_kafka::{
+    Kafka, LogReplicator, PartitionLog, PartitionOwner, RequestSink, SinkError,
+};
 use sendledger_store::{Append, Ledger, Processed};
 
 /// The engine's remote over HTTP.
@@ -295,7 +297,7 @@ impl KafkaOwner {
                     if step.len() >= RESTORE_STEP {
                         let full = std::mem::replace(&mut step, Vec::with_capacity(RESTORE_STEP));
                         steps.send((full, record.offset() + 1)).map_err(|_| {
-                            sendledger_bus::Error::Replay {
+                            sendledger_kafka::Error::Replay {
                                 topic: kafka.config().events_topic.clone(),
                                 detail: "the restore stopped".into(),
                             }
@@ -371,7 +373,7 @@ impl PartitionOwner for KafkaOwner {
         &self,
         partition: i32,
         offset: i64,
-        group: Option<sendledger_bus::rdkafka::consumer::ConsumerGroupMetadata>,
+        group: Option<sendledger_kafka::rdkafka::consumer::ConsumerGroupMetadata>,
     ) {
         self.replicator.received(partition, offset, group);
     }
@@ -380,7 +382,7 @@ impl PartitionOwner for KafkaOwner {
         &self,
         partition: i32,
         offset: i64,
-        group: Option<sendledger_bus::rdkafka::consumer::ConsumerGroupMetadata>,
+        group: Option<sendledger_kafka::rdkafka::consumer::ConsumerGroupMetadata>,
     ) {
         self.replicator.done(partition, offset, group);
     }

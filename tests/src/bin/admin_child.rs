@@ -16,7 +16,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sendledger_bus::{Ingest, Kafka, KafkaConfig, Publisher};
+use sendledger_kafka::{Ingest, Kafka, KafkaConfig, Publisher};
 use sendledger_node::admin::{install_recorder, Admin};
 use sendledger_node::config::AdminConfig;
 use sendledger_node::wiring::EngineSink;

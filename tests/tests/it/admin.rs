@@ -10,9 +10,9 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sendledger_bus::rdkafka::producer::{FutureProducer, FutureRecord};
-use sendledger_bus::{Kafka, KafkaConfig, Role};
 use sendledger_core::{EventBody, Evidence, Phase};
+use sendledger_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
+use sendledger_kafka::{Kafka, KafkaConfig, Role};
 use sendledger_sim::{Faults, Sim, SimConfig};
 use sendledger_tests::engine::*;
 use serde_json::{json, Value};

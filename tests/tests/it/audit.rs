@@ -7,8 +7,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use sendledger_bus::{Kafka, KafkaConfig, Publisher};
 use sendledger_core::*;
+use sendledger_kafka::{Kafka, KafkaConfig, Publisher};
 use sendledger_store::{Append, Ledger, LedgerOptions, TaskSummary};
 
 fn open(dir: &Path) -> Ledger {
@@ -595,7 +595,7 @@ async fn the_events_topic_audits_like_the_ledger() {
         let from_kafka = {
             let (kafka, topic) = (kafka.clone(), topic.clone());
             tokio::task::spawn_blocking(move || {
-                sendledger_bus::audit_topic(&kafka, &topic, Default::default(), |_, _| {})
+                sendledger_kafka::audit_topic(&kafka, &topic, Default::default(), |_, _| {})
             })
             .await
             .unwrap()

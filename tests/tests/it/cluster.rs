@@ -14,8 +14,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use sendledger_bus::PartitionLog;
 use sendledger_core::{Event, EventBody, UnknownCause};
+use sendledger_kafka::PartitionLog;
 use sendledger_sim::{Sim, SimConfig};
 use sendledger_tests::cluster::{
     assert_settled_once, read_and_audit_log, start_broker, Group, Instance, KeptOnFailure,

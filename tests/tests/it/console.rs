@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
-use sendledger_bus::rdkafka::producer::{FutureProducer, FutureRecord};
-use sendledger_bus::{Kafka, KafkaConfig, Role};
+use sendledger_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
+use sendledger_kafka::{Kafka, KafkaConfig, Role};
 use sendledger_sim::{Faults, Sim, SimConfig};
 use sendledger_tests::browser::Browser;
 use sendledger_tests::engine::*;

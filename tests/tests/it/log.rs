@@ -5,13 +5,13 @@
 
 use std::time::Duration;
 
-use sendledger_bus::partition_log::{read_partition, record_event, Committed};
-use sendledger_bus::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use sendledger_bus::rdkafka::client::DefaultClientContext;
-use sendledger_bus::rdkafka::consumer::{BaseConsumer, Consumer};
-use sendledger_bus::rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
-use sendledger_bus::rdkafka::{Offset, TopicPartitionList};
-use sendledger_bus::{
+use sendledger_kafka::partition_log::{read_partition, record_event, Committed};
+use sendledger_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use sendledger_kafka::rdkafka::client::DefaultClientContext;
+use sendledger_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
+use sendledger_kafka::rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+use sendledger_kafka::rdkafka::{Offset, TopicPartitionList};
+use sendledger_kafka::{
     Kafka, KafkaConfig, LogBatch, LogError, LogRecord, PartitionLog, Record, Role,
 };
 
@@ -23,7 +23,7 @@ fn records(prefix: &str, n: usize) -> Vec<LogRecord> {
     (0..n)
         .map(|i| LogRecord {
             key: format!("{prefix}-key"),
-            headers: vec![(sendledger_bus::EVENT_ID_HEADER, format!("{prefix}:{i}"))],
+            headers: vec![(sendledger_kafka::EVENT_ID_HEADER, format!("{prefix}:{i}"))],
             payload: format!("{{\"n\":{i}}}").into_bytes(),
         })
         .collect()
@@ -275,10 +275,10 @@ async fn a_partition_restored_on_an_empty_disk_resumes_its_tasks_and_sends_nothi
             events: events
                 .iter()
                 .map(|e| {
-                    let record = sendledger_bus::records::event_record(e).unwrap();
+                    let record = sendledger_kafka::records::event_record(e).unwrap();
                     LogRecord {
                         key: e.task_id.to_string(),
-                        headers: vec![(sendledger_bus::EVENT_ID_HEADER, record.event_id.clone())],
+                        headers: vec![(sendledger_kafka::EVENT_ID_HEADER, record.event_id.clone())],
                         payload: serde_json::to_vec(&record).unwrap(),
                     }
                 })
@@ -337,7 +337,7 @@ async fn a_partition_restored_on_an_empty_disk_resumes_its_tasks_and_sends_nothi
 fn replicated_engine(
     dir: &std::path::Path,
     sim: &sendledger_sim::Sim,
-    replicator: std::sync::Arc<sendledger_bus::LogReplicator>,
+    replicator: std::sync::Arc<sendledger_kafka::LogReplicator>,
 ) -> sendledger_actors::Engine {
     use sendledger_tests::engine::{target, targets};
     let mut config = sendledger_actors::EngineConfig::new(dir);
@@ -359,8 +359,8 @@ fn replicated_engine(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_engine_in_kafka_mode_records_through_its_partition_log_and_hands_over() {
     use sendledger_actors::Error as EngineError;
-    use sendledger_bus::{LogReplicator, TopicReader};
     use sendledger_core::{EventBody, Phase, Source};
+    use sendledger_kafka::{LogReplicator, TopicReader};
     use sendledger_sim::{Sim, SimConfig};
     use sendledger_tests::engine::{request, settled, task_id, wait_for};
     use std::sync::Arc;
@@ -932,10 +932,10 @@ async fn a_partition_of_100000_tasks_is_restored_on_an_empty_disk() {
                     at: 1_700_000_000_000 + i as u64,
                     body,
                 };
-                let record = sendledger_bus::records::event_record(&event).unwrap();
+                let record = sendledger_kafka::records::event_record(&event).unwrap();
                 batch.events.push(LogRecord {
                     key: id.to_string(),
-                    headers: vec![(sendledger_bus::EVENT_ID_HEADER, record.event_id.clone())],
+                    headers: vec![(sendledger_kafka::EVENT_ID_HEADER, record.event_id.clone())],
                     payload: serde_json::to_vec(&record).unwrap(),
                 });
             }
@@ -1030,8 +1030,8 @@ async fn a_partition_of_100000_tasks_is_restored_on_an_empty_disk() {
 /// used to wait forever for that answer, which had been refused, and never looked up again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lookup_answered_while_the_partition_was_revoked_is_made_again_after_it_returns() {
-    use sendledger_bus::LogReplicator;
     use sendledger_core::{Phase, Source};
+    use sendledger_kafka::LogReplicator;
     use sendledger_sim::{Faults, Sim, SimConfig};
     use sendledger_tests::engine::{request, settled, task_id, wait_for};
     use std::sync::Arc;
@@ -1247,7 +1247,7 @@ async fn assert_committed_through(kafka: &Kafka, acked: &[(i32, i64)]) {
 fn audit_events_topic(kafka: &Kafka, succeeded: u64) -> sendledger_core::audit::AuditReport {
     let topic = kafka.config().events_topic.clone();
     let report = tokio::task::block_in_place(|| {
-        sendledger_bus::audit_topic(kafka, &topic, Default::default(), |_, _| {})
+        sendledger_kafka::audit_topic(kafka, &topic, Default::default(), |_, _| {})
     })
     .expect("the events topic is audited");
     assert!(report.violations.is_empty(), "{:?}", report.violations);

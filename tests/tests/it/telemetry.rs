@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use prost::Message as _;
-use sendledger_bus::rdkafka::message::{Header, OwnedHeaders};
-use sendledger_bus::rdkafka::producer::{FutureProducer, FutureRecord};
-use sendledger_bus::reader::Record;
-use sendledger_bus::{Kafka, Role, TopicReader};
 use sendledger_core::TaskId;
+use sendledger_kafka::rdkafka::message::{Header, OwnedHeaders};
+use sendledger_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
+use sendledger_kafka::reader::Record;
+use sendledger_kafka::{Kafka, Role, TopicReader};
 use sendledger_sim::{Faults, Sim, SimConfig};
 use sendledger_tests::engine::{request, target};
 

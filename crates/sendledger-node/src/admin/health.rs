@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use http::StatusCode;
-use sendledger_bus::IngestStats;
+use sendledger_kafka::IngestStats;
 use serde_json::json;
 
 use super::error::ApiResult;

@@ -52,7 +52,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use metrics_exporter_prometheus::PrometheusHandle;
 use sendledger_actors::Engine;
-use sendledger_bus::IngestStats;
+use sendledger_kafka::IngestStats;
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use sendledger_bus::{Kafka, KafkaConfig};
+use sendledger_kafka::{Kafka, KafkaConfig};
 use sendledger_store::AuditReport;
 
 use super::{open_read_only, parse_property};
@@ -93,7 +93,7 @@ pub fn audit(args: AuditArgs) -> anyhow::Result<bool> {
         Some(topic) => {
             let brokers = args.brokers.as_deref().unwrap_or("localhost:9092");
             anyhow::ensure!(
-                brokers != sendledger_bus::config::EMBEDDED,
+                brokers != sendledger_kafka::config::EMBEDDED,
                 "an embedded cluster starts empty; pass the --brokers that hold {topic}"
             );
             let config = KafkaConfig {
@@ -103,8 +103,10 @@ pub fn audit(args: AuditArgs) -> anyhow::Result<bool> {
                 ..KafkaConfig::default()
             };
             let kafka = Kafka::connect(config).context("configuring the Kafka client")?;
-            sendledger_bus::audit_topic(&kafka, topic, check, |n, total| progress.update(n, total))
-                .with_context(|| format!("auditing topic {topic} at {brokers}"))?
+            sendledger_kafka::audit_topic(&kafka, topic, check, |n, total| {
+                progress.update(n, total)
+            })
+            .with_context(|| format!("auditing topic {topic} at {brokers}"))?
         }
         None => {
             let ledger = open_read_only(&args.data)?;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use sendledger_bus::{Kafka, KafkaConfig};
+use sendledger_kafka::{Kafka, KafkaConfig};
 
 use super::parse_property;
 
@@ -60,14 +60,14 @@ pub fn check_broker(args: CheckBrokerArgs) -> anyhow::Result<bool> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?
-        .block_on(sendledger_bus::broker_check::ensure_topic(
+        .block_on(sendledger_kafka::broker_check::ensure_topic(
             &kafka,
             &args.topic,
             args.timeout,
         ))
         .with_context(|| format!("creating the scratch topic {}", args.topic))?;
     let checks =
-        sendledger_bus::broker_check::check_transactions(&kafka, &args.topic, args.timeout)
+        sendledger_kafka::broker_check::check_transactions(&kafka, &args.topic, args.timeout)
             .with_context(|| format!("checking the brokers at {brokers}"))?;
     let safe = checks.iter().all(|c| c.kept == Some(true) || !c.guarantees);
     let lagging = checks.iter().any(|c| c.kept != Some(true) && !c.guarantees);

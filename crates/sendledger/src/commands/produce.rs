@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use sendledger_bus::{request_key, Kafka, KafkaConfig, RequestProducer};
 use sendledger_core::{Limits, TaskRequest};
+use sendledger_kafka::{request_key, Kafka, KafkaConfig, RequestProducer};
 
 use sendledger_node::config::Config;
 

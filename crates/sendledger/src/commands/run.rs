@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use sendledger_bus::Kafka;
+use sendledger_kafka::Kafka;
 use sendledger_node::config::Config;
 use sendledger_node::runtime::{return_freed_memory_at_once, runtime, shutdown_signal};
 use sendledger_node::service::Service;

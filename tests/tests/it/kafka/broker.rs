@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use sendledger_bus::{IngestStats, Kafka};
 use sendledger_core::{ResultStatus, TaskResult};
+use sendledger_kafka::{IngestStats, Kafka};
 use sendledger_sim::{Faults, Sim, SimConfig};
 use sendledger_store::{Ledger, LedgerOptions};
 use sendledger_tests::kafka::{

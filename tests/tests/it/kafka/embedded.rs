@@ -12,13 +12,13 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use sendledger_bus::rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use sendledger_bus::rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
-use sendledger_bus::rdkafka::{Offset, TopicPartitionList};
-use sendledger_bus::{IngestStats, Kafka, KafkaConfig, Publisher, Role, TopicReader};
 use sendledger_core::{
     EventBody, Evidence, Limits, NewEvent, Phase, ResultStatus, Source, TaskId, TaskResult,
 };
+use sendledger_kafka::rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use sendledger_kafka::rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+use sendledger_kafka::rdkafka::{Offset, TopicPartitionList};
+use sendledger_kafka::{IngestStats, Kafka, KafkaConfig, Publisher, Role, TopicReader};
 use sendledger_sim::{Sim, SimConfig};
 use sendledger_store::{Append, Ledger, LedgerOptions, TaskSummary};
 use sendledger_tests::engine::{request, target};
@@ -409,7 +409,7 @@ async fn dead_letters(kafka: &Kafka, n: usize) -> Vec<(String, String)> {
         while out.len() < n && Instant::now() < deadline {
             if let Some(Ok(r)) = reader.next(Duration::from_millis(100)) {
                 let reason = r
-                    .header(sendledger_bus::ingest::REASON_HEADER)
+                    .header(sendledger_kafka::ingest::REASON_HEADER)
                     .unwrap_or_default();
                 out.push((r.key_text(), reason));
             }

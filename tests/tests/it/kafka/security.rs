@@ -5,7 +5,7 @@
 use std::net::TcpListener;
 use std::time::Duration;
 
-use sendledger_bus::Kafka;
+use sendledger_kafka::Kafka;
 use sendledger_tests::kafka::{config, embedded, end_to_end, start_tansu_advertising, TlsRelay};
 
 /// The end-to-end scenario with Kafka over TLS (`security.protocol = ssl`): every client

@@ -1,4 +1,4 @@
-//! sendledger-bus: the Kafka layer of sendledger.
+//! sendledger-kafka: the Kafka layer of sendledger.
 //!
 //! - [`Kafka`]: a validated [`KafkaConfig`] and where its brokers are. With
 //!   `brokers = "embedded"` it starts librdkafka's in-process mock cluster ([`EmbeddedCluster`])

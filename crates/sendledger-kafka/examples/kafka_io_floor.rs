@@ -4,7 +4,7 @@
 //! publisher's), and wait for every acknowledgement. What `sendledger-bench kafka` measures adds this to
 //! the engine's work; this is the least it can add.
 //!
-//!     cargo run --release -p sendledger-bus --example kafka_io_floor -- [tasks]
+//!     cargo run --release -p sendledger-kafka --example kafka_io_floor -- [tasks]
 //!
 //! Prints the CPU time per task of two rounds of `tasks` tasks in one process (the second with
 //! the process's memory already touched), each round's requests produced before it is timed.
