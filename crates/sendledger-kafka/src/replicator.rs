@@ -16,6 +16,7 @@ use rdkafka::consumer::ConsumerGroupMetadata;
 use sendledger_core::error::Chain;
 use sendledger_core::result::event_id;
 use sendledger_core::{Event, NewEvent, TaskId};
+use sendledger_store::error::cause;
 use sendledger_store::{Replication, Replicator};
 
 use crate::partition_log::{Committed, LogBatch, LogError, LogRecord, PartitionLog};
@@ -210,10 +211,11 @@ impl LogReplicator {
             let event = new.clone().with_lsn(0);
             let (projection, _) = projections.before(&event, || {
                 let history = history(event.task_id).map_err(|e| {
-                    Replication::Failed(format!(
-                        "cannot read task {}'s events to project its results: {e}",
-                        event.task_id
-                    ))
+                    Replication::Failed(cause(format!(
+                        "cannot read task {}'s events to project its results: {}",
+                        event.task_id,
+                        Chain(&e)
+                    )))
                 })?;
                 // Positioned as the log records them: results re-announced from this
                 // history must equal the records first published.
@@ -223,8 +225,7 @@ impl LogReplicator {
             let (key, trace) = (projection.key(event.task_id), projection.traceparent());
             batch.events.push(LogRecord {
                 key: key.clone(),
-                payload: event_record_json(&event)
-                    .map_err(|e| Replication::Failed(Chain(&e).to_string()))?,
+                payload: event_record_json(&event).map_err(|e| Replication::Failed(Arc::new(e)))?,
                 headers: record_headers(
                     &event_id(event.task_id, event.task_seq),
                     &self.events_source,
@@ -253,8 +254,7 @@ impl LogReplicator {
 }
 
 fn json(value: &impl serde::Serialize) -> Result<Vec<u8>, Replication> {
-    serde_json::to_vec(value)
-        .map_err(|e| Replication::Failed(format!("cannot encode a record: {e}")))
+    serde_json::to_vec(value).map_err(|e| Replication::Failed(Arc::new(crate::Error::Encode(e))))
 }
 
 impl Replicator for LogReplicator {
@@ -272,14 +272,14 @@ impl Replicator for LogReplicator {
         let log = match self.lock().logs.get(&partition) {
             Some(l) if l.generation == generation => l.log.clone(),
             Some(_) => {
-                return Err(Replication::Lost(format!(
+                return Err(Replication::Lost(cause(format!(
                     "requests partition {partition} was taken over anew since these events were decided"
-                )))
+                ))))
             }
             None => {
-                return Err(Replication::Lost(format!(
+                return Err(Replication::Lost(cause(format!(
                     "requests partition {partition} is not assigned to this instance"
-                )))
+                ))))
             }
         };
         // The messages this batch records: committed with it, their offsets may be too.
@@ -364,7 +364,7 @@ impl LogReplicator {
             if !owned.is_current(partition, generation) {
                 drop(owned);
                 tracing::info!(partition, error = %e, "a transaction of a log this instance had already given up failed; its batch is not recorded");
-                return Replication::Lost(e.to_string());
+                return Replication::Lost(Arc::new(e));
             }
             owned.forget(partition);
             owned.lost.insert(partition, fenced);
@@ -378,7 +378,7 @@ impl LogReplicator {
         };
         metrics::counter!(crate::metric_definitions::PARTITIONS_LOST_TOTAL, "cause" => cause)
             .increment(1);
-        Replication::Lost(e.to_string())
+        Replication::Lost(Arc::new(e))
     }
 }
 

@@ -64,14 +64,16 @@ pub enum Error {
     /// Kafka mode: the events could not be made durable in the log of record now (the brokers
     /// unreachable, a transaction aborted); nothing of the append was recorded, and it may be
     /// tried again.
-    #[error("the events of requests partition {partition} could not be written to the log of record: {detail}")]
-    NotReplicated { partition: i32, detail: String },
+    #[error(
+        "the events of requests partition {partition} could not be written to the log of record"
+    )]
+    NotReplicated { partition: i32, source: Cause },
     /// Kafka mode: the partition is not this instance's as it was when the append was made
     /// (another instance fenced this one, or the partition was given up and taken over anew
     /// since); nothing of the append was recorded and nothing more may be done for its tasks
     /// on the state the append came from.
-    #[error("requests partition {partition} is no longer owned here as it was when the append was made; its tasks are not processed on that state any more: {detail}")]
-    PartitionLost { partition: i32, detail: String },
+    #[error("requests partition {partition} is no longer owned here as it was when the append was made; its tasks are not processed on that state any more")]
+    PartitionLost { partition: i32, source: Cause },
     /// Kafka mode: an append with events named no requests partition (a defect: every task
     /// belongs to the partition of its request).
     #[error("an append of events for task {task} names no requests partition; in kafka mode every event belongs to one")]
@@ -108,6 +110,17 @@ impl Error {
             Error::NotReplicated { .. } => true,
         }
     }
+}
+
+/// Why the log of record did not take an append (kafka mode): the replicator's error, shared by
+/// every append of the refused batch.
+pub type Cause = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+
+/// A cause that is only a description (`"the partition is not owned here"`).
+pub fn cause(description: impl Into<String>) -> Cause {
+    std::sync::Arc::from(Box::<dyn std::error::Error + Send + Sync>::from(
+        description.into(),
+    ))
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -23,7 +23,7 @@ use sendledger_core::{Event, Identity, NewEvent, PayloadHash, TaskId};
 use tokio::sync::oneshot;
 
 use crate::envelope::encode_new_event;
-use crate::error::{Error, Result};
+use crate::error::{cause, Cause, Error, Result};
 use crate::keys::*;
 use crate::summary::TaskSummary;
 
@@ -87,13 +87,13 @@ pub trait Replicator: Send + Sync {
     ) -> std::result::Result<i64, Replication>;
 }
 
-/// Why a partition's events were not made durable.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Why a partition's events were not made durable, with its cause.
+#[derive(Debug, Clone)]
 pub enum Replication {
     /// Not now (the brokers unreachable, a transaction aborted): the appends may be tried again.
-    Failed(String),
+    Failed(Cause),
     /// The partition belongs to another instance now: nothing more for its tasks here.
-    Lost(String),
+    Lost(Cause),
 }
 
 /// The cursor holding the checkpoint of requests partition `partition`'s log of record: the
@@ -349,9 +349,9 @@ fn run_replicated(mut writer: Writer, slot: &ReplicatorSlot, rx: Receiver<Reques
                     let history = |task| crate::reads::task_events(&db, task);
                     let outcome = match (replicator, generation) {
                         (Some(r), Some(g)) => r.replicate(partition, g, &events, &history),
-                        _ => Err(Replication::Failed(
-                            "the log of record is not open yet".into(),
-                        )),
+                        _ => Err(Replication::Failed(cause(
+                            "the log of record is not open yet",
+                        ))),
                     };
                     let _ = done.send(Replicated {
                         partition,
@@ -385,7 +385,7 @@ fn refuse_stale(partition: i32, generation: Option<u64>, members: Vec<Request>) 
     for req in stale {
         let _ = req.ack.send(Err(Error::PartitionLost {
             partition,
-            detail: detail.into(),
+            source: cause(detail),
         }));
     }
     current
@@ -419,13 +419,13 @@ fn settle(done: Replicated, ready: &mut Vec<Request>) {
                 .increment(1);
             for req in members {
                 let error = match &why {
-                    Replication::Failed(detail) => Error::NotReplicated {
+                    Replication::Failed(source) => Error::NotReplicated {
                         partition,
-                        detail: detail.clone(),
+                        source: source.clone(),
                     },
-                    Replication::Lost(detail) => Error::PartitionLost {
+                    Replication::Lost(source) => Error::PartitionLost {
                         partition,
-                        detail: detail.clone(),
+                        source: source.clone(),
                     },
                 };
                 let _ = req.ack.send(Err(error));
@@ -560,8 +560,8 @@ mod tests {
                 .push((partition, events.len(), known));
             match partition {
                 1 => Ok(100 + events.len() as i64),
-                2 => Err(Replication::Lost("fenced".into())),
-                _ => Err(Replication::Failed("brokers unreachable".into())),
+                2 => Err(Replication::Lost(cause("fenced"))),
+                _ => Err(Replication::Failed(cause("brokers unreachable"))),
             }
         }
     }
@@ -805,7 +805,7 @@ mod tests {
         assert_eq!(first.join().unwrap().unwrap(), 1..2);
         let refused = before.blocking_recv().unwrap();
         assert!(
-            matches!(&refused, Err(Error::PartitionLost { partition: 3, detail }) if detail.contains("taken over anew")),
+            matches!(&refused, Err(Error::PartitionLost { partition: 3, source }) if source.to_string().contains("taken over anew")),
             "{refused:?}"
         );
         assert_eq!(after.blocking_recv().unwrap().unwrap(), 2..3);
