@@ -8,7 +8,8 @@
 //! property `sasl.password`.
 //! A value is read as a TOML literal when it is one (`4`, `true`, `["a"]`), else as a string.
 //!
-//! Every error names the field (`kafka.brokers: ...`) and, for an override, the variable.
+//! Every error names the field (`kafka.brokers: ...`) and, for an override, the variable. The
+//! overrides are applied by [`env`].
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -26,8 +27,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::ConfigError;
 
-/// Prefix of the environment variables that override the file.
-pub const ENV_PREFIX: &str = "SENDLEDGER__";
+mod env;
+
+pub use env::ENV_PREFIX;
 
 /// What `Debug`, `Serialize` and error messages show instead of a secret value.
 const REDACTED: &str = "***";
@@ -273,52 +275,8 @@ impl Config {
     /// Parses `text` with the overrides found in `env` (the process environment, or a
     /// stand-in for it), and validates.
     pub fn parse(text: &str, env: &BTreeMap<String, String>) -> Result<Config, ConfigError> {
-        let mut doc: toml::Table = toml::from_str(text).map_err(|e| syntax_error(text, &e))?;
-        // (path, variable, raw value, whether it was read as a non-string literal)
-        let mut overrides = Vec::new();
-        for (name, value) in env {
-            let Some(path) = name.strip_prefix(ENV_PREFIX) else {
-                continue;
-            };
-            let in_variable = |e: ConfigError| ConfigError::Environment {
-                name: name.clone(),
-                source: Box::new(e),
-            };
-            let path = override_path(path).map_err(in_variable)?;
-            let value_literal = literal(value);
-            let typed = !value_literal.is_str();
-            set(&mut doc, &path, value_literal).map_err(in_variable)?;
-            overrides.push((path, name.clone(), value.clone(), typed));
-        }
-        let config: Config = loop {
-            match serde_path_to_error::deserialize(toml::Value::Table(doc.clone())) {
-                Ok(config) => break config,
-                Err(e) => {
-                    let field = e.path().to_string();
-                    let by = overrides.iter_mut().find(|(p, ..)| p.join(".") == field);
-                    match by {
-                        // `12345` was read as a number where a string is expected: the text.
-                        Some((path, _, raw, typed)) if *typed => {
-                            *typed = false;
-                            set(&mut doc, path, toml::Value::String(raw.clone()))?;
-                        }
-                        Some((_, var, ..)) => {
-                            return Err(ConfigError::FieldSetBy {
-                                problem: problem(&field, e),
-                                field,
-                                variable: var.clone(),
-                            })
-                        }
-                        None => {
-                            return Err(ConfigError::Field {
-                                problem: problem(&field, e),
-                                field,
-                            })
-                        }
-                    }
-                }
-            }
-        };
+        let doc: toml::Table = toml::from_str(text).map_err(|e| syntax_error(text, &e))?;
+        let config = env::deserialize_with_overrides(doc, env)?;
         config.validate(env)?;
         Ok(config)
     }
@@ -482,63 +440,6 @@ fn syntax_error(text: &str, e: &toml::de::Error) -> ConfigError {
     }
 }
 
-/// Why the value at `field` does not fit; serde's text may quote the value, so not for a
-/// secret.
-fn problem(field: &str, e: serde_path_to_error::Error<toml::de::Error>) -> String {
-    if is_secret(field) {
-        "is not valid here (the value is not shown: it is secret)".into()
-    } else {
-        e.into_inner().to_string()
-    }
-}
-
-/// `KAFKA__PROPERTIES__SASL_PASSWORD` → `["kafka", "properties", "sasl.password"]`; so does
-/// `KAFKA__PROPERTIES__SASL__PASSWORD` (a property's value is never a table).
-fn override_path(path: &str) -> Result<Vec<String>, ConfigError> {
-    let parts: Vec<&str> = path.split("__").collect();
-    if parts.iter().any(|p| p.is_empty()) {
-        return Err(ConfigError::OverridePath(
-            "has an empty name between `__` separators".into(),
-        ));
-    }
-    let mut out: Vec<String> = parts.iter().map(|p| p.to_ascii_lowercase()).collect();
-    if out.len() >= 3 && out[0] == "kafka" && out[1] == "properties" {
-        let property = out[2..].join(".").replace('_', ".");
-        out.truncate(2);
-        out.push(property);
-    }
-    Ok(out)
-}
-
-/// A TOML literal when `value` is one, else the string itself.
-fn literal(value: &str) -> toml::Value {
-    toml::from_str::<toml::Table>(&format!("v = {value}"))
-        .ok()
-        .and_then(|mut t| t.remove("v"))
-        .unwrap_or_else(|| toml::Value::String(value.to_string()))
-}
-
-fn set(doc: &mut toml::Table, path: &[String], value: toml::Value) -> Result<(), ConfigError> {
-    let (last, parents) = path.split_last().expect("override paths are not empty");
-    let mut table = doc;
-    for (i, key) in parents.iter().enumerate() {
-        let entry = table
-            .entry(key.clone())
-            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        table = match entry {
-            toml::Value::Table(t) => t,
-            _ => {
-                return Err(ConfigError::OverridePath(format!(
-                    "`{}` is not a section",
-                    parents[..=i].join(".")
-                )))
-            }
-        };
-    }
-    table.insert(last.clone(), value);
-    Ok(())
-}
-
 /// `sendledger-` and 16 hex digits of a hash of the host and the ledger directory.
 fn derived_instance_id(host: &str, data: &Path) -> String {
     use sha2::{Digest, Sha256};
@@ -623,7 +524,7 @@ mod tests {
 
     #[test]
     fn the_example_in_schemas_is_valid() {
-        let text = include_str!("../../../schemas/sendledger.example.toml");
+        let text = include_str!("../../../../schemas/sendledger.example.toml");
         let config = parse(text, &[("PAYMENTS_TOKEN", "x")]).unwrap();
         assert!(config.targets.contains_key("payments"));
     }
