@@ -1,6 +1,6 @@
 //! The admin API's one error type: a status and a message, answered as JSON
-//! `{"error": "..."}`. Server errors are logged (as warnings: the caller is told, and the
-//! cause is in the message).
+//! `{"error": "..."}`. Server errors are logged with the request's method and path (as
+//! warnings: the caller is told, and the cause is in the message).
 
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;
@@ -31,10 +31,12 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let mut response = json_response(self.status, &json!({ "error": self.message }));
         if self.status.is_server_error() {
-            tracing::warn!(status = %self.status, error = %self.message, "admin request failed");
+            // For the log line, which knows the request (see `super::log_failures`).
+            response.extensions_mut().insert(Failed(self.message));
         }
-        json_response(self.status, &json!({ "error": self.message }))
+        response
     }
 }
 
@@ -61,6 +63,10 @@ impl From<sendledger_store::Error> for ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, Chain(&e).to_string())
     }
 }
+
+/// Why a request failed on the server's side, carried by its answer to the log.
+#[derive(Debug, Clone)]
+pub struct Failed(pub String);
 
 /// What a route handler returns.
 pub type ApiResult = Result<Response, ApiError>;

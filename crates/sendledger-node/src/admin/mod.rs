@@ -60,7 +60,6 @@ use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tower::ServiceExt;
-use tracing::Instrument;
 
 use crate::config::AdminConfig;
 use crate::error::{Error, Result};
@@ -273,14 +272,12 @@ async fn accept_loop(
                 let wait = wait.clone();
                 service_fn(move |req: http::Request<hyper::body::Incoming>| {
                     let (router, wait) = (router.clone(), wait.clone());
-                    let span = tracing::debug_span!("admin request", method = %req.method(), path = %req.uri().path());
                     async move {
                         set_wait(&wait, Wait::Serving);
                         let response = router.oneshot(req).await;
                         set_wait(&wait, Wait::request());
                         response
                     }
-                    .instrument(span)
                 })
             };
             let io = TokioIo::new(Watched {
@@ -426,7 +423,19 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/console/{*rest}", get(console::route))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(no_route)
+        .layer(axum::middleware::from_fn(log_failures))
         .with_state(shared)
+}
+
+/// Logs a request that failed on the server's side, with its method, path and why (a client's
+/// mistake is the client's to read in the answer).
+async fn log_failures(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let (method, path) = (request.method().clone(), request.uri().path().to_owned());
+    let response = next.run(request).await;
+    if let Some(error::Failed(error)) = response.extensions().get() {
+        tracing::warn!(%method, %path, status = %response.status(), %error, "admin request failed");
+    }
+    response
 }
 
 async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
