@@ -12,7 +12,7 @@
 //! of a process killed since.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::io::{BufRead, Read, Write};
+use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -377,24 +377,8 @@ impl Instance {
 
     /// The instance's `/metrics`, if it answers within a second.
     pub fn metrics(&self) -> Option<String> {
-        http_get(self.admin(), "/metrics", Duration::from_secs(1))
+        crate::http::get(self.admin(), "/metrics", Duration::from_secs(1))
     }
-}
-
-/// `GET path` on `addr`; the body of a 200 answer, `None` on anything else or after `timeout`.
-pub fn http_get(addr: &str, path: &str, timeout: Duration) -> Option<String> {
-    let mut stream = std::net::TcpStream::connect_timeout(&addr.parse().ok()?, timeout).ok()?;
-    stream.set_read_timeout(Some(timeout)).ok()?;
-    stream.set_write_timeout(Some(timeout)).ok()?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).ok()?;
-    let (head, body) = answer.split_once("\r\n\r\n")?;
-    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
 }
 
 /// Follows the results topic from its beginning as a `read_committed` consumer, on a thread

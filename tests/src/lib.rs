@@ -6,6 +6,7 @@
 //!   randomized test ([`seed`]) and the fields of a server's `ready` line ([`ready_field`]);
 //! - [`engine`]: targets pointing at a simulated remote, engines on a temporary directory,
 //!   requests, waiting for a task;
+//! - [`effects`]: one target against the simulated remote, for the attempt and lookup tests;
 //! - [`pki`]: a CA and the certificates it signs, made at test time;
 //! - [`kafka`]: the brokers (the embedded cluster, the separate broker process tansu), relays
 //!   in front of it (one that cuts connections, one that terminates TLS), the engine with its
@@ -14,6 +15,8 @@
 //! - [`cluster`]: kafka mode as deployed: `sendledger run` processes in one consumer group,
 //!   the timeline of who owned which partition when (read from their logs), a steady stream of
 //!   requests, a follower of the results topic, and the check that every task settled once;
+//! - [`http`]: one HTTP request to the admin endpoint or the simulated remote;
+//! - [`process`]: a command that must succeed, `sendledger run` up to its `ready` line;
 //! - [`browser`]: a headless Chromium driven through the DevTools protocol.
 //!
 //! Nothing here knows where the test binaries are (`CARGO_BIN_EXE_*` is set only when
@@ -23,7 +26,10 @@ use sendledger_core::{EventBody, NewEvent, TaskId};
 
 pub mod browser;
 pub mod cluster;
+pub mod effects;
+pub mod http;
 pub mod kafka;
+pub mod process;
 
 /// The seed of a randomized test: `SENDLEDGER_TEST_SEED` when set, else the given default.
 /// Printed, so that a failure can be reproduced.
@@ -138,6 +144,11 @@ pub mod engine {
 
     pub fn task_id(key: &str) -> TaskId {
         TaskId::derive("acme", "payment.create", key)
+    }
+
+    /// The task reference of a request key, as `tenant/operation/request_key` URL-encoded.
+    pub fn task_ref(key: &str) -> String {
+        format!("acme%2Fpayment.create%2F{key}")
     }
 
     /// Polls a task until `done` holds, or panics with its timeline after `timeout`.

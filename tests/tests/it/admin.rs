@@ -6,8 +6,7 @@
 //! scraped values must equal what happened, exactly.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use sendledger_core::{EventBody, Evidence, Phase};
@@ -15,59 +14,12 @@ use sendledger_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
 use sendledger_kafka::{Kafka, KafkaConfig, Role};
 use sendledger_sim::{Faults, Sim, SimConfig};
 use sendledger_tests::engine::*;
+use sendledger_tests::http::{get_json, request as http, resolve, TOKEN};
+use sendledger_tests::process::AdminChild;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 pub(crate) const WAIT: Duration = Duration::from_secs(20);
-pub(crate) const TOKEN: &str = "s3cret-admin-token";
-
-/// One HTTP/1.1 request on a fresh connection; the status and the body.
-pub(crate) async fn http(
-    addr: &str,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    body: Option<Value>,
-) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let body = body.map(|b| b.to_string()).unwrap_or_default();
-    let auth = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(req.as_bytes()).await.unwrap();
-    let mut resp = String::new();
-    stream.read_to_string(&mut resp).await.unwrap();
-    let (head, body) = resp.split_once("\r\n\r\n").expect("a full response");
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    (status, body.to_string())
-}
-
-pub(crate) async fn get_json(addr: &str, path: &str) -> Value {
-    let (status, body) = http(addr, "GET", path, None, None).await;
-    assert_eq!(status, 200, "GET {path}: {body}");
-    serde_json::from_str(&body).unwrap()
-}
-
-/// `POST /reviews/{task}`; the status and the JSON answer.
-pub(crate) async fn resolve(
-    addr: &str,
-    task: &str,
-    token: Option<&str>,
-    body: Value,
-) -> (u16, Value) {
-    let (status, body) = http(addr, "POST", &format!("/reviews/{task}"), token, Some(body)).await;
-    (status, serde_json::from_str(&body).expect("a JSON answer"))
-}
-
-/// The task reference of a request key, as `tenant/operation/request_key` URL-encoded.
-pub(crate) fn task_ref(key: &str) -> String {
-    format!("acme%2Fpayment.create%2F{key}")
-}
-
 pub(crate) async fn wait_state(addr: &str, key: &str, state: &str) -> Value {
     let deadline = Instant::now() + WAIT;
     loop {
@@ -274,71 +226,6 @@ impl Scrape {
     }
 }
 
-/// The service child: its admin address, its stdin for commands, its stdout for answers.
-pub(crate) struct Service {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
-    pub(crate) addr: String,
-}
-
-impl Service {
-    /// Starts the child; with `brokers` it also consumes requests and publishes results.
-    pub(crate) fn start(dir: &std::path::Path, target: &str, brokers: Option<&str>) -> Service {
-        Service::start_with_token(dir, target, brokers, TOKEN)
-    }
-
-    /// As [`Service::start`], with the admin token `token` (`""`: none configured).
-    pub(crate) fn start_with_token(
-        dir: &std::path::Path,
-        target: &str,
-        brokers: Option<&str>,
-        token: &str,
-    ) -> Service {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_admin_child"))
-            .args([dir.to_str().unwrap(), target, token])
-            .args(brokers)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let first = lines.next().expect("the child starts").unwrap();
-        let addr = first
-            .strip_prefix("admin ")
-            .expect("admin ADDR")
-            .to_string();
-        Service {
-            child,
-            stdin,
-            lines,
-            addr,
-        }
-    }
-
-    /// Submits a request; returns the events it recorded.
-    fn submit(&mut self, key: &str) -> String {
-        let stdin = self.stdin.as_mut().unwrap();
-        writeln!(stdin, "submit {key}").unwrap();
-        let line = self.lines.next().expect("an answer").unwrap();
-        let rest = line
-            .strip_prefix(&format!("submitted {key} "))
-            .unwrap_or_else(|| panic!("unexpected answer {line:?}"));
-        rest.to_string()
-    }
-
-    /// Closes stdin and waits for a clean stop.
-    pub(crate) fn stop(mut self) {
-        drop(self.stdin.take());
-        assert_eq!(
-            self.lines.next().map(Result::unwrap).as_deref(),
-            Some("stopped")
-        );
-        assert!(self.child.wait().unwrap().success());
-    }
-}
-
 /// Runs `sendledger` with these arguments; its success, stdout and stderr.
 fn cli(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_sendledger_cli"))
@@ -366,8 +253,9 @@ async fn admin_endpoint_metrics_and_review_round_trips() {
         t["lookup"]["deadline"] = "400ms".into()
     });
     let target_json = serde_json::to_string(&target_config).unwrap();
-    let mut service =
-        tokio::task::block_in_place(|| Service::start(dir.path(), &target_json, None));
+    let mut service = tokio::task::block_in_place(|| {
+        AdminChild::start(crate::ADMIN_CHILD, dir.path(), &target_json, None, TOKEN)
+    });
     let addr = service.addr.clone();
 
     // Three tasks succeed; one is delivered twice.
@@ -987,7 +875,13 @@ async fn kafka_metrics_count_published_results_and_report_lag() {
     let dir = tempfile::tempdir().unwrap();
     let target_json = serde_json::to_string(&target(&sim.base_url(), |_| {})).unwrap();
     let service = tokio::task::block_in_place(|| {
-        Service::start(dir.path(), &target_json, Some(kafka.bootstrap_servers()))
+        AdminChild::start(
+            crate::ADMIN_CHILD,
+            dir.path(),
+            &target_json,
+            Some(kafka.bootstrap_servers()),
+            TOKEN,
+        )
     });
     let producer: FutureProducer = kafka.client_config(Role::Producer).create().unwrap();
     let topic = kafka.config().requests_topic.clone();
@@ -1036,7 +930,13 @@ async fn kafka_metrics_count_published_results_and_report_lag() {
     // A second service on the ledger, in a new consumer group: every request comes again from
     // the start of the topic, and every one is dropped by the ledger's processed offsets.
     let service = tokio::task::block_in_place(|| {
-        Service::start(dir.path(), &target_json, Some(kafka.bootstrap_servers()))
+        AdminChild::start(
+            crate::ADMIN_CHILD,
+            dir.path(),
+            &target_json,
+            Some(kafka.bootstrap_servers()),
+            TOKEN,
+        )
     });
     let deadline = Instant::now() + Duration::from_secs(60);
     let m = loop {

@@ -13,11 +13,7 @@ fn bench() -> Command {
 /// Runs the benchmark with `args` and returns what it printed on stdout; fails (showing its
 /// stdout and stderr) unless it exited 0.
 fn output_of_success(args: &[&str]) -> (String, String) {
-    let out = bench().args(args).output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    (stdout, stderr)
+    sendledger_tests::process::output_of_success(bench().args(args))
 }
 
 /// `sendledger-bench effects --tls` with tiny counts reports both schemes and their ratio: every attempt

@@ -1,51 +1,17 @@
 //! The `sendledger` command as a user runs it: a child process, its exit code and output.
 
 use std::io::BufRead;
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdout, Stdio};
+use std::time::Duration;
 
 use sendledger_tests::ready_field;
 
-pub fn cli() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_sendledger_cli"))
-}
-
-/// Starts `sendledger run --config FILE` with `env` added, waits for its `ready` line, and
-/// returns the child and that line. Later output is drained, so the child never blocks on (or
-/// writes to) a closed pipe.
-pub fn start_run(config: &std::path::Path, env: &[(&str, String)]) -> (Child, String) {
-    let mut child = cli()
-        .args(["run", "--config"])
-        .arg(config)
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (mut out, line) = read_ready(&mut child);
-    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-    (child, line)
-}
-
-/// Reads a server child's first stdout line, which must be its `ready` line; returns the rest
-/// of its stdout and that line.
-fn read_ready(child: &mut Child) -> (std::io::BufReader<ChildStdout>, String) {
-    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert!(
-        line.starts_with("ready "),
-        "unexpected first line: {line:?}"
-    );
-    (out, line)
-}
+use crate::{sendledger, start_run};
 
 /// Runs the binary with `args` and returns what it printed on stdout and on stderr; fails
 /// (showing both) unless it exited 0.
 fn output_of_success(args: &[&str]) -> (String, String) {
-    let out = cli().args(args).output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    (stdout, stderr)
+    sendledger_tests::process::output_of_success(sendledger().args(args))
 }
 
 /// The main job: the whole pipeline through embedded Kafka with faults, duplicates and a
@@ -88,7 +54,7 @@ fn demo_runs_clean() {
 #[test]
 fn logs_on_a_pipe_are_plain_text_or_json_lines() {
     for format in ["text", "json"] {
-        let mut child = cli()
+        let mut child = sendledger()
             .args([
                 "--log-format",
                 format,
@@ -102,7 +68,7 @@ fn logs_on_a_pipe_are_plain_text_or_json_lines() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let _stdout = read_ready(&mut child);
+        let _stdout = sendledger_tests::process::read_ready(&mut child);
         // SAFETY: kill(2) on our own child's pid.
         assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
         // The exit status is not the point (the signal may beat the handler's installation).
@@ -131,11 +97,15 @@ fn run_refuses_an_invalid_config_naming_the_field() {
         "[kafka]\npartitions = 0\n[targets.p]\nurl = \"http://127.0.0.1:1/x\"\n",
     )
     .unwrap();
-    let out = cli().args(["run", "--config"]).arg(&file).output().unwrap();
+    let out = sendledger()
+        .args(["run", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("kafka.partitions: is 0"), "{stderr}");
-    let out = cli()
+    let out = sendledger()
         .args(["run", "--config"])
         .arg(&file)
         .env("SENDLEDGER__KAFKA__PARTITIONS", "2")
@@ -161,7 +131,7 @@ fn run_goes_on_when_nobody_reads_stdout() {
         ),
     )
     .unwrap();
-    let mut child = cli()
+    let mut child = sendledger()
         .args(["run", "--config"])
         .arg(&config)
         .env("RUST_LOG", "info")
@@ -189,7 +159,7 @@ fn run_goes_on_when_nobody_reads_stdout() {
 
 /// Starts `sim-remote` on a free port and returns it, its stdout, and its first line.
 fn start_sim_remote() -> (Child, std::io::BufReader<ChildStdout>, String) {
-    let mut child = cli()
+    let mut child = sendledger()
         .args(["sim-remote", "--listen", "127.0.0.1:0"])
         .stdout(Stdio::piped())
         .spawn()
@@ -266,7 +236,7 @@ fn commands_run_without_transparent_huge_pages() {
 fn the_example_configs_run_together() {
     let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
     let dir = tempfile::tempdir().unwrap();
-    let mut sim = cli()
+    let mut sim = sendledger()
         .args(["sim-remote", "--listen", "127.0.0.1:0", "--config"])
         .arg(root.join("schemas/sim-remote.example.toml"))
         .stdout(Stdio::piped())
@@ -316,7 +286,7 @@ fn the_example_configs_run_together() {
         .collect();
     let file = dir.path().join("requests.jsonl");
     std::fs::write(&file, lines.join("\n")).unwrap();
-    let sent = cli()
+    let sent = sendledger()
         .args(["produce", "--brokers", &brokers])
         .arg(&file)
         .output()
@@ -337,7 +307,8 @@ fn the_example_configs_run_together() {
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let metrics = loop {
-        let metrics = http_get(&admin, "/metrics");
+        let metrics = sendledger_tests::http::get(&admin, "/metrics", Duration::from_secs(30))
+            .expect("/metrics answers 200");
         let states = [
             "accepted",
             "sending",
@@ -379,20 +350,4 @@ fn the_example_configs_run_together() {
         stats["records"].as_u64().unwrap() >= gauge(&metrics, "succeeded"),
         "{stats}"
     );
-}
-
-/// The body of `GET path` on `addr` (HTTP/1.1, connection closed by the server).
-pub fn http_get(addr: &str, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).unwrap();
-    let (head, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    body.to_string()
 }

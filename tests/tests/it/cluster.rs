@@ -23,8 +23,7 @@ use sendledger_tests::cluster::{
 };
 use sendledger_tests::kafka::task_ids;
 
-/// The `sendledger` executable the instances run.
-const SENDLEDGER: &str = env!("CARGO_BIN_EXE_sendledger_cli");
+use crate::SENDLEDGER;
 
 /// Milliseconds since the Unix epoch, the clock of events' `at`.
 fn now_ms() -> u64 {

@@ -14,7 +14,9 @@ use sendledger_tests::browser::Browser;
 use sendledger_tests::engine::*;
 use serde_json::{json, Value};
 
-use super::admin::{get_json, http, resolve, task_ref, Service, TOKEN};
+use sendledger_tests::http::{get_json, request as http, resolve, TOKEN};
+
+use sendledger_tests::process::AdminChild;
 
 /// A payload that would run script if the console inserted it as HTML.
 const HOSTILE: &str = "<script>window.injected = 'payload script'</script><img src=x onerror=\"window.injected = 'payload img'\"><b id=\"injected\">bold</b>";
@@ -22,7 +24,7 @@ const HOSTILE: &str = "<script>window.injected = 'payload script'</script><img s
 /// A service with tasks in manual review, requested through Kafka; the cluster and the
 /// remote live as long as it does.
 struct Setup {
-    service: Service,
+    service: AdminChild,
     sim: Sim,
     _kafka: Kafka,
     _dir: tempfile::TempDir,
@@ -56,7 +58,8 @@ impl Setup {
         }))
         .unwrap();
         let service = tokio::task::block_in_place(|| {
-            Service::start_with_token(
+            AdminChild::start(
+                crate::ADMIN_CHILD,
                 dir.path(),
                 &target_json,
                 Some(kafka.bootstrap_servers()),

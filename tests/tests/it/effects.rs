@@ -6,67 +6,11 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sendledger_core::{AcceptedRequest, Limits, NotSentCause, TaskRequest, UnknownCause};
+use sendledger_core::{Limits, NotSentCause, TaskRequest, UnknownCause};
 use sendledger_effects::{AttemptOutcome, Target, TargetConfig, Targets};
 use sendledger_sim::{Faults, RequiredHeader, Sim, SimConfig};
+use sendledger_tests::effects::{config, faults, request, start_sim, target};
 use serde_json::json;
-
-pub fn request(key: &str, payload: serde_json::Value) -> AcceptedRequest {
-    TaskRequest {
-        tenant: "acme".into(),
-        operation: "payment.create".into(),
-        request_key: key.into(),
-        target: "payments".into(),
-        payload,
-        payload_text: None,
-        metadata: Default::default(),
-    }
-    .accept(&Limits::default())
-    .expect("valid test request")
-}
-
-pub async fn start_sim(faults: Faults) -> Sim {
-    Sim::start(SimConfig {
-        faults,
-        ..SimConfig::default()
-    })
-    .await
-    .expect("sim starts")
-}
-
-/// A target against `sim` with short timeouts, storing the task id as `reference` and looking
-/// records up by it (and the request key, the sim's identity field); `extra` is more TOML keys
-/// (no tables), which replace the defaults here.
-pub fn config(sim: &Sim, extra: &str) -> TargetConfig {
-    let base = format!(
-        r#"
-url = "{create}"
-connect_timeout = "1s"
-request_timeout = "3s"
-body_fields = {{ request_key = "{{request_key}}", reference = "{{task_id}}" }}
-lookup = {{ url = "{lookup}?reference={{task_id}}", first_check = "10ms", check_interval = "10ms", deadline = "1s" }}
-"#,
-        create = sim.create_url(),
-        lookup = sim.lookup_url(),
-    );
-    let mut table: toml::Table = toml::from_str(&base).expect("base test config");
-    let extra: toml::Table =
-        toml::from_str(extra).unwrap_or_else(|e| panic!("test config: {e}\n{extra}"));
-    table.extend(extra);
-    toml::Value::Table(table)
-        .try_into()
-        .unwrap_or_else(|e| panic!("test config: {e}"))
-}
-
-pub fn target(sim: &Sim, extra: &str) -> Target {
-    Target::from_config("payments", &config(sim, extra)).expect("valid test target")
-}
-
-pub fn faults(f: impl FnOnce(&mut Faults)) -> Faults {
-    let mut faults = Faults::default();
-    f(&mut faults);
-    faults
-}
 
 /// Polls until the sim holds `n` records with this identity (work that finishes after the
 /// client gave up), or panics after a generous bound.

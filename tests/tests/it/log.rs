@@ -764,7 +764,7 @@ fn metric(text: &str, name: &str) -> Option<f64> {
 /// naming the partition. Its owner knows the task (restored from the log) and answers for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn each_instance_answers_for_the_partitions_it_owns() {
-    use crate::admin::{get_json, http, resolve, TOKEN};
+    use sendledger_tests::http::{get_json, request as http, resolve, TOKEN};
     use sendledger_tests::kafka::{produce, request_messages, results_for, task_ids};
 
     let tansu = tokio::task::block_in_place(start_tansu);
@@ -777,7 +777,7 @@ async fn each_instance_answers_for_the_partitions_it_owns() {
     let env = [("SENDLEDGER__ADMIN__TOKEN", TOKEN.to_string())];
     let start = |dir: &std::path::Path| {
         let file = kafka_mode_config_file(dir, &brokers, &sim);
-        let (child, ready) = tokio::task::block_in_place(|| crate::cli::start_run(&file, &env));
+        let (child, ready) = tokio::task::block_in_place(|| crate::start_run(&file, &env));
         (
             Killed(child),
             sendledger_tests::ready_field(&ready, "admin=http://"),
@@ -953,7 +953,7 @@ async fn a_partition_of_100000_tasks_is_restored_on_an_empty_disk() {
     for i in 0..SENDING {
         let body =
             serde_json::json!({ "request_key": key(i), "reference": task_id(&key(i)).to_string() });
-        let (status, _) = crate::admin::http(
+        let (status, _) = sendledger_tests::http::request(
             &sim.addr().to_string(),
             "POST",
             "/records",

@@ -26,3 +26,23 @@ mod telemetry;
 mod tls;
 
 pub use sendledger_tests::seed;
+
+/// The `sendledger` command built for these tests.
+pub const SENDLEDGER: &str = env!("CARGO_BIN_EXE_sendledger_cli");
+
+/// The admin tests' service child (see `tests/src/bin/admin_child.rs`).
+pub const ADMIN_CHILD: &str = env!("CARGO_BIN_EXE_admin_child");
+
+/// A `sendledger` command line to run.
+pub fn sendledger() -> std::process::Command {
+    std::process::Command::new(SENDLEDGER)
+}
+
+/// `sendledger run --config FILE` with `env` added, up to its `ready` line (see
+/// [`sendledger_tests::process::start_run`]).
+pub fn start_run(
+    config: &std::path::Path,
+    env: &[(&str, String)],
+) -> (std::process::Child, String) {
+    sendledger_tests::process::start_run(SENDLEDGER, config, env)
+}

@@ -9,7 +9,7 @@ use sendledger_sim::{Faults, Sim, SimConfig, Stats};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::effects::{request, target};
+use sendledger_tests::effects::{request, target};
 
 /// A plain `GET` over a fresh connection: the status and the body.
 async fn get(sim: &Sim, path_and_query: &str) -> (u16, String) {

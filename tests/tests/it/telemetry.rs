@@ -279,7 +279,7 @@ async fn a_task_s_steps_join_its_request_s_trace_and_records_are_cloudevents() {
         .insert("dropping".into(), target(&dropping.base_url(), propagating));
     let config_file = dir.path().join("sendledger.toml");
     std::fs::write(&config_file, toml::to_string(&config).unwrap()).unwrap();
-    let (mut run, _) = tokio::task::block_in_place(|| crate::cli::start_run(&config_file, &[]));
+    let (mut run, _) = tokio::task::block_in_place(|| crate::start_run(&config_file, &[]));
 
     let message = |key: &str, target: &str| {
         let mut r = request(key);

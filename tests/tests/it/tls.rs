@@ -18,7 +18,7 @@ use serde_json::json;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio_rustls::TlsAcceptor;
 
-use super::effects::{config, faults, request};
+use sendledger_tests::effects::{config, faults, request};
 
 /// A simulated remote on https with a certificate for `localhost` and `127.0.0.1` signed by
 /// its own CA, and the directory holding the files.
@@ -857,7 +857,7 @@ async fn spin(d: Duration) {
 /// A relay in front of a plain-http simulated remote, with a certificate from `ca`, and a
 /// target configuration against it (pooled connections) that trusts `ca`.
 async fn relayed_remote(ca: &Ca) -> (Sim, Relay, TargetConfig) {
-    let sim = super::effects::start_sim(Faults::default()).await;
+    let sim = sendledger_tests::effects::start_sim(Faults::default()).await;
     let issued = ca.issue("relay", &["127.0.0.1"]);
     let relay = Relay::start(sim.addr(), acceptor(&issued)).await;
     let mut cfg = config(&sim, &format!("tls = {{ {} }}", trust(ca)));

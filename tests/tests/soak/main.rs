@@ -14,8 +14,8 @@ use rand::{Rng, SeedableRng};
 use sendledger_core::EventBody;
 use sendledger_sim::{Faults, Sim, SimConfig};
 use sendledger_tests::cluster::{
-    assert_settled_once, http_get, read_and_audit_log, start_broker, Group, Instance,
-    KeptOnFailure, Note, ResultsFollower, Said, Stream, Timeline, PARTITIONS,
+    assert_settled_once, read_and_audit_log, start_broker, Group, Instance, KeptOnFailure, Note,
+    ResultsFollower, Said, Stream, Timeline, PARTITIONS,
 };
 use sendledger_tests::kafka::{produce, request_messages, task_ids, validate_all};
 use sendledger_tests::seed;
@@ -604,7 +604,8 @@ async fn a_frozen_instance_sends_nothing_for_partitions_it_lost() {
     let (fenced, session) = (lost_to("fenced"), lost_to("session"));
     let deadline = Instant::now() + Duration::from_secs(10);
     let healthy = loop {
-        let health = http_get(instance_a.admin(), "/healthz", Duration::from_secs(1));
+        let health =
+            sendledger_tests::http::get(instance_a.admin(), "/healthz", Duration::from_secs(1));
         if health.is_some() || Instant::now() > deadline {
             break health;
         }

@@ -116,7 +116,7 @@ async fn process_killed_mid_run_against_a_separate_broker() {
     let (early, late) = deliveries.split_at(deliveries.len() / 2);
     produce(&kafka, request_messages(early)).await;
 
-    let spawn = || crate::cli::start_run(&config_file, &[]).0;
+    let spawn = || crate::start_run(&config_file, &[]).0;
     let mut child = tokio::task::block_in_place(spawn);
     // Kill while creates are in flight at the remote.
     let deadline = Instant::now() + WAIT;

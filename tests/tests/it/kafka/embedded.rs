@@ -441,9 +441,9 @@ async fn run_and_produce_commands() {
     assert!(config.contains("127.0.0.1:0"), "{config}");
     assert!(config.contains("max_unfinished = 4\n"), "{config}");
     std::fs::write(&config_file, config).unwrap();
-    let cli = crate::cli::cli;
+    let cli = crate::sendledger;
 
-    let (mut run, line) = tokio::task::block_in_place(|| crate::cli::start_run(&config_file, &[]));
+    let (mut run, line) = tokio::task::block_in_place(|| crate::start_run(&config_file, &[]));
 
     let keys: Vec<String> = (0..20).map(|i| format!("cli-{i}")).collect();
     let mut lines: Vec<String> = keys
@@ -511,7 +511,10 @@ async fn run_and_produce_commands() {
 
     // The service's admin endpoint counts what happened.
     let admin = sendledger_tests::ready_field(&line, "admin=http://");
-    let metrics = tokio::task::block_in_place(|| crate::cli::http_get(&admin, "/metrics"));
+    let metrics = tokio::task::block_in_place(|| {
+        sendledger_tests::http::get(&admin, "/metrics", Duration::from_secs(30))
+            .expect("/metrics answers 200")
+    });
     assert!(
         metrics.contains("# HELP sendledger_attempts_total Attempt outcomes"),
         "{metrics}"

@@ -103,7 +103,7 @@ async fn a_sasl_password_never_appears_in_the_output_when_authentication_fails()
             )
             .unwrap();
             let out = tokio::task::block_in_place(|| {
-                crate::cli::cli()
+                crate::sendledger()
                     .args(["run", "--config"])
                     .arg(&file)
                     .env(variable, PASSWORD)
