@@ -30,6 +30,13 @@ pub struct SimConfig {
     /// Records become visible to lookups this long after creation (eventual consistency).
     #[serde(with = "humantime_serde")]
     pub lookup_lag: Duration,
+    /// When set, a lookup answers at most this many matches per page, in creation order, and
+    /// points at the next page as `lookup_paging` says; `page` is then the query's page number,
+    /// never a field condition. Unset: one JSON array with every match (and `page`, if sent,
+    /// is a field condition like any other).
+    pub lookup_page_size: Option<usize>,
+    /// How a paged lookup's answer leads to the next page (used with `lookup_page_size`).
+    pub lookup_paging: LookupPaging,
     /// When set, requests without this exact header value are answered 401 (nothing created).
     pub require_header: Option<RequiredHeader>,
     /// Largest accepted request body; larger ones are answered 413 (nothing created).
@@ -43,6 +50,25 @@ pub struct SimConfig {
     pub faults: Faults,
     /// When set, the remote speaks https only (every fault works the same over TLS).
     pub tls: Option<SimTlsConfig>,
+}
+
+/// How a paged lookup leads to its next page. Every page holds at most `lookup_page_size`
+/// matches in creation order; a next page's URL is absolute, keeps the query's conditions and
+/// adds `page=N` (1-based; no `page` is page 1).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LookupPaging {
+    /// The answer is `{"items": [...], "next": "<URL of the next page>"}`, with `"next": null`
+    /// on the last page.
+    #[default]
+    Body,
+    /// The answer is the page's JSON array, with an RFC 8288 `Link: <URL>; rel="next"` header
+    /// when there is a next page.
+    Link,
+    /// The answer is the page's JSON array and nothing points further: the client asks for
+    /// `page=1`, `page=2`... and stops at the first page holding fewer than
+    /// `lookup_page_size` matches (an empty one included).
+    Offset,
 }
 
 /// The simulated remote's TLS identity, and the CA of the client certificates it requires.
@@ -69,6 +95,8 @@ impl Default for SimConfig {
             identity_field: "request_key".into(),
             idempotency_header: None,
             lookup_lag: Duration::ZERO,
+            lookup_page_size: None,
+            lookup_paging: LookupPaging::default(),
             require_header: None,
             max_body_bytes: 1024 * 1024,
             capacity: None,
@@ -98,6 +126,8 @@ impl fmt::Debug for RequiredHeader {
 
 /// Injected faults. Each probability applies to one create request; at most one fault is
 /// chosen per request (their sum must not exceed 1). `refuse` applies to each new connection.
+/// A remote that is down altogether is no fault here: [`crate::Sim::set_offline`] switches it
+/// at run time.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Faults {
@@ -116,6 +146,13 @@ pub struct Faults {
     pub throttle: f64,
     /// Answer `reject_status` without creating anything.
     pub reject: f64,
+    /// Read the whole request, then close the connection without answering. Nothing is
+    /// created: the client, which wrote its request and saw the connection close, cannot tell
+    /// this from `commit_then_drop`.
+    pub drop: f64,
+    /// Read the whole request, then never answer (the connection stays open). Nothing is
+    /// created: to the client this looks like `commit_then_hang`.
+    pub hang: f64,
     /// Status of `error` and `commit_then_error` (5xx).
     pub error_status: u16,
     /// Status of `throttle`: 429 or 503.
@@ -143,6 +180,8 @@ impl Default for Faults {
             error: 0.0,
             throttle: 0.0,
             reject: 0.0,
+            drop: 0.0,
+            hang: 0.0,
             error_status: 500,
             throttle_status: 429,
             reject_status: 422,
@@ -164,6 +203,8 @@ impl Faults {
             ("faults.error", self.error),
             ("faults.throttle", self.throttle),
             ("faults.reject", self.reject),
+            ("faults.drop", self.drop),
+            ("faults.hang", self.hang),
         ];
         for (field, p) in probabilities {
             if !(0.0..=1.0).contains(&p) {
@@ -242,6 +283,122 @@ impl SimConfig {
         if self.max_body_bytes == 0 {
             return Err(Error::config("max_body_bytes", "must be at least 1"));
         }
+        validate_page_size(self.lookup_page_size)?;
         self.faults.validate()
+    }
+}
+
+/// Checks a lookup page size (at start and when changed at run time); errors name the field.
+pub(crate) fn validate_page_size(size: Option<usize>) -> Result<()> {
+    if size == Some(0) {
+        return Err(Error::config("lookup_page_size", "must be at least 1"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outage_faults_and_paging_are_read_by_their_names() {
+        let config: SimConfig = toml::from_str(
+            r#"
+            lookup_page_size = 50
+            lookup_paging = "link"
+            [faults]
+            drop = 0.1
+            hang = 0.05
+            "#,
+        )
+        .unwrap();
+        assert_eq!(config.lookup_page_size, Some(50));
+        assert_eq!(config.lookup_paging, LookupPaging::Link);
+        assert_eq!((config.faults.drop, config.faults.hang), (0.1, 0.05));
+        config.validate().unwrap();
+        for (text, style) in [
+            ("body", LookupPaging::Body),
+            ("link", LookupPaging::Link),
+            ("offset", LookupPaging::Offset),
+        ] {
+            let config: SimConfig = toml::from_str(&format!("lookup_paging = \"{text}\"")).unwrap();
+            assert_eq!(config.lookup_paging, style);
+        }
+        assert!(toml::from_str::<SimConfig>("lookup_paging = \"cursor\"").is_err());
+        let defaults: SimConfig = toml::from_str("").unwrap();
+        assert_eq!(
+            (defaults.lookup_page_size, defaults.lookup_paging),
+            (None, LookupPaging::Body)
+        );
+        let written = toml::to_string(&config).unwrap();
+        assert_eq!(toml::from_str::<SimConfig>(&written).unwrap(), config);
+    }
+
+    /// The example file is valid, and so are the settings it shows commented out.
+    #[test]
+    fn the_example_file_reads_with_its_commented_paging_too() {
+        let text = include_str!("../../../schemas/sim-remote.example.toml");
+        let example: SimConfig = toml::from_str(text).unwrap();
+        example.validate().unwrap();
+        assert_eq!(example.lookup_page_size, None);
+        let paged = text
+            .replace("# lookup_page_size =", "lookup_page_size =")
+            .replace("# lookup_paging =", "lookup_paging =");
+        let paged: SimConfig = toml::from_str(&paged).unwrap();
+        paged.validate().unwrap();
+        assert_eq!(
+            (paged.lookup_page_size, paged.lookup_paging),
+            (Some(50), LookupPaging::Body)
+        );
+    }
+
+    #[test]
+    fn errors_name_the_new_fields() {
+        let error = |config: SimConfig| config.validate().unwrap_err().to_string();
+        let faults = |faults: Faults| SimConfig {
+            faults,
+            ..SimConfig::default()
+        };
+        assert_eq!(
+            error(faults(Faults {
+                drop: 1.5,
+                ..Faults::default()
+            })),
+            "faults.drop: 1.5 is not a probability in [0, 1]"
+        );
+        assert_eq!(
+            error(faults(Faults {
+                hang: -0.1,
+                ..Faults::default()
+            })),
+            "faults.hang: -0.1 is not a probability in [0, 1]"
+        );
+        // Summed with the other per-request faults; `refuse` is per connection and apart.
+        let too_many = error(faults(Faults {
+            error: 0.4,
+            drop: 0.4,
+            hang: 0.4,
+            ..Faults::default()
+        }));
+        assert!(
+            too_many.starts_with("faults: the per-request fault probabilities add up to 1.2"),
+            "{too_many}"
+        );
+        faults(Faults {
+            refuse: 1.0,
+            error: 0.2,
+            drop: 0.4,
+            hang: 0.4,
+            ..Faults::default()
+        })
+        .validate()
+        .unwrap();
+        assert_eq!(
+            error(SimConfig {
+                lookup_page_size: Some(0),
+                ..SimConfig::default()
+            }),
+            "lookup_page_size: must be at least 1"
+        );
     }
 }

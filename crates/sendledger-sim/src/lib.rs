@@ -5,9 +5,11 @@
 //! from its configuration, optionally requiring client certificates. `POST <create_path>` stores the JSON body
 //! as a **new** record on every call and answers `201 {"id": ..., "created_at": ...}`;
 //! `GET <lookup_path>?field=value&...` lists the records whose body fields equal the values
-//! (a JSON array of `{"id", "created_at", "body"}`), optionally with a lookup lag; `GET
-//! <stats_path>` returns [`Stats`]. Faults are injected deliberately and **seeded**
-//! ([`Faults`]): the same seed and the same request order give the same faults.
+//! (a JSON array of `{"id", "created_at", "body"}`, or pages of it with `lookup_page_size`,
+//! led to as [`LookupPaging`] says), optionally with a lookup lag; `GET <stats_path>` returns
+//! [`Stats`]. Faults are injected deliberately and **seeded** ([`Faults`]): the same seed and
+//! the same request order give the same faults. Outages are switched at run time:
+//! [`Sim::set_offline`] closes the port (connections are refused) and opens it again.
 //!
 //! The records and counters are the ground truth that tests check: [`Stats::duplicates`] counts
 //! identities with more than one record.
@@ -17,9 +19,18 @@
 
 mod config;
 mod error;
+mod listener;
+mod lookup;
+mod response;
 mod server;
+mod stats;
+mod store;
+#[cfg(test)]
+mod testing;
 mod tls;
 
-pub use config::{Faults, RequiredHeader, SimConfig, SimTlsConfig};
+pub use config::{Faults, LookupPaging, RequiredHeader, SimConfig, SimTlsConfig};
 pub use error::{Error, Result};
-pub use server::{Record, Sim, Stats};
+pub use server::Sim;
+pub use stats::Stats;
+pub use store::Record;

@@ -1,124 +1,53 @@
-//! The HTTP server (over TCP or TLS): accept loop, per-connection faults, create, lookup and
-//! stats.
+//! The HTTP server (over TCP or TLS): [`Sim`], per-connection faults, create and stats; lookups
+//! are answered by [`crate::lookup`], the port is held by [`crate::listener`].
 
-use std::collections::HashMap;
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::Duration;
 
 use bytes::Bytes;
-use http::{header, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use http::{header, HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Notify};
-use tokio::task::JoinHandle;
+use tokio::sync::{watch, Notify, Semaphore};
 use tokio_rustls::TlsAcceptor;
-use tracing::{debug, warn};
+use tracing::debug;
 
-use crate::config::{Faults, SimConfig};
+use crate::config::{validate_page_size, Faults, SimConfig};
 use crate::error::{Error, Result};
+use crate::listener::{Listener, Serve};
+use crate::lookup::{self, Paging};
+use crate::response::{error_response, json_response, Resp};
+use crate::stats::{bump, Counters, Stats};
+use crate::store::{now_ms, Record, Store};
 use crate::tls;
-
-/// A record the remote holds: one per performed create.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Record {
-    pub id: String,
-    /// Milliseconds since the Unix epoch, by the simulator's clock.
-    pub created_at: u64,
-    /// The request body as received (a JSON object).
-    pub body: Value,
-    /// The create's W3C `traceparent` header, when it had one (as received, unchecked).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub traceparent: Option<String>,
-}
-
-/// The remote's ground truth, as counters. `duplicates` is what a dispatcher must keep at zero.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Stats {
-    /// Connections accepted.
-    pub connections: u64,
-    /// HTTP requests received (all paths).
-    pub requests: u64,
-    /// Create requests received.
-    pub posts: u64,
-    /// Records held.
-    pub records: u64,
-    /// Distinct identity values among the records.
-    pub identities: u64,
-    /// Identities with more than one record.
-    pub duplicates: u64,
-    /// Creates answered with an earlier record because of a repeated idempotency key.
-    pub replays: u64,
-    /// Lookup requests answered.
-    pub lookups: u64,
-    /// Connections closed by the `refuse` fault.
-    pub refused: u64,
-    /// Creates committed, then the connection dropped.
-    pub dropped: u64,
-    /// Creates committed, then never answered.
-    pub hung: u64,
-    /// Creates answered 5xx (with or without a record).
-    pub errors: u64,
-    /// Creates answered 429/503 with `Retry-After`.
-    pub throttled: u64,
-    /// Creates answered by the `reject` fault.
-    pub rejected: u64,
-    /// Creates refused for a bad body or a missing required header.
-    pub invalid: u64,
-    /// TLS handshakes that failed (the client did not trust the certificate, presented no
-    /// acceptable certificate of its own, or does not speak TLS).
-    #[serde(default)]
-    pub handshakes_failed: u64,
-}
-
-#[derive(Default)]
-struct Counters {
-    connections: AtomicU64,
-    requests: AtomicU64,
-    posts: AtomicU64,
-    replays: AtomicU64,
-    lookups: AtomicU64,
-    refused: AtomicU64,
-    dropped: AtomicU64,
-    hung: AtomicU64,
-    errors: AtomicU64,
-    throttled: AtomicU64,
-    rejected: AtomicU64,
-    invalid: AtomicU64,
-    handshakes_failed: AtomicU64,
-}
-
-#[derive(Default)]
-struct Store {
-    records: Vec<Record>,
-    by_identity: HashMap<String, Vec<usize>>,
-    by_key: HashMap<String, usize>,
-    duplicates: u64,
-}
 
 struct Shared {
     config: SimConfig,
+    /// The address listened on (the same across outages).
+    addr: SocketAddr,
     faults: RwLock<Faults>,
     lag_ms: AtomicU64,
+    /// Matches per lookup page; 0: lookups are not paged.
+    page_size: AtomicUsize,
     store: Mutex<Store>,
     counters: Counters,
-    shutdown: watch::Receiver<bool>,
     /// The worker pool of `capacity`.
-    workers: Option<tokio::sync::Semaphore>,
+    workers: Option<Semaphore>,
     /// Set when the remote speaks https.
     tls: Option<TlsAcceptor>,
     /// The `traceparent` headers of the latest lookups that had one (at most
     /// [`LOOKUP_TRACES_KEPT`]).
-    lookup_traces: Mutex<std::collections::VecDeque<String>>,
+    lookup_traces: Mutex<VecDeque<String>>,
 }
 
 /// Lookup trace contexts kept for [`Sim::lookup_traceparents`].
@@ -128,9 +57,8 @@ const LOOKUP_TRACES_KEPT: usize = 1000;
 /// accept loop to end.
 pub struct Sim {
     shared: Arc<Shared>,
-    addr: SocketAddr,
     stop: watch::Sender<bool>,
-    accept: Option<JoinHandle<()>>,
+    listener: Listener,
 }
 
 /// Random stream names: each random choice has its own stream so that they do not interfere.
@@ -149,41 +77,40 @@ fn unit(seed: u64, stream: u64, n: u64) -> f64 {
     (z >> 11) as f64 / (1u64 << 53) as f64
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+/// A per-request fault of [`Faults`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    Throttle,
+    Error,
+    Reject,
+    CommitThenDrop,
+    CommitThenHang,
+    CommitThenError,
+    Drop,
+    Hang,
 }
 
-/// The value of a dotted body field, as text (strings as is, numbers and booleans printed).
-fn field_text(body: &Value, dotted: &str) -> Option<String> {
-    let mut v = body;
-    for part in dotted.split('.') {
-        v = v.get(part)?;
-    }
-    match v {
-        Value::String(s) => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
-        Value::Bool(b) => Some(b.to_string()),
-        _ => None,
-    }
-}
-
-type Resp = Response<Full<Bytes>>;
-
-fn json_response(status: StatusCode, body: &Value) -> Resp {
-    let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("application/json"),
-    );
-    resp
-}
-
-fn error_response(status: StatusCode, message: &str) -> Resp {
-    json_response(status, &json!({ "error": message }))
+/// The fault a create's `draw` (uniform in `[0, 1)`) picks, by cumulative probability: at most
+/// one. `drop` and `hang` come last, so that a seed draws the other faults exactly as before
+/// they existed.
+fn choose(faults: &Faults, draw: f64) -> Option<Fault> {
+    let mut edge = 0.0;
+    [
+        (Fault::Throttle, faults.throttle),
+        (Fault::Error, faults.error),
+        (Fault::Reject, faults.reject),
+        (Fault::CommitThenDrop, faults.commit_then_drop),
+        (Fault::CommitThenHang, faults.commit_then_hang),
+        (Fault::CommitThenError, faults.commit_then_error),
+        (Fault::Drop, faults.drop),
+        (Fault::Hang, faults.hang),
+    ]
+    .into_iter()
+    .find(|&(_, p)| {
+        edge += p;
+        p > 0.0 && draw < edge
+    })
+    .map(|(fault, _)| fault)
 }
 
 /// What the handling of a create ends in.
@@ -201,53 +128,45 @@ impl Sim {
     pub async fn start(config: SimConfig) -> Result<Sim> {
         config.validate()?;
         let tls = config.tls.as_ref().map(tls::acceptor).transpose()?;
-        let listener = TcpListener::bind(config.listen)
-            .await
-            .map_err(|source| Error::Bind {
-                addr: config.listen,
-                source,
-            })?;
-        let addr = listener.local_addr().map_err(|source| Error::Bind {
+        let bind_error = |source| Error::Bind {
             addr: config.listen,
             source,
-        })?;
-        let (stop, shutdown) = watch::channel(false);
-        let workers = config
-            .capacity
-            .map(|n| tokio::sync::Semaphore::new(n.max(1)));
+        };
+        let listener = TcpListener::bind(config.listen).await.map_err(bind_error)?;
+        let addr = listener.local_addr().map_err(bind_error)?;
+        let (stop, stopped) = watch::channel(false);
         let shared = Arc::new(Shared {
+            addr,
             faults: RwLock::new(config.faults),
             lag_ms: AtomicU64::new(config.lookup_lag.as_millis() as u64),
+            page_size: AtomicUsize::new(config.lookup_page_size.unwrap_or(0)),
+            workers: config.capacity.map(|n| Semaphore::new(n.max(1))),
             config,
             store: Mutex::new(Store::default()),
             counters: Counters::default(),
-            shutdown,
-            workers,
             tls,
             lookup_traces: Mutex::default(),
         });
-        let accept = tokio::spawn(accept_loop(listener, shared.clone()));
+        let serve: Serve = {
+            let shared = shared.clone();
+            Arc::new(move |stream| Box::pin(serve_connection(stream, shared.clone())))
+        };
+        let listener = Listener::start(listener, addr, stopped, serve);
         debug!(%addr, "simulated remote listening");
         Ok(Sim {
             shared,
-            addr,
             stop,
-            accept: Some(accept),
+            listener,
         })
     }
 
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.shared.addr
     }
 
     /// `http://<addr>`, or `https://<addr>` with TLS.
     pub fn base_url(&self) -> String {
-        let scheme = if self.shared.tls.is_some() {
-            "https"
-        } else {
-            "http"
-        };
-        format!("{scheme}://{}", self.addr)
+        format!("{}://{}", self.shared.scheme(), self.shared.addr)
     }
 
     /// The URL that creates a record.
@@ -317,40 +236,42 @@ impl Sim {
             .store(lag.as_millis() as u64, Ordering::Relaxed);
     }
 
+    /// Replaces the lookup page size from now on (`None`: lookups answer every match at once);
+    /// pages lead on as the configuration's `lookup_paging` says. An error names
+    /// `lookup_page_size` when the size is 0.
+    pub fn set_lookup_page_size(&self, size: Option<usize>) -> Result<()> {
+        validate_page_size(size)?;
+        self.shared
+            .page_size
+            .store(size.unwrap_or(0), Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Takes the remote down (`true`) or brings it back (`false`), for every request, lookups
+    /// included. While offline nothing listens on its port: connecting is refused outright,
+    /// and the connections it had (idle keep-alive ones in a client's pool included) are
+    /// closed without an answer. Going offline returns once all of them are closed; coming
+    /// back, once the same port listens again. Records and counters outlive the outage; a
+    /// create already being worked on still finishes, so its record may exist although its
+    /// connection closed unanswered (as when a real server crashes).
+    ///
+    /// Coming back fails with [`Error::Bind`] if the port cannot be bound again (another
+    /// process took it meanwhile); the remote then stays offline.
+    pub async fn set_offline(&self, offline: bool) -> Result<()> {
+        self.listener.set_offline(offline).await
+    }
+
     /// Stops accepting, closes every connection (hanging ones included) and waits for the
     /// accept loop to end.
-    pub async fn shutdown(mut self) {
+    pub async fn shutdown(self) {
         self.stop.send_replace(true);
-        if let Some(accept) = self.accept.take() {
-            let _ = accept.await;
-        }
+        self.listener.stopped().await;
     }
 }
 
 impl Drop for Sim {
     fn drop(&mut self) {
         self.stop.send_replace(true);
-    }
-}
-
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    let mut shutdown = shared.shutdown.clone();
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = shutdown.wait_for(|stop| *stop) => return,
-        };
-        match accepted {
-            Ok((stream, _peer)) => {
-                let _ = stream.set_nodelay(true);
-                tokio::spawn(serve_connection(stream, shared.clone()));
-            }
-            Err(e) => {
-                // Out of file descriptors and the like: back off instead of spinning.
-                warn!(error = %e, "simulated remote: accept failed");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
     }
 }
 
@@ -361,12 +282,12 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// then HTTP. Over TLS, `refuse` waits for the first byte of the request after the handshake
 /// (what a plain connection waits for) and closes without answering.
 async fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
-    let n = shared.counters.connections.fetch_add(1, Ordering::Relaxed);
+    let n = bump(&shared.counters.connections);
     let refuse = shared.faults().refuse;
     let refuse = refuse > 0.0 && unit(shared.config.seed, STREAM_CONNECTION, n) < refuse;
     let Some(acceptor) = &shared.tls else {
         if refuse {
-            shared.counters.refused.fetch_add(1, Ordering::Relaxed);
+            bump(&shared.counters.refused);
             // Wait until the request has arrived (so the client has certainly written it),
             // then close without reading: unread data makes the kernel answer with a reset,
             // and the client gets no response.
@@ -376,32 +297,21 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
         }
         return serve_http(stream, shared).await;
     };
-    let mut shutdown = shared.shutdown.clone();
-    let accepted = tokio::select! {
-        accepted = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)) => accepted,
-        _ = shutdown.wait_for(|stop| *stop) => return,
-    };
-    let mut stream = match accepted {
+    let mut stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
         Ok(Ok(stream)) => stream,
         Ok(Err(e)) => {
-            shared
-                .counters
-                .handshakes_failed
-                .fetch_add(1, Ordering::Relaxed);
+            bump(&shared.counters.handshakes_failed);
             debug!(error = %e, "simulated remote: tls handshake failed");
             return;
         }
         Err(_) => {
-            shared
-                .counters
-                .handshakes_failed
-                .fetch_add(1, Ordering::Relaxed);
+            bump(&shared.counters.handshakes_failed);
             debug!("simulated remote: tls handshake not complete in time");
             return;
         }
     };
     if refuse {
-        shared.counters.refused.fetch_add(1, Ordering::Relaxed);
+        bump(&shared.counters.refused);
         let mut probe = [0u8; 1];
         let _ = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut probe)).await;
         return;
@@ -413,10 +323,8 @@ async fn serve_http<S>(io: S, shared: Arc<Shared>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let mut shutdown = shared.shutdown.clone();
     let kill = Arc::new(Notify::new());
     let service = {
-        let shared = shared.clone();
         let kill = kill.clone();
         service_fn(move |req| {
             let shared = shared.clone();
@@ -434,12 +342,11 @@ where
         // Dropping the connection closes the socket without an answer (over TLS, without a
         // close_notify).
         _ = kill.notified() => {}
-        _ = shutdown.wait_for(|stop| *stop) => {}
     }
 }
 
 async fn handle(shared: Arc<Shared>, kill: Arc<Notify>, req: Request<Incoming>) -> Resp {
-    shared.counters.requests.fetch_add(1, Ordering::Relaxed);
+    bump(&shared.counters.requests);
     let path = req.uri().path().to_string();
     let config = &shared.config;
     if req.method() == Method::POST && path == config.create_path {
@@ -452,21 +359,7 @@ async fn handle(shared: Arc<Shared>, kill: Arc<Notify>, req: Request<Incoming>) 
             Ending::Hang => std::future::pending().await,
         }
     } else if req.method() == Method::GET && path == config.lookup_path {
-        if let Some(trace) = req
-            .headers()
-            .get("traceparent")
-            .and_then(|v| v.to_str().ok())
-        {
-            let mut traces = shared
-                .lookup_traces
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            if traces.len() == LOOKUP_TRACES_KEPT {
-                traces.pop_front();
-            }
-            traces.push_back(trace.to_string());
-        }
-        lookup(&shared, req.uri().query().unwrap_or("")).await
+        shared.lookup(&req).await
     } else if req.method() == Method::GET && path == config.stats_path {
         match serde_json::to_value(shared.stats()) {
             Ok(v) => json_response(StatusCode::OK, &v),
@@ -478,20 +371,20 @@ async fn handle(shared: Arc<Shared>, kill: Arc<Notify>, req: Request<Incoming>) 
 }
 
 async fn create(shared: Arc<Shared>, req: Request<Incoming>) -> Ending {
-    let n = shared.counters.posts.fetch_add(1, Ordering::Relaxed);
+    let n = bump(&shared.counters.posts);
     let config = &shared.config;
     let (parts, body) = req.into_parts();
     let bytes = match Limited::new(body, config.max_body_bytes).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
-            shared.counters.invalid.fetch_add(1, Ordering::Relaxed);
+            bump(&shared.counters.invalid);
             return Ending::Respond(error_response(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "body too large",
             ));
         }
         Err(_) => {
-            shared.counters.invalid.fetch_add(1, Ordering::Relaxed);
+            bump(&shared.counters.invalid);
             return Ending::Respond(error_response(
                 StatusCode::BAD_REQUEST,
                 "body could not be read",
@@ -542,11 +435,10 @@ async fn process(
         None => None,
     };
     let faults = shared.faults();
-    let seed = shared.config.seed;
     shared.delay(&faults, n).await;
     let counters = &shared.counters;
     if !authorized {
-        counters.invalid.fetch_add(1, Ordering::Relaxed);
+        bump(&counters.invalid);
         return Ending::Respond(error_response(
             StatusCode::UNAUTHORIZED,
             "missing or wrong credentials",
@@ -555,7 +447,7 @@ async fn process(
     let body: Value = match serde_json::from_slice(&bytes) {
         Ok(v @ Value::Object(_)) => v,
         _ => {
-            counters.invalid.fetch_add(1, Ordering::Relaxed);
+            bump(&counters.invalid);
             return Ending::Respond(error_response(
                 StatusCode::BAD_REQUEST,
                 "body is not a JSON object",
@@ -563,108 +455,68 @@ async fn process(
         }
     };
     let status = |s: u16| StatusCode::from_u16(s).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    // One draw picks at most one fault, by cumulative probability.
-    let draw = unit(seed, STREAM_FAULT, n);
-    let mut edge = 0.0;
-    let mut hit = |p: f64| {
-        edge += p;
-        p > 0.0 && draw < edge
-    };
-    if hit(faults.throttle) {
-        counters.throttled.fetch_add(1, Ordering::Relaxed);
-        let mut resp = error_response(status(faults.throttle_status), "slow down");
-        let secs = faults.retry_after.as_millis().div_ceil(1000);
-        if let Ok(v) = header::HeaderValue::from_str(&secs.to_string()) {
-            resp.headers_mut().insert(header::RETRY_AFTER, v);
-        }
-        return Ending::Respond(resp);
-    }
-    if hit(faults.error) {
-        counters.errors.fetch_add(1, Ordering::Relaxed);
-        return Ending::Respond(error_response(
+    let internal_error = || {
+        bump(&counters.errors);
+        Ending::Respond(error_response(
             status(faults.error_status),
             "internal error",
-        ));
-    }
-    if hit(faults.reject) {
-        counters.rejected.fetch_add(1, Ordering::Relaxed);
-        return Ending::Respond(error_response(
-            status(faults.reject_status),
-            "request rejected by the remote",
-        ));
+        ))
+    };
+    let fault = choose(&faults, unit(shared.config.seed, STREAM_FAULT, n));
+    // The faults that create nothing.
+    match fault {
+        Some(Fault::Throttle) => {
+            bump(&counters.throttled);
+            let mut resp = error_response(status(faults.throttle_status), "slow down");
+            let secs = faults.retry_after.as_millis().div_ceil(1000);
+            if let Ok(v) = header::HeaderValue::from_str(&secs.to_string()) {
+                resp.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+            return Ending::Respond(resp);
+        }
+        Some(Fault::Error) => return internal_error(),
+        Some(Fault::Reject) => {
+            bump(&counters.rejected);
+            return Ending::Respond(error_response(
+                status(faults.reject_status),
+                "request rejected by the remote",
+            ));
+        }
+        Some(Fault::Drop) => {
+            bump(&counters.dropped_uncommitted);
+            return Ending::Drop;
+        }
+        Some(Fault::Hang) => {
+            bump(&counters.hung_uncommitted);
+            return Ending::Hang;
+        }
+        _ => {}
     }
     let (record, replayed) = shared.commit(body, key, traceparent);
-    if hit(faults.commit_then_drop) {
-        counters.dropped.fetch_add(1, Ordering::Relaxed);
-        return Ending::Drop;
+    match fault {
+        Some(Fault::CommitThenDrop) => {
+            bump(&counters.dropped);
+            Ending::Drop
+        }
+        Some(Fault::CommitThenHang) => {
+            bump(&counters.hung);
+            Ending::Hang
+        }
+        Some(Fault::CommitThenError) => internal_error(),
+        _ => {
+            let mut resp = json_response(
+                StatusCode::CREATED,
+                &json!({ "id": record.id, "created_at": record.created_at }),
+            );
+            if replayed {
+                resp.headers_mut().insert(
+                    "idempotent-replayed",
+                    header::HeaderValue::from_static("true"),
+                );
+            }
+            Ending::Respond(resp)
+        }
     }
-    if hit(faults.commit_then_hang) {
-        counters.hung.fetch_add(1, Ordering::Relaxed);
-        return Ending::Hang;
-    }
-    if hit(faults.commit_then_error) {
-        counters.errors.fetch_add(1, Ordering::Relaxed);
-        return Ending::Respond(error_response(
-            status(faults.error_status),
-            "internal error",
-        ));
-    }
-    let mut resp = json_response(
-        StatusCode::CREATED,
-        &json!({ "id": record.id, "created_at": record.created_at }),
-    );
-    if replayed {
-        resp.headers_mut().insert(
-            "idempotent-replayed",
-            header::HeaderValue::from_static("true"),
-        );
-    }
-    Ending::Respond(resp)
-}
-
-async fn lookup(shared: &Shared, query: &str) -> Resp {
-    let n = shared.counters.lookups.fetch_add(1, Ordering::Relaxed);
-    let faults = shared.faults();
-    shared.delay(&faults, n).await;
-    let mut conditions = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        conditions.push((decode(k), decode(v)));
-    }
-    let visible_before = now_ms().saturating_sub(shared.lag_ms.load(Ordering::Relaxed));
-    let store = shared.lock_store();
-    let matches = |r: &Record| {
-        r.created_at <= visible_before
-            && conditions
-                .iter()
-                .all(|(k, v)| field_text(&r.body, k).as_deref() == Some(v.as_str()))
-    };
-    let candidates: Box<dyn Iterator<Item = &Record>> = match conditions
-        .iter()
-        .find(|(k, _)| *k == shared.config.identity_field)
-    {
-        Some((_, v)) => Box::new(
-            store
-                .by_identity
-                .get(v)
-                .into_iter()
-                .flatten()
-                .map(|&i| &store.records[i]),
-        ),
-        None => Box::new(store.records.iter()),
-    };
-    let found: Vec<Value> = candidates
-        .filter(|r| matches(r))
-        .map(|r| json!({ "id": r.id, "created_at": r.created_at, "body": r.body }))
-        .collect();
-    drop(store);
-    json_response(StatusCode::OK, &Value::Array(found))
-}
-
-fn decode(s: &str) -> String {
-    percent_encoding::percent_decode_str(&s.replace('+', " "))
-        .decode_utf8_lossy()
-        .into_owned()
 }
 
 impl Shared {
@@ -675,10 +527,18 @@ impl Shared {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn lock_store(&self) -> std::sync::MutexGuard<'_, Store> {
+    fn lock_store(&self) -> MutexGuard<'_, Store> {
         self.store
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn scheme(&self) -> &'static str {
+        if self.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        }
     }
 
     async fn delay(&self, faults: &Faults, n: u64) {
@@ -698,60 +558,206 @@ impl Shared {
         key: Option<String>,
         traceparent: Option<String>,
     ) -> (Record, bool) {
-        let mut store = self.lock_store();
-        if let Some(&i) = key.as_ref().and_then(|k| store.by_key.get(k)) {
-            self.counters.replays.fetch_add(1, Ordering::Relaxed);
-            return (store.records[i].clone(), true);
+        let committed =
+            self.lock_store()
+                .commit(&self.config.identity_field, body, key, traceparent);
+        if committed.1 {
+            bump(&self.counters.replays);
         }
-        let index = store.records.len();
-        let record = Record {
-            id: format!("rec-{}", index + 1),
-            created_at: now_ms(),
-            body,
-            traceparent,
-        };
-        if let Some(identity) = field_text(&record.body, &self.config.identity_field) {
-            let entry = store.by_identity.entry(identity).or_default();
-            entry.push(index);
-            if entry.len() == 2 {
-                store.duplicates += 1;
+        committed
+    }
+
+    /// Answers a lookup after the configured latency, keeping its trace context.
+    async fn lookup(&self, req: &Request<Incoming>) -> Resp {
+        if let Some(trace) = req
+            .headers()
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+        {
+            let mut traces = self.lookup_traces.lock().unwrap_or_else(|e| e.into_inner());
+            if traces.len() == LOOKUP_TRACES_KEPT {
+                traces.pop_front();
             }
+            traces.push_back(trace.to_string());
         }
-        if let Some(k) = key {
-            store.by_key.insert(k, index);
-        }
-        store.records.push(record.clone());
-        (record, false)
+        let n = bump(&self.counters.lookups);
+        let faults = self.faults();
+        self.delay(&faults, n).await;
+        let paging = match self.page_size.load(Ordering::Relaxed) {
+            0 => None,
+            size => Some(Paging {
+                size,
+                style: self.config.lookup_paging,
+            }),
+        };
+        let here = self.lookup_here(req.headers());
+        let visible_before = now_ms().saturating_sub(self.lag_ms.load(Ordering::Relaxed));
+        lookup::answer(
+            &self.lock_store(),
+            &self.config.identity_field,
+            visible_before,
+            req.uri().query().unwrap_or(""),
+            paging,
+            &here,
+        )
+    }
+
+    /// The absolute URL of the lookup path as the client reached it: its `Host` when that is
+    /// a valid authority (a remote in a container is reached by its service name), else the
+    /// listening address.
+    fn lookup_here(&self, headers: &HeaderMap) -> String {
+        let authority = headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .and_then(|h| h.parse::<http::uri::Authority>().ok())
+            .map_or_else(|| self.addr.to_string(), |a| a.to_string());
+        format!("{}://{authority}{}", self.scheme(), self.config.lookup_path)
     }
 
     fn stats(&self) -> Stats {
-        let c = &self.counters;
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let store = self.lock_store();
-        Stats {
-            connections: get(&c.connections),
-            requests: get(&c.requests),
-            posts: get(&c.posts),
-            records: store.records.len() as u64,
-            identities: store.by_identity.len() as u64,
-            duplicates: store.duplicates,
-            replays: get(&c.replays),
-            lookups: get(&c.lookups),
-            refused: get(&c.refused),
-            dropped: get(&c.dropped),
-            hung: get(&c.hung),
-            errors: get(&c.errors),
-            throttled: get(&c.throttled),
-            rejected: get(&c.rejected),
-            invalid: get(&c.invalid),
-            handshakes_failed: get(&c.handshakes_failed),
-        }
+        self.counters.snapshot(&self.lock_store())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{self, Client};
+
+    async fn sim(faults: Faults) -> Sim {
+        Sim::start(SimConfig {
+            seed: 11,
+            faults,
+            ..SimConfig::default()
+        })
+        .await
+        .unwrap()
+    }
+
+    #[test]
+    fn each_fault_has_its_share_of_the_draw_and_drop_and_hang_come_last() {
+        let before = Faults {
+            throttle: 0.1,
+            error: 0.1,
+            commit_then_drop: 0.1,
+            ..Faults::default()
+        };
+        let after = Faults {
+            drop: 0.2,
+            hang: 0.2,
+            ..before
+        };
+        let picks = |faults: &Faults| -> Vec<Option<Fault>> {
+            [0.05, 0.15, 0.25, 0.35, 0.55, 0.75]
+                .into_iter()
+                .map(|draw| choose(faults, draw))
+                .collect()
+        };
+        assert_eq!(
+            picks(&before),
+            [
+                Some(Fault::Throttle),
+                Some(Fault::Error),
+                Some(Fault::CommitThenDrop),
+                None,
+                None,
+                None
+            ]
+        );
+        assert_eq!(
+            picks(&after),
+            [
+                Some(Fault::Throttle),
+                Some(Fault::Error),
+                Some(Fault::CommitThenDrop),
+                Some(Fault::Drop),
+                Some(Fault::Hang),
+                None
+            ]
+        );
+        assert_eq!(choose(&Faults::default(), 0.0), None);
+    }
+
+    #[tokio::test]
+    async fn drop_reads_the_request_creates_nothing_and_closes_without_an_answer() {
+        let sim = sim(Faults::default()).await;
+        let path = sim.config().create_path.clone();
+        let created = testing::post(sim.addr(), &path, &json!({"request_key": "a"})).await;
+        assert_eq!(created.unwrap().status, 201);
+        // Switched on at run time: every create is read whole, then dropped.
+        sim.set_faults(Faults {
+            drop: 1.0,
+            ..Faults::default()
+        })
+        .unwrap();
+        let err = testing::post(sim.addr(), &path, &json!({"request_key": "b"}))
+            .await
+            .unwrap_err();
+        assert!(err.is_incomplete_message(), "{err:?}");
+        let stats = sim.stats();
+        assert_eq!(
+            (
+                stats.posts,
+                stats.records,
+                stats.dropped_uncommitted,
+                stats.dropped
+            ),
+            (2, 1, 1, 0)
+        );
+        assert!(sim.records_with_identity("b").is_empty());
+        // Off again: creates are created and answered.
+        sim.set_faults(Faults::default()).unwrap();
+        let created = testing::post(sim.addr(), &path, &json!({"request_key": "b"})).await;
+        assert_eq!(created.unwrap().status, 201);
+        assert_eq!(sim.records_with_identity("b").len(), 1);
+    }
+
+    #[tokio::test]
+    async fn hang_reads_the_request_creates_nothing_and_never_answers() {
+        let sim = sim(Faults {
+            hang: 1.0,
+            ..Faults::default()
+        })
+        .await;
+        let path = sim.config().create_path.clone();
+        let mut client = Client::connect(sim.addr()).await.unwrap();
+        let answer = tokio::time::timeout(
+            Duration::from_millis(300),
+            client.post(&path, &json!({"request_key": "a"})),
+        )
+        .await;
+        assert!(answer.is_err(), "answered: {answer:?}");
+        let stats = sim.stats();
+        assert_eq!(
+            (
+                stats.posts,
+                stats.records,
+                stats.hung_uncommitted,
+                stats.hung
+            ),
+            (1, 0, 1, 0)
+        );
+        // The connection stays open: the remote never closed it.
+        assert!(!client.is_closed());
+    }
+
+    #[tokio::test]
+    async fn error_503_creates_nothing_and_sends_no_retry_after() {
+        let sim = sim(Faults {
+            error: 1.0,
+            error_status: 503,
+            ..Faults::default()
+        })
+        .await;
+        let path = sim.config().create_path.clone();
+        let answer = testing::post(sim.addr(), &path, &json!({"request_key": "a"}))
+            .await
+            .unwrap();
+        assert_eq!(answer.status, 503);
+        assert!(answer.headers.get(header::RETRY_AFTER).is_none());
+        let stats = sim.stats();
+        assert_eq!((stats.posts, stats.records, stats.errors), (1, 0, 1));
+    }
 
     #[test]
     fn draws_are_uniform_enough_and_reproducible() {
@@ -762,15 +768,5 @@ mod tests {
         assert_eq!(unit(7, STREAM_FAULT, 3), unit(7, STREAM_FAULT, 3));
         assert_ne!(unit(7, STREAM_FAULT, 3), unit(8, STREAM_FAULT, 3));
         assert_ne!(unit(7, STREAM_FAULT, 3), unit(7, STREAM_LATENCY, 3));
-    }
-
-    #[test]
-    fn field_text_reads_dotted_paths() {
-        let body = json!({"a": {"b": "x", "n": 5}, "t": true, "o": {}});
-        assert_eq!(field_text(&body, "a.b").as_deref(), Some("x"));
-        assert_eq!(field_text(&body, "a.n").as_deref(), Some("5"));
-        assert_eq!(field_text(&body, "t").as_deref(), Some("true"));
-        assert_eq!(field_text(&body, "o"), None);
-        assert_eq!(field_text(&body, "missing"), None);
     }
 }
