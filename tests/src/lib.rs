@@ -15,6 +15,8 @@
 //! - [`cluster`]: kafka mode as deployed: `sendledger run` processes in one consumer group,
 //!   the timeline of who owned which partition when (read from their logs), a steady stream of
 //!   requests, a follower of the results topic, and the check that every task settled once;
+//! - [`outage`]: a remote that goes down in the middle of a stream of tasks, and what the
+//!   tasks end as;
 //! - [`http`]: one HTTP request to the admin endpoint or the simulated remote;
 //! - [`process`]: a command that must succeed, `sendledger run` up to its `ready` line;
 //! - [`browser`]: a headless Chromium driven through the DevTools protocol.
@@ -29,6 +31,7 @@ pub mod cluster;
 pub mod effects;
 pub mod http;
 pub mod kafka;
+pub mod outage;
 pub mod process;
 
 /// The seed of a randomized test: `SENDLEDGER_TEST_SEED` when set, else the given default.

@@ -464,6 +464,11 @@ impl Engine {
         self.inner.remote.lookup_url(request)
     }
 
+    /// The circuit breaker of each target (see [`Remote::target_health`]).
+    pub fn target_health(&self) -> Vec<crate::remote::TargetHealth> {
+        self.inner.remote.target_health()
+    }
+
     /// A task's current state (the fold of its events).
     pub async fn state(&self, task_id: TaskId) -> Result<State> {
         Ok(sendledger_core::fold(&self.events(task_id).await?))
@@ -510,6 +515,7 @@ impl Engine {
             now,
             random: 0,
             policy: &policy,
+            hold: None,
         };
         let decision = decide(&state, Input::Operator(resolution), ctx)?;
         let (next, append) = record(task_id, &state, &decision, now);

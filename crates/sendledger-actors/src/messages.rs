@@ -23,8 +23,10 @@ pub enum TaskInput {
     Wake {
         due: u64,
     },
+    /// A lookup ended; `asked_at` is when it was sent.
     Lookup {
         attempt: u32,
+        asked_at: u64,
         result: std::result::Result<Vec<String>, LookupError>,
     },
     Recover,

@@ -62,6 +62,7 @@ impl Reconciler {
                 .lookup(&job.request, job.since, passed_on)
                 .instrument(span.clone());
             let (task_id, attempt) = (job.task_id, job.attempt);
+            let asked_at = crate::now_ms();
             ctx.spawn(lookup.into_actor(self).map(move |result, act, ctx| {
                 act.running -= 1;
                 let outcome = match &result {
@@ -82,7 +83,7 @@ impl Reconciler {
                 span.record("outcome", outcome);
                 drop(span);
                 metrics::counter!(crate::metric_definitions::LOOKUPS_TOTAL, "outcome" => outcome).increment(1);
-                act.registry.do_send(Route { task_id, input: TaskInput::Lookup { attempt, result } });
+                act.registry.do_send(Route { task_id, input: TaskInput::Lookup { attempt, asked_at, result } });
                 act.pump(ctx);
             }));
         }

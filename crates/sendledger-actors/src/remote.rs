@@ -34,18 +34,49 @@ impl LookupError {
     }
 }
 
-/// Room to send one attempt, held until the attempt ends: dropping it frees the room.
-pub type Slot = Box<dyn std::any::Any + Send>;
+/// Room to send one attempt, taken before its intent is recorded and held until the attempt
+/// ends.
+pub trait Room: Send + 'static {
+    /// Frees the room and reports what the attempt proved (the target's circuit breaker counts
+    /// it). Dropped without it, the room is freed and the attempt counts neither way (it was
+    /// never sent).
+    fn finish(self: Box<Self>, _outcome: &AttemptOutcome) {}
+}
+
+/// Room with nothing to report to: a remote without limits or breaker.
+impl Room for () {}
+
+pub type Slot = Box<dyn Room>;
+
+/// Why a target takes no attempt now: its circuit breaker is open. The task records no intent
+/// and looks again after `wait` (plus a random part of `spread`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unavailable {
+    pub wait: std::time::Duration,
+    pub spread: std::time::Duration,
+}
+
+/// A target's circuit breaker as people see it (`/healthz`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetHealth {
+    pub target: String,
+    /// `closed`, `open` or `half_open`.
+    pub state: &'static str,
+    /// Open: how long until it probes.
+    pub probing_in_ms: Option<u64>,
+    /// How many times it opened since the process started.
+    pub opened: u64,
+}
 
 pub trait Remote: Send + Sync + 'static {
     /// The decision policy of a configured target; `None` when the target is unknown.
     fn policy(&self, target: &str) -> Option<Policy>;
 
     /// Waits for room to send one attempt to `target` (its limits on attempts in flight and
-    /// per second). A task takes it before it records the attempt's intent. Unlimited unless
-    /// the remote says otherwise.
-    fn reserve(&self, _target: &str) -> BoxFuture<Slot> {
-        Box::pin(std::future::ready(Box::new(()) as Slot))
+    /// per second), or says that the target takes none now (its breaker is open). A task takes
+    /// it before it records the attempt's intent. Unlimited unless the remote says otherwise.
+    fn reserve(&self, _target: &str) -> BoxFuture<Result<Slot, Unavailable>> {
+        Box::pin(std::future::ready(Ok(Box::new(()) as Slot)))
     }
 
     /// Performs one attempt and classifies what it proves. Must always complete (bounded by
@@ -58,6 +89,11 @@ pub trait Remote: Send + Sync + 'static {
         idempotency_key: Option<&str>,
         sending: Sending,
     ) -> BoxFuture<AttemptOutcome>;
+
+    /// The circuit breaker of each target that has one.
+    fn target_health(&self) -> Vec<TargetHealth> {
+        Vec::new()
+    }
 
     /// What a lookup of the request asks, for people to see (the review console): the
     /// rendered lookup URL, or why it cannot be built. `None`: no lookup configured.

@@ -12,16 +12,20 @@
 use std::sync::Arc;
 
 use actix::prelude::*;
-use sendledger_core::decide::{decide, Action, AttemptOutcome, Ctx, Decision, Input, Sending};
+use sendledger_core::decide::{
+    decide, Action, AttemptOutcome, Ctx, Decision, Hold, Input, Sending,
+};
 use sendledger_core::error::Chain;
-use sendledger_core::{EventBody, Evidence, NewEvent, NotSentCause, Phase, Policy, State, TaskId};
+use sendledger_core::{
+    EventBody, Evidence, NewEvent, NotSentCause, Phase, Policy, State, TaskId, WaitReason,
+};
 use sendledger_store::{Append, Ledger, TaskSummary, TimerKind};
 use tracing::Instrument;
 
 use crate::error::{Error, Result};
 use crate::messages::{Idle, LookupJob, Reply, Schedule, TaskInput, TaskMsg};
 use crate::ownership::Ownership;
-use crate::remote::{Remote, Slot};
+use crate::remote::{Remote, Slot, Unavailable};
 
 /// What every task actor shares.
 pub struct Shared {
@@ -52,6 +56,8 @@ pub struct TaskActor {
     lookup_in_flight: bool,
     /// Room at the target for the attempt being decided, taken before its intent is recorded.
     slot: Option<Slot>,
+    /// Or why the target takes no attempt now: the decision waits instead of intending.
+    hold: Option<Hold>,
     /// Inputs accepted for processing whose decision is not yet durable and acted on. The
     /// actor is idle (and may be dropped) only when there are none.
     unfinished: u32,
@@ -72,6 +78,7 @@ impl TaskActor {
             attempt_in_flight: false,
             lookup_in_flight: false,
             slot: None,
+            hold: None,
             unfinished: 0,
             loaded_at: 0,
         }
@@ -186,23 +193,26 @@ impl TaskActor {
             }
         }
         let input = self.unsent_outcome(input);
-        if let (None, None, TaskInput::Deliver { request, .. }) =
-            (&self.state.request, &self.slot, &input)
+        if let (None, None, None, TaskInput::Deliver { request, .. }) =
+            (&self.state.request, &self.slot, &self.hold, &input)
         {
             // A new task's first delivery sends its first attempt (unless the core refuses
             // it, which then spends one unit of the target's rate): room at the target first,
             // then the decision, from the time the room was found.
-            let reserve = self.shared.remote.reserve(&request.target);
-            return Box::pin(reserve.into_actor(self).then(move |slot, act, _| {
-                act.slot = Some(slot);
+            let target = request.target.clone();
+            let reserve = self.shared.remote.reserve(&target);
+            return Box::pin(reserve.into_actor(self).then(move |room, act, _| {
+                act.take_room(&target, room);
                 act.decide_and_append(input)
             }));
         }
         let now = crate::now_ms();
         let mut clear = None;
         let mut source = None;
-        // What to decide again once there is room at the target, should this decide to send.
-        let again = self.slot.is_none().then(|| input.clone());
+        // What to decide again once there is room at the target (or it said it takes no
+        // attempt now), should this decide to send.
+        let again = (self.slot.is_none() && self.hold.is_none()).then(|| input.clone());
+        let hold = self.hold.take();
         let core_input = match input {
             TaskInput::Deliver { request, source: s } => {
                 source = Some(s.clone());
@@ -212,10 +222,18 @@ impl TaskActor {
                 clear = Some(due);
                 Input::Wake
             }
-            TaskInput::Lookup { attempt, result } => {
+            TaskInput::Lookup {
+                attempt,
+                asked_at,
+                result,
+            } => {
                 // The core records the failure's message as it is.
                 let result = result.map_err(|e| e.to_string());
-                Input::Lookup { attempt, result }
+                Input::Lookup {
+                    attempt,
+                    asked_at,
+                    result,
+                }
             }
             TaskInput::Reject {
                 source: s,
@@ -246,6 +264,7 @@ impl TaskActor {
                 now,
                 random: self.random(),
                 policy: &self.policy,
+                hold: hold.as_ref(),
             },
         ) {
             Ok(d) => d,
@@ -255,9 +274,10 @@ impl TaskActor {
             // Room at the target first, then the intent: wait, and decide again from now. (A
             // task with no request yet took its room before its first decision, above.)
             if let Some(request) = &self.state.request {
-                let reserve = self.shared.remote.reserve(&request.target);
-                return Box::pin(reserve.into_actor(self).then(move |slot, act, _| {
-                    act.slot = Some(slot);
+                let target = request.target.clone();
+                let reserve = self.shared.remote.reserve(&target);
+                return Box::pin(reserve.into_actor(self).then(move |room, act, _| {
+                    act.take_room(&target, room);
                     act.decide_and_append(again)
                 }));
             }
@@ -382,7 +402,9 @@ impl TaskActor {
                     )
                     .instrument(span.clone());
                 ctx.spawn(send.into_actor(self).map(move |outcome, act, ctx| {
-                    drop(slot);
+                    if let Some(slot) = slot {
+                        slot.finish(&outcome);
+                    }
                     span.record("outcome", outcome_class(&outcome));
                     drop(span);
                     act.attempt_in_flight = false;
@@ -395,6 +417,25 @@ impl TaskActor {
                         act.idle_check(ctx);
                     }));
                 }));
+            }
+        }
+    }
+
+    /// Keeps what the target answered a reservation with for the decision that follows: room
+    /// to send, or a hold (its breaker is open: the decision waits instead of intending).
+    fn take_room(&mut self, target: &str, room: std::result::Result<Slot, Unavailable>) {
+        match room {
+            Ok(slot) => self.slot = Some(slot),
+            Err(unavailable) => {
+                let millis =
+                    |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+                self.hold = Some(Hold {
+                    until: crate::now_ms().saturating_add(millis(unavailable.wait)),
+                    spread_ms: millis(unavailable.spread),
+                    reason: WaitReason::BreakerOpen {
+                        target: target.to_string(),
+                    },
+                });
             }
         }
     }

@@ -85,6 +85,8 @@ pub struct AuditReport {
     pub unknowns_resolved_by_operator: u64,
     pub unknowns_open: u64,
     pub recovered_after_crash: u64,
+    /// Waits recorded before an intent (`SendDeferred`: the target's breaker was open).
+    pub waits_before_intent: u64,
     pub manual_reviews_open: u64,
     pub duplicates_dropped: u64,
     pub conflicts: u64,
@@ -155,6 +157,7 @@ impl TaskAudit {
                 Evidence::Operator { .. } => report.unknowns_resolved_by_operator += 1,
             },
             EventBody::InputRejected { .. } => report.rejected_inputs += 1,
+            EventBody::SendDeferred { .. } => report.waits_before_intent += 1,
             _ => {}
         }
     }

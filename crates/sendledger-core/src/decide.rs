@@ -8,7 +8,10 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::event::{EventBody, Evidence, Millis, NotSentCause, ReviewReason, Source, UnknownCause};
+use crate::event::{
+    EventBody, Evidence, Millis, NotSentCause, ReviewReason, Source, UnknownCause, WaitReason,
+    POLICY_COMPLETE_BY,
+};
 use crate::request::AcceptedRequest;
 use crate::retry::RetryPolicy;
 use crate::state::{Phase, State};
@@ -42,16 +45,38 @@ pub struct ReconcilePolicy {
     pub deadline_ms: u64,
     /// Authorize a resend, recorded as an event, when the deadline passes with no record.
     pub resend_when_absent: bool,
-    /// At most this many resends are authorized by the policy per task; after that, review.
+    /// At most this many resends are authorized by the policy per task (`resend_when_absent`
+    /// and `complete_after` together); after that, review.
     pub max_policy_resends: u32,
+    /// The target declares its lookups complete after this long: a record an attempt created
+    /// is visible to a lookup asked this long after the attempt's outcome became unknown. A
+    /// lookup asked past it that finds nothing proves the attempt was not performed, and a
+    /// resend is authorized (within `max_policy_resends`) without waiting for the deadline.
+    #[serde(default)]
+    pub complete_after_ms: Option<u64>,
 }
 
-/// What the caller supplies to a decision: the time and a random number.
+/// What the caller supplies to a decision: the time, a random number, and whether the target
+/// can take an attempt now.
 #[derive(Debug, Clone, Copy)]
 pub struct Ctx<'a> {
     pub now: Millis,
     pub random: u64,
     pub policy: &'a Policy,
+    /// Set when the target cannot take an attempt now: a decision that would record an intent
+    /// waits instead (`SendDeferred`), with no intent and no attempt spent.
+    pub hold: Option<&'a Hold>,
+}
+
+/// Why and until when a target takes no attempt (its circuit breaker is open).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hold {
+    /// When the target may take attempts again, at the earliest.
+    pub until: Millis,
+    /// Waiting tasks look again at `until` plus a random part of this, so they do not all
+    /// come back at once.
+    pub spread_ms: u64,
+    pub reason: WaitReason,
 }
 
 /// How one attempt is sent, besides its request: what the engine tells the effects layer.
@@ -125,9 +150,11 @@ pub enum Input {
     },
     /// A lookup ended: the matching remote ids, or why the lookup itself failed. `attempt` is
     /// the task's latest attempt when the lookup was issued: a result issued before a later
-    /// attempt says nothing about that attempt and is ignored.
+    /// attempt says nothing about that attempt and is ignored. `asked_at` is when the lookup
+    /// was sent: what it found holds as of then.
     Lookup {
         attempt: u32,
+        asked_at: Millis,
         result: std::result::Result<Vec<String>, String>,
     },
     /// A timer of the task is due (retry or check).
@@ -199,12 +226,16 @@ pub fn decide(state: &State, input: Input, ctx: Ctx<'_>) -> Result<Decision> {
                 outcome_of(state, attempt, outcome, ctx, &mut d);
             }
         }
-        Input::Lookup { attempt, result } => {
+        Input::Lookup {
+            attempt,
+            asked_at,
+            result,
+        } => {
             if state.phase == Phase::Unknown
                 && state.in_flight.is_none()
                 && attempt == state.attempts
             {
-                lookup_result(state, result, ctx, &mut d);
+                lookup_result(state, result, asked_at, ctx, &mut d);
             }
         }
         Input::Wake => wake(state, ctx, &mut d),
@@ -273,6 +304,10 @@ fn deliver(
 /// Records the intent of the next attempt and asks the caller to send it. `fresh_key` asks for
 /// a new idempotency key even when the current one is still remembered by the remote.
 fn intend(state: &State, fresh_key: bool, ctx: Ctx<'_>, d: &mut Decision) {
+    if let Some(hold) = ctx.hold {
+        defer(state, hold, ctx, d);
+        return;
+    }
     let attempt = state.attempts + 1;
     let idempotency_key = ctx.policy.idempotency_ttl_ms.map(|ttl| {
         match (
@@ -291,6 +326,24 @@ fn intend(state: &State, fresh_key: bool, ctx: Ctx<'_>, d: &mut Decision) {
         attempt,
         idempotency_key,
     };
+}
+
+/// Waits instead of intending: the target cannot take an attempt now. A wait is recorded when
+/// it begins; finding the target still unavailable at the next look only moves the timer, so a
+/// long outage costs each task one event, not one per look.
+fn defer(state: &State, hold: &Hold, ctx: Ctx<'_>, d: &mut Decision) {
+    let spread = match hold.spread_ms {
+        0 => 0,
+        s => ctx.random % s,
+    };
+    let until = hold.until.max(ctx.now).saturating_add(spread);
+    if state.waiting.as_ref().map(|w| &w.reason) != Some(&hold.reason) {
+        d.events.push(EventBody::SendDeferred {
+            until,
+            reason: hold.reason.clone(),
+        });
+    }
+    d.action = Action::WakeAt(until);
 }
 
 fn task_id_hex(state: &State) -> String {
@@ -410,6 +463,7 @@ fn next_for_unknown(after: &State, ctx: Ctx<'_>, d: &mut Decision, at: Millis) {
 fn lookup_result(
     state: &State,
     result: std::result::Result<Vec<String>, String>,
+    asked_at: Millis,
     ctx: Ctx<'_>,
     d: &mut Decision,
 ) {
@@ -442,6 +496,38 @@ fn lookup_result(
             d.events.push(EventBody::ManualReviewRequired {
                 reason: ReviewReason::MultipleMatches { remote_ids },
             });
+        }
+        // The target declared its lookups complete after a bound, and this one was asked past
+        // it: no record is proof that the attempt was not performed.
+        Ok(_)
+            if policy.complete_after_ms.is_some_and(|bound| {
+                asked_at
+                    >= state
+                        .unknown_since
+                        .unwrap_or(u64::MAX)
+                        .saturating_add(bound)
+            }) && state.policy_resends < policy.max_policy_resends =>
+        {
+            d.events.push(EventBody::LookupPerformed {
+                matches: Vec::new(),
+                next_check_at: None,
+            });
+            d.events.push(EventBody::ResendAuthorized {
+                by: POLICY_COMPLETE_BY.into(),
+                reason: format!(
+                    "no remote record in a lookup asked {} ms after attempt {}'s outcome became \
+                     unknown, past the target's complete_after of {} ms: not performed \
+                     (policy resend {} of at most {})",
+                    asked_at.saturating_sub(state.unknown_since.unwrap_or(asked_at)),
+                    state.attempts,
+                    policy.complete_after_ms.unwrap_or_default(),
+                    state.policy_resends + 1,
+                    policy.max_policy_resends
+                ),
+            });
+            let mut after = state.clone();
+            after.apply_all(ctx.now, &d.events);
+            intend(&after, false, ctx, d);
         }
         Ok(_) if ctx.now < deadline => {
             d.events.push(EventBody::LookupPerformed {

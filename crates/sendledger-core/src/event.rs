@@ -14,6 +14,10 @@ use crate::request::AcceptedRequest;
 /// all tell a policy's authorization from a person's by it.
 pub const POLICY_RESEND_BY: &str = "policy:resend_when_absent";
 pub const POLICY_PREFIX: &str = "policy:";
+/// The `by` of a `ResendAuthorized` recorded because a lookup found nothing after the target's
+/// declared `lookup.complete_after`: absence past that bound proves the attempt was not
+/// performed.
+pub const POLICY_COMPLETE_BY: &str = "policy:complete_after";
 
 /// How many resends `resend_when_absent` authorizes per task unless configured otherwise.
 pub const DEFAULT_MAX_POLICY_RESENDS: u32 = 1;
@@ -66,6 +70,26 @@ pub enum UnknownCause {
     Status(u16),
     /// The process found the attempt's intent without an outcome at start-up.
     Recovery,
+}
+
+/// Why a task waits before it records an attempt's intent: nothing is sent, no attempt is
+/// spent, and the wait ends by a timer.
+// format: do not change
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WaitReason {
+    /// The target's circuit breaker is open, or probing whether the remote is back: no attempt
+    /// goes to the target until a probe succeeds. (Envelope version 3.)
+    BreakerOpen { target: String },
+}
+
+impl std::fmt::Display for WaitReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WaitReason::BreakerOpen { target } => {
+                write!(f, "the circuit breaker of target {target} is open")
+            }
+        }
+    }
 }
 
 /// What proves that a task succeeded.
@@ -196,6 +220,14 @@ pub enum EventBody {
         #[serde(with = "raw_text")]
         raw: Vec<u8>,
     },
+    /// The task was about to record an attempt's intent and waits instead: its target cannot
+    /// take one now. Recorded when a wait begins (once per wait, however often the task finds
+    /// the target still unavailable); the next intent ends it. `until` is when the task first
+    /// looks again. (Envelope version 3.)
+    SendDeferred {
+        until: Millis,
+        reason: WaitReason,
+    },
 }
 
 /// The raw bytes of a rejected input: as text where a format is read by people (JSON), as
@@ -238,6 +270,7 @@ impl EventBody {
             EventBody::Failed { .. } => "Failed",
             EventBody::OperatorNote { .. } => "OperatorNote",
             EventBody::InputRejected { .. } => "InputRejected",
+            EventBody::SendDeferred { .. } => "SendDeferred",
         }
     }
 
@@ -327,6 +360,9 @@ impl EventBody {
                 raw,
             } => {
                 format!("from {source}: {reason} ({} bytes kept)", raw.len())
+            }
+            EventBody::SendDeferred { until, reason } => {
+                format!("waiting: {reason}; looks again in {} ms", after(*until))
             }
         }
     }

@@ -34,11 +34,13 @@ pub mod trace;
 mod model_tests;
 
 pub use decide::{
-    decide, Action, Ctx, Decision, Input, OperatorResolution, Policy, ReconcilePolicy, Sending,
+    decide, Action, Ctx, Decision, Hold, Input, OperatorResolution, Policy, ReconcilePolicy,
+    Sending,
 };
 pub use error::{Error, Result};
 pub use event::{
     Event, EventBody, Evidence, NewEvent, NotSentCause, ReviewReason, Source, UnknownCause,
+    WaitReason,
 };
 pub use ids::{PayloadHash, TaskId};
 pub use reason::sanitize_reason;

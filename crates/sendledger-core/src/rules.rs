@@ -209,6 +209,14 @@ impl TaskCheck {
                     );
                 }
             }
+            EventBody::SendDeferred { .. } if state.in_flight.is_some() => {
+                flag(
+                    out,
+                    Rule::IntentBeforeAttempt,
+                    vec![self.intent_lsn, lsn],
+                    "SendDeferred while an attempt had no outcome".into(),
+                );
+            }
             EventBody::SendNotSent { attempt, .. } | EventBody::SendUnknown { attempt, .. }
                 if state.in_flight != Some(*attempt) =>
             {

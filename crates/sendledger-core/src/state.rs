@@ -2,7 +2,9 @@
 
 use serde::Serialize;
 
-use crate::event::{Event, EventBody, Evidence, Millis, NotSentCause, ReviewReason, Source};
+use crate::event::{
+    Event, EventBody, Evidence, Millis, NotSentCause, ReviewReason, Source, WaitReason,
+};
 use crate::ids::{PayloadHash, TaskId};
 use crate::request::AcceptedRequest;
 
@@ -94,6 +96,19 @@ pub struct State {
     pub duplicates: u32,
     pub conflicts: u32,
     pub last_at: Millis,
+    /// Set while the task waits before its next intent (`SendDeferred`), until that intent.
+    pub waiting: Option<Waiting>,
+}
+
+/// A wait before an intent, as its `SendDeferred` recorded it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Waiting {
+    /// When the wait began.
+    pub since: Millis,
+    /// When the task first looks again (it may find the target still unavailable and wait on
+    /// without recording it again).
+    pub until: Millis,
+    pub reason: WaitReason,
 }
 
 impl Default for State {
@@ -128,6 +143,7 @@ impl Default for State {
             duplicates: 0,
             conflicts: 0,
             last_at: 0,
+            waiting: None,
         }
     }
 }
@@ -173,6 +189,7 @@ impl State {
                 self.retry_at = None;
                 self.next_check_at = None;
                 self.phase = Phase::Sending;
+                self.waiting = None;
                 if idempotency_key.is_some() && *idempotency_key != self.idempotency_key {
                     self.key_since = Some(at);
                     self.key_generation += 1;
@@ -244,6 +261,13 @@ impl State {
                 self.settle(Phase::Failed);
             }
             EventBody::OperatorNote { .. } => {}
+            EventBody::SendDeferred { until, reason } => {
+                self.waiting = Some(Waiting {
+                    since: at,
+                    until: *until,
+                    reason: reason.clone(),
+                });
+            }
             EventBody::InputRejected { source, reason, .. } => {
                 if self.request.is_none() && self.phase == Phase::New {
                     self.source = Some(source.clone());
@@ -256,6 +280,7 @@ impl State {
 
     fn settle(&mut self, phase: Phase) {
         self.phase = phase;
+        self.waiting = None;
         self.unresolved_unknown = false;
         self.resend_authorized = false;
         self.retry_at = None;

@@ -66,6 +66,10 @@ pub struct TargetConfig {
     /// How to ask the remote what it holds. Without it, unknown outcomes go to manual review.
     #[serde(default)]
     pub lookup: Option<LookupConfig>,
+    /// The target's circuit breaker: when the remote fails, tasks wait before their intent
+    /// instead of sending into the outage. On by default.
+    #[serde(default)]
+    pub breaker: BreakerConfig,
     /// How https URLs (of attempts and lookups) verify the remote and present this client.
     /// Without it, the remote's certificate must chain to a public root (webpki roots).
     #[serde(default)]
@@ -253,10 +257,72 @@ pub struct LookupConfig {
     /// Off by default: absence of evidence is not evidence of absence.
     #[serde(default)]
     pub resend_when_absent: bool,
-    /// With `resend_when_absent`: at most this many resends per task are authorized by the
-    /// policy; after that, manual review.
+    /// With `resend_when_absent` or `complete_after`: at most this many resends per task are
+    /// authorized by the policy; after that, manual review.
     #[serde(default = "default_max_policy_resends")]
     pub max_policy_resends: u32,
+    /// The remote's promise that a record an attempt created is visible to a lookup this long
+    /// after the attempt's outcome became unknown (its processing time plus its lookup's lag).
+    /// A lookup asked past it that finds nothing proves the attempt was not performed: a
+    /// resend is authorized (within `max_policy_resends`) instead of manual review. Unset: no
+    /// such promise, absence proves nothing.
+    #[serde(default, with = "humantime_serde")]
+    pub complete_after: Option<Duration>,
+}
+
+/// A target's circuit breaker (`docs/operating/configuration.md`, "Circuit breaker").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BreakerConfig {
+    /// Off: attempts go out whatever the remote's recent failures.
+    pub enabled: bool,
+    /// The window: the latest this many attempt outcomes.
+    pub window_calls: usize,
+    /// When set, the window also forgets outcomes older than this.
+    #[serde(with = "humantime_serde")]
+    pub window: Option<Duration>,
+    /// The breaker opens only when the window holds at least this many outcomes.
+    pub minimum_calls: usize,
+    /// ... and at least this share of them (0 < rate ≤ 1) are failures.
+    pub failure_rate: f64,
+    /// An attempt still running after this long counts as a failure while it runs, so a remote
+    /// that hangs opens the breaker before its requests time out. Default: `request_timeout`,
+    /// at most 10 s. At most `request_timeout`.
+    #[serde(with = "humantime_serde")]
+    pub slow_after: Option<Duration>,
+    /// How long the breaker stays open before it probes. Waiting tasks look again after it,
+    /// spread over as long again.
+    #[serde(with = "humantime_serde")]
+    pub open_for: Duration,
+    /// Probes in half-open: as many successes close the breaker, one failure opens it again.
+    pub half_open_probes: u32,
+    /// Whether attempts proven not sent by the remote's doing (refused, connect timeout, TLS
+    /// handshake, 429, 503, a 5xx configured `not_sent`) count as failures.
+    pub count_not_sent: bool,
+    /// Whether unknown outcomes (timeout, reset after write, 5xx) count as failures.
+    pub count_unknown: bool,
+    /// A `GET` URL (no placeholders) that answers 2xx while the remote is up: in half-open it
+    /// is the probe, so no task's attempt is risked. Without it, the probes are real attempts
+    /// (a probe whose outcome is unknown is reconciled like any other).
+    pub health_url: Option<String>,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        BreakerConfig {
+            enabled: true,
+            window_calls: 20,
+            window: None,
+            minimum_calls: 10,
+            failure_rate: 0.5,
+            slow_after: None,
+            open_for: Duration::from_secs(5),
+            half_open_probes: 1,
+            count_not_sent: true,
+            count_unknown: true,
+            health_url: None,
+        }
+    }
 }
 
 fn default_max_in_flight() -> usize {

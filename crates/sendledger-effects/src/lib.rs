@@ -45,29 +45,35 @@
 //!   client settings, checked at load;
 //! - `template.rs`: `{field}` templates for URLs and body fields;
 //! - `limit.rs`: per-target send limits (`max_in_flight`, `rate_limit`);
+//! - `breaker.rs`: the per-target circuit breaker, whose admission a task asks for before it
+//!   records an intent;
 //! - `error.rs`: [`Error`].
 //!
 //! # Dependencies
 //! The core crate (for the outcome and policy types), tokio, hyper, rustls (with the ring
 //! provider and the webpki roots; never OpenSSL) and serde. Never the ledger
 //! (RocksDB), Kafka or the actors: this crate performs I/O to remotes and nothing else, and
-//! holds no state beyond idle connections and the name lookups under way.
+//! holds no state beyond idle connections, the name lookups under way and each target's
+//! breaker (what the latest attempts proved about the remote's health).
 
+mod breaker;
 mod classify;
 mod config;
 mod conn;
 mod error;
 mod limit;
+pub mod metric_definitions;
 mod resolve;
 mod target;
 mod template;
 mod tls;
 
+pub use breaker::{BreakerState, BreakerView};
 pub use config::{
-    ConflictPolicy, CreatedAfterConfig, HeaderValueConfig, IdempotencyConfig, LookupConfig,
-    RetryConfig, ServerErrorPolicy, TargetConfig, TimeFormat, TlsConfig,
+    BreakerConfig, ConflictPolicy, CreatedAfterConfig, HeaderValueConfig, IdempotencyConfig,
+    LookupConfig, RetryConfig, ServerErrorPolicy, TargetConfig, TimeFormat, TlsConfig,
 };
 pub use error::{Error, Result};
 pub use limit::{SendLimiter, SendSlot};
 pub use sendledger_core::decide::{AttemptOutcome, Sending};
-pub use target::{Target, Targets};
+pub use target::{Held, Target, Targets};

@@ -8,8 +8,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use sendledger_core::decide::AttemptOutcome;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
+
+use crate::breaker::Ticket;
 
 /// The sending limits of one target.
 #[derive(Debug)]
@@ -26,10 +29,29 @@ struct Bucket {
     tat: Instant,
 }
 
-/// Room for one attempt; dropping it frees the room.
-#[derive(Debug)]
+/// Room for one attempt, and its admission by the target's breaker: report the attempt's
+/// outcome with [`SendSlot::finish`]; dropping it frees the room (an attempt never sent counts
+/// neither way at the breaker).
 pub struct SendSlot {
     _permit: OwnedSemaphorePermit,
+    pub(crate) ticket: Option<Ticket>,
+}
+
+impl SendSlot {
+    /// Frees the room and tells the target's breaker what the attempt proved.
+    pub fn finish(self, outcome: &AttemptOutcome) {
+        if let Some(ticket) = self.ticket {
+            ticket.finish_outcome(outcome);
+        }
+    }
+}
+
+impl std::fmt::Debug for SendSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendSlot")
+            .field("breaker", &self.ticket.is_some())
+            .finish()
+    }
 }
 
 impl SendLimiter {
@@ -69,7 +91,10 @@ impl SendLimiter {
                 tokio::time::sleep(wait).await;
             }
         }
-        SendSlot { _permit: permit }
+        SendSlot {
+            _permit: permit,
+            ticket: None,
+        }
     }
 }
 

@@ -91,10 +91,14 @@
     const unknowns = single(samples, "sendledger_unknowns_open");
     const oldest = single(samples, "sendledger_unknown_oldest_age_seconds");
     const reviews = samples.find((s) => s.name === "sendledger_tasks" && s.labels.state === "manual_review");
+    // Each target's circuit breaker: 0 closed, 1 open (its tasks wait), 2 half-open.
+    const breakers = byLabel(samples, "sendledger_target_state", "target").map(([target, value]) =>
+      tile("tile-target-" + target, "target " + target, ["closed", "open", "half-open"][value] || "unknown"));
     fill(tiles,
       tile("tile-review", "in manual review", String(reviews ? reviews.value : 0)),
       tile("tile-unknowns", "open unknowns", String(unknowns)),
-      tile("tile-oldest", "oldest unknown", unknowns > 0 ? duration(oldest) : "none"));
+      tile("tile-oldest", "oldest unknown", unknowns > 0 ? duration(oldest) : "none"),
+      ...breakers);
     fill(charts,
       barChart("chart-tasks", "Tasks by state", byLabel(samples, "sendledger_tasks", "state"), "No tasks counted yet."),
       barChart("chart-attempts", "Attempts by class", byLabel(samples, "sendledger_attempts_total", "class"), "No attempt since the service started."),

@@ -53,6 +53,7 @@ pub fn all() -> impl Iterator<Item = &'static M> {
     sendledger_store::metric_definitions::DEFINITIONS
         .iter()
         .chain(sendledger_actors::metric_definitions::DEFINITIONS)
+        .chain(sendledger_effects::metric_definitions::DEFINITIONS)
         .chain(sendledger_kafka::metric_definitions::DEFINITIONS)
         .chain(DEFINITIONS)
 }

@@ -32,7 +32,9 @@ pub fn task_json(task: TaskId, state: &State, events: &[Event]) -> Value {
         .iter()
         .map(|e| json!({ "lsn": e.lsn, "seq": e.task_seq, "at": time(e.at), "event": e.body.name(), "detail": e.body.summary(e.at), "attempt": attempt_of(&e.body), "data": fields_of(&e.body) }))
         .collect();
-    json!({ "task_id": task.to_string(), "state": state.phase.name(), "attempts": state.attempts, "remote_id": state.remote_id, "request": state.request, "events": timeline })
+    // Why the task waits before its next intent, as its `SendDeferred` recorded it.
+    let waiting = state.waiting.as_ref().map(|w| json!({ "since": time(w.since), "until": time(w.until), "reason": w.reason.to_string() }));
+    json!({ "task_id": task.to_string(), "state": state.phase.name(), "attempts": state.attempts, "remote_id": state.remote_id, "waiting": waiting, "request": state.request, "events": timeline })
 }
 
 /// The attempt a send event is about; none for other events.

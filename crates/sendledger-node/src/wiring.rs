@@ -9,7 +9,9 @@
 //! - [`KafkaOwner`]: kafka mode's [`PartitionOwner`]: takes a partition over (opens its log of
 //!   record, restores the ledger from it, resumes its tasks) and gives it up.
 
-use sendledger_actors::{Engine, Error, LookupError, Remote, Slot};
+use sendledger_actors::{
+    Engine, Error, LookupError, Remote, Room, Slot, TargetHealth, Unavailable,
+};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,10 +45,18 @@ impl Remote for HttpRemote {
         self.targets.get(target).map(|t| t.policy())
     }
 
-    fn reserve(&self, target: &str) -> BoxFuture<Slot> {
+    fn reserve(&self, target: &str) -> BoxFuture<Result<Slot, Unavailable>> {
         match self.targets.get(target).cloned() {
-            Some(target) => Box::pin(async move { Box::new(target.reserve().await) as Slot }),
-            None => Box::pin(std::future::ready(Box::new(()) as Slot)),
+            Some(target) => Box::pin(async move {
+                match target.reserve().await {
+                    Ok(slot) => Ok(Box::new(HttpSlot(slot)) as Slot),
+                    Err(held) => Err(Unavailable {
+                        wait: held.wait,
+                        spread: held.spread,
+                    }),
+                }
+            }),
+            None => Box::pin(std::future::ready(Ok(Box::new(()) as Slot))),
         }
     }
 
@@ -78,6 +88,21 @@ impl Remote for HttpRemote {
         self.targets.get(&request.target)?.lookup_url(request)
     }
 
+    fn target_health(&self) -> Vec<TargetHealth> {
+        self.targets
+            .names()
+            .filter_map(|name| {
+                let view = self.targets.get(name)?.breaker()?;
+                Some(TargetHealth {
+                    target: name.to_string(),
+                    state: view.state.name(),
+                    probing_in_ms: view.probing_in_ms,
+                    opened: view.opened,
+                })
+            })
+            .collect()
+    }
+
     fn lookup(
         &self,
         request: &AcceptedRequest,
@@ -95,6 +120,15 @@ impl Remote for HttpRemote {
                 .await
                 .map_err(|e| LookupError::new(e.to_string(), e.is_transient()))
         })
+    }
+}
+
+/// A target's room for one attempt, which reports the attempt's outcome to its breaker.
+struct HttpSlot(sendledger_effects::SendSlot);
+
+impl Room for HttpSlot {
+    fn finish(self: Box<Self>, outcome: &AttemptOutcome) {
+        self.0.finish(outcome);
     }
 }
 

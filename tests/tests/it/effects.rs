@@ -900,6 +900,14 @@ fn config_errors_name_the_field() {
         ("lookup = { url = \"http://127.0.0.1:9/r?k={bogus}\" }", "targets.t.lookup.url: unknown placeholder `{bogus}`"),
         ("lookup = { url = \"http://127.0.0.1:9/r\", id_pointer = \"x\" }", "targets.t.lookup.id_pointer"),
         ("lookup = { url = \"http://127.0.0.1:9/r\", first_check = \"10s\", deadline = \"1s\" }", "targets.t.lookup.deadline"),
+        ("lookup = { url = \"http://127.0.0.1:9/r\", deadline = \"1m\", complete_after = \"2m\" }", "targets.t.lookup.complete_after: must be shorter than lookup.deadline"),
+        ("breaker = { minimum_calls = 30 }", "targets.t.breaker.window_calls: must be at least breaker.minimum_calls"),
+        ("breaker = { failure_rate = 1.5 }", "targets.t.breaker.failure_rate: must be a share in (0, 1]"),
+        ("breaker = { open_for = \"0s\" }", "targets.t.breaker.open_for: must be longer than 0s"),
+        ("breaker = { half_open_probes = 0 }", "targets.t.breaker.half_open_probes: must be at least 1"),
+        ("request_timeout = \"5s\"\nbreaker = { slow_after = \"6s\" }", "targets.t.breaker.slow_after: must not exceed request_timeout"),
+        ("breaker = { count_not_sent = false, count_unknown = false }", "targets.t.breaker: counts no failure"),
+        ("breaker = { health_url = \"http://127.0.0.1:9/h/{task_id}\" }", "targets.t.breaker.health_url: must not have placeholders"),
     ];
     for (extra, expected) in cases {
         let cfg: TargetConfig = toml::from_str(&format!("{base}{extra}")).unwrap();
@@ -955,6 +963,7 @@ lookup = { url = "http://127.0.0.1:9/records?k={task_id}", first_check = "2s", c
                 deadline_ms: 600_000,
                 resend_when_absent: true,
                 max_policy_resends: 1,
+                complete_after_ms: None,
             }),
             idempotency_ttl_ms: Some(86_400_000),
             // A tenth of the TTL, at most a minute.

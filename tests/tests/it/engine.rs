@@ -849,7 +849,7 @@ async fn a_slow_remote_is_reconciled_without_duplicates() {
 }
 
 /// The remote is down for a while (connection refused; 20 s here, `SENDLEDGER_REMOTE_DOWN_SECS`
-/// for minutes): attempts are certainly not sent, so they are retried with capped backoff
+/// for minutes) and the target has no breaker: attempts are certainly not sent, so they are retried with capped backoff
 /// within `max_attempts`; when the remote returns, every task succeeds with one record, and no
 /// unknown outcome was ever recorded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -875,6 +875,9 @@ async fn a_remote_down_for_a_while_is_waited_out_without_unknowns() {
         target(&format!("http://127.0.0.1:{port}"), |t| {
             t["retry"]["max_attempts"] = max_attempts.into();
             t["retry"]["max_backoff"] = "2s".into();
+            // The retry path alone: with the breaker, tasks would wait instead
+            // (`outage::an_outage_with_refused_connections_becomes_a_delay`).
+            t["breaker"]["enabled"] = false.into();
         }),
     );
     let keys: Vec<String> = (0..50).map(|i| format!("down-{i}")).collect();

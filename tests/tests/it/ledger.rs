@@ -380,6 +380,25 @@ fn golden_events_v2() -> Vec<Event> {
     events
 }
 
+/// Version 3 adds the wait before an intent (`SendDeferred`, `WaitReason`).
+fn golden_events_v3() -> Vec<Event> {
+    let mut events = golden_events_v2();
+    let last = events.last().unwrap().clone();
+    events.push(Event {
+        lsn: last.lsn + 1,
+        task_seq: last.task_seq + 1,
+        at: last.at + 1,
+        body: EventBody::SendDeferred {
+            until: 1_700_000_015_000,
+            reason: WaitReason::BreakerOpen {
+                target: "payments".into(),
+            },
+        },
+        ..last
+    });
+    events
+}
+
 /// Reads a fixture of `lsn name hex` lines.
 fn fixture(name: &str, events: &[Event]) -> Vec<(u64, Vec<u8>)> {
     let path = format!("{}/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
@@ -415,20 +434,30 @@ fn event_encoding_matches_golden_fixtures() {
         );
     }
     let v2 = golden_events_v2();
+    for ((lsn, bytes), event) in fixture("events-v2.txt", &v2).iter().zip(&v2) {
+        assert_eq!(bytes[0], 2);
+        assert_eq!(
+            &decode_event(*lsn, bytes).unwrap(),
+            event,
+            "decoding v2 {}",
+            event.body.name()
+        );
+    }
+    let v3 = golden_events_v3();
     if std::env::var_os("SENDLEDGER_BLESS").is_some() {
-        let encoded: Vec<String> = v2
+        let encoded: Vec<String> = v3
             .iter()
             .map(|e| format!("{} {} {}", e.lsn, e.body.name(), hex(&encode_event(e))))
             .collect();
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/events-v2.txt");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/events-v3.txt");
         std::fs::write(path, encoded.join("\n") + "\n").unwrap();
     }
-    for ((lsn, bytes), event) in fixture("events-v2.txt", &v2).iter().zip(&v2) {
+    for ((lsn, bytes), event) in fixture("events-v3.txt", &v3).iter().zip(&v3) {
         let name = event.body.name();
         assert_eq!(
             &decode_event(*lsn, bytes).unwrap(),
             event,
-            "decoding v2 {name}"
+            "decoding v3 {name}"
         );
         assert_eq!(
             hex(&encode_event(event)),

@@ -20,6 +20,7 @@ mod kafka;
 mod layout;
 mod ledger;
 mod log;
+mod outage;
 mod scripts;
 mod sim;
 mod telemetry;

@@ -5,6 +5,11 @@
 //! every task settled once for a `read_committed` consumer of the results topic, and the
 //! events topic (the log of record) audits clean. The harness is `sendledger_tests::cluster`
 //! and `sendledger_tests::kafka`. `SENDLEDGER_TEST_SEED` replays a run.
+//!
+//! [`outage`] is the local-mode outage soak: a remote down for a minute, with and without the
+//! target's circuit breaker.
+
+mod outage;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};

@@ -3,9 +3,11 @@
 //! generated input sequences in [`properties`].
 
 use crate::decide::{
-    decide, Action, AttemptOutcome, Ctx, Input, OperatorResolution, Policy, ReconcilePolicy,
+    decide, Action, AttemptOutcome, Ctx, Hold, Input, OperatorResolution, Policy, ReconcilePolicy,
 };
-use crate::event::{Event, EventBody, Evidence, NotSentCause, ReviewReason, Source, UnknownCause};
+use crate::event::{
+    Event, EventBody, Evidence, NotSentCause, ReviewReason, Source, UnknownCause, WaitReason,
+};
 use crate::request::{Limits, TaskRequest};
 use crate::retry::RetryPolicy;
 use crate::rules::{check_task, CheckConfig, Rule};
@@ -22,6 +24,8 @@ struct Harness {
     now: u64,
     random: u64,
     sends: Vec<(u32, Option<String>)>,
+    /// Set while the target's breaker is open: decisions get it as `Ctx::hold`.
+    hold: Option<Hold>,
 }
 
 impl Harness {
@@ -33,6 +37,7 @@ impl Harness {
             now: 1_000_000,
             random: 42,
             sends: Vec::new(),
+            hold: None,
         }
     }
 
@@ -41,6 +46,7 @@ impl Harness {
             now: self.now,
             random: self.random,
             policy: &self.policy,
+            hold: self.hold.as_ref(),
         };
         self.random = self
             .random
@@ -122,6 +128,7 @@ fn lookup_policy() -> Policy {
             deadline_ms: 10_000,
             resend_when_absent: false,
             max_policy_resends: 1,
+            complete_after_ms: None,
         }),
         idempotency_ttl_ms: None,
         idempotency_ttl_margin_ms: 0,
@@ -141,6 +148,7 @@ fn unknown_outcome(h: &mut Harness) -> Action {
 
 fn lookup(h: &mut Harness, result: Result<Vec<String>, String>) -> Action {
     h.step(Input::Lookup {
+        asked_at: h.now,
         attempt: h.state.attempts,
         result,
     })

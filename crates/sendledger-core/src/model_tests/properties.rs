@@ -8,19 +8,27 @@ use super::*;
 /// One abstract step of the property test.
 #[derive(Debug, Clone)]
 enum Step {
-    Deliver { same_payload: bool },
-    NotSent { retry_after_ms: Option<u64> },
+    Deliver {
+        same_payload: bool,
+    },
+    NotSent {
+        retry_after_ms: Option<u64>,
+    },
     Succeeded,
     Rejected,
     Unknown,
     StaleOutcome,
-    Lookup { matches: u8 },
+    Lookup {
+        matches: u8,
+    },
     LookupFailed,
     StaleLookup,
     Wake,
     Crash,
     Review(u8),
     Advance(u64),
+    /// The target's breaker opens (for this many ms) or, with `None`, closes.
+    Breaker(Option<u64>),
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -38,6 +46,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::Crash),
         1 => (0u8..4).prop_map(Step::Review),
         1 => (0u64..20_000).prop_map(Step::Advance),
+        1 => proptest::option::of(0u64..10_000).prop_map(Step::Breaker),
     ]
 }
 
@@ -49,6 +58,7 @@ fn policy() -> impl Strategy<Value = Policy> {
         proptest::option::of(1_000u64..30_000),
         0u32..3,
         0u64..2_000,
+        proptest::option::of(0u64..12_000),
     )
         .prop_map(
             |(
@@ -58,6 +68,7 @@ fn policy() -> impl Strategy<Value = Policy> {
                 idempotency_ttl_ms,
                 max_policy_resends,
                 idempotency_ttl_margin_ms,
+                complete_after_ms,
             )| Policy {
                 retry: RetryPolicy {
                     max_attempts,
@@ -71,6 +82,7 @@ fn policy() -> impl Strategy<Value = Policy> {
                     deadline_ms: 15_000,
                     resend_when_absent,
                     max_policy_resends,
+                    complete_after_ms,
                 }),
                 idempotency_ttl_ms,
                 idempotency_ttl_margin_ms,
@@ -121,14 +133,17 @@ fn to_input(h: &mut Harness, s: Step, offset: &mut i64) -> Option<Input> {
             },
         },
         Step::Lookup { matches } => Input::Lookup {
+            asked_at: h.now,
             attempt: h.state.attempts,
             result: Ok((0..matches).map(|i| format!("m{i}")).collect()),
         },
         Step::StaleLookup => Input::Lookup {
+            asked_at: h.now,
             attempt: h.state.attempts.wrapping_sub(1),
             result: Ok(vec!["stale".into()]),
         },
         Step::LookupFailed => Input::Lookup {
+            asked_at: h.now,
             attempt: h.state.attempts,
             result: Err("503".into()),
         },
@@ -157,6 +172,16 @@ fn to_input(h: &mut Harness, s: Step, offset: &mut i64) -> Option<Input> {
         Step::Advance(ms) => {
             h.now += ms;
             return None;
+        }
+        Step::Breaker(open_for) => {
+            h.hold = open_for.map(|ms| Hold {
+                until: h.now + ms,
+                spread_ms: 1_000,
+                reason: WaitReason::BreakerOpen {
+                    target: "payments".into(),
+                },
+            });
+            Input::Wake
         }
     })
 }
@@ -203,6 +228,9 @@ fn generated_inputs_reach_every_corner() {
                 EventBody::RequestConflict { .. } => {
                     seen.insert("conflict".into());
                 }
+                EventBody::SendDeferred { .. } => {
+                    seen.insert("waited".into());
+                }
                 EventBody::ManualReviewRequired { reason } => {
                     seen.insert(format!("{reason:?}").split(' ').next().unwrap().to_string());
                 }
@@ -220,6 +248,8 @@ fn generated_inputs_reach_every_corner() {
         "same-key resend",
         "authorized by ana",
         "authorized by policy:resend_when_absent",
+        "authorized by policy:complete_after",
+        "waited",
         "Lookup",
         "conflict",
         "MultipleMatches",
@@ -252,6 +282,9 @@ proptest! {
             let Some(input) = to_input(&mut h, s, &mut offset) else { continue };
             let sends_before = h.sends.len();
             let _ = h.step(input);
+            if h.hold.is_some() {
+                prop_assert_eq!(h.sends.len(), sends_before, "sent while the target's breaker was open");
+            }
             if was_terminal {
                 prop_assert_eq!(h.sends.len(), sends_before, "a terminal task sent again");
                 for e in &h.log[before..] {

@@ -23,6 +23,7 @@ fn unknown_is_reconciled_by_lookup_not_resent() {
     // Zero matches before the deadline: still unknown, check again later.
     assert_eq!(
         h.step(Input::Lookup {
+            asked_at: h.now,
             attempt: h.state.attempts,
             result: Ok(vec![])
         })
@@ -33,6 +34,7 @@ fn unknown_is_reconciled_by_lookup_not_resent() {
     h.now += 1_000;
     assert_eq!(h.step(Input::Wake).unwrap(), Action::Lookup { attempt: 1 });
     h.step(Input::Lookup {
+        asked_at: h.now,
         attempt: h.state.attempts,
         result: Ok(vec!["r-1".into()]),
     })
@@ -67,6 +69,7 @@ fn several_matches_or_deadline_go_to_review() {
     })
     .unwrap();
     h.step(Input::Lookup {
+        asked_at: h.now,
         attempt: h.state.attempts,
         result: Ok(vec!["a".into(), "b".into()]),
     })
@@ -90,6 +93,7 @@ fn several_matches_or_deadline_go_to_review() {
     .unwrap();
     h.now += 10_000;
     h.step(Input::Lookup {
+        asked_at: h.now,
         attempt: h.state.attempts,
         result: Ok(vec![]),
     })
@@ -140,6 +144,7 @@ fn resend_when_absent_policy_is_recorded() {
     h.now += 20_000;
     let action = h
         .step(Input::Lookup {
+            asked_at: h.now,
             attempt: h.state.attempts,
             result: Ok(vec![]),
         })
@@ -440,7 +445,13 @@ fn a_lookup_result_for_an_earlier_attempt_is_ignored() {
     let events = h.log.len();
     for result in [Ok(vec![]), Ok(vec!["r-1".into()]), Err("503".into())] {
         h.now += 20_000;
-        let action = h.step(Input::Lookup { attempt: 1, result }).unwrap();
+        let action = h
+            .step(Input::Lookup {
+                attempt: 1,
+                asked_at: h.now,
+                result,
+            })
+            .unwrap();
         assert_eq!(action, Action::None);
         assert_eq!(h.log.len(), events, "nothing recorded for a stale lookup");
     }
@@ -591,4 +602,160 @@ fn local_resource_exhaustion_does_not_use_up_attempts() {
     assert_eq!(h.state.local_not_sent, 5);
     assert!(h.state.failure.as_deref().unwrap().contains("3 attempts"));
     assert!(check_task(&h.log, CheckConfig::default()).1.is_empty());
+}
+
+fn breaker_open(until: u64) -> Hold {
+    Hold {
+        until,
+        spread_ms: 0,
+        reason: WaitReason::BreakerOpen {
+            target: "payments".into(),
+        },
+    }
+}
+
+/// A task whose target's breaker is open waits before its intent: no attempt, one recorded
+/// wait however often it finds the breaker still open, and its first attempt once it closes.
+#[test]
+fn an_open_breaker_defers_the_intent_without_spending_an_attempt() {
+    let mut h = Harness::new(lookup_policy());
+    h.hold = Some(breaker_open(h.now + 5_000));
+    assert_eq!(
+        h.step(deliver(5, 0)).unwrap(),
+        Action::WakeAt(h.now + 5_000)
+    );
+    assert_eq!(h.names(), ["TaskAccepted", "SendDeferred"]);
+    assert_eq!(h.state.phase, Phase::Accepted);
+    assert_eq!(h.state.attempts, 0);
+    let waiting = h.state.waiting.clone().expect("waiting");
+    assert_eq!(waiting.until, h.now + 5_000);
+    h.now += 5_000;
+    h.hold = Some(breaker_open(h.now + 5_000));
+    assert_eq!(h.step(Input::Wake).unwrap(), Action::WakeAt(h.now + 5_000));
+    assert_eq!(h.log.len(), 2, "a wait is recorded once");
+    h.now += 5_000;
+    h.hold = None;
+    assert!(matches!(
+        h.step(Input::Wake).unwrap(),
+        Action::Send { attempt: 1, .. }
+    ));
+    assert_eq!(h.state.waiting, None);
+    // Refused: retried after backoff, and the breaker opening meanwhile costs no attempt.
+    h.step(Input::Outcome {
+        attempt: 1,
+        outcome: AttemptOutcome::NotSent {
+            cause: NotSentCause::Connect("refused".into()),
+            retry_after_ms: None,
+        },
+    })
+    .unwrap();
+    h.now += 60_000;
+    h.hold = Some(breaker_open(h.now + 1_000));
+    for _ in 0..10 {
+        h.step(Input::Wake).unwrap();
+        h.now += 1_000;
+        h.hold = Some(breaker_open(h.now + 1_000));
+    }
+    assert_eq!(h.state.attempts, 1);
+    assert_eq!(h.state.phase, Phase::RetryWait);
+    h.hold = None;
+    assert!(matches!(
+        h.step(Input::Wake).unwrap(),
+        Action::Send { attempt: 2, .. }
+    ));
+    assert_eq!(
+        h.names(),
+        [
+            "TaskAccepted",
+            "SendDeferred",
+            "SendIntended",
+            "SendNotSent",
+            "SendDeferred",
+            "SendIntended"
+        ]
+    );
+    assert!(check_task(&h.log, CheckConfig::default()).1.is_empty());
+}
+
+/// A resend authorized by the policy waits for an open breaker like any first attempt.
+#[test]
+fn an_authorized_resend_waits_for_the_breaker() {
+    let mut policy = lookup_policy();
+    policy.reconcile.as_mut().unwrap().resend_when_absent = true;
+    let mut h = Harness::new(policy);
+    h.step(deliver(5, 0)).unwrap();
+    unknown_outcome(&mut h);
+    h.now += 10_000;
+    h.hold = Some(breaker_open(h.now + 3_000));
+    assert_eq!(
+        lookup(&mut h, Ok(vec![])),
+        Action::WakeAt(h.now + 3_000),
+        "authorized, then waits"
+    );
+    assert!(h.state.resend_authorized);
+    assert_eq!(h.sends.len(), 1);
+    h.now += 3_000;
+    h.hold = None;
+    assert!(matches!(
+        h.step(Input::Wake).unwrap(),
+        Action::Send { attempt: 2, .. }
+    ));
+    assert!(check_task(&h.log, CheckConfig::default()).1.is_empty());
+}
+
+/// With `complete_after`, a lookup asked past the bound that finds nothing proves the attempt
+/// was not performed: a bounded resend follows, before the deadline. One asked earlier, or
+/// finding a record, proves nothing of the kind.
+#[test]
+fn absence_past_complete_after_authorizes_one_resend() {
+    let mut policy = lookup_policy();
+    policy.reconcile.as_mut().unwrap().complete_after_ms = Some(3_000);
+    let mut h = Harness::new(policy);
+    h.step(deliver(5, 0)).unwrap();
+    unknown_outcome(&mut h);
+    h.now += 2_000;
+    // Asked before the bound, answered after it: absence as of the asking proves nothing.
+    let asked_at = h.now;
+    h.now += 2_000;
+    let action = h
+        .step(Input::Lookup {
+            attempt: 1,
+            asked_at,
+            result: Ok(vec![]),
+        })
+        .unwrap();
+    assert_eq!(action, Action::WakeAt(h.now + 1_000));
+    assert_eq!(h.sends.len(), 1);
+    h.now += 1_000;
+    assert!(matches!(
+        lookup(&mut h, Ok(vec![])),
+        Action::Send { attempt: 2, .. }
+    ));
+    let authorized = h
+        .log
+        .iter()
+        .find_map(|e| match &e.body {
+            EventBody::ResendAuthorized { by, reason } => Some((by.clone(), reason.clone())),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(authorized.0, crate::event::POLICY_COMPLETE_BY);
+    assert!(authorized.1.contains("complete_after"), "{}", authorized.1);
+    // The resend's outcome is unknown too: the policy's one resend is spent, so the deadline
+    // and review hold again.
+    unknown_outcome(&mut h);
+    h.now += 10_000;
+    lookup(&mut h, Ok(vec![]));
+    assert_eq!(h.state.phase, Phase::ManualReview);
+    assert_eq!(h.sends.len(), 2);
+    let max_policy_resends = 1;
+    assert!(check_task(
+        &h.log,
+        CheckConfig {
+            key_ttl_ms: None,
+            max_policy_resends
+        }
+    )
+    .1
+    .is_empty());
 }

@@ -16,6 +16,7 @@ use tracing::warn;
 
 use super::redact::secret_fragments;
 use super::{millis, Headers, Lookup, Target};
+use crate::breaker::{Breaker, BreakerSettings};
 use crate::classify::{Rules, MAX_RETRY_AFTER};
 use crate::config::{
     HeaderValueConfig, IdempotencyConfig, LookupConfig, RetryConfig, TargetConfig,
@@ -81,6 +82,7 @@ impl Target {
             None => None,
             Some(l) => Some(lookup(&path, l, config, connector.as_ref(), &body_fields)?),
         };
+        let (breaker, health) = breaker(&path, name, config, connector.as_ref())?;
 
         Ok(Target {
             name: name.to_string(),
@@ -102,6 +104,8 @@ impl Target {
             lookup,
             pool: Pool::default(),
             limiter: Arc::new(SendLimiter::new(config.max_in_flight, config.rate_limit)),
+            breaker,
+            health,
         })
     }
 }
@@ -236,6 +240,97 @@ fn check_send_limits(path: &Path<'_>, config: &TargetConfig) -> Result<()> {
     Ok(())
 }
 
+/// A breaker's health request: its URL and where it goes.
+type Health = (String, Endpoint);
+
+/// The target's breaker and its health request, checked; none when disabled.
+fn breaker(
+    path: &Path<'_>,
+    name: &str,
+    config: &TargetConfig,
+    connector: Option<&TlsConnector>,
+) -> Result<(Option<Arc<Breaker>>, Option<Health>)> {
+    let b = &config.breaker;
+    if !b.enabled {
+        return Ok((None, None));
+    }
+    if b.minimum_calls == 0 {
+        return Err(Error::config(
+            path.at("breaker.minimum_calls"),
+            "must be at least 1",
+        ));
+    }
+    if b.window_calls < b.minimum_calls {
+        return Err(Error::config(
+            path.at("breaker.window_calls"),
+            "must be at least breaker.minimum_calls (a smaller window never holds enough outcomes to open)",
+        ));
+    }
+    if let Some(window) = b.window {
+        positive(path, "breaker.window", window)?;
+    }
+    if !(b.failure_rate > 0.0 && b.failure_rate <= 1.0) {
+        return Err(Error::config(
+            path.at("breaker.failure_rate"),
+            "must be a share in (0, 1], e.g. 0.5",
+        ));
+    }
+    positive(path, "breaker.open_for", b.open_for)?;
+    if b.half_open_probes == 0 {
+        return Err(Error::config(
+            path.at("breaker.half_open_probes"),
+            "must be at least 1",
+        ));
+    }
+    if !b.count_not_sent && !b.count_unknown {
+        return Err(Error::config(
+            path.at("breaker"),
+            "counts no failure (count_not_sent and count_unknown are both false): set enabled = false instead",
+        ));
+    }
+    let slow_after = match b.slow_after {
+        Some(slow) => {
+            positive(path, "breaker.slow_after", slow)?;
+            if slow > config.request_timeout {
+                return Err(Error::config(
+                    path.at("breaker.slow_after"),
+                    "must not exceed request_timeout (an attempt never runs longer)",
+                ));
+            }
+            slow
+        }
+        None => config.request_timeout.min(Duration::from_secs(10)),
+    };
+    let health = match &b.health_url {
+        None => None,
+        Some(url) => {
+            let (template, endpoint) =
+                endpoint(path, "breaker.health_url", url, config, connector)?;
+            if template.source().contains('{') {
+                return Err(Error::config(
+                    path.at("breaker.health_url"),
+                    "must not have placeholders: it is asked for no task",
+                ));
+            }
+            Some((template.source().to_string(), endpoint))
+        }
+    };
+    let settings = BreakerSettings {
+        window_calls: b.window_calls,
+        window: b.window,
+        minimum_calls: b.minimum_calls,
+        failure_rate: b.failure_rate,
+        slow_after,
+        open_for: b.open_for,
+        half_open_probes: b.half_open_probes,
+        // A probe's answer comes within connect and request timeouts, or never.
+        probe_timeout: config.connect_timeout + config.request_timeout + Duration::from_secs(1),
+        count_not_sent: b.count_not_sent,
+        count_unknown: b.count_unknown,
+    };
+    Ok((Some(Breaker::new(name, settings)), health))
+}
+
 fn parse_retry(path: &Path<'_>, r: &RetryConfig) -> Result<RetryPolicy> {
     if r.max_attempts == 0 {
         return Err(Error::config(
@@ -288,7 +383,10 @@ fn pointer(path: &Path<'_>, field: &str, p: &str) -> Result<()> {
 /// checked now; `None` for a target on http only, which must not have a `tls` section.
 fn connector(path: &Path<'_>, config: &TargetConfig) -> Result<Option<TlsConnector>> {
     let https = |url: &str| url.starts_with("https://");
-    if https(&config.url) || config.lookup.as_ref().is_some_and(|l| https(&l.url)) {
+    if https(&config.url)
+        || config.lookup.as_ref().is_some_and(|l| https(&l.url))
+        || config.breaker.health_url.as_deref().is_some_and(https)
+    {
         return tls::connector(&path.at("tls"), config.tls.as_ref()).map(Some);
     }
     if config.tls.is_some() {
@@ -430,6 +528,15 @@ fn lookup(
         pointer(path, "lookup.created_after_intent.pointer", &c.pointer)?;
     }
     positive(path, "lookup.check_interval", l.check_interval)?;
+    if let Some(bound) = l.complete_after {
+        positive(path, "lookup.complete_after", bound)?;
+        if bound >= l.deadline {
+            return Err(Error::config(
+                path.at("lookup.complete_after"),
+                "must be shorter than lookup.deadline (the deadline would send the task to review first)",
+            ));
+        }
+    }
     if l.deadline < l.first_check {
         return Err(Error::config(
             path.at("lookup.deadline"),
@@ -449,6 +556,7 @@ fn lookup(
             deadline_ms: millis(l.deadline),
             resend_when_absent: l.resend_when_absent,
             max_policy_resends: l.max_policy_resends,
+            complete_after_ms: l.complete_after.map(millis),
         },
     })
 }

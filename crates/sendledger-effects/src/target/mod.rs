@@ -28,8 +28,10 @@ use sendledger_core::decide::{Policy, ReconcilePolicy};
 use sendledger_core::trace::TRACEPARENT;
 use sendledger_core::{RetryPolicy, TraceParent};
 
+use crate::breaker::{Admission, Breaker, BreakerView, Ticket, Verdict};
 use crate::classify::Rules;
 use crate::config::{CreatedAfterConfig, TargetConfig};
+use crate::conn::Failure;
 use crate::conn::{Endpoint, Pool};
 use crate::error::{Error, Result};
 use crate::limit::{SendLimiter, SendSlot};
@@ -58,6 +60,20 @@ pub struct Target {
     lookup: Option<Lookup>,
     pool: Pool,
     limiter: Arc<SendLimiter>,
+    breaker: Option<Arc<Breaker>>,
+    /// The breaker's health request: its URL and where it goes.
+    health: Option<(String, Endpoint)>,
+}
+
+/// Why a target takes no attempt now: its breaker is open (or its probes are out). Nothing
+/// was reserved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    /// How long to wait, at least.
+    pub wait: Duration,
+    /// Waiting tasks look again after `wait` plus a random part of this, so that they do not
+    /// all come back at once.
+    pub spread: Duration,
 }
 
 struct Lookup {
@@ -112,10 +128,72 @@ impl Target {
         &self.name
     }
 
-    /// Waits for room to send one attempt (`max_in_flight`, `rate_limit`). Take it before
-    /// recording the attempt's intent and hold it until the attempt ends.
-    pub async fn reserve(&self) -> SendSlot {
-        self.limiter.acquire().await
+    /// Asks the target's breaker whether an attempt may go now, then waits for room to send
+    /// it (`max_in_flight`, `rate_limit`). Take it before recording the attempt's intent, and
+    /// report the attempt's outcome with [`SendSlot::finish`]. `Err`: the breaker is open;
+    /// record no intent, look again after the wait.
+    pub async fn reserve(&self) -> std::result::Result<SendSlot, Held> {
+        let ticket = match &self.breaker {
+            Some(breaker) => Some(self.admit(breaker).await?),
+            None => None,
+        };
+        let mut slot = self.limiter.acquire().await;
+        slot.ticket = ticket;
+        Ok(slot)
+    }
+
+    /// The breaker's admission; in half-open with a health request, that request first.
+    async fn admit(&self, breaker: &Arc<Breaker>) -> std::result::Result<Ticket, Held> {
+        let held = |until: tokio::time::Instant| Held {
+            wait: until.saturating_duration_since(tokio::time::Instant::now()),
+            spread: breaker.settings().open_for,
+        };
+        let health = self.health.is_some();
+        let check = match breaker.admit(health) {
+            Admission::Go(ticket) => return Ok(ticket),
+            Admission::Wait { until } => return Err(held(until)),
+            Admission::Check(check) => check,
+        };
+        check.finish(self.health_check().await);
+        match breaker.admit(health) {
+            Admission::Go(ticket) => Ok(ticket),
+            Admission::Wait { until } => Err(held(until)),
+            // Another health request is due already: this task waits for it.
+            Admission::Check(_) => Err(held(
+                tokio::time::Instant::now() + breaker.settings().open_for,
+            )),
+        }
+    }
+
+    /// The breaker's health request: up when it answers 2xx.
+    async fn health_check(&self) -> Verdict {
+        let Some((url, endpoint)) = &self.health else {
+            return Verdict::Neither;
+        };
+        let req = match self.request(Method::GET, url, endpoint, Bytes::new()) {
+            Ok(req) => req,
+            Err(e) => {
+                tracing::warn!(target_name = %self.name, error = %e, "health request cannot be built");
+                return Verdict::Neither;
+            }
+        };
+        match self.pool.exchange(endpoint, req, None).await {
+            Ok(answer) if answer.status.is_success() => Verdict::Success,
+            Ok(answer) => {
+                tracing::info!(target_name = %self.name, status = answer.status.as_u16(), "health request answered: the remote is not back");
+                Verdict::Failure
+            }
+            Err(Failure::Local(_)) => Verdict::Neither,
+            Err(failure) => {
+                tracing::info!(target_name = %self.name, ?failure, "health request failed: the remote is not back");
+                Verdict::Failure
+            }
+        }
+    }
+
+    /// The state of the target's breaker; `None` when it has none.
+    pub fn breaker(&self) -> Option<BreakerView> {
+        self.breaker.as_ref().map(|b| b.view())
     }
 
     /// Whether the target has a lookup (unknown outcomes can be reconciled).

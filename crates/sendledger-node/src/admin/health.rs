@@ -24,6 +24,18 @@ pub async fn healthz(State(shared): State<Arc<Shared>>) -> ApiResult {
         body["ok"] = json!(false);
         body["ledger_error"] = json!(format!("the ledger cannot write: {why}"));
     }
+    // A remote that is down is not this service failing: its tasks wait (see each state).
+    let targets: serde_json::Map<String, serde_json::Value> = shared
+        .engine
+        .target_health()
+        .into_iter()
+        .map(|t| {
+            let detail =
+                json!({ "breaker": t.state, "probing_in_ms": t.probing_in_ms, "opened": t.opened });
+            (t.target, detail)
+        })
+        .collect();
+    body["targets"] = serde_json::Value::Object(targets);
     let ingest = shared
         .ingest
         .lock()
