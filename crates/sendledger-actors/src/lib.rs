@@ -39,7 +39,7 @@ pub use engine::{Engine, EngineConfig, ReviewItem};
 pub use error::{Error, Result};
 pub use messages::Reply;
 pub use ownership::Ownership;
-pub use remote::{LookupError, Remote, Room, Slot, TargetHealth, Unavailable};
+pub use remote::{LookupError, Remote, Slot, TargetHealth, Unavailable};
 
 /// Milliseconds since the Unix epoch, the engine's one clock.
 pub fn now_ms() -> u64 {

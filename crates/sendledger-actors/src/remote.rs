@@ -34,19 +34,10 @@ impl LookupError {
     }
 }
 
-/// Room to send one attempt, taken before its intent is recorded and held until the attempt
-/// ends.
-pub trait Room: Send + 'static {
-    /// Frees the room and reports what the attempt proved (the target's circuit breaker counts
-    /// it). Dropped without it, the room is freed and the attempt counts neither way (it was
-    /// never sent).
-    fn finish(self: Box<Self>, _outcome: &AttemptOutcome) {}
-}
-
-/// Room with nothing to report to: a remote without limits or breaker.
-impl Room for () {}
-
-pub type Slot = Box<dyn Room>;
+/// Room to send one attempt, taken before its intent is recorded and handed to the attempt
+/// (which may carry what the remote prepared for it: a connection opened, the breaker's
+/// admission). Dropping it unused frees the room.
+pub type Slot = Box<dyn std::any::Any + Send>;
 
 /// Why a target takes no attempt now: its circuit breaker is open. The task records no intent
 /// and looks again after `wait` (plus a random part of `spread`).
@@ -79,15 +70,16 @@ pub trait Remote: Send + Sync + 'static {
         Box::pin(std::future::ready(Ok(Box::new(()) as Slot)))
     }
 
-    /// Performs one attempt and classifies what it proves. Must always complete (bounded by
-    /// the target's timeouts), and must write no byte of the request after
-    /// `sending.first_byte_by` (ending `NotSent` instead).
+    /// Performs one attempt, in the room `reserve` gave it, and classifies what it proves.
+    /// Must always complete (bounded by the target's timeouts), and must write no byte of the
+    /// request after `sending.first_byte_by` (ending `NotSent` instead).
     fn attempt(
         &self,
         request: &AcceptedRequest,
         attempt: u32,
         idempotency_key: Option<&str>,
         sending: Sending,
+        slot: Option<Slot>,
     ) -> BoxFuture<AttemptOutcome>;
 
     /// The circuit breaker of each target that has one.

@@ -399,12 +399,10 @@ impl TaskActor {
                             trace: passed_on,
                             first_byte_by,
                         },
+                        slot,
                     )
                     .instrument(span.clone());
                 ctx.spawn(send.into_actor(self).map(move |outcome, act, ctx| {
-                    if let Some(slot) = slot {
-                        slot.finish(&outcome);
-                    }
                     span.record("outcome", outcome_class(&outcome));
                     drop(span);
                     act.attempt_in_flight = false;

@@ -333,7 +333,22 @@ pub(crate) struct Pool {
     resolver: Resolver,
 }
 
+/// A connection opened (or taken from the pool) before an attempt's intent is recorded, for
+/// that attempt's exchange; or why it could not be opened (nothing was written).
+pub(crate) struct Opened(Result<Conn, Failure>);
+
 impl Pool {
+    /// Takes a pooled connection to the endpoint or opens one (TCP, and for https the TLS
+    /// handshake) before the attempt's intent is recorded, so that between the durable intent
+    /// and the first byte there is only the write: a crash in between leaves an intent whose
+    /// request never left, and less of it to reconcile.
+    pub(crate) async fn open(&self, endpoint: &Endpoint) -> Opened {
+        match self.take(endpoint) {
+            Some(conn) => Opened(Ok(conn)),
+            None => Opened(connect(endpoint, &self.resolver).await),
+        }
+    }
+
     fn take(&self, endpoint: &Endpoint) -> Option<Conn> {
         if endpoint.pool_idle_timeout.is_zero() {
             return None;
@@ -372,13 +387,32 @@ impl Pool {
         request: Request<Full<Bytes>>,
         first_byte_by: Option<std::time::Instant>,
     ) -> Result<Answer, Failure> {
+        self.exchange_on(endpoint, None, request, first_byte_by)
+            .await
+    }
+
+    /// [`Pool::exchange`] on the connection `opened` for it, when it is still open (else a
+    /// pooled or new one). When it could not be opened, the exchange fails the same way
+    /// without trying again: nothing was written.
+    pub(crate) async fn exchange_on(
+        &self,
+        endpoint: &Endpoint,
+        opened: Option<Opened>,
+        request: Request<Full<Bytes>>,
+        first_byte_by: Option<std::time::Instant>,
+    ) -> Result<Answer, Failure> {
         let late = |at: std::time::Instant| Failure::Late {
             by: std::time::Instant::now().saturating_duration_since(at),
         };
         if let Some(at) = first_byte_by.filter(|at| *at <= std::time::Instant::now()) {
             return Err(late(at));
         }
-        let mut conn = match self.take(endpoint) {
+        let opened = match opened {
+            Some(Opened(Ok(conn))) if conn.is_usable() => Some(conn),
+            Some(Opened(Err(failure))) => return Err(failure),
+            _ => None,
+        };
+        let mut conn = match opened.or_else(|| self.take(endpoint)) {
             Some(conn) => conn,
             None => connect(endpoint, &self.resolver).await?,
         };

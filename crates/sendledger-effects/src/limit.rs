@@ -13,6 +13,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::breaker::Ticket;
+use crate::conn::Opened;
 
 /// The sending limits of one target.
 #[derive(Debug)]
@@ -29,17 +30,19 @@ struct Bucket {
     tat: Instant,
 }
 
-/// Room for one attempt, and its admission by the target's breaker: report the attempt's
-/// outcome with [`SendSlot::finish`]; dropping it frees the room (an attempt never sent counts
-/// neither way at the breaker).
+/// Room for one attempt, its admission by the target's breaker and the connection opened for
+/// it: hand it to [`crate::Target::execute_reserved`], which reports the attempt's outcome to
+/// the breaker; dropping it frees the room (an attempt never sent counts neither way).
 pub struct SendSlot {
     _permit: OwnedSemaphorePermit,
     pub(crate) ticket: Option<Ticket>,
+    /// The connection opened for the attempt before its intent (see [`crate::Target::reserve`]).
+    pub(crate) conn: Option<Opened>,
 }
 
 impl SendSlot {
     /// Frees the room and tells the target's breaker what the attempt proved.
-    pub fn finish(self, outcome: &AttemptOutcome) {
+    pub(crate) fn finish(self, outcome: &AttemptOutcome) {
         if let Some(ticket) = self.ticket {
             ticket.finish_outcome(outcome);
         }
@@ -94,6 +97,7 @@ impl SendLimiter {
         SendSlot {
             _permit: permit,
             ticket: None,
+            conn: None,
         }
     }
 }

@@ -9,9 +9,7 @@
 //! - [`KafkaOwner`]: kafka mode's [`PartitionOwner`]: takes a partition over (opens its log of
 //!   record, restores the ledger from it, resumes its tasks) and gives it up.
 
-use sendledger_actors::{
-    Engine, Error, LookupError, Remote, Room, Slot, TargetHealth, Unavailable,
-};
+use sendledger_actors::{Engine, Error, LookupError, Remote, Slot, TargetHealth, Unavailable};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,7 +19,7 @@ use sendledger_core::event::{Millis, NotSentCause};
 use sendledger_core::{
     AcceptedRequest, BoxFuture, Event, Policy, Source, TaskRequest, TraceParent,
 };
-use sendledger_effects::Targets;
+use sendledger_effects::{SendSlot, Targets};
 use sendledger_kafka::partition_log::{read_partition, record_event};
 use sendledger_kafka::rdkafka::message::Message as _;
 use sendledger_kafka::{
@@ -49,7 +47,7 @@ impl Remote for HttpRemote {
         match self.targets.get(target).cloned() {
             Some(target) => Box::pin(async move {
                 match target.reserve().await {
-                    Ok(slot) => Ok(Box::new(HttpSlot(slot)) as Slot),
+                    Ok(slot) => Ok(Box::new(slot) as Slot),
                     Err(held) => Err(Unavailable {
                         wait: held.wait,
                         spread: held.spread,
@@ -66,6 +64,7 @@ impl Remote for HttpRemote {
         attempt: u32,
         idempotency_key: Option<&str>,
         sending: Sending,
+        slot: Option<Slot>,
     ) -> BoxFuture<AttemptOutcome> {
         let Some(target) = self.targets.get(&request.target).cloned() else {
             let cause =
@@ -77,10 +76,20 @@ impl Remote for HttpRemote {
         };
         let request = request.clone();
         let key = idempotency_key.map(str::to_owned);
+        let slot = slot.and_then(|slot| slot.downcast::<SendSlot>().ok());
         Box::pin(async move {
-            target
-                .execute_with(&request, attempt, key.as_deref(), sending)
-                .await
+            match slot {
+                Some(slot) => {
+                    target
+                        .execute_reserved(&request, attempt, key.as_deref(), sending, *slot)
+                        .await
+                }
+                None => {
+                    target
+                        .execute_with(&request, attempt, key.as_deref(), sending)
+                        .await
+                }
+            }
         })
     }
 
@@ -120,15 +129,6 @@ impl Remote for HttpRemote {
                 .await
                 .map_err(|e| LookupError::new(e.to_string(), e.is_transient()))
         })
-    }
-}
-
-/// A target's room for one attempt, which reports the attempt's outcome to its breaker.
-struct HttpSlot(sendledger_effects::SendSlot);
-
-impl Room for HttpSlot {
-    fn finish(self: Box<Self>, outcome: &AttemptOutcome) {
-        self.0.finish(outcome);
     }
 }
 

@@ -1185,3 +1185,86 @@ fn the_example_configs_parse_and_validate() {
     sim.validate().unwrap();
     assert_eq!(sim.identity_field, "reference");
 }
+
+// ---- The room reserved before an intent ----
+
+/// Waits until the simulated remote has accepted `n` connections.
+async fn await_connections(sim: &Sim, n: u64) {
+    for _ in 0..200 {
+        if sim.stats().connections >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{} connections, {n} expected", sim.stats().connections);
+}
+
+/// `reserve`, which a task calls before it records an attempt's intent, opens the attempt's
+/// connection; the attempt then only writes on it. A crash between the durable intent and the
+/// first byte has less to interrupt, and no connect failure comes after the intent.
+#[tokio::test]
+async fn the_connection_is_opened_before_the_intent_and_used_by_the_attempt() {
+    let sim = start_sim(Faults::default()).await;
+    let target = target(&sim, "pool_idle_timeout = \"0s\"");
+    let slot = target.reserve().await.expect("the breaker is closed");
+    await_connections(&sim, 1).await;
+    assert_eq!(sim.stats().posts, 0, "nothing sent by reserving");
+    let outcome = target
+        .execute_reserved(
+            &request("pre-1", json!({})),
+            1,
+            None,
+            Default::default(),
+            slot,
+        )
+        .await;
+    assert!(
+        matches!(outcome, AttemptOutcome::Succeeded { .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(sim.records_with_identity("pre-1").len(), 1);
+    assert_eq!(
+        sim.stats().connections,
+        1,
+        "the attempt went out on the connection opened by reserve"
+    );
+}
+
+/// A connection that cannot be opened while reserving fails the attempt as not sent with its
+/// cause, without connecting again after the intent.
+#[tokio::test]
+async fn a_connection_that_cannot_be_opened_before_the_intent_is_not_sent() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let cfg: TargetConfig = toml::from_str(&format!(
+        "url = \"http://127.0.0.1:{port}/records\"\nconnect_timeout = \"1s\""
+    ))
+    .unwrap();
+    let target = Target::from_config("t", &cfg).unwrap();
+    let slot = target.reserve().await.expect("the breaker is closed");
+    // The remote comes up after the reservation: the attempt does not try again.
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let outcome = target
+        .execute_reserved(
+            &request("pre-2", json!({})),
+            1,
+            None,
+            Default::default(),
+            slot,
+        )
+        .await;
+    match outcome {
+        AttemptOutcome::NotSent {
+            cause: NotSentCause::Connect(reason),
+            ..
+        } => assert!(reason.contains("refused"), "{reason}"),
+        other => panic!("expected not sent, got {other:?}"),
+    }
+    let accepted = tokio::time::timeout(Duration::from_millis(200), listener.accept()).await;
+    assert!(accepted.is_err(), "no connection after the intent");
+}

@@ -37,18 +37,22 @@ async fn a_remote_down_for_a_minute_before_and_after_the_breaker() {
                 settle_within: Duration::from_secs(60),
             };
             let report = run(&spec).await;
-            println!(
-                "{}",
-                serde_json::json!({ "run": spec, "report": report })
+            println!("{}", serde_json::json!({ "run": spec, "report": report }));
+            assert_eq!(
+                report.duplicates, 0,
+                "{kind:?} breaker={breaker}: {report:?}"
             );
-            assert_eq!(report.duplicates, 0, "{kind:?} breaker={breaker}: {report:?}");
-            assert_eq!(report.wrong_remote_id, 0, "{kind:?} breaker={breaker}: {report:?}");
+            assert_eq!(
+                report.wrong_remote_id, 0,
+                "{kind:?} breaker={breaker}: {report:?}"
+            );
             if breaker {
                 assert_eq!(report.unsettled, 0, "{kind:?}: {report:?}");
                 assert_eq!(report.failed, 0, "{kind:?}: {report:?}");
                 assert!(report.manual_review <= 5, "{kind:?}: {report:?}");
                 assert!(
-                    report.drain_ms <= (submit_for - outage_at - outage_for).as_millis() as u64 + 30_000,
+                    report.drain_ms
+                        <= (submit_for - outage_at - outage_for).as_millis() as u64 + 30_000,
                     "{kind:?}: every task settled within 30 s of the last submission: {report:?}"
                 );
             }

@@ -14,7 +14,8 @@ use tracing::{debug, info, warn};
 
 use super::Target;
 use crate::classify;
-use crate::conn::{Answer, Failure};
+use crate::conn::{Answer, Failure, Opened};
+use crate::limit::SendSlot;
 use crate::template;
 
 impl Target {
@@ -53,6 +54,36 @@ impl Target {
         idempotency_key: Option<&str>,
         sending: Sending,
     ) -> AttemptOutcome {
+        self.send(request, attempt, idempotency_key, sending, None)
+            .await
+    }
+
+    /// [`Target::execute_with`] in the room `slot` reserved for it ([`Target::reserve`]): on
+    /// the connection opened before the intent, its outcome reported to the target's breaker.
+    pub async fn execute_reserved(
+        &self,
+        request: &AcceptedRequest,
+        attempt: u32,
+        idempotency_key: Option<&str>,
+        sending: Sending,
+        mut slot: SendSlot,
+    ) -> AttemptOutcome {
+        let conn = slot.conn.take();
+        let outcome = self
+            .send(request, attempt, idempotency_key, sending, conn)
+            .await;
+        slot.finish(&outcome);
+        outcome
+    }
+
+    async fn send(
+        &self,
+        request: &AcceptedRequest,
+        attempt: u32,
+        idempotency_key: Option<&str>,
+        sending: Sending,
+        conn: Option<Opened>,
+    ) -> AttemptOutcome {
         let task_id = request.task_id();
         let built = match self.build_attempt(request, idempotency_key, sending.trace) {
             Ok(built) => built,
@@ -69,7 +100,7 @@ impl Target {
         };
         let exchange = self
             .pool
-            .exchange(&self.endpoint, built, sending.first_byte_by);
+            .exchange_on(&self.endpoint, conn, built, sending.first_byte_by);
         let outcome = match exchange.await {
             Ok(answer) => self.classify(answer),
             Err(Failure::NotWritten(reason)) => AttemptOutcome::NotSent {

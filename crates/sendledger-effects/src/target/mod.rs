@@ -128,10 +128,11 @@ impl Target {
         &self.name
     }
 
-    /// Asks the target's breaker whether an attempt may go now, then waits for room to send
-    /// it (`max_in_flight`, `rate_limit`). Take it before recording the attempt's intent, and
-    /// report the attempt's outcome with [`SendSlot::finish`]. `Err`: the breaker is open;
-    /// record no intent, look again after the wait.
+    /// Asks the target's breaker whether an attempt may go now, waits for room to send it
+    /// (`max_in_flight`, `rate_limit`), then takes a pooled connection or opens one (TCP and
+    /// the TLS handshake). Take it before recording the attempt's intent and send the attempt
+    /// with [`Target::execute_reserved`]. `Err`: the breaker is open; record no intent, look
+    /// again after the wait.
     pub async fn reserve(&self) -> std::result::Result<SendSlot, Held> {
         let ticket = match &self.breaker {
             Some(breaker) => Some(self.admit(breaker).await?),
@@ -139,6 +140,7 @@ impl Target {
         };
         let mut slot = self.limiter.acquire().await;
         slot.ticket = ticket;
+        slot.conn = Some(self.pool.open(&self.endpoint).await);
         Ok(slot)
     }
 
