@@ -13,7 +13,7 @@ use crate::event::{
     POLICY_COMPLETE_BY,
 };
 use crate::request::AcceptedRequest;
-use crate::retry::RetryPolicy;
+use crate::retry::{RetryClass, RetryPolicy};
 use crate::state::{Phase, State};
 
 /// How one target is driven: retries, reconciliation and idempotency keys.
@@ -391,10 +391,24 @@ fn outcome_of(
             cause,
             retry_after_ms,
         } => {
-            let delay = ctx
-                .policy
-                .retry
-                .backoff_ms(attempt, retry_after_ms, ctx.random);
+            // A class with a policy of its own counts its attempts and grows its backoff
+            // with its own count; otherwise the target's policy, by attempt number.
+            let class = RetryClass::of(&cause);
+            let own = class.filter(|c| ctx.policy.retry.classes.contains_key(c));
+            let class_count = own.map_or(0, |c| {
+                state.not_sent_by_class.get(&c).copied().unwrap_or(0) + 1
+            });
+            let delay = match own {
+                Some(c) => ctx.policy.retry.for_class(Some(c)).backoff_ms(
+                    class_count,
+                    retry_after_ms,
+                    ctx.random,
+                ),
+                None => ctx
+                    .policy
+                    .retry
+                    .backoff_ms(attempt, retry_after_ms, ctx.random),
+            };
             let retry_at = ctx.now.saturating_add(delay);
             let local = matches!(cause, NotSentCause::LocalResources(_));
             d.events.push(EventBody::SendNotSent {
@@ -414,6 +428,17 @@ fn outcome_of(
                 d.events.push(EventBody::Failed {
                     reason: format!(
                         "attempts exhausted: {counted} attempts, none reached the remote"
+                    ),
+                });
+            } else if let Some(c) =
+                own.filter(|c| class_count >= ctx.policy.retry.for_class(Some(*c)).max_attempts)
+            {
+                d.events.push(EventBody::Failed {
+                    reason: format!(
+                        "attempts exhausted: {class_count} attempts not sent for {} (the most \
+                         retry.{}.max_attempts allows), none reached the remote",
+                        c.name(),
+                        c.name()
                     ),
                 });
             } else {

@@ -46,7 +46,7 @@ pub use ids::{PayloadHash, TaskId};
 pub use reason::sanitize_reason;
 pub use request::{AcceptedRequest, Identity, Limits, TaskRequest};
 pub use result::{ResultStatus, TaskResult};
-pub use retry::RetryPolicy;
+pub use retry::{RetryClass, RetryPolicy};
 pub use review::ResolveBody;
 pub use rules::{check_task, CheckConfig, Rule, TaskCheck, Violation};
 pub use state::{fold, Phase, State};

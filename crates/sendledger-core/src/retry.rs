@@ -1,6 +1,11 @@
-//! Retry math: capped exponential backoff with full jitter and a `Retry-After` floor.
+//! Retry math: capped exponential backoff with full jitter (or none) and a `Retry-After`
+//! floor, for every attempt not sent or by the class of why it was not sent.
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+
+use crate::event::NotSentCause;
 
 /// How a target retries attempts that certainly did not reach it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -9,8 +14,60 @@ pub struct RetryPolicy {
     pub max_attempts: u32,
     pub initial_backoff_ms: u64,
     pub max_backoff_ms: u64,
-    /// Growth of the backoff ceiling per attempt. At least 1.0.
+    /// Growth of the backoff ceiling per attempt. At least 1.0 (1.0: a fixed interval).
     pub multiplier: f64,
+    /// Full jitter: the delay is uniform in `[0, ceiling]`. Off: the delay is the ceiling.
+    #[serde(default = "full_jitter")]
+    pub jitter: bool,
+    /// Overrides for the attempts not sent for one class of reason: their own attempts
+    /// (counted within the class, and within `max_attempts` in all) and backoff (growing with
+    /// the class's own count). Their own `classes` are not used.
+    #[serde(default)]
+    pub classes: BTreeMap<RetryClass, RetryPolicy>,
+}
+
+fn full_jitter() -> bool {
+    true
+}
+
+/// Why an attempt was not sent, as retries tell it apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RetryClass {
+    /// DNS, connect refused or timed out, TLS handshake.
+    Connect,
+    /// 429, or 503 with `Retry-After`.
+    Throttled,
+    /// A 5xx the target declares `not_sent`.
+    ServerError,
+}
+
+impl RetryClass {
+    pub const ALL: [RetryClass; 3] = [
+        RetryClass::Connect,
+        RetryClass::Throttled,
+        RetryClass::ServerError,
+    ];
+
+    /// The class of a cause; `None` for this process's own (`LocalResources`), which no
+    /// retry policy counts.
+    pub fn of(cause: &NotSentCause) -> Option<RetryClass> {
+        match cause {
+            NotSentCause::Connect(_) => Some(RetryClass::Connect),
+            NotSentCause::Throttled { .. } => Some(RetryClass::Throttled),
+            NotSentCause::ServerError { .. } => Some(RetryClass::ServerError),
+            NotSentCause::LocalResources(_) => None,
+        }
+    }
+
+    /// The name in configuration (`retry.connect`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            RetryClass::Connect => "connect",
+            RetryClass::Throttled => "throttled",
+            RetryClass::ServerError => "server_error",
+        }
+    }
 }
 
 impl Default for RetryPolicy {
@@ -20,11 +77,18 @@ impl Default for RetryPolicy {
             initial_backoff_ms: 100,
             max_backoff_ms: 30_000,
             multiplier: 2.0,
+            jitter: true,
+            classes: BTreeMap::new(),
         }
     }
 }
 
 impl RetryPolicy {
+    /// The policy of one class: its override, or this one.
+    pub fn for_class(&self, class: Option<RetryClass>) -> &RetryPolicy {
+        class.and_then(|c| self.classes.get(&c)).unwrap_or(self)
+    }
+
     /// The ceiling of the backoff after the given (1-based) attempt, before jitter.
     pub fn ceiling_ms(&self, attempt: u32) -> u64 {
         let exp = attempt.saturating_sub(1).min(64) as i32;
@@ -40,7 +104,9 @@ impl RetryPolicy {
     /// drawn from `random`), and never shorter than the remote's `Retry-After`.
     pub fn backoff_ms(&self, attempt: u32, retry_after_ms: Option<u64>, random: u64) -> u64 {
         let ceiling = self.ceiling_ms(attempt);
-        let jittered = if ceiling == u64::MAX {
+        let jittered = if !self.jitter {
+            ceiling
+        } else if ceiling == u64::MAX {
             random
         } else {
             random % (ceiling + 1)
@@ -60,7 +126,36 @@ mod tests {
             initial_backoff_ms: 100,
             max_backoff_ms: 5_000,
             multiplier: 2.0,
+            ..RetryPolicy::default()
         }
+    }
+
+    #[test]
+    fn without_jitter_the_delay_is_the_ceiling_and_a_class_has_its_own_policy() {
+        let fixed = RetryPolicy {
+            initial_backoff_ms: 2_000,
+            max_backoff_ms: 2_000,
+            multiplier: 1.0,
+            jitter: false,
+            ..RetryPolicy::default()
+        };
+        assert_eq!(fixed.backoff_ms(1, None, 7), 2_000);
+        assert_eq!(fixed.backoff_ms(5, None, 7), 2_000);
+        let p = RetryPolicy {
+            classes: BTreeMap::from([(RetryClass::ServerError, fixed.clone())]),
+            ..policy()
+        };
+        assert_eq!(p.for_class(Some(RetryClass::ServerError)), &fixed);
+        assert_eq!(p.for_class(Some(RetryClass::Connect)), &p);
+        assert_eq!(p.for_class(None), &p);
+        assert_eq!(
+            RetryClass::of(&NotSentCause::Throttled { status: 429 }),
+            Some(RetryClass::Throttled)
+        );
+        assert_eq!(
+            RetryClass::of(&NotSentCause::LocalResources("fd".into())),
+            None
+        );
     }
 
     #[test]

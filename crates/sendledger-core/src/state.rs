@@ -1,5 +1,7 @@
 //! A task's state: the pure fold of its events.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
 use crate::event::{
@@ -7,6 +9,7 @@ use crate::event::{
 };
 use crate::ids::{PayloadHash, TaskId};
 use crate::request::AcceptedRequest;
+use crate::retry::RetryClass;
 
 /// Where a task is in the state machine (`docs/rules.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -83,6 +86,8 @@ pub struct State {
     /// Attempts not sent because this process ran out of a local resource; they do not count
     /// against the target's `max_attempts`.
     pub local_not_sent: u32,
+    /// Attempts not sent, by class of reason (what per-class retry policies count).
+    pub not_sent_by_class: BTreeMap<RetryClass, u32>,
     /// How many distinct idempotency keys the task has used.
     pub key_generation: u32,
     pub lookups: u32,
@@ -131,6 +136,7 @@ impl Default for State {
             idempotency_key: None,
             key_since: None,
             local_not_sent: 0,
+            not_sent_by_class: BTreeMap::new(),
             key_generation: 0,
             lookups: 0,
             next_check_at: None,
@@ -202,6 +208,9 @@ impl State {
                 self.in_flight = None;
                 if matches!(cause, NotSentCause::LocalResources(_)) {
                     self.local_not_sent += 1;
+                }
+                if let Some(class) = RetryClass::of(cause) {
+                    *self.not_sent_by_class.entry(class).or_default() += 1;
                 }
                 self.retry_at = Some(*retry_at);
                 self.phase = if self.unresolved_unknown {

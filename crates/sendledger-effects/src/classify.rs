@@ -34,7 +34,8 @@ pub(crate) struct Rules {
 ///   id is empty (the caller logs it) rather than turning a proven success into an unknown
 ///   outcome that could be resent.
 /// - 429, and 503 with a usable `Retry-After`: `NotSent{Throttled}`.
-/// - 408: `Unknown{Status}`; 409: `Rejected`, or `Unknown{Status}` when set to reconcile; other
+/// - 408: `Unknown{Status}`; 409: `Rejected`, or `Unknown{Status}` when set to reconcile, or
+///   `Succeeded` (the id from the answer when it has one) when set to succeeded; other
 ///   4xx: `Rejected` with the body (truncated) as detail.
 /// - other 5xx: `Unknown{Status}`, or `NotSent{ServerError}` when the target says a 5xx
 ///   performs nothing (with `Retry-After` when given).
@@ -47,7 +48,8 @@ pub(crate) fn classify(
     now: SystemTime,
 ) -> AttemptOutcome {
     let code = status.as_u16();
-    if status.is_success() {
+    let already_done = code == 409 && rules.on_409 == ConflictPolicy::Succeeded;
+    if status.is_success() || already_done {
         let remote_id = body
             .as_ref()
             .ok()
@@ -238,6 +240,17 @@ mod tests {
             ..rules()
         };
         assert_eq!(run(&r2, 409, None, ""), unknown(409));
+        let r3 = Rules {
+            on_409: ConflictPolicy::Succeeded,
+            ..rules()
+        };
+        assert_eq!(
+            run(&r3, 409, None, r#"{"data":{"id":"ex-1"}}"#),
+            AttemptOutcome::Succeeded {
+                remote_id: "ex-1".into(),
+                status: 409
+            }
+        );
         assert_eq!(
             run(&r2, 502, Some("1"), ""),
             AttemptOutcome::NotSent {

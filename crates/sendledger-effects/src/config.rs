@@ -169,6 +169,9 @@ pub enum ConflictPolicy {
     Reject,
     /// "Already exists": the outcome is unknown until a lookup finds the record.
     Reconcile,
+    /// "Already exists" and the remote guarantees it is this task's record: succeeded, with
+    /// the id at `response_id_pointer` when the answer has one. No retry, no lookup.
+    Succeeded,
 }
 
 /// The remote's idempotency key support.
@@ -194,7 +197,8 @@ impl IdempotencyConfig {
     }
 }
 
-/// Retries of attempts that certainly did not reach the remote.
+/// Retries of attempts that certainly did not reach the remote: the default for every reason,
+/// and optionally a policy per class of reason.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetryConfig {
@@ -206,7 +210,17 @@ pub struct RetryConfig {
     /// it is longer.
     #[serde(with = "humantime_serde")]
     pub max_backoff: Duration,
+    /// Growth of the backoff per attempt (1.0: a fixed interval).
     pub multiplier: f64,
+    /// Full jitter: each delay is uniform between 0 and the backoff. Off: the backoff itself.
+    pub jitter: bool,
+    /// Attempts not sent because the connection failed (DNS, refused, connect timeout, TLS
+    /// handshake): their own attempts and backoff; unset keys take the values above.
+    pub connect: Option<RetryClassConfig>,
+    /// Attempts answered 429, or 503 with `Retry-After` (still a floor).
+    pub throttled: Option<RetryClassConfig>,
+    /// Attempts answered a 5xx that the target declares not performed (`on_5xx = "not_sent"`).
+    pub server_error: Option<RetryClassConfig>,
 }
 
 impl Default for RetryConfig {
@@ -216,8 +230,26 @@ impl Default for RetryConfig {
             initial_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(30),
             multiplier: 2.0,
+            jitter: true,
+            connect: None,
+            throttled: None,
+            server_error: None,
         }
     }
+}
+
+/// The retry policy of one class of "not sent": counted within the class (and within
+/// `retry.max_attempts` in all), its backoff growing with the class's own count.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryClassConfig {
+    pub max_attempts: Option<u32>,
+    #[serde(with = "humantime_serde")]
+    pub initial_backoff: Option<Duration>,
+    #[serde(with = "humantime_serde")]
+    pub max_backoff: Option<Duration>,
+    pub multiplier: Option<f64>,
+    pub jitter: Option<bool>,
 }
 
 /// How to find the remote's records of a task.

@@ -901,6 +901,10 @@ fn config_errors_name_the_field() {
         ("lookup = { url = \"http://127.0.0.1:9/r\", id_pointer = \"x\" }", "targets.t.lookup.id_pointer"),
         ("lookup = { url = \"http://127.0.0.1:9/r\", first_check = \"10s\", deadline = \"1s\" }", "targets.t.lookup.deadline"),
         ("lookup = { url = \"http://127.0.0.1:9/r\", deadline = \"1m\", complete_after = \"2m\" }", "targets.t.lookup.complete_after: must be shorter than lookup.deadline"),
+        ("retry = { connect = { max_attempts = 9 } }", "targets.t.retry.connect.max_attempts: must not exceed retry.max_attempts"),
+        ("retry = { throttled = { multiplier = 0.5 } }", "targets.t.retry.throttled.multiplier: must be a number of at least 1.0"),
+        ("retry = { connect = { initial_backoff = \"1m\" } }", "targets.t.retry.connect.initial_backoff: must not exceed retry.connect.max_backoff"),
+        ("retry = { server_error = { max_attempts = 2 } }", "targets.t.retry.server_error: applies to 5xx answers declared not performed"),
         ("breaker = { minimum_calls = 30 }", "targets.t.breaker.window_calls: must be at least breaker.minimum_calls"),
         ("breaker = { failure_rate = 1.5 }", "targets.t.breaker.failure_rate: must be a share in (0, 1]"),
         ("breaker = { open_for = \"0s\" }", "targets.t.breaker.open_for: must be longer than 0s"),
@@ -936,6 +940,49 @@ fn config_errors_name_the_field() {
     assert!(err.to_string().contains("unknown variant `retry`"), "{err}");
 }
 
+/// Retries layered by class of "not sent", as a team writes them: connection failures 3
+/// attempts growing 1 s → 4 s → 16 s; 5xx proven not performed 2 attempts at a fixed 2 s; a
+/// 409 is this task's record already (success, no retry); 429s keep the default.
+#[test]
+fn retries_by_class_are_expressible() {
+    let cfg: TargetConfig = toml::from_str(
+        r#"
+url = "http://127.0.0.1:9/records"
+on_5xx = "not_sent"
+on_409 = "succeeded"
+[retry]
+max_attempts = 6
+[retry.connect]
+max_attempts = 3
+initial_backoff = "1s"
+max_backoff = "16s"
+multiplier = 4.0
+jitter = false
+[retry.server_error]
+max_attempts = 2
+initial_backoff = "2s"
+max_backoff = "2s"
+multiplier = 1.0
+jitter = false
+"#,
+    )
+    .unwrap();
+    let retry = Target::from_config("t", &cfg).unwrap().policy().retry;
+    let connect = retry.for_class(Some(sendledger_core::RetryClass::Connect));
+    assert_eq!(connect.max_attempts, 3);
+    let delays: Vec<u64> = (1..=3)
+        .map(|n| connect.backoff_ms(n, None, 12_345))
+        .collect();
+    assert_eq!(delays, [1_000, 4_000, 16_000]);
+    let server = retry.for_class(Some(sendledger_core::RetryClass::ServerError));
+    assert_eq!(server.max_attempts, 2);
+    assert_eq!(server.backoff_ms(1, None, 7), 2_000);
+    assert_eq!(server.backoff_ms(2, None, 7), 2_000);
+    let throttled = retry.for_class(Some(sendledger_core::RetryClass::Throttled));
+    assert_eq!(throttled.max_attempts, 6);
+    assert!(throttled.jitter, "the default policy");
+}
+
 #[test]
 fn a_target_maps_to_the_core_policy() {
     let cfg: TargetConfig = toml::from_str(
@@ -955,7 +1002,8 @@ lookup = { url = "http://127.0.0.1:9/records?k={task_id}", first_check = "2s", c
                 max_attempts: 5,
                 initial_backoff_ms: 200,
                 max_backoff_ms: 60_000,
-                multiplier: 3.0
+                multiplier: 3.0,
+                ..Default::default()
             },
             reconcile: Some(sendledger_core::ReconcilePolicy {
                 first_check_ms: 2_000,

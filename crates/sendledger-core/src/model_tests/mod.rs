@@ -121,6 +121,7 @@ fn lookup_policy() -> Policy {
             initial_backoff_ms: 100,
             max_backoff_ms: 1_000,
             multiplier: 2.0,
+            ..RetryPolicy::default()
         },
         reconcile: Some(ReconcilePolicy {
             first_check_ms: 500,

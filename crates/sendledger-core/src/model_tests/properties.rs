@@ -59,6 +59,7 @@ fn policy() -> impl Strategy<Value = Policy> {
         0u32..3,
         0u64..2_000,
         proptest::option::of(0u64..12_000),
+        proptest::option::of((1u32..4, any::<bool>())),
     )
         .prop_map(
             |(
@@ -69,12 +70,28 @@ fn policy() -> impl Strategy<Value = Policy> {
                 max_policy_resends,
                 idempotency_ttl_margin_ms,
                 complete_after_ms,
+                connect_class,
             )| Policy {
                 retry: RetryPolicy {
                     max_attempts,
                     initial_backoff_ms: 50,
                     max_backoff_ms: 2_000,
                     multiplier: 2.0,
+                    jitter: true,
+                    classes: connect_class
+                        .map(|(max_attempts, jitter)| {
+                            let fixed = RetryPolicy {
+                                max_attempts,
+                                initial_backoff_ms: 300,
+                                max_backoff_ms: 300,
+                                multiplier: 1.0,
+                                jitter,
+                                classes: Default::default(),
+                            };
+                            (crate::retry::RetryClass::Connect, fixed)
+                        })
+                        .into_iter()
+                        .collect(),
                 },
                 reconcile: lookup.then_some(ReconcilePolicy {
                     first_check_ms: 100,

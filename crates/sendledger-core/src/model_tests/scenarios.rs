@@ -759,3 +759,56 @@ fn absence_past_complete_after_authorizes_one_resend() {
     .1
     .is_empty());
 }
+
+/// A class of "not sent" with a policy of its own: its attempts counted apart (and within the
+/// target's in all), its backoff fixed; other classes keep the target's policy.
+#[test]
+fn a_class_of_not_sent_has_its_own_attempts_and_backoff() {
+    use crate::retry::RetryClass;
+    let mut policy = lookup_policy();
+    policy.retry.max_attempts = 5;
+    policy.retry.classes.insert(
+        RetryClass::Connect,
+        RetryPolicy {
+            max_attempts: 2,
+            initial_backoff_ms: 2_000,
+            max_backoff_ms: 2_000,
+            multiplier: 1.0,
+            jitter: false,
+            classes: Default::default(),
+        },
+    );
+    let mut h = Harness::new(policy);
+    h.step(deliver(5, 0)).unwrap();
+    let not_sent = |h: &mut Harness, cause: NotSentCause| {
+        let attempt = h.state.in_flight.unwrap();
+        h.step(Input::Outcome {
+            attempt,
+            outcome: AttemptOutcome::NotSent {
+                cause,
+                retry_after_ms: None,
+            },
+        })
+        .unwrap()
+    };
+    // Throttled: the target's policy (jittered, under its 100 ms ceiling).
+    let Action::WakeAt(at) = not_sent(&mut h, NotSentCause::Throttled { status: 429 }) else {
+        panic!("a retry");
+    };
+    assert!(at <= h.now + 100);
+    h.now = at;
+    h.step(Input::Wake).unwrap();
+    // Connect: the class's fixed 2 s, then exhausted at its second.
+    assert_eq!(
+        not_sent(&mut h, NotSentCause::Connect("refused".into())),
+        Action::WakeAt(h.now + 2_000)
+    );
+    h.now += 2_000;
+    h.step(Input::Wake).unwrap();
+    assert_eq!(h.state.attempts, 3);
+    not_sent(&mut h, NotSentCause::Connect("refused".into()));
+    assert_eq!(h.state.phase, Phase::Failed);
+    let reason = h.state.failure.clone().unwrap();
+    assert!(reason.contains("retry.connect.max_attempts"), "{reason}");
+    assert!(check_task(&h.log, CheckConfig::default()).1.is_empty());
+}

@@ -10,7 +10,7 @@ use std::time::Duration;
 use http::header::{HeaderName, HeaderValue};
 use http::{Method, Uri};
 use sendledger_core::decide::ReconcilePolicy;
-use sendledger_core::RetryPolicy;
+use sendledger_core::{RetryClass, RetryPolicy};
 use tokio_rustls::TlsConnector;
 use tracing::warn;
 
@@ -19,7 +19,8 @@ use super::{millis, Headers, Lookup, Target};
 use crate::breaker::{Breaker, BreakerSettings};
 use crate::classify::{Rules, MAX_RETRY_AFTER};
 use crate::config::{
-    HeaderValueConfig, IdempotencyConfig, LookupConfig, RetryConfig, TargetConfig,
+    HeaderValueConfig, IdempotencyConfig, LookupConfig, RetryConfig, ServerErrorPolicy,
+    TargetConfig,
 };
 use crate::conn::{Endpoint, Pool};
 use crate::error::{Error, Result};
@@ -77,7 +78,7 @@ impl Target {
             Some(i) => Some(parse_idempotency(&path, i, &headers)?),
         };
         check_send_limits(&path, config)?;
-        let retry = parse_retry(&path, &config.retry)?;
+        let retry = parse_retry(&path, config)?;
         let lookup = match &config.lookup {
             None => None,
             Some(l) => Some(lookup(&path, l, config, connector.as_ref(), &body_fields)?),
@@ -331,23 +332,61 @@ fn breaker(
     Ok((Some(Breaker::new(name, settings)), health))
 }
 
-fn parse_retry(path: &Path<'_>, r: &RetryConfig) -> Result<RetryPolicy> {
+fn parse_retry(path: &Path<'_>, config: &TargetConfig) -> Result<RetryPolicy> {
+    let r = &config.retry;
+    let mut policy = retry_policy(path, "retry", r)?;
+    let classes = [
+        (RetryClass::Connect, &r.connect),
+        (RetryClass::Throttled, &r.throttled),
+        (RetryClass::ServerError, &r.server_error),
+    ];
+    for (class, overrides) in classes {
+        let Some(o) = overrides else { continue };
+        let field = format!("retry.{}", class.name());
+        if class == RetryClass::ServerError && config.on_5xx != ServerErrorPolicy::NotSent {
+            return Err(Error::config(
+                path.at(&field),
+                "applies to 5xx answers declared not performed, and on_5xx is not \"not_sent\" (a 5xx is an unknown outcome, never retried)",
+            ));
+        }
+        let merged = RetryConfig {
+            max_attempts: o.max_attempts.unwrap_or(r.max_attempts),
+            initial_backoff: o.initial_backoff.unwrap_or(r.initial_backoff),
+            max_backoff: o.max_backoff.unwrap_or(r.max_backoff),
+            multiplier: o.multiplier.unwrap_or(r.multiplier),
+            jitter: o.jitter.unwrap_or(r.jitter),
+            ..RetryConfig::default()
+        };
+        let own = retry_policy(path, &field, &merged)?;
+        if own.max_attempts > policy.max_attempts {
+            return Err(Error::config(
+                path.at(&format!("{field}.max_attempts")),
+                "must not exceed retry.max_attempts (the attempts in all)",
+            ));
+        }
+        policy.classes.insert(class, own);
+    }
+    Ok(policy)
+}
+
+/// One retry policy's checks; `field` is where it is configured (`retry`, `retry.connect`).
+fn retry_policy(path: &Path<'_>, field: &str, r: &RetryConfig) -> Result<RetryPolicy> {
     if r.max_attempts == 0 {
         return Err(Error::config(
-            path.at("retry.max_attempts"),
+            path.at(&format!("{field}.max_attempts")),
             "must be at least 1",
         ));
     }
     if !(r.multiplier.is_finite() && r.multiplier >= 1.0) {
         return Err(Error::config(
-            path.at("retry.multiplier"),
+            path.at(&format!("{field}.multiplier")),
             "must be a number of at least 1.0",
         ));
     }
     if r.initial_backoff > r.max_backoff {
         return Err(Error::config(
-            path.at("retry.initial_backoff"),
-            "must not exceed retry.max_backoff",
+            path.at(&format!("{field}.initial_backoff")),
+            format!("must not exceed {field}.max_backoff"),
         ));
     }
     Ok(RetryPolicy {
@@ -355,6 +394,8 @@ fn parse_retry(path: &Path<'_>, r: &RetryConfig) -> Result<RetryPolicy> {
         initial_backoff_ms: millis(r.initial_backoff),
         max_backoff_ms: millis(r.max_backoff),
         multiplier: r.multiplier,
+        jitter: r.jitter,
+        classes: Default::default(),
     })
 }
 
