@@ -50,6 +50,8 @@
         el("dt", {}, "Attempts"), el("dd", {}, String(task.attempts)),
         el("dt", {}, "Remote id"), el("dd", { id: "task-remote-id" }, task.remote_id || "none"),
         el("dt", {}, "Lookup URL"), el("dd", { id: "task-lookup-url", class: "mono" }, task.lookup_url || "no lookup configured"),
+        task.waiting ? [el("dt", {}, "Waiting"), el("dd", { id: "task-waiting" },
+          task.waiting.reason + ", since " + task.waiting.since + "; looks again from " + task.waiting.until)] : null,
         task.state === "manual_review" && review ? [el("dt", {}, "Review reason"), el("dd", { id: "task-reason" }, review.detail)] : null),
       task.state === "manual_review" ? resolveForm(task, health) : el("p", { class: "hint", id: "not-in-review" },
         "This task is " + task.state + ": only tasks in manual review can be resolved."),

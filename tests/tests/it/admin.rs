@@ -716,6 +716,73 @@ async fn the_admin_routes_answer_in_process() {
     engine.shutdown(Duration::from_secs(5)).await;
 }
 
+/// A target whose breaker is open shows in `/healthz`, and a task waiting for it says why in
+/// `GET /tasks/{id}` (and records one `SendDeferred`, no intent); once the remote is back the
+/// breaker closes and every task succeeds once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_breaker_shows_in_health_and_waiting_tasks_say_why() {
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    sim.set_offline(true).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = target(&sim.base_url(), |t| {
+        t["breaker"] = json!({ "window_calls": 2, "minimum_calls": 2, "open_for": "2s" });
+    });
+    let engine = tokio::task::block_in_place(|| start(dir.path(), config));
+    let keys = ["br-1", "br-2", "br-3"];
+    for (i, key) in keys.iter().enumerate() {
+        engine.submit(request(key), source(i as i64)).await.unwrap();
+    }
+    let waiting = wait_for(&engine, task_id("br-3"), WAIT, |s| s.waiting.is_some()).await;
+    assert_eq!(waiting.attempts, 0, "a task that waits spent no attempt");
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .build_recorder()
+        .handle();
+    let routes = sendledger_node::admin::routes(&Default::default(), engine.clone(), handle);
+    let get = |path: String| {
+        let routes = routes.clone();
+        async move {
+            let request = http::Request::builder()
+                .uri(path)
+                .body(http_body_util::Full::new(bytes::Bytes::new()))
+                .unwrap();
+            let response = routes.oneshot(request).await.unwrap();
+            assert_eq!(response.status(), 200);
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            serde_json::from_slice::<Value>(&body).unwrap()
+        }
+    };
+    let health = get("/healthz".into()).await;
+    assert_eq!(health["ok"], true, "a remote that is down is not the service failing");
+    let breaker = &health["targets"]["sim"];
+    assert!(
+        ["open", "half_open"].contains(&breaker["breaker"].as_str().unwrap()),
+        "{health}"
+    );
+    assert!(breaker["opened"].as_u64().unwrap() >= 1, "{health}");
+    let task = get(format!("/tasks/{}", task_ref("br-3"))).await;
+    let reason = task["waiting"]["reason"].as_str().unwrap();
+    assert_eq!(reason, "the circuit breaker of target sim is open", "{task}");
+    assert!(task["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["event"] == "SendDeferred"));
+
+    sim.set_offline(false).await.unwrap();
+    for key in keys {
+        let state = wait_for(&engine, task_id(key), WAIT, settled).await;
+        assert_eq!(state.phase, Phase::Succeeded, "{key}");
+        assert_eq!(state.waiting, None);
+        assert_eq!(sim.records_with_identity(key).len(), 1, "{key}");
+    }
+    let health = get("/healthz".into()).await;
+    assert_eq!(health["targets"]["sim"]["breaker"], "closed", "{health}");
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
 /// With no token configured, mutations are refused with a message that says what to set.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_token_mutations_are_refused() {
