@@ -970,3 +970,81 @@ async fn an_attempt_that_misses_its_send_lease_is_not_sent_and_tried_again() {
     assert_eq!(sim.records_with_identity("lease-1").len(), 1);
     engine.shutdown(Duration::from_secs(5)).await;
 }
+
+/// Lookups at a remote that fails them back off per target: 20 unknown tasks looked up every
+/// 50 ms for 4 s would ask about 1,600 times; the target's lookups wait 1 s after the first
+/// failures, then one probes at a time (2 s, 4 s...). Each task keeps waiting (a failed lookup
+/// is no evidence either way); once the lookups answer, they are asked at the tasks' own pace
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_lookups_back_off_instead_of_hammering_the_remote() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let sim = sim(Faults {
+        commit_then_drop: 1.0,
+        ..Faults::default()
+    })
+    .await;
+    // The lookups go to a server that counts them and answers 503 while `down`, then `[]`.
+    let lookups = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let lookups_addr = lookups.local_addr().unwrap();
+    let asked = Arc::new(AtomicU64::new(0));
+    let down = Arc::new(AtomicBool::new(true));
+    let (counter, is_down) = (asked.clone(), down.clone());
+    let server = tokio::spawn(async move {
+        while let Ok((mut stream, _)) = lookups.accept().await {
+            counter.fetch_add(1, Ordering::SeqCst);
+            let answer: &[u8] = if is_down.load(Ordering::SeqCst) {
+                b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            } else {
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n[]"
+            };
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = stream.read(&mut buf).await;
+                let _ = stream.write_all(answer).await;
+            });
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start_engine(
+        dir.path(),
+        target(&sim.base_url(), |t| {
+            t["lookup"]["url"] =
+                format!("http://{lookups_addr}/records?reference={{task_id}}").into();
+            t["lookup"]["check_interval"] = "50ms".into();
+            t["lookup"]["deadline"] = "30s".into();
+            t["breaker"]["enabled"] = false.into();
+        }),
+    );
+    let keys: Vec<String> = (0..20).map(|i| format!("lb-{i}")).collect();
+    for (i, key) in keys.iter().enumerate() {
+        engine.submit(request(key), source(i as i64)).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let during = asked.load(Ordering::SeqCst);
+    assert!(
+        (1..=60).contains(&during),
+        "{during} lookups in 4 s: the target's lookups back off"
+    );
+    for key in &keys {
+        let state = engine.state(task_id(key)).await.unwrap();
+        assert_eq!(state.phase, Phase::Unknown, "{key}: still waiting, no evidence");
+    }
+    down.store(false, Ordering::SeqCst);
+    // The probe after the current backoff (at most 8 s by now) answers; then every task asks
+    // again every 50 ms.
+    let before = asked.load(Ordering::SeqCst);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while asked.load(Ordering::SeqCst) < before + 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "lookups did not resume after the remote answered"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.abort();
+    engine.shutdown(Duration::from_secs(5)).await;
+}
