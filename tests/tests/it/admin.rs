@@ -755,7 +755,10 @@ async fn an_open_breaker_shows_in_health_and_waiting_tasks_say_why() {
         }
     };
     let health = get("/healthz".into()).await;
-    assert_eq!(health["ok"], true, "a remote that is down is not the service failing");
+    assert_eq!(
+        health["ok"], true,
+        "a remote that is down is not the service failing"
+    );
     let breaker = &health["targets"]["sim"];
     assert!(
         ["open", "half_open"].contains(&breaker["breaker"].as_str().unwrap()),
@@ -764,7 +767,10 @@ async fn an_open_breaker_shows_in_health_and_waiting_tasks_say_why() {
     assert!(breaker["opened"].as_u64().unwrap() >= 1, "{health}");
     let task = get(format!("/tasks/{}", task_ref("br-3"))).await;
     let reason = task["waiting"]["reason"].as_str().unwrap();
-    assert_eq!(reason, "the circuit breaker of target sim is open", "{task}");
+    assert_eq!(
+        reason, "the circuit breaker of target sim is open",
+        "{task}"
+    );
     assert!(task["events"]
         .as_array()
         .unwrap()

@@ -1031,7 +1031,11 @@ async fn failing_lookups_back_off_instead_of_hammering_the_remote() {
     );
     for key in &keys {
         let state = engine.state(task_id(key)).await.unwrap();
-        assert_eq!(state.phase, Phase::Unknown, "{key}: still waiting, no evidence");
+        assert_eq!(
+            state.phase,
+            Phase::Unknown,
+            "{key}: still waiting, no evidence"
+        );
     }
     down.store(false, Ordering::SeqCst);
     // The probe after the current backoff (at most 8 s by now) answers; then every task asks
