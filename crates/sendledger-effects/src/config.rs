@@ -300,6 +300,47 @@ pub struct LookupConfig {
     /// such promise, absence proves nothing.
     #[serde(default, with = "humantime_serde")]
     pub complete_after: Option<Duration>,
+    /// How to read an answer the remote gives in pages (`[targets.NAME.lookup.paging]`).
+    /// Unset: the first answer holds every record. Set, the lookup reads every page and
+    /// matches the records of all of them; a lookup that cannot read every page is an error,
+    /// never a result.
+    #[serde(default)]
+    pub paging: Option<PagingConfig>,
+}
+
+/// How a lookup follows the pages of the remote's answer: exactly one of `next_pointer`,
+/// `link = true` and `page_param`. A record on a page not read could be the task's own or a
+/// duplicate of it, so a lookup whose pages cannot all be read (a page that fails, a next URL
+/// that cannot be used, more than `max_pages` pages) fails: no evidence either way.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PagingConfig {
+    /// JSON pointer to the next page's URL in each answer (e.g. `/next` with
+    /// `results_pointer = "/items"`): an absolute URL or a reference resolved against the
+    /// page's URL. `null`, absent or `""` on the last page.
+    #[serde(default)]
+    pub next_pointer: Option<String>,
+    /// Follow the `rel="next"` target of the answer's `Link` header (RFC 8288); no such link
+    /// on the last page.
+    #[serde(default)]
+    pub link: bool,
+    /// A query parameter numbering the pages (e.g. `page`), added to the lookup URL: pages
+    /// `first_page`, `first_page + 1`... are read until one holds no record (or, with
+    /// `page_size`, fewer records than that).
+    #[serde(default)]
+    pub page_param: Option<String>,
+    /// With `page_param`: the number of the first page (default 1).
+    #[serde(default)]
+    pub first_page: Option<u64>,
+    /// With `page_param`: the most records the remote puts on a page, so that a shorter page
+    /// is known to be the last without asking for the next (empty) one. Unset: an empty page
+    /// ends the answer.
+    #[serde(default)]
+    pub page_size: Option<usize>,
+    /// The most pages (requests) one lookup reads; an answer that goes on past them is an
+    /// error. With `page_param`, the empty page that ends the answer counts.
+    #[serde(default = "default_max_pages")]
+    pub max_pages: u32,
 }
 
 /// A target's circuit breaker (`docs/operating/configuration.md`, "Circuit breaker").
@@ -415,6 +456,9 @@ fn default_check_interval() -> Duration {
 }
 fn default_deadline() -> Duration {
     Duration::from_secs(300)
+}
+fn default_max_pages() -> u32 {
+    10
 }
 fn default_skew() -> Duration {
     Duration::from_secs(30)

@@ -24,17 +24,36 @@ pub enum Error {
     /// The lookup answer does not have the configured shape.
     #[error("lookup answer of target {target} is unusable: {reason}; check `lookup.results_pointer`, `lookup.id_pointer` and the filters")]
     LookupAnswer { target: String, reason: String },
+    /// A page of a paged lookup failed as `error` says; `page` counts the pages in the order
+    /// they were read, from 1. The pages read before it are no evidence either: a record on
+    /// this one could be the task's own or its duplicate.
+    #[error("{error} (at page {page})")]
+    LookupPage { page: u32, error: Box<Error> },
+    /// A paged lookup cannot go past page `page`: the answer goes on past
+    /// `lookup.paging.max_pages`, or its next page's URL cannot be used (not a URL, or on
+    /// another scheme, host or port, where the target's headers must not go).
+    #[error("lookup on target {target} cannot read past page {page}: {reason}; the pages read are no evidence either way")]
+    LookupPaging {
+        target: String,
+        page: u32,
+        reason: String,
+    },
 }
 
 impl Error {
-    /// Whether the same call may succeed later with nothing changed: a lookup that got no
-    /// answer, or was answered 408, 429 or 5xx. A configuration or request that cannot be
-    /// built, any other refusal and an answer of the wrong shape fail the same way again.
+    /// Whether the same call may succeed later with nothing changed: a lookup (or a page of
+    /// it) that got no answer, or was answered 408, 429 or 5xx. A configuration or request
+    /// that cannot be built, any other refusal, an answer of the wrong shape and pages that
+    /// cannot be followed fail the same way again.
     pub fn is_transient(&self) -> bool {
         match self {
             Error::LookupTransport { .. } => true,
             Error::LookupStatus { status, .. } => matches!(status, 408 | 429 | 500..=599),
-            Error::Config { .. } | Error::Render { .. } | Error::LookupAnswer { .. } => false,
+            Error::LookupPage { error, .. } => error.is_transient(),
+            Error::Config { .. }
+            | Error::Render { .. }
+            | Error::LookupAnswer { .. }
+            | Error::LookupPaging { .. } => false,
         }
     }
 
@@ -74,5 +93,19 @@ mod tests {
         };
         assert!(!shape.is_transient());
         assert!(!Error::config("targets.t.lookup", "is not configured").is_transient());
+        // A page of a paged lookup fails as its error says; pages that cannot be followed
+        // fail the same way again.
+        let page = |error| Error::LookupPage {
+            page: 2,
+            error: Box::new(error),
+        };
+        assert!(page(status(503)).is_transient());
+        assert!(!page(status(404)).is_transient());
+        let cap = Error::LookupPaging {
+            target: "t".into(),
+            page: 10,
+            reason: "the answer has more pages".into(),
+        };
+        assert!(!cap.is_transient());
     }
 }

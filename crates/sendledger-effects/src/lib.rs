@@ -71,8 +71,8 @@ mod tls;
 pub use breaker::{BreakerState, BreakerView};
 pub use config::{
     BreakerConfig, ConflictPolicy, CreatedAfterConfig, HeaderValueConfig, IdempotencyConfig,
-    LookupConfig, RetryClassConfig, RetryConfig, ServerErrorPolicy, TargetConfig, TimeFormat,
-    TlsConfig,
+    LookupConfig, PagingConfig, RetryClassConfig, RetryConfig, ServerErrorPolicy, TargetConfig,
+    TimeFormat, TlsConfig,
 };
 pub use error::{Error, Result};
 pub use limit::{SendLimiter, SendSlot};

@@ -21,6 +21,7 @@ mod layout;
 mod ledger;
 mod log;
 mod outage;
+mod paging;
 mod scripts;
 mod sim;
 mod telemetry;

@@ -14,13 +14,14 @@ use sendledger_core::{RetryClass, RetryPolicy};
 use tokio_rustls::TlsConnector;
 use tracing::warn;
 
+use super::paging::{Paging, Style};
 use super::redact::secret_fragments;
 use super::{millis, Headers, Lookup, Target};
 use crate::breaker::{Breaker, BreakerSettings};
 use crate::classify::{Rules, MAX_RETRY_AFTER};
 use crate::config::{
-    HeaderValueConfig, IdempotencyConfig, LookupConfig, RetryConfig, ServerErrorPolicy,
-    TargetConfig,
+    HeaderValueConfig, IdempotencyConfig, LookupConfig, PagingConfig, RetryConfig,
+    ServerErrorPolicy, TargetConfig,
 };
 use crate::conn::{Endpoint, Pool};
 use crate::error::{Error, Result};
@@ -568,6 +569,10 @@ fn lookup(
     if let Some(c) = &l.created_after_intent {
         pointer(path, "lookup.created_after_intent.pointer", &c.pointer)?;
     }
+    let paging = match &l.paging {
+        None => None,
+        Some(p) => Some(paging(path, p, l, &url)?),
+    };
     positive(path, "lookup.check_interval", l.check_interval)?;
     if let Some(bound) = l.complete_after {
         positive(path, "lookup.complete_after", bound)?;
@@ -591,6 +596,7 @@ fn lookup(
         id_pointer: l.id_pointer.clone(),
         filters,
         created_after: l.created_after_intent.clone(),
+        paging,
         policy: ReconcilePolicy {
             first_check_ms: millis(l.first_check),
             check_interval_ms: millis(l.check_interval),
@@ -599,5 +605,82 @@ fn lookup(
             max_policy_resends: l.max_policy_resends,
             complete_after_ms: l.complete_after.map(millis),
         },
+    })
+}
+
+/// `lookup.paging`: exactly one way to the next page, each of its settings checked, so that no
+/// setting a lookup would ignore is accepted.
+fn paging(path: &Path<'_>, p: &PagingConfig, l: &LookupConfig, url: &Template) -> Result<Paging> {
+    let field = |name: &str| path.at(&format!("lookup.paging.{name}"));
+    let styles: Vec<&str> = [
+        ("next_pointer", p.next_pointer.is_some()),
+        ("link", p.link),
+        ("page_param", p.page_param.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(name, set)| set.then_some(name))
+    .collect();
+    if styles.len() != 1 {
+        return Err(Error::config(
+            path.at("lookup.paging"),
+            format!(
+                "sets {}: set exactly one of next_pointer (a URL in the answer), link = true (the Link header) and page_param (numbered pages)",
+                match styles.as_slice() {
+                    [] => "no way to the next page".to_string(),
+                    both => both.join(" and "),
+                }
+            ),
+        ));
+    }
+    if p.max_pages == 0 {
+        return Err(Error::config(field("max_pages"), "must be at least 1"));
+    }
+    let numbered = |name: &str, set: bool| {
+        if set && p.page_param.is_none() {
+            return Err(Error::config(field(name), "applies to page_param only"));
+        }
+        Ok(())
+    };
+    numbered("first_page", p.first_page.is_some())?;
+    numbered("page_size", p.page_size.is_some())?;
+    let style = if let Some(next) = &p.next_pointer {
+        pointer(path, "lookup.paging.next_pointer", next)?;
+        // A pointer that finds nothing reads as the last page: one into the records' array
+        // would read every answer as the last page.
+        if next.is_empty() || l.results_pointer.is_empty() {
+            return Err(Error::config(
+                field("next_pointer"),
+                "must point beside the records in the answer (e.g. `/next` with results_pointer = \"/items\"), not at the whole answer, nor into an answer that is the records' array (results_pointer = \"\")",
+            ));
+        }
+        Style::NextPointer(next.clone())
+    } else if let Some(name) = &p.page_param {
+        let unreserved = |c: char| c.is_ascii_alphanumeric() || "-._~".contains(c);
+        if name.is_empty() || !name.chars().all(unreserved) {
+            return Err(Error::config(
+                field("page_param"),
+                format!("`{name}` is not a query parameter name (ASCII letters, digits, `-`, `.`, `_`, `~`)"),
+            ));
+        }
+        if url.query_params().iter().any(|(param, _)| param == name) {
+            return Err(Error::config(
+                field("page_param"),
+                format!("lookup.url already has a `{name}` parameter; the lookup adds it to number the pages"),
+            ));
+        }
+        if p.page_size == Some(0) {
+            return Err(Error::config(field("page_size"), "must be at least 1"));
+        }
+        Style::PageParam {
+            name: name.clone(),
+            first: p.first_page.unwrap_or(1),
+            size: p.page_size,
+        }
+    } else {
+        Style::Link
+    };
+    Ok(Paging {
+        style,
+        max_pages: p.max_pages,
     })
 }

@@ -1,16 +1,18 @@
 //! Lookups and evidence matching: [`Target::lookup`] asks the remote which records it holds
-//! for a task, and `select` keeps those that match the task (the filters, with numbers
-//! compared by exact value, and `created_after_intent`). An error is no evidence either way.
+//! for a task (following the pages of its answer as `paging.rs` says), and `select` keeps
+//! those that match the task (the filters, with numbers compared by exact value, and
+//! `created_after_intent`). An error is no evidence either way.
 
 use std::time::UNIX_EPOCH;
 
 use bytes::Bytes;
-use http::header::{self, HeaderValue};
+use http::header::{self, HeaderMap, HeaderValue};
 use http::Method;
 use sendledger_core::{AcceptedRequest, TraceParent};
 use serde_json::Value;
 use tracing::debug;
 
+use super::paging::Page;
 use super::{millis, Lookup, Target};
 use crate::classify::id_text;
 use crate::config::TimeFormat;
@@ -33,10 +35,12 @@ impl Target {
         Some(url)
     }
 
-    /// Asks the remote which records match the task: the configured query, then the filters.
-    /// `intent_at_ms` (milliseconds since the Unix epoch) is the time of the task's first
-    /// intent, for the `created_after_intent` filter. Returns the matching remote ids, each
-    /// once, in the remote's order. An error is no evidence either way.
+    /// Asks the remote which records match the task: the configured query (every page of its
+    /// answer with `lookup.paging`), then the filters. `intent_at_ms` (milliseconds since the
+    /// Unix epoch) is the time of the task's first intent, for the `created_after_intent`
+    /// filter. Returns the matching remote ids, each once, in the remote's order. An error is
+    /// no evidence either way; with paging, so is a page that cannot be read or an answer
+    /// that goes on past `max_pages`, however many matches the pages before held.
     pub async fn lookup(
         &self,
         request: &AcceptedRequest,
@@ -68,7 +72,68 @@ impl Target {
             .url
             .render_url(request, &payload)
             .map_err(render_err)?;
-        let mut req = self.request(Method::GET, &url, &lookup.endpoint, Bytes::new())?;
+        let answer_err = |reason: String| self.unusable(reason);
+        let mut ids: Vec<String> = Vec::new();
+        let mut next = Some(
+            lookup
+                .paging
+                .as_ref()
+                .map_or(url.clone(), |p| p.first(&url)),
+        );
+        let mut number = 0;
+        // Every page is read, or the lookup fails: a record on a page not read could be the
+        // task's own or its duplicate.
+        while let Some(at) = next.take() {
+            number += 1;
+            let at_page = |error: Error| match lookup.paging {
+                Some(_) => Error::LookupPage {
+                    page: number,
+                    error: Box::new(error),
+                },
+                None => error,
+            };
+            let (doc, headers) = self
+                .lookup_page(lookup, &at, trace)
+                .await
+                .map_err(at_page)?;
+            let records = records(lookup, &doc).map_err(answer_err).map_err(at_page)?;
+            let found = select(lookup, records, &payload, intent_at_ms)
+                .map_err(answer_err)
+                .map_err(at_page)?;
+            for id in found {
+                if !ids.contains(&id) {
+                    ids.push(id);
+                }
+            }
+            if let Some(paging) = &lookup.paging {
+                let page = Page {
+                    number,
+                    url: &at,
+                    doc: &doc,
+                    headers: &headers,
+                    records: records.len(),
+                };
+                next = paging
+                    .next(&url, &page)
+                    .map_err(|reason| Error::LookupPaging {
+                        target: self.name.clone(),
+                        page: number,
+                        reason: self.scrub(reason),
+                    })?;
+            }
+        }
+        debug!(target_name = %self.name, task_id = %request.task_id(), matches = ids.len(), pages = number, "lookup performed");
+        Ok(ids)
+    }
+
+    /// One `GET` of a lookup: the answer's JSON and headers, or why there is none.
+    async fn lookup_page(
+        &self,
+        lookup: &Lookup,
+        url: &str,
+        trace: Option<TraceParent>,
+    ) -> Result<(Value, HeaderMap)> {
+        let mut req = self.request(Method::GET, url, &lookup.endpoint, Bytes::new())?;
         req.headers_mut()
             .insert(header::ACCEPT, HeaderValue::from_static("application/json"));
         self.propagate(&mut req, trace);
@@ -85,10 +150,7 @@ impl Target {
                     Failure::Late { .. } => "not sent within its deadline".into(),
                 }),
             })?;
-        let answer_err = |reason: String| Error::LookupAnswer {
-            target: self.name.clone(),
-            reason: self.scrub(reason),
-        };
+        let answer_err = |reason: String| self.unusable(reason);
         let body = answer.body.map_err(answer_err)?;
         if !answer.status.is_success() {
             let text = String::from_utf8_lossy(&body);
@@ -101,9 +163,16 @@ impl Target {
         }
         let doc: Value =
             serde_json::from_slice(&body).map_err(|e| answer_err(format!("not JSON: {e}")))?;
-        let ids = select(lookup, &doc, &payload, intent_at_ms).map_err(answer_err)?;
-        debug!(target_name = %self.name, task_id = %request.task_id(), matches = ids.len(), "lookup performed");
-        Ok(ids)
+        Ok((doc, answer.headers))
+    }
+
+    /// A lookup answer (or page) that does not have the configured shape, and why, with the
+    /// target's secrets removed from the remote's text.
+    fn unusable(&self, reason: String) -> Error {
+        Error::LookupAnswer {
+            target: self.name.clone(),
+            reason: self.scrub(reason),
+        }
     }
 }
 
@@ -156,17 +225,21 @@ fn exact_decimal(token: &str) -> Option<(bool, String, i64)> {
     Some((negative, trimmed.to_string(), exponent))
 }
 
-/// The ids of the records in a lookup answer that pass the filters.
+/// The records of a lookup answer (or page), matching or not.
+fn records<'a>(lookup: &Lookup, doc: &'a Value) -> std::result::Result<&'a [Value], String> {
+    doc.pointer(&lookup.results_pointer)
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .ok_or_else(|| format!("no array at `{}`", lookup.results_pointer))
+}
+
+/// The ids of the `records` that pass the filters, each once.
 fn select(
     lookup: &Lookup,
-    doc: &Value,
+    records: &[Value],
     payload: &Value,
     intent_at_ms: Option<u64>,
 ) -> std::result::Result<Vec<String>, String> {
-    let records = doc
-        .pointer(&lookup.results_pointer)
-        .and_then(Value::as_array)
-        .ok_or_else(|| format!("no array at `{}`", lookup.results_pointer))?;
     let mut wanted = Vec::with_capacity(lookup.filters.len());
     for (record_pointer, payload_pointer) in &lookup.filters {
         let value = payload.pointer(payload_pointer).ok_or_else(|| {

@@ -14,6 +14,7 @@
 mod attempt;
 mod build;
 mod lookup;
+mod paging;
 mod redact;
 
 use std::collections::BTreeMap;
@@ -83,6 +84,8 @@ struct Lookup {
     id_pointer: String,
     filters: Vec<(String, String)>,
     created_after: Option<CreatedAfterConfig>,
+    /// How to read an answer in pages; `None`: the first answer is the whole answer.
+    paging: Option<paging::Paging>,
     policy: ReconcilePolicy,
 }
 
