@@ -1,13 +1,16 @@
 //! A validated target: attempts, lookups and the policy handed to the core crate.
 //!
 //! This file holds [`Target`] and [`Targets`], what the core crate reads of a target (its name,
-//! send limits and [`Policy`]) and the HTTP request that attempts and lookups share (configured
-//! headers, `traceparent`). The rest is one file per concern:
+//! send limits, breaker and [`Policy`]), the room an attempt reserves before its intent
+//! ([`Target::reserve`]: the breaker's admission, a send slot, the connection) and the HTTP
+//! request that attempts and lookups share (configured headers, `traceparent`). The rest is one file per concern:
 //! - `build.rs`: building and validating a target from its configuration
 //!   ([`Target::from_config`]); errors name the field and never contain a header value;
 //! - `attempt.rs`: one attempt and its classification by what its ending proves
 //!   ([`Target::execute`]; answers are read by `classify.rs`);
 //! - `lookup.rs`: lookups ([`Target::lookup`]) and matching their records against the task;
+//! - `paging.rs`: following the pages of a lookup's answer (`lookup.paging`: a next URL in the
+//!   body, the `Link` header, or a page number), never off the lookup's own origin;
 //! - `redact.rs`: secret redaction, so header values never show in logs, outcomes, errors or
 //!   `Debug`.
 
