@@ -10,9 +10,12 @@
 //! after `probe_timeout` counts as failed, so a probe that hangs never keeps the breaker
 //! half-open.
 //!
-//! Attempts still running count too: one running for longer than `slow_after` is counted as a
-//! failure while it runs, so a remote that hangs opens the breaker within `slow_after` rather
-//! than after its request timeout.
+//! Attempts still running count too, so a remote that hangs opens the breaker soon after
+//! `slow_after` rather than after its request timeout: of the attempts admitted between
+//! 2 × `slow_after` and `slow_after` ago, when at least `minimum_calls` and at least
+//! `failure_rate` of them still run, the breaker opens. The share is taken within one cohort of
+//! admissions, so a healthy remote's slow tail (1% of calls slow, at any throughput) stays a
+//! small share however many slow calls pile up.
 //!
 //! What is a failure: an attempt proven not sent by the remote's refusal or failure (connect
 //! refused or timed out, TLS handshake, 429, 503, a 5xx configured `not_sent`) when
@@ -30,6 +33,9 @@ use sendledger_core::{NotSentCause, UnknownCause};
 use tokio::time::Instant;
 
 use crate::metric_definitions::{TARGET_STATE, TARGET_TRANSITIONS_TOTAL};
+
+/// At most this many recent admissions are kept to judge slow calls by.
+const MAX_ADMISSIONS_KEPT: usize = 100_000;
 
 /// The validated settings of one target's breaker (`[targets.NAME.breaker]`).
 #[derive(Debug, Clone, PartialEq)]
@@ -121,6 +127,8 @@ struct Inner {
     window: VecDeque<(Instant, bool)>,
     /// Admitted attempts without a verdict yet, by ticket: when admitted.
     running: BTreeMap<u64, Instant>,
+    /// Recent admissions, oldest first (ticket, when): the cohorts slow calls are judged in.
+    admitted: VecDeque<(u64, Instant)>,
     /// Half-open: the probes out, by ticket: when admitted.
     probes: BTreeMap<u64, Instant>,
     probe_successes: u32,
@@ -170,6 +178,7 @@ impl Breaker {
                 open_until: now,
                 window: VecDeque::new(),
                 running: BTreeMap::new(),
+                admitted: VecDeque::new(),
                 probes: BTreeMap::new(),
                 probe_successes: 0,
                 next_ticket: 0,
@@ -262,6 +271,17 @@ impl Breaker {
         let id = inner.next_ticket;
         inner.next_ticket += 1;
         inner.running.insert(id, now);
+        inner.admitted.push_back((id, now));
+        // Only the last 2 × slow_after of admissions are ever judged; a bound on memory too.
+        let horizon = self.settings.slow_after * 2;
+        while inner
+            .admitted
+            .front()
+            .is_some_and(|(_, at)| now.saturating_duration_since(*at) > horizon)
+            || inner.admitted.len() > MAX_ADMISSIONS_KEPT
+        {
+            inner.admitted.pop_front();
+        }
         id
     }
 
@@ -331,19 +351,29 @@ impl Breaker {
         }
     }
 
-    /// Whether the window (with the attempts running for longer than `slow_after`) fails
-    /// often enough to open.
+    /// Whether the window fails often enough to open, or the attempts admitted between
+    /// 2 × `slow_after` and `slow_after` ago still run often enough.
     fn tripped(&self, inner: &Inner, now: Instant) -> bool {
-        let slow = inner
-            .running
-            .values()
-            .filter(|at| now.saturating_duration_since(**at) > self.settings.slow_after)
-            .count();
-        let calls = inner.window.len() + slow;
-        let failures = inner.window.iter().filter(|(_, failed)| *failed).count() + slow;
-        calls >= self.settings.minimum_calls
-            && calls > 0
-            && failures as f64 >= self.settings.failure_rate * calls as f64
+        let settings = &self.settings;
+        let over = |failures: usize, calls: usize| {
+            calls >= settings.minimum_calls
+                && calls > 0
+                && failures as f64 >= settings.failure_rate * calls as f64
+        };
+        let failures = inner.window.iter().filter(|(_, failed)| *failed).count();
+        if over(failures, inner.window.len()) {
+            return true;
+        }
+        let cohort = inner.admitted.iter().filter(|(_, at)| {
+            let age = now.saturating_duration_since(*at);
+            age > settings.slow_after && age <= settings.slow_after * 2
+        });
+        let (mut calls, mut slow) = (0, 0);
+        for (id, _) in cohort {
+            calls += 1;
+            slow += usize::from(inner.running.contains_key(id));
+        }
+        slow >= settings.minimum_calls && over(slow, calls)
     }
 
     fn open(&self, inner: &mut Inner, now: Instant, why: &str) {
@@ -475,6 +505,27 @@ mod tests {
         tokio::time::advance(Duration::from_millis(1_001)).await;
         assert!(waits(&b), "four hanging of five: open");
         drop(running);
+    }
+
+    /// A healthy remote with a slow tail: at a high rate, 1 call in 50 runs past `slow_after`
+    /// while the others answer at once. Slow calls pile up by the hundred, but within each
+    /// cohort of admissions they stay 2%: the breaker stays closed.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_slow_tail_at_a_high_rate_does_not_open_it() {
+        let b = Breaker::new("t", settings());
+        let mut slow = Vec::new();
+        for i in 0..10_000 {
+            let ticket = go(&b);
+            if i % 50 == 0 {
+                slow.push(ticket);
+            } else {
+                ticket.finish(Verdict::Success);
+            }
+            // 1,000 a second for 10 s: 200 slow calls run at once by the end.
+            tokio::time::advance(Duration::from_millis(1)).await;
+        }
+        assert_eq!(b.view().state, BreakerState::Closed);
+        assert_eq!(slow.len(), 200);
     }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]

@@ -358,9 +358,10 @@ pub struct BreakerConfig {
     pub minimum_calls: usize,
     /// ... and at least this share of them (0 < rate ≤ 1) are failures.
     pub failure_rate: f64,
-    /// An attempt still running after this long counts as a failure while it runs, so a remote
-    /// that hangs opens the breaker before its requests time out. Default: `request_timeout`,
-    /// at most 10 s. At most `request_timeout`.
+    /// Attempts still running after this long count as failing: when, of those admitted between
+    /// twice this and this long ago, `minimum_calls` and `failure_rate` still run, the breaker
+    /// opens, before their requests time out. Default: `request_timeout`, at most 10 s. At most
+    /// `request_timeout`.
     #[serde(with = "humantime_serde")]
     pub slow_after: Option<Duration>,
     /// How long the breaker stays open before it probes. Waiting tasks look again after it,
