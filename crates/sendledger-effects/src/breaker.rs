@@ -1,7 +1,8 @@
 //! A circuit breaker per target: closed → open → half-open → closed.
 //!
-//! While closed, every attempt's outcome goes into a rolling window (the latest
-//! `window_calls` outcomes, optionally only those younger than `window`). When the window holds
+//! While closed, every attempt's outcome goes into a rolling window (the outcomes of the
+//! latest `window_calls` attempts by when they started, optionally only those that started
+//! within `window`). When the window holds
 //! at least `minimum_calls` outcomes and at least `failure_rate` of them are failures, the
 //! breaker opens: for `open_for` no task is admitted, so tasks wait *before* recording an
 //! intent (no attempt spent, nothing sent, nothing to reconcile). Then it is half-open: at most
@@ -123,8 +124,10 @@ struct Inner {
     state: BreakerState,
     /// Open: when probing may start.
     open_until: Instant,
-    /// Closed: (when it ended, whether it failed), oldest first.
-    window: VecDeque<(Instant, bool)>,
+    /// Closed: the latest outcomes by when their attempts started (start, ticket) → failed.
+    /// Ordered by start, not by end, so that failures that end late (timeouts) do not crowd
+    /// out the successes of the same moment when sends taper off.
+    window: BTreeMap<(Instant, u64), bool>,
     /// Admitted attempts without a verdict yet, by ticket: when admitted.
     running: BTreeMap<u64, Instant>,
     /// Recent admissions, oldest first (ticket, when): the cohorts slow calls are judged in.
@@ -145,6 +148,13 @@ pub struct Ticket {
 }
 
 impl Ticket {
+    /// The attempt starts (its request is about to be sent): from now on it runs, and counts
+    /// as slow past `slow_after`. Time spent before (waiting for a send slot, recording the
+    /// intent) is not the remote's.
+    pub fn start(&self) {
+        self.breaker.started(self.id, Instant::now());
+    }
+
     /// Reports an attempt's outcome, counted by the breaker's settings.
     pub fn finish_outcome(self, outcome: &AttemptOutcome) {
         let verdict = self.breaker.verdict(outcome);
@@ -176,7 +186,7 @@ impl Breaker {
             inner: Mutex::new(Inner {
                 state: BreakerState::Closed,
                 open_until: now,
-                window: VecDeque::new(),
+                window: BTreeMap::new(),
                 running: BTreeMap::new(),
                 admitted: VecDeque::new(),
                 probes: BTreeMap::new(),
@@ -217,13 +227,13 @@ impl Breaker {
         self.expire(&mut inner, now);
         match inner.state {
             BreakerState::Closed => {
-                if self.tripped(&inner, now) {
-                    self.open(&mut inner, now, "failure rate over the threshold");
+                if let Some(why) = self.tripped(&inner, now) {
+                    self.open(&mut inner, now, &why);
                     return Admission::Wait {
                         until: inner.open_until,
                     };
                 }
-                let id = self.ticket(&mut inner, now);
+                let id = self.ticket(&mut inner);
                 Admission::Go(self.issue(id))
             }
             BreakerState::Open => Admission::Wait {
@@ -235,7 +245,7 @@ impl Breaker {
                         until: now + self.settings.open_for,
                     };
                 }
-                let id = self.ticket(&mut inner, now);
+                let id = self.ticket(&mut inner);
                 inner.probes.insert(id, now);
                 match health_check {
                     true => Admission::Check(self.issue(id)),
@@ -250,7 +260,7 @@ impl Breaker {
         let now = Instant::now();
         let mut inner = self.lock();
         self.expire(&mut inner, now);
-        let failures = inner.window.iter().filter(|(_, failed)| *failed).count();
+        let failures = inner.window.values().filter(|failed| **failed).count();
         BreakerView {
             state: inner.state,
             calls: inner.window.len(),
@@ -267,9 +277,15 @@ impl Breaker {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn ticket(&self, inner: &mut Inner, now: Instant) -> u64 {
+    fn ticket(&self, inner: &mut Inner) -> u64 {
         let id = inner.next_ticket;
         inner.next_ticket += 1;
+        id
+    }
+
+    /// The attempt of ticket `id` starts now: from here it runs, and may become slow.
+    fn started(&self, id: u64, now: Instant) {
+        let mut inner = self.lock();
         inner.running.insert(id, now);
         inner.admitted.push_back((id, now));
         // Only the last 2 × slow_after of admissions are ever judged; a bound on memory too.
@@ -282,7 +298,6 @@ impl Breaker {
         {
             inner.admitted.pop_front();
         }
-        id
     }
 
     fn issue(self: &Arc<Self>, id: u64) -> Ticket {
@@ -295,7 +310,7 @@ impl Breaker {
 
     fn record(&self, id: u64, verdict: Verdict, now: Instant) {
         let mut inner = self.lock();
-        inner.running.remove(&id);
+        let started = inner.running.remove(&id).unwrap_or(now);
         if inner.probes.remove(&id).is_some() {
             match verdict {
                 Verdict::Failure => self.open(&mut inner, now, "a probe failed"),
@@ -314,12 +329,14 @@ impl Breaker {
         if inner.state != BreakerState::Closed || verdict == Verdict::Neither {
             return;
         }
-        inner.window.push_back((now, verdict == Verdict::Failure));
+        inner
+            .window
+            .insert((started, id), verdict == Verdict::Failure);
         while inner.window.len() > self.settings.window_calls {
-            inner.window.pop_front();
+            inner.window.pop_first();
         }
-        if self.tripped(&inner, now) {
-            self.open(&mut inner, now, "failure rate over the threshold");
+        if let Some(why) = self.tripped(&inner, now) {
+            self.open(&mut inner, now, &why);
         }
     }
 
@@ -328,10 +345,10 @@ impl Breaker {
         if let Some(window) = self.settings.window {
             while inner
                 .window
-                .front()
-                .is_some_and(|(at, _)| now.saturating_duration_since(*at) > window)
+                .first_key_value()
+                .is_some_and(|((at, _), _)| now.saturating_duration_since(*at) > window)
             {
-                inner.window.pop_front();
+                inner.window.pop_first();
             }
         }
         if inner.state == BreakerState::Open && now >= inner.open_until {
@@ -351,18 +368,21 @@ impl Breaker {
         }
     }
 
-    /// Whether the window fails often enough to open, or the attempts admitted between
-    /// 2 × `slow_after` and `slow_after` ago still run often enough.
-    fn tripped(&self, inner: &Inner, now: Instant) -> bool {
+    /// Why the breaker must open, if it must: the window fails often enough, or the attempts
+    /// started between 2 × `slow_after` and `slow_after` ago still run often enough.
+    fn tripped(&self, inner: &Inner, now: Instant) -> Option<String> {
         let settings = &self.settings;
         let over = |failures: usize, calls: usize| {
             calls >= settings.minimum_calls
                 && calls > 0
                 && failures as f64 >= settings.failure_rate * calls as f64
         };
-        let failures = inner.window.iter().filter(|(_, failed)| *failed).count();
+        let failures = inner.window.values().filter(|failed| **failed).count();
         if over(failures, inner.window.len()) {
-            return true;
+            return Some(format!(
+                "{failures} of the latest {} attempts failed",
+                inner.window.len()
+            ));
         }
         let cohort = inner.admitted.iter().filter(|(_, at)| {
             let age = now.saturating_duration_since(*at);
@@ -373,7 +393,13 @@ impl Breaker {
             calls += 1;
             slow += usize::from(inner.running.contains_key(id));
         }
-        slow >= settings.minimum_calls && over(slow, calls)
+        (slow >= settings.minimum_calls && over(slow, calls)).then(|| {
+            format!(
+                "{slow} of the {calls} attempts started between {} and {} ago still run",
+                humantime::format_duration(settings.slow_after * 2),
+                humantime::format_duration(settings.slow_after)
+            )
+        })
     }
 
     fn open(&self, inner: &mut Inner, now: Instant, why: &str) {
@@ -428,9 +454,13 @@ mod tests {
         }
     }
 
+    /// An admitted attempt, started.
     fn go(b: &Arc<Breaker>) -> Ticket {
         match b.admit(false) {
-            Admission::Go(t) => t,
+            Admission::Go(t) => {
+                t.start();
+                t
+            }
             Admission::Check(_) => panic!("asked for a health check"),
             Admission::Wait { .. } => panic!("told to wait in {:?}", b.view().state),
         }
@@ -507,9 +537,54 @@ mod tests {
         drop(running);
     }
 
+    /// When sends stop, the failures that end last (timeouts) are judged with the successes
+    /// that started with them, not alone.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn late_ending_failures_are_judged_with_their_own_start() {
+        let b = Breaker::new("t", settings());
+        let mut hung = Vec::new();
+        for i in 0..100 {
+            let ticket = go(&b);
+            if i % 10 == 0 {
+                hung.push(ticket);
+            } else {
+                ticket.finish(Verdict::Success);
+            }
+        }
+        tokio::time::advance(Duration::from_secs(1)).await;
+        for ticket in hung {
+            ticket.finish(Verdict::Failure);
+        }
+        assert_eq!(
+            b.view().state,
+            BreakerState::Closed,
+            "10 timeouts ending last, of 100 started together"
+        );
+    }
+
     /// A healthy remote with a slow tail: at a high rate, 1 call in 50 runs past `slow_after`
     /// while the others answer at once. Slow calls pile up by the hundred, but within each
     /// cohort of admissions they stay 2%: the breaker stays closed.
+    /// Time before the attempt starts (waiting for a send slot) is not the remote's.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn admitted_attempts_not_yet_started_are_not_slow() {
+        let b = Breaker::new("t", settings());
+        let waiting: Vec<Ticket> = (0..10)
+            .map(|_| match b.admit(false) {
+                Admission::Go(t) => t,
+                _ => panic!("closed"),
+            })
+            .collect();
+        tokio::time::advance(Duration::from_secs(8)).await;
+        assert_eq!(b.view().state, BreakerState::Closed);
+        assert!(matches!(b.admit(false), Admission::Go(_)));
+        for t in waiting {
+            t.start();
+            t.finish(Verdict::Success);
+        }
+        assert_eq!(b.view().state, BreakerState::Closed);
+    }
+
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn a_slow_tail_at_a_high_rate_does_not_open_it() {
         let b = Breaker::new("t", settings());

@@ -385,9 +385,9 @@ impl Default for BreakerConfig {
     fn default() -> Self {
         BreakerConfig {
             enabled: true,
-            window_calls: 20,
+            window_calls: 50,
             window: None,
-            minimum_calls: 10,
+            minimum_calls: 20,
             failure_rate: 0.5,
             slow_after: None,
             open_for: Duration::from_secs(5),

@@ -88,13 +88,12 @@ async fn demo(args: DemoArgs, data: PathBuf) -> anyhow::Result<bool> {
     Ok(ok)
 }
 
-/// What the demo runs on: the simulated remote with its faults, the service's configuration,
-/// the embedded Kafka cluster (which outlives the restart) and the remote's HTTP client.
+/// What the demo runs on: the simulated remote with its faults, the service's configuration
+/// and the embedded Kafka cluster (which outlives the restart).
 struct Setup {
     sim: Sim,
     config: Config,
     kafka: Kafka,
-    remote: Arc<HttpRemote>,
 }
 
 impl Setup {
@@ -139,17 +138,14 @@ impl Setup {
         config.validate(&BTreeMap::new())?;
         let kafka = tokio::task::block_in_place(|| Kafka::connect(config.kafka.clone()))
             .context("starting the embedded kafka cluster")?;
-        let remote = Arc::new(HttpRemote::new(config.load_targets()?));
-        Ok(Setup {
-            sim,
-            config,
-            kafka,
-            remote,
-        })
+        Ok(Setup { sim, config, kafka })
     }
 
+    /// The service, with an HTTP client of its own as a process that starts again has (its
+    /// connections and its targets' breakers start afresh).
     async fn start_service(&self) -> anyhow::Result<Service> {
-        Ok(Service::start(&self.config, &self.kafka, self.remote.clone(), None).await?)
+        let remote = Arc::new(HttpRemote::new(self.config.load_targets()?));
+        Ok(Service::start(&self.config, &self.kafka, remote, None).await?)
     }
 }
 

@@ -69,6 +69,9 @@ impl Target {
         mut slot: SendSlot,
     ) -> AttemptOutcome {
         let conn = slot.conn.take();
+        if let Some(ticket) = &slot.ticket {
+            ticket.start();
+        }
         let outcome = self
             .send(request, attempt, idempotency_key, sending, conn)
             .await;

@@ -134,18 +134,18 @@ impl Target {
         &self.name
     }
 
-    /// Asks the target's breaker whether an attempt may go now, waits for room to send it
-    /// (`max_in_flight`, `rate_limit`), then takes a pooled connection or opens one (TCP and
-    /// the TLS handshake). Take it before recording the attempt's intent and send the attempt
+    /// Waits for room to send one attempt (`max_in_flight`, `rate_limit`), asks the target's
+    /// breaker whether it may go now, then takes a pooled connection or opens one (TCP and the
+    /// TLS handshake). Take it before recording the attempt's intent and send the attempt
     /// with [`Target::execute_reserved`]. `Err`: the breaker is open; record no intent, look
     /// again after the wait.
     pub async fn reserve(&self) -> std::result::Result<SendSlot, Held> {
-        let ticket = match &self.breaker {
+        // The send slot first: the breaker is asked when the attempt could go at once.
+        let mut slot = self.limiter.acquire().await;
+        slot.ticket = match &self.breaker {
             Some(breaker) => Some(self.admit(breaker).await?),
             None => None,
         };
-        let mut slot = self.limiter.acquire().await;
-        slot.ticket = ticket;
         slot.conn = Some(self.pool.open(&self.endpoint).await);
         Ok(slot)
     }
