@@ -905,7 +905,7 @@ fn config_errors_name_the_field() {
         ("retry = { throttled = { multiplier = 0.5 } }", "targets.t.retry.throttled.multiplier: must be a number of at least 1.0"),
         ("retry = { connect = { initial_backoff = \"1m\" } }", "targets.t.retry.connect.initial_backoff: must not exceed retry.connect.max_backoff"),
         ("retry = { server_error = { max_attempts = 2 } }", "targets.t.retry.server_error: applies to 5xx answers declared not performed"),
-        ("breaker = { minimum_calls = 30 }", "targets.t.breaker.window_calls: must be at least breaker.minimum_calls"),
+        ("breaker = { minimum_calls = 60 }", "targets.t.breaker.window_calls: must be at least breaker.minimum_calls"),
         ("breaker = { failure_rate = 1.5 }", "targets.t.breaker.failure_rate: must be a share in (0, 1]"),
         ("breaker = { open_for = \"0s\" }", "targets.t.breaker.open_for: must be longer than 0s"),
         ("breaker = { half_open_probes = 0 }", "targets.t.breaker.half_open_probes: must be at least 1"),
