@@ -537,22 +537,14 @@ fn lookup_result(
                 matches: Vec::new(),
                 next_check_at: None,
             });
-            d.events.push(EventBody::ResendAuthorized {
-                by: POLICY_COMPLETE_BY.into(),
-                reason: format!(
-                    "no remote record in a lookup asked {} ms after attempt {}'s outcome became \
-                     unknown, past the target's complete_after of {} ms: not performed \
-                     (policy resend {} of at most {})",
-                    asked_at.saturating_sub(state.unknown_since.unwrap_or(asked_at)),
-                    state.attempts,
-                    policy.complete_after_ms.unwrap_or_default(),
-                    state.policy_resends + 1,
-                    policy.max_policy_resends
-                ),
-            });
-            let mut after = state.clone();
-            after.apply_all(ctx.now, &d.events);
-            intend(&after, false, ctx, d);
+            let why = format!(
+                "no remote record in a lookup asked {} ms after attempt {}'s outcome became \
+                 unknown, past the target's complete_after of {} ms: not performed",
+                asked_at.saturating_sub(state.unknown_since.unwrap_or(asked_at)),
+                state.attempts,
+                policy.complete_after_ms.unwrap_or_default(),
+            );
+            policy_resend(state, policy, POLICY_COMPLETE_BY, why, ctx, d);
         }
         Ok(_) if ctx.now < deadline => {
             d.events.push(EventBody::LookupPerformed {
@@ -567,20 +559,11 @@ fn lookup_result(
                 next_check_at: None,
             });
             if policy.resend_when_absent && state.policy_resends < policy.max_policy_resends {
-                d.events.push(EventBody::ResendAuthorized {
-                    by: POLICY_RESEND_BY.into(),
-                    reason: format!(
-                        "no remote record {} ms after attempt {}'s outcome became unknown \
-                         (policy resend {} of at most {})",
-                        policy.deadline_ms,
-                        state.attempts,
-                        state.policy_resends + 1,
-                        policy.max_policy_resends
-                    ),
-                });
-                let mut after = state.clone();
-                after.apply_all(ctx.now, &d.events);
-                intend(&after, false, ctx, d);
+                let why = format!(
+                    "no remote record {} ms after attempt {}'s outcome became unknown",
+                    policy.deadline_ms, state.attempts,
+                );
+                policy_resend(state, policy, POLICY_RESEND_BY, why, ctx, d);
             } else {
                 d.events.push(EventBody::ManualReviewRequired {
                     reason: ReviewReason::DeadlinePassed {
@@ -600,6 +583,29 @@ fn lookup_result(
             },
         }),
     }
+}
+
+/// A resend authorized by the target's policy (`by`), after the lookup just recorded found
+/// nothing, and the attempt it allows.
+fn policy_resend(
+    state: &State,
+    policy: &ReconcilePolicy,
+    by: &str,
+    why: String,
+    ctx: Ctx<'_>,
+    d: &mut Decision,
+) {
+    d.events.push(EventBody::ResendAuthorized {
+        by: by.into(),
+        reason: format!(
+            "{why} (policy resend {} of at most {})",
+            state.policy_resends + 1,
+            policy.max_policy_resends
+        ),
+    });
+    let mut after = state.clone();
+    after.apply_all(ctx.now, &d.events);
+    intend(&after, false, ctx, d);
 }
 
 fn wake(state: &State, ctx: Ctx<'_>, d: &mut Decision) {
