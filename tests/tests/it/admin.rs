@@ -602,15 +602,40 @@ async fn admin_endpoint_metrics_and_review_round_trips() {
     engine.shutdown(Duration::from_secs(5)).await;
 }
 
+/// One request to the admin routes in process (`tower::ServiceExt::oneshot`): status,
+/// headers and body.
+async fn in_process(
+    routes: &axum::Router,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &str,
+) -> (u16, http::HeaderMap, String) {
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    let mut request = http::Request::builder().method(method).uri(path);
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    let request = request
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            body.to_string(),
+        )))
+        .unwrap();
+    let response = routes.clone().oneshot(request).await.unwrap();
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, headers, String::from_utf8(body.to_vec()).unwrap())
+}
+
 /// The admin routes answered in process, with no socket (`tower::ServiceExt::oneshot`): a
 /// task's timeline, health, the console's pages and headers, and every error as JSON with its
 /// status (a bad reference, a bad page, a missing or wrong token, a bad body, a task not in
 /// review, a method a route does not take, a route that does not exist).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_routes_answer_in_process() {
-    use http_body_util::BodyExt;
-    use tower::ServiceExt;
-
     let sim = Sim::start(SimConfig::default()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let engine = tokio::task::block_in_place(|| start(dir.path(), target(&sim.base_url(), |_| {})));
@@ -625,23 +650,10 @@ async fn the_admin_routes_answer_in_process() {
     };
     let routes = sendledger_node::admin::routes(&config, engine.clone(), handle);
     let call = |method: &str, path: &str, token: Option<&str>, body: &str| {
-        let mut request = http::Request::builder().method(method).uri(path);
-        if let Some(token) = token {
-            request = request.header("authorization", format!("Bearer {token}"));
-        }
-        let request = request
-            .body(http_body_util::Full::new(bytes::Bytes::from(
-                body.to_string(),
-            )))
-            .unwrap();
+        let (method, path, body) = (method.to_string(), path.to_string(), body.to_string());
+        let token = token.map(str::to_string);
         let routes = routes.clone();
-        async move {
-            let response = routes.oneshot(request).await.unwrap();
-            let status = response.status().as_u16();
-            let headers = response.headers().clone();
-            let body = response.into_body().collect().await.unwrap().to_bytes();
-            (status, headers, String::from_utf8(body.to_vec()).unwrap())
-        }
+        async move { in_process(&routes, &method, &path, token.as_deref(), &body).await }
     };
     let error_of = |body: &str| -> String {
         let value: Value = serde_json::from_str(body).expect("a JSON error");
@@ -721,9 +733,6 @@ async fn the_admin_routes_answer_in_process() {
 /// breaker closes and every task succeeds once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_breaker_shows_in_health_and_waiting_tasks_say_why() {
-    use http_body_util::BodyExt;
-    use tower::ServiceExt;
-
     let sim = Sim::start(SimConfig::default()).await.unwrap();
     sim.set_offline(true).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -744,14 +753,9 @@ async fn an_open_breaker_shows_in_health_and_waiting_tasks_say_why() {
     let get = |path: String| {
         let routes = routes.clone();
         async move {
-            let request = http::Request::builder()
-                .uri(path)
-                .body(http_body_util::Full::new(bytes::Bytes::new()))
-                .unwrap();
-            let response = routes.oneshot(request).await.unwrap();
-            assert_eq!(response.status(), 200);
-            let body = response.into_body().collect().await.unwrap().to_bytes();
-            serde_json::from_slice::<Value>(&body).unwrap()
+            let (status, _, body) = in_process(&routes, "GET", &path, None, "").await;
+            assert_eq!(status, 200, "{body}");
+            serde_json::from_str::<Value>(&body).unwrap()
         }
     };
     let health = get("/healthz".into()).await;
