@@ -132,6 +132,9 @@ struct Inner {
     running: BTreeMap<u64, Instant>,
     /// Recent admissions, oldest first (ticket, when): the cohorts slow calls are judged in.
     admitted: VecDeque<(u64, Instant)>,
+    /// When the cohort of slow calls was last judged: at most every tenth of `slow_after`, so
+    /// that admitting an attempt does not scan the cohort each time.
+    slow_judged_at: Option<Instant>,
     /// Half-open: the probes out, by ticket: when admitted.
     probes: BTreeMap<u64, Instant>,
     probe_successes: u32,
@@ -189,6 +192,7 @@ impl Breaker {
                 window: BTreeMap::new(),
                 running: BTreeMap::new(),
                 admitted: VecDeque::new(),
+                slow_judged_at: None,
                 probes: BTreeMap::new(),
                 probe_successes: 0,
                 next_ticket: 0,
@@ -227,7 +231,7 @@ impl Breaker {
         self.expire(&mut inner, now);
         match inner.state {
             BreakerState::Closed => {
-                if let Some(why) = self.tripped(&inner, now) {
+                if let Some(why) = self.tripped(&mut inner, now) {
                     self.open(&mut inner, now, &why);
                     return Admission::Wait {
                         until: inner.open_until,
@@ -335,7 +339,7 @@ impl Breaker {
         while inner.window.len() > self.settings.window_calls {
             inner.window.pop_first();
         }
-        if let Some(why) = self.tripped(&inner, now) {
+        if let Some(why) = self.tripped(&mut inner, now) {
             self.open(&mut inner, now, &why);
         }
     }
@@ -370,7 +374,7 @@ impl Breaker {
 
     /// Why the breaker must open, if it must: the window fails often enough, or the attempts
     /// started between 2 × `slow_after` and `slow_after` ago still run often enough.
-    fn tripped(&self, inner: &Inner, now: Instant) -> Option<String> {
+    fn tripped(&self, inner: &mut Inner, now: Instant) -> Option<String> {
         let settings = &self.settings;
         let over = |failures: usize, calls: usize| {
             calls >= settings.minimum_calls
@@ -384,12 +388,24 @@ impl Breaker {
                 inner.window.len()
             ));
         }
-        let cohort = inner.admitted.iter().filter(|(_, at)| {
-            let age = now.saturating_duration_since(*at);
-            age > settings.slow_after && age <= settings.slow_after * 2
-        });
+        if inner
+            .slow_judged_at
+            .is_some_and(|at| now.saturating_duration_since(at) < settings.slow_after / 10)
+        {
+            return None;
+        }
+        inner.slow_judged_at = Some(now);
+        // Admissions are in start order: the cohort is one run of them.
+        let older_than =
+            |d: Duration| move |(_, at): &(u64, Instant)| now.saturating_duration_since(*at) > d;
+        let first = inner
+            .admitted
+            .partition_point(older_than(settings.slow_after * 2));
+        let end = inner
+            .admitted
+            .partition_point(older_than(settings.slow_after));
         let (mut calls, mut slow) = (0, 0);
-        for (id, _) in cohort {
+        for (id, _) in inner.admitted.range(first..end.max(first)) {
             calls += 1;
             slow += usize::from(inner.running.contains_key(id));
         }
