@@ -42,7 +42,7 @@ impl Integrity {
 /// A broken rule or a damaged log, naming the task (when it is known) and the LSNs involved.
 ///
 /// `rule` is a [`crate::rules::Rule`] name (`intent-before-attempt`, `no-blind-resend`, `unknown-not-failed`,
-/// `terminal-is-final`, `sequence`, `policy-resend-limit`) or an [`Integrity`] name (`lsn-contiguous`,
+/// `terminal-is-final`, `sequence`, `policy-resend-limit`, `retry-only-not-sent`) or an [`Integrity`] name (`lsn-contiguous`,
 /// `event-decodable`, `index-consistent`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Finding {
@@ -87,6 +87,8 @@ pub struct AuditReport {
     pub recovered_after_crash: u64,
     /// Waits recorded before an intent (`SendDeferred`: the target's breaker was open).
     pub waits_before_intent: u64,
+    /// Failed tasks retried (`TaskRetried`: a new version of the task).
+    pub retries: u64,
     pub manual_reviews_open: u64,
     pub duplicates_dropped: u64,
     pub conflicts: u64,
@@ -158,6 +160,7 @@ impl TaskAudit {
             },
             EventBody::InputRejected { .. } => report.rejected_inputs += 1,
             EventBody::SendDeferred { .. } => report.waits_before_intent += 1,
+            EventBody::TaskRetried { .. } => report.retries += 1,
             _ => {}
         }
     }

@@ -132,6 +132,11 @@ pub enum OperatorResolution {
         by: String,
         text: String,
     },
+    /// Retry a failed task whose every attempt was proven not sent: a new version of it.
+    Retry {
+        by: String,
+        reason: String,
+    },
 }
 
 /// Something that happened to a task.
@@ -417,7 +422,10 @@ fn outcome_of(
                 retry_at,
             });
             // Attempts this process could not even start are not the remote's to count.
-            let counted = attempt.saturating_sub(state.local_not_sent + u32::from(local));
+            // A retried task's earlier versions spent theirs.
+            let counted = attempt.saturating_sub(
+                state.attempts_before_version + state.local_not_sent + u32::from(local),
+            );
             if state.unresolved_unknown {
                 // An earlier attempt may have reached the remote: this one proves nothing about
                 // it. Back to reconciling.
@@ -651,7 +659,8 @@ fn operator(
         OperatorResolution::Succeeded { by, .. }
         | OperatorResolution::Failed { by, .. }
         | OperatorResolution::Resend { by, .. }
-        | OperatorResolution::Note { by, .. } => by,
+        | OperatorResolution::Note { by, .. }
+        | OperatorResolution::Retry { by, .. } => by,
     };
     if by.starts_with(POLICY_PREFIX) {
         return Err(Error::ReservedOperator { by: by.clone() });
@@ -688,7 +697,21 @@ fn operator(
             d.events.push(EventBody::ResendAuthorized { by, reason });
             d.action = Action::WakeAt(ctx.now);
         }
+        OperatorResolution::Retry { by, reason } => retry(state, by, reason, ctx, d)?,
     }
+    Ok(())
+}
+
+/// Starts a new version of a failed task whose every attempt was proven not sent. Like an
+/// authorized resend, only the decision is recorded; the attempt follows at the next wake.
+/// Used for an operator's retry and, with a `policy:` name, for the target's own.
+fn retry(state: &State, by: String, reason: String, ctx: Ctx<'_>, d: &mut Decision) -> Result<()> {
+    state.retryable().map_err(|why| Error::NotRetryable {
+        phase: state.phase.name(),
+        why,
+    })?;
+    d.events.push(EventBody::TaskRetried { by, reason });
+    d.action = Action::WakeAt(ctx.now);
     Ok(())
 }
 

@@ -24,6 +24,11 @@ pub enum Error {
     PayloadNotObject { found: &'static str },
     #[error("the task is {phase}, not in manual review; only notes can be added")]
     NotInReview { phase: &'static str },
+    #[error("the task is {phase} and cannot be retried: {why}")]
+    NotRetryable {
+        phase: &'static str,
+        why: &'static str,
+    },
     #[error("operator name `{by}` is reserved: names starting with `policy:` mark what a target's policy recorded; give a person's name")]
     ReservedOperator { by: String },
     /// The text quotes the input only through [`crate::sanitize_reason`].

@@ -18,6 +18,9 @@ pub const POLICY_PREFIX: &str = "policy:";
 /// declared `lookup.complete_after`: absence past that bound proves the attempt was not
 /// performed.
 pub const POLICY_COMPLETE_BY: &str = "policy:complete_after";
+/// The `by` of a `TaskRetried` recorded because the task's target became available again
+/// (its breaker closed) and the target's `retry_failed_on_close` asks for it.
+pub const POLICY_BREAKER_CLOSED_BY: &str = "policy:breaker_closed";
 
 /// How many resends `resend_when_absent` authorizes per task unless configured otherwise.
 pub const DEFAULT_MAX_POLICY_RESENDS: u32 = 1;
@@ -228,6 +231,14 @@ pub enum EventBody {
         until: Millis,
         reason: WaitReason,
     },
+    /// A failed task whose every attempt was proven not sent starts a new version: its next
+    /// attempt follows at once, with the target's attempt budget counted afresh, and its next
+    /// terminal result supersedes the failed one. `by` is the operator, or the target's policy
+    /// (`policy:...`). (Envelope version 4.)
+    TaskRetried {
+        by: String,
+        reason: String,
+    },
 }
 
 /// The raw bytes of a rejected input: as text where a format is read by people (JSON), as
@@ -271,6 +282,7 @@ impl EventBody {
             EventBody::OperatorNote { .. } => "OperatorNote",
             EventBody::InputRejected { .. } => "InputRejected",
             EventBody::SendDeferred { .. } => "SendDeferred",
+            EventBody::TaskRetried { .. } => "TaskRetried",
         }
     }
 
@@ -364,6 +376,7 @@ impl EventBody {
             EventBody::SendDeferred { until, reason } => {
                 format!("waiting: {reason}; looks again in {} ms", after(*until))
             }
+            EventBody::TaskRetried { by, reason } => format!("retried by {by}: {reason}"),
         }
     }
 }

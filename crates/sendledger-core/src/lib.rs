@@ -49,7 +49,7 @@ pub use result::{ResultStatus, TaskResult};
 pub use retry::{RetryClass, RetryPolicy};
 pub use review::ResolveBody;
 pub use rules::{check_task, CheckConfig, Rule, TaskCheck, Violation};
-pub use state::{fold, Phase, State};
+pub use state::{fold, FailureKind, Phase, State};
 pub use trace::TraceParent;
 
 /// A boxed future that may move between threads. The seams other crates implement (the

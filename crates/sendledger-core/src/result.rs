@@ -147,6 +147,12 @@ pub struct TaskResult {
     pub remote_ids: Vec<String>,
     /// Attempts intended so far.
     pub attempts: u32,
+    /// The version of the task this result is about: 1, plus one per retry of the failed task.
+    /// A result of a higher version supersedes every result of a lower one (a retried task's
+    /// `failed` result is followed by its new version's result). Results written before
+    /// versions existed read as version 1.
+    #[serde(default = "first_version")]
+    pub version: u32,
     /// The requests-topic message: the one that created the task, or the conflicting or
     /// invalid one.
     pub source: Option<ResultSource>,
@@ -154,6 +160,10 @@ pub struct TaskResult {
     pub lsn: u64,
     /// When the announced event was recorded, milliseconds since the Unix epoch.
     pub at: u64,
+}
+
+fn first_version() -> u32 {
+    1
 }
 
 /// The stable id of an event: `<task_id>:<task_seq>`. It names the event wherever it is
@@ -269,6 +279,7 @@ fn result_for(event: &Event, state: &State) -> Option<TaskResult> {
                 http_status: None,
                 remote_ids: Vec::new(),
                 attempts: 0,
+                version: 1,
                 source: Some(source.into()),
                 lsn: event.lsn,
                 at: event.at,
@@ -296,6 +307,7 @@ fn result_for(event: &Event, state: &State) -> Option<TaskResult> {
                 http_status: None,
                 remote_ids: Vec::new(),
                 attempts: state.attempts,
+                version: state.version,
                 source: state.source.as_ref().map(ResultSource::from),
                 lsn: event.lsn,
                 at: event.at,

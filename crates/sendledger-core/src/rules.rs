@@ -17,7 +17,8 @@ pub enum Rule {
     NoBlindResend,
     /// Rule 4: an unknown outcome is never settled as failed without a person.
     UnknownNotFailed,
-    /// Rule 5: nothing happens to a task after its terminal state.
+    /// Rule 5: nothing happens to a task after its terminal state, except a retry that starts
+    /// a new version: one terminal result per task version.
     TerminalIsFinal,
     /// The task's events start with its acceptance, sequence numbers are contiguous from 0,
     /// and attempts are numbered 1, 2, 3...
@@ -25,6 +26,9 @@ pub enum Rule {
     /// Rule 4: a target's policy authorizes a bounded number of resends per task, each only
     /// after a lookup that found nothing when the latest attempt's window had closed.
     PolicyResendLimit,
+    /// A task is retried (`TaskRetried`, a new version) only once failed, and only when none
+    /// of its attempts may have reached the remote: every one was proven not sent.
+    RetryOnlyNotSent,
 }
 
 impl Rule {
@@ -36,6 +40,7 @@ impl Rule {
             Rule::TerminalIsFinal => "terminal-is-final",
             Rule::Sequence => "sequence",
             Rule::PolicyResendLimit => "policy-resend-limit",
+            Rule::RetryOnlyNotSent => "retry-only-not-sent",
         }
     }
 }
@@ -124,6 +129,7 @@ impl TaskCheck {
         self.no_blind_resend(event, violations);
         self.policy_resend_limit(event, violations);
         self.unknown_not_failed(event, violations);
+        self.retry_only_not_sent(event, violations);
         self.fold_in(event);
     }
 
@@ -156,15 +162,17 @@ impl TaskCheck {
         flag(out, Rule::Sequence, vec![lsn], problem);
     }
 
-    /// [`Rule::TerminalIsFinal`]: after a terminal state only redeliveries, conflicts and notes.
+    /// [`Rule::TerminalIsFinal`]: after a terminal state only redeliveries, conflicts, notes
+    /// and (after a failure) a retry, which [`Rule::RetryOnlyNotSent`] checks.
     fn terminal_is_final(&self, event: &Event, out: &mut Vec<Violation>) {
         let state = &self.state;
-        let allowed = matches!(
-            event.body,
+        let allowed = match event.body {
             EventBody::DuplicateDelivery { .. }
-                | EventBody::RequestConflict { .. }
-                | EventBody::OperatorNote { .. }
-        );
+            | EventBody::RequestConflict { .. }
+            | EventBody::OperatorNote { .. } => true,
+            EventBody::TaskRetried { .. } => state.phase == Phase::Failed,
+            _ => false,
+        };
         if state.phase.is_terminal() && !allowed {
             flag(
                 out,
@@ -337,6 +345,25 @@ impl TaskCheck {
         }
     }
 
+    /// [`Rule::RetryOnlyNotSent`]: a retry follows a failure none of whose attempts may have
+    /// reached the remote.
+    fn retry_only_not_sent(&self, event: &Event, out: &mut Vec<Violation>) {
+        if !matches!(event.body, EventBody::TaskRetried { .. }) {
+            return;
+        }
+        if let Err(why) = self.state.retryable() {
+            flag(
+                out,
+                Rule::RetryOnlyNotSent,
+                vec![self.unknown_lsn.max(self.terminal_lsn), event.lsn],
+                format!(
+                    "TaskRetried while the task was {}: {why}",
+                    self.state.phase.name()
+                ),
+            );
+        }
+    }
+
     /// Folds the checked event into the state and remembers the positions later rules name.
     fn fold_in(&mut self, event: &Event) {
         let lsn = event.lsn;
@@ -347,7 +374,10 @@ impl TaskCheck {
             _ => {}
         }
         self.state.apply(event.task_id, event.at, &event.body);
-        if self.state.phase.is_terminal() && self.terminal_lsn == 0 {
+        if !self.state.phase.is_terminal() {
+            // A retry starts a new version, which may reach a terminal state of its own.
+            self.terminal_lsn = 0;
+        } else if self.terminal_lsn == 0 {
             self.terminal_lsn = lsn;
         }
     }

@@ -103,6 +103,71 @@ pub struct State {
     pub last_at: Millis,
     /// Set while the task waits before its next intent (`SendDeferred`), until that intent.
     pub waiting: Option<Waiting>,
+    /// When the task entered its current phase.
+    pub phase_since: Millis,
+    /// The task's version: 1, plus one per `TaskRetried`. Each version has at most one
+    /// terminal result, and a later version's supersedes an earlier one's.
+    pub version: u32,
+    /// Attempts intended before the current version began: the target's `max_attempts`
+    /// counts the current version's own.
+    pub attempts_before_version: u32,
+    /// Attempts whose outcome became unknown, in the task's whole life: a task with one cannot
+    /// be retried (it needs reconciliation or a person).
+    pub unknowns: u32,
+    /// Why the last attempt not sent was not sent.
+    pub last_not_sent: Option<FailureKind>,
+    /// Why the task failed, as a kind (for the index and bulk retries).
+    pub failure_kind: Option<FailureKind>,
+}
+
+/// Why a task failed, as a kind that lists and bulk operations select by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureKind {
+    /// Attempts exhausted on connection failures (DNS, refused, connect timeout, TLS).
+    Connect,
+    /// Attempts exhausted on 429, or 503 with `Retry-After`.
+    Throttled,
+    /// Attempts exhausted on 5xx answers the target declares `not_sent`.
+    ServerError,
+    /// Attempts exhausted on this process's own resources (or send lease).
+    LocalResources,
+    /// An operator resolved a review as failed.
+    Operator,
+}
+
+impl FailureKind {
+    // format: do not change (the codes are on disk, in the task index)
+    pub const ALL: [FailureKind; 5] = [
+        FailureKind::Connect,
+        FailureKind::Throttled,
+        FailureKind::ServerError,
+        FailureKind::LocalResources,
+        FailureKind::Operator,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FailureKind::Connect => "connect",
+            FailureKind::Throttled => "throttled",
+            FailureKind::ServerError => "server_error",
+            FailureKind::LocalResources => "local_resources",
+            FailureKind::Operator => "operator",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<FailureKind> {
+        FailureKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    fn of(cause: &NotSentCause) -> FailureKind {
+        match cause {
+            NotSentCause::Connect(_) => FailureKind::Connect,
+            NotSentCause::Throttled { .. } => FailureKind::Throttled,
+            NotSentCause::ServerError { .. } => FailureKind::ServerError,
+            NotSentCause::LocalResources(_) => FailureKind::LocalResources,
+        }
+    }
 }
 
 /// A wait before an intent, as its `SendDeferred` recorded it.
@@ -150,6 +215,12 @@ impl Default for State {
             conflicts: 0,
             last_at: 0,
             waiting: None,
+            phase_since: 0,
+            version: 1,
+            attempts_before_version: 0,
+            unknowns: 0,
+            last_not_sent: None,
+            failure_kind: None,
         }
     }
 }
@@ -170,6 +241,14 @@ impl State {
         self.task_id.get_or_insert(task_id);
         self.next_seq += 1;
         self.last_at = at;
+        let before = self.phase;
+        self.fold_body(at, body);
+        if self.phase != before {
+            self.phase_since = at;
+        }
+    }
+
+    fn fold_body(&mut self, at: Millis, body: &EventBody) {
         match body {
             EventBody::TaskAccepted {
                 request,
@@ -212,6 +291,7 @@ impl State {
                 if let Some(class) = RetryClass::of(cause) {
                     *self.not_sent_by_class.entry(class).or_default() += 1;
                 }
+                self.last_not_sent = Some(FailureKind::of(cause));
                 self.retry_at = Some(*retry_at);
                 self.phase = if self.unresolved_unknown {
                     Phase::Unknown
@@ -220,6 +300,7 @@ impl State {
                 };
             }
             EventBody::SendUnknown { .. } => {
+                self.unknowns += 1;
                 self.in_flight = None;
                 self.resend_authorized = false;
                 self.unresolved_unknown = true;
@@ -265,6 +346,10 @@ impl State {
                 }
             }
             EventBody::Failed { reason } => {
+                self.failure_kind = Some(match (self.phase, self.last_not_sent) {
+                    (Phase::ManualReview, _) | (_, None) => FailureKind::Operator,
+                    (_, Some(kind)) => kind,
+                });
                 self.in_flight = None;
                 self.failure = Some(reason.clone());
                 self.settle(Phase::Failed);
@@ -277,6 +362,18 @@ impl State {
                     reason: reason.clone(),
                 });
             }
+            EventBody::TaskRetried { .. } => {
+                if self.phase == Phase::Failed {
+                    self.version += 1;
+                    self.attempts_before_version = self.attempts;
+                    self.local_not_sent = 0;
+                    self.not_sent_by_class.clear();
+                    self.failure = None;
+                    self.failure_kind = None;
+                    self.retry_at = Some(at);
+                    self.phase = Phase::RetryWait;
+                }
+            }
             EventBody::InputRejected { source, reason, .. } => {
                 if self.request.is_none() && self.phase == Phase::New {
                     self.source = Some(source.clone());
@@ -284,6 +381,19 @@ impl State {
                     self.phase = Phase::Rejected;
                 }
             }
+        }
+    }
+
+    /// Whether the task can be retried now, and why not: only a failed task none of whose
+    /// attempts may have reached the remote (every one proven not sent).
+    pub fn retryable(&self) -> Result<(), &'static str> {
+        match self.phase {
+            Phase::Failed if self.unknowns > 0 => Err(
+                "an attempt of this task may have reached the remote (its outcome was unknown), so it cannot be retried; it was reconciled or reviewed",
+            ),
+            Phase::Failed => Ok(()),
+            Phase::Succeeded | Phase::Rejected => Err("the task did not fail"),
+            _ => Err("the task is not failed: only a failed task can be retried"),
         }
     }
 

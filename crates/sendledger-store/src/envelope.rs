@@ -11,7 +11,9 @@
 //!   failing on an unknown variant.
 //! - Version 3: version 2 plus `EventBody::SendDeferred` and its `WaitReason` (a wait before an
 //!   intent), the same way.
-// format: do not change (versions 1, 2 and 3 are on disk)
+//! - Version 4: version 3 plus `EventBody::TaskRetried` (a failed task's new version), the
+//!   same way.
+// format: do not change (versions 1 to 4 are on disk)
 
 use sendledger_core::event::Millis;
 use sendledger_core::{Event, EventBody, NewEvent, TaskId};
@@ -21,8 +23,9 @@ use crate::error::{Error, Result};
 
 pub const EVENT_V1: u8 = 1;
 pub const EVENT_V2: u8 = 2;
-/// The envelope version this build writes.
 pub const EVENT_V3: u8 = 3;
+/// The envelope version this build writes.
+pub const EVENT_V4: u8 = 4;
 
 /// An [`Event`]'s fields, borrowed: bincode writes a struct as its fields in order, so this
 /// encodes as the event does.
@@ -37,7 +40,7 @@ struct EventFields<'a> {
 
 fn encode(fields: EventFields<'_>) -> Vec<u8> {
     let mut out = Vec::with_capacity(96);
-    out.push(EVENT_V3);
+    out.push(EVENT_V4);
     // Serializing plain data into a Vec cannot fail.
     bincode::serialize_into(&mut out, &fields).expect("bincode into Vec is infallible");
     out
@@ -67,7 +70,7 @@ pub fn encode_new_event(lsn: u64, event: &NewEvent) -> Vec<u8> {
 /// Decodes the event stored under `lsn`; the stored LSN must match its key.
 pub fn decode_event(lsn: u64, bytes: &[u8]) -> Result<Event> {
     match bytes.first() {
-        Some(&(EVENT_V1 | EVENT_V2 | EVENT_V3)) => {
+        Some(&(EVENT_V1 | EVENT_V2 | EVENT_V3 | EVENT_V4)) => {
             let event: Event = bincode::deserialize(&bytes[1..])
                 .map_err(|source| Error::Undecodable { lsn, source })?;
             if event.lsn != lsn {

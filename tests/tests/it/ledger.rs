@@ -399,6 +399,22 @@ fn golden_events_v3() -> Vec<Event> {
     events
 }
 
+fn golden_events_v4() -> Vec<Event> {
+    let mut events = golden_events_v3();
+    let last = events.last().unwrap().clone();
+    events.push(Event {
+        lsn: last.lsn + 1,
+        task_seq: last.task_seq + 1,
+        at: last.at + 1,
+        body: EventBody::TaskRetried {
+            by: "ana".into(),
+            reason: "the remote is back".into(),
+        },
+        ..last
+    });
+    events
+}
+
 /// Reads a fixture of `lsn name hex` lines.
 fn fixture(name: &str, events: &[Event]) -> Vec<(u64, Vec<u8>)> {
     let path = format!("{}/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
@@ -444,20 +460,30 @@ fn event_encoding_matches_golden_fixtures() {
         );
     }
     let v3 = golden_events_v3();
+    for ((lsn, bytes), event) in fixture("events-v3.txt", &v3).iter().zip(&v3) {
+        assert_eq!(bytes[0], 3);
+        assert_eq!(
+            &decode_event(*lsn, bytes).unwrap(),
+            event,
+            "decoding v3 {}",
+            event.body.name()
+        );
+    }
+    let v4 = golden_events_v4();
     if std::env::var_os("SENDLEDGER_BLESS").is_some() {
-        let encoded: Vec<String> = v3
+        let encoded: Vec<String> = v4
             .iter()
             .map(|e| format!("{} {} {}", e.lsn, e.body.name(), hex(&encode_event(e))))
             .collect();
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/events-v3.txt");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/events-v4.txt");
         std::fs::write(path, encoded.join("\n") + "\n").unwrap();
     }
-    for ((lsn, bytes), event) in fixture("events-v3.txt", &v3).iter().zip(&v3) {
+    for ((lsn, bytes), event) in fixture("events-v4.txt", &v4).iter().zip(&v4) {
         let name = event.body.name();
         assert_eq!(
             &decode_event(*lsn, bytes).unwrap(),
             event,
-            "decoding v3 {name}"
+            "decoding v4 {name}"
         );
         assert_eq!(
             hex(&encode_event(event)),

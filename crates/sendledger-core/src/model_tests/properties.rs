@@ -29,6 +29,8 @@ enum Step {
     Advance(u64),
     /// The target's breaker opens (for this many ms) or, with `None`, closes.
     Breaker(Option<u64>),
+    /// An operator retries the task (a new version, if it failed with nothing sent).
+    Retry,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -47,6 +49,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0u8..4).prop_map(Step::Review),
         1 => (0u64..20_000).prop_map(Step::Advance),
         1 => proptest::option::of(0u64..10_000).prop_map(Step::Breaker),
+        1 => Just(Step::Retry),
     ]
 }
 
@@ -200,6 +203,10 @@ fn to_input(h: &mut Harness, s: Step, offset: &mut i64) -> Option<Input> {
             });
             Input::Wake
         }
+        Step::Retry => Input::Operator(OperatorResolution::Retry {
+            by: "ana".into(),
+            reason: "the remote is back".into(),
+        }),
     })
 }
 
@@ -248,6 +255,9 @@ fn generated_inputs_reach_every_corner() {
                 EventBody::SendDeferred { .. } => {
                     seen.insert("waited".into());
                 }
+                EventBody::TaskRetried { .. } => {
+                    seen.insert("retried".into());
+                }
                 EventBody::ManualReviewRequired { reason } => {
                     seen.insert(format!("{reason:?}").split(' ').next().unwrap().to_string());
                 }
@@ -267,6 +277,7 @@ fn generated_inputs_reach_every_corner() {
         "authorized by policy:resend_when_absent",
         "authorized by policy:complete_after",
         "waited",
+        "retried",
         "Lookup",
         "conflict",
         "MultipleMatches",
@@ -295,6 +306,7 @@ proptest! {
         let mut offset = 1;
         for s in steps {
             let was_terminal = h.state.phase.is_terminal();
+            let was_retryable = h.state.retryable().is_ok();
             let before = h.log.len();
             let Some(input) = to_input(&mut h, s, &mut offset) else { continue };
             let sends_before = h.sends.len();
@@ -305,7 +317,8 @@ proptest! {
             if was_terminal {
                 prop_assert_eq!(h.sends.len(), sends_before, "a terminal task sent again");
                 for e in &h.log[before..] {
-                    prop_assert!(matches!(e.body, EventBody::DuplicateDelivery { .. } | EventBody::RequestConflict { .. } | EventBody::OperatorNote { .. }), "{:?} after terminal", e.body);
+                    let retry = matches!(e.body, EventBody::TaskRetried { .. }) && was_retryable;
+                    prop_assert!(retry || matches!(e.body, EventBody::DuplicateDelivery { .. } | EventBody::RequestConflict { .. } | EventBody::OperatorNote { .. }), "{:?} after terminal", e.body);
                 }
             }
             prop_assert_eq!(&fold(&h.log), &h.state);
