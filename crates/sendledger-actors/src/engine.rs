@@ -10,7 +10,9 @@ use sendledger_core::decide::{decide, Ctx, Input, OperatorResolution, REJECTED_R
 use sendledger_core::{
     AcceptedRequest, Event, EventBody, Identity, Limits, Phase, Source, State, TaskId, TaskRequest,
 };
-use sendledger_store::{Durability, Ledger, LedgerOptions, Memory, Replicator};
+use sendledger_store::{
+    Durability, Ledger, LedgerOptions, Memory, Replicator, TaskPage, TaskQuery,
+};
 use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
@@ -472,6 +474,17 @@ impl Engine {
     /// A task's current state (the fold of its events).
     pub async fn state(&self, task_id: TaskId) -> Result<State> {
         Ok(sendledger_core::fold(&self.events(task_id).await?))
+    }
+
+    /// One page of the tasks a query selects, from the ledger's task index (see
+    /// [`Ledger::list_tasks`]). In kafka mode the ledger holds the partitions owned here, and
+    /// may still hold copies of tasks whose partition moved.
+    pub async fn list_tasks(&self, query: TaskQuery) -> Result<TaskPage> {
+        Ok(self
+            .inner
+            .ledger
+            .read(move |l| l.list_tasks(&query))
+            .await?)
     }
 
     /// Tasks waiting for a person. In kafka mode, those of the partitions owned here: the

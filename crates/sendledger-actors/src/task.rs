@@ -527,6 +527,7 @@ pub(crate) fn record(
                 next_seq: next.next_seq,
             },
         ));
+        append.reindex(task_id, state, &next);
     }
     if state.request.is_none() {
         if let (Some(req), Some(hash)) = (&next.request, next.payload_hash) {

@@ -63,6 +63,8 @@ struct Live {
     id: TaskId,
     script: VecDeque<EventBody>,
     state: State,
+    /// The state its task index entry was last written from.
+    indexed: State,
 }
 
 struct Generator {
@@ -319,6 +321,7 @@ fn generate(ledger: &Ledger, args: &AuditArgs) -> anyhow::Result<Generated> {
                     id: first.task_id,
                     script,
                     state,
+                    indexed: State::default(),
                 });
                 append.events.push(first);
                 continue;
@@ -328,6 +331,7 @@ fn generate(ledger: &Ledger, args: &AuditArgs) -> anyhow::Result<Generated> {
             let Some(body) = task.script.pop_front() else {
                 let done = live.swap_remove(i);
                 append.tasks.push((done.id, summary(&done.state)));
+                append.reindex(done.id, &done.indexed, &done.state);
                 continue;
             };
             remaining -= 1;
@@ -340,8 +344,10 @@ fn generate(ledger: &Ledger, args: &AuditArgs) -> anyhow::Result<Generated> {
             task.state.apply(event.task_id, event.at, &event.body);
             append.events.push(event);
         }
-        live.retain(|l| {
+        live.retain_mut(|l| {
             append.tasks.push((l.id, summary(&l.state)));
+            append.reindex(l.id, &l.indexed, &l.state);
+            l.indexed = l.state.clone();
             !l.script.is_empty()
         });
         written += append.events.len() as u64;

@@ -36,6 +36,8 @@ pub enum Error {
         found: u8,
         supported: u8,
     },
+    #[error("the ledger at {path} has no task index yet (storage format 2): start the service on it once, which indexes its tasks")]
+    NoTaskIndex { path: PathBuf },
     #[error("ledger at {path} has an unreadable format marker; it is not a sendledger ledger or it is damaged")]
     BadFormatMarker { path: PathBuf },
     /// The ledger was written in the other storage mode. A local-mode ledger is the record of
@@ -99,6 +101,7 @@ impl Error {
             | Error::InUse { .. }
             | Error::NewerFormat { .. }
             | Error::BadFormatMarker { .. }
+            | Error::NoTaskIndex { .. }
             | Error::OtherMode { .. }
             | Error::UnknownEnvelope { .. }
             | Error::Undecodable { .. }

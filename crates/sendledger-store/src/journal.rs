@@ -19,13 +19,14 @@ use std::sync::Arc;
 
 use crossbeam_channel::Receiver;
 use rocksdb::{WriteBatch, WriteOptions, DB};
-use sendledger_core::{Event, Identity, NewEvent, PayloadHash, TaskId};
+use sendledger_core::{Event, EventBody, Identity, NewEvent, PayloadHash, TaskId};
 use tokio::sync::oneshot;
 
 use crate::envelope::encode_new_event;
 use crate::error::{cause, Cause, Error, Result};
 use crate::keys::*;
 use crate::summary::TaskSummary;
+use crate::task_index::IndexEntry;
 
 /// Everything that must become durable atomically with a set of events.
 #[derive(Debug, Default, Clone)]
@@ -57,6 +58,9 @@ pub struct Append {
     /// differ from the log of record's. The index forgets them (before `events` are indexed);
     /// the log's events replace them.
     pub truncate_tasks: Vec<(TaskId, u32)>,
+    /// Task index moves: (task, its entry before these events, after them); see
+    /// [`Append::reindex`].
+    pub index: Vec<(TaskId, Option<IndexEntry>, Option<IndexEntry>)>,
     /// Kafka mode, with `partition` and no events: a turn in the partition's transactions, so
     /// its done requests offsets are committed even when no events come to carry them (every
     /// delivery dropped as already processed).
@@ -448,7 +452,7 @@ fn build_batch(db: &DB, first_lsn: u64, pending: &[Request]) -> (WriteBatch, Vec
         cf(CF_TIMERS),
         cf(CF_CURSORS),
     );
-    let unsettled = cf(CF_UNSETTLED);
+    let (unsettled, task_index) = (cf(CF_UNSETTLED), cf(CF_TASK_INDEX));
     let mut batch = WriteBatch::default();
     let mut ranges = Vec::with_capacity(pending.len());
     let mut lsn = first_lsn;
@@ -481,15 +485,27 @@ fn build_batch(db: &DB, first_lsn: u64, pending: &[Request]) -> (WriteBatch, Vec
         for (task, summary) in &a.tasks {
             batch.put_cf(tasks, task.0, summary.encode());
             // The unsettled index lists a task once its first events (or, in a restore, the
-            // events that replace its own) leave it unsettled, and forgets it once it settles:
-            // a terminal phase is final, so nothing else changes whether it is listed.
+            // events that replace its own, or a retry of the failed task) leave it unsettled,
+            // and forgets it once it settles: nothing else changes whether it is listed.
             let new = first.binary_search(task).is_ok();
             if !summary.phase.is_terminal() {
-                if new || a.truncate_tasks.iter().any(|(t, _)| t == task) {
+                let retried = a
+                    .events
+                    .iter()
+                    .any(|e| e.task_id == *task && matches!(e.body, EventBody::TaskRetried { .. }));
+                if new || retried || a.truncate_tasks.iter().any(|(t, _)| t == task) {
                     batch.put_cf(unsettled, task.0, partition_value(a.partition));
                 }
             } else if !new {
                 batch.delete_cf(unsettled, task.0);
+            }
+        }
+        for (task, old, new) in &a.index {
+            if let Some(old) = old {
+                batch.delete_cf(task_index, old.key(*task));
+            }
+            if let Some(new) = new {
+                batch.put_cf(task_index, new.key(*task), new.value());
             }
         }
         for (id, task, hash) in &a.identities {

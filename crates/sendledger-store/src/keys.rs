@@ -16,8 +16,12 @@ pub const CF_META: &str = "meta";
 /// partition of its request ([`partition_value`]).
 pub const CF_UNSETTLED: &str = "unsettled";
 
-/// Every column family; a ledger of format 1 has all but the last.
-pub const ALL_CFS: [&str; 9] = [
+/// Format 3: every task by phase, target and when it entered the phase
+/// ([`crate::task_index`]).
+pub const CF_TASK_INDEX: &str = "task_index";
+
+/// Every column family; a ledger of format 1 lacks the last two, one of format 2 the last.
+pub const ALL_CFS: [&str; 10] = [
     CF_LOG,
     CF_TASK_EVENTS,
     CF_TASKS,
@@ -27,6 +31,7 @@ pub const ALL_CFS: [&str; 9] = [
     CF_CURSORS,
     CF_META,
     CF_UNSETTLED,
+    CF_TASK_INDEX,
 ];
 
 pub const META_FORMAT: &[u8] = b"format";

@@ -1,7 +1,7 @@
 //! sendledger-store: the RocksDB ledger.
 //!
 //! One RocksDB database per ledger directory holds the append-only event log, its indexes
-//! (events per task, task summaries, identities), Kafka processed offsets, durable timers and
+//! (events per task, task summaries, identities, tasks by phase and target), Kafka processed offsets, durable timers and
 //! publisher cursors. Every write goes through one group-commit [`journal`] thread, which turns
 //! all pending appends into one `WriteBatch` and one fsync, and assigns log sequence numbers in
 //! commit order with no gaps. [`audit()`] replays the whole ledger against the rules of
@@ -32,6 +32,7 @@ pub mod options;
 mod reads;
 pub mod restore;
 pub mod summary;
+pub mod task_index;
 
 pub use audit::audit;
 pub use counts::TaskCounts;
@@ -42,3 +43,4 @@ pub use options::{Durability, LedgerOptions, Memory};
 pub use restore::restore_append;
 pub use sendledger_core::audit::{AuditReport, Finding};
 pub use summary::{Processed, TaskSummary};
+pub use task_index::{Cursor, IndexEntry, TaskPage, TaskQuery};

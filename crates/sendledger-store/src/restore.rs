@@ -25,6 +25,8 @@ use crate::summary::TaskSummary;
 /// they fold to.
 struct Restoring {
     held: Vec<Event>,
+    /// The state the ledger's events fold to, before the restore: what the task index says.
+    before: State,
     /// Indexes of the task's new events in the restore's list, in sequence order.
     new: Vec<usize>,
     state: State,
@@ -53,8 +55,10 @@ pub fn restore_append(ledger: &Ledger, events: Vec<Event>) -> Result<Append> {
             Some(_) => ledger.task_events(*id)?,
             None => Vec::new(),
         };
+        let state = fold(&held);
         tasks.push(Restoring {
-            state: fold(&held),
+            before: state.clone(),
+            state,
             held,
             new: Vec::new(),
         });
@@ -137,6 +141,7 @@ pub fn restore_append(ledger: &Ledger, events: Vec<Event>) -> Result<Append> {
                 next_seq: task.state.next_seq,
             },
         ));
+        append.reindex(*id, &task.before, &task.state);
     }
     Ok(append)
 }

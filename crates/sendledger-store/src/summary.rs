@@ -43,7 +43,7 @@ pub struct TaskSummary {
 }
 
 // format: do not change (phase codes are on disk)
-const PHASES: [Phase; 9] = [
+pub(crate) const PHASES: [Phase; 9] = [
     Phase::New,
     Phase::Accepted,
     Phase::Sending,
@@ -55,9 +55,18 @@ const PHASES: [Phase; 9] = [
     Phase::Failed,
 ];
 
+/// A phase's code on disk.
+pub(crate) fn phase_code(phase: Phase) -> u8 {
+    PHASES.iter().position(|p| *p == phase).unwrap_or(0) as u8
+}
+
+pub(crate) fn phase_of_code(code: u8) -> Option<Phase> {
+    PHASES.get(code as usize).copied()
+}
+
 impl TaskSummary {
     pub(crate) fn encode(&self) -> [u8; 6] {
-        let code = PHASES.iter().position(|p| *p == self.phase).unwrap_or(0) as u8;
+        let code = phase_code(self.phase);
         let seq = self.next_seq.to_be_bytes();
         [1, code, seq[0], seq[1], seq[2], seq[3]]
     }

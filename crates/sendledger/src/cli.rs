@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::commands::{
-    audit, check_broker, demo, inspect, offsets, produce, review, run, sim_remote,
+    audit, check_broker, demo, inspect, offsets, produce, review, run, sim_remote, tasks,
 };
 
 /// sendledger: a durable dispatcher for side effects that must happen once.
@@ -53,6 +53,10 @@ enum Command {
     /// List and resolve tasks in manual review, on a running service (--admin URL) or on a
     /// stopped ledger (--data DIR).
     Review(review::ReviewArgs),
+    /// List tasks by phase, target, failure kind and time, and retry failed tasks none of
+    /// whose attempts reached the remote (one, or in bulk), on a running service (--admin URL)
+    /// or a stopped ledger (--data DIR).
+    Tasks(tasks::TasksArgs),
     /// Check that the brokers keep the transactional promises kafka mode relies on (fencing
     /// aborts the previous writer's open transaction, ...); exits 0 when they keep every one its
     /// guarantees stand on, 2 when one is broken, 1 when the check could not run.
@@ -150,6 +154,7 @@ pub fn main() -> ExitCode {
         Command::Audit(args) => audit::audit(args),
         Command::CheckBroker(args) => check_broker::check_broker(args),
         Command::Review(args) => review::run(args).map(|()| true),
+        Command::Tasks(args) => tasks::run(args).map(|()| true),
         Command::Offsets {
             what: OffsetsCommand::Reset(args),
         } => offsets::offsets_reset(args).map(|()| true),

@@ -22,6 +22,7 @@ mod ledger;
 mod log;
 mod outage;
 mod paging;
+mod retry;
 mod scripts;
 mod sim;
 mod telemetry;

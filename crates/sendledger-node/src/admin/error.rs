@@ -45,9 +45,10 @@ impl From<sendledger_actors::Error> for ApiError {
         use sendledger_actors::Error as E;
         let status = match &e {
             E::NoSuchTask(_) => StatusCode::NOT_FOUND,
-            E::Invalid(inner @ sendledger_core::Error::NotInReview { .. }) => {
-                return ApiError::new(StatusCode::CONFLICT, inner.to_string())
-            }
+            E::Invalid(
+                inner @ (sendledger_core::Error::NotInReview { .. }
+                | sendledger_core::Error::NotRetryable { .. }),
+            ) => return ApiError::new(StatusCode::CONFLICT, inner.to_string()),
             E::Invalid(_) => StatusCode::BAD_REQUEST,
             E::ShuttingDown | E::Stopped => StatusCode::SERVICE_UNAVAILABLE,
             // Kafka mode: another instance owns the task's partition and answers for it.

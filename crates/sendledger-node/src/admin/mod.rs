@@ -14,6 +14,9 @@
 //! | `GET /tasks/{id}?after=SEQ&limit=N` | a task's state and one page of its timeline: the shape of `sendledger inspect --json` with the events after sequence number `after` (default: from the first), at most `limit` (default 500, at most 5000), and `more` and `next_after` to read on (task id, or `tenant/operation/request_key` URL-encoded); with the task's `request`, `remote_ids_seen` and `lookup_url` (the URL its lookups ask; null without a lookup) |
 //! | `GET /reviews` | the tasks in manual review, with reason and evidence (computed at most once per second, however many read it) |
 //! | `GET /console`, `/console/task/{id}`, `/console/dashboard`, `/console/assets/{name}` | the review console (see [`console`]): HTML pages that call the routes here; a task page answers 404 for a task not in the ledger |
+//! | `GET /tasks?phase=&target=&failure=&from=&to=&after=&limit=` | tasks from the ledger's task index, by phase (comma-separated), target, failure kind (`connect`, `throttled`, `server_error`, `local_resources`, `operator`) and when they entered their phase (`from` inclusive, `to` exclusive; RFC 3339 or ms since the epoch), ordered by phase, target, then time: `{"tasks": [{"task_id", "state", "target", "since", "failure"}], "next"}`; pass `next` as `after` to read on (`limit` default 100, at most 1000) |
+//! | `POST /tasks/{id}/retry` | retry a failed task whose every attempt was proven not sent: `{"by", "reason"}`; 409 with why for a task that cannot be retried |
+//! | `POST /tasks/retry` | retry failed tasks in bulk: `{"by", "reason", "target", "failure", "from", "to", "after", "limit"}` (selectors as `GET /tasks`, limit default 1000, at most 10000); answers `{"selected", "retried", "refused", "refusals", "next"}`; call again with `after: next` until `next` is null |
 //! | `POST /reviews/{id}` | resolve a review: `{"as": "succeeded", "remote_id", "by", "reason"}`, `{"as": "failed", "by", "reason"}` or `{"resend": true, "by", "reason"}` |
 //!
 //! Mutating calls need `Authorization: Bearer <admin.token>` (the scheme in any case); with no
@@ -68,7 +71,9 @@ mod console;
 mod error;
 mod health;
 mod metrics;
+mod retries;
 mod reviews;
+mod task_list;
 mod tasks;
 
 pub use error::ApiError;
@@ -415,7 +420,10 @@ fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/metrics", get(metrics::scrape))
         .route("/healthz", get(health::healthz))
+        .route("/tasks", get(task_list::list))
+        .route("/tasks/retry", post(retries::retry_bulk))
         .route("/tasks/{id}", get(tasks::task))
+        .route("/tasks/{id}/retry", post(retries::retry_one))
         .route("/reviews", get(reviews::list))
         .route("/reviews/{id}", post(reviews::resolve))
         .route("/console", get(console::route))
@@ -461,6 +469,29 @@ async fn no_route(uri: Uri) -> ApiError {
 /// may hold an encoded `/`.
 fn last_segment(uri: &Uri) -> &str {
     uri.path().rsplit('/').next().unwrap_or_default()
+}
+
+/// Largest request body accepted.
+const MAX_BODY: usize = 64 * 1024;
+
+/// A JSON request body of at most [`MAX_BODY`] bytes, read within the configured time: an
+/// error names what is wrong (`bad body: ...`).
+async fn read_json<T: serde::de::DeserializeOwned>(
+    shared: &Shared,
+    body: axum::body::Body,
+) -> Result<T, ApiError> {
+    use http_body_util::{BodyExt, Limited};
+    let bytes = tokio::time::timeout(shared.body_timeout, Limited::new(body, MAX_BODY).collect())
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "the body did not arrive within admin.header_read_timeout",
+            )
+        })?
+        .map_err(|e| ApiError::bad_request(format!("cannot read the body: {e}")))?
+        .to_bytes();
+    serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("bad body: {e}")))
 }
 
 fn json_response(status: StatusCode, body: &Value) -> Response {

@@ -11,18 +11,14 @@ use axum::body::Body;
 use axum::extract::State;
 use bytes::Bytes;
 use http::{header, HeaderMap, StatusCode, Uri};
-use http_body_util::{BodyExt, Limited};
 use sendledger_core::ResolveBody;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use super::error::{ApiError, ApiResult};
 use super::tasks::task_ref;
-use super::{json_bytes_response, json_response, last_segment, Shared};
+use super::{json_bytes_response, json_response, last_segment, read_json, Shared};
 use crate::timeline::review_json;
-
-/// Largest request body accepted.
-const MAX_BODY: usize = 64 * 1024;
 
 pub async fn list(State(shared): State<Arc<Shared>>) -> ApiResult {
     let body = shared
@@ -44,18 +40,7 @@ pub async fn resolve(
 ) -> ApiResult {
     authorize(shared.token.as_deref(), &headers)?;
     let task_id = task_ref(last_segment(&uri))?;
-    let body = tokio::time::timeout(shared.body_timeout, Limited::new(body, MAX_BODY).collect())
-        .await
-        .map_err(|_| {
-            ApiError::new(
-                StatusCode::REQUEST_TIMEOUT,
-                "the body did not arrive within admin.header_read_timeout",
-            )
-        })?
-        .map_err(|e| ApiError::bad_request(format!("cannot read the body: {e}")))?
-        .to_bytes();
-    let body: ResolveBody = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad_request(format!("bad body: {e}")))?;
+    let body: ResolveBody = read_json(&shared, body).await?;
     let resolution = body
         .resolution()
         .map_err(|e| ApiError::bad_request(format!("bad body: {e}")))?;
@@ -109,7 +94,7 @@ impl ReviewsCache {
 
 /// Admits a mutating call that carries the configured token; refuses every one when none is
 /// configured.
-fn authorize(token: Option<&str>, headers: &HeaderMap) -> Result<(), ApiError> {
+pub(super) fn authorize(token: Option<&str>, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(token) = token else {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,

@@ -9,12 +9,13 @@ use sendledger_core::TaskId;
 use crate::error::{Error, Result};
 use crate::journal;
 use crate::keys::*;
-use crate::reads::request_partition;
+use crate::reads::{request_partition, task_events};
 use crate::summary::TaskSummary;
+use crate::task_index::IndexEntry;
 
 /// The storage format this build writes and the newest it reads.
 // format: do not change (bump only with a migration)
-pub const FORMAT_VERSION: u8 = 2;
+pub const FORMAT_VERSION: u8 = 3;
 
 /// Refuses a ledger of a newer storage format (or none), and returns its format and last LSN.
 pub(super) fn check_format_and_last_lsn(db: &DB, path: &Path) -> Result<(u8, u64)> {
@@ -111,5 +112,33 @@ pub(super) fn migrate_to_format_2(db: &DB, path: &Path) -> Result<()> {
     sync.set_sync(true);
     db.write_opt(batch, &sync)?;
     tracing::info!(ledger = %path.display(), unsettled = listed, "ledger migrated to storage format 2: its unsettled tasks are indexed");
+    Ok(())
+}
+
+/// Format 2 to 3: lists every task in the task index (its phase, target and when it entered
+/// the phase, from the fold of its events), in one write with the new format marker. Reads
+/// every task's events once.
+pub(super) fn migrate_to_format_3(db: &DB, path: &Path) -> Result<()> {
+    let cf = |name| db.cf_handle(name).expect("opened with every column family");
+    let mut batch = rocksdb::WriteBatch::default();
+    let mut listed = 0u64;
+    for item in db.iterator_cf(cf(CF_TASKS), IteratorMode::Start) {
+        let (k, _) = item?;
+        let task = TaskId(
+            k[..]
+                .try_into()
+                .map_err(|_| Error::BadValue { what: "tasks key" })?,
+        );
+        let state = sendledger_core::fold(&task_events(db, task)?);
+        if let Some(entry) = IndexEntry::of(&state) {
+            batch.put_cf(cf(CF_TASK_INDEX), entry.key(task), entry.value());
+            listed += 1;
+        }
+    }
+    batch.put_cf(cf(CF_META), META_FORMAT, [3]);
+    let mut sync = rocksdb::WriteOptions::default();
+    sync.set_sync(true);
+    db.write_opt(batch, &sync)?;
+    tracing::info!(ledger = %path.display(), tasks = listed, "ledger migrated to storage format 3: its tasks are indexed by phase and target");
     Ok(())
 }

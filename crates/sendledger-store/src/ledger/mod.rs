@@ -27,7 +27,7 @@ use crate::summary::{Processed, TaskSummary};
 mod fault;
 mod format;
 
-use format::{check_format_and_last_lsn, check_mode, migrate_to_format_2};
+use format::{check_format_and_last_lsn, check_mode, migrate_to_format_2, migrate_to_format_3};
 
 pub use format::FORMAT_VERSION;
 
@@ -116,6 +116,9 @@ impl Ledger {
         if format == 1 {
             migrate_to_format_2(&db, &path)?;
         }
+        if format <= 2 {
+            migrate_to_format_3(&db, &path)?;
+        }
         check_mode(&db, &path, options.replicated, last)?;
         let db = Arc::new(db);
         let last_lsn = Arc::new(AtomicU64::new(last));
@@ -170,8 +173,11 @@ impl Ledger {
         let opts = Options::default();
         let names = DB::list_cf(&opts, &path)?;
         // A ledger of format 1 (no `unsettled` index) is read as it is: what the index would
-        // answer is found by scanning the summaries.
-        let mut format_1 = ALL_CFS.iter().filter(|cf| **cf != CF_UNSETTLED);
+        // answer is found by scanning the summaries. One of format 2 or older has no task
+        // index, and cannot list tasks by phase ([`Error::NoTaskIndex`]).
+        let mut format_1 = ALL_CFS
+            .iter()
+            .filter(|cf| **cf != CF_UNSETTLED && **cf != CF_TASK_INDEX);
         if format_1.any(|cf| !names.iter().any(|n| n == cf)) {
             return Err(Error::BadFormatMarker { path });
         }
@@ -600,8 +606,8 @@ mod tests {
             matches!(
                 err,
                 Error::NewerFormat {
-                    found: 3,
-                    supported: 2,
+                    found: 4,
+                    supported: 3,
                     ..
                 }
             ),
@@ -809,7 +815,7 @@ mod tests {
                 .get_cf(migrated.cf(CF_META), META_FORMAT)
                 .unwrap()
                 .as_deref(),
-            Some(&[2][..])
+            Some(&[FORMAT_VERSION][..])
         );
         assert_eq!(
             ids(migrated.active_tasks_of_partition(1).unwrap()),

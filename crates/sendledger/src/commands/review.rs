@@ -6,18 +6,14 @@
 //! lock makes that exclusive with a running service. A resend is only authorized there: the
 //! next service start performs the one new attempt.
 
-use std::path::PathBuf;
-
 use anyhow::Context;
-use bytes::Bytes;
 use clap::{Args, Subcommand, ValueEnum};
-use http::{header, Method, Request, StatusCode, Uri};
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
+use http::Method;
 use sendledger_actors::{Engine, ReviewItem};
 use sendledger_core::{Identity, ResolveBody};
-use sendledger_store::{Ledger, LedgerOptions};
 use serde_json::Value;
+
+use super::{call, open, At};
 
 use sendledger_node::timeline::{parse_task, review_json};
 
@@ -79,18 +75,6 @@ enum ReviewCommand {
 enum Outcome {
     Succeeded,
     Failed,
-}
-
-/// Where the ledger is: exactly one of a running service or a stopped ledger directory.
-#[derive(Args)]
-#[group(required = true, multiple = false)]
-struct At {
-    /// A running service's admin endpoint, e.g. `http://127.0.0.1:9464`.
-    #[arg(long, value_name = "URL")]
-    admin: Option<Uri>,
-    /// A stopped service's ledger directory.
-    #[arg(long, value_name = "DIR")]
-    data: Option<PathBuf>,
 }
 
 pub fn run(args: ReviewArgs) -> anyhow::Result<()> {
@@ -160,27 +144,6 @@ pub fn run(args: ReviewArgs) -> anyhow::Result<()> {
     }
 }
 
-fn open(dir: &PathBuf) -> anyhow::Result<Ledger> {
-    anyhow::ensure!(
-        dir.exists(),
-        "no ledger at {}; pass --data DIR",
-        dir.display()
-    );
-    match Ledger::open(dir, LedgerOptions::default()) {
-        Ok(ledger) => Ok(ledger),
-        Err(sendledger_store::Error::InUse { .. }) => anyhow::bail!(
-            "the ledger at {} is in use by a running service; use --admin URL",
-            dir.display()
-        ),
-        // Its record is the events topic: a resolution written only here would be lost.
-        Err(sendledger_store::Error::OtherMode { .. }) => anyhow::bail!(
-            "the ledger at {} is a kafka-mode copy; resolve through the admin endpoint of the instance that owns the task's partition (--admin URL)",
-            dir.display()
-        ),
-        Err(e) => Err(e).with_context(|| format!("opening the ledger at {}", dir.display())),
-    }
-}
-
 fn print_list(list: &Value, json: bool) -> anyhow::Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(list)?);
@@ -200,61 +163,4 @@ fn print_list(list: &Value, json: bool) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-/// One request to the admin endpoint; its JSON answer, or its error message.
-fn call(
-    base: &Uri,
-    method: Method,
-    path: &str,
-    body: Option<Vec<u8>>,
-    token: Option<&str>,
-) -> anyhow::Result<Value> {
-    anyhow::ensure!(
-        base.scheme_str() == Some("http"),
-        "--admin must be an http:// URL, e.g. http://127.0.0.1:9464"
-    );
-    let authority = base
-        .authority()
-        .context("--admin needs a host and port, e.g. http://127.0.0.1:9464")?
-        .clone();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let (status, bytes) = runtime.block_on(async {
-        let addr = format!(
-            "{}:{}",
-            authority.host(),
-            authority.port_u16().unwrap_or(80)
-        );
-        let stream = tokio::net::TcpStream::connect(&addr)
-            .await
-            .with_context(|| {
-                format!("connecting to the admin endpoint at {addr}; is the service running?")
-            })?;
-        let (mut sender, conn) =
-            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-        tokio::spawn(conn);
-        let mut req = Request::builder()
-            .method(method)
-            .uri(path)
-            .header(header::HOST, authority.as_str())
-            .header(header::CONTENT_TYPE, "application/json");
-        if let Some(token) = token {
-            req = req.header(header::AUTHORIZATION, format!("Bearer {token}"));
-        }
-        let req = req.body(Full::new(Bytes::from(body.unwrap_or_default())))?;
-        let resp = sender.send_request(req).await?;
-        let status = resp.status();
-        let bytes = resp.into_body().collect().await?.to_bytes();
-        anyhow::Ok((status, bytes))
-    })?;
-    let value: Value = serde_json::from_slice(&bytes).with_context(|| {
-        format!("the admin endpoint answered {status} with a body that is not JSON")
-    })?;
-    if status == StatusCode::OK {
-        return Ok(value);
-    }
-    let message = value["error"].as_str().unwrap_or("no message");
-    anyhow::bail!("the admin endpoint answered {status}: {message}")
 }
