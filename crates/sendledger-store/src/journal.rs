@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use crossbeam_channel::Receiver;
 use rocksdb::{WriteBatch, WriteOptions, DB};
-use sendledger_core::{Event, EventBody, Identity, NewEvent, PayloadHash, TaskId};
+use sendledger_core::{Event, EventBody, Identity, NewEvent, PayloadHash, State, TaskId};
 use tokio::sync::oneshot;
 
 use crate::envelope::encode_new_event;
@@ -65,6 +65,17 @@ pub struct Append {
     /// its done requests offsets are committed even when no events come to carry them (every
     /// delivery dropped as already processed).
     pub commit_offsets: bool,
+}
+
+impl Append {
+    /// Moves `task`'s index entry from what `before` says to what `after` says, when they
+    /// differ.
+    pub fn reindex(&mut self, task: TaskId, before: &State, after: &State) {
+        let (old, new) = (IndexEntry::of(before), IndexEntry::of(after));
+        if old != new {
+            self.index.push((task, old, new));
+        }
+    }
 }
 
 /// Kafka mode's log of record as the journal sees it: before the ledger records a partition's

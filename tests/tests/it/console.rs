@@ -26,7 +26,7 @@ const HOSTILE: &str = "<script>window.injected = 'payload script'</script><img s
 struct Setup {
     service: AdminChild,
     sim: Sim,
-    _kafka: Kafka,
+    kafka: Kafka,
     _dir: tempfile::TempDir,
 }
 
@@ -43,6 +43,25 @@ impl Setup {
         payload_of: impl Fn(&str) -> Value,
         token: &str,
     ) -> Setup {
+        let setup = Setup::start(token, |t| t["lookup"]["deadline"] = "400ms".into()).await;
+        setup
+            .sim
+            .set_faults(Faults {
+                error: 1.0,
+                ..Faults::default()
+            })
+            .unwrap();
+        setup.produce(keys, payload_of).await;
+        for key in keys {
+            wait_state(&setup.service.addr, key, "manual_review").await;
+        }
+        setup.sim.set_faults(Faults::default()).unwrap();
+        setup
+    }
+
+    /// A service on an embedded cluster with the admin token `token`, sending to a simulated
+    /// remote through the target `tweak` adjusts.
+    async fn start(token: &str, tweak: impl FnOnce(&mut Value)) -> Setup {
         let kafka = tokio::task::block_in_place(|| {
             Kafka::connect(KafkaConfig {
                 brokers: "embedded".into(),
@@ -53,10 +72,7 @@ impl Setup {
         });
         let sim = Sim::start(SimConfig::default()).await.unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let target_json = serde_json::to_string(&target(&sim.base_url(), |t| {
-            t["lookup"]["deadline"] = "400ms".into()
-        }))
-        .unwrap();
+        let target_json = serde_json::to_string(&target(&sim.base_url(), tweak)).unwrap();
         let service = tokio::task::block_in_place(|| {
             AdminChild::start(
                 crate::ADMIN_CHILD,
@@ -66,13 +82,18 @@ impl Setup {
                 token,
             )
         });
-        sim.set_faults(Faults {
-            error: 1.0,
-            ..Faults::default()
-        })
-        .unwrap();
-        let producer: FutureProducer = kafka.client_config(Role::Producer).create().unwrap();
-        let topic = kafka.config().requests_topic.clone();
+        Setup {
+            service,
+            sim,
+            kafka,
+            _dir: dir,
+        }
+    }
+
+    /// Requests `keys` (with the payload `payload_of(key)`) through Kafka.
+    async fn produce(&self, keys: &[&str], payload_of: impl Fn(&str) -> Value) {
+        let producer: FutureProducer = self.kafka.client_config(Role::Producer).create().unwrap();
+        let topic = self.kafka.config().requests_topic.clone();
         for key in keys {
             let mut req = request(key);
             req.payload = payload_of(key);
@@ -87,16 +108,6 @@ impl Setup {
                 .map_err(|(e, _)| e)
                 .expect("request produced");
         }
-        for key in keys {
-            wait_review(&service.addr, key).await;
-        }
-        sim.set_faults(Faults::default()).unwrap();
-        Setup {
-            service,
-            sim,
-            _kafka: kafka,
-            _dir: dir,
-        }
     }
 
     fn url(&self, path: &str) -> String {
@@ -108,8 +119,8 @@ impl Setup {
     }
 }
 
-/// Waits until the task is in the ledger (consumed from Kafka) and in manual review.
-async fn wait_review(addr: &str, key: &str) {
+/// Waits until the task is in the ledger (consumed from Kafka) and in `phase`.
+async fn wait_state(addr: &str, key: &str, phase: &str) {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         let (status, body) = http(
@@ -120,14 +131,12 @@ async fn wait_review(addr: &str, key: &str) {
             None,
         )
         .await;
-        if status == 200
-            && serde_json::from_str::<Value>(&body).unwrap()["state"] == "manual_review"
-        {
+        if status == 200 && serde_json::from_str::<Value>(&body).unwrap()["state"] == phase {
             return;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "{key} never in review: {status} {body}"
+            "{key} never {phase}: {status} {body}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -370,6 +379,56 @@ async fn console_authorizes_one_resend_and_the_task_sends_it() {
         browser.goto(&setup.url(&format!("/console/task/{}", task_ref("rs-1"))));
         browser.wait_for("document.querySelector('#task-state').textContent === 'succeeded'");
     });
+    drop(browser);
+    setup.stop();
+}
+
+/// The tasks page lists failed tasks with why they failed, beside each target's breaker; its
+/// retry form retries every failed task the filters select, each is sent once more, and the
+/// ledger records the operator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_lists_failed_tasks_and_retries_them() {
+    let setup = Setup::start(TOKEN, |t| {
+        // Two failed attempts are far below the breaker's minimum_calls: it stays closed.
+        t["retry"] = json!({ "max_attempts": 1, "initial_backoff": "5ms", "max_backoff": "10ms", "multiplier": 2.0 });
+    })
+    .await;
+    setup.sim.set_offline(true).await.unwrap();
+    let keys = ["fl-1", "fl-2"];
+    setup.produce(&keys, |_| json!({ "amount": 7 })).await;
+    for key in keys {
+        wait_state(&setup.service.addr, key, "failed").await;
+    }
+    setup.sim.set_offline(false).await.unwrap();
+    let mut browser = tokio::task::block_in_place(Browser::launch);
+    tokio::task::block_in_place(|| {
+        browser.goto(&setup.url("/console/tasks?phase=failed"));
+        browser.wait_for("document.querySelectorAll('#tasks tbody tr').length === 2");
+        let failures = browser.eval("[...document.querySelectorAll('#tasks tbody tr td:last-child')].map(td => td.textContent).join(',')");
+        assert_eq!(failures, "connect,connect");
+        let breaker = browser.wait_for("document.querySelector('[data-target=\"sim\"]') && document.querySelector('[data-target=\"sim\"]').textContent");
+        assert!(
+            breaker.as_str().unwrap().contains("breaker closed"),
+            "{breaker}"
+        );
+        browser.wait_for("document.querySelector('#retry-form')");
+        browser.fill("#by", "Ada Operator");
+        browser.fill("#reason", "the remote is back");
+        browser.fill("#token", TOKEN);
+        browser.click("#send-retry");
+        let result = browser.wait_for("document.querySelector('#retry-result[data-status]') && document.querySelector('#retry-result').textContent");
+        assert_eq!(result, "Retried 2 of 2 selected task(s).");
+    });
+    for key in keys {
+        wait_state(&setup.service.addr, key, "succeeded").await;
+        let (_, recorded) = events(&setup.service.addr, key).await;
+        let retried = recorded
+            .iter()
+            .find(|e| e["event"] == "TaskRetried")
+            .expect("the retry is recorded");
+        assert!(retried.to_string().contains("Ada Operator"), "{retried}");
+        assert_eq!(setup.sim.records_with_identity(key).len(), 1, "{key}");
+    }
     drop(browser);
     setup.stop();
 }

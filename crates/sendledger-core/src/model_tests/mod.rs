@@ -1,6 +1,6 @@
 //! Scenario and property tests of the decision functions against the rules of `docs/rules.md`:
-//! the harness that drives a task through `decide` here, the scenarios in [`scenarios`], the
-//! generated input sequences in [`properties`].
+//! the harness that drives a task through `decide` here, the scenarios in [`scenarios`] and
+//! [`retries`], the generated input sequences in [`properties`].
 
 use crate::decide::{
     decide, Action, AttemptOutcome, Ctx, Hold, Input, OperatorResolution, Policy, ReconcilePolicy,
@@ -14,6 +14,7 @@ use crate::rules::{check_task, CheckConfig, Rule};
 use crate::state::{fold, Phase, State};
 
 mod properties;
+mod retries;
 mod scenarios;
 
 /// A task driven through `decide`, its events kept as a log.

@@ -1,13 +1,15 @@
 //! The review console: HTML pages served by the admin endpoint under `/console`, for people
 //! on call. The pages are static (shipped in the binary with `include_str!`, nothing fetched
-//! from elsewhere); their scripts read the endpoint's JSON routes (`/reviews`, `/tasks/{id}`,
-//! `/healthz`, `/metrics`) and resolve reviews with `POST /reviews/{id}`, so the console can do
+//! from elsewhere); their scripts read the endpoint's JSON routes (`/reviews`, `/tasks`,
+//! `/tasks/{id}`, `/healthz`, `/metrics`), resolve reviews with `POST /reviews/{id}` and retry
+//! failed tasks with `POST /tasks/retry`, so the console can do
 //! nothing the endpoint does not already allow, and changes need the same token.
 //!
 //! | route | what |
 //! |---|---|
 //! | `GET /console` | the review queue: every task in manual review, sortable and filterable |
 //! | `GET /console/task/{id}` | one task: request, remote ids seen, timeline, and the resolve form while in review (404 page for a task not in the ledger) |
+//! | `GET /console/tasks` | tasks by phase, target, failure kind and time (`/tasks`), each target's breaker (`/healthz`), and for failed tasks the form that retries them in bulk (`POST /tasks/retry`) |
 //! | `GET /console/dashboard` | charts of the `/metrics` numbers: tasks by state, unknowns, attempts, lookups, consumer lag |
 //! | `GET /console/assets/{name}` | the pages' stylesheet and scripts |
 //!
@@ -70,6 +72,7 @@ pub async fn route(State(shared): State<Arc<Shared>>, uri: Uri) -> Response {
 enum Page {
     Queue,
     Task,
+    Tasks,
     Dashboard,
 }
 
@@ -79,6 +82,7 @@ impl Page {
         match self {
             Page::Queue => ("Review queue", "queue.js"),
             Page::Task => ("Task", "task.js"),
+            Page::Tasks => ("Tasks", "tasks.js"),
             Page::Dashboard => ("Dashboard", "dashboard.js"),
         }
     }
@@ -89,13 +93,14 @@ fn page_of(rest: &[&str]) -> Option<Page> {
     match rest {
         [] | [""] => Some(Page::Queue),
         ["dashboard"] => Some(Page::Dashboard),
+        ["tasks"] => Some(Page::Tasks),
         ["task", id] if !id.is_empty() => Some(Page::Task),
         _ => None,
     }
 }
 
 /// The files under `/console/assets/`: name, content type, content.
-const ASSETS: [(&str, &str, &str); 5] = [
+const ASSETS: [(&str, &str, &str); 6] = [
     (
         "console.css",
         "text/css; charset=utf-8",
@@ -115,6 +120,11 @@ const ASSETS: [(&str, &str, &str); 5] = [
         "task.js",
         "text/javascript; charset=utf-8",
         include_str!("../../console/task.js"),
+    ),
+    (
+        "tasks.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../console/tasks.js"),
     ),
     (
         "dashboard.js",
@@ -202,13 +212,14 @@ mod tests {
         assert_eq!(page_of(&["dashboard"]), Some(Page::Dashboard));
         assert_eq!(page_of(&["task", "abc"]), Some(Page::Task));
         assert_eq!(page_of(&["task", ""]), None);
-        assert_eq!(page_of(&["tasks"]), None);
+        assert_eq!(page_of(&["tasks"]), Some(Page::Tasks));
+        assert_eq!(page_of(&["tasks", "x"]), None);
     }
 
     /// Every page loads the shared script and its own, and every script it names is served.
     #[test]
     fn pages_name_served_scripts() {
-        for p in [Page::Queue, Page::Task, Page::Dashboard] {
+        for p in [Page::Queue, Page::Task, Page::Tasks, Page::Dashboard] {
             let (_, script) = p.parts();
             assert!(ASSETS.iter().any(|(n, _, _)| *n == script), "{script}");
         }

@@ -26,6 +26,7 @@ use crate::summary::{Processed, TaskSummary};
 #[cfg(feature = "fault-injection")]
 mod fault;
 mod format;
+mod listing;
 
 use format::{check_format_and_last_lsn, check_mode, migrate_to_format_2, migrate_to_format_3};
 
