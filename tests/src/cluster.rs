@@ -379,6 +379,12 @@ impl Instance {
     pub fn metrics(&self) -> Option<String> {
         crate::http::get(self.admin(), "/metrics", Duration::from_secs(1))
     }
+
+    /// The instance's `/healthz`, if it answers 200 within a second.
+    pub fn health(&self) -> Option<serde_json::Value> {
+        crate::http::get(self.admin(), "/healthz", Duration::from_secs(1))
+            .and_then(|body| serde_json::from_str(&body).ok())
+    }
 }
 
 /// Follows the results topic from its beginning as a `read_committed` consumer, on a thread
@@ -459,6 +465,12 @@ pub fn read_and_audit_log(
     )
     .expect("the events topic is audited");
     (logged, report)
+}
+
+/// Every event of the events topic (the log of record), as a `read_committed` consumer reads
+/// it, partition by partition.
+pub fn read_log(kafka: &Kafka) -> Vec<sendledger_core::Event> {
+    logged_events(kafka).0
 }
 
 /// Every event of the events topic, as a `read_committed` consumer reads it, and its records.

@@ -13,6 +13,7 @@
 //! `sendledger_tests::kafka`. Kafka mode, where the events topic is the log of record, is
 //! tested in `log` and `cluster`.
 
+mod breaker;
 mod broker;
 mod embedded;
 mod schema;
