@@ -84,22 +84,6 @@ pub async fn scrape(State(shared): State<Arc<Shared>>) -> ApiResult {
         .into_response())
 }
 
-/// Sets `sendledger_target_state` of every target from its breaker as it is now. A breaker
-/// sets the gauge when it is made and at each transition, but `run` makes the targets before it
-/// installs the recorder: without this, a target whose breaker never changed state (closed
-/// since the start) would be missing from `/metrics` and the console's dashboard.
-pub(super) fn publish_breaker_states(engine: &sendledger_actors::Engine) {
-    use sendledger_effects::metric_definitions::TARGET_STATE;
-    for t in engine.target_health() {
-        let state = match t.state {
-            "open" => 1.0,
-            "half_open" => 2.0,
-            _ => 0.0,
-        };
-        metrics::gauge!(TARGET_STATE, "target" => t.target).set(state);
-    }
-}
-
 /// Sets the gauges `GET /metrics` reports from the ledger itself.
 fn publish_counts(counts: &TaskCounts) {
     use crate::metric_definitions::{TASKS, UNKNOWNS_OPEN, UNKNOWN_OLDEST_AGE_SECONDS};

@@ -158,7 +158,6 @@ impl Admin {
         };
         let listener = TcpListener::bind(listen).await.map_err(bind)?;
         let addr = listener.local_addr().map_err(bind)?;
-        self::metrics::publish_breaker_states(&engine);
         let shared = Shared::new(config, engine, metrics);
         if reads_exposed(&addr) {
             tracing::warn!(

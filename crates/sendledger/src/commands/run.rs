@@ -36,13 +36,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
     tracing::debug!(?config, "configuration");
     runtime()?.block_on(async {
         let signal = tokio::spawn(shutdown_signal()?);
-        let kafka = tokio::task::block_in_place(|| Kafka::connect(config.kafka_config()))
-            .context("kafka")?;
-        let remote = Arc::new(HttpRemote::new(config.load_targets()?));
+        // The recorder first: what the targets and the cluster record as they are made (each
+        // breaker's state, closed) is kept, not lost before there is a recorder.
         let metrics = match config.admin.enabled {
             true => Some(sendledger_node::admin::install_recorder()?),
             false => None,
         };
+        let kafka = tokio::task::block_in_place(|| Kafka::connect(config.kafka_config()))
+            .context("kafka")?;
+        let remote = Arc::new(HttpRemote::new(config.load_targets()?));
         let service = Service::start(&config, &kafka, remote, metrics).await?;
         let admin = service
             .admin_addr()
