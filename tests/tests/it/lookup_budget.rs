@@ -291,7 +291,7 @@ async fn sends_and_lookups_together_never_exceed_max_in_flight() {
         assert_eq!(sim.records_with_identity(key).len(), 1, "{key}");
     }
     let stats = sim.stats();
-    assert!(stats.dropped >= 3 && stats.lookups >= 3, "{stats:?}");
+    assert!(stats.dropped >= 1 && stats.lookups >= 1, "{stats:?}");
     assert_eq!(stats.duplicates, 0, "{stats:?}");
     assert_eq!(stats.peak_in_flight, 1, "{stats:?}");
     engine.shutdown(Duration::from_secs(5)).await;
