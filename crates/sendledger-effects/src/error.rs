@@ -154,13 +154,13 @@ mod tests {
         let throttled = Error::LookupThrottled {
             target: "t".into(),
             status: 429,
-            retry_after: Some(std::time::Duration::from_secs(2)),
+            retry_after: Some(Duration::from_secs(2)),
             detail: String::new(),
         };
         assert!(throttled.is_transient());
         assert_eq!(
             page(throttled.clone()).retry_after(),
-            Some(std::time::Duration::from_secs(2))
+            Some(Duration::from_secs(2))
         );
         assert!(
             throttled.to_string().contains("retry after 2s"),
