@@ -5,11 +5,15 @@
 //! Each lookup is a `sendledger.lookup` span (task id, target, attempt, match count, outcome),
 //! parented on the task's trace context.
 //!
-//! A lookup that fails with a transient error (no answer, a 5xx) backs its target off: that
+//! A lookup that fails with a transient error (no answer, a 5xx, throttled, no room at the
+//! target) backs its target off: that
 //! target's next lookups wait, 1 s after the first failure, then one lookup probes, and each
 //! failed probe doubles the wait up to 30 s, until one answers. A remote that is down is not asked once per unknown task
 //! per check interval; each task's observation window runs on meanwhile (a failed lookup is no
-//! evidence either way), and the other targets' lookups are not held up.
+//! evidence either way), and the other targets' lookups are not held up. The remote's
+//! `Retry-After` on a lookup, and the target's limits, are kept where lookups are sent (the
+//! `Remote`; over HTTP, `sendledger-effects`' `Target::lookup`): no lookup reaches a target
+//! before the delay its latest throttled lookup was given, whatever this backoff allows.
 //!
 //! Metric: `sendledger_lookups_total{outcome="none|one|several|error"}` (lookups ended, by how
 //! many records matched, or the lookup's own failure).

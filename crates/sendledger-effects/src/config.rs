@@ -54,12 +54,14 @@ pub struct TargetConfig {
     pub idempotency: Option<IdempotencyConfig>,
     #[serde(default)]
     pub retry: RetryConfig,
-    /// Most attempts in flight at this target at once; tasks beyond it wait for a slot before
-    /// they record their intent. Keep it within what the remote serves before its answers slow
+    /// Most requests in flight at this target at once, attempts and lookups together (unless
+    /// `lookup.limits` gives lookups their own); tasks beyond it wait for a slot before they
+    /// record their intent. Keep it within what the remote serves before its answers slow
     /// past `request_timeout` (each such timeout is an unknown outcome to reconcile).
     #[serde(default = "default_max_in_flight")]
     pub max_in_flight: usize,
-    /// Most attempts per second at this target (a token bucket with one second of burst);
+    /// Most requests per second at this target, attempts and lookup pages together (unless
+    /// `lookup.limits` gives lookups their own), as a token bucket with one second of burst;
     /// unlimited when unset.
     #[serde(default)]
     pub rate_limit: Option<f64>,
@@ -306,6 +308,26 @@ pub struct LookupConfig {
     /// never a result.
     #[serde(default)]
     pub paging: Option<PagingConfig>,
+    /// Limits of lookups of their own (`[targets.NAME.lookup.limits]`). Unset: each lookup
+    /// takes a slot of the target's `max_in_flight` for as long as it runs, and each of its
+    /// pages a turn of the target's `rate_limit`, shared with the attempts.
+    #[serde(default)]
+    pub limits: Option<LookupLimitsConfig>,
+}
+
+/// A limiter for lookups alone, instead of the target's: at most `max_in_flight` lookups at
+/// once, and at most `rate_limit` lookup requests (pages) per second. A lookup waits for room
+/// at most the target's `request_timeout`, then fails unsent (no evidence either way).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LookupLimitsConfig {
+    /// Most lookups in flight at once (default 256, as a target's).
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: usize,
+    /// Most lookup requests per second (a token bucket with one second of burst); unlimited
+    /// when unset.
+    #[serde(default)]
+    pub rate_limit: Option<f64>,
 }
 
 /// How a lookup follows the pages of the remote's answer: exactly one of `next_pointer`,
@@ -467,21 +489,35 @@ fn default_skew() -> Duration {
 
 #[cfg(test)]
 mod tests {
-    use super::TlsConfig;
+    use super::{LookupLimitsConfig, TlsConfig};
+
+    /// The lines of the example configuration's commented section `header`, uncommented.
+    fn commented_section(header: &str) -> String {
+        let example = include_str!("../../../schemas/sendledger.example.toml");
+        example
+            .lines()
+            .skip_while(|l| *l != format!("# {header}"))
+            .skip(1)
+            .take_while(|l| l.starts_with("# ") && !l.starts_with("# ["))
+            .map(|l| format!("{}\n", &l[2..]))
+            .collect()
+    }
 
     /// The example configuration's commented `[targets.payments.tls]` section, uncommented, is
     /// a valid `TlsConfig` (the section stays commented there: its files do not exist).
     #[test]
     fn the_commented_example_tls_section_parses() {
-        let example = include_str!("../../../schemas/sendledger.example.toml");
-        let section: String = example
-            .lines()
-            .skip_while(|l| *l != "# [targets.payments.tls]")
-            .skip(1)
-            .take_while(|l| l.starts_with("# ") && !l.starts_with("# ["))
-            .map(|l| format!("{}\n", &l[2..]))
-            .collect();
+        let section = commented_section("[targets.payments.tls]");
         let tls: TlsConfig = toml::from_str(&section).expect("the example tls section parses");
         assert!(tls.ca_file.is_some() && tls.client_cert.is_some() && tls.client_key.is_some());
+    }
+
+    /// So is its `[targets.payments.lookup.limits]` section, a `LookupLimitsConfig`.
+    #[test]
+    fn the_commented_example_lookup_limits_parse() {
+        let section = commented_section("[targets.payments.lookup.limits]");
+        let limits: LookupLimitsConfig =
+            toml::from_str(&section).expect("the example lookup.limits section parses");
+        assert_eq!((limits.max_in_flight, limits.rate_limit), (8, Some(5.0)));
     }
 }

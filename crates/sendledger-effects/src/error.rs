@@ -1,3 +1,5 @@
+use std::time::Duration;
+
 /// What can go wrong loading a target or performing a lookup. Attempts never fail with an
 /// error: every attempt ends in exactly one [`sendledger_core::decide::AttemptOutcome`].
 ///
@@ -21,6 +23,24 @@ pub enum Error {
         status: u16,
         detail: String,
     },
+    /// The lookup was answered 429, or 503 with `Retry-After`: the remote asks to be left
+    /// alone for `retry_after` (none given: as long as the caller's backoff says). The
+    /// target's next lookups are not sent before it has passed.
+    #[error(
+        "lookup on target {target} answered {status}: throttled, {}: {detail}",
+        after(retry_after)
+    )]
+    LookupThrottled {
+        target: String,
+        status: u16,
+        retry_after: Option<Duration>,
+        detail: String,
+    },
+    /// The lookup was not sent: it found no room within the target's `request_timeout` (no
+    /// free slot of `max_in_flight`, no turn of `rate_limit`, or the remote's `Retry-After`
+    /// ends later).
+    #[error("lookup on target {target} not sent: {reason}; the remote will be asked again")]
+    LookupNotSent { target: String, reason: String },
     /// The lookup answer does not have the configured shape.
     #[error("lookup answer of target {target} is unusable: {reason}; check `lookup.results_pointer`, `lookup.id_pointer` and the filters")]
     LookupAnswer { target: String, reason: String },
@@ -42,18 +62,31 @@ pub enum Error {
 
 impl Error {
     /// Whether the same call may succeed later with nothing changed: a lookup (or a page of
-    /// it) that got no answer, or was answered 408, 429 or 5xx. A configuration or request
+    /// it) that got no answer, was answered 408, 429 or 5xx, or was not sent for want of
+    /// room at the target. A configuration or request
     /// that cannot be built, any other refusal, an answer of the wrong shape and pages that
     /// cannot be followed fail the same way again.
     pub fn is_transient(&self) -> bool {
         match self {
-            Error::LookupTransport { .. } => true,
+            Error::LookupTransport { .. }
+            | Error::LookupThrottled { .. }
+            | Error::LookupNotSent { .. } => true,
             Error::LookupStatus { status, .. } => matches!(status, 408 | 429 | 500..=599),
             Error::LookupPage { error, .. } => error.is_transient(),
             Error::Config { .. }
             | Error::Render { .. }
             | Error::LookupAnswer { .. }
             | Error::LookupPaging { .. } => false,
+        }
+    }
+
+    /// How long the remote asked to be left alone (`Retry-After` of a throttled lookup, or of
+    /// the page of it that was throttled).
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Error::LookupThrottled { retry_after, .. } => *retry_after,
+            Error::LookupPage { error, .. } => error.retry_after(),
+            _ => None,
         }
     }
 
@@ -66,6 +99,22 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// `d` without its part below a millisecond, for messages.
+pub(crate) fn whole_millis(d: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// How a throttled lookup's delay reads in its message.
+fn after(retry_after: &Option<Duration>) -> String {
+    match retry_after {
+        Some(d) => format!(
+            "retry after {}",
+            humantime::format_duration(whole_millis(*d))
+        ),
+        None => "no retry-after given".into(),
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -101,6 +150,28 @@ mod tests {
         };
         assert!(page(status(503)).is_transient());
         assert!(!page(status(404)).is_transient());
+        // Throttled, or not sent for want of room: asking later may answer.
+        let throttled = Error::LookupThrottled {
+            target: "t".into(),
+            status: 429,
+            retry_after: Some(Duration::from_secs(2)),
+            detail: String::new(),
+        };
+        assert!(throttled.is_transient());
+        assert_eq!(
+            page(throttled.clone()).retry_after(),
+            Some(Duration::from_secs(2))
+        );
+        assert!(
+            throttled.to_string().contains("retry after 2s"),
+            "{throttled}"
+        );
+        let not_sent = Error::LookupNotSent {
+            target: "t".into(),
+            reason: "no free slot".into(),
+        };
+        assert!(not_sent.is_transient());
+        assert_eq!(not_sent.retry_after(), None);
         let cap = Error::LookupPaging {
             target: "t".into(),
             page: 10,

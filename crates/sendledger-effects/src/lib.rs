@@ -31,6 +31,8 @@
 //!   redacted in `Debug`.
 //! - A lookup finds only its own task's records: a target whose lookup URL does not tell
 //!   tasks apart (see `Target::from_config`) is refused.
+//! - A lookup counts against its target's limits (or `lookup.limits`) like an attempt, and no
+//!   lookup is sent to a target before the `Retry-After` of its latest throttled lookup.
 //!
 //! # Layout
 //! - `config.rs`: target configuration as written (serde), before validation;
@@ -44,7 +46,8 @@
 //!   connection pool; `resolve.rs`: name lookups, each on a thread of its own; `tls.rs`: TLS
 //!   client settings, checked at load;
 //! - `template.rs`: `{field}` templates for URLs and body fields;
-//! - `limit.rs`: per-target send limits (`max_in_flight`, `rate_limit`);
+//! - `limit.rs`: per-target limits (`max_in_flight`, `rate_limit`) of attempts and lookups
+//!   together, or of lookups alone (`lookup.limits`);
 //! - `breaker.rs`: the per-target circuit breaker, whose admission a task asks for before it
 //!   records an intent;
 //! - `error.rs`: [`Error`].
@@ -71,10 +74,10 @@ mod tls;
 pub use breaker::{BreakerState, BreakerView};
 pub use config::{
     BreakerConfig, ConflictPolicy, CreatedAfterConfig, HeaderValueConfig, IdempotencyConfig,
-    LookupConfig, PagingConfig, RetryClassConfig, RetryConfig, ServerErrorPolicy, TargetConfig,
-    TimeFormat, TlsConfig,
+    LookupConfig, LookupLimitsConfig, PagingConfig, RetryClassConfig, RetryConfig,
+    ServerErrorPolicy, TargetConfig, TimeFormat, TlsConfig,
 };
 pub use error::{Error, Result};
-pub use limit::{SendLimiter, SendSlot};
+pub use limit::{Limiter, SendSlot};
 pub use sendledger_core::decide::{AttemptOutcome, Sending};
 pub use target::{Held, Target, Targets};

@@ -1,9 +1,12 @@
-//! How fast a target may be sent to: at most `max_in_flight` attempts at once, and optionally
-//! at most `rate_limit` attempts per second (a token bucket with one second of burst).
+//! How fast a target may be sent to: at most `max_in_flight` requests at once, and optionally
+//! at most `rate_limit` requests per second (a token bucket with one second of burst). A
+//! target's attempts and lookups share its limiter, unless `lookup.limits` gives lookups one of
+//! their own.
 //!
 //! A task takes its slot *before* it records the intent of an attempt, so waiting for room at
 //! a busy remote never turns into an attempt that times out (an unknown outcome of our own
-//! making), and an intent is never recorded long before its request leaves.
+//! making), and an intent is never recorded long before its request leaves. A lookup holds its
+//! slot for all its pages and takes a turn of the rate for each page (`target/lookup.rs`).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,9 +18,9 @@ use tokio::time::Instant;
 use crate::breaker::Ticket;
 use crate::conn::Opened;
 
-/// The sending limits of one target.
+/// The limits of one target's requests (or of its lookups alone).
 #[derive(Debug)]
-pub struct SendLimiter {
+pub struct Limiter {
     slots: Arc<Semaphore>,
     rate: Option<Mutex<Bucket>>,
 }
@@ -57,10 +60,10 @@ impl std::fmt::Debug for SendSlot {
     }
 }
 
-impl SendLimiter {
-    /// `max_in_flight` at least 1; `rate_limit` in attempts per second, positive and finite.
-    pub fn new(max_in_flight: usize, rate_limit: Option<f64>) -> SendLimiter {
-        SendLimiter {
+impl Limiter {
+    /// `max_in_flight` at least 1; `rate_limit` in requests per second, positive and finite.
+    pub fn new(max_in_flight: usize, rate_limit: Option<f64>) -> Limiter {
+        Limiter {
             slots: Arc::new(Semaphore::new(max_in_flight.max(1))),
             rate: rate_limit.map(|rate| {
                 let interval = Duration::from_secs_f64(1.0 / rate);
@@ -76,29 +79,45 @@ impl SendLimiter {
 
     /// Waits for room for one attempt: a free slot, then the rate's turn.
     pub async fn acquire(&self) -> SendSlot {
-        let permit = self
-            .slots
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the semaphore is never closed");
-        if let Some(bucket) = &self.rate {
-            let wait = {
-                let mut b = bucket.lock().unwrap_or_else(|e| e.into_inner());
-                let now = Instant::now();
-                let tat = b.tat.max(now);
-                b.tat = tat + b.interval;
-                tat.saturating_duration_since(now).saturating_sub(b.burst)
-            };
-            if !wait.is_zero() {
-                tokio::time::sleep(wait).await;
-            }
-        }
+        let permit = self.slot().await;
+        self.turn(None).await;
         SendSlot {
             _permit: permit,
             ticket: None,
             conn: None,
         }
+    }
+
+    /// Waits for a free slot, held until the permit is dropped.
+    pub(crate) async fn slot(&self) -> OwnedSemaphorePermit {
+        self.slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed")
+    }
+
+    /// Waits for the rate's turn of one request. With `by`, a turn that comes later is not
+    /// taken and `false` is returned at once; otherwise `true` once the turn has come.
+    pub(crate) async fn turn(&self, by: Option<Instant>) -> bool {
+        let Some(bucket) = &self.rate else {
+            return true;
+        };
+        let wait = {
+            let mut b = bucket.lock().unwrap_or_else(|e| e.into_inner());
+            let now = Instant::now();
+            let tat = b.tat.max(now);
+            let wait = tat.saturating_duration_since(now).saturating_sub(b.burst);
+            if by.is_some_and(|by| now + wait > by) {
+                return false;
+            }
+            b.tat = tat + b.interval;
+            wait
+        };
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+        true
     }
 }
 
@@ -108,7 +127,7 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn slots_bound_attempts_in_flight() {
-        let limiter = Arc::new(SendLimiter::new(2, None));
+        let limiter = Arc::new(Limiter::new(2, None));
         let a = limiter.acquire().await;
         let _b = limiter.acquire().await;
         let third = tokio::spawn({
@@ -123,7 +142,7 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn the_rate_allows_a_second_of_burst_then_spaces_attempts() {
-        let limiter = SendLimiter::new(1_000, Some(10.0));
+        let limiter = Limiter::new(1_000, Some(10.0));
         let start = tokio::time::Instant::now();
         let mut slots = Vec::new();
         for _ in 0..10 {
@@ -142,5 +161,20 @@ mod tests {
             took >= Duration::from_millis(990) && took <= Duration::from_millis(1_100),
             "{took:?}"
         );
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_turn_later_than_its_bound_is_not_taken() {
+        let limiter = Limiter::new(1, Some(1.0));
+        let now = Instant::now();
+        assert!(limiter.turn(Some(now)).await, "the first turn is now");
+        // The next turn is a second away: not within 500 ms, and refusing it takes nothing.
+        assert!(!limiter.turn(Some(now + Duration::from_millis(500))).await);
+        assert_eq!(Instant::now(), now, "refused at once");
+        assert!(limiter.turn(Some(now + Duration::from_secs(1))).await);
+        assert_eq!(Instant::now(), now + Duration::from_secs(1));
+        // Without a bound a turn is always taken.
+        assert!(limiter.turn(None).await);
+        assert_eq!(Instant::now(), now + Duration::from_secs(2));
     }
 }

@@ -125,7 +125,8 @@ impl fmt::Debug for RequiredHeader {
 }
 
 /// Injected faults. Each probability applies to one create request; at most one fault is
-/// chosen per request (their sum must not exceed 1). `refuse` applies to each new connection.
+/// chosen per request (their sum must not exceed 1). `refuse` applies to each new connection,
+/// `lookup_throttle` to each lookup request.
 /// A remote that is down altogether is no fault here: [`crate::Sim::set_offline`] switches it
 /// at run time.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -153,13 +154,16 @@ pub struct Faults {
     /// Read the whole request, then never answer (the connection stays open). Nothing is
     /// created: to the client this looks like `commit_then_hang`.
     pub hang: f64,
+    /// Answer a lookup request `throttle_status` with `Retry-After` (`retry_after`), without
+    /// reading any record.
+    pub lookup_throttle: f64,
     /// Status of `error` and `commit_then_error` (5xx).
     pub error_status: u16,
-    /// Status of `throttle`: 429 or 503.
+    /// Status of `throttle` and `lookup_throttle`: 429 or 503.
     pub throttle_status: u16,
     /// Status of `reject` (4xx).
     pub reject_status: u16,
-    /// `Retry-After` sent with `throttle`, rounded up to whole seconds.
+    /// `Retry-After` sent with `throttle` and `lookup_throttle`, rounded up to whole seconds.
     #[serde(with = "humantime_serde")]
     pub retry_after: Duration,
     /// Processing time of every create and lookup request.
@@ -182,6 +186,7 @@ impl Default for Faults {
             reject: 0.0,
             drop: 0.0,
             hang: 0.0,
+            lookup_throttle: 0.0,
             error_status: 500,
             throttle_status: 429,
             reject_status: 422,
@@ -195,8 +200,11 @@ impl Default for Faults {
 impl Faults {
     /// Checks probabilities and statuses; errors name the field.
     pub fn validate(&self) -> Result<()> {
+        // Per connection and per lookup: apart from the per-create faults, which follow.
+        let apart = 2;
         let probabilities = [
             ("faults.refuse", self.refuse),
+            ("faults.lookup_throttle", self.lookup_throttle),
             ("faults.commit_then_drop", self.commit_then_drop),
             ("faults.commit_then_hang", self.commit_then_hang),
             ("faults.commit_then_error", self.commit_then_error),
@@ -214,7 +222,7 @@ impl Faults {
                 ));
             }
         }
-        let per_request: f64 = probabilities[1..].iter().map(|(_, p)| p).sum();
+        let per_request: f64 = probabilities[apart..].iter().map(|(_, p)| p).sum();
         if per_request > 1.0 + 1e-9 {
             return Err(Error::config(
                 "faults",
@@ -373,7 +381,8 @@ mod tests {
             })),
             "faults.hang: -0.1 is not a probability in [0, 1]"
         );
-        // Summed with the other per-request faults; `refuse` is per connection and apart.
+        // Summed with the other per-request faults; `refuse` (per connection) and
+        // `lookup_throttle` (per lookup) are apart.
         let too_many = error(faults(Faults {
             error: 0.4,
             drop: 0.4,
@@ -384,8 +393,16 @@ mod tests {
             too_many.starts_with("faults: the per-request fault probabilities add up to 1.2"),
             "{too_many}"
         );
+        assert_eq!(
+            error(faults(Faults {
+                lookup_throttle: 2.0,
+                ..Faults::default()
+            })),
+            "faults.lookup_throttle: 2 is not a probability in [0, 1]"
+        );
         faults(Faults {
             refuse: 1.0,
+            lookup_throttle: 1.0,
             error: 0.2,
             drop: 0.4,
             hang: 0.4,

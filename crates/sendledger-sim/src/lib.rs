@@ -8,7 +8,10 @@
 //! (a JSON array of `{"id", "created_at", "body"}`, or pages of it with `lookup_page_size`,
 //! led to as [`LookupPaging`] says), optionally with a lookup lag; `GET <stats_path>` returns
 //! [`Stats`]. Faults are injected deliberately and **seeded** ([`Faults`]): the same seed and
-//! the same request order give the same faults. Outages are switched at run time:
+//! the same request order give the same faults. Lookups can be throttled too (429/503 with
+//! `Retry-After`); each lookup received is kept with its time and status
+//! ([`Sim::lookups_received`]), and [`Stats::peak_in_flight`] is the most requests worked on at
+//! once. Outages are switched at run time:
 //! [`Sim::set_offline`] closes the port (connections are refused) and opens it again.
 //!
 //! The records and counters are the ground truth that tests check: [`Stats::duplicates`] counts
@@ -31,6 +34,6 @@ mod tls;
 
 pub use config::{Faults, LookupPaging, RequiredHeader, SimConfig, SimTlsConfig};
 pub use error::{Error, Result};
-pub use server::Sim;
+pub use server::{LookupReceived, Sim};
 pub use stats::Stats;
 pub use store::Record;

@@ -6,7 +6,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{header, HeaderMap, Method, Request, StatusCode};
@@ -27,7 +27,7 @@ use crate::error::{Error, Result};
 use crate::listener::{Listener, Serve};
 use crate::lookup::{self, Paging};
 use crate::response::{error_response, json_response, Resp};
-use crate::stats::{bump, Counters, Stats};
+use crate::stats::{bump, Counters, InFlight, Stats};
 use crate::store::{now_ms, Record, Store};
 use crate::tls;
 
@@ -48,10 +48,22 @@ struct Shared {
     /// The `traceparent` headers of the latest lookups that had one (at most
     /// [`LOOKUP_TRACES_KEPT`]).
     lookup_traces: Mutex<VecDeque<String>>,
+    /// The latest lookups received (at most [`LOOKUPS_KEPT`]).
+    lookups: Mutex<VecDeque<LookupReceived>>,
 }
 
 /// Lookup trace contexts kept for [`Sim::lookup_traceparents`].
 const LOOKUP_TRACES_KEPT: usize = 1000;
+/// Lookups kept for [`Sim::lookups_received`].
+const LOOKUPS_KEPT: usize = 1000;
+
+/// A lookup request as the remote received it: when it arrived, and the status it was
+/// answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LookupReceived {
+    pub at: Instant,
+    pub status: u16,
+}
 
 /// A running simulated remote. Dropping it stops it; [`Sim::shutdown`] also waits for the
 /// accept loop to end.
@@ -65,6 +77,7 @@ pub struct Sim {
 const STREAM_CONNECTION: u64 = 1;
 const STREAM_FAULT: u64 = 2;
 const STREAM_LATENCY: u64 = 3;
+const STREAM_LOOKUP_FAULT: u64 = 4;
 
 /// A uniform number in `[0, 1)` from the seed, a stream and a sequence number (splitmix64).
 fn unit(seed: u64, stream: u64, n: u64) -> f64 {
@@ -146,6 +159,7 @@ impl Sim {
             counters: Counters::default(),
             tls,
             lookup_traces: Mutex::default(),
+            lookups: Mutex::default(),
         });
         let serve: Serve = {
             let shared = shared.clone();
@@ -206,6 +220,17 @@ impl Sim {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         traces.iter().cloned().collect()
+    }
+
+    /// The latest lookup requests received (the last 1000), oldest first, with the status
+    /// each was answered.
+    pub fn lookups_received(&self) -> Vec<LookupReceived> {
+        let lookups = self
+            .shared
+            .lookups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        lookups.iter().copied().collect()
     }
 
     /// The records whose identity field has this value.
@@ -349,7 +374,10 @@ async fn handle(shared: Arc<Shared>, kill: Arc<Notify>, req: Request<Incoming>) 
     bump(&shared.counters.requests);
     let path = req.uri().path().to_string();
     let config = &shared.config;
-    if req.method() == Method::POST && path == config.create_path {
+    let is_create = req.method() == Method::POST && path == config.create_path;
+    let is_lookup = req.method() == Method::GET && path == config.lookup_path;
+    let _in_flight = (is_create || is_lookup).then(|| InFlight::start(&shared.counters));
+    if is_create {
         match create(shared.clone(), req).await {
             Ending::Respond(resp) => resp,
             Ending::Drop => {
@@ -358,7 +386,7 @@ async fn handle(shared: Arc<Shared>, kill: Arc<Notify>, req: Request<Incoming>) 
             }
             Ending::Hang => std::future::pending().await,
         }
-    } else if req.method() == Method::GET && path == config.lookup_path {
+    } else if is_lookup {
         shared.lookup(&req).await
     } else if req.method() == Method::GET && path == config.stats_path {
         match serde_json::to_value(shared.stats()) {
@@ -467,12 +495,7 @@ async fn process(
     match fault {
         Some(Fault::Throttle) => {
             bump(&counters.throttled);
-            let mut resp = error_response(status(faults.throttle_status), "slow down");
-            let secs = faults.retry_after.as_millis().div_ceil(1000);
-            if let Ok(v) = header::HeaderValue::from_str(&secs.to_string()) {
-                resp.headers_mut().insert(header::RETRY_AFTER, v);
-            }
-            return Ending::Respond(resp);
+            return Ending::Respond(throttled(&faults));
         }
         Some(Fault::Error) => return internal_error(),
         Some(Fault::Reject) => {
@@ -517,6 +540,18 @@ async fn process(
             Ending::Respond(resp)
         }
     }
+}
+
+/// The answer of `throttle` and `lookup_throttle`: `throttle_status` with `Retry-After`.
+fn throttled(faults: &Faults) -> Resp {
+    let status =
+        StatusCode::from_u16(faults.throttle_status).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
+    let mut resp = error_response(status, "slow down");
+    let secs = faults.retry_after.as_millis().div_ceil(1000);
+    if let Ok(v) = header::HeaderValue::from_str(&secs.to_string()) {
+        resp.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    resp
 }
 
 impl Shared {
@@ -567,8 +602,10 @@ impl Shared {
         committed
     }
 
-    /// Answers a lookup after the configured latency, keeping its trace context.
+    /// Answers a lookup after the configured latency (throttled by the `lookup_throttle`
+    /// fault), keeping its trace context and when it arrived.
     async fn lookup(&self, req: &Request<Incoming>) -> Resp {
+        let at = Instant::now();
         if let Some(trace) = req
             .headers()
             .get("traceparent")
@@ -583,6 +620,27 @@ impl Shared {
         let n = bump(&self.counters.lookups);
         let faults = self.faults();
         self.delay(&faults, n).await;
+        let throttle = faults.lookup_throttle > 0.0
+            && unit(self.config.seed, STREAM_LOOKUP_FAULT, n) < faults.lookup_throttle;
+        let resp = if throttle {
+            bump(&self.counters.lookups_throttled);
+            throttled(&faults)
+        } else {
+            self.lookup_answer(req)
+        };
+        let mut lookups = self.lookups.lock().unwrap_or_else(|e| e.into_inner());
+        if lookups.len() == LOOKUPS_KEPT {
+            lookups.pop_front();
+        }
+        lookups.push_back(LookupReceived {
+            at,
+            status: resp.status().as_u16(),
+        });
+        resp
+    }
+
+    /// The records a lookup asks for, or a page of them.
+    fn lookup_answer(&self, req: &Request<Incoming>) -> Resp {
         let paging = match self.page_size.load(Ordering::Relaxed) {
             0 => None,
             size => Some(Paging {
@@ -757,6 +815,78 @@ mod tests {
         assert!(answer.headers.get(header::RETRY_AFTER).is_none());
         let stats = sim.stats();
         assert_eq!((stats.posts, stats.records, stats.errors), (1, 0, 1));
+    }
+
+    #[tokio::test]
+    async fn lookup_throttle_answers_retry_after_and_reads_no_record() {
+        let sim = sim(Faults {
+            lookup_throttle: 1.0,
+            retry_after: Duration::from_millis(1500),
+            ..Faults::default()
+        })
+        .await;
+        let path = sim.config().create_path.clone();
+        // Creates are not throttled by it.
+        let created = testing::post(sim.addr(), &path, &json!({"request_key": "a"})).await;
+        assert_eq!(created.unwrap().status, 201);
+        let before = Instant::now();
+        let answer = testing::get(sim.addr(), "/records?request_key=a").await;
+        assert_eq!(answer.status, 429);
+        assert_eq!(answer.headers[header::RETRY_AFTER], "2");
+        sim.set_faults(Faults {
+            lookup_throttle: 1.0,
+            throttle_status: 503,
+            ..Faults::default()
+        })
+        .unwrap();
+        let answer = testing::get(sim.addr(), "/records?request_key=a").await;
+        assert_eq!(answer.status, 503);
+        assert_eq!(answer.headers[header::RETRY_AFTER], "1");
+        sim.set_faults(Faults::default()).unwrap();
+        let answer = testing::get(sim.addr(), "/records?request_key=a").await;
+        assert_eq!(
+            (answer.status, answer.body.as_array().map(Vec::len)),
+            (200, Some(1))
+        );
+        let stats = sim.stats();
+        assert_eq!(
+            (stats.lookups, stats.lookups_throttled, stats.throttled),
+            (3, 2, 0)
+        );
+        let received = sim.lookups_received();
+        let statuses: Vec<u16> = received.iter().map(|l| l.status).collect();
+        assert_eq!(statuses, [429, 503, 200]);
+        assert!(received[0].at >= before);
+        assert!(received.windows(2).all(|w| w[0].at <= w[1].at));
+    }
+
+    #[tokio::test]
+    async fn peak_in_flight_counts_creates_and_lookups_worked_on_at_once() {
+        let sim = sim(Faults {
+            latency: Duration::from_millis(200),
+            ..Faults::default()
+        })
+        .await;
+        let (addr, path) = (sim.addr(), sim.config().create_path.clone());
+        // One at a time: a peak of one.
+        testing::post(addr, &path, &json!({"request_key": "a"}))
+            .await
+            .unwrap();
+        testing::get(addr, "/records?request_key=a").await;
+        assert_eq!(sim.stats().peak_in_flight, 1);
+        // Two creates and a lookup at once (the stats request is not counted).
+        let (b, c) = (json!({"request_key": "b"}), json!({"request_key": "c"}));
+        let (a, b, c) = tokio::join!(
+            testing::post(addr, &path, &b),
+            testing::post(addr, &path, &c),
+            testing::get(addr, "/records?request_key=a"),
+        );
+        assert_eq!(
+            (a.unwrap().status, b.unwrap().status, c.status),
+            (201, 201, 200)
+        );
+        testing::get(addr, "/_sim/stats").await;
+        assert_eq!(sim.stats().peak_in_flight, 3);
     }
 
     #[test]

@@ -23,8 +23,15 @@ pub struct Stats {
     pub duplicates: u64,
     /// Creates answered with an earlier record because of a repeated idempotency key.
     pub replays: u64,
-    /// Lookup requests answered.
+    /// Lookup requests answered (throttled ones included).
     pub lookups: u64,
+    /// Lookup requests answered 429/503 with `Retry-After` (the `lookup_throttle` fault).
+    #[serde(default)]
+    pub lookups_throttled: u64,
+    /// The most create and lookup requests being worked on at once (read whole or not,
+    /// answered or not yet): what a client's limit on requests in flight keeps down.
+    #[serde(default)]
+    pub peak_in_flight: u64,
     /// Connections closed by the `refuse` fault.
     pub refused: u64,
     /// Creates committed, then the connection dropped.
@@ -60,6 +67,10 @@ pub(crate) struct Counters {
     pub(crate) posts: AtomicU64,
     pub(crate) replays: AtomicU64,
     pub(crate) lookups: AtomicU64,
+    pub(crate) lookups_throttled: AtomicU64,
+    /// Create and lookup requests being worked on now, and the most at once.
+    pub(crate) in_flight: AtomicU64,
+    pub(crate) peak_in_flight: AtomicU64,
     pub(crate) refused: AtomicU64,
     pub(crate) dropped: AtomicU64,
     pub(crate) hung: AtomicU64,
@@ -77,6 +88,24 @@ pub(crate) fn bump(counter: &AtomicU64) -> u64 {
     counter.fetch_add(1, Ordering::Relaxed)
 }
 
+/// A create or lookup request being worked on: counted in `in_flight` (and its peak) until
+/// dropped, whatever its ending (answered, dropped, or abandoned by the client).
+pub(crate) struct InFlight<'a>(&'a Counters);
+
+impl<'a> InFlight<'a> {
+    pub(crate) fn start(counters: &'a Counters) -> InFlight<'a> {
+        let now = counters.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        counters.peak_in_flight.fetch_max(now, Ordering::Relaxed);
+        InFlight(counters)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 impl Counters {
     pub(crate) fn snapshot(&self, store: &Store) -> Stats {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -89,6 +118,8 @@ impl Counters {
             duplicates: store.duplicates,
             replays: get(&self.replays),
             lookups: get(&self.lookups),
+            lookups_throttled: get(&self.lookups_throttled),
+            peak_in_flight: get(&self.peak_in_flight),
             refused: get(&self.refused),
             dropped: get(&self.dropped),
             hung: get(&self.hung),

@@ -20,6 +20,7 @@ mod kafka;
 mod layout;
 mod ledger;
 mod log;
+mod lookup_budget;
 mod outage;
 mod paging;
 mod retry;

@@ -4,7 +4,7 @@
 //! tasks apart is refused here.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::header::{HeaderName, HeaderValue};
@@ -25,7 +25,7 @@ use crate::config::{
 };
 use crate::conn::{Endpoint, Pool};
 use crate::error::{Error, Result};
-use crate::limit::SendLimiter;
+use crate::limit::Limiter;
 use crate::template::{self, Template};
 use crate::tls::{self, Tls};
 
@@ -78,11 +78,19 @@ impl Target {
             None => None,
             Some(i) => Some(parse_idempotency(&path, i, &headers)?),
         };
-        check_send_limits(&path, config)?;
+        check_limits(&path, "", config.max_in_flight, config.rate_limit)?;
+        let limiter = Arc::new(Limiter::new(config.max_in_flight, config.rate_limit));
         let retry = parse_retry(&path, config)?;
         let lookup = match &config.lookup {
             None => None,
-            Some(l) => Some(lookup(&path, l, config, connector.as_ref(), &body_fields)?),
+            Some(l) => Some(lookup(
+                &path,
+                l,
+                config,
+                connector.as_ref(),
+                &body_fields,
+                &limiter,
+            )?),
         };
         let (breaker, health) = breaker(&path, name, config, connector.as_ref())?;
 
@@ -105,7 +113,7 @@ impl Target {
             retry,
             lookup,
             pool: Pool::default(),
-            limiter: Arc::new(SendLimiter::new(config.max_in_flight, config.rate_limit)),
+            limiter,
             breaker,
             health,
         })
@@ -223,19 +231,25 @@ fn parse_idempotency(
     Ok((hn, config.ttl, config.margin()))
 }
 
-/// `max_in_flight` and `rate_limit`.
-fn check_send_limits(path: &Path<'_>, config: &TargetConfig) -> Result<()> {
-    if config.max_in_flight == 0 {
+/// `max_in_flight` and `rate_limit`, of the target (`prefix` empty) or of its lookups
+/// (`lookup.limits.`).
+fn check_limits(
+    path: &Path<'_>,
+    prefix: &str,
+    max_in_flight: usize,
+    rate_limit: Option<f64>,
+) -> Result<()> {
+    if max_in_flight == 0 {
         return Err(Error::config(
-            path.at("max_in_flight"),
+            path.at(&format!("{prefix}max_in_flight")),
             "must be at least 1",
         ));
     }
-    if let Some(rate) = config.rate_limit {
+    if let Some(rate) = rate_limit {
         if !(rate.is_finite() && rate > 0.0) {
             return Err(Error::config(
-                path.at("rate_limit"),
-                "must be a positive number of attempts per second",
+                path.at(&format!("{prefix}rate_limit")),
+                "must be a positive number of requests per second",
             ));
         }
     }
@@ -548,12 +562,15 @@ fn check_lookup_identity(
     Ok(())
 }
 
+/// The target's lookup, checked; its lookups take their room from `limiter` (the target's)
+/// unless `lookup.limits` gives them their own.
 fn lookup(
     path: &Path<'_>,
     l: &LookupConfig,
     target: &TargetConfig,
     connector: Option<&TlsConnector>,
     body_fields: &[(String, Template)],
+    limiter: &Arc<Limiter>,
 ) -> Result<Lookup> {
     let (url, endpoint) = endpoint(path, "lookup.url", &l.url, target, connector)?;
     check_lookup_identity(path, &url, body_fields)?;
@@ -589,7 +606,16 @@ fn lookup(
             "must not be shorter than lookup.first_check",
         ));
     }
+    let limiter = match &l.limits {
+        None => limiter.clone(),
+        Some(own) => {
+            check_limits(path, "lookup.limits.", own.max_in_flight, own.rate_limit)?;
+            Arc::new(Limiter::new(own.max_in_flight, own.rate_limit))
+        }
+    };
     Ok(Lookup {
+        limiter,
+        throttled_until: Mutex::new(None),
         url,
         endpoint,
         results_pointer: l.results_pointer.clone(),

@@ -2,22 +2,30 @@
 //! for a task (following the pages of its answer as `paging.rs` says), and `select` keeps
 //! those that match the task (the filters, with numbers compared by exact value, and
 //! `created_after_intent`). An error is no evidence either way.
+//!
+//! A lookup takes its room as an attempt does, from the target's limiter or from its own
+//! (`lookup.limits`): a slot of `max_in_flight` held for all its pages, and a turn of
+//! `rate_limit` for each page. A page answered 429, or 503 with `Retry-After`, holds the
+//! target's next lookups until the delay has passed (waited for before the slot is taken). A
+//! lookup waits for all of that (without holding a thread) at most the target's
+//! `request_timeout` in all, then fails unsent: [`Error::LookupNotSent`], no evidence.
 
-use std::time::UNIX_EPOCH;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
-use http::Method;
+use http::{Method, StatusCode};
 use sendledger_core::{AcceptedRequest, TraceParent};
 use serde_json::Value;
-use tracing::debug;
+use tokio::time::Instant;
+use tracing::{debug, info};
 
 use super::paging::Page;
 use super::{millis, Lookup, Target};
-use crate::classify::id_text;
+use crate::classify::{self, id_text};
 use crate::config::TimeFormat;
 use crate::conn::Failure;
-use crate::error::{Error, Result};
+use crate::error::{whole_millis, Error, Result};
 
 impl Target {
     /// The URL a lookup of this task asks (the target's lookup template rendered for it), or
@@ -51,6 +59,9 @@ impl Target {
 
     /// [`Target::lookup`], sending `trace` as the `traceparent` header when the target has
     /// `propagate_trace` set (never otherwise), as attempts do.
+    ///
+    /// The lookup first takes its room (see the module's documentation); when there is none
+    /// within `request_timeout` it fails with [`Error::LookupNotSent`], nothing sent.
     pub async fn lookup_traced(
         &self,
         request: &AcceptedRequest,
@@ -73,6 +84,13 @@ impl Target {
             .render_url(request, &payload)
             .map_err(render_err)?;
         let answer_err = |reason: String| self.unusable(reason);
+        let by = Instant::now() + lookup.endpoint.request_timeout;
+        // A throttled remote is waited for before the slot is taken: the wait holds no room
+        // an attempt could use.
+        self.retry_after_passed(lookup, by).await?;
+        let _slot = tokio::time::timeout_at(by, lookup.limiter.slot())
+            .await
+            .map_err(|_| self.not_sent(lookup, "every slot of max_in_flight stayed taken"))?;
         let mut ids: Vec<String> = Vec::new();
         let mut next = Some(
             lookup
@@ -92,6 +110,7 @@ impl Target {
                 },
                 None => error,
             };
+            self.page_turn(lookup, by).await.map_err(at_page)?;
             let (doc, headers) = self
                 .lookup_page(lookup, &at, trace)
                 .await
@@ -126,6 +145,51 @@ impl Target {
         Ok(ids)
     }
 
+    /// Waits until a page may be asked: past the remote's `Retry-After` and at the rate's turn,
+    /// by `by` at the latest; otherwise the lookup is not sent.
+    async fn page_turn(&self, lookup: &Lookup, by: Instant) -> Result<()> {
+        self.retry_after_passed(lookup, by).await?;
+        if !lookup.limiter.turn(Some(by)).await {
+            return Err(self.not_sent(lookup, "the next turn of rate_limit comes later"));
+        }
+        Ok(())
+    }
+
+    /// Waits until the `Retry-After` of the target's latest throttled lookup has passed, if it
+    /// does by `by`; otherwise the lookup is not sent.
+    async fn retry_after_passed(&self, lookup: &Lookup, by: Instant) -> Result<()> {
+        let until = *lookup
+            .throttled_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let Some(until) = until.filter(|until| *until > Instant::now()) else {
+            return Ok(());
+        };
+        if until > by {
+            let left = until.saturating_duration_since(Instant::now());
+            return Err(self.not_sent(
+                lookup,
+                &format!(
+                    "the remote's Retry-After ends in {}",
+                    humantime::format_duration(whole_millis(left))
+                ),
+            ));
+        }
+        tokio::time::sleep_until(until).await;
+        Ok(())
+    }
+
+    /// A lookup not sent for want of room within its `request_timeout`, and why.
+    fn not_sent(&self, lookup: &Lookup, why: &str) -> Error {
+        Error::LookupNotSent {
+            target: self.name.clone(),
+            reason: format!(
+                "no room for it within request_timeout ({}): {why}",
+                humantime::format_duration(lookup.endpoint.request_timeout)
+            ),
+        }
+    }
+
     /// One `GET` of a lookup: the answer's JSON and headers, or why there is none.
     async fn lookup_page(
         &self,
@@ -155,10 +219,34 @@ impl Target {
         if !answer.status.is_success() {
             let text = String::from_utf8_lossy(&body);
             let detail: String = text.trim().chars().take(512).collect();
-            return Err(Error::LookupStatus {
-                target: self.name.clone(),
-                status: answer.status.as_u16(),
-                detail: self.scrub(detail),
+            let detail = self.scrub(detail);
+            let target = self.name.clone();
+            let status = answer.status.as_u16();
+            let retry_after = classify::retry_after(&answer.headers, SystemTime::now())
+                .map(|d| d.min(self.rules.max_retry_after));
+            if answer.status != StatusCode::TOO_MANY_REQUESTS
+                && !(answer.status == StatusCode::SERVICE_UNAVAILABLE && retry_after.is_some())
+            {
+                return Err(Error::LookupStatus {
+                    target,
+                    status,
+                    detail,
+                });
+            }
+            if let Some(delay) = retry_after {
+                let until = Instant::now() + delay;
+                let mut held = lookup
+                    .throttled_until
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                *held = Some(held.map_or(until, |held| held.max(until)));
+                info!(target_name = %self.name, status, retry_after_ms = millis(delay), "lookup throttled: the target's next lookups wait");
+            }
+            return Err(Error::LookupThrottled {
+                target,
+                status,
+                retry_after,
+                detail,
             });
         }
         let doc: Value =

@@ -1,14 +1,15 @@
 //! A validated target: attempts, lookups and the policy handed to the core crate.
 //!
 //! This file holds [`Target`] and [`Targets`], what the core crate reads of a target (its name,
-//! send limits, breaker and [`Policy`]), the room an attempt reserves before its intent
+//! limits, breaker and [`Policy`]), the room an attempt reserves before its intent
 //! ([`Target::reserve`]: the breaker's admission, a send slot, the connection) and the HTTP
 //! request that attempts and lookups share (configured headers, `traceparent`). The rest is one file per concern:
 //! - `build.rs`: building and validating a target from its configuration
 //!   ([`Target::from_config`]); errors name the field and never contain a header value;
 //! - `attempt.rs`: one attempt and its classification by what its ending proves
 //!   ([`Target::execute`]; answers are read by `classify.rs`);
-//! - `lookup.rs`: lookups ([`Target::lookup`]) and matching their records against the task;
+//! - `lookup.rs`: lookups ([`Target::lookup`]): the room each takes (the target's limits or
+//!   its own, the remote's `Retry-After`) and matching their records against the task;
 //! - `paging.rs`: following the pages of a lookup's answer (`lookup.paging`: a next URL in the
 //!   body, the `Link` header, or a page number), never off the lookup's own origin;
 //! - `redact.rs`: secret redaction, so header values never show in logs, outcomes, errors or
@@ -21,7 +22,7 @@ mod paging;
 mod redact;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -38,7 +39,7 @@ use crate::config::{CreatedAfterConfig, TargetConfig};
 use crate::conn::Failure;
 use crate::conn::{Endpoint, Pool};
 use crate::error::{Error, Result};
-use crate::limit::{SendLimiter, SendSlot};
+use crate::limit::{Limiter, SendSlot};
 use crate::template::Template;
 
 /// A remote endpoint, validated and ready: [`Target::execute`] performs attempts,
@@ -63,7 +64,7 @@ pub struct Target {
     retry: RetryPolicy,
     lookup: Option<Lookup>,
     pool: Pool,
-    limiter: Arc<SendLimiter>,
+    limiter: Arc<Limiter>,
     breaker: Option<Arc<Breaker>>,
     /// The breaker's health request: its URL and where it goes.
     health: Option<(String, Endpoint)>,
@@ -90,6 +91,10 @@ struct Lookup {
     /// How to read an answer in pages; `None`: the first answer is the whole answer.
     paging: Option<paging::Paging>,
     policy: ReconcilePolicy,
+    /// Where lookups take their room: the target's limiter, or their own (`lookup.limits`).
+    limiter: Arc<Limiter>,
+    /// No lookup is sent before this: the end of the latest throttled lookup's `Retry-After`.
+    throttled_until: Mutex<Option<tokio::time::Instant>>,
 }
 
 /// Every configured target by name.
