@@ -9,10 +9,11 @@
 
 use std::time::Duration;
 
-use sendledger_tests::outage::{run, Outage, OutageReport, OutageRun};
+use sendledger_tests::outage::{run, Outage, OutageReport, OutageRun, Remote};
 
-async fn outage(kind: Outage) -> OutageReport {
+async fn outage(remote: Remote, kind: Outage) -> OutageReport {
     let report = run(&OutageRun {
+        remote,
         kind,
         tasks: 240,
         submit_for: Duration::from_secs(12),
@@ -22,7 +23,10 @@ async fn outage(kind: Outage) -> OutageReport {
         settle_within: Duration::from_secs(30),
     })
     .await;
-    eprintln!("{kind:?}: {}", serde_json::to_string(&report).unwrap());
+    eprintln!(
+        "{remote:?} {kind:?}: {}",
+        serde_json::to_string(&report).unwrap()
+    );
     assert_eq!(report.duplicates, 0, "{report:?}");
     assert_eq!(report.wrong_remote_id, 0, "{report:?}");
     assert_eq!(
@@ -50,21 +54,47 @@ async fn outage(kind: Outage) -> OutageReport {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_with_refused_connections_becomes_a_delay() {
-    let report = outage(Outage::Refused).await;
+    let report = outage(Remote::Sim, Outage::Refused).await;
     assert_eq!(report.posts_during_outage, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_that_drops_each_post_becomes_a_delay() {
-    outage(Outage::Dropped).await;
+    outage(Remote::Sim, Outage::Dropped).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_that_answers_503_becomes_a_delay() {
-    outage(Outage::Unavailable).await;
+    outage(Remote::Sim, Outage::Unavailable).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_that_hangs_each_post_becomes_a_delay() {
-    outage(Outage::Hung).await;
+    outage(Remote::Sim, Outage::Hung).await;
+}
+
+// The same against a real HTTP server in a separate process: json-server (installed by
+// `scripts/prereqs`) behind a fault proxy that refuses connections, or drops, answers 503 to,
+// or hangs each POST (forwarding none of them) while GETs, the lookups, pass. Records and
+// duplicates are counted from json-server's own store.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_server_behind_refused_connections_becomes_a_delay() {
+    let report = outage(Remote::JsonServer, Outage::Refused).await;
+    assert_eq!(report.posts_during_outage, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_server_with_each_post_dropped_becomes_a_delay() {
+    outage(Remote::JsonServer, Outage::Dropped).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_server_with_each_post_answered_503_becomes_a_delay() {
+    outage(Remote::JsonServer, Outage::Unavailable).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_server_with_each_post_hung_becomes_a_delay() {
+    outage(Remote::JsonServer, Outage::Hung).await;
 }
