@@ -90,8 +90,14 @@ pub struct OutageReport {
     pub wrong_remote_id: usize,
     /// POSTs the remote (for json-server: its proxy) received while it was down.
     pub posts_during_outage: u64,
-    /// From the remote's return until every task settled (or the run gave up).
+    /// From the remote's return until every task settled (or the run gave up); tasks submitted
+    /// after the return included.
     pub drain_ms: u64,
+    /// From the remote's return until every task submitted before it settled (or the run gave
+    /// up): what the outage cost once the remote was back.
+    pub settled_after_return_ms: u64,
+    /// Tasks submitted before the remote's return.
+    pub tasks_before_return: usize,
     /// Waits recorded before an intent (`SendDeferred`), and tasks with at least one.
     pub waits: usize,
     pub tasks_that_waited: usize,
@@ -141,6 +147,7 @@ pub async fn run(run: &OutageRun) -> OutageReport {
     let (mut down, mut back) = (false, None);
     let mut posts_before = 0;
     let mut posts_during_outage = 0;
+    let mut settling = None;
     for (i, key) in keys.iter().enumerate() {
         let elapsed = started.elapsed();
         if !down && elapsed >= run.outage_at {
@@ -151,7 +158,9 @@ pub async fn run(run: &OutageRun) -> OutageReport {
         if down && back.is_none() && elapsed >= run.outage_at + run.outage_for {
             posts_during_outage = remote.posts() - posts_before;
             remote.end(run.kind).await;
-            back = Some(Instant::now());
+            let at = Instant::now();
+            back = Some(at);
+            settling = Some(watch_settle(&engine, &keys[..i], at, run.settle_within));
         }
         engine
             .submit(request(key), source(i as i64))
@@ -167,9 +176,12 @@ pub async fn run(run: &OutageRun) -> OutageReport {
         }
         posts_during_outage = remote.posts() - posts_before;
         remote.end(run.kind).await;
-        back = Some(Instant::now());
+        let at = Instant::now();
+        back = Some(at);
+        settling = Some(watch_settle(&engine, &keys, at, run.settle_within));
     }
     let back = back.expect("the remote came back");
+    let settling = settling.expect("watched since the return");
     let give_up = back + run.settle_within;
     let mut report = OutageReport {
         remote: Some(run.remote),
@@ -189,6 +201,8 @@ pub async fn run(run: &OutageRun) -> OutageReport {
         }
     }
     report.drain_ms = back.elapsed().as_millis() as u64;
+    (report.tasks_before_return, report.settled_after_return_ms) =
+        settling.await.expect("the watch ends");
     let records = remote.records().await;
     report.records = records.values().map(Vec::len).sum();
     for (key, state) in &states {
@@ -226,6 +240,30 @@ pub async fn run(run: &OutageRun) -> OutageReport {
     engine.shutdown(Duration::from_secs(5)).await;
     remote.shutdown().await;
     report
+}
+
+/// Watches, from the remote's return at `back`, the tasks of `keys` (those submitted before
+/// it) until each settled or `within` passed: their number, and the milliseconds from `back`
+/// until the last of them settled.
+fn watch_settle(
+    engine: &sendledger_actors::Engine,
+    keys: &[String],
+    back: Instant,
+    within: Duration,
+) -> tokio::task::JoinHandle<(usize, u64)> {
+    let engine = engine.clone();
+    let keys = keys.to_vec();
+    tokio::spawn(async move {
+        let give_up = back + within;
+        for key in &keys {
+            while !settled(&engine.state(task_id(key)).await.expect("read task"))
+                && Instant::now() <= give_up
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        (keys.len(), back.elapsed().as_millis() as u64)
+    })
 }
 
 /// The remote of a run, and how its outage is made.

@@ -113,6 +113,10 @@ async fn before_and_after(remote: Remote) {
                 assert_eq!(report.failed, 0, "{kind:?}: {report:?}");
                 assert!(report.manual_review <= 5, "{kind:?}: {report:?}");
                 assert!(
+                    report.settled_after_return_ms <= 30_000,
+                    "{kind:?}: every task submitted before the return settled within 30 s of it: {report:?}"
+                );
+                assert!(
                     report.drain_ms
                         <= (submit_for - outage_at - outage_for).as_millis() as u64 + 30_000,
                     "{kind:?}: every task settled within 30 s of the last submission: {report:?}"
@@ -128,11 +132,11 @@ async fn before_and_after(remote: Remote) {
         }
     }
     println!("{remote:?}:");
-    println!("| outage | breaker | succeeded | failed | manual review | unsettled | duplicates | POSTs during outage | tasks that waited | breaker opened | transitions to open / half-open / closed | drain after recovery |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| outage | breaker | succeeded | failed | manual review | unsettled | duplicates | POSTs during outage | tasks that waited | breaker opened | transitions to open / half-open / closed | settled after the return | drain after recovery |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (kind, breaker, r, moved) in rows {
         println!(
-            "| {kind:?} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} / {} | {:.1} s |",
+            "| {kind:?} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} / {} | {:.1} s | {:.1} s |",
             if breaker { "on" } else { "off" },
             r.succeeded,
             r.failed,
@@ -145,6 +149,7 @@ async fn before_and_after(remote: Remote) {
             moved["open"],
             moved["half_open"],
             moved["closed"],
+            r.settled_after_return_ms as f64 / 1000.0,
             r.drain_ms as f64 / 1000.0
         );
     }
