@@ -366,7 +366,7 @@ impl Backend {
 pub struct JsonServer {
     child: Child,
     addr: SocketAddr,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 /// Where json-server is: `SENDLEDGER_JSON_SERVER`, else `node_modules/.bin/json-server` under
@@ -419,17 +419,13 @@ impl JsonServer {
                 )
             });
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-        let mut server = JsonServer {
-            child,
-            addr,
-            _dir: dir,
-        };
+        let mut server = JsonServer { child, addr, dir };
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if crate::http::get(&addr.to_string(), "/orders", Duration::from_secs(1)).is_some() {
                 return server;
             }
-            let log = std::fs::read_to_string(server._dir.path().join("json-server.log"))
+            let log = std::fs::read_to_string(server.dir.path().join("json-server.log"))
                 .unwrap_or_default();
             if let Ok(Some(status)) = server.child.try_wait() {
                 panic!("json-server exited ({status}) before answering:\n{log}");
