@@ -28,3 +28,14 @@ libclang_present() {
     eval "$nullglob"
     return 1
 }
+
+# json_server_present PREFIX VERSION: succeeds when PREFIX (an npm prefix) holds json-server
+# VERSION, installed by `npm install --prefix PREFIX json-server@VERSION`: its package.json
+# names that version and its command is linked in node_modules/.bin.
+json_server_present() {
+    local prefix=${1%/} version=$2
+    local manifest="$prefix/node_modules/json-server/package.json"
+    [ -x "$prefix/node_modules/.bin/json-server" ] || return 1
+    [ -f "$manifest" ] || return 1
+    grep -Eq "^[[:space:]]*\"version\"[[:space:]]*:[[:space:]]*\"${version//./\\.}\"" "$manifest"
+}

@@ -16,7 +16,9 @@
 //!   the timeline of who owned which partition when (read from their logs), a steady stream of
 //!   requests, a follower of the results topic, and the check that every task settled once;
 //! - [`outage`]: a remote that goes down in the middle of a stream of tasks, and what the
-//!   tasks end as;
+//!   tasks end as, against the simulated remote or json-server, a real HTTP server;
+//! - [`fault_proxy`]: a proxy in front of a real HTTP server, switched at run time between
+//!   passing and refusing connections, dropping, 503-ing or hanging each POST;
 //! - [`http`]: one HTTP request to the admin endpoint or the simulated remote;
 //! - [`process`]: a command that must succeed, `sendledger run` up to its `ready` line;
 //! - [`browser`]: a headless Chromium driven through the DevTools protocol.
@@ -29,6 +31,7 @@ use sendledger_core::{EventBody, NewEvent, TaskId};
 pub mod browser;
 pub mod cluster;
 pub mod effects;
+pub mod fault_proxy;
 pub mod http;
 pub mod kafka;
 pub mod outage;
