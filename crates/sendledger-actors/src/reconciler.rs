@@ -10,10 +10,11 @@
 //! target's next lookups wait, 1 s after the first failure, then one lookup probes, and each
 //! failed probe doubles the wait up to 30 s, until one answers. A remote that is down is not asked once per unknown task
 //! per check interval; each task's observation window runs on meanwhile (a failed lookup is no
-//! evidence either way), and the other targets' lookups are not held up. The remote's
-//! `Retry-After` on a lookup, and the target's limits, are kept where lookups are sent (the
+//! evidence either way), and the other targets' lookups are not held up. A lookup the remote
+//! throttled (429, or 503 with `Retry-After`) backs its target off for at least that delay. The
+//! target's limits, and the same `Retry-After`, are also kept where lookups are sent (the
 //! `Remote`; over HTTP, `sendledger-effects`' `Target::lookup`): no lookup reaches a target
-//! before the delay its latest throttled lookup was given, whatever this backoff allows.
+//! before the delay its latest throttled lookup was given.
 //!
 //! Metric: `sendledger_lookups_total{outcome="none|one|several|error"}` (lookups ended, by how
 //! many records matched, or the lookup's own failure).
@@ -116,20 +117,30 @@ impl Reconciler {
     /// A lookup of `target` answered (it may still have found nothing), or failed. Failures of
     /// lookups that were already running when the target backed off do not back it off
     /// further: only the lookup that probes after a backoff doubles it.
-    fn lookup_ended(&mut self, target: &str, transient_failure: bool) {
+    /// A remote's `Retry-After` is a floor on the wait, whichever lookup brought it.
+    fn lookup_ended(
+        &mut self,
+        target: &str,
+        transient_failure: bool,
+        retry_after: Option<Duration>,
+    ) {
         let probed = self.probing.remove(target);
         if !transient_failure {
             self.backoff.remove(target);
             return;
         }
         let now = Instant::now();
+        let floor = retry_after.map(|d| now + d);
         if self.backed_off(target, now) || (!probed && self.backoff.contains_key(target)) {
+            if let (Some(floor), Some((until, _))) = (floor, self.backoff.get_mut(target)) {
+                *until = (*until).max(floor);
+            }
             return;
         }
         let previous = self.backoff.get(target).map(|(_, backoff)| *backoff);
         let backoff = previous.map_or(LOOKUP_BACKOFF_FIRST, |b| (b * 2).min(LOOKUP_BACKOFF_MAX));
-        self.backoff
-            .insert(target.to_string(), (now + backoff, backoff));
+        let until = floor.map_or(now + backoff, |floor| floor.max(now + backoff));
+        self.backoff.insert(target.to_string(), (until, backoff));
     }
 
     fn pump(&mut self, ctx: &mut Context<Self>) {
@@ -176,7 +187,11 @@ impl Reconciler {
                 };
                 span.record("outcome", outcome);
                 drop(span);
-                act.lookup_ended(&target, matches!(&result, Err(e) if e.is_transient()));
+                let (transient, retry_after) = match &result {
+                    Err(e) => (e.is_transient(), e.retry_after()),
+                    Ok(_) => (false, None),
+                };
+                act.lookup_ended(&target, transient, retry_after);
                 metrics::counter!(crate::metric_definitions::LOOKUPS_TOTAL, "outcome" => outcome).increment(1);
                 act.registry.do_send(Route { task_id, input: TaskInput::Lookup { attempt, asked_at, result } });
                 act.pump(ctx);

@@ -14,6 +14,7 @@ use sendledger_core::{AcceptedRequest, BoxFuture, Policy, TraceParent};
 pub struct LookupError {
     message: String,
     transient: bool,
+    retry_after: Option<std::time::Duration>,
 }
 
 impl LookupError {
@@ -24,7 +25,18 @@ impl LookupError {
         LookupError {
             message: message.into(),
             transient,
+            retry_after: None,
         }
+    }
+
+    /// The remote asked for no lookup before this long (`Retry-After` on a 429, or a 503).
+    pub fn with_retry_after(mut self, retry_after: Option<std::time::Duration>) -> LookupError {
+        self.retry_after = retry_after;
+        self
+    }
+
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        self.retry_after
     }
 
     /// Whether asking again may answer. Either way the task asks again at its next check until

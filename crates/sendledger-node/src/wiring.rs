@@ -127,7 +127,10 @@ impl Remote for HttpRemote {
             target
                 .lookup_traced(&request, Some(since), trace)
                 .await
-                .map_err(|e| LookupError::new(e.to_string(), e.is_transient()))
+                .map_err(|e| {
+                    LookupError::new(e.to_string(), e.is_transient())
+                        .with_retry_after(e.retry_after())
+                })
         })
     }
 }
