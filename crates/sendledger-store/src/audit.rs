@@ -42,6 +42,7 @@ use crate::error::Result;
 use crate::keys::*;
 use crate::ledger::Ledger;
 use crate::summary::TaskSummary;
+use crate::task_index::IndexEntry;
 
 /// How often `progress` is called, in events.
 const PROGRESS_EVERY: u64 = 100_000;
@@ -170,6 +171,18 @@ impl Fingerprint {
         self.count += 1;
         self.sum = self.sum.wrapping_add(mix(h));
     }
+
+    /// One task index entry, key and value.
+    fn add_entry(&mut self, key: &[u8], value: &[u8]) {
+        let mut h = mix(key.len() as u64);
+        for chunk in key.chunks(8).chain(value.chunks(8)) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            h = mix(h ^ u64::from_le_bytes(word));
+        }
+        self.count += 1;
+        self.sum = self.sum.wrapping_add(mix(h));
+    }
 }
 
 /// SplitMix64's finalizer.
@@ -206,10 +219,13 @@ pub fn audit(
     // others at once.
     let (raw_tx, raw_rx) = mpsc::sync_channel::<Raw>(8);
     let (tx, rx) = mpsc::sync_channel::<Batch>(8);
-    let (scan, decoded, index_print) = std::thread::scope(|s| {
+    let (scan, decoded, index_print, expected_task_index) = std::thread::scope(|s| {
         let reader = s.spawn(|| read_log(ledger, &snapshot, raw_tx));
         let decoder = s.spawn(|| decode_log(raw_rx, tx));
-        let index = s.spawn(|| index_fingerprint(ledger, &snapshot));
+        let index = s.spawn(|| {
+            let events = index_fingerprint(ledger, &snapshot)?;
+            Ok::<_, crate::Error>((events, task_index_fingerprint(ledger, &snapshot)?))
+        });
         // The reader and the decoder fill their queues meanwhile.
         let checked = Summaries::read(ledger, &snapshot).and_then(|summaries| {
             check_unsettled(ledger, &snapshot, &summaries, &mut report)?;
@@ -224,8 +240,9 @@ pub fn audit(
         let scan = reader.join().expect("the log reader does not panic");
         let decoded = decoder.join().expect("the decoder does not panic");
         let index = index.join().expect("the index scan does not panic");
-        checked?;
-        Ok::<_, crate::Error>((scan?, decoded, index?))
+        let expected = checked?;
+        let (index, task_index) = index?;
+        Ok::<_, crate::Error>((scan?, decoded, index, (expected, task_index)))
     })?;
     report.events = scan.entries;
     // Damage to the log first, then what the tasks broke.
@@ -238,6 +255,17 @@ pub fn audit(
             &decoded.undecodable,
             &mut report,
         )?;
+    }
+    match expected_task_index {
+        (_, None) => report.skipped_checks.push(
+            "index-consistent (task index): a ledger of format 2 or older has no task index \
+             (the service builds it when it opens the ledger)"
+                .into(),
+        ),
+        (expected, Some(found)) if expected != found => {
+            compare_task_index(ledger, &snapshot, expected, found, &mut report)?
+        }
+        _ => {}
     }
     Ok(report)
 }
@@ -365,7 +393,8 @@ impl Check<'_> {
         rx: mpsc::Receiver<Batch>,
         report: &mut AuditReport,
         progress: &mut impl FnMut(u64),
-    ) -> Result<()> {
+    ) -> Result<Fingerprint> {
+        let mut task_index = Fingerprint::default();
         // Boxed: a task's state is large, and the map moves its entries as it grows and shrinks.
         let mut open: TaskMap<Box<Open>> = TaskMap::default();
         let mut reported = 0;
@@ -391,7 +420,7 @@ impl Check<'_> {
                 entry.last_lsn = event.lsn;
                 if entry.complete() {
                     let done = open.remove(&task).expect("present");
-                    close(task, done, report);
+                    close(task, done, report, &mut task_index);
                 }
             }
             if batch.entries / PROGRESS_EVERY > reported {
@@ -403,9 +432,9 @@ impl Check<'_> {
         let mut rest: Vec<_> = open.into_iter().collect();
         rest.sort_unstable_by_key(|(task, _)| *task);
         for (task, done) in rest {
-            close(task, done, report);
+            close(task, done, report, &mut task_index);
         }
-        Ok(())
+        Ok(task_index)
     }
 
     /// Opens a task at `event` with its summary, and its earlier events when `event` is not its
@@ -457,7 +486,9 @@ impl Check<'_> {
     }
 }
 
-fn close(task: TaskId, done: Box<Open>, report: &mut AuditReport) {
+/// Checks a task's summary against the fold of its events, and adds the task index entry the
+/// fold calls for to `task_index`.
+fn close(task: TaskId, done: Box<Open>, report: &mut AuditReport, task_index: &mut Fingerprint) {
     let summary = done.summary;
     let mut scratch = AuditReport::default();
     let counts = if done.reopened {
@@ -466,6 +497,9 @@ fn close(task: TaskId, done: Box<Open>, report: &mut AuditReport) {
         &mut *report
     };
     let state = done.audit.finish(counts);
+    if let Some(entry) = IndexEntry::of(&state) {
+        task_index.add_entry(&entry.key(task), &entry.value());
+    }
     if summary.is_some_and(|s| s.phase == state.phase && s.next_seq == state.next_seq) {
         return;
     }
@@ -581,6 +615,85 @@ fn index_fingerprint(ledger: &Ledger, snapshot: &Snapshot) -> Result<Fingerprint
     }
     it.status()?;
     Ok(print)
+}
+
+/// The task index's fingerprint; none for a ledger without one.
+fn task_index_fingerprint(ledger: &Ledger, snapshot: &Snapshot) -> Result<Option<Fingerprint>> {
+    let Some(cf) = ledger.db().cf_handle(CF_TASK_INDEX) else {
+        return Ok(None);
+    };
+    let mut print = Fingerprint::default();
+    let mut it = snapshot.raw_iterator_cf_opt(cf, scan_options());
+    it.seek_to_first();
+    while let (Some(k), Some(v)) = (it.key(), it.value()) {
+        print.add_entry(k, v);
+        it.next();
+    }
+    it.status()?;
+    Ok(Some(print))
+}
+
+/// The slow comparison, when the task index's fingerprint differs from the folds': each entry
+/// is checked against the fold of its task's events, naming the tasks whose entry is wrong;
+/// entries missing altogether are counted.
+fn compare_task_index(
+    ledger: &Ledger,
+    snapshot: &Snapshot,
+    expected: Fingerprint,
+    found: Fingerprint,
+    report: &mut AuditReport,
+) -> Result<()> {
+    let mut finding = |task: Option<TaskId>, detail: String| {
+        report.violations.push(Finding::integrity(
+            Integrity::IndexConsistent,
+            task,
+            vec![],
+            detail,
+        ))
+    };
+    let cf = ledger.db().cf_handle(CF_TASK_INDEX).expect("fingerprinted");
+    // Tasks whose entry is right, and tasks that have an entry, right or wrong.
+    let (mut right, mut listed) = (0u64, 0u64);
+    for item in snapshot.iterator_cf(cf, IteratorMode::Start) {
+        let (k, v) = item?;
+        let Some((task, entry)) = IndexEntry::decode(&k, &v) else {
+            finding(None, format!("malformed task index entry {k:02x?}"));
+            continue;
+        };
+        let state = sendledger_core::fold(&ledger.task_events(task)?);
+        let wanted = IndexEntry::of(&state);
+        listed += u64::from(wanted.is_some());
+        match wanted {
+            Some(wanted) if wanted == entry => right += 1,
+            wanted => finding(
+                Some(task),
+                format!(
+                    "the task index lists task {task} as {} since {} at {}, but its events say {}",
+                    entry.phase.name(),
+                    entry.since,
+                    entry.target,
+                    wanted.map_or("it has no entry".into(), |w| format!(
+                        "{} since {}",
+                        w.phase.name(),
+                        w.since
+                    ))
+                ),
+            ),
+        }
+    }
+    if listed < expected.count {
+        finding(
+            None,
+            format!(
+                "{} task(s) are missing from the task index ({} entries, {} tasks to index, \
+                 {right} of them right): lists and bulk retries do not see them",
+                expected.count - listed,
+                found.count,
+                expected.count
+            ),
+        );
+    }
+    Ok(())
 }
 
 /// The slow comparison, when the fingerprints differ: every index entry is looked up in the

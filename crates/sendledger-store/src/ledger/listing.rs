@@ -242,4 +242,51 @@ mod tests {
             [running, a, b, c]
         );
     }
+
+    /// The audit checks the task index against the fold of every task: clean as written; a
+    /// stale entry is named, a missing one counted.
+    #[test]
+    fn the_audit_finds_a_task_index_that_disagrees_with_the_events() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(dir.path(), crate::LedgerOptions::default()).unwrap();
+        let a = append_task(&ledger, "a", "pay", 100, failed_connect());
+        let b = append_task(&ledger, "b", "pay", 200, vec![]);
+        let report = crate::audit(&ledger, Default::default(), |_| {}).unwrap();
+        assert!(report.is_clean(), "{:?}", report.violations);
+
+        let cf = ledger.db().cf_handle(CF_TASK_INDEX).unwrap();
+        let entry = |task| {
+            let page = ledger
+                .list_tasks(&TaskQuery {
+                    limit: 10,
+                    ..TaskQuery::default()
+                })
+                .unwrap();
+            page.tasks.into_iter().find(|(t, _)| *t == task).unwrap().1
+        };
+        // Task a listed as still retrying, task b's entry gone.
+        let (a_entry, b_entry) = (entry(a), entry(b));
+        let stale = IndexEntry {
+            phase: Phase::RetryWait,
+            failure: None,
+            ..a_entry.clone()
+        };
+        ledger.db().delete_cf(cf, a_entry.key(a)).unwrap();
+        ledger.db().put_cf(cf, stale.key(a), stale.value()).unwrap();
+        ledger.db().delete_cf(cf, b_entry.key(b)).unwrap();
+        let report = crate::audit(&ledger, Default::default(), |_| {}).unwrap();
+        let found: Vec<_> = report
+            .violations
+            .iter()
+            .map(|f| (f.rule, f.task_id.clone(), f.detail.clone()))
+            .collect();
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert_eq!(found[0].0, "index-consistent");
+        assert_eq!(found[0].1, Some(a.to_string()));
+        assert!(
+            found[0].2.contains("retry_wait") && found[0].2.contains("failed"),
+            "{found:?}"
+        );
+        assert!(found[1].2.contains("1 task(s) are missing"), "{found:?}");
+    }
 }
