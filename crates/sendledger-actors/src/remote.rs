@@ -4,7 +4,7 @@
 
 use sendledger_core::decide::{AttemptOutcome, Sending};
 use sendledger_core::event::Millis;
-use sendledger_core::{AcceptedRequest, BoxFuture, Policy, TraceParent};
+use sendledger_core::{AcceptedRequest, BoxFuture, Policy, RetryClass, TraceParent};
 
 /// Why a lookup told nothing: no evidence either way. Its message is what the task records
 /// about it (`ReviewReason::LookupsFailed { last_error }` when the window closes on it), so it
@@ -78,7 +78,12 @@ pub trait Remote: Send + Sync + 'static {
     /// Waits for room to send one attempt to `target` (its limits on attempts in flight and
     /// per second), or says that the target takes none now (its breaker is open). A task takes
     /// it before it records the attempt's intent. Unlimited unless the remote says otherwise.
-    fn reserve(&self, _target: &str) -> BoxFuture<Result<Slot, Unavailable>> {
+    /// `retry_of`: the class of "not sent" this attempt retries, whose own timeout may apply.
+    fn reserve(
+        &self,
+        _target: &str,
+        _retry_of: Option<RetryClass>,
+    ) -> BoxFuture<Result<Slot, Unavailable>> {
         Box::pin(std::future::ready(Ok(Box::new(()) as Slot)))
     }
 

@@ -200,7 +200,7 @@ impl TaskActor {
             // it, which then spends one unit of the target's rate): room at the target first,
             // then the decision, from the time the room was found.
             let target = request.target.clone();
-            let reserve = self.shared.remote.reserve(&target);
+            let reserve = self.shared.remote.reserve(&target, self.state.retry_of());
             return Box::pin(reserve.into_actor(self).then(move |room, act, _| {
                 act.take_room(&target, room);
                 act.decide_and_append(input)
@@ -275,7 +275,7 @@ impl TaskActor {
             // task with no request yet took its room before its first decision, above.)
             if let Some(request) = &self.state.request {
                 let target = request.target.clone();
-                let reserve = self.shared.remote.reserve(&target);
+                let reserve = self.shared.remote.reserve(&target, self.state.retry_of());
                 return Box::pin(reserve.into_actor(self).then(move |room, act, _| {
                     act.take_room(&target, room);
                     act.decide_and_append(again)

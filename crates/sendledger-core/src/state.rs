@@ -384,6 +384,20 @@ impl State {
         }
     }
 
+    /// The class of "not sent" the task's next attempt retries: set while it waits to retry an
+    /// attempt that was not sent for a class of reason (not for this process's own).
+    pub fn retry_of(&self) -> Option<RetryClass> {
+        if self.phase != Phase::RetryWait {
+            return None;
+        }
+        match self.last_not_sent? {
+            FailureKind::Connect => Some(RetryClass::Connect),
+            FailureKind::Throttled => Some(RetryClass::Throttled),
+            FailureKind::ServerError => Some(RetryClass::ServerError),
+            FailureKind::LocalResources | FailureKind::Operator => None,
+        }
+    }
+
     /// Whether the task can be retried now, and why not: only a failed task none of whose
     /// attempts may have reached the remote (every one proven not sent).
     pub fn retryable(&self) -> Result<(), &'static str> {

@@ -252,6 +252,11 @@ pub struct RetryClassConfig {
     pub max_backoff: Option<Duration>,
     pub multiplier: Option<f64>,
     pub jitter: Option<bool>,
+    /// The timeout of the attempts that retry this class: for `connect`, their connect timeout
+    /// (TCP and the TLS handshake, in place of `connect_timeout`); for `throttled` and
+    /// `server_error`, their request timeout (in place of `request_timeout`).
+    #[serde(with = "humantime_serde")]
+    pub timeout: Option<Duration>,
 }
 
 /// How to find the remote's records of a task.

@@ -41,6 +41,8 @@ pub struct SendSlot {
     pub(crate) ticket: Option<Ticket>,
     /// The connection opened for the attempt before its intent (see [`crate::Target::reserve`]).
     pub(crate) conn: Option<Opened>,
+    /// Where and within which timeouts the attempt goes (see [`crate::Target::reserve`]).
+    pub(crate) endpoint: Option<crate::conn::Endpoint>,
 }
 
 impl SendSlot {
@@ -85,6 +87,7 @@ impl Limiter {
             _permit: permit,
             ticket: None,
             conn: None,
+            endpoint: None,
         }
     }
 

@@ -21,6 +21,8 @@
   const status = el("p", { id: "tasks-status", class: "status" });
   const more = el("button", { id: "more", hidden: true, onclick: () => load(false) }, "More");
   const retry = el("section", { id: "retry", class: "resolve" });
+  // Outside the form's section: the list read again after a retry may have no form to show.
+  const result = el("p", { id: "retry-result" });
   const state = { rows: [], next: null };
 
   fill(main,
@@ -31,7 +33,7 @@
       el("label", {}, "phase ", phase), el("label", {}, "target ", target), el("label", {}, "failure ", failure),
       el("label", {}, "entered from ", from), el("label", {}, "to ", to),
       el("button", { id: "apply", onclick: () => load(true) }, "Show")),
-    count, table, more, status, retry);
+    count, table, more, status, retry, result);
 
   /** The selectors of GET /tasks (and of a bulk retry) the filters say. */
   function selectors() {
@@ -86,12 +88,11 @@
       el("label", {}, "Reason ", el("input", { id: "reason" })),
       el("label", {}, "Admin token ", el("input", { id: "token", type: "password", autocomplete: "off" })),
       el("button", { id: "send-retry", type: "submit" }, "Retry"));
-    const result = el("p", { id: "retry-result" });
-    form.addEventListener("submit", (e) => { e.preventDefault(); send(result); });
-    fill(retry, form, result);
+    form.addEventListener("submit", (e) => { e.preventDefault(); send(); });
+    fill(retry, form);
   }
 
-  async function send(result) {
+  async function send() {
     const [by, reason, token] = ["by", "reason", "token"].map((id) => document.getElementById(id).value);
     if (!by.trim() || !reason.trim() || !token) return fill(result, "Give your name, a reason and the admin token.");
     const body = Object.assign({ by, reason }, selectors());

@@ -17,7 +17,7 @@ use sendledger_core::decide::{AttemptOutcome, Sending};
 use sendledger_core::error::Chain;
 use sendledger_core::event::{Millis, NotSentCause};
 use sendledger_core::{
-    AcceptedRequest, BoxFuture, Event, Policy, Source, TaskRequest, TraceParent,
+    AcceptedRequest, BoxFuture, Event, Policy, RetryClass, Source, TaskRequest, TraceParent,
 };
 use sendledger_effects::{SendSlot, Targets};
 use sendledger_kafka::partition_log::{read_partition, record_event};
@@ -43,10 +43,14 @@ impl Remote for HttpRemote {
         self.targets.get(target).map(|t| t.policy())
     }
 
-    fn reserve(&self, target: &str) -> BoxFuture<Result<Slot, Unavailable>> {
+    fn reserve(
+        &self,
+        target: &str,
+        retry_of: Option<RetryClass>,
+    ) -> BoxFuture<Result<Slot, Unavailable>> {
         match self.targets.get(target).cloned() {
             Some(target) => Box::pin(async move {
-                match target.reserve().await {
+                match target.reserve(retry_of).await {
                     Ok(slot) => Ok(Box::new(slot) as Slot),
                     Err(held) => Err(Unavailable {
                         wait: held.wait,

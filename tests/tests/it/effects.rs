@@ -905,6 +905,7 @@ fn config_errors_name_the_field() {
         ("retry = { throttled = { multiplier = 0.5 } }", "targets.t.retry.throttled.multiplier: must be a number of at least 1.0"),
         ("retry = { connect = { initial_backoff = \"1m\" } }", "targets.t.retry.connect.initial_backoff: must not exceed retry.connect.max_backoff"),
         ("retry = { server_error = { max_attempts = 2 } }", "targets.t.retry.server_error: applies to 5xx answers declared not performed"),
+        ("retry = { connect = { timeout = \"0s\" } }", "targets.t.retry.connect.timeout: must be longer than 0s"),
         ("breaker = { minimum_calls = 60 }", "targets.t.breaker.window_calls: must be at least breaker.minimum_calls"),
         ("breaker = { failure_rate = 1.5 }", "targets.t.breaker.failure_rate: must be a share in (0, 1]"),
         ("breaker = { open_for = \"0s\" }", "targets.t.breaker.open_for: must be longer than 0s"),
@@ -1254,7 +1255,7 @@ async fn await_connections(sim: &Sim, n: u64) {
 async fn the_connection_is_opened_before_the_intent_and_used_by_the_attempt() {
     let sim = start_sim(Faults::default()).await;
     let target = target(&sim, "pool_idle_timeout = \"0s\"");
-    let slot = target.reserve().await.expect("the breaker is closed");
+    let slot = target.reserve(None).await.expect("the breaker is closed");
     await_connections(&sim, 1).await;
     assert_eq!(sim.stats().posts, 0, "nothing sent by reserving");
     let outcome = target
@@ -1292,7 +1293,7 @@ async fn a_connection_that_cannot_be_opened_before_the_intent_is_not_sent() {
     ))
     .unwrap();
     let target = Target::from_config("t", &cfg).unwrap();
-    let slot = target.reserve().await.expect("the breaker is closed");
+    let slot = target.reserve(None).await.expect("the breaker is closed");
     // The remote comes up after the reservation: the attempt does not try again.
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
         .await

@@ -1052,3 +1052,54 @@ async fn failing_lookups_back_off_instead_of_hammering_the_remote() {
     server.abort();
     engine.shutdown(Duration::from_secs(5)).await;
 }
+
+/// A class of "not sent" with a timeout of its own: the attempt that retries a 5xx declared
+/// not performed waits for its answer `retry.server_error.timeout`, not the target's
+/// `request_timeout`. Here the retry hangs (the remote commits and never answers): its outcome
+/// is unknown after the class's 300 ms, and the lookup confirms it, long before the target's
+/// 60 s request timeout would have ended it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_waits_for_its_answer_within_its_class_timeout() {
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    sim.set_faults(Faults {
+        error: 1.0,
+        error_status: 503,
+        ..Faults::default()
+    })
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = target(&sim.base_url(), |t| {
+        t["request_timeout"] = "60s".into();
+        t["on_5xx"] = "not_sent".into();
+        t["retry"] = serde_json::json!({
+            "max_attempts": 3, "initial_backoff": "1s", "max_backoff": "1s", "multiplier": 1.0, "jitter": false,
+            "server_error": { "timeout": "300ms" }
+        });
+        t["breaker"] = serde_json::json!({ "enabled": false });
+    });
+    let engine = tokio::task::block_in_place(|| start(dir.path(), config));
+    engine.submit(request("cls-1"), source(0)).await.unwrap();
+    // The first attempt is answered 503 (not performed); its retry comes 1 s later.
+    wait_for(&engine, task_id("cls-1"), WAIT, |s| {
+        s.phase == Phase::RetryWait
+    })
+    .await;
+    sim.set_faults(Faults {
+        commit_then_hang: 1.0,
+        ..Faults::default()
+    })
+    .unwrap();
+    let state = wait_for(&engine, task_id("cls-1"), Duration::from_secs(20), settled).await;
+    assert_eq!(state.phase, Phase::Succeeded);
+    assert_eq!(state.evidence, Some(Evidence::Lookup));
+    let events = engine.events(task_id("cls-1")).await.unwrap();
+    assert!(events.iter().any(|e| matches!(
+        e.body,
+        EventBody::SendUnknown {
+            attempt: 2,
+            cause: UnknownCause::Timeout
+        }
+    )));
+    assert_eq!(sim.records_with_identity("cls-1").len(), 1);
+    engine.shutdown(Duration::from_secs(5)).await;
+}

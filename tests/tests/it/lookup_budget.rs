@@ -39,7 +39,7 @@ async fn busy_target(
     })
     .await;
     let target = target(&sim, extra);
-    let slot = target.reserve().await.expect("the breaker is closed");
+    let slot = target.reserve(None).await.expect("the breaker is closed");
     (sim, target, slot)
 }
 
@@ -96,7 +96,7 @@ async fn own_lookup_limits_are_used_instead_of_the_targets() {
     })
     .await;
     let target = target(&sim, &extra(&sim));
-    let _slot = target.reserve().await.expect("the breaker is closed");
+    let _slot = target.reserve(None).await.expect("the breaker is closed");
     let req = request("ord-1", json!({}));
     let started = Instant::now();
     let (a, b, c) = tokio::join!(

@@ -14,7 +14,7 @@ use tracing::{debug, info, warn};
 
 use super::Target;
 use crate::classify;
-use crate::conn::{Answer, Failure, Opened};
+use crate::conn::{Answer, Endpoint, Failure, Opened};
 use crate::limit::SendSlot;
 use crate::template;
 
@@ -54,7 +54,7 @@ impl Target {
         idempotency_key: Option<&str>,
         sending: Sending,
     ) -> AttemptOutcome {
-        self.send(request, attempt, idempotency_key, sending, None)
+        self.send(request, attempt, idempotency_key, sending, None, None)
             .await
     }
 
@@ -69,11 +69,19 @@ impl Target {
         mut slot: SendSlot,
     ) -> AttemptOutcome {
         let conn = slot.conn.take();
+        let endpoint = slot.endpoint.take();
         if let Some(ticket) = &slot.ticket {
             ticket.start();
         }
         let outcome = self
-            .send(request, attempt, idempotency_key, sending, conn)
+            .send(
+                request,
+                attempt,
+                idempotency_key,
+                sending,
+                conn,
+                endpoint.as_ref(),
+            )
             .await;
         slot.finish(&outcome);
         outcome
@@ -86,6 +94,7 @@ impl Target {
         idempotency_key: Option<&str>,
         sending: Sending,
         conn: Option<Opened>,
+        endpoint: Option<&Endpoint>,
     ) -> AttemptOutcome {
         let task_id = request.task_id();
         let built = match self.build_attempt(request, idempotency_key, sending.trace) {
@@ -101,9 +110,12 @@ impl Target {
                 };
             }
         };
-        let exchange = self
-            .pool
-            .exchange_on(&self.endpoint, conn, built, sending.first_byte_by);
+        let exchange = self.pool.exchange_on(
+            endpoint.unwrap_or(&self.endpoint),
+            conn,
+            built,
+            sending.first_byte_by,
+        );
         let outcome = match exchange.await {
             Ok(answer) => self.classify(answer),
             Err(Failure::NotWritten(reason)) => AttemptOutcome::NotSent {

@@ -81,6 +81,7 @@ impl Target {
         check_limits(&path, "", config.max_in_flight, config.rate_limit)?;
         let limiter = Arc::new(Limiter::new(config.max_in_flight, config.rate_limit));
         let retry = parse_retry(&path, config)?;
+        let retry_endpoints = retry_endpoints(&path, config, &endpoint)?;
         let lookup = match &config.lookup {
             None => None,
             Some(l) => Some(lookup(
@@ -99,6 +100,7 @@ impl Target {
             method,
             url,
             endpoint,
+            retry_endpoints,
             headers,
             secrets,
             body_fields,
@@ -382,6 +384,34 @@ fn parse_retry(path: &Path<'_>, config: &TargetConfig) -> Result<RetryPolicy> {
         policy.classes.insert(class, own);
     }
     Ok(policy)
+}
+
+/// The endpoint of the attempts that retry each class with a `timeout` of its own: `connect`'s
+/// in place of the connect timeout, the others' in place of the request timeout.
+fn retry_endpoints(
+    path: &Path<'_>,
+    config: &TargetConfig,
+    endpoint: &Endpoint,
+) -> Result<BTreeMap<RetryClass, Endpoint>> {
+    let r = &config.retry;
+    let mut endpoints = BTreeMap::new();
+    for (class, overrides) in [
+        (RetryClass::Connect, &r.connect),
+        (RetryClass::Throttled, &r.throttled),
+        (RetryClass::ServerError, &r.server_error),
+    ] {
+        let Some(timeout) = overrides.as_ref().and_then(|o| o.timeout) else {
+            continue;
+        };
+        positive(path, &format!("retry.{}.timeout", class.name()), timeout)?;
+        let mut own = endpoint.clone();
+        match class {
+            RetryClass::Connect => own.connect_timeout = timeout,
+            RetryClass::Throttled | RetryClass::ServerError => own.request_timeout = timeout,
+        }
+        endpoints.insert(class, own);
+    }
+    Ok(endpoints)
 }
 
 /// One retry policy's checks; `field` is where it is configured (`retry`, `retry.connect`).

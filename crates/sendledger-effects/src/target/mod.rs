@@ -31,7 +31,7 @@ use http::{Method, Request, Uri};
 use http_body_util::Full;
 use sendledger_core::decide::{Policy, ReconcilePolicy};
 use sendledger_core::trace::TRACEPARENT;
-use sendledger_core::{RetryPolicy, TraceParent};
+use sendledger_core::{RetryClass, RetryPolicy, TraceParent};
 
 use crate::breaker::{Admission, Breaker, BreakerView, Ticket, Verdict};
 use crate::classify::Rules;
@@ -50,6 +50,9 @@ pub struct Target {
     method: Method,
     url: Template,
     endpoint: Endpoint,
+    /// The endpoint of attempts that retry a class with a timeout of its own
+    /// (`retry.CLASS.timeout`).
+    retry_endpoints: BTreeMap<RetryClass, Endpoint>,
     headers: Headers,
     /// Header values and their significant parts
     /// ([`secret_fragments`](redact::secret_fragments)), longest first: removed from any
@@ -143,15 +146,24 @@ impl Target {
     /// breaker whether it may go now, then takes a pooled connection or opens one (TCP and the
     /// TLS handshake). Take it before recording the attempt's intent and send the attempt
     /// with [`Target::execute_reserved`]. `Err`: the breaker is open; record no intent, look
-    /// again after the wait.
-    pub async fn reserve(&self) -> std::result::Result<SendSlot, Held> {
+    /// again after the wait. `retry_of`: the class of the last attempt's "not sent", when
+    /// this one retries it: a class with a `timeout` of its own connects (`connect`) or waits
+    /// for the answer (the others) within it.
+    pub async fn reserve(
+        &self,
+        retry_of: Option<RetryClass>,
+    ) -> std::result::Result<SendSlot, Held> {
         // The send slot first: the breaker is asked when the attempt could go at once.
         let mut slot = self.limiter.acquire().await;
         slot.ticket = match &self.breaker {
             Some(breaker) => Some(self.admit(breaker).await?),
             None => None,
         };
-        slot.conn = Some(self.pool.open(&self.endpoint).await);
+        let endpoint = retry_of
+            .and_then(|class| self.retry_endpoints.get(&class))
+            .unwrap_or(&self.endpoint);
+        slot.conn = Some(self.pool.open(endpoint).await);
+        slot.endpoint = Some(endpoint.clone());
         Ok(slot)
     }
 
