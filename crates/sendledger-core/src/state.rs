@@ -32,6 +32,23 @@ pub enum Phase {
 }
 
 impl Phase {
+    /// Every phase a task can be in (all but `new`), in state-machine order.
+    pub const ALL: [Phase; 8] = [
+        Phase::Accepted,
+        Phase::Sending,
+        Phase::RetryWait,
+        Phase::Unknown,
+        Phase::ManualReview,
+        Phase::Succeeded,
+        Phase::Rejected,
+        Phase::Failed,
+    ];
+
+    /// The phase of a name as [`Phase::name`] writes it.
+    pub fn parse(name: &str) -> Option<Phase> {
+        Phase::ALL.into_iter().find(|p| p.name() == name)
+    }
+
     pub fn is_terminal(self) -> bool {
         matches!(self, Phase::Succeeded | Phase::Rejected | Phase::Failed)
     }

@@ -17,6 +17,35 @@ pub fn parse_task(task: &str) -> crate::error::Result<TaskId> {
     Ok(identity.task_id())
 }
 
+/// A time as people give it: milliseconds since the Unix epoch, or RFC 3339
+/// (`2026-12-05T10:00:00Z`).
+pub fn parse_time(value: &str) -> Option<u64> {
+    if let Ok(ms) = value.parse::<u64>() {
+        return Some(ms);
+    }
+    let t = humantime::parse_rfc3339_weak(value).ok()?;
+    Some(t.duration_since(UNIX_EPOCH).ok()?.as_millis() as u64)
+}
+
+/// A page of the task index as JSON (`GET /tasks`, `tasks list --json`): each task with its
+/// phase, target, since and failure kind; `next` to read on (null on the last page).
+pub fn task_page_json(page: &sendledger_store::TaskPage) -> Value {
+    let tasks: Vec<Value> = page
+        .tasks
+        .iter()
+        .map(|(task, e)| {
+            json!({
+                "task_id": task.to_string(),
+                "state": e.phase.name(),
+                "target": e.target,
+                "since": time(e.since),
+                "failure": e.failure.map(sendledger_core::FailureKind::name),
+            })
+        })
+        .collect();
+    json!({ "tasks": tasks, "next": page.next.as_ref().map(sendledger_store::Cursor::to_hex) })
+}
+
 /// RFC 3339 with milliseconds, UTC.
 pub fn time(at_ms: u64) -> String {
     humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(at_ms)).to_string()

@@ -6,12 +6,11 @@ use std::sync::Arc;
 use axum::extract::{RawQuery, State};
 use http::StatusCode;
 use sendledger_core::{FailureKind, Phase};
-use sendledger_store::{Cursor, TaskPage, TaskQuery};
-use serde_json::{json, Value};
+use sendledger_store::{Cursor, TaskQuery};
 
 use super::error::{ApiError, ApiResult};
 use super::{json_response, Shared};
-use crate::timeline::time;
+use crate::timeline::{parse_time, task_page_json};
 
 /// Tasks per page unless `limit` says otherwise, and the most it may say.
 pub const LIST_PAGE: usize = 100;
@@ -46,7 +45,7 @@ pub async fn list(State(shared): State<Arc<Shared>>, RawQuery(query): RawQuery) 
         }
     }
     let page = shared.engine.list_tasks(q).await?;
-    Ok(json_response(StatusCode::OK, &page_json(&page)))
+    Ok(json_response(StatusCode::OK, &task_page_json(&page)))
 }
 
 /// Applies one selector of a task query (`phase`, `target`, `failure`, `from`, `to`,
@@ -56,10 +55,10 @@ pub fn select(q: &mut TaskQuery, name: &str, value: &str) -> Result<(), ApiError
     match name {
         "phase" => {
             for phase in value.split(',') {
-                q.phases.push(phase_named(phase).ok_or_else(|| {
+                q.phases.push(Phase::parse(phase).ok_or_else(|| {
                     ApiError::bad_request(format!(
                         "`phase` {phase:?} is not a phase; use {}",
-                        names(ALL_PHASES.iter().map(|p| p.name()))
+                        names(Phase::ALL.iter().map(|p| p.name()))
                     ))
                 })?);
             }
@@ -89,56 +88,15 @@ pub fn select(q: &mut TaskQuery, name: &str, value: &str) -> Result<(), ApiError
     Ok(())
 }
 
-const ALL_PHASES: [Phase; 8] = [
-    Phase::Accepted,
-    Phase::Sending,
-    Phase::RetryWait,
-    Phase::Unknown,
-    Phase::ManualReview,
-    Phase::Succeeded,
-    Phase::Rejected,
-    Phase::Failed,
-];
-
-fn phase_named(name: &str) -> Option<Phase> {
-    ALL_PHASES.into_iter().find(|p| p.name() == name)
-}
-
 fn names<'a>(names: impl Iterator<Item = &'a str>) -> String {
     names.collect::<Vec<_>>().join(", ")
 }
 
 /// A time as milliseconds since the Unix epoch, or RFC 3339 (`2026-12-05T10:00:00Z`).
 fn instant(name: &str, value: &str) -> Result<u64, ApiError> {
-    if let Ok(ms) = value.parse::<u64>() {
-        return Ok(ms);
-    }
-    humantime::parse_rfc3339_weak(value)
-        .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map(|d| d.as_millis() as u64)
-        .ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "`{name}` is {value:?}; give RFC 3339 (2026-12-05T10:00:00Z) or milliseconds since the Unix epoch"
-            ))
-        })
-}
-
-/// A page as JSON: each task with its phase, target, since and failure kind; `next` to read on
-/// (null on the last page).
-pub fn page_json(page: &TaskPage) -> Value {
-    let tasks: Vec<Value> = page
-        .tasks
-        .iter()
-        .map(|(task, e)| {
-            json!({
-                "task_id": task.to_string(),
-                "state": e.phase.name(),
-                "target": e.target,
-                "since": time(e.since),
-                "failure": e.failure.map(FailureKind::name),
-            })
-        })
-        .collect();
-    json!({ "tasks": tasks, "next": page.next.as_ref().map(Cursor::to_hex) })
+    parse_time(value).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "`{name}` is {value:?}; give RFC 3339 (2026-12-05T10:00:00Z) or milliseconds since the Unix epoch"
+        ))
+    })
 }

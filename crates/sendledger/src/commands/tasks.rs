@@ -11,11 +11,11 @@ use clap::{Args, Subcommand};
 use http::Method;
 use sendledger_actors::Engine;
 use sendledger_core::{FailureKind, OperatorResolution, Phase};
-use sendledger_store::{Cursor, TaskQuery};
+use sendledger_store::TaskQuery;
 use serde_json::{json, Value};
 
 use super::{call, open, At};
-use sendledger_node::timeline::{parse_task, time};
+use sendledger_node::timeline::{parse_task, parse_time, task_page_json};
 
 #[derive(Args)]
 pub struct TasksArgs {
@@ -73,10 +73,7 @@ impl Select {
         };
         for phase in &self.phases {
             q.phases.push(
-                ALL_PHASES
-                    .into_iter()
-                    .find(|p| p.name() == phase)
-                    .with_context(|| format!("--phase {phase} is not a phase"))?,
+                Phase::parse(phase).with_context(|| format!("--phase {phase} is not a phase"))?,
             );
         }
         q.target.clone_from(&self.target);
@@ -96,24 +93,9 @@ impl Select {
     }
 }
 
-const ALL_PHASES: [Phase; 8] = [
-    Phase::Accepted,
-    Phase::Sending,
-    Phase::RetryWait,
-    Phase::Unknown,
-    Phase::ManualReview,
-    Phase::Succeeded,
-    Phase::Rejected,
-    Phase::Failed,
-];
-
 fn instant(flag: &str, value: &str) -> anyhow::Result<u64> {
-    if let Ok(ms) = value.parse::<u64>() {
-        return Ok(ms);
-    }
-    let t = humantime::parse_rfc3339_weak(value)
-        .with_context(|| format!("{flag} {value}: give RFC 3339 or ms since the Unix epoch"))?;
-    Ok(t.duration_since(std::time::UNIX_EPOCH)?.as_millis() as u64)
+    parse_time(value)
+        .with_context(|| format!("{flag} {value}: give RFC 3339 or ms since the Unix epoch"))
 }
 
 #[derive(Subcommand)]
@@ -179,9 +161,7 @@ pub fn run(args: TasksArgs) -> anyhow::Result<()> {
                 }
                 (None, Some(dir)) => {
                     let ledger = open(dir)?;
-                    let page = ledger.list_tasks(&select.query(limit)?)?;
-                    let tasks: Vec<Value> = page.tasks.iter().map(|(task, e)| json!({ "task_id": task.to_string(), "state": e.phase.name(), "target": e.target, "since": time(e.since), "failure": e.failure.map(FailureKind::name) })).collect();
-                    json!({ "tasks": tasks, "next": page.next.as_ref().map(Cursor::to_hex) })
+                    task_page_json(&ledger.list_tasks(&select.query(limit)?)?)
                 }
                 (None, None) => unreachable!("clap requires --admin or --data"),
             };
