@@ -81,19 +81,19 @@ fn write_task(ledger: &Ledger, key: &str, bodies: Vec<EventBody>) -> (TaskId, Ve
     for e in &events {
         state.apply(e.task_id, e.at, &e.body);
     }
-    let lsns = ledger
-        .append_blocking(Append {
-            events,
-            tasks: vec![(
-                task,
-                TaskSummary {
-                    phase: state.phase,
-                    next_seq: state.next_seq,
-                },
-            )],
-            ..Append::default()
-        })
-        .unwrap();
+    let mut append = Append {
+        events,
+        tasks: vec![(
+            task,
+            TaskSummary {
+                phase: state.phase,
+                next_seq: state.next_seq,
+            },
+        )],
+        ..Append::default()
+    };
+    append.reindex(task, &State::default(), &state);
+    let lsns = ledger.append_blocking(append).unwrap();
     (task, lsns.collect())
 }
 
