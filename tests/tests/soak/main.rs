@@ -7,8 +7,10 @@
 //! and `sendledger_tests::kafka`. `SENDLEDGER_TEST_SEED` replays a run.
 //!
 //! [`outage`] is the local-mode outage soak: a remote down for a minute, with and without the
-//! target's circuit breaker.
+//! target's circuit breaker. [`kill_review`] measures the manual reviews that `kill -9` of the
+//! engine leaves against an https remote.
 
+mod kill_review;
 mod outage;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
