@@ -538,14 +538,7 @@ fn check_unsettled(
         );
         return Ok(());
     };
-    let mut finding = |task: Option<TaskId>, detail: String| {
-        report.violations.push(Finding::integrity(
-            Integrity::IndexConsistent,
-            task,
-            vec![],
-            detail,
-        ))
-    };
+    let mut finding = |task, detail| index_finding(report, task, detail);
     let mut listed = Vec::new();
     let mut it = snapshot.raw_iterator_cf_opt(cf, scan_options());
     it.seek_to_first();
@@ -617,6 +610,16 @@ fn index_fingerprint(ledger: &Ledger, snapshot: &Snapshot) -> Result<Fingerprint
     Ok(print)
 }
 
+/// Reports an index that disagrees with what it indexes.
+fn index_finding(report: &mut AuditReport, task: Option<TaskId>, detail: String) {
+    report.violations.push(Finding::integrity(
+        Integrity::IndexConsistent,
+        task,
+        vec![],
+        detail,
+    ))
+}
+
 /// The task index's fingerprint; none for a ledger without one.
 fn task_index_fingerprint(ledger: &Ledger, snapshot: &Snapshot) -> Result<Option<Fingerprint>> {
     let Some(cf) = ledger.db().cf_handle(CF_TASK_INDEX) else {
@@ -643,14 +646,7 @@ fn compare_task_index(
     found: Fingerprint,
     report: &mut AuditReport,
 ) -> Result<()> {
-    let mut finding = |task: Option<TaskId>, detail: String| {
-        report.violations.push(Finding::integrity(
-            Integrity::IndexConsistent,
-            task,
-            vec![],
-            detail,
-        ))
-    };
+    let mut finding = |task, detail| index_finding(report, task, detail);
     let cf = ledger.db().cf_handle(CF_TASK_INDEX).expect("fingerprinted");
     // Tasks whose entry is right, and tasks that have an entry, right or wrong.
     let (mut right, mut listed) = (0u64, 0u64);

@@ -71,6 +71,12 @@ impl Append {
     /// Moves `task`'s index entry from what `before` says to what `after` says, when they
     /// differ.
     pub fn reindex(&mut self, task: TaskId, before: &State, after: &State) {
+        // What an entry is made of, compared first: most decisions change none of it, and
+        // building the entries copies the target's name.
+        let same = |s: &State| (s.request.is_some(), s.phase, s.phase_since, s.failure_kind);
+        if same(before) == same(after) {
+            return;
+        }
         let (old, new) = (IndexEntry::of(before), IndexEntry::of(after));
         if old != new {
             self.index.push((task, old, new));

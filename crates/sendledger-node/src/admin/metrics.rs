@@ -15,18 +15,6 @@ use super::error::ApiResult;
 use super::{Shared, LEDGER_GAUGES_TTL};
 use crate::error::{Error, Result};
 
-/// The phases reported by `sendledger_tasks{state}` (every one, zeros included).
-const PHASES: [Phase; 8] = [
-    Phase::Accepted,
-    Phase::Sending,
-    Phase::RetryWait,
-    Phase::Unknown,
-    Phase::ManualReview,
-    Phase::Succeeded,
-    Phase::Rejected,
-    Phase::Failed,
-];
-
 /// Installs the process-wide recorder of the `metrics` facade, exporting Prometheus text, and
 /// returns the handle [`super::Admin::start`] renders. Call it once per process, before the
 /// engine starts (metrics recorded earlier are lost). Histograms get explicit buckets so they
@@ -87,7 +75,8 @@ pub async fn scrape(State(shared): State<Arc<Shared>>) -> ApiResult {
 /// Sets the gauges `GET /metrics` reports from the ledger itself.
 fn publish_counts(counts: &TaskCounts) {
     use crate::metric_definitions::{TASKS, UNKNOWNS_OPEN, UNKNOWN_OLDEST_AGE_SECONDS};
-    for phase in PHASES {
+    // Every phase, zeros included.
+    for phase in Phase::ALL {
         let n = counts.by_phase.get(&phase).copied().unwrap_or(0);
         metrics::gauge!(TASKS, "state" => phase.name()).set(n as f64);
     }
