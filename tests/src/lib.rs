@@ -123,9 +123,14 @@ pub mod engine {
     /// Starts an engine on `dir` with the one target `sim` (blocking; call outside async code
     /// or within `block_in_place`).
     pub fn start(dir: &std::path::Path, target: TargetConfig) -> Engine {
+        start_with(dir, targets(target))
+    }
+
+    /// Starts an engine on `dir` with these targets (blocking, as [`start`]).
+    pub fn start_with(dir: &std::path::Path, targets: Targets) -> Engine {
         let mut config = EngineConfig::new(dir);
         config.timer_tick = Duration::from_millis(5);
-        Engine::start(config, Arc::new(HttpRemote::new(targets(target)))).expect("engine starts")
+        Engine::start(config, Arc::new(HttpRemote::new(targets))).expect("engine starts")
     }
 
     pub fn request(key: &str) -> TaskRequest {

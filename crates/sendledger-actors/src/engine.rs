@@ -15,6 +15,7 @@ use sendledger_store::{
 };
 use tokio::sync::oneshot;
 
+use crate::closed_breakers::ClosedBreakers;
 use crate::error::{Error, Result};
 use crate::messages::{Drain, Load, Reply, Route, Schedule, TaskInput};
 use crate::ownership::Ownership;
@@ -196,6 +197,7 @@ impl Engine {
                     let arbiters: Vec<Arbiter> = (0..cfg.workers.max(1))
                         .map(|_| Arbiter::with_tokio_rt(actor_runtime))
                         .collect();
+                    let (watched_remote, watched_ledger) = (remote2.clone(), ledger2.clone());
                     let registry = Registry::create(move |ctx| {
                         let registry = ctx.address();
                         let shared = Arc::new(Shared {
@@ -219,7 +221,7 @@ impl Engine {
                         let _ = tx.send((ctx.address(), shared.timers.clone(), System::current()));
                         Registry::new(shared, arbiters, cfg.max_live_tasks)
                     });
-                    drop(registry);
+                    ClosedBreakers::new(watched_remote, watched_ledger, registry).start();
                 });
                 let _ = system.run();
                 let _ = stopped_tx.send(());
@@ -457,13 +459,14 @@ impl Engine {
             .await?)
     }
 
-    /// The lookup URL of a task's request, as its reconciliation asks it (see
-    /// [`Remote::lookup_url`]).
+    /// The lookup URL of a task's request at `target` (where its attempts went), as its
+    /// reconciliation asks it (see [`Remote::lookup_url`]).
     pub fn lookup_url(
         &self,
+        target: &str,
         request: &AcceptedRequest,
     ) -> Option<std::result::Result<String, String>> {
-        self.inner.remote.lookup_url(request)
+        self.inner.remote.lookup_url(target, request)
     }
 
     /// The circuit breaker of each target (see [`Remote::target_health`]).
@@ -528,7 +531,7 @@ impl Engine {
             now,
             random: 0,
             policy: &policy,
-            hold: None,
+            holds: &[],
         };
         let decision = decide(&state, Input::Operator(resolution), ctx)?;
         let (next, append) = record(task_id, &state, &decision, now);

@@ -10,6 +10,8 @@
 //!   so they survive restarts.
 //! - [`reconciler::Reconciler`]: runs lookups for tasks whose outcome is unknown, with bounded
 //!   concurrency, and hands the evidence to the task actor.
+//! - [`closed_breakers::ClosedBreakers`]: retries a target's failed tasks when its breaker
+//!   closes again, for targets that ask for it.
 //! - [`messages`]: what they send each other; an actor that sends one kind of message holds
 //!   a `Recipient` of it, so the task actor does not know the actors it talks to.
 //! - [`engine::Engine`]: the handle library users and the service start, submit to, and stop.
@@ -24,6 +26,7 @@
 //! decided is durable; RocksDB is never called on an executor thread (reads go through the
 //! ledger's blocking pool, writes through its journal).
 
+pub mod closed_breakers;
 pub mod engine;
 pub mod error;
 pub mod messages;

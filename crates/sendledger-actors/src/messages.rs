@@ -37,6 +37,11 @@ pub enum TaskInput {
         raw: Vec<u8>,
     },
     Operator(OperatorResolution),
+    /// Its target's breaker closed and the target retries its failed tasks then (see
+    /// [`sendledger_core::decide::Input::RetryOnClose`]).
+    RetryOnClose {
+        reason: String,
+    },
     /// An attempt of the task ended (internal: sent by the actor to itself).
     Outcome {
         attempt: u32,
@@ -90,6 +95,8 @@ pub struct Load;
 #[rtype(result = "()")]
 pub struct LookupJob {
     pub task_id: TaskId,
+    /// Where the task's attempts went: its own target, or its fallback.
+    pub target: String,
     pub request: AcceptedRequest,
     /// The task's latest attempt when the lookup was issued; its result is about this attempt.
     pub attempt: u32,

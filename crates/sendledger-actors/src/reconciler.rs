@@ -79,12 +79,12 @@ impl Reconciler {
     fn next_job(&mut self) -> Option<LookupJob> {
         let now = Instant::now();
         let ready = self.queue.iter().position(|job| {
-            let target = &job.request.target;
+            let target = &job.target;
             !self.backed_off(target, now) && !self.probing.contains(target)
         })?;
         let job = self.queue.remove(ready)?;
-        if self.backoff.contains_key(&job.request.target) {
-            self.probing.insert(job.request.target.clone());
+        if self.backoff.contains_key(&job.target) {
+            self.probing.insert(job.target.clone());
         }
         Some(job)
     }
@@ -153,7 +153,7 @@ impl Reconciler {
             let span = tracing::info_span!(
                 "sendledger.lookup",
                 task_id = %job.task_id,
-                target = %job.request.target,
+                target = %job.target,
                 attempt = job.attempt,
                 matches = tracing::field::Empty,
                 outcome = tracing::field::Empty,
@@ -163,10 +163,10 @@ impl Reconciler {
             let passed_on = sendledger_telemetry::pass_on(&span, trace);
             let lookup = self
                 .remote
-                .lookup(&job.request, job.since, passed_on)
+                .lookup(&job.target, &job.request, job.since, passed_on)
                 .instrument(span.clone());
             let (task_id, attempt) = (job.task_id, job.attempt);
-            let target = job.request.target.clone();
+            let target = job.target;
             let asked_at = crate::now_ms();
             ctx.spawn(lookup.into_actor(self).map(move |result, act, ctx| {
                 act.running -= 1;

@@ -108,7 +108,10 @@ impl Handler<Route> for Registry {
         let live = self.live.contains_key(&task_id);
         let takes_new_work = matches!(
             input,
-            TaskInput::Deliver { .. } | TaskInput::Reject { .. } | TaskInput::Operator(_)
+            TaskInput::Deliver { .. }
+                | TaskInput::Reject { .. }
+                | TaskInput::Operator(_)
+                | TaskInput::RetryOnClose { .. }
         ) || !live;
         if self.draining && takes_new_work && !matches!(input, TaskInput::Lookup { .. }) {
             return Box::pin(async { Err(Error::ShuttingDown) });

@@ -69,10 +69,14 @@ pub struct TargetHealth {
     pub probing_in_ms: Option<u64>,
     /// How many times it opened since the process started.
     pub opened: u64,
+    /// When it closes again, the target's tasks that failed within this long before (every
+    /// attempt proven not sent by the remote) are retried; `None`: they are not.
+    pub retry_failed_within: Option<std::time::Duration>,
 }
 
 pub trait Remote: Send + Sync + 'static {
-    /// The decision policy of a configured target; `None` when the target is unknown.
+    /// The decision policy of a configured target (with its fallback's, when it has one);
+    /// `None` when the target is unknown.
     fn policy(&self, target: &str) -> Option<Policy>;
 
     /// Waits for room to send one attempt to `target` (its limits on attempts in flight and
@@ -87,11 +91,13 @@ pub trait Remote: Send + Sync + 'static {
         Box::pin(std::future::ready(Ok(Box::new(()) as Slot)))
     }
 
-    /// Performs one attempt, in the room `reserve` gave it, and classifies what it proves.
-    /// Must always complete (bounded by the target's timeouts), and must write no byte of the
-    /// request after `sending.first_byte_by` (ending `NotSent` instead).
+    /// Performs one attempt of the request at `target` (the request's own, or its fallback), in
+    /// the room `reserve` gave it, and classifies what it proves. Must always complete (bounded
+    /// by the target's timeouts), and must write no byte of the request after
+    /// `sending.first_byte_by` (ending `NotSent` instead).
     fn attempt(
         &self,
+        target: &str,
         request: &AcceptedRequest,
         attempt: u32,
         idempotency_key: Option<&str>,
@@ -104,17 +110,23 @@ pub trait Remote: Send + Sync + 'static {
         Vec::new()
     }
 
-    /// What a lookup of the request asks, for people to see (the review console): the
-    /// rendered lookup URL, or why it cannot be built. `None`: no lookup configured.
-    fn lookup_url(&self, _request: &AcceptedRequest) -> Option<Result<String, String>> {
+    /// What a lookup of the request at `target` asks, for people to see (the review console):
+    /// the rendered lookup URL, or why it cannot be built. `None`: no lookup configured.
+    fn lookup_url(
+        &self,
+        _target: &str,
+        _request: &AcceptedRequest,
+    ) -> Option<Result<String, String>> {
         None
     }
 
-    /// Asks the remote which records match the request, created no earlier than `since`.
-    /// `Err` means the lookup itself failed: no evidence either way. `trace` is the context a
-    /// remote that takes one receives, as for attempts.
+    /// Asks the remote of `target` (where the task's attempts went) which records match the
+    /// request, created no earlier than `since`. `Err` means the lookup itself failed: no
+    /// evidence either way. `trace` is the context a remote that takes one receives, as for
+    /// attempts.
     fn lookup(
         &self,
+        target: &str,
         request: &AcceptedRequest,
         since: Millis,
         trace: Option<TraceParent>,

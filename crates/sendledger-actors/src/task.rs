@@ -54,10 +54,12 @@ pub struct TaskActor {
     handled: u64,
     attempt_in_flight: bool,
     lookup_in_flight: bool,
-    /// Room at the target for the attempt being decided, taken before its intent is recorded.
-    slot: Option<Slot>,
-    /// Or why the target takes no attempt now: the decision waits instead of intending.
-    hold: Option<Hold>,
+    /// Room for the attempt being decided, at the target named, taken before its intent is
+    /// recorded.
+    slot: Option<(String, Slot)>,
+    /// The targets found taking no attempt now, while the input is decided: the decision
+    /// waits instead of intending at one of them (or goes to the task's fallback).
+    holds: Vec<Hold>,
     /// Inputs accepted for processing whose decision is not yet durable and acted on. The
     /// actor is idle (and may be dropped) only when there are none.
     unfinished: u32,
@@ -78,7 +80,7 @@ impl TaskActor {
             attempt_in_flight: false,
             lookup_in_flight: false,
             slot: None,
-            hold: None,
+            holds: Vec::new(),
             unfinished: 0,
             loaded_at: 0,
         }
@@ -193,14 +195,17 @@ impl TaskActor {
             }
         }
         let input = self.unsent_outcome(input);
-        if let (None, None, None, TaskInput::Deliver { request, .. }) =
-            (&self.state.request, &self.slot, &self.hold, &input)
-        {
+        if let (None, None, true, TaskInput::Deliver { request, .. }) = (
+            &self.state.request,
+            &self.slot,
+            self.holds.is_empty(),
+            &input,
+        ) {
             // A new task's first delivery sends its first attempt (unless the core refuses
             // it, which then spends one unit of the target's rate): room at the target first,
             // then the decision, from the time the room was found.
             let target = request.target.clone();
-            let reserve = self.shared.remote.reserve(&target, self.state.retry_of());
+            let reserve = self.shared.remote.reserve(&target, None);
             return Box::pin(reserve.into_actor(self).then(move |room, act, _| {
                 act.take_room(&target, room);
                 act.decide_and_append(input)
@@ -209,10 +214,9 @@ impl TaskActor {
         let now = crate::now_ms();
         let mut clear = None;
         let mut source = None;
-        // What to decide again once there is room at the target (or it said it takes no
-        // attempt now), should this decide to send.
-        let again = (self.slot.is_none() && self.hold.is_none()).then(|| input.clone());
-        let hold = self.hold.take();
+        // What to decide again once there is room at the attempt's target (or it said it
+        // takes no attempt now), should this decide to send.
+        let again = input.clone();
         let core_input = match input {
             TaskInput::Deliver { request, source: s } => {
                 source = Some(s.clone());
@@ -249,6 +253,7 @@ impl TaskActor {
             }
             TaskInput::Recover => Input::Recover,
             TaskInput::Operator(op) => Input::Operator(op),
+            TaskInput::RetryOnClose { reason } => Input::RetryOnClose { reason },
             TaskInput::Outcome { attempt, outcome } => Input::Outcome { attempt, outcome },
         };
         let delivery = matches!(core_input, Input::Deliver { .. });
@@ -257,31 +262,45 @@ impl TaskActor {
             // The first delivery decides the first attempt: it needs the target's policy.
             self.set_policy(&request.target);
         }
-        let decision = match decide(
+        let decision = decide(
             &self.state,
             core_input,
             Ctx {
                 now,
                 random: self.random(),
                 policy: &self.policy,
-                hold: hold.as_ref(),
+                holds: &self.holds,
             },
-        ) {
+        );
+        let decision = match decision {
             Ok(d) => d,
-            Err(e) => return Box::pin(fut::ready(Err(e.into()))),
+            Err(e) => {
+                self.slot = None;
+                self.holds.clear();
+                return Box::pin(fut::ready(Err(e.into())));
+            }
         };
-        if let (Action::Send { .. }, Some(again)) = (&decision.action, again) {
-            // Room at the target first, then the intent: wait, and decide again from now. (A
-            // task with no request yet took its room before its first decision, above.)
-            if let Some(request) = &self.state.request {
-                let target = request.target.clone();
-                let reserve = self.shared.remote.reserve(&target, self.state.retry_of());
+        if let Action::Send { target, .. } = &decision.action {
+            if self.slot.as_ref().is_none_or(|(at, _)| at != target) {
+                // Room at the attempt's target first, then the intent: wait, and decide again
+                // from now. Each round finds room or a hold at one more target, and the
+                // decision never picks a held target, so this ends.
+                self.slot = None;
+                let retry_of = if self.state.target() == Some(target.as_str()) {
+                    self.state.retry_of()
+                } else {
+                    // The first attempt at a fallback takes its target's own timeout.
+                    None
+                };
+                let target = target.clone();
+                let reserve = self.shared.remote.reserve(&target, retry_of);
                 return Box::pin(reserve.into_actor(self).then(move |room, act, _| {
                     act.take_room(&target, room);
                     act.decide_and_append(again)
                 }));
             }
         }
+        self.holds.clear();
         let (next, mut append) = record(self.task_id, &self.state, &decision, now);
         if let Some(s) = source {
             append.offsets.push((s.topic, s.partition, s.offset));
@@ -309,7 +328,7 @@ impl TaskActor {
             }
             .into_actor(self)
             .map(move |res, act, ctx| {
-                let slot = act.slot.take();
+                let slot = act.slot.take().map(|(_, slot)| slot);
                 let lsns = res.inspect_err(|e| match e {
                     // Kafka mode: the partition is taken over, here again or elsewhere, and
                     // the task resumed from what its log holds.
@@ -352,8 +371,10 @@ impl TaskActor {
                 };
                 self.lookup_in_flight = true;
                 let since = self.state.first_intent_at.unwrap_or(0);
+                let target = self.state.target().unwrap_or_default().to_string();
                 self.shared.reconciler.do_send(LookupJob {
                     task_id,
+                    target,
                     request,
                     attempt,
                     since,
@@ -362,6 +383,7 @@ impl TaskActor {
             Action::Send {
                 attempt,
                 idempotency_key,
+                target,
             } => {
                 let Some(request) = &self.state.request else {
                     return;
@@ -380,7 +402,7 @@ impl TaskActor {
                 let span = tracing::info_span!(
                     "sendledger.attempt",
                     task_id = %task_id,
-                    target = %request.target,
+                    target = %target,
                     attempt,
                     outcome = tracing::field::Empty,
                 );
@@ -392,6 +414,7 @@ impl TaskActor {
                     .shared
                     .remote
                     .attempt(
+                        &target,
                         request,
                         attempt,
                         idempotency_key.as_deref(),
@@ -423,11 +446,11 @@ impl TaskActor {
     /// to send, or a hold (its breaker is open: the decision waits instead of intending).
     fn take_room(&mut self, target: &str, room: std::result::Result<Slot, Unavailable>) {
         match room {
-            Ok(slot) => self.slot = Some(slot),
+            Ok(slot) => self.slot = Some((target.to_string(), slot)),
             Err(unavailable) => {
                 let millis =
                     |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-                self.hold = Some(Hold {
+                self.holds.push(Hold {
                     until: crate::now_ms().saturating_add(millis(unavailable.wait)),
                     spread_ms: millis(unavailable.spread),
                     reason: WaitReason::BreakerOpen {

@@ -28,6 +28,19 @@ pub struct Policy {
     /// reaches the remote after it forgot the key (clock skew, queueing, the request's time in
     /// flight).
     pub idempotency_ttl_margin_ms: u64,
+    /// Where the task's attempts go once the target cannot take them and nothing of the task
+    /// can exist at the target: every attempt so far proven not sent, and the target's attempts
+    /// exhausted or its breaker open.
+    #[serde(default)]
+    pub fallback: Option<Fallback>,
+}
+
+/// A target's fallback: another configured target (with no fallback of its own) and its policy,
+/// which drives the task's attempts there.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Fallback {
+    pub target: String,
+    pub policy: Box<Policy>,
 }
 
 pub use crate::event::{DEFAULT_MAX_POLICY_RESENDS, POLICY_PREFIX, POLICY_RESEND_BY};
@@ -56,16 +69,23 @@ pub struct ReconcilePolicy {
     pub complete_after_ms: Option<u64>,
 }
 
-/// What the caller supplies to a decision: the time, a random number, and whether the target
-/// can take an attempt now.
+/// What the caller supplies to a decision: the time, a random number, the policy of the task's
+/// own target, and which targets cannot take an attempt now.
 #[derive(Debug, Clone, Copy)]
 pub struct Ctx<'a> {
     pub now: Millis,
     pub random: u64,
     pub policy: &'a Policy,
-    /// Set when the target cannot take an attempt now: a decision that would record an intent
-    /// waits instead (`SendDeferred`), with no intent and no attempt spent.
-    pub hold: Option<&'a Hold>,
+    /// The targets that cannot take an attempt now: a decision that would record an intent at
+    /// one of them waits instead (`SendDeferred`), with no intent and no attempt spent, or goes
+    /// to the fallback when it may.
+    pub holds: &'a [Hold],
+}
+
+impl Ctx<'_> {
+    fn hold_of(&self, target: &str) -> Option<&Hold> {
+        self.holds.iter().find(|h| h.target() == target)
+    }
 }
 
 /// Why and until when a target takes no attempt (its circuit breaker is open).
@@ -77,6 +97,15 @@ pub struct Hold {
     /// come back at once.
     pub spread_ms: u64,
     pub reason: WaitReason,
+}
+
+impl Hold {
+    /// The target that takes no attempt.
+    pub fn target(&self) -> &str {
+        match &self.reason {
+            WaitReason::BreakerOpen { target } => target,
+        }
+    }
 }
 
 /// How one attempt is sent, besides its request: what the engine tells the effects layer.
@@ -167,6 +196,12 @@ pub enum Input {
     /// The process started and found the task not terminal.
     Recover,
     Operator(OperatorResolution),
+    /// The task's target became available again (its breaker closed) and the target asks
+    /// for its failed tasks to be retried then: a retry recorded by the policy
+    /// ([`crate::event::POLICY_BREAKER_CLOSED_BY`]), refused as an operator's would be.
+    RetryOnClose {
+        reason: String,
+    },
     /// A requests-topic message that is not a valid request, recorded as the only event of
     /// its own task (`TaskId::for_rejected_input`). A second delivery of it records nothing.
     Reject {
@@ -191,10 +226,11 @@ pub const MAX_RECORDED_DUPLICATES: u32 = 100;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
     None,
-    /// Send this attempt now.
+    /// Send this attempt now, to `target` (the task's own, or its fallback).
     Send {
         attempt: u32,
         idempotency_key: Option<String>,
+        target: String,
     },
     /// Wake the task (deliver [`Input::Wake`]) at this time.
     WakeAt(Millis),
@@ -224,6 +260,14 @@ impl Decision {
 /// Operator resolutions that do not apply are errors, so the operator learns why.
 pub fn decide(state: &State, input: Input, ctx: Ctx<'_>) -> Result<Decision> {
     let mut d = Decision::nothing();
+    // A task that moved to its fallback is driven by the fallback's policy.
+    let ctx = match (&state.fallback_target, &ctx.policy.fallback) {
+        (Some(at), Some(fallback)) if *at == fallback.target => Ctx {
+            policy: &fallback.policy,
+            ..ctx
+        },
+        _ => ctx,
+    };
     match input {
         Input::Deliver { request, source } => deliver(state, request, source, ctx, &mut d),
         Input::Outcome { attempt, outcome } => {
@@ -257,6 +301,13 @@ pub fn decide(state: &State, input: Input, ctx: Ctx<'_>) -> Result<Decision> {
             _ => {}
         },
         Input::Operator(resolution) => operator(state, resolution, ctx, &mut d)?,
+        Input::RetryOnClose { reason } => retry(
+            state,
+            crate::event::POLICY_BREAKER_CLOSED_BY.into(),
+            reason,
+            ctx,
+            &mut d,
+        )?,
         Input::Reject {
             source,
             reason,
@@ -308,11 +359,44 @@ fn deliver(
 
 /// Records the intent of the next attempt and asks the caller to send it. `fresh_key` asks for
 /// a new idempotency key even when the current one is still remembered by the remote.
+///
+/// The attempt goes to the task's fallback instead of its own target when the own target cannot
+/// take it (attempts exhausted, or its breaker open) and every attempt so far was proven not
+/// sent.
 fn intend(state: &State, fresh_key: bool, ctx: Ctx<'_>, d: &mut Decision) {
-    if let Some(hold) = ctx.hold {
-        defer(state, hold, ctx, d);
-        return;
+    let own = state.target().unwrap_or_default().to_string();
+    let own_hold = ctx.hold_of(&own);
+    if let Some(fallback) = usable_fallback(state, ctx) {
+        let exhausted = exhausted(state, ctx.policy).is_some();
+        if own_hold.is_some() || exhausted {
+            match ctx.hold_of(&fallback.target) {
+                // Both wait: look again when the first may take an attempt.
+                Some(hold) => {
+                    let first = match own_hold {
+                        Some(own) if !exhausted && own.until < hold.until => own,
+                        _ => hold,
+                    };
+                    defer(state, first, ctx, d)
+                }
+                None => {
+                    let ctx = Ctx {
+                        policy: &fallback.policy,
+                        ..ctx
+                    };
+                    intent(state, Some(&fallback.target), true, ctx, d);
+                }
+            }
+            return;
+        }
     }
+    match own_hold {
+        Some(hold) => defer(state, hold, ctx, d),
+        None => intent(state, state.fallback_target.as_deref(), fresh_key, ctx, d),
+    }
+}
+
+/// The intent of attempt `attempts + 1` at the task's own target (`at = None`) or at another.
+fn intent(state: &State, at: Option<&str>, fresh_key: bool, ctx: Ctx<'_>, d: &mut Decision) {
     let attempt = state.attempts + 1;
     let idempotency_key = ctx.policy.idempotency_ttl_ms.map(|ttl| {
         match (
@@ -323,14 +407,65 @@ fn intend(state: &State, fresh_key: bool, ctx: Ctx<'_>, d: &mut Decision) {
             _ => format!("{}-{}", task_id_hex(state), state.key_generation + 1),
         }
     });
-    d.events.push(EventBody::SendIntended {
-        attempt,
-        idempotency_key: idempotency_key.clone(),
-    });
+    let target = match at {
+        Some(target) => {
+            d.events.push(EventBody::SendIntendedAt {
+                attempt,
+                idempotency_key: idempotency_key.clone(),
+                target: target.to_string(),
+            });
+            target.to_string()
+        }
+        None => {
+            d.events.push(EventBody::SendIntended {
+                attempt,
+                idempotency_key: idempotency_key.clone(),
+            });
+            state.target().unwrap_or_default().to_string()
+        }
+    };
     d.action = Action::Send {
         attempt,
         idempotency_key,
+        target,
     };
+}
+
+/// The task's fallback, when its attempts may go there: it has not moved there yet and no
+/// attempt of it may have reached a remote (every one proven not sent, in every version).
+fn usable_fallback<'p>(state: &State, ctx: Ctx<'p>) -> Option<&'p Fallback> {
+    ctx.policy
+        .fallback
+        .as_ref()
+        .filter(|_| state.fallback_target.is_none() && state.unknowns == 0)
+}
+
+/// Why the current attempt budget allows no further attempt at the task's current target, if
+/// it allows none: the target's `max_attempts` of attempts not sent (this process's own
+/// failures aside), or the `max_attempts` of the class the last one was not sent for.
+fn exhausted(state: &State, policy: &Policy) -> Option<String> {
+    if state.unresolved_unknown {
+        return None;
+    }
+    let counted = state
+        .attempts
+        .saturating_sub(state.attempts_before_budget + state.local_not_sent);
+    if counted > 0 && counted >= policy.retry.max_attempts {
+        return Some(format!(
+            "attempts exhausted: {counted} attempts, none reached the remote"
+        ));
+    }
+    let class = state.last_not_sent_class()?;
+    let retry = policy.retry.classes.get(&class)?;
+    let count = state.not_sent_by_class.get(&class).copied().unwrap_or(0);
+    (count >= retry.max_attempts).then(|| {
+        format!(
+            "attempts exhausted: {count} attempts not sent for {} (the most retry.{}.max_attempts \
+             allows), none reached the remote",
+            class.name(),
+            class.name()
+        )
+    })
 }
 
 /// Waits instead of intending: the target cannot take an attempt now. A wait is recorded when
@@ -397,7 +532,8 @@ fn outcome_of(
             retry_after_ms,
         } => {
             // A class with a policy of its own counts its attempts and grows its backoff
-            // with its own count; otherwise the target's policy, by attempt number.
+            // with its own count; otherwise the target's policy, by the attempt's number in
+            // its budget.
             let class = RetryClass::of(&cause);
             let own = class.filter(|c| ctx.policy.retry.classes.contains_key(c));
             let class_count = own.map_or(0, |c| {
@@ -409,46 +545,30 @@ fn outcome_of(
                     retry_after_ms,
                     ctx.random,
                 ),
-                None => ctx
-                    .policy
-                    .retry
-                    .backoff_ms(attempt, retry_after_ms, ctx.random),
+                None => ctx.policy.retry.backoff_ms(
+                    attempt.saturating_sub(state.attempts_before_budget),
+                    retry_after_ms,
+                    ctx.random,
+                ),
             };
             let retry_at = ctx.now.saturating_add(delay);
-            let local = matches!(cause, NotSentCause::LocalResources(_));
             d.events.push(EventBody::SendNotSent {
                 attempt,
                 cause,
                 retry_at,
             });
-            // Attempts this process could not even start are not the remote's to count.
-            // A retried task's earlier versions spent theirs.
-            let counted = attempt.saturating_sub(
-                state.attempts_before_version + state.local_not_sent + u32::from(local),
-            );
+            let mut after = state.clone();
+            after.apply_all(ctx.now, &d.events);
             if state.unresolved_unknown {
                 // An earlier attempt may have reached the remote: this one proves nothing about
                 // it. Back to reconciling.
-                let mut after = state.clone();
-                after.apply_all(ctx.now, &d.events);
                 next_for_unknown(&after, ctx, d, retry_at);
-            } else if counted >= ctx.policy.retry.max_attempts {
-                d.events.push(EventBody::Failed {
-                    reason: format!(
-                        "attempts exhausted: {counted} attempts, none reached the remote"
-                    ),
-                });
-            } else if let Some(c) =
-                own.filter(|c| class_count >= ctx.policy.retry.for_class(Some(*c)).max_attempts)
-            {
-                d.events.push(EventBody::Failed {
-                    reason: format!(
-                        "attempts exhausted: {class_count} attempts not sent for {} (the most \
-                         retry.{}.max_attempts allows), none reached the remote",
-                        c.name(),
-                        c.name()
-                    ),
-                });
+            } else if let Some(why) = exhausted(&after, ctx.policy) {
+                if usable_fallback(&after, ctx).is_some() {
+                    intend(&after, true, ctx, d);
+                } else {
+                    d.events.push(EventBody::Failed { reason: why });
+                }
             } else {
                 d.action = Action::WakeAt(retry_at);
             }

@@ -19,7 +19,7 @@ pub const POLICY_PREFIX: &str = "policy:";
 /// performed.
 pub const POLICY_COMPLETE_BY: &str = "policy:complete_after";
 /// The `by` of a `TaskRetried` recorded because the task's target became available again
-/// (its breaker closed) and the target's `retry_failed_on_close` asks for it.
+/// (its breaker closed) and the target's `breaker.retry_failed_within` asks for it.
 pub const POLICY_BREAKER_CLOSED_BY: &str = "policy:breaker_closed";
 
 /// How many resends `resend_when_absent` authorizes per task unless configured otherwise.
@@ -239,6 +239,15 @@ pub enum EventBody {
         by: String,
         reason: String,
     },
+    /// The intent of an attempt at a target other than the task's own: its fallback. Like
+    /// `SendIntended` (which is always at the task's own target), durable before the attempt's
+    /// first byte. Recorded only while every earlier attempt of the task is proven not sent, so
+    /// nothing of the task can exist at the target it leaves. (Envelope version 5.)
+    SendIntendedAt {
+        attempt: u32,
+        idempotency_key: Option<String>,
+        target: String,
+    },
 }
 
 /// The raw bytes of a rejected input: as text where a format is read by people (JSON), as
@@ -283,6 +292,7 @@ impl EventBody {
             EventBody::InputRejected { .. } => "InputRejected",
             EventBody::SendDeferred { .. } => "SendDeferred",
             EventBody::TaskRetried { .. } => "TaskRetried",
+            EventBody::SendIntendedAt { .. } => "SendIntendedAt",
         }
     }
 
@@ -377,6 +387,14 @@ impl EventBody {
                 format!("waiting: {reason}; looks again in {} ms", after(*until))
             }
             EventBody::TaskRetried { by, reason } => format!("retried by {by}: {reason}"),
+            EventBody::SendIntendedAt {
+                attempt,
+                idempotency_key,
+                target,
+            } => match idempotency_key {
+                Some(key) => format!("attempt {attempt} at fallback {target} key={key}"),
+                None => format!("attempt {attempt} at fallback {target}"),
+            },
         }
     }
 }

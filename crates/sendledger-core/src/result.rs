@@ -134,6 +134,11 @@ pub struct TaskResult {
     pub target: Option<String>,
     /// The remote's id of the record the side effect created (succeeded only).
     pub remote_id: Option<String>,
+    /// The target whose remote holds `remote_id` (or, in review, `remote_ids`): the task's
+    /// own `target`, or its fallback when the task's attempts moved there. Results written
+    /// before fallbacks existed have none: their records are at `target`.
+    #[serde(default)]
+    pub remote_target: Option<String>,
     pub evidence: Option<ResultEvidence>,
     /// Why the task did not succeed, in words.
     pub reason: Option<String>,
@@ -272,6 +277,7 @@ fn result_for(event: &Event, state: &State) -> Option<TaskResult> {
                 request_key,
                 target,
                 remote_id: None,
+                remote_target: None,
                 evidence: None,
                 reason: Some(reason.clone()),
                 review: None,
@@ -300,6 +306,7 @@ fn result_for(event: &Event, state: &State) -> Option<TaskResult> {
                 request_key: request.map(|r| r.identity.request_key.clone()),
                 target: request.map(|r| r.target.clone()),
                 remote_id: None,
+                remote_target: None,
                 evidence: None,
                 reason: None,
                 review: None,
@@ -318,6 +325,7 @@ fn result_for(event: &Event, state: &State) -> Option<TaskResult> {
                     evidence,
                 } => {
                     r.remote_id = Some(remote_id.clone());
+                    r.remote_target = state.target().map(str::to_string);
                     r.evidence = Some(match evidence {
                         Evidence::Response { status } => ResultEvidence::Response {
                             http_status: *status,
@@ -345,6 +353,7 @@ fn result_for(event: &Event, state: &State) -> Option<TaskResult> {
                     r.review = Some(reason.into());
                     if let ReviewReason::MultipleMatches { remote_ids } = reason {
                         r.remote_ids = remote_ids.clone();
+                        r.remote_target = state.target().map(str::to_string);
                     }
                 }
                 EventBody::RequestConflict { source, .. } => {

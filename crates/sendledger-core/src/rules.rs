@@ -29,6 +29,10 @@ pub enum Rule {
     /// A task is retried (`TaskRetried`, a new version) only once failed, and only when none
     /// of its attempts may have reached the remote: every one was proven not sent.
     RetryOnlyNotSent,
+    /// A task's attempts move to a target other than its own (its first `SendIntendedAt` there)
+    /// only while every earlier attempt of the task was proven not sent: nothing of the task can
+    /// exist at the target it leaves.
+    FallbackOnlyOnProof,
 }
 
 impl Rule {
@@ -41,6 +45,7 @@ impl Rule {
             Rule::Sequence => "sequence",
             Rule::PolicyResendLimit => "policy-resend-limit",
             Rule::RetryOnlyNotSent => "retry-only-not-sent",
+            Rule::FallbackOnlyOnProof => "fallback-only-on-proof",
         }
     }
 }
@@ -130,6 +135,7 @@ impl TaskCheck {
         self.policy_resend_limit(event, violations);
         self.unknown_not_failed(event, violations);
         self.retry_only_not_sent(event, violations);
+        self.fallback_only_on_proof(event, violations);
         self.fold_in(event);
     }
 
@@ -189,10 +195,10 @@ impl TaskCheck {
 
     /// [`Rule::Sequence`]: attempts are numbered 1, 2, 3...
     fn attempt_numbering(&self, event: &Event, out: &mut Vec<Violation>) {
-        let EventBody::SendIntended { attempt, .. } = &event.body else {
+        let Some((attempt, _)) = intent(&event.body) else {
             return;
         };
-        if *attempt != self.state.attempts + 1 {
+        if attempt != self.state.attempts + 1 {
             flag(
                 out,
                 Rule::Sequence,
@@ -207,7 +213,7 @@ impl TaskCheck {
     fn intent_before_attempt(&self, event: &Event, out: &mut Vec<Violation>) {
         let (state, lsn) = (&self.state, event.lsn);
         match &event.body {
-            EventBody::SendIntended { attempt, .. } => {
+            EventBody::SendIntended { attempt, .. } | EventBody::SendIntendedAt { attempt, .. } => {
                 if let Some(open) = state.in_flight {
                     flag(
                         out,
@@ -263,17 +269,17 @@ impl TaskCheck {
     /// key within its TTL, or follows a `ResendAuthorized`.
     fn no_blind_resend(&self, event: &Event, out: &mut Vec<Violation>) {
         let state = &self.state;
-        let EventBody::SendIntended {
-            attempt,
-            idempotency_key,
-        } = &event.body
-        else {
+        let Some((attempt, idempotency_key)) = intent(&event.body) else {
             return;
         };
         if !state.unresolved_unknown || state.resend_authorized {
             return;
         }
-        let same_key = idempotency_key.is_some() && *idempotency_key == state.idempotency_key;
+        // A key is a promise of the target that saw it: it says nothing at another.
+        let same_target =
+            matches!(event.body, EventBody::SendIntended { .. }) == state.fallback_target.is_none();
+        let same_key =
+            same_target && idempotency_key.is_some() && *idempotency_key == state.idempotency_key;
         let in_ttl = match (self.config.key_ttl_ms, state.key_since) {
             (Some(ttl), Some(since)) => event.at < since.saturating_add(ttl),
             _ => true,
@@ -364,11 +370,38 @@ impl TaskCheck {
         }
     }
 
+    /// [`Rule::FallbackOnlyOnProof`]: a task moves its attempts to another target than its own
+    /// only after attempts proven not sent.
+    fn fallback_only_on_proof(&self, event: &Event, out: &mut Vec<Violation>) {
+        let EventBody::SendIntendedAt {
+            attempt, target, ..
+        } = &event.body
+        else {
+            return;
+        };
+        // A later attempt at the same fallback is a retry or resend there, which the other
+        // rules judge.
+        let moves = self.state.fallback_target.as_ref() != Some(target);
+        if moves && self.state.unknowns > 0 {
+            flag(
+                out,
+                Rule::FallbackOnlyOnProof,
+                vec![self.unknown_lsn, event.lsn],
+                format!(
+                    "attempt {attempt} at {target} after an attempt of the task may have \
+                     reached a remote (its outcome was unknown)"
+                ),
+            );
+        }
+    }
+
     /// Folds the checked event into the state and remembers the positions later rules name.
     fn fold_in(&mut self, event: &Event) {
         let lsn = event.lsn;
         match event.body {
-            EventBody::SendIntended { .. } => self.intent_lsn = lsn,
+            EventBody::SendIntended { .. } | EventBody::SendIntendedAt { .. } => {
+                self.intent_lsn = lsn
+            }
             EventBody::SendUnknown { .. } => self.unknown_lsn = lsn,
             EventBody::LookupPerformed { .. } => self.lookup_lsn = lsn,
             _ => {}
@@ -380,6 +413,22 @@ impl TaskCheck {
         } else if self.terminal_lsn == 0 {
             self.terminal_lsn = lsn;
         }
+    }
+}
+
+/// The attempt number and idempotency key of an intent, at whichever target.
+fn intent(body: &EventBody) -> Option<(u32, &Option<String>)> {
+    match body {
+        EventBody::SendIntended {
+            attempt,
+            idempotency_key,
+        }
+        | EventBody::SendIntendedAt {
+            attempt,
+            idempotency_key,
+            ..
+        } => Some((*attempt, idempotency_key)),
+        _ => None,
     }
 }
 

@@ -125,9 +125,12 @@ pub struct State {
     /// The task's version: 1, plus one per `TaskRetried`. Each version has at most one
     /// terminal result, and a later version's supersedes an earlier one's.
     pub version: u32,
-    /// Attempts intended before the current version began: the target's `max_attempts`
-    /// counts the current version's own.
-    pub attempts_before_version: u32,
+    /// Attempts intended before the current attempt budget began (a new version, or the move
+    /// to the fallback target): the target's `max_attempts` counts the budget's own.
+    pub attempts_before_budget: u32,
+    /// The target the current version's attempts go to when it is not the task's own: its
+    /// fallback, from the first `SendIntendedAt` of the version on.
+    pub fallback_target: Option<String>,
     /// Attempts whose outcome became unknown, in the task's whole life: a task with one cannot
     /// be retried (it needs reconciliation or a person).
     pub unknowns: u32,
@@ -234,7 +237,8 @@ impl Default for State {
             waiting: None,
             phase_since: 0,
             version: 1,
-            attempts_before_version: 0,
+            attempts_before_budget: 0,
+            fallback_target: None,
             unknowns: 0,
             last_not_sent: None,
             failure_kind: None,
@@ -284,20 +288,7 @@ impl State {
             EventBody::SendIntended {
                 attempt,
                 idempotency_key,
-            } => {
-                self.attempts = *attempt;
-                self.first_intent_at.get_or_insert(at);
-                self.in_flight = Some(*attempt);
-                self.retry_at = None;
-                self.next_check_at = None;
-                self.phase = Phase::Sending;
-                self.waiting = None;
-                if idempotency_key.is_some() && *idempotency_key != self.idempotency_key {
-                    self.key_since = Some(at);
-                    self.key_generation += 1;
-                }
-                self.idempotency_key = idempotency_key.clone();
-            }
+            } => self.intended(at, *attempt, idempotency_key),
             EventBody::SendNotSent {
                 retry_at, cause, ..
             } => {
@@ -382,14 +373,29 @@ impl State {
             EventBody::TaskRetried { .. } => {
                 if self.phase == Phase::Failed {
                     self.version += 1;
-                    self.attempts_before_version = self.attempts;
+                    self.attempts_before_budget = self.attempts;
                     self.local_not_sent = 0;
                     self.not_sent_by_class.clear();
                     self.failure = None;
                     self.failure_kind = None;
+                    self.fallback_target = None;
                     self.retry_at = Some(at);
                     self.phase = Phase::RetryWait;
                 }
+            }
+            EventBody::SendIntendedAt {
+                attempt,
+                idempotency_key,
+                target,
+            } => {
+                if self.fallback_target.as_ref() != Some(target) {
+                    // The fallback's own attempt budget begins.
+                    self.fallback_target = Some(target.clone());
+                    self.attempts_before_budget = attempt.saturating_sub(1);
+                    self.local_not_sent = 0;
+                    self.not_sent_by_class.clear();
+                }
+                self.intended(at, *attempt, idempotency_key);
             }
             EventBody::InputRejected { source, reason, .. } => {
                 if self.request.is_none() && self.phase == Phase::New {
@@ -401,12 +407,42 @@ impl State {
         }
     }
 
+    fn intended(&mut self, at: Millis, attempt: u32, idempotency_key: &Option<String>) {
+        self.attempts = attempt;
+        self.first_intent_at.get_or_insert(at);
+        self.in_flight = Some(attempt);
+        self.retry_at = None;
+        self.next_check_at = None;
+        self.phase = Phase::Sending;
+        self.waiting = None;
+        if idempotency_key.is_some() && *idempotency_key != self.idempotency_key {
+            self.key_since = Some(at);
+            self.key_generation += 1;
+        }
+        self.idempotency_key = idempotency_key.clone();
+    }
+
+    /// The target the task's attempts go to now: its fallback once it moved there, else its
+    /// own. A record the task created is at this target (a task moves to its fallback only
+    /// while nothing of it can exist at its own).
+    pub fn target(&self) -> Option<&str> {
+        self.fallback_target
+            .as_deref()
+            .or(self.request.as_ref().map(|r| r.target.as_str()))
+    }
+
     /// The class of "not sent" the task's next attempt retries: set while it waits to retry an
     /// attempt that was not sent for a class of reason (not for this process's own).
     pub fn retry_of(&self) -> Option<RetryClass> {
         if self.phase != Phase::RetryWait {
             return None;
         }
+        self.last_not_sent_class()
+    }
+
+    /// The class of reason the last attempt not sent was not sent for (none for this
+    /// process's own).
+    pub fn last_not_sent_class(&self) -> Option<RetryClass> {
         match self.last_not_sent? {
             FailureKind::Connect => Some(RetryClass::Connect),
             FailureKind::Throttled => Some(RetryClass::Throttled),

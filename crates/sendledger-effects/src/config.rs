@@ -82,6 +82,13 @@ pub struct TargetConfig {
     /// which trace a request belongs to.
     #[serde(default)]
     pub propagate_trace: bool,
+    /// Another configured target (with no fallback of its own) where a task's attempts go when
+    /// this one cannot take them and nothing of the task can exist here: every attempt of the
+    /// task proven not sent, and this target's attempts exhausted or its breaker open. The
+    /// fallback's own retry, lookup and breaker apply there, and a task that moved stays there
+    /// (a retried task starts here again). Never after an unknown outcome.
+    #[serde(default)]
+    pub fallback: Option<String>,
 }
 
 /// TLS settings of a target. Certificate verification is always on; there is no way to turn
@@ -406,6 +413,13 @@ pub struct BreakerConfig {
     /// is the probe, so no task's attempt is risked. Without it, the probes are real attempts
     /// (a probe whose outcome is unknown is reconciled like any other).
     pub health_url: Option<String>,
+    /// When the breaker closes again, retry the target's tasks that failed within this long
+    /// before, where every attempt of the task was proven not sent by the remote's doing
+    /// (refused, connect timeout, TLS handshake, 429, 503, a 5xx configured `not_sent`): each
+    /// records `TaskRetried` by `policy:breaker_closed`, as an operator's bulk retry would.
+    /// Off when unset.
+    #[serde(with = "humantime_serde")]
+    pub retry_failed_within: Option<Duration>,
 }
 
 impl Default for BreakerConfig {
@@ -422,6 +436,7 @@ impl Default for BreakerConfig {
             count_not_sent: true,
             count_unknown: true,
             health_url: None,
+            retry_failed_within: None,
         }
     }
 }

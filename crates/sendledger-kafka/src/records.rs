@@ -373,6 +373,11 @@ mod tests {
                 attempt: 2,
                 idempotency_key: Some("key-1".into()),
             },
+            EventBody::SendIntendedAt {
+                attempt: 3,
+                idempotency_key: Some("key-2".into()),
+                target: "backup".into(),
+            },
             EventBody::SendNotSent {
                 attempt: 1,
                 cause: NotSentCause::Connect("refused".into()),
@@ -464,9 +469,19 @@ mod tests {
                 reason: "bad".into(),
                 raw: br#"{"tenant":"acme"}"#.to_vec(),
             },
+            EventBody::SendDeferred {
+                until: 9,
+                reason: sendledger_core::WaitReason::BreakerOpen {
+                    target: "sim".into(),
+                },
+            },
+            EventBody::TaskRetried {
+                by: "ann".into(),
+                reason: "back".into(),
+            },
         ];
         let kinds: std::collections::BTreeSet<&str> = bodies.iter().map(|b| b.name()).collect();
-        assert_eq!(kinds.len(), 14, "a body kind is missing from this test");
+        assert_eq!(kinds.len(), 17, "a body kind is missing from this test");
         for event in history(task, bodies) {
             let json = event_record_json(&event).unwrap();
             let record: EventRecord = serde_json::from_slice(&json).unwrap();

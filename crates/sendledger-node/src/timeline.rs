@@ -63,13 +63,14 @@ pub fn task_json(task: TaskId, state: &State, events: &[Event]) -> Value {
         .collect();
     // Why the task waits before its next intent, as its `SendDeferred` recorded it.
     let waiting = state.waiting.as_ref().map(|w| json!({ "since": time(w.since), "until": time(w.until), "reason": w.reason.to_string() }));
-    json!({ "task_id": task.to_string(), "state": state.phase.name(), "version": state.version, "attempts": state.attempts, "remote_id": state.remote_id, "failure": state.failure_kind.map(sendledger_core::FailureKind::name), "waiting": waiting, "request": state.request, "events": timeline })
+    json!({ "task_id": task.to_string(), "state": state.phase.name(), "version": state.version, "attempts": state.attempts, "target": state.target(), "remote_id": state.remote_id, "failure": state.failure_kind.map(sendledger_core::FailureKind::name), "waiting": waiting, "request": state.request, "events": timeline })
 }
 
 /// The attempt a send event is about; none for other events.
 fn attempt_of(body: &EventBody) -> Option<u32> {
     match body {
         EventBody::SendIntended { attempt, .. }
+        | EventBody::SendIntendedAt { attempt, .. }
         | EventBody::SendNotSent { attempt, .. }
         | EventBody::SendUnknown { attempt, .. } => Some(*attempt),
         _ => None,

@@ -40,7 +40,7 @@ impl HttpRemote {
 
 impl Remote for HttpRemote {
     fn policy(&self, target: &str) -> Option<Policy> {
-        self.targets.get(target).map(|t| t.policy())
+        self.targets.policy(target)
     }
 
     fn reserve(
@@ -64,15 +64,15 @@ impl Remote for HttpRemote {
 
     fn attempt(
         &self,
+        target: &str,
         request: &AcceptedRequest,
         attempt: u32,
         idempotency_key: Option<&str>,
         sending: Sending,
         slot: Option<Slot>,
     ) -> BoxFuture<AttemptOutcome> {
-        let Some(target) = self.targets.get(&request.target).cloned() else {
-            let cause =
-                NotSentCause::Connect(format!("target `{}` is not configured", request.target));
+        let Some(target) = self.targets.get(target).cloned() else {
+            let cause = NotSentCause::Connect(format!("target `{target}` is not configured"));
             return Box::pin(std::future::ready(AttemptOutcome::NotSent {
                 cause,
                 retry_after_ms: None,
@@ -97,20 +97,26 @@ impl Remote for HttpRemote {
         })
     }
 
-    fn lookup_url(&self, request: &AcceptedRequest) -> Option<Result<String, String>> {
-        self.targets.get(&request.target)?.lookup_url(request)
+    fn lookup_url(
+        &self,
+        target: &str,
+        request: &AcceptedRequest,
+    ) -> Option<Result<String, String>> {
+        self.targets.get(target)?.lookup_url(request)
     }
 
     fn target_health(&self) -> Vec<TargetHealth> {
         self.targets
             .names()
             .filter_map(|name| {
-                let view = self.targets.get(name)?.breaker()?;
+                let target = self.targets.get(name)?;
+                let view = target.breaker()?;
                 Some(TargetHealth {
                     target: name.to_string(),
                     state: view.state.name(),
                     probing_in_ms: view.probing_in_ms,
                     opened: view.opened,
+                    retry_failed_within: target.retry_failed_within(),
                 })
             })
             .collect()
@@ -118,12 +124,13 @@ impl Remote for HttpRemote {
 
     fn lookup(
         &self,
+        target: &str,
         request: &AcceptedRequest,
         since: Millis,
         trace: Option<TraceParent>,
     ) -> BoxFuture<Result<Vec<String>, LookupError>> {
-        let Some(target) = self.targets.get(&request.target).cloned() else {
-            let err = format!("target `{}` is not configured", request.target);
+        let Some(target) = self.targets.get(target).cloned() else {
+            let err = format!("target `{target}` is not configured");
             return Box::pin(std::future::ready(Err(LookupError::new(err, false))));
         };
         let request = request.clone();

@@ -13,7 +13,9 @@
 //!   intent), the same way.
 //! - Version 4: version 3 plus `EventBody::TaskRetried` (a failed task's new version), the
 //!   same way.
-// format: do not change (versions 1 to 4 are on disk)
+//! - Version 5: version 4 plus `EventBody::SendIntendedAt` (an attempt at the task's
+//!   fallback target), the same way.
+// format: do not change (versions 1 to 5 are on disk)
 
 use sendledger_core::event::Millis;
 use sendledger_core::{Event, EventBody, NewEvent, TaskId};
@@ -24,8 +26,9 @@ use crate::error::{Error, Result};
 pub const EVENT_V1: u8 = 1;
 pub const EVENT_V2: u8 = 2;
 pub const EVENT_V3: u8 = 3;
-/// The envelope version this build writes.
 pub const EVENT_V4: u8 = 4;
+/// The envelope version this build writes.
+pub const EVENT_V5: u8 = 5;
 
 /// An [`Event`]'s fields, borrowed: bincode writes a struct as its fields in order, so this
 /// encodes as the event does.
@@ -40,7 +43,7 @@ struct EventFields<'a> {
 
 fn encode(fields: EventFields<'_>) -> Vec<u8> {
     let mut out = Vec::with_capacity(96);
-    out.push(EVENT_V4);
+    out.push(EVENT_V5);
     // Serializing plain data into a Vec cannot fail.
     bincode::serialize_into(&mut out, &fields).expect("bincode into Vec is infallible");
     out
@@ -70,7 +73,7 @@ pub fn encode_new_event(lsn: u64, event: &NewEvent) -> Vec<u8> {
 /// Decodes the event stored under `lsn`; the stored LSN must match its key.
 pub fn decode_event(lsn: u64, bytes: &[u8]) -> Result<Event> {
     match bytes.first() {
-        Some(&(EVENT_V1 | EVENT_V2 | EVENT_V3 | EVENT_V4)) => {
+        Some(&(EVENT_V1 | EVENT_V2 | EVENT_V3 | EVENT_V4 | EVENT_V5)) => {
             let event: Event = bincode::deserialize(&bytes[1..])
                 .map_err(|source| Error::Undecodable { lsn, source })?;
             if event.lsn != lsn {

@@ -913,6 +913,8 @@ fn config_errors_name_the_field() {
         ("request_timeout = \"5s\"\nbreaker = { slow_after = \"6s\" }", "targets.t.breaker.slow_after: must not exceed request_timeout"),
         ("breaker = { count_not_sent = false, count_unknown = false }", "targets.t.breaker: counts no failure"),
         ("breaker = { health_url = \"http://127.0.0.1:9/h/{task_id}\" }", "targets.t.breaker.health_url: must not have placeholders"),
+        ("breaker = { enabled = false, retry_failed_within = \"1h\" }", "targets.t.breaker.retry_failed_within: retries failed tasks when the breaker closes, and the breaker is off"),
+        ("breaker = { retry_failed_within = \"0s\" }", "targets.t.breaker.retry_failed_within: must be longer than 0s"),
     ];
     for (extra, expected) in cases {
         let cfg: TargetConfig = toml::from_str(&format!("{base}{extra}")).unwrap();
@@ -1017,6 +1019,7 @@ lookup = { url = "http://127.0.0.1:9/records?k={task_id}", first_check = "2s", c
             idempotency_ttl_ms: Some(86_400_000),
             // A tenth of the TTL, at most a minute.
             idempotency_ttl_margin_ms: 60_000,
+            fallback: None,
         }
     );
     let plain: TargetConfig = toml::from_str("url = \"http://127.0.0.1:9/r\"").unwrap();

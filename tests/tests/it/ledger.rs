@@ -415,6 +415,24 @@ fn golden_events_v4() -> Vec<Event> {
     events
 }
 
+/// Version 5 adds the attempt at a fallback target (`SendIntendedAt`).
+fn golden_events_v5() -> Vec<Event> {
+    let mut events = golden_events_v4();
+    let last = events.last().unwrap().clone();
+    events.push(Event {
+        lsn: last.lsn + 1,
+        task_seq: last.task_seq + 1,
+        at: last.at + 1,
+        body: EventBody::SendIntendedAt {
+            attempt: 5,
+            idempotency_key: Some("key-5".into()),
+            target: "payments-backup".into(),
+        },
+        ..last
+    });
+    events
+}
+
 /// Reads a fixture of `lsn name hex` lines.
 fn fixture(name: &str, events: &[Event]) -> Vec<(u64, Vec<u8>)> {
     let path = format!("{}/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
@@ -470,20 +488,30 @@ fn event_encoding_matches_golden_fixtures() {
         );
     }
     let v4 = golden_events_v4();
+    for ((lsn, bytes), event) in fixture("events-v4.txt", &v4).iter().zip(&v4) {
+        assert_eq!(bytes[0], 4);
+        assert_eq!(
+            &decode_event(*lsn, bytes).unwrap(),
+            event,
+            "decoding v4 {}",
+            event.body.name()
+        );
+    }
+    let v5 = golden_events_v5();
     if std::env::var_os("SENDLEDGER_BLESS").is_some() {
-        let encoded: Vec<String> = v4
+        let encoded: Vec<String> = v5
             .iter()
             .map(|e| format!("{} {} {}", e.lsn, e.body.name(), hex(&encode_event(e))))
             .collect();
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/events-v4.txt");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/events-v5.txt");
         std::fs::write(path, encoded.join("\n") + "\n").unwrap();
     }
-    for ((lsn, bytes), event) in fixture("events-v4.txt", &v4).iter().zip(&v4) {
+    for ((lsn, bytes), event) in fixture("events-v5.txt", &v5).iter().zip(&v5) {
         let name = event.body.name();
         assert_eq!(
             &decode_event(*lsn, bytes).unwrap(),
             event,
-            "decoding v4 {name}"
+            "decoding v5 {name}"
         );
         assert_eq!(
             hex(&encode_event(event)),

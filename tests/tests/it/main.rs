@@ -15,6 +15,7 @@ mod docs;
 mod effects;
 mod engine;
 mod engine_kill;
+mod fallback;
 mod fuzz;
 mod kafka;
 mod layout;

@@ -227,3 +227,76 @@ async fn a_retry_recorded_on_a_stopped_ledger_is_sent_at_the_next_start() {
     assert_eq!(sim.records_with_identity("later").len(), 1);
     engine.shutdown(Duration::from_secs(5)).await;
 }
+
+/// A target with `breaker.retry_failed_within`: the tasks an outage failed before the breaker
+/// opened are retried when it closes again, with no operator, each sent once more and recorded
+/// as the policy's retry; tasks that arrived while it was open waited and are sent then too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closing_breaker_retries_the_tasks_the_outage_failed() {
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    sim.set_offline(true).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // 30 outcomes before the breaker may open: the first 10 tasks (2 refused attempts each)
+    // fail; the later ones open it and wait.
+    let config = target(&sim.base_url(), |t| {
+        t["retry"] = json!({ "max_attempts": 2, "initial_backoff": "5ms", "max_backoff": "10ms", "multiplier": 2.0 });
+        t["breaker"] = json!({
+            "window_calls": 30, "minimum_calls": 30, "failure_rate": 0.5, "open_for": "1s",
+            "health_url": sim.stats_url(), "retry_failed_within": "10m"
+        });
+    });
+    let engine = tokio::task::block_in_place(|| start(dir.path(), config));
+    let first: Vec<String> = (0..10).map(|i| format!("first-{i}")).collect();
+    for (i, key) in first.iter().enumerate() {
+        engine.submit(request(key), source(i as i64)).await.unwrap();
+    }
+    for key in &first {
+        let state = wait_for(&engine, task_id(key), WAIT, settled).await;
+        assert_eq!(state.phase, Phase::Failed, "{key}");
+    }
+    let later: Vec<String> = (0..10).map(|i| format!("later-{i}")).collect();
+    for (i, key) in later.iter().enumerate() {
+        engine
+            .submit(request(key), source(100 + i as i64))
+            .await
+            .unwrap();
+    }
+    let deadline = std::time::Instant::now() + WAIT;
+    while !engine
+        .target_health()
+        .iter()
+        .any(|h| h.state == "open" && h.opened == 1)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the breaker never opened"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    sim.set_offline(false).await.unwrap();
+    let mut policy_retries = 0;
+    for key in first.iter().chain(&later) {
+        let state = wait_for(&engine, task_id(key), WAIT, |s| s.phase == Phase::Succeeded).await;
+        assert_eq!(sim.records_with_identity(key).len(), 1, "{key}");
+        let events = engine.events(task_id(key)).await.unwrap();
+        let retries: Vec<&str> = events
+            .iter()
+            .filter_map(|e| match &e.body {
+                sendledger_core::EventBody::TaskRetried { by, .. } => Some(by.as_str()),
+                _ => None,
+            })
+            .collect();
+        // A later task may have failed too, before the breaker opened on its attempts.
+        if key.starts_with("first") || !retries.is_empty() {
+            assert_eq!(retries, ["policy:breaker_closed"], "{key}");
+            assert_eq!(state.version, 2, "{key}");
+            policy_retries += 1;
+        }
+    }
+    assert_eq!(sim.stats().duplicates, 0);
+    let report = sendledger_store::audit(engine.ledger(), Default::default(), |_| {}).unwrap();
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    assert_eq!(report.retries, policy_retries);
+    assert!(policy_retries >= 10);
+    engine.shutdown(Duration::from_secs(5)).await;
+}

@@ -13,6 +13,7 @@ use crate::retry::RetryPolicy;
 use crate::rules::{check_task, CheckConfig, Rule};
 use crate::state::{fold, Phase, State};
 
+mod fallback;
 mod properties;
 mod retries;
 mod scenarios;
@@ -25,8 +26,12 @@ struct Harness {
     now: u64,
     random: u64,
     sends: Vec<(u32, Option<String>)>,
-    /// Set while the target's breaker is open: decisions get it as `Ctx::hold`.
+    /// The target of each send, in order.
+    sent_to: Vec<String>,
+    /// Set while the task's own target's breaker is open: decisions get it in `Ctx::holds`.
     hold: Option<Hold>,
+    /// The same for its fallback.
+    fallback_hold: Option<Hold>,
 }
 
 impl Harness {
@@ -38,16 +43,24 @@ impl Harness {
             now: 1_000_000,
             random: 42,
             sends: Vec::new(),
+            sent_to: Vec::new(),
             hold: None,
+            fallback_hold: None,
         }
     }
 
     fn step(&mut self, input: Input) -> crate::Result<Action> {
+        let holds: Vec<Hold> = self
+            .hold
+            .iter()
+            .chain(&self.fallback_hold)
+            .cloned()
+            .collect();
         let ctx = Ctx {
             now: self.now,
             random: self.random,
             policy: &self.policy,
-            hold: self.hold.as_ref(),
+            holds: &holds,
         };
         self.random = self
             .random
@@ -72,17 +85,26 @@ impl Harness {
         if let Action::Send {
             attempt,
             idempotency_key,
+            target,
         } = &decision.action
         {
-            // Rule 1 at the point of action: the intent of this very attempt was just recorded.
-            assert_eq!(
-                decision.events.last(),
-                Some(&EventBody::SendIntended {
+            // Rule 1 at the point of action: the intent of this very attempt, at this very
+            // target, was just recorded.
+            let intent = if *target == request(0).target {
+                EventBody::SendIntended {
                     attempt: *attempt,
-                    idempotency_key: idempotency_key.clone()
-                })
-            );
+                    idempotency_key: idempotency_key.clone(),
+                }
+            } else {
+                EventBody::SendIntendedAt {
+                    attempt: *attempt,
+                    idempotency_key: idempotency_key.clone(),
+                    target: target.clone(),
+                }
+            };
+            assert_eq!(decision.events.last(), Some(&intent));
             self.sends.push((*attempt, idempotency_key.clone()));
+            self.sent_to.push(target.clone());
         }
         Ok(decision.action)
     }
@@ -134,6 +156,7 @@ fn lookup_policy() -> Policy {
         }),
         idempotency_ttl_ms: None,
         idempotency_ttl_margin_ms: 0,
+        fallback: None,
     }
 }
 

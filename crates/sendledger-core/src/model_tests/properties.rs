@@ -4,6 +4,9 @@
 use proptest::prelude::*;
 
 use super::*;
+use crate::decide::Fallback;
+
+const FALLBACK: &str = "backup";
 
 /// One abstract step of the property test.
 #[derive(Debug, Clone)]
@@ -29,8 +32,12 @@ enum Step {
     Advance(u64),
     /// The target's breaker opens (for this many ms) or, with `None`, closes.
     Breaker(Option<u64>),
+    /// The same for the fallback target's.
+    FallbackBreaker(Option<u64>),
     /// An operator retries the task (a new version, if it failed with nothing sent).
     Retry,
+    /// The target's breaker closed and it retries its failed tasks.
+    RetryOnClose,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -49,7 +56,9 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0u8..4).prop_map(Step::Review),
         1 => (0u64..20_000).prop_map(Step::Advance),
         1 => proptest::option::of(0u64..10_000).prop_map(Step::Breaker),
+        1 => proptest::option::of(0u64..10_000).prop_map(Step::FallbackBreaker),
         1 => Just(Step::Retry),
+        1 => Just(Step::RetryOnClose),
     ]
 }
 
@@ -63,6 +72,7 @@ fn policy() -> impl Strategy<Value = Policy> {
         0u64..2_000,
         proptest::option::of(0u64..12_000),
         proptest::option::of((1u32..4, any::<bool>())),
+        proptest::option::of(1u32..4),
     )
         .prop_map(
             |(
@@ -74,38 +84,56 @@ fn policy() -> impl Strategy<Value = Policy> {
                 idempotency_ttl_margin_ms,
                 complete_after_ms,
                 connect_class,
-            )| Policy {
-                retry: RetryPolicy {
-                    max_attempts,
-                    initial_backoff_ms: 50,
-                    max_backoff_ms: 2_000,
-                    multiplier: 2.0,
-                    jitter: true,
-                    classes: connect_class
-                        .map(|(max_attempts, jitter)| {
-                            let fixed = RetryPolicy {
-                                max_attempts,
-                                initial_backoff_ms: 300,
-                                max_backoff_ms: 300,
-                                multiplier: 1.0,
-                                jitter,
-                                classes: Default::default(),
-                            };
-                            (crate::retry::RetryClass::Connect, fixed)
-                        })
-                        .into_iter()
-                        .collect(),
-                },
-                reconcile: lookup.then_some(ReconcilePolicy {
+                fallback_attempts,
+            )| {
+                let reconcile = lookup.then_some(ReconcilePolicy {
                     first_check_ms: 100,
                     check_interval_ms: 1_000,
                     deadline_ms: 15_000,
                     resend_when_absent,
                     max_policy_resends,
                     complete_after_ms,
-                }),
-                idempotency_ttl_ms,
-                idempotency_ttl_margin_ms,
+                });
+                Policy {
+                    retry: RetryPolicy {
+                        max_attempts,
+                        initial_backoff_ms: 50,
+                        max_backoff_ms: 2_000,
+                        multiplier: 2.0,
+                        jitter: true,
+                        classes: connect_class
+                            .map(|(max_attempts, jitter)| {
+                                let fixed = RetryPolicy {
+                                    max_attempts,
+                                    initial_backoff_ms: 300,
+                                    max_backoff_ms: 300,
+                                    multiplier: 1.0,
+                                    jitter,
+                                    classes: Default::default(),
+                                };
+                                (crate::retry::RetryClass::Connect, fixed)
+                            })
+                            .into_iter()
+                            .collect(),
+                    },
+                    reconcile: reconcile.clone(),
+                    idempotency_ttl_ms,
+                    idempotency_ttl_margin_ms,
+                    fallback: fallback_attempts.map(|max_attempts| Fallback {
+                        target: FALLBACK.into(),
+                        policy: Box::new(Policy {
+                            retry: RetryPolicy {
+                                max_attempts,
+                                initial_backoff_ms: 200,
+                                max_backoff_ms: 200,
+                                multiplier: 1.0,
+                                ..RetryPolicy::default()
+                            },
+                            reconcile,
+                            ..Policy::default()
+                        }),
+                    }),
+                }
             },
         )
 }
@@ -203,6 +231,19 @@ fn to_input(h: &mut Harness, s: Step, offset: &mut i64) -> Option<Input> {
             });
             Input::Wake
         }
+        Step::FallbackBreaker(open_for) => {
+            h.fallback_hold = open_for.map(|ms| Hold {
+                until: h.now + ms,
+                spread_ms: 1_000,
+                reason: WaitReason::BreakerOpen {
+                    target: FALLBACK.into(),
+                },
+            });
+            Input::Wake
+        }
+        Step::RetryOnClose => Input::RetryOnClose {
+            reason: "the breaker closed".into(),
+        },
         Step::Retry => Input::Operator(OperatorResolution::Retry {
             by: "ana".into(),
             reason: "the remote is back".into(),
@@ -255,8 +296,11 @@ fn generated_inputs_reach_every_corner() {
                 EventBody::SendDeferred { .. } => {
                     seen.insert("waited".into());
                 }
-                EventBody::TaskRetried { .. } => {
-                    seen.insert("retried".into());
+                EventBody::TaskRetried { by, .. } => {
+                    seen.insert(format!("retried by {by}"));
+                }
+                EventBody::SendIntendedAt { .. } => {
+                    seen.insert("fallback".into());
                 }
                 EventBody::ManualReviewRequired { reason } => {
                     seen.insert(format!("{reason:?}").split(' ').next().unwrap().to_string());
@@ -277,7 +321,9 @@ fn generated_inputs_reach_every_corner() {
         "authorized by policy:resend_when_absent",
         "authorized by policy:complete_after",
         "waited",
-        "retried",
+        "retried by ana",
+        "retried by policy:breaker_closed",
+        "fallback",
         "Lookup",
         "conflict",
         "MultipleMatches",
@@ -307,12 +353,18 @@ proptest! {
         for s in steps {
             let was_terminal = h.state.phase.is_terminal();
             let was_retryable = h.state.retryable().is_ok();
+            let (was_own, unknowns) = (h.state.fallback_target.is_none(), h.state.unknowns);
             let before = h.log.len();
             let Some(input) = to_input(&mut h, s, &mut offset) else { continue };
             let sends_before = h.sends.len();
             let _ = h.step(input);
-            if h.hold.is_some() {
-                prop_assert_eq!(h.sends.len(), sends_before, "sent while the target's breaker was open");
+            for (held, target) in [(&h.hold, "payments"), (&h.fallback_hold, FALLBACK)] {
+                if held.is_some() {
+                    prop_assert!(!h.sent_to[sends_before..].iter().any(|t| t == target), "sent to {} while its breaker was open", target);
+                }
+            }
+            if was_own && h.sent_to[sends_before..].iter().any(|t| t == FALLBACK) {
+                prop_assert_eq!(unknowns, 0, "moved to the fallback after an unknown outcome");
             }
             if was_terminal {
                 prop_assert_eq!(h.sends.len(), sends_before, "a terminal task sent again");

@@ -118,6 +118,8 @@ impl Target {
             limiter,
             breaker,
             health,
+            retry_failed_within: config.breaker.retry_failed_within,
+            fallback: config.fallback.clone(),
         })
     }
 }
@@ -269,6 +271,15 @@ fn breaker(
     connector: Option<&TlsConnector>,
 ) -> Result<(Option<Arc<Breaker>>, Option<Health>)> {
     let b = &config.breaker;
+    if let Some(within) = b.retry_failed_within {
+        if !b.enabled {
+            return Err(Error::config(
+                path.at("breaker.retry_failed_within"),
+                "retries failed tasks when the breaker closes, and the breaker is off (enabled = false)",
+            ));
+        }
+        positive(path, "breaker.retry_failed_within", within)?;
+    }
     if !b.enabled {
         return Ok((None, None));
     }

@@ -29,7 +29,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Method, Request, Uri};
 use http_body_util::Full;
-use sendledger_core::decide::{Policy, ReconcilePolicy};
+use sendledger_core::decide::{Fallback, Policy, ReconcilePolicy};
 use sendledger_core::trace::TRACEPARENT;
 use sendledger_core::{RetryClass, RetryPolicy, TraceParent};
 
@@ -71,6 +71,11 @@ pub struct Target {
     breaker: Option<Arc<Breaker>>,
     /// The breaker's health request: its URL and where it goes.
     health: Option<(String, Endpoint)>,
+    /// The target's fallback (`fallback`), checked by [`Targets`] to be another configured
+    /// target with none of its own.
+    fallback: Option<String>,
+    /// `breaker.retry_failed_within`.
+    retry_failed_within: Option<Duration>,
 }
 
 /// Why a target takes no attempt now: its breaker is open (or its probes are out). Nothing
@@ -125,11 +130,51 @@ impl Targets {
                 Arc::new(Target::from_config_with_env(name, target, &env)?),
             );
         }
+        for (name, target) in config {
+            let Some(fallback) = &target.fallback else {
+                continue;
+            };
+            let field = format!("targets.{name}.fallback");
+            match config.get(fallback) {
+                None => {
+                    return Err(Error::config(
+                        field,
+                        format!("`{fallback}` is not a configured target"),
+                    ))
+                }
+                _ if fallback == name => {
+                    return Err(Error::config(field, "a target cannot be its own fallback"))
+                }
+                Some(other) if other.fallback.is_some() => {
+                    return Err(Error::config(
+                        field,
+                        format!(
+                            "`{fallback}` has a fallback of its own; a fallback is one step: \
+                             remove targets.{fallback}.fallback or choose another target"
+                        ),
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
         Ok(Targets { by_name })
     }
 
     pub fn get(&self, name: &str) -> Option<&Arc<Target>> {
         self.by_name.get(name)
+    }
+
+    /// How the core crate drives tasks of target `name`: its policy, with its fallback's.
+    pub fn policy(&self, name: &str) -> Option<Policy> {
+        let target = self.get(name)?;
+        let mut policy = target.policy();
+        policy.fallback = target.fallback.as_ref().and_then(|fallback| {
+            Some(Fallback {
+                target: fallback.clone(),
+                policy: Box::new(self.get(fallback)?.policy()),
+            })
+        });
+        Some(policy)
     }
 
     pub fn names(&self) -> impl Iterator<Item = &str> {
@@ -221,12 +266,19 @@ impl Target {
         self.breaker.as_ref().map(|b| b.view())
     }
 
+    /// How far back the target's failed tasks are retried when its breaker closes
+    /// (`breaker.retry_failed_within`); `None`: they are not.
+    pub fn retry_failed_within(&self) -> Option<Duration> {
+        self.retry_failed_within
+    }
+
     /// Whether the target has a lookup (unknown outcomes can be reconciled).
     pub fn has_lookup(&self) -> bool {
         self.lookup.is_some()
     }
 
-    /// How the core crate drives tasks of this target.
+    /// How the core crate drives tasks of this target, its fallback aside (see
+    /// [`Targets::policy`]).
     pub fn policy(&self) -> Policy {
         Policy {
             retry: self.retry.clone(),
@@ -236,6 +288,7 @@ impl Target {
                 .idempotency
                 .as_ref()
                 .map_or(0, |(_, _, margin)| millis(*margin)),
+            fallback: None,
         }
     }
 

@@ -98,7 +98,8 @@ pub async fn task(
     body["lookup_url"] = match state
         .request
         .as_ref()
-        .and_then(|r| shared.engine.lookup_url(r))
+        .zip(state.target())
+        .and_then(|(r, target)| shared.engine.lookup_url(target, r))
     {
         Some(Ok(url)) => json!(url),
         Some(Err(why)) => json!(format!("cannot be built: {why}")),
