@@ -42,7 +42,8 @@ impl Integrity {
 /// A broken rule or a damaged log, naming the task (when it is known) and the LSNs involved.
 ///
 /// `rule` is a [`crate::rules::Rule`] name (`intent-before-attempt`, `no-blind-resend`, `unknown-not-failed`,
-/// `terminal-is-final`, `sequence`, `policy-resend-limit`, `retry-only-not-sent`) or an [`Integrity`] name (`lsn-contiguous`,
+/// `terminal-is-final`, `sequence`, `policy-resend-limit`, `retry-only-not-sent`,
+/// `fallback-only-on-proof`) or an [`Integrity`] name (`lsn-contiguous`,
 /// `event-decodable`, `index-consistent`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Finding {

@@ -338,15 +338,21 @@ impl Kafka {
     /// `allow_finite_retention` accepts the loss: a partition whose oldest events were deleted
     /// restores without them (their tasks, identities and processed offsets are forgotten, so
     /// a redelivery of such a request is sent again). Each refusal names the setting to change.
+    ///
+    /// Returns warnings about the topic's durability, each naming the setting: where a commit
+    /// the brokers acknowledged could still be lost (a replication factor under 3,
+    /// `min.insync.replicas` under 2, `unclean.leader.election.enable = true`), the proof that
+    /// a request was sent can be lost with it.
     pub async fn check_log_of_record(
         &self,
         allow_finite_retention: bool,
         timeout: Duration,
-    ) -> Result<()> {
+    ) -> Result<Vec<String>> {
         let config = &self.config;
         let kafka = self.clone();
         let topics = [config.requests_topic.clone(), config.events_topic.clone()];
-        let counts: Vec<Option<usize>> = tokio::task::spawn_blocking(move || {
+        // Per topic: its partition count and the fewest replicas of a partition.
+        let found: Vec<Option<(usize, usize)>> = tokio::task::spawn_blocking(move || {
             let m = kafka.metadata(timeout)?;
             Ok::<_, Error>(
                 topics
@@ -355,7 +361,10 @@ impl Kafka {
                         m.topics()
                             .iter()
                             .find(|t| t.name() == name && t.error().is_none())
-                            .map(|t| t.partitions().len())
+                            .map(|t| {
+                                let replicas = t.partitions().iter().map(|p| p.replicas().len());
+                                (t.partitions().len(), replicas.min().unwrap_or(0))
+                            })
                     })
                     .collect(),
             )
@@ -368,8 +377,8 @@ impl Kafka {
             field: "events_topic".into(),
             problem,
         };
-        let (requests, events) = match (counts[0], counts[1]) {
-            (Some(r), Some(e)) => (r, e),
+        let (requests, (events, replicas)) = match (found[0], found[1]) {
+            (Some((r, _)), Some(e)) => (r, e),
             (None, _) => {
                 return Err(Error::Config {
                     field: "requests_topic".into(),
@@ -389,9 +398,6 @@ impl Kafka {
                 config.events_topic, config.requests_topic
             )));
         }
-        if allow_finite_retention {
-            return Ok(());
-        }
         let admin: AdminClient<DefaultClientContext> = self.client_config(Role::Admin).create()?;
         let opts = AdminOptions::new().request_timeout(Some(timeout));
         let described = admin
@@ -399,6 +405,12 @@ impl Kafka {
             .await?;
         let resource = match described.into_iter().next() {
             Some(Ok(r)) => r,
+            Some(Err(code)) if allow_finite_retention => {
+                return Ok(vec![format!(
+                    "cannot read the configuration of {}: {code}; whether an acknowledged commit can be lost is not checked (grant DESCRIBE_CONFIGS)",
+                    config.events_topic
+                )])
+            }
             Some(Err(code)) => {
                 return Err(bad(format!(
                     "cannot read the configuration of {}: {code}; kafka mode must see that it keeps every event (grant DESCRIBE_CONFIGS, or allow finite retention)",
@@ -417,14 +429,33 @@ impl Kafka {
         if let Some(v) = value("cleanup.policy").filter(|v| v.contains("compact")) {
             problems.push(format!("cleanup.policy = {v}"));
         }
-        if problems.is_empty() {
-            return Ok(());
+        if !problems.is_empty() && !allow_finite_retention {
+            return Err(bad(format!(
+                "{} would lose events ({}); in kafka mode it is the log of record and a partition is restored from all of it: set retention.ms = -1, retention.bytes = -1, cleanup.policy = delete on the topic, or allow finite retention to accept that a restored partition forgets the tasks whose events were deleted (a redelivery of their requests is then sent again)",
+                config.events_topic,
+                problems.join(", ")
+            )));
         }
-        Err(bad(format!(
-            "{} would lose events ({}); in kafka mode it is the log of record and a partition is restored from all of it: set retention.ms = -1, retention.bytes = -1, cleanup.policy = delete on the topic, or allow finite retention to accept that a restored partition forgets the tasks whose events were deleted (a redelivery of their requests is then sent again)",
-            config.events_topic,
-            problems.join(", ")
-        )))
+        let topic = &config.events_topic;
+        let mut warnings = Vec::new();
+        if replicas < 3 {
+            warnings.push(format!(
+                "{topic} has replication factor {replicas}: a commit is lost with the broker that holds it, and with it the proof that a request was sent; use 3"
+            ));
+        }
+        if let Some(v) =
+            value("min.insync.replicas").filter(|v| v.parse::<u32>().is_ok_and(|n| n < 2))
+        {
+            warnings.push(format!(
+                "{topic} has min.insync.replicas = {v}: a commit acknowledged by one replica is lost if that broker fails before another copies it; set 2 (with replication factor 3)"
+            ));
+        }
+        if let Some(v) = value("unclean.leader.election.enable").filter(|v| v == "true") {
+            warnings.push(format!(
+                "{topic} has unclean.leader.election.enable = {v}: a replica that missed acknowledged commits may become leader and drop them; set false"
+            ));
+        }
+        Ok(warnings)
     }
 }
 

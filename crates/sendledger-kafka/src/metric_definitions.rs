@@ -44,7 +44,7 @@ pub const DEFINITIONS: &[M] = &[
     .in_unit(MetricUnit::Seconds),
     M::counter(
         PARTITIONS_LOST_TOTAL,
-        "Partitions this instance stopped processing without giving them up, by cause: `fenced` (kafka mode: another instance opened the partition's log), `failed` (kafka mode: a transaction of its log failed; taken over again while assigned), `session` (the consumer group took them away: this instance's session expired).",
+        "Partitions this instance stopped processing without giving them up, by cause: `fenced` (kafka mode: another instance opened the partition's log), `failed` (kafka mode: a transaction of its log failed; taken over again while assigned), `late_commit` (kafka mode: a transaction of a log given up committed after the partition was owned here anew; taken over again so its restore reads it), `unrecorded` (kafka mode: events committed to its log could not be written to the ledger; taken over again), `session` (the consumer group took them away: this instance's session expired).",
     ),
     M::counter(
         REQUESTS_LOST_TOTAL,

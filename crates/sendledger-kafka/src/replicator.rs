@@ -315,6 +315,16 @@ impl Replicator for LogReplicator {
         }
         self.finished(partition, generation, outcome, &recorded, next, projections)
     }
+
+    fn unrecorded(&self, partition: i32) {
+        let mut owned = self.lock();
+        if owned.logs.contains_key(&partition) {
+            owned.forget(partition);
+            owned.lost.insert(partition, false);
+            metrics::counter!(crate::metric_definitions::PARTITIONS_LOST_TOTAL, "cause" => "unrecorded")
+                .increment(1);
+        }
+    }
 }
 
 impl LogReplicator {
@@ -335,11 +345,12 @@ impl LogReplicator {
         match outcome {
             Ok(committed) => {
                 let mut owned = self.lock();
-                if owned.is_current(partition, generation) {
-                    owned.projections.insert(partition, projections);
-                    if let Some(frontier) = owned.frontiers.get_mut(&partition) {
-                        frontier.committed(recorded, next);
-                    }
+                if !owned.is_current(partition, generation) {
+                    return Err(owned.committed_late(partition));
+                }
+                owned.projections.insert(partition, projections);
+                if let Some(frontier) = owned.frontiers.get_mut(&partition) {
+                    frontier.committed(recorded, next);
                 }
                 let (_, last) = committed.events.unwrap_or((-1, -1));
                 Ok(last + 1)
@@ -388,6 +399,28 @@ impl Owned {
         self.logs
             .get(&partition)
             .is_some_and(|current| current.generation == generation)
+    }
+
+    /// A transaction of a log given up since it began committed: its events are in the log of
+    /// record, but the partition's tasks were (or will be) resumed from a restore that may have
+    /// read the log before them. Nothing of the batch is recorded here, so it cannot overwrite
+    /// that restore's summaries or checkpoint; and a partition owned here anew is taken over
+    /// again, its restore reading the log with the late commit in it, so that no task is worked
+    /// from a copy that lacks committed events (a second intent at a sequence number already
+    /// taken).
+    fn committed_late(&mut self, partition: i32) -> Replication {
+        if self.logs.contains_key(&partition) {
+            tracing::warn!(partition, "a transaction of a log given up committed after the partition was taken over anew; the partition is taken over again so its restore reads it");
+            self.forget(partition);
+            self.lost.insert(partition, false);
+            metrics::counter!(crate::metric_definitions::PARTITIONS_LOST_TOTAL, "cause" => "late_commit")
+                .increment(1);
+        } else {
+            tracing::info!(partition, "a transaction of a log this instance had already given up committed; its events are the next owner's to restore");
+        }
+        Replication::Lost(cause(format!(
+            "requests partition {partition} was taken over anew while these events committed; they are restored from the log"
+        )))
     }
 
     /// Gives partition `partition`'s log and what goes with it up.
@@ -446,6 +479,50 @@ mod tests {
         assert!(matches!(fail(2), Err(Replication::Lost(_))));
         assert!(!replicator.owns(0));
         assert_eq!(replicator.take_lost(), [(0, true)]);
+    }
+
+    /// A transaction of a log given up that commits anyway (its outcome came after the
+    /// partition was taken over anew) is not settled here: its batch is refused, so it writes no
+    /// summary or checkpoint over the new take-over's restore, and the partition, owned anew, is
+    /// given up to be taken over again (its restore then reads the late commit). Refused alone
+    /// when the partition is not owned here at all.
+    #[test]
+    fn a_late_commit_of_a_log_given_up_is_restored_not_settled() {
+        let kafka = Kafka::connect(KafkaConfig::default()).unwrap();
+        let open = || PartitionLog::open(&kafka, 0, Duration::from_secs(20)).unwrap();
+        let replicator = LogReplicator::new("group");
+        let commit = |generation: u64| {
+            let committed = Committed {
+                events: Some((40, 41)),
+                took: Duration::from_millis(3),
+            };
+            replicator.finished(
+                0,
+                generation,
+                Ok(committed),
+                &BTreeSet::new(),
+                None,
+                Projections::default(),
+            )
+        };
+        replicator.own(open());
+        assert_eq!(
+            commit(1).unwrap(),
+            42,
+            "the current log's commit is settled"
+        );
+        replicator.release(0);
+        assert!(matches!(commit(1), Err(Replication::Lost(_))));
+        assert!(
+            replicator.take_lost().is_empty(),
+            "not owned: nothing to take over"
+        );
+
+        replicator.own(open());
+        assert_eq!(replicator.generation(0), Some(2));
+        assert!(matches!(commit(1), Err(Replication::Lost(_))));
+        assert!(!replicator.owns(0), "given up, to be taken over again");
+        assert_eq!(replicator.take_lost(), [(0, false)]);
     }
 
     fn frontier(messages: &[(i64, bool)]) -> Frontier {

@@ -53,7 +53,7 @@ impl Service {
             .await
             .map_err(|e| Error::step("creating the topics", e))?;
         if kafka_mode {
-            kafka
+            let warnings = kafka
                 .check_log_of_record(config.storage.allow_finite_log_retention, TOPIC_TIMEOUT)
                 .await
                 .map_err(|e| {
@@ -62,6 +62,9 @@ impl Service {
                         e,
                     )
                 })?;
+            for warning in warnings {
+                tracing::warn!("the log of record may lose acknowledged commits: {warning}");
+            }
         }
         let engine_config = config.engine_config();
         let engine =

@@ -12,7 +12,7 @@
 //! `sendledger_journal_fsync_seconds` (time of each batch write, its fsync included with `sync`
 //! durability), both histograms.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -106,6 +106,11 @@ pub trait Replicator: Send + Sync {
         events: &[NewEvent],
         history: &dyn Fn(TaskId) -> Result<Vec<Event>>,
     ) -> std::result::Result<i64, Replication>;
+
+    /// Events `replicate` committed for partition `partition` could not be written to the
+    /// ledger: the partition's copy here lacks committed events, so it must be given up and
+    /// taken over again (restored from the log) before any of its tasks decides again.
+    fn unrecorded(&self, partition: i32);
 }
 
 /// Why a partition's events were not made durable, with its cause.
@@ -214,7 +219,7 @@ pub(crate) fn run(
             while let Ok(first) = rx.recv() {
                 pending.push(first);
                 pending.extend(rx.try_iter().take(MAX_BATCH - 1));
-                writer.write(&mut pending);
+                writer.write(&mut pending, None);
             }
         }
         Some(slot) => run_replicated(writer, &slot, rx),
@@ -232,7 +237,12 @@ struct Writer {
 
 impl Writer {
     /// Writes every append of `pending` in one batch and answers each (drained either way).
-    fn write(&mut self, pending: &mut Vec<Request>) {
+    /// Writes `pending` in one batch and answers each. Kafka mode: when the write fails, the
+    /// partitions of the failed appends whose events were replicated (committed to their log,
+    /// which the ledger now lacks) are given up through `replicator` before anyone is answered:
+    /// a task must not decide again from this copy (it would reuse a sequence number the log
+    /// has).
+    fn write(&mut self, pending: &mut Vec<Request>, replicator: Option<&dyn Replicator>) {
         if pending.is_empty() {
             return;
         }
@@ -271,6 +281,18 @@ impl Writer {
                 metrics::counter!(crate::metric_definitions::LEDGER_WRITE_FAILURES_TOTAL)
                     .increment(1);
                 stats.set_failing(Some(e.to_string()));
+                if let Some(replicator) = replicator {
+                    let unrecorded: BTreeSet<i32> = pending
+                        .iter()
+                        .filter(|r| r.generation.is_some() && !r.append.restored)
+                        .filter(|r| !r.append.events.is_empty())
+                        .filter_map(|r| r.append.partition)
+                        .collect();
+                    for partition in unrecorded {
+                        tracing::error!(partition, "events committed to the partition's log could not be written to the ledger; the partition is taken over again from its log");
+                        replicator.unrecorded(partition);
+                    }
+                }
                 for req in pending.drain(..) {
                     let _ = req.ack.send(Err(Error::Rocks(e.clone())));
                 }
@@ -347,7 +369,7 @@ fn run_replicated(mut writer: Writer, slot: &ReplicatorSlot, rx: Receiver<Reques
             }
         }
         // Recorded before the next transactions start: they read these tasks' histories.
-        writer.write(&mut ready);
+        writer.write(&mut ready, slot.get().map(|r| &**r));
         for (partition, members) in groups {
             let replicator = slot.get().cloned();
             let generation = replicator.as_ref().and_then(|r| r.generation(partition));
@@ -570,11 +592,16 @@ mod tests {
     #[derive(Default)]
     struct Log {
         written: Mutex<Vec<(i32, usize, usize)>>,
+        unrecorded: Mutex<Vec<i32>>,
     }
 
     impl Replicator for Log {
         fn generation(&self, _partition: i32) -> Option<u64> {
             Some(0)
+        }
+
+        fn unrecorded(&self, partition: i32) {
+            self.unrecorded.lock().unwrap().push(partition);
         }
 
         fn replicate(
@@ -629,6 +656,56 @@ mod tests {
             partition,
             ..Append::default()
         }
+    }
+
+    /// Events committed to their log that the ledger then fails to write (here: the disk is
+    /// full) leave the partition's copy without committed events: the replicator is told to
+    /// give the partition up, so it is taken over again from its log before a task of it
+    /// decides again (and reuses a sequence number the log has).
+    #[test]
+    fn committed_events_the_ledger_cannot_write_give_their_partition_up() {
+        struct Mounted(std::path::PathBuf);
+        impl Drop for Mounted {
+            fn drop(&mut self) {
+                let _ = std::process::Command::new("umount").arg(&self.0).status();
+            }
+        }
+        let mount = tempfile::tempdir().unwrap();
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
+            .arg(mount.path())
+            .status()
+            .unwrap();
+        assert!(
+            status.success(),
+            "mount a size-limited tmpfs (needs root, as scripts/test runs)"
+        );
+        let _mounted = Mounted(mount.path().to_path_buf());
+        let options = LedgerOptions {
+            replicated: true,
+            ..LedgerOptions::default()
+        };
+        let ledger = Ledger::open(mount.path().join("ledger"), options).unwrap();
+        let log = Arc::new(Log::default());
+        assert!(ledger.install_replicator(log.clone()).is_ok());
+        let (task, body) = accepted();
+        ledger
+            .append_blocking(append(Some(1), events_of(task, 0, vec![body])))
+            .unwrap();
+        // Fill the disk.
+        {
+            use std::io::Write;
+            let mut filler = std::fs::File::create(mount.path().join("filler")).unwrap();
+            while filler.write_all(&[0u8; 64 * 1024]).is_ok() {}
+        }
+        let note = EventBody::OperatorNote {
+            who: "ana".into(),
+            text: "x".repeat(1024 * 1024),
+        };
+        let failed = ledger.append_blocking(append(Some(1), events_of(task, 1, vec![note])));
+        assert!(matches!(failed, Err(Error::Rocks(_))), "{failed:?}");
+        assert_eq!(log.written.lock().unwrap().len(), 2, "the log took it");
+        assert_eq!(*log.unrecorded.lock().unwrap(), [1]);
     }
 
     #[test]
@@ -731,6 +808,10 @@ mod tests {
     impl Replicator for Gate {
         fn generation(&self, _partition: i32) -> Option<u64> {
             Some(self.generation.load(Ordering::SeqCst))
+        }
+
+        fn unrecorded(&self, partition: i32) {
+            panic!("no ledger write fails in these tests (partition {partition})");
         }
 
         fn replicate(

@@ -149,10 +149,16 @@ async fn the_events_topic_must_match_the_requests_topic_and_keep_every_event() {
     let brokers = format!("127.0.0.1:{}", tansu.port);
     let kafka = Kafka::connect(config_for_process(&brokers)).unwrap();
     kafka.ensure_topics(1, TIMEOUT, true).await.unwrap();
-    kafka
+    let warnings = kafka
         .check_log_of_record(false, TIMEOUT)
         .await
         .expect("topics sendledger created in kafka mode pass");
+    // One broker: an acknowledged commit lives on one disk, and the check says so.
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("replication factor 1") && warnings[0].contains("use 3"),
+        "{warnings:?}"
+    );
 
     let n = kafka.config().partitions;
     let admin: AdminClient<DefaultClientContext> =
@@ -198,6 +204,30 @@ async fn the_events_topic_must_match_the_requests_topic_and_keep_every_event() {
     check("events.week", true)
         .await
         .expect("the override accepts finite retention");
+
+    // Durability settings that let an acknowledged commit be lost are warned about, each named.
+    create(
+        "events.unclean",
+        n,
+        &[
+            ("retention.ms", "-1"),
+            ("retention.bytes", "-1"),
+            ("min.insync.replicas", "1"),
+            ("unclean.leader.election.enable", "true"),
+        ],
+    )
+    .await;
+    let warnings = check("events.unclean", false).await.unwrap();
+    let all = warnings.join("\n");
+    assert_eq!(warnings.len(), 3, "{all}");
+    assert!(
+        all.contains("min.insync.replicas = 1") && all.contains("set 2"),
+        "{all}"
+    );
+    assert!(
+        all.contains("unclean.leader.election.enable = true") && all.contains("set false"),
+        "{all}"
+    );
 
     create("events.compacted", n, &[("cleanup.policy", "compact")]).await;
     let err = check("events.compacted", false)
