@@ -11,7 +11,7 @@ use sendledger_core::{
     AcceptedRequest, Event, EventBody, Identity, Limits, Phase, Source, State, TaskId, TaskRequest,
 };
 use sendledger_store::{
-    Durability, Ledger, LedgerOptions, Memory, Replicator, TaskPage, TaskQuery,
+    Diverged, Durability, Ledger, LedgerOptions, Memory, Replicator, Restored, TaskPage, TaskQuery,
 };
 use tokio::sync::oneshot;
 
@@ -287,33 +287,60 @@ impl Engine {
         &self,
         partition: i32,
         events: Vec<Event>,
-        checkpoint: i64,
-    ) -> Result<usize> {
+        checkpoint: Option<i64>,
+    ) -> Result<(usize, Vec<Diverged>)> {
         let ownership = self.ownership_for("restoring a partition")?;
         if ownership.epoch(partition).is_some() {
             return Err(Error::RestoreWhileOwned(partition));
         }
         let ledger = self.inner.ledger.clone();
-        let mut append = ledger
+        let Restored {
+            mut append,
+            diverged,
+        } = ledger
             .read(move |l| sendledger_store::restore_append(l, events))
             .await?;
         let restored = append.events.len();
         append.restored = true;
         append.partition = Some(partition);
-        append.cursors.push((
-            sendledger_store::log_checkpoint(partition),
-            checkpoint.max(0) as u64,
-        ));
+        if let Some(checkpoint) = checkpoint {
+            append.cursors.push((
+                sendledger_store::log_checkpoint(partition),
+                checkpoint.max(0) as u64,
+            ));
+        }
         ledger.append(append).await?;
-        Ok(restored)
+        if !diverged.is_empty() {
+            metrics::counter!(crate::metric_definitions::DIVERGENT_HISTORIES_TOTAL)
+                .increment(diverged.len() as u64);
+        }
+        Ok((restored, diverged))
     }
 
     /// Kafka mode: takes requests partition `partition` on (call it once its log is open and
     /// restored) and resumes its unsettled tasks as start-up does in local mode: a task found
     /// sending is reconciled, timers are armed again. Returns the number of tasks resumed.
-    pub async fn assign_partition(&self, partition: i32) -> Result<usize> {
+    ///
+    /// `diverged`: the tasks its restore found with two histories in the log. Each is sent to
+    /// review first (recorded through the log, see [`Input::Diverged`]), and only then are the
+    /// tasks resumed; should recording one fail, the partition is revoked again and the error
+    /// returned (the restore that found them wrote no checkpoint past them, so the next
+    /// take-over finds them again).
+    ///
+    /// [`Input::Diverged`]: sendledger_core::decide::Input::Diverged
+    pub async fn assign_partition(&self, partition: i32, diverged: Vec<Diverged>) -> Result<usize> {
         let ownership = self.ownership_for("assigning a partition")?.clone();
         ownership.assign(partition);
+        for d in diverged {
+            let input = TaskInput::Diverged {
+                task_seq: d.task_seq,
+                replaced: d.replaced,
+            };
+            if let Err(e) = self.route(d.task_id, input).await {
+                ownership.revoke(partition);
+                return Err(e);
+            }
+        }
         let ledger = self.inner.ledger.clone();
         let tasks = ledger
             .read(move |l| {

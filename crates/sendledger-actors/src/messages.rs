@@ -42,6 +42,12 @@ pub enum TaskInput {
     RetryOnClose {
         reason: String,
     },
+    /// Kafka mode: the partition's restore found two histories of the task (see
+    /// [`sendledger_core::decide::Input::Diverged`]).
+    Diverged {
+        task_seq: u32,
+        replaced: Vec<sendledger_core::Event>,
+    },
     /// An attempt of the task ended (internal: sent by the actor to itself).
     Outcome {
         attempt: u32,

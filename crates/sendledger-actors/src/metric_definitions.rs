@@ -6,6 +6,7 @@ use sendledger_core::metric::MetricDefinition as M;
 pub const ATTEMPTS_TOTAL: &str = "sendledger_attempts_total";
 pub const LOOKUPS_TOTAL: &str = "sendledger_lookups_total";
 pub const LEDGER_DURABILITY: &str = "sendledger_ledger_durability";
+pub const DIVERGENT_HISTORIES_TOTAL: &str = "sendledger_divergent_histories_total";
 
 pub const DEFINITIONS: &[M] = &[
     M::counter(
@@ -15,6 +16,10 @@ pub const DEFINITIONS: &[M] = &[
     M::counter(
         LOOKUPS_TOTAL,
         "Lookups at remotes, by outcome (none, one, several, error).",
+    ),
+    M::counter(
+        DIVERGENT_HISTORIES_TOTAL,
+        "Kafka mode: tasks whose log held two different histories (two owners each wrote one), found by a partition's restore; each goes to review.",
     ),
     M::gauge(
         LEDGER_DURABILITY,

@@ -254,6 +254,7 @@ impl TaskActor {
             TaskInput::Recover => Input::Recover,
             TaskInput::Operator(op) => Input::Operator(op),
             TaskInput::RetryOnClose { reason } => Input::RetryOnClose { reason },
+            TaskInput::Diverged { task_seq, replaced } => Input::Diverged { task_seq, replaced },
             TaskInput::Outcome { attempt, outcome } => Input::Outcome { attempt, outcome },
         };
         let delivery = matches!(core_input, Input::Deliver { .. });
@@ -334,6 +335,16 @@ impl TaskActor {
                     // the task resumed from what its log holds.
                     sendledger_store::Error::PartitionLost { partition, .. } => {
                         tracing::debug!(task_id = %task_id, partition, "events not recorded: the task's partition is not owned here now; it resumes where the partition is taken over");
+                        // An intent refused here may still be in the log (a transaction whose
+                        // outcome was unknown, or that committed after the partition was
+                        // taken over anew); its attempt was not sent. Should the log show it
+                        // as the task's last event when the partition is owned here again, it
+                        // resumes as not sent rather than as unknown.
+                        if let (Action::Send { attempt, .. }, Some(ownership)) =
+                            (&decision.action, &act.shared.ownership)
+                        {
+                            ownership.note_unsent(task_id, *attempt);
+                        }
                     }
                     e => {
                         tracing::error!(task_id = %task_id, error = %Chain(e), "ledger write failed; the task is resumed when the engine restarts");

@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::event::{
-    EventBody, Evidence, Millis, NotSentCause, ReviewReason, Source, UnknownCause, WaitReason,
-    POLICY_COMPLETE_BY,
+    Event, EventBody, Evidence, Millis, NotSentCause, ReviewReason, Source, UnknownCause,
+    WaitReason, POLICY_COMPLETE_BY,
 };
 use crate::request::AcceptedRequest;
 use crate::retry::{RetryClass, RetryPolicy};
@@ -202,6 +202,15 @@ pub enum Input {
     RetryOnClose {
         reason: String,
     },
+    /// Kafka mode: the restore of the task's partition found two different histories of the
+    /// task in the log from `task_seq` on, and rebuilt it from the later; `replaced` describes
+    /// the other's events. Unless every replaced event is harmless (a redelivery, a conflict,
+    /// a note, a wait), a person must check the remote: the task goes to review, even from a
+    /// terminal state, since the replaced history may have sent a request.
+    Diverged {
+        task_seq: u32,
+        replaced: Vec<Event>,
+    },
     /// A requests-topic message that is not a valid request, recorded as the only event of
     /// its own task (`TaskId::for_rejected_input`). A second delivery of it records nothing.
     Reject {
@@ -301,6 +310,32 @@ pub fn decide(state: &State, input: Input, ctx: Ctx<'_>) -> Result<Decision> {
             _ => {}
         },
         Input::Operator(resolution) => operator(state, resolution, ctx, &mut d)?,
+        Input::Diverged { task_seq, replaced } => {
+            let harmless = replaced.iter().all(|e| {
+                matches!(
+                    e.body,
+                    EventBody::DuplicateDelivery { .. }
+                        | EventBody::RequestConflict { .. }
+                        | EventBody::OperatorNote { .. }
+                        | EventBody::SendDeferred { .. }
+                )
+            });
+            let reviewed = matches!(
+                &state.review_reason,
+                Some(ReviewReason::DivergentHistory { task_seq: at, .. }) if *at == task_seq
+            ) && state.phase == Phase::ManualReview;
+            if !harmless && !reviewed && state.phase != Phase::New {
+                d.events.push(EventBody::ManualReviewRequired {
+                    reason: ReviewReason::DivergentHistory {
+                        task_seq,
+                        replaced: replaced
+                            .iter()
+                            .map(|e| format!("{}: {}", e.body.name(), e.body.summary(e.at)))
+                            .collect(),
+                    },
+                });
+            }
+        }
         Input::RetryOnClose { reason } => retry(
             state,
             crate::event::POLICY_BREAKER_CLOSED_BY.into(),

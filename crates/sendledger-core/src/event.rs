@@ -125,6 +125,15 @@ pub enum ReviewReason {
         lookups: u32,
         last_error: String,
     },
+    /// Kafka mode: the log of record holds two different histories of the task from event
+    /// `task_seq` on, written by two owners that each believed the partition theirs. The task
+    /// is rebuilt from the later one; `replaced` lists the other's events (name and summary),
+    /// which may include a request sent that the kept history does not account for.
+    /// (Envelope version 6.)
+    DivergentHistory {
+        task_seq: u32,
+        replaced: Vec<String>,
+    },
 }
 
 impl std::fmt::Display for ReviewReason {
@@ -152,6 +161,13 @@ impl std::fmt::Display for ReviewReason {
                 f,
                 "lookups failed until the deadline, so whether a remote record exists is not \
                  known (last error: {last_error}; {lookups} lookups completed)"
+            ),
+            ReviewReason::DivergentHistory { task_seq, replaced } => write!(
+                f,
+                "two owners wrote different histories of this task from event {task_seq} on; \
+                 it was rebuilt from the later, and the other's events are not accounted for: \
+                 {}",
+                replaced.join("; ")
             ),
         }
     }

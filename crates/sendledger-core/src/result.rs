@@ -97,6 +97,10 @@ pub enum ResultReview {
     LookupsFailed { lookups: u32, last_error: String },
     /// The outcome is unknown and the target has no lookup.
     NoLookup,
+    /// Kafka mode: two owners wrote different histories of the task from `task_seq` on; what
+    /// the replaced one did (`reason` lists it) may include a request the kept one does not
+    /// account for.
+    DivergentHistory { task_seq: u32 },
 }
 
 impl From<&ReviewReason> for ResultReview {
@@ -114,6 +118,9 @@ impl From<&ReviewReason> for ResultReview {
                 last_error: last_error.clone(),
             },
             ReviewReason::NoLookup => ResultReview::NoLookup,
+            ReviewReason::DivergentHistory { task_seq, .. } => ResultReview::DivergentHistory {
+                task_seq: *task_seq,
+            },
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::event::{Event, EventBody, Evidence};
+use crate::event::{Event, EventBody, Evidence, ReviewReason};
 use crate::event::{DEFAULT_MAX_POLICY_RESENDS, POLICY_PREFIX};
 use crate::state::{Phase, State};
 
@@ -177,6 +177,11 @@ impl TaskCheck {
             | EventBody::RequestConflict { .. }
             | EventBody::OperatorNote { .. } => true,
             EventBody::TaskRetried { .. } => state.phase == Phase::Failed,
+            // Kafka mode: two owners' histories were found in the log; what the replaced one
+            // did may undo what the kept one settled.
+            EventBody::ManualReviewRequired {
+                reason: ReviewReason::DivergentHistory { .. },
+            } => true,
             _ => false,
         };
         if state.phase.is_terminal() && !allowed {

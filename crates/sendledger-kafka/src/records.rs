@@ -453,6 +453,12 @@ mod tests {
                     last_error: "lookup answered 503".into(),
                 },
             },
+            EventBody::ManualReviewRequired {
+                reason: ReviewReason::DivergentHistory {
+                    task_seq: 1,
+                    replaced: vec!["SendIntended: attempt 1".into()],
+                },
+            },
             EventBody::ResendAuthorized {
                 by: "ann".into(),
                 reason: "absent".into(),

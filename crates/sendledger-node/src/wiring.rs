@@ -25,7 +25,7 @@ use sendledger_kafka::rdkafka::message::Message as _;
 use sendledger_kafka::{
     Kafka, LogReplicator, PartitionLog, PartitionOwner, RequestSink, SinkError,
 };
-use sendledger_store::{Append, Ledger, Processed};
+use sendledger_store::{Append, Diverged, Ledger, Processed};
 
 /// The engine's remote over HTTP.
 pub struct HttpRemote {
@@ -319,8 +319,10 @@ impl KafkaOwner {
 
     /// Reads the partition's log from the ledger's checkpoint and applies it, a step at a time:
     /// a thread of its own reads and decodes the next step while the last one is applied.
-    /// Returns the events applied.
-    fn restore(&self, partition: i32) -> Result<usize, String> {
+    /// Returns the events applied and the tasks found with two histories. From the step that
+    /// finds one on, no checkpoint is recorded: until those tasks' reviews are recorded, a
+    /// take-over reads the log from before them again and finds them again.
+    fn restore(&self, partition: i32) -> Result<(usize, Vec<Diverged>), String> {
         let from = self
             .engine
             .ledger()
@@ -359,17 +361,22 @@ impl KafkaOwner {
                 Ok(())
             });
             let mut applied = 0;
+            let mut diverged: Vec<Diverged> = Vec::new();
             let mut failed = None;
             for (events, next) in decoded.iter() {
                 let at = std::time::Instant::now();
+                // Known before the step is applied only for earlier steps: a step that finds
+                // one records its checkpoint, which is then the last recorded (see below).
+                let checkpoint = diverged.is_empty().then_some(next);
                 match self
                     .runtime
-                    .block_on(self.engine.restore(partition, events, next))
+                    .block_on(self.engine.restore(partition, events, checkpoint))
                 {
-                    Ok(n) => {
+                    Ok((n, found)) => {
                         applying += at.elapsed();
                         restored.increment(n as u64);
                         applied += n;
+                        diverged.extend(found);
                     }
                     Err(e) => {
                         failed = Some(Chain(&e).to_string());
@@ -384,7 +391,7 @@ impl KafkaOwner {
                 .unwrap_or_else(|_| Err("the log's reader panicked".into()));
             match failed {
                 Some(e) => Err(e),
-                None => read.map(|()| applied),
+                None => read.map(|()| (applied, diverged)),
             }
         });
         restoring.set(0.0);
@@ -402,12 +409,15 @@ impl PartitionOwner for KafkaOwner {
         // is read next is all it ever committed.
         let log = PartitionLog::open(&self.kafka, partition, TAKE_OVER_TIMEOUT)
             .map_err(|e| Chain(&e).to_string())?;
-        let restored = self.restore(partition)?;
+        let (restored, diverged) = self.restore(partition)?;
         self.replicator.own(log);
         let resumed = self
             .runtime
-            .block_on(self.engine.assign_partition(partition))
-            .map_err(|e| Chain(&e).to_string())?;
+            .block_on(self.engine.assign_partition(partition, diverged))
+            .map_err(|e| {
+                self.release(partition);
+                Chain(&e).to_string()
+            })?;
         tracing::info!(partition, restored, resumed, took = ?started.elapsed(), "partition restored from its log and resumed");
         Ok(())
     }

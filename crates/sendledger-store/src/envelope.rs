@@ -15,7 +15,9 @@
 //!   same way.
 //! - Version 5: version 4 plus `EventBody::SendIntendedAt` (an attempt at the task's
 //!   fallback target), the same way.
-// format: do not change (versions 1 to 5 are on disk)
+//! - Version 6: version 5 plus `ReviewReason::DivergentHistory` (kafka mode: two owners'
+//!   histories of a task found in its log), the same way.
+// format: do not change (versions 1 to 6 are on disk)
 
 use sendledger_core::event::Millis;
 use sendledger_core::{Event, EventBody, NewEvent, TaskId};
@@ -27,8 +29,9 @@ pub const EVENT_V1: u8 = 1;
 pub const EVENT_V2: u8 = 2;
 pub const EVENT_V3: u8 = 3;
 pub const EVENT_V4: u8 = 4;
-/// The envelope version this build writes.
 pub const EVENT_V5: u8 = 5;
+/// The envelope version this build writes.
+pub const EVENT_V6: u8 = 6;
 
 /// An [`Event`]'s fields, borrowed: bincode writes a struct as its fields in order, so this
 /// encodes as the event does.
@@ -43,7 +46,7 @@ struct EventFields<'a> {
 
 fn encode(fields: EventFields<'_>) -> Vec<u8> {
     let mut out = Vec::with_capacity(96);
-    out.push(EVENT_V5);
+    out.push(EVENT_V6);
     // Serializing plain data into a Vec cannot fail.
     bincode::serialize_into(&mut out, &fields).expect("bincode into Vec is infallible");
     out
@@ -73,7 +76,7 @@ pub fn encode_new_event(lsn: u64, event: &NewEvent) -> Vec<u8> {
 /// Decodes the event stored under `lsn`; the stored LSN must match its key.
 pub fn decode_event(lsn: u64, bytes: &[u8]) -> Result<Event> {
     match bytes.first() {
-        Some(&(EVENT_V1 | EVENT_V2 | EVENT_V3 | EVENT_V4 | EVENT_V5)) => {
+        Some(&(EVENT_V1 | EVENT_V2 | EVENT_V3 | EVENT_V4 | EVENT_V5 | EVENT_V6)) => {
             let event: Event = bincode::deserialize(&bytes[1..])
                 .map_err(|source| Error::Undecodable { lsn, source })?;
             if event.lsn != lsn {

@@ -4,9 +4,10 @@
 //!
 //! Applying is idempotent: an event the ledger already holds (same task, same sequence
 //! number, same content) is skipped, so a restore may start from an older checkpoint than
-//! needed. The log of record wins over the ledger: when the ledger holds a different event at
-//! a task's sequence number (a copy that went its own way), the task's events from there on
-//! are replaced by the log's. What the
+//! needed. Two different events at a task's sequence number (the ledger's and the log's, or two
+//! of the log's: two owners each wrote a history of the task) are never passed over: the
+//! task's events from there on are replaced by the later ones, and the task is reported
+//! ([`Diverged`], with the replaced events) so that it goes to review. What the
 //! ledger derives from events comes with them, as the task's writer would have appended it:
 //! the task's summary (folded from all its events), its identity on acceptance, and the
 //! processed marker of every delivery's requests offset. Timers are not restored: the engine
@@ -32,12 +33,33 @@ struct Restoring {
     state: State,
 }
 
+/// A task whose log holds two different histories from one event on: two owners each wrote
+/// one. The task is rebuilt from the later; `replaced` is what the other held from there on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Diverged {
+    pub task_id: TaskId,
+    pub task_seq: u32,
+    /// The replaced events, in sequence order (an event replaced from the ledger keeps its
+    /// LSN; one replaced within the same restore has LSN 0).
+    pub replaced: Vec<Event>,
+}
+
+/// What a restore step writes, and the tasks it found diverged.
+#[derive(Debug, Default)]
+pub struct Restored {
+    pub append: Append,
+    pub diverged: Vec<Diverged>,
+}
+
 /// What appending `events` (in the order they were written) to `ledger` takes: the events the
 /// ledger does not hold yet, the summaries of their tasks, identities of first acceptances
 /// and processed markers. A task whose events skip a sequence number is refused (the source
-/// lost an event: restoring past it would fold a wrong state).
-pub fn restore_append(ledger: &Ledger, events: Vec<Event>) -> Result<Append> {
+/// lost an event: restoring past it would fold a wrong state). A task whose events differ
+/// from what the ledger (or an earlier event of `events`) holds at the same sequence number
+/// is rebuilt from the later ones and listed in `diverged` with what they replaced.
+pub fn restore_append(ledger: &Ledger, events: Vec<Event>) -> Result<Restored> {
     let mut append = Append::default();
+    let mut diverged = Vec::new();
     // The tasks in the order they first appear, and where each is in that list. The ledger's
     // summaries of them are read at once: a task without one has no events in the ledger
     // (most tasks of a restore on an empty disk), so its events are not read.
@@ -81,13 +103,27 @@ pub fn restore_append(ledger: &Ledger, events: Vec<Event>) -> Result<Append> {
             if *body == e.body && at == e.at {
                 continue;
             }
-            // The ledger's copy went its own way (events the log of record does not hold):
-            // the log wins, from this event on.
-            tracing::warn!(task_id = %e.task_id, task_seq = e.task_seq, held = body.name(), logged = e.body.name(), "the ledger's events of a task differ from its log of record; the log's replace them");
+            // Two histories of the task from this event on (two owners each wrote one, or the
+            // ledger holds events its log lost): the later one wins, and what it replaces is
+            // kept as evidence.
+            tracing::error!(task_id = %e.task_id, task_seq = e.task_seq, held = body.name(), logged = e.body.name(), "two different histories of a task: the log's later events replace the others, and the task goes to review");
             let kept_new = e.task_seq.saturating_sub(held_len) as usize;
+            let mut replaced: Vec<Event> = task
+                .held
+                .iter()
+                .skip(e.task_seq as usize)
+                .cloned()
+                .collect();
             for index in task.new.drain(kept_new..) {
-                new[index] = None;
+                if let Some(n) = new[index].take() {
+                    replaced.push(n.with_lsn(0));
+                }
             }
+            diverged.push(Diverged {
+                task_id: e.task_id,
+                task_seq: e.task_seq,
+                replaced,
+            });
             task.held.truncate(e.task_seq as usize);
             task.state = fold(&task.held);
             for &index in &task.new {
@@ -143,7 +179,7 @@ pub fn restore_append(ledger: &Ledger, events: Vec<Event>) -> Result<Append> {
         ));
         append.reindex(*id, &task.before, &task.state);
     }
-    Ok(append)
+    Ok(Restored { append, diverged })
 }
 
 #[cfg(test)]
@@ -178,7 +214,7 @@ mod tests {
     }
 
     fn restore(ledger: &Ledger, events: &[Event]) {
-        let mut append = restore_append(ledger, events.to_vec()).unwrap();
+        let mut append = restore_append(ledger, events.to_vec()).unwrap().append;
         append.restored = true;
         ledger.append_blocking(append).unwrap();
     }
@@ -217,9 +253,21 @@ mod tests {
             event(task, 1, 25, intent(1)),
             event(task, 2, 35, confirmed),
         ];
-        let append = restore_append(&ledger, log.to_vec()).unwrap();
+        let Restored { append, diverged } = restore_append(&ledger, log.to_vec()).unwrap();
         assert_eq!(append.truncate_tasks, [(task, 1)]);
         assert_eq!(append.events.len(), 2, "the first event is held as it is");
+        assert_eq!(diverged.len(), 1);
+        assert_eq!((diverged[0].task_id, diverged[0].task_seq), (task, 1));
+        let replaced: Vec<(u32, &str)> = diverged[0]
+            .replaced
+            .iter()
+            .map(|e| (e.task_seq, e.body.name()))
+            .collect();
+        assert_eq!(
+            replaced,
+            [(1, "SendIntended"), (2, "SendUnknown"), (3, "SendUnknown")],
+            "the copy's history from the first difference, as evidence"
+        );
         restore(&ledger, &log);
         let held: Vec<(u32, u64, EventBody)> = ledger
             .task_events(task)
@@ -242,12 +290,15 @@ mod tests {
 
         // Restoring the same log again changes nothing.
         let again = restore_append(&ledger, log.to_vec()).unwrap();
-        assert!(again.events.is_empty() && again.truncate_tasks.is_empty());
+        assert!(again.append.events.is_empty() && again.append.truncate_tasks.is_empty());
+        assert!(again.diverged.is_empty());
     }
 
     /// The log holds two different events at one sequence number within one restore (a
     /// writer's transaction committed after another's): the later one and what follows it
-    /// are the task's events, and nothing of the earlier one is indexed.
+    /// are the task's events, nothing of the earlier one is indexed, and the earlier history
+    /// is reported (an intent whose outcome was unknown: a request that may have been sent,
+    /// which the kept history does not account for).
     #[test]
     fn a_later_event_at_the_same_sequence_number_replaces_one_of_the_same_restore() {
         let (_dir, ledger) = empty_ledger();
@@ -268,11 +319,18 @@ mod tests {
             event(task, 1, 25, intent(1)),
             event(task, 2, 35, confirmed),
         ];
-        let append = restore_append(&ledger, log.to_vec()).unwrap();
+        let Restored { append, diverged } = restore_append(&ledger, log.to_vec()).unwrap();
         assert!(
             append.truncate_tasks.is_empty(),
             "the ledger held none of them"
         );
+        assert_eq!(diverged.len(), 1);
+        let replaced: Vec<(u64, u32, u64)> = diverged[0]
+            .replaced
+            .iter()
+            .map(|e| (e.lsn, e.task_seq, e.at))
+            .collect();
+        assert_eq!(replaced, [(0, 1, 20), (0, 2, 30), (0, 3, 40)]);
         let seqs: Vec<(u32, u64)> = append.events.iter().map(|e| (e.task_seq, e.at)).collect();
         assert_eq!(seqs, [(0, 10), (1, 25), (2, 35)]);
         restore(&ledger, &log);

@@ -380,57 +380,70 @@ fn golden_events_v2() -> Vec<Event> {
     events
 }
 
-/// Version 3 adds the wait before an intent (`SendDeferred`, `WaitReason`).
-fn golden_events_v3() -> Vec<Event> {
-    let mut events = golden_events_v2();
+/// `events` with `body` after them, as the same task's next event.
+fn followed_by(mut events: Vec<Event>, body: EventBody) -> Vec<Event> {
     let last = events.last().unwrap().clone();
     events.push(Event {
         lsn: last.lsn + 1,
         task_seq: last.task_seq + 1,
         at: last.at + 1,
-        body: EventBody::SendDeferred {
+        body,
+        ..last
+    });
+    events
+}
+
+/// Version 3 adds the wait before an intent (`SendDeferred`, `WaitReason`).
+fn golden_events_v3() -> Vec<Event> {
+    followed_by(
+        golden_events_v2(),
+        EventBody::SendDeferred {
             until: 1_700_000_015_000,
             reason: WaitReason::BreakerOpen {
                 target: "payments".into(),
             },
         },
-        ..last
-    });
-    events
+    )
 }
 
+/// Version 4 adds the retry of a failed task (`TaskRetried`).
 fn golden_events_v4() -> Vec<Event> {
-    let mut events = golden_events_v3();
-    let last = events.last().unwrap().clone();
-    events.push(Event {
-        lsn: last.lsn + 1,
-        task_seq: last.task_seq + 1,
-        at: last.at + 1,
-        body: EventBody::TaskRetried {
+    followed_by(
+        golden_events_v3(),
+        EventBody::TaskRetried {
             by: "ana".into(),
             reason: "the remote is back".into(),
         },
-        ..last
-    });
-    events
+    )
 }
 
 /// Version 5 adds the attempt at a fallback target (`SendIntendedAt`).
 fn golden_events_v5() -> Vec<Event> {
-    let mut events = golden_events_v4();
-    let last = events.last().unwrap().clone();
-    events.push(Event {
-        lsn: last.lsn + 1,
-        task_seq: last.task_seq + 1,
-        at: last.at + 1,
-        body: EventBody::SendIntendedAt {
+    followed_by(
+        golden_events_v4(),
+        EventBody::SendIntendedAt {
             attempt: 5,
             idempotency_key: Some("key-5".into()),
             target: "payments-backup".into(),
         },
-        ..last
-    });
-    events
+    )
+}
+
+/// Version 6 adds the review of a task with two histories in its log
+/// (`ReviewReason::DivergentHistory`).
+fn golden_events_v6() -> Vec<Event> {
+    followed_by(
+        golden_events_v5(),
+        EventBody::ManualReviewRequired {
+            reason: ReviewReason::DivergentHistory {
+                task_seq: 3,
+                replaced: vec![
+                    "SendIntended: attempt 2".into(),
+                    "SendUnknown: attempt 2 outcome unknown (Timeout)".into(),
+                ],
+            },
+        },
+    )
 }
 
 /// Reads a fixture of `lsn name hex` lines.
@@ -498,20 +511,30 @@ fn event_encoding_matches_golden_fixtures() {
         );
     }
     let v5 = golden_events_v5();
+    for ((lsn, bytes), event) in fixture("events-v5.txt", &v5).iter().zip(&v5) {
+        assert_eq!(bytes[0], 5);
+        assert_eq!(
+            &decode_event(*lsn, bytes).unwrap(),
+            event,
+            "decoding v5 {}",
+            event.body.name()
+        );
+    }
+    let v6 = golden_events_v6();
     if std::env::var_os("SENDLEDGER_BLESS").is_some() {
-        let encoded: Vec<String> = v5
+        let encoded: Vec<String> = v6
             .iter()
             .map(|e| format!("{} {} {}", e.lsn, e.body.name(), hex(&encode_event(e))))
             .collect();
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/events-v5.txt");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/events-v6.txt");
         std::fs::write(path, encoded.join("\n") + "\n").unwrap();
     }
-    for ((lsn, bytes), event) in fixture("events-v5.txt", &v5).iter().zip(&v5) {
+    for ((lsn, bytes), event) in fixture("events-v6.txt", &v6).iter().zip(&v6) {
         let name = event.body.name();
         assert_eq!(
             &decode_event(*lsn, bytes).unwrap(),
             event,
-            "decoding v5 {name}"
+            "decoding v6 {name}"
         );
         assert_eq!(
             hex(&encode_event(event)),

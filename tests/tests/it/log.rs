@@ -323,9 +323,9 @@ async fn a_partition_restored_on_an_empty_disk_resumes_its_tasks_and_sends_nothi
             "the partition holds the ledger's events, in order"
         );
         let restored = Ledger::open(second_dir.path(), LedgerOptions::default()).unwrap();
-        let append = restore_append(&restored, read.clone()).unwrap();
+        let append = restore_append(&restored, read.clone()).unwrap().append;
         restored.append_blocking(append).unwrap();
-        let again = restore_append(&restored, read).unwrap();
+        let again = restore_append(&restored, read).unwrap().append;
         assert!(again.events.is_empty(), "a second restore adds nothing");
         let processed = restored.processed("test", 0).unwrap();
         for offset in 0..keys.len() as i64 {
@@ -420,7 +420,7 @@ async fn an_engine_in_kafka_mode_records_through_its_partition_log_and_hands_ove
     );
     let log = tokio::task::block_in_place(|| PartitionLog::open(&kafka, 1, TIMEOUT)).unwrap();
     first_log.own(log);
-    first.assign_partition(1).await.unwrap();
+    first.assign_partition(1, Vec::new()).await.unwrap();
     for (i, key) in keys.iter().enumerate() {
         first.submit(request(key), source(i as i64)).await.unwrap();
     }
@@ -484,10 +484,11 @@ async fn an_engine_in_kafka_mode_records_through_its_partition_log_and_hands_ove
     // The new owner restores the partition on an empty disk and knows every task of it.
     let second_dir = tempfile::tempdir().unwrap();
     let second = replicated_engine(second_dir.path(), &sim, second_log.clone());
-    let restored = second.restore(1, logged.clone(), end).await.unwrap();
+    let (restored, diverged) = second.restore(1, logged.clone(), Some(end)).await.unwrap();
     assert_eq!(restored, logged.len());
+    assert!(diverged.is_empty());
     second_log.own(taken);
-    second.assign_partition(1).await.unwrap();
+    second.assign_partition(1, diverged).await.unwrap();
     let posts = sim.stats().posts;
     for (i, key) in keys.iter().enumerate() {
         second
@@ -1090,7 +1091,7 @@ async fn a_lookup_answered_while_the_partition_was_revoked_is_made_again_after_i
         replicator.own(log);
     };
     take(&replicator);
-    engine.assign_partition(1).await.unwrap();
+    engine.assign_partition(1, Vec::new()).await.unwrap();
     let source = Source {
         topic: kafka.config().requests_topic.clone(),
         partition: 1,
@@ -1112,7 +1113,7 @@ async fn a_lookup_answered_while_the_partition_was_revoked_is_made_again_after_i
 
     // Assigned back (nothing to restore: no other instance wrote to the partition).
     take(&replicator);
-    engine.assign_partition(1).await.unwrap();
+    engine.assign_partition(1, Vec::new()).await.unwrap();
     let state = wait_for(&engine, task_id("revoked-1"), TIMEOUT, settled).await;
     assert_eq!(state.phase, Phase::Succeeded);
     assert!(sim.stats().lookups > lookups, "{:?}", sim.stats());
@@ -1287,4 +1288,175 @@ fn audit_events_topic(kafka: &Kafka, succeeded: u64) -> sendledger_core::audit::
         "{report:?}"
     );
     report
+}
+
+/// Two owners each wrote a history of one task into the log (the first's intent ended unknown;
+/// the second, not seeing it, sent again and was answered 201). A new owner's restore finds
+/// both: it rebuilds the task from the later one, and before resuming the partition sends the
+/// task to review through the log, with the replaced history as evidence; a second take-over
+/// finds the review and records nothing more; the events topic's audit reports the two
+/// histories.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_histories_of_a_task_in_the_log_send_it_to_review() {
+    use sendledger_core::event::{Evidence, ReviewReason, UnknownCause};
+    use sendledger_core::{Event, EventBody, Phase, Source};
+    use sendledger_kafka::LogReplicator;
+    use sendledger_sim::{Sim, SimConfig};
+    use sendledger_tests::engine::{request, task_id};
+    use std::sync::Arc;
+
+    let tansu = start_tansu();
+    let kafka = Kafka::connect(config_for_process(&format!("127.0.0.1:{}", tansu.port))).unwrap();
+    kafka.ensure_topics(1, TIMEOUT, true).await.unwrap();
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let task = task_id("forked");
+    let accepted = request("forked")
+        .accept(&sendledger_core::Limits::default())
+        .unwrap();
+    let payload_hash = accepted.payload_hash();
+    let bodies = [
+        (
+            0,
+            EventBody::TaskAccepted {
+                request: accepted,
+                payload_hash,
+                source: Source {
+                    topic: kafka.config().requests_topic.clone(),
+                    partition: 1,
+                    offset: 0,
+                },
+            },
+        ),
+        // The first owner's history...
+        (
+            1,
+            EventBody::SendIntended {
+                attempt: 1,
+                idempotency_key: None,
+            },
+        ),
+        (
+            2,
+            EventBody::SendUnknown {
+                attempt: 1,
+                cause: UnknownCause::Timeout,
+            },
+        ),
+        // ...and the second's, from the same sequence number.
+        (
+            1,
+            EventBody::SendIntended {
+                attempt: 1,
+                idempotency_key: None,
+            },
+        ),
+        (
+            2,
+            EventBody::Confirmed {
+                remote_id: "r-2".into(),
+                evidence: Evidence::Response { status: 201 },
+            },
+        ),
+    ];
+    let events: Vec<Event> = bodies
+        .into_iter()
+        .enumerate()
+        .map(|(i, (task_seq, body))| Event {
+            lsn: 0,
+            task_id: task,
+            task_seq,
+            at: 1_700_000_000_000 + i as u64,
+            body,
+        })
+        .collect();
+    tokio::task::block_in_place(|| {
+        let writer = PartitionLog::open(&kafka, 1, TIMEOUT).unwrap();
+        for event in &events {
+            let record = sendledger_kafka::records::event_record(event).unwrap();
+            let batch = LogBatch {
+                events: vec![LogRecord {
+                    key: task.to_string(),
+                    headers: vec![(sendledger_kafka::EVENT_ID_HEADER, record.event_id.clone())],
+                    payload: serde_json::to_vec(&record).unwrap(),
+                }],
+                ..LogBatch::default()
+            };
+            writer.commit(&batch, None).unwrap();
+        }
+    });
+
+    let take_over = |dir: &std::path::Path| {
+        let replicator = Arc::new(LogReplicator::new("sendledger"));
+        let engine = replicated_engine(dir, &sim, replicator.clone());
+        let kafka = &kafka;
+        async move {
+            let log =
+                tokio::task::block_in_place(|| PartitionLog::open(kafka, 1, TIMEOUT)).unwrap();
+            let (logged, end) = tokio::task::block_in_place(|| partition_events(kafka, 1, 0));
+            let (_, diverged) = engine.restore(1, logged, Some(end)).await.unwrap();
+            replicator.own(log);
+            (engine, diverged)
+        }
+    };
+    let first_dir = tempfile::tempdir().unwrap();
+    let (first, diverged) = take_over(first_dir.path()).await;
+    assert_eq!(diverged.len(), 1);
+    assert_eq!((diverged[0].task_id, diverged[0].task_seq), (task, 1));
+    first.assign_partition(1, diverged).await.unwrap();
+    let state = first.state(task).await.unwrap();
+    assert_eq!(state.phase, Phase::ManualReview);
+    let Some(ReviewReason::DivergentHistory {
+        task_seq: 1,
+        replaced,
+    }) = &state.review_reason
+    else {
+        panic!("{:?}", state.review_reason);
+    };
+    assert_eq!(replaced.len(), 2, "{replaced:?}");
+    assert!(replaced[1].starts_with("SendUnknown"), "{replaced:?}");
+    assert_eq!(
+        state.remote_id.as_deref(),
+        Some("r-2"),
+        "rebuilt from the later history"
+    );
+    // The review is in the log of record, after the kept history.
+    let (logged, _) = tokio::task::block_in_place(|| partition_events(&kafka, 1, 0));
+    let last = logged.last().unwrap();
+    assert_eq!((last.task_id, last.task_seq), (task, 3));
+    assert!(matches!(
+        last.body,
+        EventBody::ManualReviewRequired {
+            reason: ReviewReason::DivergentHistory { task_seq: 1, .. }
+        }
+    ));
+    first.shutdown(Duration::from_secs(5)).await;
+
+    // Another take-over on an empty disk finds the two histories again, and the review.
+    let second_dir = tempfile::tempdir().unwrap();
+    let (second, diverged) = take_over(second_dir.path()).await;
+    assert_eq!(diverged.len(), 1);
+    second.assign_partition(1, diverged).await.unwrap();
+    let (again, _) = tokio::task::block_in_place(|| partition_events(&kafka, 1, 0));
+    assert_eq!(again.len(), logged.len(), "nothing more recorded");
+    assert_eq!(second.state(task).await.unwrap().phase, Phase::ManualReview);
+    second.shutdown(Duration::from_secs(5)).await;
+
+    let report = tokio::task::block_in_place(|| {
+        sendledger_kafka::topic_audit::audit_topic(
+            &kafka,
+            &kafka.config().events_topic,
+            Default::default(),
+            |_, _| {},
+        )
+    })
+    .unwrap();
+    assert!(
+        report
+            .violations
+            .iter()
+            .any(|v| v.rule == "sequence" && v.task_id.as_deref() == Some(&task.to_string())),
+        "{:?}",
+        report.violations
+    );
+    sim.shutdown().await;
 }

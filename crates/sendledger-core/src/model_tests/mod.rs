@@ -13,6 +13,7 @@ use crate::retry::RetryPolicy;
 use crate::rules::{check_task, CheckConfig, Rule};
 use crate::state::{fold, Phase, State};
 
+mod diverged;
 mod fallback;
 mod properties;
 mod retries;
