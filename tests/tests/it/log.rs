@@ -719,9 +719,10 @@ async fn kafka_mode_rides_out_the_brokers_unreachable_for_a_while() {
         .collect();
     assert!(
         unsettled.is_empty(),
-        "{} tasks without a terminal result, such as {:?}",
+        "{} tasks without a terminal result, such as {:?}; partitions owned at the end: {:?}",
         unsettled.len(),
-        &unsettled[..unsettled.len().min(6)]
+        &unsettled[..unsettled.len().min(6)],
+        service.engine().ownership().map(|o| o.partitions())
     );
     assert_one_record_each(&sim, &keys, &results);
     let mut terminal: std::collections::BTreeMap<&str, usize> = Default::default();
