@@ -549,7 +549,9 @@ fn results_in_log(events: &[Event]) -> HashSet<String> {
 /// `check-broker`'s `fencing_aborts`): the killed owner's open transaction, committed by the
 /// next owner's `init_transactions` instead of aborted, held the result record but not yet
 /// its event, and the next owner settled the task from the log. Kafka aborts that
-/// transaction. They are counted and printed; any other extra result fails.
+/// transaction. They are counted and printed, and each must say what the task's one
+/// announced terminal result says (status and remote id: the same record), at most one per
+/// task; any other extra result fails.
 pub fn assert_settled_once(
     sim: &Sim,
     keys: &[String],
@@ -574,6 +576,17 @@ pub fn assert_settled_once(
         "results the log of record does not announce: {unbacked:?}"
     );
     let terminal = terminal_by_task(&terminal);
+    let mut extra: HashMap<&str, usize> = HashMap::new();
+    for u in unbacked.iter().filter(|u| u.status.is_terminal()) {
+        let count = extra.entry(u.task_id.as_str()).or_default();
+        *count += 1;
+        assert_eq!(*count, 1, "two results the log does not announce: {u:?}");
+        let announced = terminal.get(&u.task_id).map(Vec::as_slice);
+        assert!(
+            matches!(announced, Some([one]) if one.status == u.status && one.remote_id == u.remote_id),
+            "a result the log does not announce differs from the task's announced one: {u:?}, announced {announced:?}"
+        );
+    }
     let mut reviews = Vec::new();
     for key in keys {
         let task = crate::engine::task_id(key).to_string();
