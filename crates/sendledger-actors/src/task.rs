@@ -114,7 +114,12 @@ impl TaskActor {
         self.unfinished += 1;
         Box::pin(
             fut::ready(())
-                .then(move |(), act: &mut Self, _| act.decide_and_append(input))
+                .then(move |(), act: &mut Self, _| {
+                    // Room and holds found for an earlier input say nothing about this one.
+                    act.slot = None;
+                    act.holds.clear();
+                    act.decide_and_append(input)
+                })
                 .map(|res, act, _| {
                     act.unfinished -= 1;
                     res
