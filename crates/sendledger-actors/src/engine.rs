@@ -303,7 +303,9 @@ impl Engine {
         let restored = append.events.len();
         append.restored = true;
         append.partition = Some(partition);
-        if let Some(checkpoint) = checkpoint {
+        // A step that finds two histories records no checkpoint: until their reviews are
+        // recorded, a take-over must read them again.
+        if let Some(checkpoint) = checkpoint.filter(|_| diverged.is_empty()) {
             append.cursors.push((
                 sendledger_store::log_checkpoint(partition),
                 checkpoint.max(0) as u64,

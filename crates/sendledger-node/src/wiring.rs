@@ -365,8 +365,7 @@ impl KafkaOwner {
             let mut failed = None;
             for (events, next) in decoded.iter() {
                 let at = std::time::Instant::now();
-                // Known before the step is applied only for earlier steps: a step that finds
-                // one records its checkpoint, which is then the last recorded (see below).
+                // The step that finds the first records none either (`Engine::restore`).
                 let checkpoint = diverged.is_empty().then_some(next);
                 match self
                     .runtime

@@ -1403,7 +1403,13 @@ async fn two_histories_of_a_task_in_the_log_send_it_to_review() {
     let (first, diverged) = take_over(first_dir.path()).await;
     assert_eq!(diverged.len(), 1);
     assert_eq!((diverged[0].task_id, diverged[0].task_seq), (task, 1));
+    assert_eq!(
+        first.ledger().log_checkpoint(1).unwrap(),
+        None,
+        "no checkpoint past the two histories until their review is recorded"
+    );
     first.assign_partition(1, diverged).await.unwrap();
+    assert!(first.ledger().log_checkpoint(1).unwrap().is_some());
     let state = first.state(task).await.unwrap();
     assert_eq!(state.phase, Phase::ManualReview);
     let Some(ReviewReason::DivergentHistory {
