@@ -57,8 +57,9 @@ pub struct TaskActor {
     /// Room for the attempt being decided, at the target named, taken before its intent is
     /// recorded.
     slot: Option<(String, Slot)>,
-    /// The targets found taking no attempt now, while the input is decided: the decision
-    /// waits instead of intending at one of them (or goes to the task's fallback).
+    /// The targets found taking no attempt now, while the input is decided (forgotten before
+    /// the next input): the decision waits instead of intending at one of them (or goes to the
+    /// task's fallback).
     holds: Vec<Hold>,
     /// Inputs accepted for processing whose decision is not yet durable and acted on. The
     /// actor is idle (and may be dropped) only when there are none.
@@ -281,8 +282,8 @@ impl TaskActor {
         let decision = match decision {
             Ok(d) => d,
             Err(e) => {
+                // Frees the room at once; the holds are forgotten with the next input.
                 self.slot = None;
-                self.holds.clear();
                 return Box::pin(fut::ready(Err(e.into())));
             }
         };
@@ -306,7 +307,6 @@ impl TaskActor {
                 }));
             }
         }
-        self.holds.clear();
         let (next, mut append) = record(self.task_id, &self.state, &decision, now);
         if let Some(s) = source {
             append.offsets.push((s.topic, s.partition, s.offset));

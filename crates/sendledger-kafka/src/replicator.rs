@@ -319,10 +319,7 @@ impl Replicator for LogReplicator {
     fn unrecorded(&self, partition: i32) {
         let mut owned = self.lock();
         if owned.logs.contains_key(&partition) {
-            owned.forget(partition);
-            owned.lost.insert(partition, false);
-            metrics::counter!(crate::metric_definitions::PARTITIONS_LOST_TOTAL, "cause" => "unrecorded")
-                .increment(1);
+            owned.lose(partition, false, "unrecorded");
         }
     }
 }
@@ -377,18 +374,14 @@ impl LogReplicator {
                 tracing::info!(partition, error = %e, "a transaction of a log this instance had already given up failed; its batch is not recorded");
                 return Replication::Lost(Arc::new(e));
             }
-            owned.forget(partition);
-            owned.lost.insert(partition, fenced);
+            if fenced {
+                tracing::warn!(partition, error = %e, "the partition's log of record is lost: another instance took the partition over; its tasks stop here");
+                owned.lose(partition, true, "fenced");
+            } else {
+                tracing::warn!(partition, error = %e, "the partition's log of record is lost: a transaction failed; the partition is taken over again");
+                owned.lose(partition, false, "failed");
+            }
         }
-        let cause = if fenced {
-            tracing::warn!(partition, error = %e, "the partition's log of record is lost: another instance took the partition over; its tasks stop here");
-            "fenced"
-        } else {
-            tracing::warn!(partition, error = %e, "the partition's log of record is lost: a transaction failed; the partition is taken over again");
-            "failed"
-        };
-        metrics::counter!(crate::metric_definitions::PARTITIONS_LOST_TOTAL, "cause" => cause)
-            .increment(1);
         Replication::Lost(Arc::new(e))
     }
 }
@@ -411,16 +404,23 @@ impl Owned {
     fn committed_late(&mut self, partition: i32) -> Replication {
         if self.logs.contains_key(&partition) {
             tracing::warn!(partition, "a transaction of a log given up committed after the partition was taken over anew; the partition is taken over again so its restore reads it");
-            self.forget(partition);
-            self.lost.insert(partition, false);
-            metrics::counter!(crate::metric_definitions::PARTITIONS_LOST_TOTAL, "cause" => "late_commit")
-                .increment(1);
+            self.lose(partition, false, "late_commit");
         } else {
             tracing::info!(partition, "a transaction of a log this instance had already given up committed; its events are the next owner's to restore");
         }
         Replication::Lost(cause(format!(
             "requests partition {partition} was taken over anew while these events committed; they are restored from the log"
         )))
+    }
+
+    /// Gives partition `partition`'s log up without its owner having released it, for
+    /// [`LogReplicator::take_lost`] to report (`fenced`: another writer took it), counted by
+    /// `cause`.
+    fn lose(&mut self, partition: i32, fenced: bool, cause: &'static str) {
+        self.forget(partition);
+        self.lost.insert(partition, fenced);
+        metrics::counter!(crate::metric_definitions::PARTITIONS_LOST_TOTAL, "cause" => cause)
+            .increment(1);
     }
 
     /// Gives partition `partition`'s log and what goes with it up.
