@@ -1,6 +1,7 @@
 //! The engine handle: start it on a ledger directory with a [`Remote`], submit requests,
 //! resolve reviews, shut it down.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,7 +12,8 @@ use sendledger_core::{
     AcceptedRequest, Event, EventBody, Identity, Limits, Phase, Source, State, TaskId, TaskRequest,
 };
 use sendledger_store::{
-    Diverged, Durability, Ledger, LedgerOptions, Memory, Replicator, Restored, TaskPage, TaskQuery,
+    Append, Diverged, Durability, Ledger, LedgerOptions, Memory, Replicator, Restored, TaskPage,
+    TaskQuery,
 };
 use tokio::sync::oneshot;
 
@@ -282,58 +284,104 @@ impl Engine {
     /// Kafka mode: applies events of requests partition `partition` read from its log of
     /// record (from the ledger's checkpoint on), and records `checkpoint`, the log position
     /// after them. Only while the partition is not owned here (its tasks do not act). Returns
-    /// the number of events the ledger did not hold yet.
+    /// the number of events the ledger did not hold yet, and the tasks found with two
+    /// histories: each owes a review, recorded with the restore (the replaced events may
+    /// exist nowhere else) and sent when the partition is assigned.
     pub async fn restore(
         &self,
         partition: i32,
         events: Vec<Event>,
         checkpoint: Option<i64>,
     ) -> Result<(usize, Vec<Diverged>)> {
-        let ownership = self.ownership_for("restoring a partition")?;
-        if ownership.epoch(partition).is_some() {
-            return Err(Error::RestoreWhileOwned(partition));
-        }
+        self.not_owned(partition, "restoring a partition")?;
         let ledger = self.inner.ledger.clone();
-        let Restored {
-            mut append,
-            diverged,
-        } = ledger
+        let Restored { append, diverged } = ledger
             .read(move |l| sendledger_store::restore_append(l, events))
             .await?;
         let restored = append.events.len();
+        self.record_restore(partition, append, &diverged, checkpoint)
+            .await?;
+        Ok((restored, diverged))
+    }
+
+    /// Kafka mode: truncates the ledger's copy of requests partition `partition` to its log of
+    /// record, once the whole log was restored over it (a copy found ahead of its log, or
+    /// apart from it): `logged` is how many events the log holds of each task, `checkpoint`
+    /// the log position after its last event. Each task that loses events owes a review,
+    /// recorded with the truncation, unless what it lost is harmless (see
+    /// [`Input::Diverged`]); a task its log never held is recorded again from its first event.
+    ///
+    /// [`Input::Diverged`]: sendledger_core::decide::Input::Diverged
+    pub async fn truncate_to_log(
+        &self,
+        partition: i32,
+        logged: HashMap<TaskId, u32>,
+        checkpoint: i64,
+    ) -> Result<Vec<Diverged>> {
+        self.not_owned(partition, "truncating a partition's copy")?;
+        let ledger = self.inner.ledger.clone();
+        let Restored { append, diverged } = ledger
+            .read(move |l| sendledger_store::truncate_append(l, partition, &logged))
+            .await?;
+        self.record_restore(partition, append, &diverged, Some(checkpoint))
+            .await?;
+        Ok(diverged)
+    }
+
+    fn not_owned(&self, partition: i32, what: &'static str) -> Result<()> {
+        if self.ownership_for(what)?.epoch(partition).is_some() {
+            return Err(Error::RestoreWhileOwned(partition));
+        }
+        Ok(())
+    }
+
+    async fn record_restore(
+        &self,
+        partition: i32,
+        mut append: Append,
+        diverged: &[Diverged],
+        checkpoint: Option<i64>,
+    ) -> Result<()> {
         append.restored = true;
         append.partition = Some(partition);
-        // A step that finds two histories records no checkpoint: until their reviews are
-        // recorded, a take-over must read them again.
-        if let Some(checkpoint) = checkpoint.filter(|_| diverged.is_empty()) {
+        append.reviews_owed = diverged.iter().map(|d| (partition, d.clone())).collect();
+        if let Some(checkpoint) = checkpoint {
             append.cursors.push((
                 sendledger_store::log_checkpoint(partition),
                 checkpoint.max(0) as u64,
             ));
         }
-        ledger.append(append).await?;
+        self.inner.ledger.append(append).await?;
         if !diverged.is_empty() {
             metrics::counter!(crate::metric_definitions::DIVERGENT_HISTORIES_TOTAL)
                 .increment(diverged.len() as u64);
         }
-        Ok((restored, diverged))
+        Ok(())
     }
 
     /// Kafka mode: takes requests partition `partition` on (call it once its log is open and
     /// restored) and resumes its unsettled tasks as start-up does in local mode: a task found
     /// sending is reconciled, timers are armed again. Returns the number of tasks resumed.
     ///
-    /// `diverged`: the tasks its restore found with two histories in the log. Each is sent to
-    /// review first (recorded through the log, see [`Input::Diverged`]), and only then are the
-    /// tasks resumed; should recording one fail, the partition is revoked again and the error
-    /// returned (the restore that found them wrote no checkpoint past them, so the next
-    /// take-over finds them again).
+    /// The reviews its restores left owed (tasks whose history here the log's replaced) are
+    /// recorded first, through the log (see [`Input::Diverged`]), and forgotten once
+    /// recorded; only then are the tasks resumed. Should recording one fail, the partition is
+    /// revoked again and the error returned: the next take-over sends them again.
     ///
     /// [`Input::Diverged`]: sendledger_core::decide::Input::Diverged
-    pub async fn assign_partition(&self, partition: i32, diverged: Vec<Diverged>) -> Result<usize> {
+    pub async fn assign_partition(&self, partition: i32) -> Result<usize> {
         let ownership = self.ownership_for("assigning a partition")?.clone();
         ownership.assign(partition);
-        for d in diverged {
+        let ledger = self.inner.ledger.clone();
+        let owed = match ledger.read(move |l| l.reviews_owed(partition)).await {
+            Ok(owed) => owed,
+            Err(e) => {
+                ownership.revoke(partition);
+                return Err(e.into());
+            }
+        };
+        let mut recorded = Append::default();
+        for d in owed {
             let input = TaskInput::Diverged {
                 task_seq: d.task_seq,
                 replaced: d.replaced,
@@ -341,6 +389,13 @@ impl Engine {
             if let Err(e) = self.route(d.task_id, input).await {
                 ownership.revoke(partition);
                 return Err(e);
+            }
+            recorded.reviews_recorded.push((partition, d.task_id));
+        }
+        if !recorded.reviews_recorded.is_empty() {
+            if let Err(e) = ledger.append(recorded).await {
+                ownership.revoke(partition);
+                return Err(e.into());
             }
         }
         let ledger = self.inner.ledger.clone();

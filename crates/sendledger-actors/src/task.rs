@@ -145,6 +145,10 @@ impl TaskActor {
                 TaskInput::Deliver { source, .. } | TaskInput::Reject { source, .. } => {
                     Some(source)
                 }
+                // A task whose log lost all of it: its first event is recorded again.
+                TaskInput::Diverged { replaced, .. } => {
+                    replaced.first().and_then(|e| e.body.source())
+                }
                 _ => None,
             })
             .map(|s| s.partition);

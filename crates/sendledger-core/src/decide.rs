@@ -311,6 +311,28 @@ pub fn decide(state: &State, input: Input, ctx: Ctx<'_>) -> Result<Decision> {
         },
         Input::Operator(resolution) => operator(state, resolution, ctx, &mut d)?,
         Input::Diverged { task_seq, replaced } => {
+            let reviewed = matches!(
+                &state.review_reason,
+                Some(ReviewReason::DivergentHistory { task_seq: at, .. }) if *at == task_seq
+            ) && state.phase == Phase::ManualReview;
+            // The log never held the task (it lost every event of it): its first event is
+            // recorded again from the replaced history, so an acknowledged request is not
+            // lost, and the rest is the evidence.
+            let mut replaced = &replaced[..];
+            if state.phase == Phase::New {
+                match replaced.split_first() {
+                    Some((first, rest))
+                        if matches!(
+                            first.body,
+                            EventBody::TaskAccepted { .. } | EventBody::InputRejected { .. }
+                        ) =>
+                    {
+                        d.events.push(first.body.clone());
+                        replaced = rest;
+                    }
+                    _ => return Ok(d),
+                }
+            }
             let harmless = replaced.iter().all(|e| {
                 matches!(
                     e.body,
@@ -320,11 +342,7 @@ pub fn decide(state: &State, input: Input, ctx: Ctx<'_>) -> Result<Decision> {
                         | EventBody::SendDeferred { .. }
                 )
             });
-            let reviewed = matches!(
-                &state.review_reason,
-                Some(ReviewReason::DivergentHistory { task_seq: at, .. }) if *at == task_seq
-            ) && state.phase == Phase::ManualReview;
-            if !harmless && !reviewed && state.phase != Phase::New {
+            if !harmless && !reviewed {
                 d.events.push(EventBody::ManualReviewRequired {
                     reason: ReviewReason::DivergentHistory {
                         task_seq,

@@ -496,6 +496,58 @@ pub fn read_partition(
     Ok(next)
 }
 
+/// Events partition `partition`'s end (its high watermark: past its last stable offset once
+/// its log was opened, since opening settles the open transaction) and its first committed
+/// event at or after `at`, with that event's offset: how a take-over checks that the log
+/// still holds the last event its copy recorded. Reads as a `read_committed` consumer, and
+/// gives up when nothing arrives for `idle` while the end is not reached.
+pub fn event_at(
+    kafka: &Kafka,
+    partition: i32,
+    at: i64,
+    idle: Duration,
+) -> crate::Result<(i64, Option<(i64, Event)>)> {
+    let topic = kafka.config().events_topic.clone();
+    let mut client = kafka.client_config(Role::Replay);
+    client.set("isolation.level", "read_committed");
+    let consumer: BaseConsumer = client.create()?;
+    let (_, end) = consumer.fetch_watermarks(&topic, partition, idle)?;
+    if at >= end {
+        return Ok((end, None));
+    }
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(&topic, partition, Offset::Offset(at))?;
+    consumer.assign(&tpl)?;
+    let started = Instant::now();
+    loop {
+        match consumer.poll(Duration::from_millis(10)) {
+            Some(Ok(m)) => return Ok((end, Some((m.offset(), record_event(&m)?)))),
+            Some(Err(e)) => return Err(e.into()),
+            None => {
+                // Past the last committed record only markers or aborted records remain.
+                let position = consumer
+                    .position()?
+                    .find_partition(&topic, partition)
+                    .and_then(|p| match p.offset() {
+                        Offset::Offset(o) => Some(o),
+                        _ => None,
+                    });
+                if position.is_some_and(|p| p >= end) {
+                    return Ok((end, None));
+                }
+                if started.elapsed() > idle {
+                    return Err(crate::Error::Replay {
+                        topic,
+                        detail: format!(
+                            "partition {partition}: no record for {idle:?} at offset {at}, before its end {end}"
+                        ),
+                    });
+                }
+            }
+        }
+    }
+}
+
 /// The event a record of the events topic carries, decoded in place (a restore reads every
 /// record of a partition: copying each, or reading its headers, was a third of the reading). A
 /// record that does not decode is named by its `sendledger-event-id` header.

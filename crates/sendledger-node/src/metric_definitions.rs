@@ -12,6 +12,7 @@ pub const UNKNOWN_OLDEST_AGE_SECONDS: &str = "sendledger_unknown_oldest_age_seco
 pub const PARTITION_RESTORE_SECONDS: &str = "sendledger_partition_restore_seconds";
 pub const PARTITION_RESTORING: &str = "sendledger_partition_restoring";
 pub const RESTORED_EVENTS_TOTAL: &str = "sendledger_restored_events_total";
+pub const COPIES_TRUNCATED_TOTAL: &str = "sendledger_copies_truncated_total";
 
 pub const DEFINITIONS: &[M] = &[
     M::gauge(
@@ -45,6 +46,10 @@ pub const DEFINITIONS: &[M] = &[
     M::counter(
         RESTORED_EVENTS_TOTAL,
         "Kafka mode: events read from the log of record into the ledger while taking partitions over, by partition (grows step by step during a restore).",
+    ),
+    M::counter(
+        COPIES_TRUNCATED_TOTAL,
+        "Kafka mode: take-overs that found the ledger's copy of a partition ahead of its log or apart from it (the brokers lost committed events), by partition; the copy is truncated to the log.",
     ),
 ];
 

@@ -10,6 +10,7 @@
 //!   record, restores the ledger from it, resumes its tasks) and gives it up.
 
 use sendledger_actors::{Engine, Error, LookupError, Remote, Slot, TargetHealth, Unavailable};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,15 +18,15 @@ use sendledger_core::decide::{AttemptOutcome, Sending};
 use sendledger_core::error::Chain;
 use sendledger_core::event::{Millis, NotSentCause};
 use sendledger_core::{
-    AcceptedRequest, BoxFuture, Event, Policy, RetryClass, Source, TaskRequest, TraceParent,
+    AcceptedRequest, BoxFuture, Event, Policy, RetryClass, Source, TaskId, TaskRequest, TraceParent,
 };
 use sendledger_effects::{SendSlot, Targets};
-use sendledger_kafka::partition_log::{read_partition, record_event};
+use sendledger_kafka::partition_log::{event_at, read_partition, record_event};
 use sendledger_kafka::rdkafka::message::Message as _;
 use sendledger_kafka::{
     Kafka, LogReplicator, PartitionLog, PartitionOwner, RequestSink, SinkError,
 };
-use sendledger_store::{Append, Diverged, Ledger, Processed};
+use sendledger_store::{Append, Ledger, Processed};
 
 /// The engine's remote over HTTP.
 pub struct HttpRemote {
@@ -293,6 +294,15 @@ pub struct KafkaOwner {
     engine: Engine,
     replicator: Arc<LogReplicator>,
     runtime: tokio::runtime::Handle,
+    /// The task committing waiting partitions' offsets: it holds the ledger, so it ends with
+    /// the owner.
+    offsets: tokio::task::AbortHandle,
+}
+
+impl Drop for KafkaOwner {
+    fn drop(&mut self) {
+        self.offsets.abort();
+    }
 }
 
 impl KafkaOwner {
@@ -305,31 +315,48 @@ impl KafkaOwner {
         let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
             crate::error::Error::step("finding the runtime of kafka mode's partitions", e)
         })?;
-        runtime.spawn(commit_waiting_offsets(
-            Arc::downgrade(&replicator),
-            engine.ledger().clone(),
-        ));
+        let offsets = runtime
+            .spawn(commit_waiting_offsets(
+                Arc::downgrade(&replicator),
+                engine.ledger().clone(),
+            ))
+            .abort_handle();
         Ok(KafkaOwner {
             kafka,
             engine,
             replicator,
             runtime,
+            offsets,
         })
     }
 
     /// Reads the partition's log from the ledger's checkpoint and applies it, a step at a time:
     /// a thread of its own reads and decodes the next step while the last one is applied.
-    /// Returns the events applied and the tasks found with two histories. From the step that
-    /// finds one on, no checkpoint is recorded: until those tasks' reviews are recorded, a
-    /// take-over reads the log from before them again and finds them again.
-    fn restore(&self, partition: i32) -> Result<(usize, Vec<Diverged>), String> {
-        let from = self
+    /// Returns the events applied. Tasks found with two histories owe a review, recorded with
+    /// the step that found them ([`Engine::assign_partition`] sends them).
+    ///
+    /// The copy is checked against the log first: the log must still hold, at the offset
+    /// before the checkpoint, the last event the copy recorded. A copy ahead of its log or apart
+    /// from it (the brokers lost committed events, or a tail was written again since) is
+    /// restored from the log's start and truncated to it ([`Engine::truncate_to_log`]).
+    fn restore(&self, partition: i32) -> Result<usize, String> {
+        let checkpoint = self
             .engine
             .ledger()
             .log_checkpoint(partition)
-            .map_err(|e| Chain(&e).to_string())?
-            .unwrap_or(0);
+            .map_err(|e| Chain(&e).to_string())?;
         let label = partition.to_string();
+        let (from, truncate) = match checkpoint {
+            Some(checkpoint) if checkpoint > 0 => match self.check_copy(partition, checkpoint)? {
+                None => (checkpoint, false),
+                Some(why) => {
+                    tracing::error!(partition, checkpoint, why = %why, "the ledger's copy of the partition is not what its log holds (the brokers lost committed events): it is restored from the log's start and truncated to it, and its tasks that lost events that matter go to review");
+                    metrics::counter!(crate::metric_definitions::COPIES_TRUNCATED_TOTAL, "partition" => label.clone()).increment(1);
+                    (0, true)
+                }
+            },
+            _ => (0, false),
+        };
         let restoring = metrics::gauge!(crate::metric_definitions::PARTITION_RESTORING, "partition" => label.clone());
         let restored = metrics::counter!(crate::metric_definitions::RESTORED_EVENTS_TOTAL, "partition" => label);
         restoring.set(1.0);
@@ -338,15 +365,18 @@ impl KafkaOwner {
         let mut applying = Duration::ZERO;
         let kafka = &self.kafka;
         let outcome = std::thread::scope(|scope| {
-            // Two steps decoded ahead at most.
-            let (steps, decoded) = std::sync::mpsc::sync_channel::<(Vec<Event>, i64)>(2);
+            // Two steps decoded ahead at most. Each comes with the position after its last
+            // event (none for an empty step): the checkpoint, whose offset before is an event.
+            let (steps, decoded) = std::sync::mpsc::sync_channel::<(Vec<Event>, Option<i64>)>(2);
             let reader = scope.spawn(move || -> Result<(), String> {
                 let mut step = Vec::with_capacity(RESTORE_STEP);
-                let end = read_partition(kafka, partition, from, TAKE_OVER_TIMEOUT, |record| {
+                let mut last = None;
+                read_partition(kafka, partition, from, TAKE_OVER_TIMEOUT, |record| {
                     step.push(record_event(record)?);
+                    last = Some(record.offset());
                     if step.len() >= RESTORE_STEP {
                         let full = std::mem::replace(&mut step, Vec::with_capacity(RESTORE_STEP));
-                        steps.send((full, record.offset() + 1)).map_err(|_| {
+                        steps.send((full, last.map(|o| o + 1))).map_err(|_| {
                             sendledger_kafka::Error::Replay {
                                 topic: kafka.config().events_topic.clone(),
                                 detail: "the restore stopped".into(),
@@ -356,26 +386,34 @@ impl KafkaOwner {
                     Ok(())
                 })
                 .map_err(|e| Chain(&e).to_string())?;
-                // The last step, even an empty one, records the checkpoint of the log's end.
-                let _ = steps.send((step, end));
+                let _ = steps.send((step, last.map(|o| o + 1)));
                 Ok(())
             });
             let mut applied = 0;
-            let mut diverged: Vec<Diverged> = Vec::new();
+            // Truncating: how many events the log holds of each task, and where it ends.
+            let mut logged: HashMap<TaskId, u32> = HashMap::new();
+            let mut end = None;
             let mut failed = None;
             for (events, next) in decoded.iter() {
                 let at = std::time::Instant::now();
-                // The step that finds the first records none either (`Engine::restore`).
-                let checkpoint = diverged.is_empty().then_some(next);
+                if truncate {
+                    for e in &events {
+                        let n = logged.entry(e.task_id).or_default();
+                        *n = (*n).max(e.task_seq + 1);
+                    }
+                    end = next.or(end);
+                }
+                // A copy being truncated records its checkpoint with the truncation: until
+                // then, a take-over finds it apart from its log again.
+                let checkpoint = next.filter(|_| !truncate);
                 match self
                     .runtime
                     .block_on(self.engine.restore(partition, events, checkpoint))
                 {
-                    Ok((n, found)) => {
+                    Ok((n, _)) => {
                         applying += at.elapsed();
                         restored.increment(n as u64);
                         applied += n;
-                        diverged.extend(found);
                     }
                     Err(e) => {
                         failed = Some(Chain(&e).to_string());
@@ -388,16 +426,62 @@ impl KafkaOwner {
             let read = reader
                 .join()
                 .unwrap_or_else(|_| Err("the log's reader panicked".into()));
-            match failed {
-                Some(e) => Err(e),
-                None => read.map(|()| (applied, diverged)),
+            if let Some(e) = failed {
+                return Err(e);
             }
+            read?;
+            if truncate {
+                let truncated = self
+                    .runtime
+                    .block_on(
+                        self.engine
+                            .truncate_to_log(partition, logged, end.unwrap_or(0)),
+                    )
+                    .map_err(|e| Chain(&e).to_string())?;
+                tracing::warn!(
+                    partition,
+                    tasks = truncated.len(),
+                    "the partition's copy is truncated to its log"
+                );
+            }
+            Ok(applied)
         });
         restoring.set(0.0);
         metrics::histogram!(crate::metric_definitions::PARTITION_RESTORE_SECONDS)
             .record(started.elapsed().as_secs_f64());
         tracing::debug!(partition, took = ?started.elapsed(), applying = ?applying, "partition log read and applied");
         outcome
+    }
+
+    /// Why the ledger's copy of the partition, recorded up to `checkpoint`, is not what its log
+    /// holds, if it is not: the log ends before the checkpoint, or its event just before the
+    /// checkpoint is not the last one the copy recorded from it.
+    fn check_copy(&self, partition: i32, checkpoint: i64) -> Result<Option<String>, String> {
+        let last = checkpoint - 1;
+        let (end, found) = event_at(&self.kafka, partition, last, TAKE_OVER_TIMEOUT)
+            .map_err(|e| Chain(&e).to_string())?;
+        if end < checkpoint {
+            return Ok(Some(format!(
+                "the log ends at offset {end}, before the copy's checkpoint {checkpoint}"
+            )));
+        }
+        let Some((_, logged)) = found.filter(|(offset, _)| *offset == last) else {
+            return Ok(Some(format!(
+                "the log holds no committed event at offset {last}, the last one the copy recorded"
+            )));
+        };
+        let held = self
+            .engine
+            .ledger()
+            .task_event(logged.task_id, logged.task_seq)
+            .map_err(|e| Chain(&e).to_string())?;
+        match held {
+            Some(held) if held.body == logged.body && held.at == logged.at => Ok(None),
+            _ => Ok(Some(format!(
+                "the log's event at offset {last} (task {} event {}) is not one the copy recorded",
+                logged.task_id, logged.task_seq
+            ))),
+        }
     }
 }
 
@@ -408,11 +492,11 @@ impl PartitionOwner for KafkaOwner {
         // is read next is all it ever committed.
         let log = PartitionLog::open(&self.kafka, partition, TAKE_OVER_TIMEOUT)
             .map_err(|e| Chain(&e).to_string())?;
-        let (restored, diverged) = self.restore(partition)?;
+        let restored = self.restore(partition)?;
         self.replicator.own(log);
         let resumed = self
             .runtime
-            .block_on(self.engine.assign_partition(partition, diverged))
+            .block_on(self.engine.assign_partition(partition))
             .map_err(|e| {
                 self.release(partition);
                 Chain(&e).to_string()

@@ -25,6 +25,7 @@ use tokio::sync::oneshot;
 use crate::envelope::encode_new_event;
 use crate::error::{cause, Cause, Error, Result};
 use crate::keys::*;
+use crate::restore::Diverged;
 use crate::summary::TaskSummary;
 use crate::task_index::IndexEntry;
 
@@ -58,6 +59,15 @@ pub struct Append {
     /// differ from the log of record's. The index forgets them (before `events` are indexed);
     /// the log's events replace them.
     pub truncate_tasks: Vec<(TaskId, u32)>,
+    /// Kafka mode, a restore: tasks truncated to no event at all (their log never held them):
+    /// their summaries and listings go too.
+    pub forget_tasks: Vec<TaskId>,
+    /// Kafka mode, a restore: reviews owed for the tasks whose history here the log's
+    /// replaced, by requests partition, kept until the review is recorded (the replaced
+    /// events exist nowhere else).
+    pub reviews_owed: Vec<(i32, Diverged)>,
+    /// Reviews owed that are recorded now: (requests partition, task).
+    pub reviews_recorded: Vec<(i32, TaskId)>,
     /// Task index moves: (task, its entry before these events, after them); see
     /// [`Append::reindex`].
     pub index: Vec<(TaskId, Option<IndexEntry>, Option<IndexEntry>)>,
@@ -491,7 +501,7 @@ fn build_batch(db: &DB, first_lsn: u64, pending: &[Request]) -> (WriteBatch, Vec
         cf(CF_TIMERS),
         cf(CF_CURSORS),
     );
-    let (unsettled, task_index) = (cf(CF_UNSETTLED), cf(CF_TASK_INDEX));
+    let (unsettled, task_index, meta) = (cf(CF_UNSETTLED), cf(CF_TASK_INDEX), cf(CF_META));
     let mut batch = WriteBatch::default();
     let mut ranges = Vec::with_capacity(pending.len());
     let mut lsn = first_lsn;
@@ -573,6 +583,20 @@ fn build_batch(db: &DB, first_lsn: u64, pending: &[Request]) -> (WriteBatch, Vec
         }
         for (name, value) in &a.cursors {
             batch.put_cf(cursors, name.as_bytes(), value.to_be_bytes());
+        }
+        for task in &a.forget_tasks {
+            batch.delete_cf(tasks, task.0);
+            batch.delete_cf(unsettled, task.0);
+        }
+        for (partition, owed) in &a.reviews_owed {
+            batch.put_cf(
+                meta,
+                review_owed_key(*partition, owed.task_id),
+                owed.encode(),
+            );
+        }
+        for (partition, task) in &a.reviews_recorded {
+            batch.delete_cf(meta, review_owed_key(*partition, *task));
         }
         ranges.push(start..lsn);
     }

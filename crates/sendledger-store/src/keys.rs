@@ -39,6 +39,27 @@ pub const META_FORMAT: &[u8] = b"format";
 // format: do not change
 pub const META_MODE: &[u8] = b"mode";
 
+/// Kafka mode: the prefix of the `meta` keys of reviews owed, one per task whose history here
+/// was replaced by its log's ([`crate::restore::Diverged`]): `prefix ‖ partition ‖ task_id`.
+/// Kept until the task's review is recorded, since the replaced events exist nowhere else.
+// format: do not change
+pub const META_REVIEWS_OWED: &[u8] = b"review-owed/";
+
+/// The `meta` key of the review owed for `task` of requests partition `partition`.
+pub fn review_owed_key(partition: i32, task: TaskId) -> Vec<u8> {
+    let mut k = review_owed_prefix(partition);
+    k.extend_from_slice(&task.0);
+    k
+}
+
+/// The prefix of the `meta` keys of the reviews owed for requests partition `partition`.
+pub fn review_owed_prefix(partition: i32) -> Vec<u8> {
+    let mut k = Vec::with_capacity(META_REVIEWS_OWED.len() + 20);
+    k.extend_from_slice(META_REVIEWS_OWED);
+    k.extend_from_slice(&partition.to_be_bytes());
+    k
+}
+
 pub fn lsn_key(lsn: u64) -> [u8; 8] {
     lsn.to_be_bytes()
 }

@@ -40,7 +40,7 @@ pub use error::{Error, Result};
 pub use journal::{log_checkpoint, Append, JournalStats, Replication, Replicator, TimerKind};
 pub use ledger::{Ledger, MemoryUsage, FORMAT_VERSION};
 pub use options::{Durability, LedgerOptions, Memory};
-pub use restore::{restore_append, Diverged, Restored};
+pub use restore::{restore_append, truncate_append, Diverged, Restored};
 pub use sendledger_core::audit::{AuditReport, Finding};
 pub use summary::{Processed, TaskSummary};
 pub use task_index::{Cursor, IndexEntry, TaskPage, TaskQuery};

@@ -17,6 +17,7 @@ use std::collections::{hash_map, HashMap};
 
 use sendledger_core::{fold, Event, EventBody, NewEvent, State, TaskId};
 
+use crate::envelope::{decode_event, encode_event};
 use crate::error::{Error, Result};
 use crate::journal::Append;
 use crate::ledger::Ledger;
@@ -42,6 +43,43 @@ pub struct Diverged {
     /// The replaced events, in sequence order (an event replaced from the ledger keeps its
     /// LSN; one replaced within the same restore has LSN 0).
     pub replaced: Vec<Event>,
+}
+
+impl Diverged {
+    /// The stored form of a review owed (see [`crate::keys::META_REVIEWS_OWED`]): `task_seq`,
+    /// then each replaced event as `lsn ‖ length ‖ envelope`, integers big-endian.
+    // format: do not change
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = self.task_seq.to_be_bytes().to_vec();
+        for e in &self.replaced {
+            let envelope = encode_event(e);
+            out.extend_from_slice(&e.lsn.to_be_bytes());
+            out.extend_from_slice(&(envelope.len() as u32).to_be_bytes());
+            out.extend_from_slice(&envelope);
+        }
+        out
+    }
+
+    pub fn decode(task_id: TaskId, bytes: &[u8]) -> Result<Diverged> {
+        let bad = || Error::BadValue {
+            what: "review owed",
+        };
+        let (seq, mut rest) = bytes.split_first_chunk::<4>().ok_or_else(bad)?;
+        let mut replaced = Vec::new();
+        while !rest.is_empty() {
+            let (lsn, after) = rest.split_first_chunk::<8>().ok_or_else(bad)?;
+            let (len, after) = after.split_first_chunk::<4>().ok_or_else(bad)?;
+            let len = u32::from_be_bytes(*len) as usize;
+            let envelope = after.get(..len).ok_or_else(bad)?;
+            replaced.push(decode_event(u64::from_be_bytes(*lsn), envelope)?);
+            rest = &after[len..];
+        }
+        Ok(Diverged {
+            task_id,
+            task_seq: u32::from_be_bytes(*seq),
+            replaced,
+        })
+    }
 }
 
 /// What a restore step writes, and the tasks it found diverged.
@@ -178,6 +216,52 @@ pub fn restore_append(ledger: &Ledger, events: Vec<Event>) -> Result<Restored> {
             },
         ));
         append.reindex(*id, &task.before, &task.state);
+    }
+    Ok(Restored { append, diverged })
+}
+
+/// What truncating the ledger's copy of requests partition `partition` to its log of record
+/// takes, once the whole log was restored over it: `logged` is how many events the log holds
+/// of each of its tasks. Every task of the partition the ledger holds more events of (the log
+/// lost events the ledger recorded after their commit, or never held the task at all) loses
+/// the extra ones and is listed in `diverged` with them; a task none of whose events is left
+/// is forgotten (its events, summary and listings). Reads every task summary of the ledger:
+/// for the rare take-over that finds a copy ahead of its log, never on the common path.
+pub fn truncate_append(
+    ledger: &Ledger,
+    partition: i32,
+    logged: &HashMap<TaskId, u32>,
+) -> Result<Restored> {
+    let mut append = Append::default();
+    let mut diverged = Vec::new();
+    for item in ledger.task_summaries() {
+        let (id, summary) = item?;
+        let kept = logged.get(&id).copied().unwrap_or(0);
+        if summary.next_seq <= kept || ledger.request_partition(id)? != Some(partition) {
+            continue;
+        }
+        let held = ledger.task_events(id)?;
+        let before = fold(&held);
+        let after = fold(&held[..kept as usize]);
+        tracing::error!(task_id = %id, kept, dropped = held.len() - kept as usize, "the ledger holds events of a task its log of record does not: they are dropped, and the task goes to review when they matter");
+        append.truncate_tasks.push((id, kept));
+        if kept == 0 {
+            append.forget_tasks.push(id);
+        } else {
+            append.tasks.push((
+                id,
+                TaskSummary {
+                    phase: after.phase,
+                    next_seq: after.next_seq,
+                },
+            ));
+        }
+        append.reindex(id, &before, &after);
+        diverged.push(Diverged {
+            task_id: id,
+            task_seq: kept,
+            replaced: held[kept as usize..].to_vec(),
+        });
     }
     Ok(Restored { append, diverged })
 }
@@ -343,5 +427,63 @@ mod tests {
         assert_eq!(held, [(0, 10), (1, 25), (2, 35)]);
         let summary = ledger.task_summary(task).unwrap().unwrap();
         assert_eq!((summary.phase, summary.next_seq), (Phase::Succeeded, 3));
+    }
+
+    /// A copy ahead of its log: the tasks the ledger holds more of than the log lose the
+    /// extra events (listed as evidence), one the log never held is forgotten, one the log
+    /// holds alike is left, and so are tasks of other partitions. The evidence survives its
+    /// stored form.
+    #[test]
+    fn a_copy_ahead_of_its_log_is_truncated_to_it() {
+        let (_dir, ledger) = empty_ledger();
+        let (task, body) = accepted();
+        let confirmed = EventBody::Confirmed {
+            remote_id: "rec-1".into(),
+            evidence: Evidence::Response { status: 201 },
+        };
+        let other = TaskId([7; 16]);
+        let gone = TaskId([8; 16]);
+        let mut elsewhere = body.clone();
+        if let EventBody::TaskAccepted { source, .. } = &mut elsewhere {
+            source.partition += 1;
+        }
+        let partition = body.source().unwrap().partition;
+        restore(
+            &ledger,
+            &[
+                event(task, 0, 10, body.clone()),
+                event(task, 1, 20, intent(1)),
+                event(task, 2, 30, confirmed),
+                event(gone, 0, 10, body.clone()),
+                event(other, 0, 10, elsewhere),
+                event(other, 1, 20, intent(1)),
+            ],
+        );
+        let logged = HashMap::from([(task, 1)]);
+        let Restored { append, diverged } = truncate_append(&ledger, partition, &logged).unwrap();
+        let mut found: Vec<(TaskId, u32, usize)> = (diverged.iter())
+            .map(|d| (d.task_id, d.task_seq, d.replaced.len()))
+            .collect();
+        found.sort();
+        let mut wanted = vec![(task, 1, 2), (gone, 0, 1)];
+        wanted.sort();
+        assert_eq!(found, wanted);
+        assert_eq!(append.forget_tasks, [gone]);
+        for d in &diverged {
+            assert_eq!(Diverged::decode(d.task_id, &d.encode()).unwrap(), *d);
+        }
+        let mut append = append;
+        append.restored = true;
+        ledger.append_blocking(append).unwrap();
+        let summary = ledger.task_summary(task).unwrap().unwrap();
+        assert_eq!((summary.phase, summary.next_seq), (Phase::Accepted, 1));
+        assert_eq!(ledger.task_events(task).unwrap().len(), 1);
+        assert_eq!(ledger.task_summary(gone).unwrap(), None);
+        assert!(ledger.task_events(gone).unwrap().is_empty());
+        assert_eq!(ledger.task_events(other).unwrap().len(), 2);
+        let unsettled: Vec<TaskId> = (ledger.active_tasks().unwrap().into_iter())
+            .map(|(id, _)| id)
+            .collect();
+        assert!(unsettled.contains(&task) && !unsettled.contains(&gone));
     }
 }

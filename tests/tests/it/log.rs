@@ -420,7 +420,7 @@ async fn an_engine_in_kafka_mode_records_through_its_partition_log_and_hands_ove
     );
     let log = tokio::task::block_in_place(|| PartitionLog::open(&kafka, 1, TIMEOUT)).unwrap();
     first_log.own(log);
-    first.assign_partition(1, Vec::new()).await.unwrap();
+    first.assign_partition(1).await.unwrap();
     for (i, key) in keys.iter().enumerate() {
         first.submit(request(key), source(i as i64)).await.unwrap();
     }
@@ -488,7 +488,7 @@ async fn an_engine_in_kafka_mode_records_through_its_partition_log_and_hands_ove
     assert_eq!(restored, logged.len());
     assert!(diverged.is_empty());
     second_log.own(taken);
-    second.assign_partition(1, diverged).await.unwrap();
+    second.assign_partition(1).await.unwrap();
     let posts = sim.stats().posts;
     for (i, key) in keys.iter().enumerate() {
         second
@@ -1092,7 +1092,7 @@ async fn a_lookup_answered_while_the_partition_was_revoked_is_made_again_after_i
         replicator.own(log);
     };
     take(&replicator);
-    engine.assign_partition(1, Vec::new()).await.unwrap();
+    engine.assign_partition(1).await.unwrap();
     let source = Source {
         topic: kafka.config().requests_topic.clone(),
         partition: 1,
@@ -1114,7 +1114,7 @@ async fn a_lookup_answered_while_the_partition_was_revoked_is_made_again_after_i
 
     // Assigned back (nothing to restore: no other instance wrote to the partition).
     take(&replicator);
-    engine.assign_partition(1, Vec::new()).await.unwrap();
+    engine.assign_partition(1).await.unwrap();
     let state = wait_for(&engine, task_id("revoked-1"), TIMEOUT, settled).await;
     assert_eq!(state.phase, Phase::Succeeded);
     assert!(sim.stats().lookups > lookups, "{:?}", sim.stats());
@@ -1403,13 +1403,13 @@ async fn two_histories_of_a_task_in_the_log_send_it_to_review() {
     let (first, diverged) = take_over(first_dir.path()).await;
     assert_eq!(diverged.len(), 1);
     assert_eq!((diverged[0].task_id, diverged[0].task_seq), (task, 1));
+    let owed = first.ledger().reviews_owed(1).unwrap();
     assert_eq!(
-        first.ledger().log_checkpoint(1).unwrap(),
-        None,
-        "no checkpoint past the two histories until their review is recorded"
+        owed, diverged,
+        "the review is owed, with its evidence, until it is recorded"
     );
-    first.assign_partition(1, diverged).await.unwrap();
-    assert!(first.ledger().log_checkpoint(1).unwrap().is_some());
+    first.assign_partition(1).await.unwrap();
+    assert!(first.ledger().reviews_owed(1).unwrap().is_empty());
     let state = first.state(task).await.unwrap();
     assert_eq!(state.phase, Phase::ManualReview);
     let Some(ReviewReason::DivergentHistory {
@@ -1442,7 +1442,7 @@ async fn two_histories_of_a_task_in_the_log_send_it_to_review() {
     let second_dir = tempfile::tempdir().unwrap();
     let (second, diverged) = take_over(second_dir.path()).await;
     assert_eq!(diverged.len(), 1);
-    second.assign_partition(1, diverged).await.unwrap();
+    second.assign_partition(1).await.unwrap();
     let (again, _) = tokio::task::block_in_place(|| partition_events(&kafka, 1, 0));
     assert_eq!(again.len(), logged.len(), "nothing more recorded");
     assert_eq!(second.state(task).await.unwrap().phase, Phase::ManualReview);
@@ -1465,5 +1465,268 @@ async fn two_histories_of_a_task_in_the_log_send_it_to_review() {
         "{:?}",
         report.violations
     );
+    sim.shutdown().await;
+}
+
+/// The brokers lost committed events (an unclean leader election, too few in-sync replicas):
+/// the ledger's copy of a partition is ahead of its log. The next take-over finds the log
+/// ending before the copy's checkpoint, restores the log from its start and truncates the copy
+/// to it: a task whose lost events were harmless goes on from the log's history; a task that
+/// lost an intent (a request that may have been sent) goes to review with the lost events as
+/// evidence and is not sent again; a task the log lost entirely is recorded again and goes to
+/// review too. Afterwards the copy is the log, the reviews are in the log, and another
+/// take-over finds nothing to do. Before that, a take-over of the copy's own log checks it
+/// and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_ahead_of_its_log_is_truncated_to_it() {
+    use sendledger_core::event::{Evidence, ReviewReason};
+    use sendledger_core::{Event, EventBody, Phase, Source, TaskId};
+    use sendledger_kafka::{LogReplicator, PartitionOwner};
+    use sendledger_node::wiring::KafkaOwner;
+    use sendledger_sim::{Sim, SimConfig};
+    use sendledger_tests::engine::{request, task_id};
+    use std::sync::Arc;
+
+    let tansu = start_tansu();
+    let brokers = format!("127.0.0.1:{}", tansu.port);
+    let kafka = Kafka::connect(config_for_process(&brokers)).unwrap();
+    kafka.ensure_topics(2, TIMEOUT, true).await.unwrap();
+    // The log as the brokers kept it after the loss: another events topic.
+    let mut lossy = config_for_process(&brokers);
+    lossy.events_topic = "sendledger.events.kept".into();
+    let lossy = Kafka::connect(lossy).unwrap();
+    lossy.ensure_topics(2, TIMEOUT, true).await.unwrap();
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+
+    let requests_topic = kafka.config().requests_topic.clone();
+    let accepted = |key: &str, offset: i64| {
+        let request = request(key)
+            .accept(&sendledger_core::Limits::default())
+            .unwrap();
+        EventBody::TaskAccepted {
+            payload_hash: request.payload_hash(),
+            request,
+            source: Source {
+                topic: requests_topic.clone(),
+                partition: 1,
+                offset,
+            },
+        }
+    };
+    let intent = || EventBody::SendIntended {
+        attempt: 1,
+        idempotency_key: None,
+    };
+    let confirmed = |id: &str| EventBody::Confirmed {
+        remote_id: id.into(),
+        evidence: Evidence::Response { status: 201 },
+    };
+    let history = |key: &str, bodies: Vec<EventBody>| -> Vec<Event> {
+        (bodies.into_iter().enumerate())
+            .map(|(i, body)| Event {
+                lsn: 0,
+                task_id: task_id(key),
+                task_seq: i as u32,
+                at: 1_700_000_000_000 + i as u64,
+                body,
+            })
+            .collect()
+    };
+    let dup = EventBody::DuplicateDelivery {
+        source: Source {
+            topic: requests_topic.clone(),
+            partition: 1,
+            offset: 9,
+        },
+    };
+    // What the first owner recorded: four settled tasks and one just accepted.
+    let lost_intent = history(
+        "lost-intent",
+        vec![accepted("lost-intent", 0), intent(), confirmed("r-x")],
+    );
+    let kept = history(
+        "kept",
+        vec![accepted("kept", 1), intent(), confirmed("r-z")],
+    );
+    let lost_dup = history(
+        "lost-dup",
+        vec![accepted("lost-dup", 2), intent(), confirmed("r-w"), dup],
+    );
+    let lost_task = history(
+        "lost-task",
+        vec![accepted("lost-task", 3), intent(), confirmed("r-v")],
+    );
+    let waiting = history("waiting", vec![accepted("waiting", 4)]);
+    let write = |kafka: &Kafka, events: Vec<&Event>| -> i64 {
+        tokio::task::block_in_place(|| {
+            let writer = PartitionLog::open(kafka, 1, TIMEOUT).unwrap();
+            let records = events
+                .iter()
+                .map(|event| {
+                    let record = sendledger_kafka::records::event_record(event).unwrap();
+                    LogRecord {
+                        key: event.task_id.to_string(),
+                        headers: vec![(sendledger_kafka::EVENT_ID_HEADER, record.event_id.clone())],
+                        payload: serde_json::to_vec(&record).unwrap(),
+                    }
+                })
+                .collect();
+            let batch = LogBatch {
+                events: records,
+                ..LogBatch::default()
+            };
+            let committed = writer.commit(&batch, None).unwrap();
+            committed.events.unwrap().1 + 1
+        })
+    };
+    let all: Vec<&Event> = [&lost_intent, &kept, &lost_dup, &lost_task, &waiting]
+        .into_iter()
+        .flatten()
+        .collect();
+    let checkpoint = write(&kafka, all.clone());
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let replicator = Arc::new(LogReplicator::new("sendledger"));
+        let engine = replicated_engine(dir.path(), &sim, replicator);
+        let events = all.iter().map(|e| (*e).clone()).collect();
+        engine.restore(1, events, Some(checkpoint)).await.unwrap();
+        engine.shutdown(Duration::from_secs(5)).await;
+    }
+
+    // The ledger is free once the last user of the one before let go of it.
+    let free = || async {
+        for _ in 0..500 {
+            match sendledger_store::Ledger::open(dir.path(), Default::default()) {
+                Err(sendledger_store::Error::InUse { .. }) => {
+                    tokio::time::sleep(Duration::from_millis(10)).await
+                }
+                _ => return,
+            }
+        }
+        panic!("the ledger stays in use");
+    };
+    let owner = |kafka: &Kafka| {
+        let replicator = Arc::new(LogReplicator::new("sendledger"));
+        let engine = replicated_engine(dir.path(), &sim, replicator.clone());
+        let owner = KafkaOwner::new(kafka.clone(), engine.clone(), replicator).unwrap();
+        (engine, Arc::new(owner))
+    };
+    let take_over = |owner: &Arc<KafkaOwner>| {
+        let owner = owner.clone();
+        async move {
+            tokio::task::spawn_blocking(move || owner.take_over(1))
+                .await
+                .unwrap()
+                .expect("the partition is taken over")
+        }
+    };
+    let settle = |engine: &sendledger_actors::Engine, task: TaskId, phase: Phase| {
+        let engine = engine.clone();
+        async move {
+            for _ in 0..500 {
+                if engine.state(task).await.unwrap().phase == phase {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            panic!("task {task} never reached {phase:?}");
+        }
+    };
+
+    // A take-over of the log the copy came from: the copy checks out, the waiting task is sent.
+    free().await;
+    let (engine, first) = owner(&kafka);
+    take_over(&first).await;
+    settle(&engine, task_id("waiting"), Phase::Succeeded).await;
+    assert_eq!(
+        engine.state(task_id("lost-intent")).await.unwrap().phase,
+        Phase::Succeeded
+    );
+    assert!(engine.ledger().reviews_owed(1).unwrap().is_empty());
+    assert_eq!(sim.stats().posts, 1);
+    first.release(1);
+    engine.shutdown(Duration::from_secs(5)).await;
+    drop(first);
+
+    // The log that lost events: the first acceptance of two tasks, all of two others (the
+    // waiting task's attempt among them), and a redelivery.
+    let survived: Vec<&Event> = [&lost_intent[..1], &kept[..], &lost_dup[..3], &waiting[..1]]
+        .into_iter()
+        .flatten()
+        .collect();
+    write(&lossy, survived);
+    free().await;
+    let (engine, second) = owner(&lossy);
+    take_over(&second).await;
+    let (logged, _) = tokio::task::block_in_place(|| partition_events(&lossy, 1, 0));
+    let review_at = |key: &str| -> Option<(u32, Vec<String>)> {
+        let task = task_id(key);
+        logged.iter().find_map(|e| match &e.body {
+            EventBody::ManualReviewRequired {
+                reason: ReviewReason::DivergentHistory { task_seq, replaced },
+            } if e.task_id == task => Some((*task_seq, replaced.clone())),
+            _ => None,
+        })
+    };
+    for (key, seq, lost) in [
+        ("lost-intent", 1, ["SendIntended", "Confirmed"]),
+        ("lost-task", 0, ["SendIntended", "Confirmed"]),
+        ("waiting", 1, ["SendIntended", "Confirmed"]),
+    ] {
+        let (at, replaced) =
+            review_at(key).unwrap_or_else(|| panic!("{key}: no review in the log"));
+        assert_eq!(at, seq, "{key}");
+        let names: Vec<&str> = replaced
+            .iter()
+            .map(|r| r.split(':').next().unwrap())
+            .collect();
+        assert_eq!(names, lost, "{key}: the lost events are the evidence");
+        let state = engine.state(task_id(key)).await.unwrap();
+        assert_eq!(state.phase, Phase::ManualReview, "{key}");
+    }
+    for key in ["kept", "lost-dup"] {
+        assert_eq!(review_at(key), None, "{key}");
+        assert_eq!(
+            engine.state(task_id(key)).await.unwrap().phase,
+            Phase::Succeeded,
+            "{key}"
+        );
+    }
+    // The task the log lost entirely is in it again, from its acceptance.
+    let first_of_lost = logged
+        .iter()
+        .find(|e| e.task_id == task_id("lost-task"))
+        .expect("the lost task is recorded again");
+    assert_eq!(
+        (first_of_lost.task_seq, first_of_lost.body.name()),
+        (0, "TaskAccepted")
+    );
+    // The copy is the log, task by task.
+    for key in ["lost-intent", "kept", "lost-dup", "lost-task", "waiting"] {
+        let task = task_id(key);
+        let held: Vec<(u32, EventBody)> = (engine.ledger().task_events(task).unwrap())
+            .into_iter()
+            .map(|e| (e.task_seq, e.body))
+            .collect();
+        let in_log: Vec<(u32, EventBody)> = (logged.iter())
+            .filter(|e| e.task_id == task)
+            .map(|e| (e.task_seq, e.body.clone()))
+            .collect();
+        assert_eq!(held, in_log, "{key}");
+    }
+    assert!(engine.ledger().reviews_owed(1).unwrap().is_empty());
+    assert_eq!(sim.stats().posts, 1, "nothing was sent again");
+    second.release(1);
+    engine.shutdown(Duration::from_secs(5)).await;
+    drop(second);
+
+    // Another take-over finds the copy and the log alike and records nothing.
+    free().await;
+    let (engine, third) = owner(&lossy);
+    take_over(&third).await;
+    let (again, _) = tokio::task::block_in_place(|| partition_events(&lossy, 1, 0));
+    assert_eq!(again.len(), logged.len());
+    third.release(1);
+    engine.shutdown(Duration::from_secs(5)).await;
     sim.shutdown().await;
 }

@@ -128,3 +128,66 @@ fn only_a_divergence_reopens_a_settled_task() {
         [Rule::TerminalIsFinal]
     );
 }
+
+/// The log lost every event of a task (a copy ahead of its log is truncated to it): the task
+/// is recorded again from its first replaced event, so the acknowledged request is not lost;
+/// it goes to review when the rest of what was lost could have touched the remote, and
+/// resumes as accepted when it could not. Asking again records nothing more.
+#[test]
+fn a_task_its_log_lost_is_recorded_again_from_its_acceptance() {
+    let mut sent = Harness::new(lookup_policy());
+    sent.step(deliver(5, 0)).unwrap();
+    sent.step(Input::Outcome {
+        attempt: 1,
+        outcome: AttemptOutcome::Succeeded {
+            remote_id: "r-1".into(),
+            status: 201,
+        },
+    })
+    .unwrap();
+    let lost = sent.log.clone();
+
+    let mut h = Harness::new(lookup_policy());
+    let diverged = || Input::Diverged {
+        task_seq: 0,
+        replaced: lost.clone(),
+    };
+    h.step(diverged()).unwrap();
+    let names: Vec<&str> = h.log.iter().map(|e| e.body.name()).collect();
+    assert_eq!(names, ["TaskAccepted", "ManualReviewRequired"]);
+    assert_eq!(h.log[0].body, lost[0].body);
+    let Some(ReviewReason::DivergentHistory {
+        task_seq: 0,
+        replaced,
+    }) = &h.state.review_reason
+    else {
+        panic!("{:?}", h.state.review_reason);
+    };
+    assert_eq!(
+        replaced.len(),
+        2,
+        "the intent and its confirmation: {replaced:?}"
+    );
+    h.step(diverged()).unwrap();
+    assert_eq!(h.log.len(), 2, "reviewed once");
+    let (_, violations) = check_task(&h.log, CheckConfig::default());
+    assert!(violations.is_empty(), "{violations:?}");
+
+    // Only its acceptance was lost: it goes on as accepted.
+    let mut h = Harness::new(lookup_policy());
+    h.step(Input::Diverged {
+        task_seq: 0,
+        replaced: lost[..1].to_vec(),
+    })
+    .unwrap();
+    assert_eq!(h.state.phase, Phase::Accepted);
+    assert_eq!(h.log.len(), 1);
+    // Nothing to go on from without an acceptance.
+    let mut h = Harness::new(lookup_policy());
+    h.step(Input::Diverged {
+        task_seq: 0,
+        replaced: lost[1..].to_vec(),
+    })
+    .unwrap();
+    assert!(h.log.is_empty());
+}

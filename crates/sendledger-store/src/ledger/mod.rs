@@ -21,6 +21,7 @@ use crate::journal::{self, Append, JournalStats, Replicator, ReplicatorSlot, Req
 use crate::keys::*;
 use crate::options::{Durability, LedgerOptions};
 use crate::reads::{request_partition, task_event, task_events};
+use crate::restore::Diverged;
 use crate::summary::{Processed, TaskSummary};
 
 #[cfg(feature = "fault-injection")]
@@ -221,6 +222,29 @@ impl Ledger {
         Ok(self
             .cursor(&journal::log_checkpoint(partition))?
             .map(|c| c as i64))
+    }
+
+    /// Kafka mode: the reviews owed for tasks of requests partition `partition` whose history
+    /// here a restore replaced (see [`Append::reviews_owed`]).
+    pub fn reviews_owed(&self, partition: i32) -> Result<Vec<Diverged>> {
+        let prefix = review_owed_prefix(partition);
+        let mut out = Vec::new();
+        for item in self.inner.db.prefix_iterator_cf(self.cf(CF_META), &prefix) {
+            let (k, v) = item?;
+            let Some(task) = k.strip_prefix(&prefix[..]) else {
+                break;
+            };
+            let task = TaskId(task.try_into().map_err(|_| Error::BadValue {
+                what: "review owed key",
+            })?);
+            out.push(Diverged::decode(task, &v)?);
+        }
+        Ok(out)
+    }
+
+    /// The requests partition of `task`'s request (from its first event).
+    pub fn request_partition(&self, task: TaskId) -> Result<Option<i32>> {
+        request_partition(&self.inner.db, task)
     }
 
     pub(crate) fn submit(&self, append: Append) -> Result<oneshot::Receiver<Result<Range<u64>>>> {
