@@ -191,40 +191,27 @@ impl PartitionLog {
         })
     }
 
+    /// Writes the batch's records into the open transaction: its events first, acknowledged
+    /// before its results are written, so that a transaction committed in part (a broker that
+    /// commits a fenced writer's open transaction with the records that reached it, instead
+    /// of aborting it) never holds a result without the event that makes it: a new owner that
+    /// restores the event does not decide the task again ([`missing_results`] finds a
+    /// result left out).
     fn write(
         &self,
         batch: &LogBatch,
         group: Option<&ConsumerGroupMetadata>,
     ) -> Result<(), KafkaError> {
-        for (topic, partition, records, kind) in [
-            (
-                &self.events_topic,
-                Some(self.partition),
-                &batch.events,
-                EVENT,
-            ),
-            (&self.results_topic, None, &batch.results, RESULT),
-        ] {
-            for r in records {
-                let headers = r.headers.iter().fold(
-                    OwnedHeaders::new_with_capacity(r.headers.len()),
-                    |h, (key, value)| {
-                        h.insert(Header {
-                            key,
-                            value: Some(value.as_str()),
-                        })
-                    },
-                );
-                let mut record = BaseRecord::with_opaque_to(topic, kind)
-                    .key(r.key.as_bytes())
-                    .payload(r.payload.as_slice())
-                    .headers(headers);
-                if let Some(p) = partition {
-                    record = record.partition(p);
-                }
-                self.send(record)?;
-            }
+        self.produce(
+            &self.events_topic,
+            Some(self.partition),
+            &batch.events,
+            EVENT,
+        )?;
+        if !batch.events.is_empty() && !batch.results.is_empty() {
+            self.delivered()?;
         }
+        self.produce(&self.results_topic, None, &batch.results, RESULT)?;
         if let (Some(next), Some(group)) = (batch.next_request_offset, group) {
             let mut offsets = TopicPartitionList::new();
             offsets.add_partition_offset(
@@ -234,6 +221,36 @@ impl PartitionLog {
             )?;
             self.producer
                 .send_offsets_to_transaction(&offsets, group, self.timeout)?;
+        }
+        Ok(())
+    }
+
+    /// Sends `records` to `topic` (to `partition`, or by key), reporting deliveries as `kind`.
+    fn produce(
+        &self,
+        topic: &str,
+        partition: Option<i32>,
+        records: &[LogRecord],
+        kind: usize,
+    ) -> Result<(), KafkaError> {
+        for r in records {
+            let headers = r.headers.iter().fold(
+                OwnedHeaders::new_with_capacity(r.headers.len()),
+                |h, (key, value)| {
+                    h.insert(Header {
+                        key,
+                        value: Some(value.as_str()),
+                    })
+                },
+            );
+            let mut record = BaseRecord::with_opaque_to(topic, kind)
+                .key(r.key.as_bytes())
+                .payload(r.payload.as_slice())
+                .headers(headers);
+            if let Some(p) = partition {
+                record = record.partition(p);
+            }
+            self.send(record)?;
         }
         Ok(())
     }
@@ -546,6 +563,91 @@ pub fn event_at(
             }
         }
     }
+}
+
+/// Which of the results `wanted` (by event id) the results topic lacks, looking at what was
+/// written from `since` (a record timestamp, in ms) to its end, as a `read_committed`
+/// consumer: how a take-over finds the results of the previous owner's last transaction that a
+/// broker committed without them (see [`PartitionLog`]'s write order). Gives up when nothing
+/// arrives for `idle` while a partition's end is not reached.
+pub fn missing_results(
+    kafka: &Kafka,
+    since: i64,
+    wanted: &[String],
+    idle: Duration,
+) -> crate::Result<Vec<String>> {
+    let mut missing: std::collections::BTreeSet<&str> = wanted.iter().map(String::as_str).collect();
+    if missing.is_empty() {
+        return Ok(Vec::new());
+    }
+    let topic = kafka.config().results_topic.clone();
+    let mut client = kafka.client_config(Role::Replay);
+    client.set("isolation.level", "read_committed");
+    let consumer: BaseConsumer = client.create()?;
+    let metadata = consumer.fetch_metadata(Some(&topic), idle)?;
+    let partitions: Vec<i32> = (metadata.topics().iter())
+        .filter(|t| t.name() == topic)
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect();
+    let mut times = TopicPartitionList::new();
+    for &p in &partitions {
+        times.add_partition_offset(&topic, p, Offset::Offset(since))?;
+    }
+    let starts = consumer.offsets_for_times(times, idle)?;
+    let mut ends = std::collections::HashMap::new();
+    let mut from = TopicPartitionList::new();
+    for e in starts.elements() {
+        let (_, end) = consumer.fetch_watermarks(&topic, e.partition(), idle)?;
+        if let Offset::Offset(start) = e.offset() {
+            if start < end {
+                ends.insert(e.partition(), end);
+                from.add_partition_offset(&topic, e.partition(), Offset::Offset(start))?;
+            }
+        }
+    }
+    consumer.assign(&from)?;
+    let mut last_progress = Instant::now();
+    while !ends.is_empty() && !missing.is_empty() {
+        match consumer.poll(Duration::from_millis(10)) {
+            Some(Ok(m)) => {
+                last_progress = Instant::now();
+                let id = (m.headers().into_iter())
+                    .flat_map(|h| h.iter())
+                    .find(|h| h.key == EVENT_ID_HEADER)
+                    .and_then(|h| h.value)
+                    .map(String::from_utf8_lossy);
+                if let Some(id) = id {
+                    missing.remove(id.as_ref());
+                }
+                if ends
+                    .get(&m.partition())
+                    .is_some_and(|end| m.offset() + 1 >= *end)
+                {
+                    ends.remove(&m.partition());
+                }
+            }
+            Some(Err(e)) => return Err(e.into()),
+            None => {
+                let positions = consumer.position()?;
+                ends.retain(|p, end| {
+                    !matches!(
+                        positions.find_partition(&topic, *p).map(|e| e.offset()),
+                        Some(Offset::Offset(o)) if o >= *end
+                    )
+                });
+                if !ends.is_empty() && last_progress.elapsed() > idle {
+                    return Err(crate::Error::Replay {
+                        topic,
+                        detail: format!(
+                            "no record for {idle:?} before the ends of {:?}",
+                            ends.keys()
+                        ),
+                    });
+                }
+            }
+        }
+    }
+    Ok(missing.into_iter().map(String::from).collect())
 }
 
 /// The event a record of the events topic carries, decoded in place (a restore reads every

@@ -123,6 +123,28 @@ impl LogReplicator {
         owned.projections.remove(&partition);
     }
 
+    /// The result records `events` (of requests partition `partition`, in log order, as a
+    /// restore read them) announce, exactly as their writer made them: how a take-over
+    /// publishes again a result the previous owner's last transaction lost (see
+    /// [`crate::partition_log::missing_results`]). `history` reads a task's events from the
+    /// ledger. Call it before the partition is owned.
+    pub fn results_of(
+        &self,
+        partition: i32,
+        events: &[Event],
+        history: &dyn Fn(TaskId) -> sendledger_store::Result<Vec<Event>>,
+    ) -> Result<Vec<LogRecord>, Replication> {
+        let new: Vec<NewEvent> = (events.iter())
+            .map(|e| NewEvent {
+                task_id: e.task_id,
+                task_seq: e.task_seq,
+                at: e.at,
+                body: e.body.clone(),
+            })
+            .collect();
+        Ok(self.batch(partition, &new, history)?.0.results)
+    }
+
     /// Gives partition `partition` up: its events are refused as lost from now on.
     pub fn release(&self, partition: i32) {
         self.lock().forget(partition);

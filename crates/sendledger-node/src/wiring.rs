@@ -21,7 +21,9 @@ use sendledger_core::{
     AcceptedRequest, BoxFuture, Event, Policy, RetryClass, Source, TaskId, TaskRequest, TraceParent,
 };
 use sendledger_effects::{SendSlot, Targets};
-use sendledger_kafka::partition_log::{event_at, read_partition, record_event};
+use sendledger_kafka::partition_log::{
+    event_at, missing_results, read_partition, record_event, LogBatch, LogRecord,
+};
 use sendledger_kafka::rdkafka::message::Message as _;
 use sendledger_kafka::{
     Kafka, LogReplicator, PartitionLog, PartitionOwner, RequestSink, SinkError,
@@ -288,6 +290,26 @@ const TAKE_OVER_TIMEOUT: Duration = Duration::from_secs(30);
 /// log never sits in memory whole (each step records its checkpoint).
 const RESTORE_STEP: usize = 10_000;
 
+/// The events of the last transaction a restore read (its last run of consecutive offsets),
+/// and when the first was written.
+#[derive(Debug, Default)]
+struct LastTransaction {
+    events: Vec<(TaskId, u32)>,
+    /// Record timestamp of its first event, ms.
+    written_at: i64,
+}
+
+/// Clock skew allowed between the last transaction's writer and the instance taking over when
+/// telling whether it was recent enough to have been open at the fencing.
+const LOST_RESULTS_SLACK: Duration = Duration::from_secs(30);
+
+/// The event id a record of the log carries in its headers.
+fn record_event_id(record: &LogRecord) -> Option<String> {
+    (record.headers.iter())
+        .find(|(k, _)| *k == sendledger_kafka::EVENT_ID_HEADER)
+        .map(|(_, v)| v.clone())
+}
+
 /// Kafka mode's partition owner: the engine, its replicator and the brokers.
 pub struct KafkaOwner {
     kafka: Kafka,
@@ -332,14 +354,15 @@ impl KafkaOwner {
 
     /// Reads the partition's log from the ledger's checkpoint and applies it, a step at a time:
     /// a thread of its own reads and decodes the next step while the last one is applied.
-    /// Returns the events applied. Tasks found with two histories owe a review, recorded with
-    /// the step that found them ([`Engine::assign_partition`] sends them).
+    /// Returns the events applied and the log's last transaction as read ([`LastTransaction`]).
+    /// Tasks found with two histories owe a review, recorded with the step that found them
+    /// ([`Engine::assign_partition`] sends them).
     ///
     /// The copy is checked against the log first: the log must still hold, at the offset
     /// before the checkpoint, the last event the copy recorded. A copy ahead of its log or apart
     /// from it (the brokers lost committed events, or a tail was written again since) is
     /// restored from the log's start and truncated to it ([`Engine::truncate_to_log`]).
-    fn restore(&self, partition: i32) -> Result<usize, String> {
+    fn restore(&self, partition: i32) -> Result<(usize, LastTransaction), String> {
         let checkpoint = self
             .engine
             .ledger()
@@ -368,11 +391,22 @@ impl KafkaOwner {
             // Two steps decoded ahead at most. Each comes with the position after its last
             // event (none for an empty step): the checkpoint, whose offset before is an event.
             let (steps, decoded) = std::sync::mpsc::sync_channel::<(Vec<Event>, Option<i64>)>(2);
-            let reader = scope.spawn(move || -> Result<(), String> {
+            let reader = scope.spawn(move || -> Result<LastTransaction, String> {
                 let mut step = Vec::with_capacity(RESTORE_STEP);
                 let mut last = None;
+                let mut tail = LastTransaction::default();
                 read_partition(kafka, partition, from, TAKE_OVER_TIMEOUT, |record| {
-                    step.push(record_event(record)?);
+                    let event = record_event(record)?;
+                    // A transaction's events are contiguous; its commit marker takes the
+                    // offset after them.
+                    if last.is_some_and(|l| l + 1 != record.offset()) {
+                        tail.events.clear();
+                    }
+                    if tail.events.is_empty() {
+                        tail.written_at = record.timestamp().to_millis().unwrap_or(0);
+                    }
+                    tail.events.push((event.task_id, event.task_seq));
+                    step.push(event);
                     last = Some(record.offset());
                     if step.len() >= RESTORE_STEP {
                         let full = std::mem::replace(&mut step, Vec::with_capacity(RESTORE_STEP));
@@ -387,7 +421,7 @@ impl KafkaOwner {
                 })
                 .map_err(|e| Chain(&e).to_string())?;
                 let _ = steps.send((step, last.map(|o| o + 1)));
-                Ok(())
+                Ok(tail)
             });
             let mut applied = 0;
             // Truncating: how many events the log holds of each task, and where it ends.
@@ -429,7 +463,7 @@ impl KafkaOwner {
             if let Some(e) = failed {
                 return Err(e);
             }
-            read?;
+            let tail = read?;
             if truncate {
                 let truncated = self
                     .runtime
@@ -444,13 +478,66 @@ impl KafkaOwner {
                     "the partition's copy is truncated to its log"
                 );
             }
-            Ok(applied)
+            Ok((applied, tail))
         });
         restoring.set(0.0);
         metrics::histogram!(crate::metric_definitions::PARTITION_RESTORE_SECONDS)
             .record(started.elapsed().as_secs_f64());
         tracing::debug!(partition, took = ?started.elapsed(), applying = ?applying, "partition log read and applied");
         outcome
+    }
+
+    /// Publishes again, in a transaction of the new log before the partition is worked, the
+    /// results the log's last transaction announces that the results topic lacks. A broker
+    /// that keeps its promises aborts a fenced writer's open transaction, and then there are
+    /// none; one that commits it with the records that reached it (the test broker) can leave
+    /// the events without their results, since the log writes a transaction's events before
+    /// its results. Only a transaction recent enough to have been open at the fencing (within
+    /// the transaction timeout) is looked at, and the results topic only from its time on.
+    fn publish_lost_results(
+        &self,
+        partition: i32,
+        log: &PartitionLog,
+        tail: LastTransaction,
+    ) -> Result<(), String> {
+        let now = sendledger_actors::now_ms() as i64;
+        let open_for = (TAKE_OVER_TIMEOUT + LOST_RESULTS_SLACK).as_millis() as i64;
+        if tail.events.is_empty() || tail.written_at < now - open_for {
+            return Ok(());
+        }
+        let ledger = self.engine.ledger();
+        let mut events = Vec::with_capacity(tail.events.len());
+        for (task, seq) in tail.events {
+            if let Some(e) = ledger
+                .task_event(task, seq)
+                .map_err(|e| Chain(&e).to_string())?
+            {
+                events.push(e);
+            }
+        }
+        let results = self
+            .replicator
+            .results_of(partition, &events, &|task| ledger.task_events(task))
+            .map_err(|e| format!("projecting the log's last results: {e:?}"))?;
+        let wanted: Vec<String> = results.iter().filter_map(record_event_id).collect();
+        // Its results were produced after its events, by the same producer: from the first
+        // event's timestamp on (a second earlier, for timestamps taken on another thread).
+        let since = tail.written_at - 1000;
+        let missing = missing_results(&self.kafka, since, &wanted, TAKE_OVER_TIMEOUT)
+            .map_err(|e| Chain(&e).to_string())?;
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let batch = LogBatch {
+            results: (results.into_iter())
+                .filter(|r| record_event_id(r).is_some_and(|id| missing.contains(&id)))
+                .collect(),
+            ..LogBatch::default()
+        };
+        tracing::error!(partition, results = batch.results.len(), "the log's last transaction holds events whose results the brokers did not keep (a fenced writer's transaction committed in part): they are published again");
+        log.commit(&batch, None)
+            .map_err(|e| Chain(&e).to_string())?;
+        Ok(())
     }
 
     /// Why the ledger's copy of the partition, recorded up to `checkpoint`, is not what its log
@@ -492,7 +579,8 @@ impl PartitionOwner for KafkaOwner {
         // is read next is all it ever committed.
         let log = PartitionLog::open(&self.kafka, partition, TAKE_OVER_TIMEOUT)
             .map_err(|e| Chain(&e).to_string())?;
-        let restored = self.restore(partition)?;
+        let (restored, tail) = self.restore(partition)?;
+        self.publish_lost_results(partition, &log, tail)?;
         self.replicator.own(log);
         let resumed = self
             .runtime

@@ -22,10 +22,10 @@ use rocksdb::{WriteBatch, WriteOptions, DB};
 use sendledger_core::{Event, EventBody, Identity, NewEvent, PayloadHash, State, TaskId};
 use tokio::sync::oneshot;
 
+use crate::diverged::Diverged;
 use crate::envelope::encode_new_event;
 use crate::error::{cause, Cause, Error, Result};
 use crate::keys::*;
-use crate::restore::Diverged;
 use crate::summary::TaskSummary;
 use crate::task_index::IndexEntry;
 

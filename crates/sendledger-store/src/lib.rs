@@ -22,6 +22,7 @@
 
 pub mod audit;
 pub mod counts;
+mod diverged;
 pub mod envelope;
 pub mod error;
 pub mod journal;

@@ -17,7 +17,7 @@ use std::collections::{hash_map, HashMap};
 
 use sendledger_core::{fold, Event, EventBody, NewEvent, State, TaskId};
 
-use crate::envelope::{decode_event, encode_event};
+pub use crate::diverged::Diverged;
 use crate::error::{Error, Result};
 use crate::journal::Append;
 use crate::ledger::Ledger;
@@ -32,54 +32,6 @@ struct Restoring {
     /// Indexes of the task's new events in the restore's list, in sequence order.
     new: Vec<usize>,
     state: State,
-}
-
-/// A task whose log holds two different histories from one event on: two owners each wrote
-/// one. The task is rebuilt from the later; `replaced` is what the other held from there on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Diverged {
-    pub task_id: TaskId,
-    pub task_seq: u32,
-    /// The replaced events, in sequence order (an event replaced from the ledger keeps its
-    /// LSN; one replaced within the same restore has LSN 0).
-    pub replaced: Vec<Event>,
-}
-
-impl Diverged {
-    /// The stored form of a review owed (see [`crate::keys::META_REVIEWS_OWED`]): `task_seq`,
-    /// then each replaced event as `lsn ‖ length ‖ envelope`, integers big-endian.
-    // format: do not change
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = self.task_seq.to_be_bytes().to_vec();
-        for e in &self.replaced {
-            let envelope = encode_event(e);
-            out.extend_from_slice(&e.lsn.to_be_bytes());
-            out.extend_from_slice(&(envelope.len() as u32).to_be_bytes());
-            out.extend_from_slice(&envelope);
-        }
-        out
-    }
-
-    pub fn decode(task_id: TaskId, bytes: &[u8]) -> Result<Diverged> {
-        let bad = || Error::BadValue {
-            what: "review owed",
-        };
-        let (seq, mut rest) = bytes.split_first_chunk::<4>().ok_or_else(bad)?;
-        let mut replaced = Vec::new();
-        while !rest.is_empty() {
-            let (lsn, after) = rest.split_first_chunk::<8>().ok_or_else(bad)?;
-            let (len, after) = after.split_first_chunk::<4>().ok_or_else(bad)?;
-            let len = u32::from_be_bytes(*len) as usize;
-            let envelope = after.get(..len).ok_or_else(bad)?;
-            replaced.push(decode_event(u64::from_be_bytes(*lsn), envelope)?);
-            rest = &after[len..];
-        }
-        Ok(Diverged {
-            task_id,
-            task_seq: u32::from_be_bytes(*seq),
-            replaced,
-        })
-    }
 }
 
 /// What a restore step writes, and the tasks it found diverged.

@@ -1730,3 +1730,134 @@ async fn a_copy_ahead_of_its_log_is_truncated_to_it() {
     engine.shutdown(Duration::from_secs(5)).await;
     sim.shutdown().await;
 }
+
+/// A broker committed a fenced writer's open transaction with only the records that had reached
+/// it: the events of a task's last decision, not the result they announce (the log writes a
+/// transaction's events, acknowledged, before its results, so never the other way round). The
+/// new owner publishes that result once, exactly as the writer made it, before working the
+/// partition; the result of an earlier, whole transaction is not published again, and
+/// another take-over publishes nothing more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_result_its_transaction_lost_is_published_once_by_the_next_owner() {
+    use sendledger_core::event::Evidence;
+    use sendledger_core::{Event, EventBody, Source};
+    use sendledger_kafka::{LogReplicator, PartitionOwner, TopicReader};
+    use sendledger_node::wiring::KafkaOwner;
+    use sendledger_sim::{Sim, SimConfig};
+    use sendledger_tests::engine::{request, task_id};
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    let tansu = start_tansu();
+    let mut config = config_for_process(&format!("127.0.0.1:{}", tansu.port));
+    config.partitions = 2;
+    let kafka = Kafka::connect(config).unwrap();
+    kafka.ensure_topics(2, TIMEOUT, true).await.unwrap();
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let requests_topic = kafka.config().requests_topic.clone();
+    let settled = |key: &str, offset: i64| -> Vec<Event> {
+        let request = request(key)
+            .accept(&sendledger_core::Limits::default())
+            .unwrap();
+        let bodies = vec![
+            EventBody::TaskAccepted {
+                payload_hash: request.payload_hash(),
+                request,
+                source: Source {
+                    topic: requests_topic.clone(),
+                    partition: 1,
+                    offset,
+                },
+            },
+            EventBody::SendIntended {
+                attempt: 1,
+                idempotency_key: None,
+            },
+            EventBody::Confirmed {
+                remote_id: format!("r-{key}"),
+                evidence: Evidence::Response { status: 201 },
+            },
+        ];
+        (bodies.into_iter().enumerate())
+            .map(|(i, body)| Event {
+                lsn: 0,
+                task_id: task_id(key),
+                task_seq: i as u32,
+                at: 1_700_000_000_000 + i as u64,
+                body,
+            })
+            .collect()
+    };
+    let whole = settled("whole", 0);
+    let cut = settled("cut", 1);
+    let records = |events: &[Event]| -> Vec<LogRecord> {
+        events
+            .iter()
+            .map(|event| {
+                let record = sendledger_kafka::records::event_record(event).unwrap();
+                LogRecord {
+                    key: event.task_id.to_string(),
+                    headers: vec![(sendledger_kafka::EVENT_ID_HEADER, record.event_id.clone())],
+                    payload: serde_json::to_vec(&record).unwrap(),
+                }
+            })
+            .collect()
+    };
+    // The result records as a writer makes them.
+    let results_of = |events: &[Event]| {
+        let by_task: HashMap<_, Vec<Event>> = HashMap::from([(events[0].task_id, events.to_vec())]);
+        LogReplicator::new("sendledger")
+            .results_of(1, events, &|task| Ok(by_task[&task].clone()))
+            .unwrap()
+    };
+    tokio::task::block_in_place(|| {
+        let writer = PartitionLog::open(&kafka, 1, TIMEOUT).unwrap();
+        let whole_batch = LogBatch {
+            events: records(&whole),
+            results: results_of(&whole),
+            ..LogBatch::default()
+        };
+        writer.commit(&whole_batch, None).unwrap();
+        // The last transaction, committed in part: its events without its result.
+        let cut_batch = LogBatch {
+            events: records(&cut),
+            ..LogBatch::default()
+        };
+        writer.commit(&cut_batch, None).unwrap();
+    });
+    let results = || {
+        tokio::task::block_in_place(|| {
+            let reader =
+                TopicReader::from_beginning(&kafka, &kafka.config().results_topic).unwrap();
+            let mut ids = Vec::new();
+            while let Some(record) = reader.next(Duration::from_secs(3)) {
+                ids.push(record.unwrap().event_id().unwrap_or_default());
+            }
+            ids.sort();
+            ids
+        })
+    };
+    let mut expected = vec![format!("{}:2", task_id("whole"))];
+    assert_eq!(results(), expected);
+
+    for take in 0..2 {
+        let dir = tempfile::tempdir().unwrap();
+        let replicator = Arc::new(LogReplicator::new("sendledger"));
+        let engine = replicated_engine(dir.path(), &sim, replicator.clone());
+        let owner = Arc::new(KafkaOwner::new(kafka.clone(), engine.clone(), replicator).unwrap());
+        let taking = owner.clone();
+        tokio::task::spawn_blocking(move || taking.take_over(1))
+            .await
+            .unwrap()
+            .expect("the partition is taken over");
+        if take == 0 {
+            expected.push(format!("{}:2", task_id("cut")));
+            expected.sort();
+        }
+        assert_eq!(results(), expected, "take-over {take}");
+        owner.release(1);
+        engine.shutdown(Duration::from_secs(5)).await;
+    }
+    assert_eq!(sim.stats().posts, 0, "nothing was sent");
+    sim.shutdown().await;
+}

@@ -15,13 +15,13 @@ use rocksdb::{
 use sendledger_core::{Event, Identity, PayloadHash, TaskId};
 use tokio::sync::oneshot;
 
+use crate::diverged::Diverged;
 use crate::envelope::decode_event;
 use crate::error::{Error, Result};
 use crate::journal::{self, Append, JournalStats, Replicator, ReplicatorSlot, Request, TimerKind};
 use crate::keys::*;
 use crate::options::{Durability, LedgerOptions};
 use crate::reads::{request_partition, task_event, task_events};
-use crate::restore::Diverged;
 use crate::summary::{Processed, TaskSummary};
 
 #[cfg(feature = "fault-injection")]
