@@ -259,8 +259,26 @@ const OFFSETS_WAIT: Duration = Duration::from_secs(1);
 /// and the next owner would read them again. Ends with the replicator or the ledger.
 async fn commit_waiting_offsets(replicator: std::sync::Weak<LogReplicator>, ledger: Ledger) {
     let mut tick = tokio::time::interval(OFFSETS_WAIT);
+    // Each partition's transaction runs on its own, so a hung one holds up no other; a
+    // partition is not asked again while its last one lasts.
+    let mut turns = tokio::task::JoinSet::new();
+    let mut running = std::collections::HashSet::new();
     loop {
         tick.tick().await;
+        while let Some(done) = turns.try_join_next() {
+            match done {
+                Ok((_, Err(sendledger_store::Error::Closed))) => return,
+                // A lost partition is taken over again; its offsets wait for that.
+                Ok((partition, Err(e))) => {
+                    running.remove(&partition);
+                    tracing::debug!(partition, error = %e, "requests offset not committed")
+                }
+                Ok((partition, Ok(_))) => {
+                    running.remove(&partition);
+                }
+                Err(_) => {}
+            }
+        }
         let Some(waiting) = replicator
             .upgrade()
             .map(|r| r.waiting_commits(OFFSETS_WAIT))
@@ -268,17 +286,16 @@ async fn commit_waiting_offsets(replicator: std::sync::Weak<LogReplicator>, ledg
             return;
         };
         for partition in waiting {
+            if !running.insert(partition) {
+                continue;
+            }
             let turn = Append {
                 partition: Some(partition),
                 commit_offsets: true,
                 ..Append::default()
             };
-            match ledger.append(turn).await {
-                Err(sendledger_store::Error::Closed) => return,
-                // A lost partition is taken over again; its offsets wait for that.
-                Err(e) => tracing::debug!(partition, error = %e, "requests offset not committed"),
-                Ok(_) => {}
-            }
+            let ledger = ledger.clone();
+            turns.spawn(async move { (partition, ledger.append(turn).await) });
         }
     }
 }

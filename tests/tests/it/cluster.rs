@@ -239,7 +239,7 @@ async fn failover_after_a_kill_and_after_a_restart_on_an_intact_disk() {
     group.stop_all();
     let raw = results.stop();
     let ((events, _), report) = tokio::task::block_in_place(|| read_and_audit_log(&kafka));
-    let reviews = assert_settled_once(&sim, &keys, &raw, &events, true);
+    let reviews = assert_settled_once(&sim, &keys, &raw, &events);
     assert!(report.violations.is_empty(), "{:?}", report.violations);
     assert_reviews_left_by_the_kill(&reviews, &events, killed_at_ms);
     assert_eq!(report.tasks, keys.len() as u64, "{report:?}");
@@ -382,7 +382,7 @@ async fn a_partition_whose_log_failed_is_taken_over_again() {
     group.stop_all();
     let raw = results.stop();
     let ((events, _), report) = tokio::task::block_in_place(|| read_and_audit_log(&kafka));
-    assert_settled_once(&sim, &keys, &raw, &events, false);
+    assert_settled_once(&sim, &keys, &raw, &events);
     assert!(report.violations.is_empty(), "{:?}", report.violations);
     assert_eq!(report.tasks, keys.len() as u64, "{report:?}");
     sim.shutdown().await;

@@ -82,7 +82,7 @@ fn chaos_plan(rng: &mut impl Rng, kills: usize, scales: usize) -> Vec<Action> {
 /// deleted, and it is restarted on an empty one at the next step. Afterwards the
 /// remote holds at most one record per identity; every task settled once for a
 /// `read_committed` consumer of the results topic, by a result the log of record announces
-/// (see [`assert_settled_once`] for what the test broker's fencing adds); the events
+/// (every result, kills included: [`assert_settled_once`]); the events
 /// topic records one acceptance per task and one duplicate delivery per second delivery, and
 /// audits clean. The failover of each kill (until other processes took over every partition
 /// the killed one owned) is printed.
@@ -359,7 +359,7 @@ async fn three_instances_survive_kills_scaling_and_a_wiped_disk() {
 
     // The remote: never two records for one identity. The results: each task settled once.
     let ((events, records), report) = tokio::task::block_in_place(|| read_and_audit_log(&kafka));
-    let reviews = assert_settled_once(&sim, &keys, &raw, &events, true);
+    let reviews = assert_settled_once(&sim, &keys, &raw, &events);
     let stats = sim.stats();
     assert!(
         stats.dropped > 0 && stats.hung > 0 && stats.throttled > 0,
@@ -636,7 +636,7 @@ async fn a_frozen_instance_sends_nothing_for_partitions_it_lost() {
         sim.stats()
     );
     let ((events, records), report) = tokio::task::block_in_place(|| read_and_audit_log(&kafka));
-    assert_settled_once(&sim, &keys, &raw, &events, true);
+    assert_settled_once(&sim, &keys, &raw, &events);
     validate_all(&records, "event.schema.json");
     assert!(report.violations.is_empty(), "{:?}", report.violations);
     assert_eq!(report.tasks, keys.len() as u64, "{report:?}");

@@ -278,7 +278,7 @@ async fn assert_sent_once_and_waits_recorded(w: Waiting, until_ms: u64) -> Vec<E
     let keys = tasks.keys();
     let raw = results.stop();
     let ((events, _), report) = tokio::task::block_in_place(|| read_and_audit_log(&kafka));
-    let reviews = assert_settled_once(&sim, &keys, &raw, &events, false);
+    let reviews = assert_settled_once(&sim, &keys, &raw, &events);
     assert!(reviews.is_empty(), "tasks in review: {reviews:?}");
     assert_eq!(
         sim.stats().posts,
