@@ -10,6 +10,7 @@ pub const INGEST_PAUSED: &str = "sendledger_ingest_paused";
 pub const PARTITION_BLOCKED: &str = "sendledger_partition_blocked";
 pub const PARTITION_TAKE_OVER_SECONDS: &str = "sendledger_partition_take_over_seconds";
 pub const PARTITIONS_LOST_TOTAL: &str = "sendledger_partitions_lost_total";
+pub const GROUP_REJOINS_TOTAL: &str = "sendledger_group_rejoins_total";
 pub const REQUESTS_LOST_TOTAL: &str = "sendledger_requests_lost_total";
 pub const RESULTS_PUBLISHED_TOTAL: &str = "sendledger_results_published_total";
 pub const LOG_BATCH_EVENTS: &str = "sendledger_log_batch_events";
@@ -42,6 +43,10 @@ pub const DEFINITIONS: &[M] = &[
         "Kafka mode: time to take a partition over (open its log, fencing the previous owner; restore; resume its tasks).",
     )
     .in_unit(MetricUnit::Seconds),
+    M::counter(
+        GROUP_REJOINS_TOTAL,
+        "Kafka mode: times this instance left the consumer group and joined it again because it held no partition while requests waited, unconsumed, in partitions no member consumed, for two session timeouts and at least 30 s (a group that did not form).",
+    ),
     M::counter(
         PARTITIONS_LOST_TOTAL,
         "Partitions this instance stopped processing without giving them up, by cause: `fenced` (kafka mode: another instance opened the partition's log), `failed` (kafka mode: a transaction of its log failed; taken over again while assigned), `late_commit` (kafka mode: a transaction of a log given up committed after the partition was owned here anew; taken over again so its restore reads it), `unrecorded` (kafka mode: events committed to its log could not be written to the ledger; taken over again), `session` (the consumer group took them away: this instance's session expired).",

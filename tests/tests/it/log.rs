@@ -750,6 +750,114 @@ async fn kafka_mode_rides_out_the_brokers_unreachable_for_a_while() {
     sim.shutdown().await;
 }
 
+/// A group that does not form: a member holds every partition and stops answering (frozen,
+/// its heartbeats still sent), so the rebalance the service's joining starts never completes
+/// (the test broker waits for its leader without limit). The service holds no partition while
+/// requests wait, unconsumed: `/healthz` says so (503, `unconsumed_partitions`) and the service
+/// leaves the group and joins it again once they have waited its patience (30 s). Once the
+/// frozen member thaws and leaves, the service takes every partition and settles every request
+/// once, and `/healthz` is fine again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_member_holding_nothing_while_requests_wait_says_so_and_rejoins() {
+    use sendledger_tests::kafka::{
+        assert_one_record_each, produce, request_messages, results_for, sim_with_latency, task_ids,
+    };
+
+    let tansu = start_tansu();
+    let brokers = format!("127.0.0.1:{}", tansu.port);
+    let kafka = Kafka::connect(config_for_process(&brokers)).unwrap();
+    kafka
+        .ensure_topics(kafka.config().partitions, TIMEOUT, true)
+        .await
+        .unwrap();
+    // The member that takes every partition, then freezes.
+    let squatter = tokio::task::block_in_place(|| {
+        let mut client = kafka.client_config(Role::Ingest);
+        client.set("max.poll.interval.ms", "600000");
+        let c: BaseConsumer = client.create().unwrap();
+        c.subscribe(&[&kafka.config().requests_topic]).unwrap();
+        let deadline = std::time::Instant::now() + TIMEOUT;
+        while c.assignment().unwrap().count() < kafka.config().partitions as usize {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the first member never got the partitions"
+            );
+            c.poll(Duration::from_millis(50));
+        }
+        c
+    });
+    let sim = sim_with_latency(Duration::from_millis(1)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = kafka_mode_config_file(dir.path(), &brokers, &sim);
+    let (child, ready) = tokio::task::block_in_place(|| crate::start_run(&file, &[]));
+    let service = Killed(child);
+    let admin = sendledger_tests::ready_field(&ready, "admin=http://");
+    let keys: Vec<String> = (0..30).map(|i| format!("unformed-{i}")).collect();
+    produce(&kafka, request_messages(&keys)).await;
+
+    let health = || async {
+        let (status, body) =
+            sendledger_tests::http::request(&admin, "GET", "/healthz", None, None).await;
+        (
+            status,
+            serde_json::from_str::<serde_json::Value>(&body).unwrap(),
+        )
+    };
+    let metric = || async {
+        let (_, body) =
+            sendledger_tests::http::request(&admin, "GET", "/metrics", None, None).await;
+        body.lines()
+            .find(|l| l.starts_with("sendledger_group_rejoins_total"))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) = health().await;
+        if body.get("unconsumed_partitions").is_some() {
+            assert_eq!(status, 503, "{body}");
+            assert_eq!(body["owned_partitions"], serde_json::json!([]), "{body}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "healthz never said so: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(50);
+    while metric().await < 1.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the service never joined the group again"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(
+        sim.stats().posts,
+        0,
+        "nothing consumed while the group did not form"
+    );
+
+    // The frozen member thaws, completes the rebalance and leaves: the group forms, and every
+    // request is settled once. (Had it died frozen, the test broker would keep it as the
+    // group's leader for good: see docs/kafka-mode.md.)
+    tokio::task::block_in_place(|| {
+        for _ in 0..100 {
+            squatter.poll(Duration::from_millis(50));
+        }
+        drop(squatter)
+    });
+    let (_, results) = results_for(&kafka, task_ids(&keys)).await;
+    assert_one_record_each(&sim, &keys, &results);
+    let (status, body) = health().await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.get("unconsumed_partitions").is_none(), "{body}");
+    drop(service);
+    sim.shutdown().await;
+}
+
 /// The configuration file of a `sendledger run` process in kafka mode on `dir`, against the
 /// separate broker at `brokers`, with the target `sim` and the admin endpoint on a free port.
 fn kafka_mode_config_file(

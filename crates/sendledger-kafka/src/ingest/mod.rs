@@ -56,6 +56,8 @@
 //!   counted).
 //! - `takeover`: kafka mode's take-over of assigned partitions, and the take-back of one whose
 //!   log was lost.
+//! - `group_watch`: kafka mode's check that the group formed: a member holding no partition
+//!   while requests wait, unconsumed, rejoins.
 //! - `jobs`: each message's work and its job on the runtime (into the [`RequestSink`], in its
 //!   chain's order), and dead letters.
 //! - this module: the [`Ingest`] handle, its start and stop, and the ingest thread's loop
@@ -64,6 +66,7 @@
 //!
 //! [`resume_and_wake`]: rebalance::resume_and_wake
 
+mod group_watch;
 mod guards;
 mod jobs;
 mod rebalance;
@@ -84,6 +87,7 @@ use crate::cluster::Kafka;
 use crate::config::Role;
 use crate::error::{Error, Result};
 use crate::sink::{PartitionOwner, RequestSink, SinkError};
+use group_watch::GroupWatch;
 use jobs::DeadLetters;
 use rebalance::{commit, resume_and_wake, IngestContext};
 use takeover::FENCED_RETAKE_SESSIONS;
@@ -127,6 +131,9 @@ pub struct IngestStats {
     /// Why nothing is consumed: the consumer group has another member, and a ledger of its
     /// own serves one instance per group. `None` while this instance holds every partition.
     pub shared_group: Mutex<Option<String>>,
+    /// Kafka mode: why this instance, holding no partition, sees requests that no member
+    /// consumes (see `group_watch`). `None` while it holds partitions or none wait.
+    pub unconsumed: Mutex<Option<String>>,
 }
 
 impl IngestStats {
@@ -137,6 +144,15 @@ impl IngestStats {
     /// The refused partitions and why.
     pub fn blocked(&self) -> BTreeMap<i32, String> {
         self.blocked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Kafka mode: why requests wait that no member consumes, while this instance holds no
+    /// partition.
+    pub fn unconsumed(&self) -> Option<String> {
+        self.unconsumed
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
@@ -234,6 +250,7 @@ impl Ingest {
             max_message_bytes: config.max_message_bytes,
             commit_interval: config.commit_interval,
             fenced_retake: session * FENCED_RETAKE_SESSIONS,
+            session,
         };
         let thread = std::thread::Builder::new()
             .name("sendledger-ingest".into())
@@ -299,11 +316,14 @@ struct Worker<S: RequestSink> {
     commit_interval: Duration,
     /// Kafka mode: how long a fenced partition still assigned here waits to be taken back.
     fenced_retake: Duration,
+    /// The consumer's session timeout.
+    session: Duration,
 }
 
 impl<S: RequestSink> Worker<S> {
     fn run(self) -> Result<()> {
         let mut last_commit = Instant::now();
+        let mut watch = (self.owner.is_some()).then(|| GroupWatch::new(self.session));
         let mut result = Ok(());
         while !self.stop.load(Ordering::SeqCst) {
             let paused = {
@@ -351,6 +371,9 @@ impl<S: RequestSink> Worker<S> {
                 }
             }
             self.retake_lost();
+            if let Some(watch) = &mut watch {
+                self.watch_group(watch);
+            }
             if let Err(e) = self.take_over_assigned() {
                 result = Err(e);
                 break;

@@ -54,6 +54,12 @@ pub async fn healthz(State(shared): State<Arc<Shared>>) -> ApiResult {
             body["ok"] = json!(false);
             body["blocked_partitions"] = json!(blocked);
         }
+        if let Some(why) = stats.unconsumed() {
+            // Requests wait that no member consumes: the group did not form.
+            status = StatusCode::SERVICE_UNAVAILABLE;
+            body["ok"] = json!(false);
+            body["unconsumed_partitions"] = json!(why);
+        }
         if let Some(why) = stats.shared_group() {
             // Nothing is consumed while another instance is in the group.
             status = StatusCode::SERVICE_UNAVAILABLE;
