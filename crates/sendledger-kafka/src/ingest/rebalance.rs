@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::statistics::Statistics;
@@ -36,24 +35,6 @@ pub(super) struct IngestContext {
 }
 
 impl ClientContext for IngestContext {
-    /// librdkafka's own log lines (the consumer group's protocol with `debug = "cgrp"`), under
-    /// the target `librdkafka`.
-    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
-        match level {
-            RDKafkaLogLevel::Emerg
-            | RDKafkaLogLevel::Alert
-            | RDKafkaLogLevel::Critical
-            | RDKafkaLogLevel::Error => {
-                tracing::error!(target: "librdkafka", fac, "{log_message}")
-            }
-            RDKafkaLogLevel::Warning => tracing::warn!(target: "librdkafka", fac, "{log_message}"),
-            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
-                tracing::info!(target: "librdkafka", fac, "{log_message}")
-            }
-            RDKafkaLogLevel::Debug => tracing::debug!(target: "librdkafka", fac, "{log_message}"),
-        }
-    }
-
     /// librdkafka's statistics, every `statistics.interval.ms`: the lag of each partition of
     /// the requests topic this consumer fetches (unknown lags, reported as -1, are skipped).
     fn stats(&self, statistics: Statistics) {
