@@ -14,14 +14,19 @@
 //! a rebalance, and its restore goes on from its checkpoint.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::Consumer;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaResult;
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::tracker::lock;
-use super::{Worker, WATERMARK_TIMEOUT};
-use crate::sink::RequestSink;
+use super::tracker::{lock, Tracker};
+use super::{IngestStats, WATERMARK_TIMEOUT};
+use crate::cluster::Kafka;
+use crate::config::Role;
+use crate::error::{Error, Result};
 
 /// The shortest wait before a member holding nothing rejoins.
 const MIN_PATIENCE: Duration = Duration::from_secs(30);
@@ -116,80 +121,91 @@ impl GroupWatch {
     }
 }
 
-impl<S: RequestSink> Worker<S> {
-    /// Kafka mode: looks at the group's progress while this member holds no partition, and
-    /// rejoins the group when requests have waited, unconsumed, for the watch's patience.
-    pub(super) fn watch_group(&self, watch: &mut GroupWatch) {
-        let owned = lock(&self.tracker).parts.len();
-        let now = Instant::now();
-        if !watch.due(owned, now) {
-            if owned > 0 {
-                self.set_unconsumed(None);
-            }
-            return;
-        }
-        let progress = match self.group_progress() {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::debug!(error = %e, "cannot read the group's progress");
-                return;
-            }
-        };
-        match watch.look(&progress, now) {
-            Verdict::Fine => self.set_unconsumed(None),
-            Verdict::Stalled(partitions) => self.set_unconsumed(Some(format!(
-                "this instance holds no partition, and requests wait in partitions {partitions:?} that no member consumes"
-            ))),
-            Verdict::Rejoin(partitions) => {
-                tracing::warn!(?partitions, patience = ?watch.patience, "this instance has held no partition while requests waited, unconsumed: the group did not form; leaving and joining it again");
-                metrics::counter!(crate::metric_definitions::GROUP_REJOINS_TOTAL).increment(1);
-                self.set_unconsumed(Some(format!(
-                    "this instance holds no partition, and requests wait in partitions {partitions:?} that no member consumed for its patience: it joined the group again"
-                )));
-                self.consumer.unsubscribe();
-                if let Err(e) = self.consumer.subscribe(&[&self.topic]) {
-                    tracing::warn!(error = %e, "cannot join the group again");
+/// Kafka mode: watches the group's progress on a thread of its own (its reads of offsets and
+/// ends may each wait for the brokers, which must never hold up the consumer's thread) while
+/// this member holds no partition, and asks the ingest to rejoin (`rejoin`) when requests
+/// have waited, unconsumed, for the watch's patience. Ends once `stop` is set.
+pub(super) fn spawn(
+    kafka: &Kafka,
+    tracker: Arc<Mutex<Tracker>>,
+    stats: Arc<IngestStats>,
+    stop: Arc<AtomicBool>,
+    rejoin: Arc<AtomicBool>,
+    session: Duration,
+) -> Result<()> {
+    // In the group (its committed offsets are the group's), never subscribed.
+    let reader: BaseConsumer = kafka.client_config(Role::Ingest).create()?;
+    let topic = kafka.config().requests_topic.clone();
+    let set = move |why: Option<String>| {
+        *stats.unconsumed.lock().unwrap_or_else(|e| e.into_inner()) = why;
+    };
+    std::thread::Builder::new()
+        .name("sendledger-group-watch".into())
+        .spawn(move || {
+            let mut watch = GroupWatch::new(session);
+            while !stop.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(100));
+                let owned = lock(&tracker).parts.len();
+                let now = Instant::now();
+                if !watch.due(owned, now) {
+                    if owned > 0 {
+                        set(None);
+                    }
+                    continue;
+                }
+                let progress = match group_progress(&reader, &topic) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "cannot read the group's progress");
+                        continue;
+                    }
+                };
+                match watch.look(&progress, now) {
+                    Verdict::Fine => set(None),
+                    Verdict::Stalled(partitions) => set(Some(format!(
+                        "this instance holds no partition, and requests wait in partitions {partitions:?} that no member consumes"
+                    ))),
+                    Verdict::Rejoin(partitions) => {
+                        tracing::warn!(?partitions, patience = ?watch.patience, "this instance has held no partition while requests waited, unconsumed: the group did not form; leaving and joining it again");
+                        metrics::counter!(crate::metric_definitions::GROUP_REJOINS_TOTAL)
+                            .increment(1);
+                        set(Some(format!(
+                            "this instance holds no partition, and requests wait in partitions {partitions:?} that no member consumed for its patience: it joined the group again"
+                        )));
+                        rejoin.store(true, Ordering::SeqCst);
+                    }
                 }
             }
-        }
-    }
+        })
+        .map(drop)
+        .map_err(|_| Error::Thread {
+            what: "group watch",
+        })
+}
 
-    fn set_unconsumed(&self, why: Option<String>) {
-        *self
-            .stats
-            .unconsumed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = why;
+/// Per partition of the requests topic: the group's committed offset (its start when the group
+/// committed none) and its end.
+fn group_progress(reader: &BaseConsumer, topic: &str) -> KafkaResult<Vec<(i32, i64, i64)>> {
+    let metadata = reader.fetch_metadata(Some(topic), WATERMARK_TIMEOUT)?;
+    let partitions: Vec<i32> = (metadata.topics().iter())
+        .filter(|t| t.name() == topic)
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect();
+    let mut tpl = TopicPartitionList::new();
+    for &p in &partitions {
+        tpl.add_partition(topic, p);
     }
-
-    /// Per partition of the requests topic: the group's committed offset (its start when the
-    /// group committed none) and its end.
-    fn group_progress(&self) -> rdkafka::error::KafkaResult<Vec<(i32, i64, i64)>> {
-        let metadata = self
-            .probe
-            .fetch_metadata(Some(&self.topic), WATERMARK_TIMEOUT)?;
-        let partitions: Vec<i32> = (metadata.topics().iter())
-            .filter(|t| t.name() == self.topic)
-            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-            .collect();
-        let mut tpl = TopicPartitionList::new();
-        for &p in &partitions {
-            tpl.add_partition(&self.topic, p);
-        }
-        let committed = self.consumer.committed_offsets(tpl, WATERMARK_TIMEOUT)?;
-        let mut out = Vec::with_capacity(partitions.len());
-        for p in partitions {
-            let (start, end) = self
-                .probe
-                .fetch_watermarks(&self.topic, p, WATERMARK_TIMEOUT)?;
-            let committed = match committed.find_partition(&self.topic, p).map(|e| e.offset()) {
-                Some(Offset::Offset(o)) => o,
-                _ => start,
-            };
-            out.push((p, committed, end));
-        }
-        Ok(out)
+    let committed = reader.committed_offsets(tpl, WATERMARK_TIMEOUT)?;
+    let mut out = Vec::with_capacity(partitions.len());
+    for p in partitions {
+        let (start, end) = reader.fetch_watermarks(topic, p, WATERMARK_TIMEOUT)?;
+        let committed = match committed.find_partition(topic, p).map(|e| e.offset()) {
+            Some(Offset::Offset(o)) => o,
+            _ => start,
+        };
+        out.push((p, committed, end));
     }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -87,7 +87,6 @@ use crate::cluster::Kafka;
 use crate::config::Role;
 use crate::error::{Error, Result};
 use crate::sink::{PartitionOwner, RequestSink, SinkError};
-use group_watch::GroupWatch;
 use jobs::DeadLetters;
 use rebalance::{commit, resume_and_wake, IngestContext};
 use takeover::FENCED_RETAKE_SESSIONS;
@@ -208,6 +207,8 @@ impl Ingest {
         let grace = Arc::new(Mutex::new(Duration::from_secs(10)));
         let (done_tx, done_rx) = mpsc::channel();
         let tracker = Arc::new(Mutex::new(Tracker::new(done_rx, owner.clone())));
+        let tracker_for_watch = tracker.clone();
+        let rejoin = Arc::new(AtomicBool::new(false));
         let context = IngestContext {
             owner: owner.clone(),
             tracker: tracker.clone(),
@@ -250,8 +251,19 @@ impl Ingest {
             max_message_bytes: config.max_message_bytes,
             commit_interval: config.commit_interval,
             fenced_retake: session * FENCED_RETAKE_SESSIONS,
-            session,
+            rejoin: rejoin.clone(),
         };
+        if worker.owner.is_some() {
+            // Detached: it ends with `stop`, once any call to the brokers it is in returns.
+            group_watch::spawn(
+                kafka,
+                tracker_for_watch,
+                stats.clone(),
+                stop.clone(),
+                rejoin,
+                session,
+            )?;
+        }
         let thread = std::thread::Builder::new()
             .name("sendledger-ingest".into())
             .spawn(move || worker.run())
@@ -316,14 +328,14 @@ struct Worker<S: RequestSink> {
     commit_interval: Duration,
     /// Kafka mode: how long a fenced partition still assigned here waits to be taken back.
     fenced_retake: Duration,
-    /// The consumer's session timeout.
-    session: Duration,
+    /// Kafka mode: set by the group watch when this member must leave the group and join it
+    /// again.
+    rejoin: Arc<AtomicBool>,
 }
 
 impl<S: RequestSink> Worker<S> {
     fn run(self) -> Result<()> {
         let mut last_commit = Instant::now();
-        let mut watch = (self.owner.is_some()).then(|| GroupWatch::new(self.session));
         let mut result = Ok(());
         while !self.stop.load(Ordering::SeqCst) {
             let paused = {
@@ -371,8 +383,11 @@ impl<S: RequestSink> Worker<S> {
                 }
             }
             self.retake_lost();
-            if let Some(watch) = &mut watch {
-                self.watch_group(watch);
+            if self.rejoin.swap(false, Ordering::SeqCst) {
+                self.consumer.unsubscribe();
+                if let Err(e) = self.consumer.subscribe(&[&self.topic]) {
+                    tracing::warn!(error = %e, "cannot join the group again");
+                }
             }
             if let Err(e) = self.take_over_assigned() {
                 result = Err(e);
