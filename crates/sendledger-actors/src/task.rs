@@ -153,6 +153,12 @@ impl TaskActor {
             })
             .map(|s| s.partition);
         let Some(partition) = partition else {
+            // No request here: the task's first append was refused, say (its partition lost
+            // meanwhile). A take-over since may have restored it into the ledger: read it again
+            // once, rather than refuse what its partition's new owner asks of it.
+            if self.state.request.is_none() && ownership.current() > self.loaded_at {
+                return Some(self.reload_then_decide(ownership.current(), input));
+            }
             return Some(Box::pin(fut::ready(Err(Error::NoPartition(task_id)))));
         };
         match ownership.epoch(partition) {
@@ -161,29 +167,37 @@ impl TaskActor {
                 partition,
             })))),
             Some(epoch) if epoch > self.loaded_at => {
-                let seen = ownership.current();
-                let ledger = self.shared.ledger.clone();
-                let read = async move { ledger.read(move |l| l.task_events(task_id)).await };
-                Some(Box::pin(read.into_actor(self).then(
-                    move |res, act, _| -> ResponseActFuture<Self, Result<Reply>> {
-                        match res {
-                            Ok(events) => {
-                                act.state = sendledger_core::fold(&events);
-                                act.loaded_at = seen;
-                                if let Some(target) =
-                                    act.state.request.as_ref().map(|r| r.target.clone())
-                                {
-                                    act.set_policy(&target);
-                                }
-                                act.decide_and_append(input)
-                            }
-                            Err(e) => Box::pin(fut::ready(Err(e.into()))),
-                        }
-                    },
-                )))
+                Some(self.reload_then_decide(ownership.current(), input))
             }
             Some(_) => None,
         }
+    }
+
+    /// Reads the task's events again (its state here is from before the latest assignment
+    /// `seen`), then decides `input` on them.
+    fn reload_then_decide(
+        &mut self,
+        seen: u64,
+        input: TaskInput,
+    ) -> ResponseActFuture<Self, Result<Reply>> {
+        let task_id = self.task_id;
+        let ledger = self.shared.ledger.clone();
+        let read = async move { ledger.read(move |l| l.task_events(task_id)).await };
+        Box::pin(read.into_actor(self).then(
+            move |res, act, _| -> ResponseActFuture<Self, Result<Reply>> {
+                match res {
+                    Ok(events) => {
+                        act.state = sendledger_core::fold(&events);
+                        act.loaded_at = seen;
+                        if let Some(target) = act.state.request.as_ref().map(|r| r.target.clone()) {
+                            act.set_policy(&target);
+                        }
+                        act.decide_and_append(input)
+                    }
+                    Err(e) => Box::pin(fut::ready(Err(e.into()))),
+                }
+            },
+        ))
     }
 
     fn decide_and_append(&mut self, input: TaskInput) -> ResponseActFuture<Self, Result<Reply>> {
