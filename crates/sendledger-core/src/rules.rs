@@ -143,7 +143,17 @@ impl TaskCheck {
     /// its acceptance (or is one rejected message, alone).
     fn task_order(&self, event: &Event, out: &mut Vec<Violation>) {
         let (state, lsn) = (&self.state, event.lsn);
-        if event.task_seq != state.next_seq {
+        if event.task_seq < state.next_seq {
+            flag(
+                out,
+                Rule::Sequence,
+                vec![lsn],
+                format!(
+                    "a second event at task_seq {} where {} was due: two histories of the task (two writers each wrote one)",
+                    event.task_seq, state.next_seq
+                ),
+            );
+        } else if event.task_seq > state.next_seq {
             flag(
                 out,
                 Rule::Sequence,

@@ -1566,10 +1566,9 @@ async fn two_histories_of_a_task_in_the_log_send_it_to_review() {
     })
     .unwrap();
     assert!(
-        report
-            .violations
-            .iter()
-            .any(|v| v.rule == "sequence" && v.task_id.as_deref() == Some(&task.to_string())),
+        report.violations.iter().any(|v| v.rule == "sequence"
+            && v.task_id.as_deref() == Some(&task.to_string())
+            && v.detail.contains("two histories")),
         "{:?}",
         report.violations
     );
