@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use sendledger_core::decide::{decide, Ctx, Input, OperatorResolution, REJECTED_RAW_KEEP};
+use sendledger_core::error::Chain;
 use sendledger_core::{
     AcceptedRequest, Event, EventBody, Identity, Limits, Phase, Source, State, TaskId, TaskRequest,
 };
@@ -409,9 +410,22 @@ impl Engine {
             })
             .await?;
         for &task_id in &tasks {
-            self.inner.registry.do_send(Route {
+            // Each resumes on its own; one that is refused says why (it waits for the next
+            // take-over of its partition, or the next start).
+            let resumed = self.inner.registry.send(Route {
                 task_id,
                 input: TaskInput::Recover,
+            });
+            tokio::spawn(async move {
+                match resumed.await {
+                    Ok(Ok(_)) | Err(_) => {}
+                    Ok(Err(e @ (Error::NotOwned { .. } | Error::ShuttingDown))) => {
+                        tracing::debug!(task_id = %task_id, partition, error = %Chain(&e), "a task of the partition was not resumed")
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(task_id = %task_id, partition, error = %Chain(&e), "a task of the partition was not resumed; it is resumed at the partition's next take-over or the next start")
+                    }
+                }
             });
         }
         tracing::info!(partition, resumed = tasks.len(), "partition assigned");
