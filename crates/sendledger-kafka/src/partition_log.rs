@@ -489,14 +489,7 @@ pub fn read_partition(
             None => {
                 // Past the last committed record only transaction markers (or aborted records)
                 // may remain: the position says how far the consumer got.
-                let position = consumer
-                    .position()?
-                    .find_partition(&topic, partition)
-                    .and_then(|p| match p.offset() {
-                        Offset::Offset(o) => Some(o),
-                        _ => None,
-                    });
-                if let Some(p) = position {
+                if let Some(p) = position(&consumer, &topic, partition)? {
                     next = next.max(p);
                 }
                 if next < end && last_progress.elapsed() > idle {
@@ -511,6 +504,21 @@ pub fn read_partition(
         }
     }
     Ok(next)
+}
+
+/// How far `consumer` got in `partition` of `topic` (the offset of the next record it reads).
+fn position(
+    consumer: &BaseConsumer,
+    topic: &str,
+    partition: i32,
+) -> Result<Option<i64>, KafkaError> {
+    Ok(consumer
+        .position()?
+        .find_partition(topic, partition)
+        .and_then(|p| match p.offset() {
+            Offset::Offset(o) => Some(o),
+            _ => None,
+        }))
 }
 
 /// Events partition `partition`'s end (its high watermark: past its last stable offset once
@@ -542,14 +550,7 @@ pub fn event_at(
             Some(Err(e)) => return Err(e.into()),
             None => {
                 // Past the last committed record only markers or aborted records remain.
-                let position = consumer
-                    .position()?
-                    .find_partition(&topic, partition)
-                    .and_then(|p| match p.offset() {
-                        Offset::Offset(o) => Some(o),
-                        _ => None,
-                    });
-                if position.is_some_and(|p| p >= end) {
+                if position(&consumer, &topic, partition)?.is_some_and(|p| p >= end) {
                     return Ok((end, None));
                 }
                 if started.elapsed() > idle {

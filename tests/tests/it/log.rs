@@ -43,6 +43,16 @@ fn committed_event_ids(kafka: &Kafka, partition: i32, from: i64) -> (Vec<String>
     (ids, end)
 }
 
+/// The record of `event` on the events topic, as a partition's writer makes it.
+fn event_log_record(event: &sendledger_core::Event) -> LogRecord {
+    let record = sendledger_kafka::records::event_record(event).unwrap();
+    LogRecord {
+        key: event.task_id.to_string(),
+        headers: vec![(sendledger_kafka::EVENT_ID_HEADER, record.event_id.clone())],
+        payload: serde_json::to_vec(&record).unwrap(),
+    }
+}
+
 /// The events of events partition `partition` from `from` on, as a `read_committed` consumer
 /// sees them, and where the read ended.
 fn partition_events(
@@ -302,17 +312,7 @@ async fn a_partition_restored_on_an_empty_disk_resumes_its_tasks_and_sends_nothi
     tokio::task::block_in_place(|| {
         let writer = PartitionLog::open(&kafka, 0, TIMEOUT).unwrap();
         let batch = LogBatch {
-            events: events
-                .iter()
-                .map(|e| {
-                    let record = sendledger_kafka::records::event_record(e).unwrap();
-                    LogRecord {
-                        key: e.task_id.to_string(),
-                        headers: vec![(sendledger_kafka::EVENT_ID_HEADER, record.event_id.clone())],
-                        payload: serde_json::to_vec(&record).unwrap(),
-                    }
-                })
-                .collect(),
+            events: events.iter().map(event_log_record).collect(),
             ..LogBatch::default()
         };
         writer.commit(&batch, None).unwrap();
@@ -1072,12 +1072,7 @@ async fn a_partition_of_100000_tasks_is_restored_on_an_empty_disk() {
                     at: 1_700_000_000_000 + i as u64,
                     body,
                 };
-                let record = sendledger_kafka::records::event_record(&event).unwrap();
-                batch.events.push(LogRecord {
-                    key: id.to_string(),
-                    headers: vec![(sendledger_kafka::EVENT_ID_HEADER, record.event_id.clone())],
-                    payload: serde_json::to_vec(&record).unwrap(),
-                });
+                batch.events.push(event_log_record(&event));
             }
             if batch.events.len() >= 10_000 || i == TASKS - 1 {
                 writer.commit(&std::mem::take(&mut batch), None).unwrap();
@@ -1481,13 +1476,8 @@ async fn two_histories_of_a_task_in_the_log_send_it_to_review() {
     tokio::task::block_in_place(|| {
         let writer = PartitionLog::open(&kafka, 1, TIMEOUT).unwrap();
         for event in &events {
-            let record = sendledger_kafka::records::event_record(event).unwrap();
             let batch = LogBatch {
-                events: vec![LogRecord {
-                    key: task.to_string(),
-                    headers: vec![(sendledger_kafka::EVENT_ID_HEADER, record.event_id.clone())],
-                    payload: serde_json::to_vec(&record).unwrap(),
-                }],
+                events: vec![event_log_record(event)],
                 ..LogBatch::default()
             };
             writer.commit(&batch, None).unwrap();
@@ -1667,17 +1657,7 @@ async fn a_copy_ahead_of_its_log_is_truncated_to_it() {
     let write = |kafka: &Kafka, events: Vec<&Event>| -> i64 {
         tokio::task::block_in_place(|| {
             let writer = PartitionLog::open(kafka, 1, TIMEOUT).unwrap();
-            let records = events
-                .iter()
-                .map(|event| {
-                    let record = sendledger_kafka::records::event_record(event).unwrap();
-                    LogRecord {
-                        key: event.task_id.to_string(),
-                        headers: vec![(sendledger_kafka::EVENT_ID_HEADER, record.event_id.clone())],
-                        payload: serde_json::to_vec(&record).unwrap(),
-                    }
-                })
-                .collect();
+            let records = events.iter().map(|e| event_log_record(e)).collect();
             let batch = LogBatch {
                 events: records,
                 ..LogBatch::default()
@@ -1897,19 +1877,8 @@ async fn a_result_its_transaction_lost_is_published_once_by_the_next_owner() {
     };
     let whole = settled("whole", 0);
     let cut = settled("cut", 1);
-    let records = |events: &[Event]| -> Vec<LogRecord> {
-        events
-            .iter()
-            .map(|event| {
-                let record = sendledger_kafka::records::event_record(event).unwrap();
-                LogRecord {
-                    key: event.task_id.to_string(),
-                    headers: vec![(sendledger_kafka::EVENT_ID_HEADER, record.event_id.clone())],
-                    payload: serde_json::to_vec(&record).unwrap(),
-                }
-            })
-            .collect()
-    };
+    let records =
+        |events: &[Event]| -> Vec<LogRecord> { events.iter().map(event_log_record).collect() };
     // The result records as a writer makes them.
     let results_of = |events: &[Event]| {
         let by_task: HashMap<_, Vec<Event>> = HashMap::from([(events[0].task_id, events.to_vec())]);
