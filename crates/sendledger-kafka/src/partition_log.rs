@@ -467,9 +467,7 @@ pub fn read_partition(
     mut apply: impl FnMut(&BorrowedMessage<'_>) -> crate::Result<()>,
 ) -> crate::Result<i64> {
     let topic = kafka.config().events_topic.clone();
-    let mut client = kafka.client_config(Role::Replay);
-    client.set("isolation.level", "read_committed");
-    let consumer: BaseConsumer = client.create()?;
+    let consumer = committed_reader(kafka)?;
     let (_, end) = consumer.fetch_watermarks(&topic, partition, idle)?;
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(&topic, partition, Offset::Offset(from))?;
@@ -533,9 +531,7 @@ pub fn event_at(
     idle: Duration,
 ) -> crate::Result<(i64, Option<(i64, Event)>)> {
     let topic = kafka.config().events_topic.clone();
-    let mut client = kafka.client_config(Role::Replay);
-    client.set("isolation.level", "read_committed");
-    let consumer: BaseConsumer = client.create()?;
+    let consumer = committed_reader(kafka)?;
     let (_, end) = consumer.fetch_watermarks(&topic, partition, idle)?;
     if at >= end {
         return Ok((end, None));
@@ -582,9 +578,7 @@ pub fn missing_results(
         return Ok(Vec::new());
     }
     let topic = kafka.config().results_topic.clone();
-    let mut client = kafka.client_config(Role::Replay);
-    client.set("isolation.level", "read_committed");
-    let consumer: BaseConsumer = client.create()?;
+    let consumer = committed_reader(kafka)?;
     let metadata = consumer.fetch_metadata(Some(&topic), idle)?;
     let partitions: Vec<i32> = (metadata.topics().iter())
         .filter(|t| t.name() == topic)
@@ -612,13 +606,8 @@ pub fn missing_results(
         match consumer.poll(Duration::from_millis(10)) {
             Some(Ok(m)) => {
                 last_progress = Instant::now();
-                let id = (m.headers().into_iter())
-                    .flat_map(|h| h.iter())
-                    .find(|h| h.key == EVENT_ID_HEADER)
-                    .and_then(|h| h.value)
-                    .map(String::from_utf8_lossy);
-                if let Some(id) = id {
-                    missing.remove(id.as_ref());
+                if let Some(id) = message_event_id(&m) {
+                    missing.remove(id.as_str());
                 }
                 if ends
                     .get(&m.partition())
@@ -651,17 +640,28 @@ pub fn missing_results(
     Ok(missing.into_iter().map(String::from).collect())
 }
 
+/// The `sendledger-event-id` header of a record, read in place.
+fn message_event_id(message: &impl Message) -> Option<String> {
+    (message.headers().into_iter())
+        .flat_map(|h| h.iter())
+        .find(|h| h.key == EVENT_ID_HEADER)
+        .map(|h| String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned())
+}
+
+/// A consumer outside the group that sees committed transactions only.
+fn committed_reader(kafka: &Kafka) -> crate::Result<BaseConsumer> {
+    let mut client = kafka.client_config(Role::Replay);
+    client.set("isolation.level", "read_committed");
+    Ok(client.create()?)
+}
+
 /// The event a record of the events topic carries, decoded in place (a restore reads every
 /// record of a partition: copying each, or reading its headers, was a third of the reading). A
 /// record that does not decode is named by its `sendledger-event-id` header.
 pub fn record_event(message: &impl Message) -> crate::Result<Event> {
     event_from_json(message.payload().unwrap_or_default()).map_err(|e| match e {
         crate::Error::BadRecord { event_id, source } if event_id.is_empty() => {
-            let event_id = (message.headers().into_iter())
-                .flat_map(|h| h.iter())
-                .find(|h| h.key == EVENT_ID_HEADER)
-                .map(|h| String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned())
-                .unwrap_or_default();
+            let event_id = message_event_id(message).unwrap_or_default();
             crate::Error::BadRecord { event_id, source }
         }
         e => e,
