@@ -1618,17 +1618,7 @@ async fn a_copy_ahead_of_its_log_is_truncated_to_it() {
         remote_id: id.into(),
         evidence: Evidence::Response { status: 201 },
     };
-    let history = |key: &str, bodies: Vec<EventBody>| -> Vec<Event> {
-        (bodies.into_iter().enumerate())
-            .map(|(i, body)| Event {
-                lsn: 0,
-                task_id: task_id(key),
-                task_seq: i as u32,
-                at: 1_700_000_000_000 + i as u64,
-                body,
-            })
-            .collect()
-    };
+    let history = |key: &str, bodies| sendledger_core::fixtures::history(task_id(key), bodies);
     let dup = EventBody::DuplicateDelivery {
         source: Source {
             topic: requests_topic.clone(),
@@ -1865,15 +1855,7 @@ async fn a_result_its_transaction_lost_is_published_once_by_the_next_owner() {
                 evidence: Evidence::Response { status: 201 },
             },
         ];
-        (bodies.into_iter().enumerate())
-            .map(|(i, body)| Event {
-                lsn: 0,
-                task_id: task_id(key),
-                task_seq: i as u32,
-                at: 1_700_000_000_000 + i as u64,
-                body,
-            })
-            .collect()
+        sendledger_core::fixtures::history(task_id(key), bodies)
     };
     let whole = settled("whole", 0);
     let cut = settled("cut", 1);
