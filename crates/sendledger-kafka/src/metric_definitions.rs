@@ -28,7 +28,7 @@ pub const DEFINITIONS: &[M] = &[
     ),
     M::counter(
         INGEST_PAUSES_TOTAL,
-        "Times the consumer paused its partitions because the requests in flight reached kafka.max_unfinished messages or kafka.max_unfinished_bytes bytes.",
+        "Times the consumer paused its partitions because the requests in flight reached kafka.max_unfinished messages or kafka.max_unfinished_bytes bytes, or paused one partition at its share of them.",
     ),
     M::gauge(
         INGEST_PAUSED,

@@ -28,15 +28,18 @@ pub enum SinkError {
 }
 
 /// Kafka mode: what the consumer tells about the partitions the group gives it and takes
-/// away. Calls run on the consumer's thread and may block (a take-over reads the partition's
-/// log); the partition stays paused meanwhile.
+/// away. A take-over runs on a thread of its own and may block (it reads the partition's log);
+/// the partition stays paused meanwhile. The other calls come from the consumer's thread.
 pub trait PartitionOwner: Send + Sync + 'static {
     /// Takes partition `partition` over: opens its log of record (fencing the previous owner),
     /// restores what the ledger lacks and resumes its tasks. An error leaves the partition
-    /// paused and unowned, with the reason logged and shown in health.
+    /// paused and unowned, with the reason logged and shown in health. Never called twice at
+    /// once for one partition.
     fn take_over(&self, partition: i32) -> Result<(), String>;
 
-    /// Gives partition `partition` up: its tasks stop acting here.
+    /// Gives partition `partition` up: its tasks stop acting here. May come while its
+    /// take-over is under way: that take-over must then leave the partition unowned (and end
+    /// with an error).
     fn release(&self, partition: i32);
 
     /// Message `offset` of `partition` was received and is handled: its offset may be

@@ -336,6 +336,15 @@ pub struct KafkaOwner {
     /// The task committing waiting partitions' offsets: it holds the ledger, so it ends with
     /// the owner.
     offsets: tokio::task::AbortHandle,
+    /// The take-overs under way or done and not released since, by partition, each with its
+    /// own number: a take-over owns its partition's log only while its claim stands.
+    claims: std::sync::Mutex<Claims>,
+}
+
+#[derive(Default)]
+struct Claims {
+    next: u64,
+    held: HashMap<i32, u64>,
 }
 
 impl Drop for KafkaOwner {
@@ -366,6 +375,7 @@ impl KafkaOwner {
             replicator,
             runtime,
             offsets,
+            claims: Default::default(),
         })
     }
 
@@ -557,6 +567,10 @@ impl KafkaOwner {
         Ok(())
     }
 
+    fn claims(&self) -> std::sync::MutexGuard<'_, Claims> {
+        self.claims.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Why the ledger's copy of the partition, recorded up to `checkpoint`, is not what its log
     /// holds, if it is not: the log ends before the checkpoint, or its event just before the
     /// checkpoint is not the last one the copy recorded from it.
@@ -590,15 +604,32 @@ impl KafkaOwner {
 }
 
 impl PartitionOwner for KafkaOwner {
+    /// Claims the partition, opens its log, restores it and resumes its tasks. A release that
+    /// comes meanwhile withdraws the claim: the log is not owned if it has not been yet, and
+    /// given up again if it has.
     fn take_over(&self, partition: i32) -> Result<(), String> {
         let started = std::time::Instant::now();
+        let claim = {
+            let mut claims = self.claims();
+            claims.next += 1;
+            let claim = claims.next;
+            claims.held.insert(partition, claim);
+            claim
+        };
+        const RELEASED: &str = "the partition was given up during its take-over";
         // Opening the log fences the previous owner and aborts its open transaction, so what
         // is read next is all it ever committed.
         let log = PartitionLog::open(&self.kafka, partition, TAKE_OVER_TIMEOUT)
             .map_err(|e| Chain(&e).to_string())?;
         let (restored, tail) = self.restore(partition)?;
         self.publish_lost_results(partition, &log, tail)?;
-        self.replicator.own(log);
+        {
+            let claims = self.claims();
+            if claims.held.get(&partition) != Some(&claim) {
+                return Err(RELEASED.into());
+            }
+            self.replicator.own(log);
+        }
         let resumed = self
             .runtime
             .block_on(self.engine.assign_partition(partition))
@@ -606,11 +637,23 @@ impl PartitionOwner for KafkaOwner {
                 self.release(partition);
                 Chain(&e).to_string()
             })?;
+        {
+            // Released while its tasks were resumed: they may have been taken on after the
+            // release, so the partition is given up again.
+            let claims = self.claims();
+            if claims.held.get(&partition) != Some(&claim) {
+                self.engine.revoke_partition(partition);
+                self.replicator.release(partition);
+                return Err(RELEASED.into());
+            }
+        }
         tracing::info!(partition, restored, resumed, took = ?started.elapsed(), "partition restored from its log and resumed");
         Ok(())
     }
 
     fn release(&self, partition: i32) {
+        let mut claims = self.claims();
+        claims.held.remove(&partition);
         self.engine.revoke_partition(partition);
         self.replicator.release(partition);
     }

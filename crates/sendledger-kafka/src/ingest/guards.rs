@@ -57,9 +57,7 @@ impl<S: RequestSink> Worker<S> {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(partition, why);
-            if let Err(e) = self.pause_partition(partition) {
-                tracing::warn!(partition, error = %e, "cannot pause the refused partition; its messages are ignored");
-            }
+            // Paused with the next turn of the ingest's loop; its messages are ignored.
             return (true, watermark);
         }
         let Some(watermark) = watermark else {
@@ -198,18 +196,21 @@ impl<S: RequestSink> Worker<S> {
 
     /// Whether the partition is ours and consumed, loading its processed offsets (and checking
     /// them against the group's position) at its first message after an assignment. In kafka
-    /// mode the partition is taken over first.
-    pub(super) fn ensure_loaded(&self, partition: i32) -> Result<bool> {
-        if !self.take_over(partition)? {
-            return Ok(false);
-        }
+    /// mode a partition is consumed once taken over: message `offset`, received before (the
+    /// partition paused a moment late), is read again then.
+    pub(super) fn ensure_loaded(&self, partition: i32, offset: i64) -> Result<bool> {
         let needs_load = {
-            let t = lock(&self.tracker);
-            match t.parts.get(&partition) {
+            let mut t = lock(&self.tracker);
+            let shared = t.shared;
+            match t.parts.get_mut(&partition) {
                 // Not (or no longer) ours: whoever owns it reads it again.
                 None => return Ok(false),
                 // The group is shared: nothing is consumed (no offset is stored either).
-                Some(_) if t.shared => return Ok(false),
+                Some(_) if shared => return Ok(false),
+                Some(p) if !p.owned => {
+                    p.ignored_from = Some(p.ignored_from.map_or(offset, |o| o.min(offset)));
+                    return Ok(false);
+                }
                 Some(p) => p.processed.is_none(),
             }
         };

@@ -44,7 +44,7 @@ impl<S: RequestSink> Worker<S> {
         self.stats.received.fetch_add(1, Ordering::Relaxed);
         let (partition, offset) = (msg.partition(), msg.offset());
         let bytes = msg.payload_len() + msg.key().map_or(0, <[u8]>::len);
-        if msg.topic() != self.topic || !self.ensure_loaded(partition)? {
+        if msg.topic() != self.topic || !self.ensure_loaded(partition, offset)? {
             return Ok(());
         }
         let Some(generation) = self.admit(partition, offset, bytes) else {

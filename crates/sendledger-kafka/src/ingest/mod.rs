@@ -15,8 +15,10 @@
 //!   advances like any other.
 //! - Backpressure: at `max_unfinished` messages, or `max_unfinished_bytes` bytes (a message's
 //!   key and value as received), received and not yet durable, the assigned partitions are
-//!   paused; they resume once both are at half their limit or below. A message larger than the
-//!   byte budget still goes through, alone: nothing else is received until it is done.
+//!   paused; they resume once both are at half their limit or below. Each partition also
+//!   pauses alone at its share of the budget (divided by the partitions assigned), so one whose
+//!   messages do not finish cannot hold the others up. A message larger than the byte budget
+//!   still goes through, alone: nothing else is received until it is done.
 //!   Resuming also wakes the fetchers ([`resume_and_wake`]): librdkafka would otherwise fetch again
 //!   only up to a second later, which capped a backlog's rate at about `max_unfinished`
 //!   messages a second. Counted in `sendledger_ingest_pauses_total`; the gauge
@@ -73,6 +75,7 @@ mod rebalance;
 mod takeover;
 mod tracker;
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -88,7 +91,7 @@ use crate::config::Role;
 use crate::error::{Error, Result};
 use crate::sink::{PartitionOwner, RequestSink, SinkError};
 use jobs::DeadLetters;
-use rebalance::{commit, resume_and_wake, IngestContext};
+use rebalance::{commit, sync_pauses, IngestContext};
 use takeover::FENCED_RETAKE_SESSIONS;
 use tracker::{lock, Budget, Done, Tracker};
 
@@ -252,6 +255,7 @@ impl Ingest {
             commit_interval: config.commit_interval,
             fenced_retake: session * FENCED_RETAKE_SESSIONS,
             rejoin: rejoin.clone(),
+            take_overs: RefCell::new(BTreeMap::new()),
         };
         if worker.owner.is_some() {
             // Detached: it ends with `stop`, once any call to the brokers it is in returns.
@@ -264,6 +268,7 @@ impl Ingest {
                 session,
             )?;
         }
+        metrics::gauge!(crate::metric_definitions::INGEST_PAUSED).set(0.0);
         let thread = std::thread::Builder::new()
             .name("sendledger-ingest".into())
             .spawn(move || worker.run())
@@ -331,6 +336,8 @@ struct Worker<S: RequestSink> {
     /// Kafka mode: set by the group watch when this member must leave the group and join it
     /// again.
     rejoin: Arc<AtomicBool>,
+    /// Kafka mode: the take-overs under way, by partition (see `takeover`).
+    take_overs: RefCell<BTreeMap<i32, takeover::Running>>,
 }
 
 impl<S: RequestSink> Worker<S> {
@@ -389,15 +396,13 @@ impl<S: RequestSink> Worker<S> {
                     tracing::warn!(error = %e, "cannot join the group again");
                 }
             }
-            if let Err(e) = self.take_over_assigned() {
-                result = Err(e);
-                break;
-            }
+            self.take_over_assigned();
             if last_commit.elapsed() >= self.commit_interval {
                 self.checkpoint(CommitMode::Async);
                 last_commit = Instant::now();
             }
         }
+        self.finish_take_overs();
         self.drain();
         self.checkpoint(CommitMode::Sync);
         // Dropping the consumer closes it, and serves the rebalances still queued.
@@ -409,48 +414,47 @@ impl<S: RequestSink> Worker<S> {
         result
     }
 
+    /// Pauses partitions at the in-flight budget and resumes them once relieved: every
+    /// partition at the whole budget, and each partition at its share of it
+    /// ([`Budget::share`]), so that one whose messages do not finish (a hung commit) cannot
+    /// hold up the others. Then sets each partition's pause through the consumer.
     fn backpressure(&self, t: &mut Tracker) {
         let load = t.unfinished();
-        let pause = !t.paused && self.budget.reached(load);
-        // A shared group keeps every partition paused.
-        let resume = t.paused && !t.shared && self.budget.relieved(load);
-        if !(pause || resume) {
-            return;
-        }
-        let assignment = match self.consumer.assignment() {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the assignment");
-                return;
+        let paused = self.budget.pauses(t.paused, load);
+        if paused != t.paused {
+            t.paused = paused;
+            tracing::debug!(
+                messages = load.messages,
+                bytes = load.bytes,
+                paused,
+                "in-flight budget"
+            );
+            if paused {
+                self.stats.pauses.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!(crate::metric_definitions::INGEST_PAUSES_TOTAL).increment(1);
             }
-        };
-        let res = if pause {
-            self.stats.pauses.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(
-                messages = load.messages,
-                bytes = load.bytes,
-                "pausing partitions"
-            );
-            self.consumer.pause(&assignment)
-        } else {
-            tracing::debug!(
-                messages = load.messages,
-                bytes = load.bytes,
-                "resuming partitions"
-            );
-            resume_and_wake(&self.consumer, &assignment)
-        };
-        match res {
-            Ok(()) => {
-                t.paused = pause;
-                if pause {
+            metrics::gauge!(crate::metric_definitions::INGEST_PAUSED)
+                .set(f64::from(u8::from(paused)));
+        }
+        let share = self.budget.share(t.parts.len());
+        for (&partition, p) in t.parts.iter_mut() {
+            let over = share.pauses(p.over_budget, p.unfinished);
+            if over != p.over_budget {
+                p.over_budget = over;
+                tracing::debug!(
+                    partition,
+                    messages = p.unfinished.messages,
+                    bytes = p.unfinished.bytes,
+                    paused = over,
+                    "the partition's share of the in-flight budget"
+                );
+                if over {
+                    self.stats.pauses.fetch_add(1, Ordering::Relaxed);
                     metrics::counter!(crate::metric_definitions::INGEST_PAUSES_TOTAL).increment(1);
                 }
-                metrics::gauge!(crate::metric_definitions::INGEST_PAUSED)
-                    .set(f64::from(u8::from(pause)));
             }
-            Err(e) => tracing::warn!(error = %e, "cannot pause or resume partitions"),
         }
+        sync_pauses(&self.consumer, &self.topic, t, &[]);
     }
 
     /// Waits (up to the grace period) for messages in flight, applying them as they finish.
@@ -525,11 +529,5 @@ impl<S: RequestSink> Worker<S> {
                 None
             }
         }
-    }
-
-    fn pause_partition(&self, partition: i32) -> rdkafka::error::KafkaResult<()> {
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition(&self.topic, partition);
-        self.consumer.pause(&tpl)
     }
 }

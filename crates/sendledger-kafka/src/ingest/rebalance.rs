@@ -85,7 +85,8 @@ impl ConsumerContext for IngestContext {
         }
         commit(consumer, CommitMode::Sync, &self.stats);
         for p in &revoked {
-            let owned = t.parts.get(p).is_some_and(|part| part.owned);
+            // A take-over under way is given up too: it must not leave the partition owned.
+            let owned = t.parts.get(p).is_some_and(|part| part.owned) || t.taking_over.contains(p);
             t.revoke(*p);
             if let (Some(owner), true) = (&self.owner, owned) {
                 owner.release(*p);
@@ -108,44 +109,27 @@ impl ConsumerContext for IngestContext {
             t.assign(*p);
         }
         tracing::info!(partitions = ?assigned, "partitions assigned");
-        if self.owner.is_some() {
-            // Kafka mode: partitions are shared by design; each is taken over before use.
-            if t.paused {
-                if let Err(e) = consumer.pause(tpl) {
-                    tracing::warn!(error = %e, "cannot pause newly assigned partitions");
+        if self.owner.is_none() {
+            // Local mode: one instance per group.
+            let sharing = self.sharing(consumer);
+            let was_shared = std::mem::replace(&mut t.shared, sharing.is_some());
+            metrics::gauge!(crate::metric_definitions::CONSUMER_GROUP_SHARED)
+                .set(f64::from(u8::from(t.shared)));
+            *self
+                .stats
+                .shared_group
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = sharing.clone();
+            match sharing {
+                Some(why) => tracing::error!("{why}"),
+                None if was_shared => {
+                    tracing::info!("this instance holds every partition again; consuming")
                 }
+                None => {}
             }
-            return;
         }
-        let sharing = self.sharing(consumer);
-        let was_shared = std::mem::replace(&mut t.shared, sharing.is_some());
-        metrics::gauge!(crate::metric_definitions::CONSUMER_GROUP_SHARED)
-            .set(f64::from(u8::from(t.shared)));
-        *self
-            .stats
-            .shared_group
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = sharing.clone();
-        match (sharing, consumer.assignment()) {
-            (Some(why), Ok(all)) => {
-                tracing::error!("{why}");
-                if let Err(e) = consumer.pause(&all) {
-                    tracing::warn!(error = %e, "cannot pause the assigned partitions; their messages are ignored");
-                }
-            }
-            (None, Ok(all)) if was_shared && !t.paused => {
-                tracing::info!("this instance holds every partition again; consuming");
-                if let Err(e) = resume_and_wake(consumer, &all) {
-                    tracing::warn!(error = %e, "cannot resume the assigned partitions");
-                }
-            }
-            _ if t.paused => {
-                if let Err(e) = consumer.pause(tpl) {
-                    tracing::warn!(error = %e, "cannot pause newly assigned partitions");
-                }
-            }
-            _ => {}
-        }
+        // Kafka mode: each partition stays paused until it is taken over.
+        sync_pauses(consumer, &self.topic, &mut t, &assigned);
     }
 }
 
@@ -282,6 +266,46 @@ pub(super) fn commit(
             tracing::warn!(error = %e, "offset commit failed; it is retried at the next interval")
         }
     }
+}
+
+/// Pauses each assigned partition that [`Tracker::wants_pause`] and resumes each that no
+/// longer does, through the consumer; the partitions of `fresh` (just assigned: the consumer
+/// fetches them whatever was set before) are set either way.
+pub(super) fn sync_pauses(
+    consumer: &BaseConsumer<IngestContext>,
+    topic: &str,
+    t: &mut Tracker,
+    fresh: &[i32],
+) {
+    let (mut pause, mut resume) = (TopicPartitionList::new(), TopicPartitionList::new());
+    for (&i, p) in &t.parts {
+        let wanted = t.wants_pause(p);
+        if wanted != p.paused || fresh.contains(&i) {
+            let list = if wanted { &mut pause } else { &mut resume };
+            list.add_partition(topic, i);
+        }
+    }
+    let mut set = |list: &TopicPartitionList, paused: bool| {
+        if list.count() == 0 {
+            return;
+        }
+        let res = match paused {
+            true => consumer.pause(list),
+            false => resume_and_wake(consumer, list),
+        };
+        match res {
+            Ok(()) => {
+                for e in list.elements() {
+                    if let Some(p) = t.parts.get_mut(&e.partition()) {
+                        p.paused = paused;
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, paused, "cannot pause or resume partitions"),
+        }
+    };
+    set(&pause, true);
+    set(&resume, false);
 }
 
 /// Resumes fetching `partitions`, and wakes the threads that fetch them.

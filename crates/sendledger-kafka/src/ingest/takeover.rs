@@ -1,16 +1,20 @@
 //! Kafka mode: the take-over of assigned partitions through the `PartitionOwner` (their
 //! logs opened and their state restored before their first message is handled), retried while
 //! it fails, and the take-back of a partition whose log was lost while it is assigned here.
+//!
+//! A take-over runs on a thread of its own (opening a log may wait up to the transaction
+//! timeout, and a restore reads the partition's history): the ingest's thread goes on polling,
+//! handling the other partitions' messages and serving rebalances meanwhile, and looks at each
+//! turn of its loop for the take-overs that ended. The partition stays paused until then.
 
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::Consumer;
-use rdkafka::{Offset, TopicPartitionList};
+use rdkafka::Offset;
 
-use super::rebalance::resume_and_wake;
 use super::tracker::lock;
 use super::{Worker, WATERMARK_TIMEOUT};
-use crate::error::Result;
 use crate::sink::RequestSink;
 
 /// Kafka mode: how long a partition whose take-over failed, or whose log failed, waits before
@@ -25,50 +29,92 @@ pub(super) const FENCED_RETAKE_SESSIONS: u32 = 2;
 /// Kafka mode: take-overs (each opening a partition's log and reading it back) run at once.
 const PARALLEL_TAKE_OVERS: usize = 8;
 
+/// A take-over under way on its thread.
+pub(super) struct Running {
+    job: JoinHandle<std::result::Result<(), String>>,
+    /// The partition's generation when it began: a partition revoked (or assigned anew) since
+    /// is not owned by its end.
+    generation: u64,
+    started: Instant,
+    /// After a failed take-over, or a lost log.
+    retried: bool,
+}
+
 impl<S: RequestSink> Worker<S> {
-    /// Kafka mode: takes over every assigned partition not taken over yet (or whose failed
-    /// take-over is due again). A partition whose take-over fails is paused, reported as
-    /// blocked, and tried again after [`TAKE_OVER_RETRY`]; once taken over it is consumed
-    /// from its committed offset.
-    pub(super) fn take_over_assigned(&self) -> Result<()> {
+    /// Kafka mode: settles the take-overs that ended, then starts one for every assigned
+    /// partition not taken over yet (or whose failed take-over is due again), up to
+    /// [`PARALLEL_TAKE_OVERS`] at once. A partition whose take-over fails stays paused, is
+    /// reported as blocked, and is tried again after [`TAKE_OVER_RETRY`]; once taken over it
+    /// is consumed from its committed offset.
+    pub(super) fn take_over_assigned(&self) {
         let Some(owner) = &self.owner else {
-            return Ok(());
+            return;
         };
-        let due: Vec<(i32, bool)> = {
-            let t = lock(&self.tracker);
+        self.settle_take_overs();
+        let mut running = self.take_overs.borrow_mut();
+        let room = PARALLEL_TAKE_OVERS.saturating_sub(running.len());
+        let due: Vec<(i32, u64, bool)> = {
+            let mut t = lock(&self.tracker);
             let now = Instant::now();
-            t.parts
-                .iter()
-                .filter(|(_, p)| !p.owned && p.retry_take_over.is_none_or(|at| at <= now))
-                .map(|(&i, p)| (i, p.retry_take_over.is_some()))
-                .collect()
+            let due: Vec<_> = (t.parts.iter())
+                .filter(|(i, p)| !p.owned && !t.taking_over.contains(i))
+                .filter(|(_, p)| p.retry_take_over.is_none_or(|at| at <= now))
+                .map(|(&i, p)| (i, p.generation, p.retry_take_over.is_some()))
+                .take(room)
+                .collect();
+            t.taking_over.extend(due.iter().map(|&(i, _, _)| i));
+            due
         };
-        // Each take-over opens a log and reads it back: several run at once.
-        for batch in due.chunks(PARALLEL_TAKE_OVERS) {
-            let outcomes: Vec<_> = std::thread::scope(|scope| {
-                let running: Vec<_> = batch
-                    .iter()
-                    .map(|&(partition, retried)| {
-                        let started = Instant::now();
-                        let job = scope.spawn(move || owner.take_over(partition));
-                        (partition, retried, started, job)
-                    })
-                    .collect();
-                running
-                    .into_iter()
-                    .map(|(partition, retried, started, job)| {
-                        let outcome = job
-                            .join()
-                            .unwrap_or_else(|_| Err("the take-over panicked".into()));
-                        (partition, retried, started, outcome)
-                    })
-                    .collect()
-            });
-            for (partition, retried, started, outcome) in outcomes {
-                self.taken_over(partition, retried, started, outcome);
+        for (partition, generation, retried) in due {
+            let owner = owner.clone();
+            let job = std::thread::Builder::new()
+                .name(format!("sendledger-take-over-{partition}"))
+                .spawn(move || owner.take_over(partition));
+            match job {
+                Ok(job) => {
+                    let started = Instant::now();
+                    running.insert(
+                        partition,
+                        Running {
+                            job,
+                            generation,
+                            started,
+                            retried,
+                        },
+                    );
+                }
+                Err(e) => {
+                    lock(&self.tracker).taking_over.remove(&partition);
+                    let why = format!("cannot start its thread: {e}");
+                    self.taken_over(partition, generation, retried, Instant::now(), Err(why));
+                }
             }
         }
-        Ok(())
+    }
+
+    /// Settles the take-overs that ended.
+    fn settle_take_overs(&self) {
+        let mut running = self.take_overs.borrow_mut();
+        let ended: Vec<i32> = (running.iter())
+            .filter(|(_, r)| r.job.is_finished())
+            .map(|(&p, _)| p)
+            .collect();
+        for partition in ended {
+            if let Some(r) = running.remove(&partition) {
+                let outcome =
+                    (r.job.join()).unwrap_or_else(|_| Err("the take-over panicked".into()));
+                lock(&self.tracker).taking_over.remove(&partition);
+                self.taken_over(partition, r.generation, r.retried, r.started, outcome);
+            }
+        }
+    }
+
+    /// Waits for the take-overs under way to end (the ingest stops), and settles them.
+    pub(super) fn finish_take_overs(&self) {
+        while !self.take_overs.borrow().is_empty() {
+            std::thread::sleep(Duration::from_millis(20));
+            self.settle_take_overs();
+        }
     }
 
     /// Kafka mode: a partition whose log was given up (see [`PartitionOwner::lost`]) while it is
@@ -98,10 +144,8 @@ impl<S: RequestSink> Worker<S> {
                     p.retry_take_over = Some(Instant::now() + retry_in);
                 }
             }
+            // Paused with the next turn of the loop, until taken over again.
             owner.release(partition);
-            if let Err(e) = self.pause_partition(partition) {
-                tracing::warn!(partition, error = %e, "cannot pause the partition");
-            }
             let why = match fenced {
                 true => "its log was fenced by another writer while the partition is assigned here",
                 false => "a transaction of its log failed",
@@ -118,39 +162,25 @@ impl<S: RequestSink> Worker<S> {
         }
     }
 
-    /// Kafka mode: takes partition `partition` over, if it is assigned and not owned yet, and
-    /// no earlier failure postponed it. Returns whether it is owned afterwards.
-    pub(super) fn take_over(&self, partition: i32) -> Result<bool> {
-        let Some(owner) = &self.owner else {
-            return Ok(true);
-        };
-        let (needed, retry) = {
-            let t = lock(&self.tracker);
-            match t.parts.get(&partition) {
-                None => return Ok(false),
-                Some(p) => (!p.owned, p.retry_take_over),
-            }
-        };
-        if !needed {
-            return Ok(true);
-        }
-        if retry.is_some_and(|at| at > Instant::now()) {
-            return Ok(false);
-        }
-        let started = Instant::now();
-        let outcome = owner.take_over(partition);
-        Ok(self.taken_over(partition, retry.is_some(), started, outcome))
-    }
-
-    /// Records how the take-over of `partition` (begun at `started`; `retried` after a failed
-    /// one or a lost log) went; returns whether the partition is owned now.
+    /// Records how the take-over of `partition` (begun at `started` in the partition's
+    /// `generation`; `retried` after a failed one or a lost log) went. A partition revoked
+    /// meanwhile was given up through the owner then: nothing more is done.
     fn taken_over(
         &self,
         partition: i32,
+        generation: u64,
         retried: bool,
         started: Instant,
         outcome: std::result::Result<(), String>,
-    ) -> bool {
+    ) {
+        let current = lock(&self.tracker)
+            .parts
+            .get(&partition)
+            .is_some_and(|p| p.generation == generation);
+        if !current {
+            tracing::info!(partition, outcome = ?outcome, "the partition was revoked during its take-over");
+            return;
+        }
         match outcome {
             Ok(()) => {
                 tracing::info!(partition, took = ?started.elapsed(), "partition taken over");
@@ -158,20 +188,36 @@ impl<S: RequestSink> Worker<S> {
                     .record(started.elapsed().as_secs_f64());
                 if retried {
                     self.unblock(partition);
-                    self.rewind(partition);
                 }
                 let mut t = lock(&self.tracker);
-                if let Some(p) = t.parts.get_mut(&partition) {
-                    p.owned = true;
-                    p.retry_take_over = None;
+                let Some(p) = t.parts.get_mut(&partition) else {
+                    return;
+                };
+                p.owned = true;
+                p.retry_take_over = None;
+                // Resumed with the next turn of the loop, from where its messages were left:
+                // after a failed take-over or a lost log, from the group's committed offset
+                // (its messages in flight then were abandoned); else from the first message
+                // received before it was paused, if any.
+                let from = match (retried, p.ignored_from.take()) {
+                    (true, _) => None,
+                    (false, Some(offset)) => Some(Offset::Offset(offset)),
+                    (false, None) => return,
+                };
+                drop(t);
+                let from = from.unwrap_or_else(|| {
+                    self.committed(partition)
+                        .map_or(Offset::Beginning, Offset::Offset)
+                });
+                if let Err(e) = self
+                    .consumer
+                    .seek(&self.topic, partition, from, WATERMARK_TIMEOUT)
+                {
+                    tracing::warn!(partition, error = %e, "cannot rewind the partition after its take-over");
                 }
-                true
             }
             Err(why) => {
                 tracing::error!(partition, error = %why, retry_in = ?TAKE_OVER_RETRY, "cannot take the partition over; it stays paused");
-                if let Err(e) = self.pause_partition(partition) {
-                    tracing::warn!(partition, error = %e, "cannot pause the partition");
-                }
                 self.stats
                     .blocked
                     .lock()
@@ -181,28 +227,7 @@ impl<S: RequestSink> Worker<S> {
                 if let Some(p) = t.parts.get_mut(&partition) {
                     p.retry_take_over = Some(Instant::now() + TAKE_OVER_RETRY);
                 }
-                false
             }
-        }
-    }
-
-    /// After a failed take-over the partition's position may be past messages that were
-    /// fetched and ignored meanwhile: it is read again from the group's committed offset
-    /// (nothing committed: from its beginning), then resumed.
-    fn rewind(&self, partition: i32) {
-        let from = self
-            .committed(partition)
-            .map_or(Offset::Beginning, Offset::Offset);
-        if let Err(e) = self
-            .consumer
-            .seek(&self.topic, partition, from, WATERMARK_TIMEOUT)
-        {
-            tracing::warn!(partition, error = %e, "cannot rewind the partition after its take-over");
-        }
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition(&self.topic, partition);
-        if let Err(e) = resume_and_wake(&self.consumer, &tpl) {
-            tracing::warn!(partition, error = %e, "cannot resume the partition");
         }
     }
 

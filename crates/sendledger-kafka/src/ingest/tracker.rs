@@ -3,7 +3,7 @@
 //! those pause and resume the partitions. Bookkeeping only: storing and committing offsets
 //! through the consumer is in `rebalance` (see [`Tracker::apply`]).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -53,6 +53,13 @@ pub(super) struct PartitionState {
     pub(super) owned: bool,
     /// Kafka mode: a failed take-over is tried again at this time (the partition is paused).
     pub(super) retry_take_over: Option<Instant>,
+    /// Kafka mode: the first offset received and ignored while the partition was not owned
+    /// yet; the partition is read again from there once taken over.
+    pub(super) ignored_from: Option<i64>,
+    /// Its own share of the in-flight budget is used up (see [`Budget::share`]).
+    pub(super) over_budget: bool,
+    /// Paused through the consumer, as last set (see [`Tracker::wants_pause`]).
+    pub(super) paused: bool,
 }
 
 pub(super) struct Tracker {
@@ -65,12 +72,18 @@ pub(super) struct Tracker {
     /// done (taken by the next message of the same identity).
     pub(super) chains: HashMap<String, (u64, Option<oneshot::Receiver<()>>)>,
     pub(super) next_chain: u64,
+    /// The whole budget is used up (partitions no longer assigned count too): every partition
+    /// pauses.
     pub(super) paused: bool,
     /// The group has another member: every assigned partition stays paused.
     pub(super) shared: bool,
     pub(super) fatal: Option<String>,
     /// Kafka mode: who takes partitions over and commits their offsets.
     pub(super) owner: Option<Arc<dyn PartitionOwner>>,
+    /// Kafka mode: partitions whose take-over is under way (on a thread of its own), assigned
+    /// still or not: one is given up through the owner when revoked, and a partition is never
+    /// taken over twice at once.
+    pub(super) taking_over: BTreeSet<i32>,
 }
 
 /// Messages received and not yet done, and their bytes.
@@ -111,6 +124,26 @@ impl Budget {
     pub(super) fn relieved(&self, load: Load) -> bool {
         load.messages <= self.messages / 2 && load.bytes <= self.bytes / 2
     }
+
+    /// One partition's share of the budget, with `partitions` assigned: a partition whose
+    /// messages do not finish (its commits hang) holds at most its share, and the others keep
+    /// the rest.
+    pub(super) fn share(&self, partitions: usize) -> Budget {
+        let n = partitions.max(1);
+        Budget {
+            messages: (self.messages / n).max(1),
+            bytes: (self.bytes / n).max(1),
+        }
+    }
+
+    /// Whether a load that `paused` (or not) before stays paused: paused at the budget,
+    /// resumed once relieved.
+    pub(super) fn pauses(&self, paused: bool, load: Load) -> bool {
+        match paused {
+            false => self.reached(load),
+            true => !self.relieved(load),
+        }
+    }
 }
 
 impl Tracker {
@@ -129,7 +162,15 @@ impl Tracker {
             shared: false,
             fatal: None,
             owner,
+            taking_over: BTreeSet::new(),
         }
+    }
+
+    /// Whether partition `p` must not be fetched now: the group is shared (local mode), the
+    /// whole budget or the partition's share of it is used up, the partition is refused, or
+    /// (kafka mode) it is not taken over yet.
+    pub(super) fn wants_pause(&self, p: &PartitionState) -> bool {
+        self.shared || self.paused || p.over_budget || p.blocked || !p.owned
     }
 
     pub(super) fn unfinished(&self) -> Load {
@@ -140,9 +181,12 @@ impl Tracker {
         load
     }
 
+    /// Starts partition `partition` anew (assigned, or assigned still and taken over again).
+    /// Whether it is paused through the consumer carries over.
     pub(super) fn assign(&mut self, partition: i32) {
         let generation = self.next_generation;
         self.next_generation += 1;
+        let paused = self.parts.get(&partition).is_some_and(|p| p.paused);
         if let Some(old) = self.parts.insert(
             partition,
             PartitionState {
@@ -156,6 +200,9 @@ impl Tracker {
                 blocked: false,
                 owned: self.owner.is_none(),
                 retry_take_over: None,
+                ignored_from: None,
+                over_budget: false,
+                paused,
             },
         ) {
             self.orphans.add(old.unfinished);
@@ -200,6 +247,28 @@ mod tests {
         one.finish(5000);
         assert_eq!(one, Load::default());
         assert!(budget.relieved(one));
+    }
+
+    /// A partition's share of the budget is the budget divided by the partitions assigned
+    /// (at least one message and byte), paused and resumed as the whole budget is.
+    #[test]
+    fn a_partitions_share_divides_the_budget() {
+        let budget = Budget {
+            messages: 100,
+            bytes: 10_000,
+        };
+        let share = budget.share(4);
+        assert_eq!((share.messages, share.bytes), (25, 2_500));
+        assert_eq!(budget.share(0).messages, 100);
+        assert_eq!(
+            (budget.share(1000).messages, budget.share(100_000).bytes),
+            (1, 1)
+        );
+        // Paused at the share, and stays paused until down to half of it.
+        assert!(!share.pauses(false, load(24, 100)));
+        assert!(share.pauses(false, load(25, 100)));
+        assert!(share.pauses(true, load(13, 100)));
+        assert!(!share.pauses(true, load(12, 100)));
     }
 
     /// Bytes follow their messages: into the partition when received, to the orphans when the
