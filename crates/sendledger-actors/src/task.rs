@@ -229,7 +229,7 @@ impl TaskActor {
             // it, which then spends one unit of the target's rate): room at the target first,
             // then the decision, from the time the room was found.
             let target = request.target.clone();
-            let reserve = self.shared.remote.reserve(&target, None);
+            let reserve = self.reserve(&target, None, &input);
             return Box::pin(reserve.into_actor(self).then(move |room, act, _| {
                 act.take_room(&target, room);
                 act.decide_and_append(input)
@@ -318,7 +318,7 @@ impl TaskActor {
                     None
                 };
                 let target = target.clone();
-                let reserve = self.shared.remote.reserve(&target, retry_of);
+                let reserve = self.reserve(&target, retry_of, &again);
                 return Box::pin(reserve.into_actor(self).then(move |room, act, _| {
                     act.take_room(&target, room);
                     act.decide_and_append(again)
@@ -341,18 +341,38 @@ impl TaskActor {
             .send_lease
             .map(|lease| std::time::Instant::now() + lease);
         let task_id = self.task_id;
+        // The room at the attempt's target, held while the intent is recorded, unless that
+        // takes long (see [`ROOM_HELD_THROUGH_RECORDING`]).
+        let held = self.slot.take().map(|(_, slot)| slot);
+        let retry_of = match &decision.action {
+            Action::Send { target, .. } if self.state.target() == Some(target.as_str()) => {
+                self.state.retry_of()
+            }
+            _ => None,
+        };
         Box::pin(
             async move {
                 let empty = append.events.is_empty() && append.offsets.is_empty() && append.clear_timers.is_empty() && append.set_timers.is_empty();
                 if empty {
-                    Ok(0..0)
-                } else {
-                    ledger.append(append).await
+                    return (Ok(0..0), held.map(Room::Held));
+                }
+                let recorded = ledger.append(append);
+                let Some(slot) = held else {
+                    return (recorded.await, None);
+                };
+                tokio::pin!(recorded);
+                match tokio::time::timeout(ROOM_HELD_THROUGH_RECORDING, &mut recorded).await {
+                    Ok(res) => (res, Some(Room::Held(slot))),
+                    Err(_) => {
+                        // Gives the room back: a write that hangs (its partition's commit, in
+                        // kafka mode) must not hold up other tasks' attempts at the target.
+                        drop(slot);
+                        (recorded.await, Some(Room::GivenBack { retry_of }))
+                    }
                 }
             }
             .into_actor(self)
-            .map(move |res, act, ctx| {
-                let slot = act.slot.take().map(|(_, slot)| slot);
+            .map(move |(res, room), act, ctx| {
                 let lsns = res.inspect_err(|e| match e {
                     // Kafka mode: the partition is taken over, here again or elsewhere, and
                     // the task resumed from what its log holds.
@@ -375,18 +395,18 @@ impl TaskActor {
                 })?;
                 count_recorded(delivery, &decision.events);
                 act.state = next;
-                act.perform(decision.action, slot, first_byte_by, ctx);
+                act.perform(decision.action, room, first_byte_by, ctx);
                 Ok(Reply { task_id, phase: act.state.phase, lsns, events: names })
             }),
         )
     }
 
-    /// Acts on a durable decision; `slot` is the target's room for an attempt to send, and
+    /// Acts on a durable decision; `room` is the target's room for an attempt to send, and
     /// `first_byte_by` the end of its send lease.
     fn perform(
         &mut self,
         action: Action,
-        slot: Option<Slot>,
+        room: Option<Room>,
         first_byte_by: Option<std::time::Instant>,
         ctx: &mut Context<Self>,
     ) {
@@ -444,21 +464,29 @@ impl TaskActor {
                 sendledger_telemetry::join(&span, trace);
                 let passed_on = sendledger_telemetry::pass_on(&span, trace);
                 span.in_scope(|| tracing::debug!(task_id = %task_id, attempt, "sending"));
-                let send = self
-                    .shared
-                    .remote
-                    .attempt(
-                        &target,
-                        request,
-                        attempt,
-                        idempotency_key.as_deref(),
-                        Sending {
-                            trace: passed_on,
-                            first_byte_by,
-                        },
-                        slot,
-                    )
-                    .instrument(span.clone());
+                let sending = Sending {
+                    trace: passed_on,
+                    first_byte_by,
+                };
+                let remote = self.shared.remote.clone();
+                let request = request.clone();
+                let send = async move {
+                    let slot = match room {
+                        Some(Room::Held(slot)) => Some(slot),
+                        // The room was given back while the intent was recorded: found
+                        // again, within the send lease (the attempt checks it).
+                        Some(Room::GivenBack { retry_of }) => {
+                            match remote.reserve(&target, retry_of).await {
+                                Ok(slot) => Some(slot),
+                                Err(held) => return breaker_opened(held),
+                            }
+                        }
+                        None => None,
+                    };
+                    let key = idempotency_key.as_deref();
+                    (remote.attempt(&target, &request, attempt, key, sending, slot)).await
+                }
+                .instrument(span.clone());
                 ctx.spawn(send.into_actor(self).map(move |outcome, act, ctx| {
                     span.record("outcome", outcome_class(&outcome));
                     drop(span);
@@ -538,6 +566,50 @@ impl TaskActor {
         }
     }
 
+    /// The requests partition of the task, or (a new task's first delivery) of `input`.
+    fn partition_for(&self, input: &TaskInput) -> Option<i32> {
+        match (&self.state.source, input) {
+            (Some(source), _) | (None, TaskInput::Deliver { source, .. }) => Some(source.partition),
+            (None, _) => None,
+        }
+    }
+
+    /// Room at `target` for the attempt `input` may decide (see [`Remote::reserve`]). Kafka
+    /// mode: not while the log of the task's partition has had a transaction under way for
+    /// [`LOG_STALLED`] or longer (its commits hang): the attempt's intent could not be
+    /// recorded before it ends, and the room would be kept from other partitions' tasks
+    /// meanwhile. The task waits until that transaction ends (or the partition is no longer
+    /// owned here: then nothing is recorded anyway), and gives back room found while one
+    /// stalled.
+    fn reserve(
+        &self,
+        target: &str,
+        retry_of: Option<sendledger_core::RetryClass>,
+        input: &TaskInput,
+    ) -> impl std::future::Future<Output = std::result::Result<Slot, Unavailable>> {
+        let (ledger, ownership) = (self.shared.ledger.clone(), self.shared.ownership.clone());
+        let partition = self.partition_for(input);
+        let (remote, target) = (self.shared.remote.clone(), target.to_string());
+        let stalled = move || match (partition, &ownership) {
+            (Some(p), Some(ownership)) if ownership.epoch(p).is_some() => {
+                let age = ledger.stats().transaction_age(p);
+                age.is_some_and(|age| age >= LOG_STALLED)
+            }
+            _ => false,
+        };
+        async move {
+            loop {
+                while stalled() {
+                    tokio::time::sleep(LOG_STALLED / 4).await;
+                }
+                let room = remote.reserve(&target, retry_of).await;
+                if room.is_err() || !stalled() {
+                    return room;
+                }
+            }
+        }
+    }
+
     fn idle_check(&mut self, _ctx: &mut Context<Self>) {
         if self.unfinished == 0 && !self.attempt_in_flight && !self.lookup_in_flight {
             self.shared.registry.do_send(Idle {
@@ -605,6 +677,38 @@ pub(crate) fn record(
 }
 
 /// The class of an attempt's outcome, as the `sendledger.attempt` span records it.
+/// How long a task holds its room at the attempt's target while the intent is recorded. A
+/// write takes milliseconds; one that takes longer (a partition's commit hangs, in kafka mode)
+/// gives the room back, and the attempt finds room again once the intent is recorded, within
+/// its send lease.
+const ROOM_HELD_THROUGH_RECORDING: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Kafka mode: a partition whose transaction has been under way this long is taken for
+/// stalled: its tasks take no room at their targets until it ends (see
+/// [`TaskActor::reserve`]). A commit takes milliseconds.
+const LOG_STALLED: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// The attempt's room at its target, as the recording of its intent left it.
+enum Room {
+    Held(Slot),
+    /// Given back while the intent was recorded; `retry_of` is what the attempt retries.
+    GivenBack {
+        retry_of: Option<sendledger_core::RetryClass>,
+    },
+}
+
+/// The attempt of an intent recorded while the room at its target was given back, whose
+/// target's breaker opened meanwhile: nothing was written, and the task waits for the breaker
+/// as the retry's delay.
+fn breaker_opened(held: Unavailable) -> AttemptOutcome {
+    AttemptOutcome::NotSent {
+        cause: NotSentCause::LocalResources(
+            "the target's circuit breaker opened while the attempt's intent was recorded; nothing was written".into(),
+        ),
+        retry_after_ms: Some(u64::try_from(held.wait.as_millis()).unwrap_or(u64::MAX)),
+    }
+}
+
 fn outcome_class(outcome: &AttemptOutcome) -> &'static str {
     match outcome {
         AttemptOutcome::Succeeded { .. } => "succeeded",

@@ -175,6 +175,8 @@ pub struct JournalStats {
     pub write_failures: AtomicU64,
     /// Why the last batch write failed, until one succeeds again (a full disk, an I/O error).
     pub failing: std::sync::Mutex<Option<String>>,
+    /// Kafka mode: since when each requests partition's transaction under way has been.
+    transactions: std::sync::Mutex<BTreeMap<i32, std::time::Instant>>,
 }
 
 impl JournalStats {
@@ -184,6 +186,21 @@ impl JournalStats {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// Kafka mode: how long requests partition `partition`'s transaction under way has been,
+    /// if one is.
+    pub fn transaction_age(&self, partition: i32) -> Option<std::time::Duration> {
+        let transactions = self.transactions.lock().unwrap_or_else(|e| e.into_inner());
+        transactions.get(&partition).map(|since| since.elapsed())
+    }
+
+    fn transaction(&self, partition: i32, under_way: bool) {
+        let mut transactions = self.transactions.lock().unwrap_or_else(|e| e.into_inner());
+        match under_way {
+            true => transactions.insert(partition, std::time::Instant::now()),
+            false => transactions.remove(&partition),
+        };
     }
 
     fn set_failing(&self, why: Option<String>) {
@@ -219,6 +236,7 @@ pub(crate) fn run(
     let mut writer = Writer {
         db,
         write_opts,
+        unsynced: WriteOptions::default(),
         next_lsn,
         last_lsn,
         stats,
@@ -240,6 +258,8 @@ pub(crate) fn run(
 struct Writer {
     db: Arc<DB>,
     write_opts: WriteOptions,
+    /// For restores (see [`run_replicated`]).
+    unsynced: WriteOptions,
     next_lsn: u64,
     last_lsn: Arc<AtomicU64>,
     stats: Arc<JournalStats>,
@@ -253,6 +273,16 @@ impl Writer {
     /// a task must not decide again from this copy (it would reuse a sequence number the log
     /// has).
     fn write(&mut self, pending: &mut Vec<Request>, replicator: Option<&dyn Replicator>) {
+        self.write_with(pending, replicator, true);
+    }
+
+    /// [`Writer::write`], synced as the ledger's durability says (`synced`) or not at all.
+    fn write_with(
+        &mut self,
+        pending: &mut Vec<Request>,
+        replicator: Option<&dyn Replicator>,
+        synced: bool,
+    ) {
         if pending.is_empty() {
             return;
         }
@@ -261,7 +291,12 @@ impl Writer {
         let (batch, ranges) = build_batch(&self.db, self.next_lsn, pending);
         let events = ranges.last().map_or(0, |r| r.end - self.next_lsn);
         let write_started = std::time::Instant::now();
-        match self.db.write_opt(batch, &self.write_opts) {
+        let opts = if synced {
+            &self.write_opts
+        } else {
+            &self.unsynced
+        };
+        match self.db.write_opt(batch, opts) {
             Ok(()) => {
                 metrics::histogram!(crate::metric_definitions::JOURNAL_FSYNC_SECONDS)
                     .record(write_started.elapsed().as_secs_f64());
@@ -327,6 +362,14 @@ struct Replicated {
 /// replicator reads the tasks' earlier events from it. Appends without events and restored
 /// ones are recorded at once: every writer waits for its previous append's acknowledgement,
 /// so none of them has to be ordered after another's transaction.
+///
+/// Restored appends (a take-over's restore steps, each up to thousands of events) are written
+/// in a batch of their own, after the other appends of the turn are acknowledged, and not
+/// synced: they are what the log of record already holds, each carries its checkpoint, and
+/// RocksDB's write-ahead log keeps writes in order, so a crash loses at most the last steps
+/// with their checkpoints (read again at the next take-over), and the next synced write (any
+/// decision of a resumed task) makes them durable. A restore so costs the other partitions'
+/// acknowledgements no fsync and no wait behind its write.
 fn run_replicated(mut writer: Writer, slot: &ReplicatorSlot, rx: Receiver<Request>) {
     let (done_tx, done_rx) = crossbeam_channel::unbounded::<Replicated>();
     let never = crossbeam_channel::never();
@@ -334,6 +377,7 @@ fn run_replicated(mut writer: Writer, slot: &ReplicatorSlot, rx: Receiver<Reques
     // Partitions with a transaction under way, and the appends waiting for it to end.
     let mut busy: BTreeMap<i32, Vec<Request>> = BTreeMap::new();
     let mut ready = Vec::with_capacity(MAX_BATCH);
+    let mut restored = Vec::new();
     loop {
         if !open && busy.is_empty() {
             return;
@@ -353,6 +397,7 @@ fn run_replicated(mut writer: Writer, slot: &ReplicatorSlot, rx: Receiver<Reques
         // Partitions whose transaction ended take their waiting appends first: they are older.
         let mut groups: BTreeMap<i32, Vec<Request>> = BTreeMap::new();
         for done in finished {
+            writer.stats.transaction(done.partition, false);
             let waiting = busy.remove(&done.partition).unwrap_or_default();
             if !waiting.is_empty() {
                 groups.insert(done.partition, waiting);
@@ -367,7 +412,7 @@ fn run_replicated(mut writer: Writer, slot: &ReplicatorSlot, rx: Receiver<Reques
                     None => groups.entry(p).or_default().push(req),
                 },
                 (None, _) => ready.push(req),
-                (Some(_), _) if a.restored => ready.push(req),
+                (Some(_), _) if a.restored => restored.push(req),
                 (Some(_), Some(p)) => match busy.get_mut(&p) {
                     Some(waiting) => waiting.push(req),
                     None => groups.entry(p).or_default().push(req),
@@ -380,6 +425,7 @@ fn run_replicated(mut writer: Writer, slot: &ReplicatorSlot, rx: Receiver<Reques
         }
         // Recorded before the next transactions start: they read these tasks' histories.
         writer.write(&mut ready, slot.get().map(|r| &**r));
+        writer.write_with(&mut restored, None, false);
         for (partition, members) in groups {
             let replicator = slot.get().cloned();
             let generation = replicator.as_ref().and_then(|r| r.generation(partition));
@@ -391,6 +437,7 @@ fn run_replicated(mut writer: Writer, slot: &ReplicatorSlot, rx: Receiver<Reques
                 continue;
             }
             busy.insert(partition, Vec::new());
+            writer.stats.transaction(partition, true);
             let events: Vec<NewEvent> = members
                 .iter()
                 .flat_map(|r| r.append.events.iter().cloned())
@@ -417,6 +464,7 @@ fn run_replicated(mut writer: Writer, slot: &ReplicatorSlot, rx: Receiver<Reques
                 // closed. Nothing of them was written.
                 tracing::error!(partition, error = %e, "cannot start a thread for the partition's transaction");
                 busy.remove(&partition);
+                writer.stats.transaction(partition, false);
             }
         }
     }
