@@ -27,6 +27,7 @@ use sendledger_node::wiring::EngineSink;
 use sendledger_sim::{Faults, Sim, SimConfig};
 
 use crate::engine::{request, target};
+pub use crate::kafka_relay::Relay;
 
 /// How long a test waits for what it expects (results, events, progress) before it fails.
 pub const WAIT: Duration = Duration::from_secs(90);
@@ -639,14 +640,6 @@ pub fn config_for_process(brokers: &str) -> KafkaConfig {
     kafka
 }
 
-/// A TCP relay in front of a broker that a test can cut: while cut, it closes every relayed
-/// connection and every new one at once, as a network partition seen from the client would.
-pub struct Relay {
-    pub port: u16,
-    cut: Arc<std::sync::atomic::AtomicBool>,
-    generation: Arc<tokio::sync::watch::Sender<u64>>,
-}
-
 /// The separate broker, reached only through a [`Relay`] (it advertises the relay's address),
 /// and a client of it through the relay.
 pub async fn tansu_behind_a_relay() -> (Tansu, Relay, Kafka) {
@@ -659,52 +652,6 @@ pub async fn tansu_behind_a_relay() -> (Tansu, Relay, Kafka) {
     let relay = Relay::start_on(relay_port, tansu.port).await;
     let kafka = Kafka::connect(config_for_process(&format!("127.0.0.1:{}", relay.port))).unwrap();
     (tansu, relay, kafka)
-}
-
-impl Relay {
-    /// Listens on `port` (the address the broker advertises) and relays to `target`.
-    pub async fn start_on(port: u16, target: u16) -> Relay {
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
-            .await
-            .unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (generation, _) = tokio::sync::watch::channel(0u64);
-        let generation = Arc::new(generation);
-        let (cut2, generation2) = (cut.clone(), generation.clone());
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                if cut2.load(std::sync::atomic::Ordering::SeqCst) {
-                    continue; // dropped: closed at once
-                }
-                let mut cut_seen = generation2.subscribe();
-                tokio::spawn(async move {
-                    let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await
-                    else {
-                        return;
-                    };
-                    let (mut client, mut server) = (client, server);
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
-                        _ = cut_seen.changed() => {}
-                    }
-                });
-            }
-        });
-        Relay {
-            port,
-            cut,
-            generation,
-        }
-    }
-
-    /// Cuts the relay (every relayed connection closed, new ones refused), or mends it.
-    pub fn set_cut(&self, cut: bool) {
-        self.cut.store(cut, std::sync::atomic::Ordering::SeqCst);
-        if cut {
-            self.generation.send_modify(|g| *g += 1);
-        }
-    }
 }
 
 /// Waits until `done` holds, or fails with `what`.

@@ -34,6 +34,7 @@ pub mod effects;
 pub mod fault_proxy;
 pub mod http;
 pub mod kafka;
+pub mod kafka_relay;
 pub mod outage;
 pub mod process;
 

@@ -526,6 +526,17 @@ async fn kafka_mode_service(
     kafka: &Kafka,
     sim: &sendledger_sim::Sim,
 ) -> sendledger_node::service::Service {
+    kafka_mode_service_with(dir, kafka, sim, |_| {}, |_| {}).await
+}
+
+/// [`kafka_mode_service`], its configuration changed by `change` and its target's by `target`.
+async fn kafka_mode_service_with(
+    dir: &std::path::Path,
+    kafka: &Kafka,
+    sim: &sendledger_sim::Sim,
+    change: impl FnOnce(&mut sendledger_node::config::Config),
+    target: impl FnOnce(&mut serde_json::Value),
+) -> sendledger_node::service::Service {
     use sendledger_node::config::{Config, StorageMode};
     let mut config = Config::default();
     config.storage.data = dir.to_path_buf();
@@ -535,8 +546,9 @@ async fn kafka_mode_service(
     config.admin.enabled = false;
     config.targets.insert(
         "sim".into(),
-        sendledger_tests::engine::target(&sim.base_url(), |_| {}),
+        sendledger_tests::engine::target(&sim.base_url(), target),
     );
+    change(&mut config);
     config
         .validate(&Default::default())
         .expect("a valid config");
@@ -747,6 +759,102 @@ async fn kafka_mode_rides_out_the_brokers_unreachable_for_a_while() {
     service.shutdown().await.unwrap();
 
     audit_events_topic(&kafka, 400);
+    sim.shutdown().await;
+}
+
+/// A partition whose commits hang holds up no other. A relay in front of the separate broker
+/// holds every commit of partition 0's log (as a broker whose commits of one partition hang
+/// would) while requests wait on every partition; the remote is the bottleneck (4 requests in
+/// flight at once), so a task of partition 0 holding room at it while its intent cannot be
+/// recorded would starve the others. The other partitions' requests, the same workload
+/// before the hang and during it in the same run, settle at least 80% as fast during it.
+/// Once the commits go through, partition 0's tasks settle too: one record each at the
+/// remote, one terminal result each, and the log audits clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partition_whose_commits_hang_holds_up_no_other() {
+    use sendledger_tests::kafka::{
+        assert_exactly_one_terminal, assert_one_record_each, identity_key, produce, request_json,
+        results_for, sim_with_latency, tansu_behind_a_relay, task_ids, wait_for, PARTITIONS,
+    };
+    const EACH: usize = 400;
+
+    let (_tansu, relay, kafka) = tansu_behind_a_relay().await;
+    let sim = sim_with_latency(Duration::from_millis(20)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let service = kafka_mode_service_with(
+        dir.path(),
+        &kafka,
+        &sim,
+        |_| {},
+        |t| t["max_in_flight"] = 4.into(),
+    )
+    .await;
+    // Requests of `phase`, spread over partitions 1 and up, or all on partition 0.
+    let requests = |phase: &str, n: usize, on_zero: bool| {
+        let keys: Vec<String> = (0..n).map(|i| format!("stall-{phase}-{i}")).collect();
+        let messages: Vec<_> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| {
+                let partition = if on_zero {
+                    0
+                } else {
+                    1 + i as i32 % (PARTITIONS - 1)
+                };
+                (Some(partition), identity_key(k), Some(request_json(k)))
+            })
+            .collect();
+        (keys, messages)
+    };
+    let posts = || sim.stats().posts;
+    // Every partition owned and worked once before anything is timed.
+    let (mut keys, warm) = requests("warm", 60, false);
+    let (zero_warm, on_zero) = requests("warm-zero", 20, true);
+    keys.extend(zero_warm);
+    produce(&kafka, warm.into_iter().chain(on_zero).collect()).await;
+    wait_for("the warm-up requests are sent", || posts() == 80).await;
+
+    let settle = |phase: &'static str| {
+        let (phase_keys, messages) = requests(phase, EACH, false);
+        let kafka = kafka.clone();
+        async move {
+            let before = posts();
+            let started = std::time::Instant::now();
+            produce(&kafka, messages).await;
+            wait_for("the requests of the other partitions are sent", || {
+                posts() == before + EACH as u64
+            })
+            .await;
+            (phase_keys, started.elapsed())
+        }
+    };
+    let (before_keys, before) = settle("before").await;
+    keys.extend(before_keys);
+
+    let group = kafka.config().group_id.clone();
+    let zero_log = sendledger_kafka::PartitionLog::transactional_id(&group, 0);
+    relay.hold_commits_of(Some(&zero_log));
+    let (zero_keys, on_zero) = requests("hung", 40, true);
+    keys.extend(zero_keys);
+    produce(&kafka, on_zero).await;
+    wait_for("a commit of partition 0 is held", || relay.held() > 0).await;
+    let (during_keys, during) = settle("during").await;
+    keys.extend(during_keys);
+    let held = relay.held();
+    relay.hold_commits_of(None);
+
+    let ratio = before.as_secs_f64() / during.as_secs_f64();
+    eprintln!("{EACH} requests of partitions 1..{PARTITIONS} settled in {before:?} before the hang, {during:?} during it: {ratio:.2} of the throughput; {held} commits held");
+    assert!(
+        ratio >= 0.8,
+        "the other partitions kept {ratio:.2} of their throughput while partition 0's commits hung ({before:?} before, {during:?} during)"
+    );
+
+    let (_, results) = results_for(&kafka, task_ids(&keys)).await;
+    assert_exactly_one_terminal(&results, &task_ids(&keys));
+    assert_one_record_each(&sim, &keys, &results);
+    service.shutdown().await.unwrap();
+    audit_events_topic(&kafka, keys.len() as u64);
     sim.shutdown().await;
 }
 
