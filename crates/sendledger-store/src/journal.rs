@@ -549,7 +549,11 @@ fn build_batch(db: &DB, first_lsn: u64, pending: &[Request]) -> (WriteBatch, Vec
         cf(CF_TIMERS),
         cf(CF_CURSORS),
     );
-    let (unsettled, task_index, meta) = (cf(CF_UNSETTLED), cf(CF_TASK_INDEX), cf(CF_META));
+    let (unsettled, task_index, meta) = (
+        cf(CF_UNSETTLED_BY_PARTITION),
+        cf(CF_TASK_INDEX),
+        cf(CF_META),
+    );
     let mut batch = WriteBatch::default();
     let mut ranges = Vec::with_capacity(pending.len());
     let mut lsn = first_lsn;
@@ -591,10 +595,12 @@ fn build_batch(db: &DB, first_lsn: u64, pending: &[Request]) -> (WriteBatch, Vec
                     .iter()
                     .any(|e| e.task_id == *task && matches!(e.body, EventBody::TaskRetried { .. }));
                 if new || retried || a.truncate_tasks.iter().any(|(t, _)| t == task) {
-                    batch.put_cf(unsettled, task.0, partition_value(a.partition));
+                    batch.put_cf(unsettled, unsettled_key(a.partition, *task), []);
                 }
             } else if !new {
-                batch.delete_cf(unsettled, task.0);
+                // A task's appends all carry the partition of its request: the one it was
+                // listed under.
+                batch.delete_cf(unsettled, unsettled_key(a.partition, *task));
             }
         }
         for (task, old, new) in &a.index {
@@ -634,7 +640,7 @@ fn build_batch(db: &DB, first_lsn: u64, pending: &[Request]) -> (WriteBatch, Vec
         }
         for task in &a.forget_tasks {
             batch.delete_cf(tasks, task.0);
-            batch.delete_cf(unsettled, task.0);
+            batch.delete_cf(unsettled, unsettled_key(a.partition, *task));
         }
         for (partition, owed) in &a.reviews_owed {
             batch.put_cf(

@@ -12,16 +12,22 @@ pub const CF_OFFSETS: &str = "offsets";
 pub const CF_TIMERS: &str = "timers";
 pub const CF_CURSORS: &str = "cursors";
 pub const CF_META: &str = "meta";
-/// Format 2: the tasks not settled (not in a terminal phase), by task id, each with the
-/// partition of its request ([`partition_value`]).
+/// Format 2 and 3: the tasks not settled (not in a terminal phase), by task id, each with the
+/// partition of its request ([`partition_value`]). Emptied by the migration to format 4, which
+/// lists them in [`CF_UNSETTLED_BY_PARTITION`]; the name is never used for anything else.
 pub const CF_UNSETTLED: &str = "unsettled";
+
+/// Format 4: the tasks not settled, by the requests partition of their request then task id
+/// ([`unsettled_key`]), with no value: a partition's are read without reading the others'.
+pub const CF_UNSETTLED_BY_PARTITION: &str = "unsettled_by_partition";
 
 /// Format 3: every task by phase, target and when it entered the phase
 /// ([`crate::task_index`]).
 pub const CF_TASK_INDEX: &str = "task_index";
 
-/// Every column family; a ledger of format 1 lacks the last two, one of format 2 the last.
-pub const ALL_CFS: [&str; 10] = [
+/// Every column family; a ledger of format 1 lacks the last three, one of format 2 the last
+/// two, one of format 3 the last.
+pub const ALL_CFS: [&str; 11] = [
     CF_LOG,
     CF_TASK_EVENTS,
     CF_TASKS,
@@ -32,6 +38,7 @@ pub const ALL_CFS: [&str; 10] = [
     CF_META,
     CF_UNSETTLED,
     CF_TASK_INDEX,
+    CF_UNSETTLED_BY_PARTITION,
 ];
 
 pub const META_FORMAT: &[u8] = b"format";
@@ -146,6 +153,36 @@ pub fn decode_partition_value(value: &[u8]) -> Option<Option<i32>> {
     }
 }
 
+/// The prefix of the `unsettled_by_partition` keys of requests partition `partition` (`None`:
+/// tasks submitted without one): `0 ‖ 0u32` for none, `1 ‖ partition` (BE) for one.
+pub fn unsettled_prefix(partition: Option<i32>) -> [u8; 5] {
+    let mut k = [0u8; 5];
+    if let Some(p) = partition {
+        k[0] = 1;
+        k[1..].copy_from_slice(&p.to_be_bytes());
+    }
+    k
+}
+
+/// `unsettled_prefix(partition) ‖ task_id`: a partition's tasks are one range.
+pub fn unsettled_key(partition: Option<i32>, task: TaskId) -> [u8; 21] {
+    let mut k = [0u8; 21];
+    k[..5].copy_from_slice(&unsettled_prefix(partition));
+    k[5..].copy_from_slice(&task.0);
+    k
+}
+
+/// The partition and task of an `unsettled_by_partition` key; `None` for a malformed one.
+pub fn decode_unsettled_key(key: &[u8]) -> Option<(Option<i32>, TaskId)> {
+    let task = TaskId(key.get(5..)?.try_into().ok()?);
+    let partition = match key.first()? {
+        0 => None,
+        1 => Some(i32::from_be_bytes(key.get(1..5)?.try_into().ok()?)),
+        _ => return None,
+    };
+    (unsettled_key(partition, task) == key).then_some((partition, task))
+}
+
 /// `due_at_ms ‖ task_id`: iteration order is due order.
 pub fn timer_key(due_at_ms: u64, task: TaskId) -> [u8; 24] {
     let mut k = [0u8; 24];
@@ -201,5 +238,43 @@ mod tests {
             assert_eq!(decode_partition_value(&partition_value(p)), Some(p));
         }
         assert_eq!(decode_partition_value(&[1, 2]), None);
+    }
+
+    /// A partition's unsettled tasks are one key range, in task order, apart from the tasks
+    /// of every other partition and those without one.
+    #[test]
+    fn unsettled_keys_group_tasks_by_partition() {
+        let (a, b) = (TaskId([1; 16]), TaskId([2; 16]));
+        let mut keys = [
+            unsettled_key(Some(1), b),
+            unsettled_key(None, b),
+            unsettled_key(Some(256), a),
+            unsettled_key(Some(1), a),
+            unsettled_key(Some(0), b),
+        ];
+        keys.sort();
+        let decoded: Vec<_> = keys
+            .iter()
+            .map(|k| decode_unsettled_key(k).unwrap())
+            .collect();
+        assert_eq!(
+            decoded,
+            vec![
+                (None, b),
+                (Some(0), b),
+                (Some(1), a),
+                (Some(1), b),
+                (Some(256), a)
+            ]
+        );
+        assert!(keys
+            .iter()
+            .filter(|k| k.starts_with(&unsettled_prefix(Some(1))))
+            .eq([unsettled_key(Some(1), a), unsettled_key(Some(1), b)].iter()));
+        assert_eq!(decode_unsettled_key(&[2; 21]), None);
+        assert_eq!(decode_unsettled_key(&unsettled_key(Some(3), a)[..20]), None);
+        let mut odd = unsettled_key(None, a);
+        odd[2] = 9;
+        assert_eq!(decode_unsettled_key(&odd), None);
     }
 }

@@ -20,12 +20,18 @@ impl Ledger {
         Ok(self.inner.db.delete_cf(self.cf(CF_LOG), lsn_key(lsn))?)
     }
 
-    /// Lists `task` in the unsettled index, or removes it, whatever its summary says.
+    /// Lists `task` in the unsettled index (under no partition), or removes it from under
+    /// every partition, whatever its summary says.
     pub fn set_unsettled_entry(&self, task: TaskId, listed: bool) -> Result<()> {
-        let (db, cf) = (&self.inner.db, self.cf(CF_UNSETTLED));
-        match listed {
-            true => db.put_cf(cf, task.0, partition_value(None))?,
-            false => db.delete_cf(cf, task.0)?,
+        let (db, cf) = (&self.inner.db, self.cf(CF_UNSETTLED_BY_PARTITION));
+        if listed {
+            return Ok(db.put_cf(cf, unsettled_key(None, task), [])?);
+        }
+        for item in db.iterator_cf(cf, rocksdb::IteratorMode::Start) {
+            let (k, _) = item?;
+            if decode_unsettled_key(&k).is_some_and(|(_, t)| t == task) {
+                db.delete_cf(cf, k)?;
+            }
         }
         Ok(())
     }

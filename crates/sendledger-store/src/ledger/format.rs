@@ -15,7 +15,7 @@ use crate::task_index::IndexEntry;
 
 /// The storage format this build writes and the newest it reads.
 // format: do not change (bump only with a migration)
-pub const FORMAT_VERSION: u8 = 3;
+pub const FORMAT_VERSION: u8 = 4;
 
 /// Refuses a ledger of a newer storage format (or none), and returns its format and last LSN.
 pub(super) fn check_format_and_last_lsn(db: &DB, path: &Path) -> Result<(u8, u64)> {
@@ -140,5 +140,34 @@ pub(super) fn migrate_to_format_3(db: &DB, path: &Path) -> Result<()> {
     sync.set_sync(true);
     db.write_opt(batch, &sync)?;
     tracing::info!(ledger = %path.display(), tasks = listed, "ledger migrated to storage format 3: its tasks are indexed by phase and target");
+    Ok(())
+}
+
+/// Format 3 to 4: moves every entry of the `unsettled` index to `unsettled_by_partition`
+/// (keyed by partition first), in one write with the new format marker; `unsettled` is left
+/// empty.
+pub(super) fn migrate_to_format_4(db: &DB, path: &Path) -> Result<()> {
+    let cf = |name| db.cf_handle(name).expect("opened with every column family");
+    let mut batch = rocksdb::WriteBatch::default();
+    let mut moved = 0u64;
+    for item in db.iterator_cf(cf(CF_UNSETTLED), IteratorMode::Start) {
+        let (k, v) = item?;
+        let task = TaskId(k[..].try_into().map_err(|_| Error::BadValue {
+            what: "unsettled key",
+        })?);
+        let partition = decode_partition_value(&v).ok_or(Error::BadValue { what: "unsettled" })?;
+        batch.put_cf(
+            cf(CF_UNSETTLED_BY_PARTITION),
+            unsettled_key(partition, task),
+            [],
+        );
+        batch.delete_cf(cf(CF_UNSETTLED), k);
+        moved += 1;
+    }
+    batch.put_cf(cf(CF_META), META_FORMAT, [4]);
+    let mut sync = rocksdb::WriteOptions::default();
+    sync.set_sync(true);
+    db.write_opt(batch, &sync)?;
+    tracing::info!(ledger = %path.display(), unsettled = moved, "ledger migrated to storage format 4: its unsettled tasks are indexed by partition");
     Ok(())
 }

@@ -29,7 +29,10 @@ mod fault;
 mod format;
 mod listing;
 
-use format::{check_format_and_last_lsn, check_mode, migrate_to_format_2, migrate_to_format_3};
+use format::{
+    check_format_and_last_lsn, check_mode, migrate_to_format_2, migrate_to_format_3,
+    migrate_to_format_4,
+};
 
 pub use format::FORMAT_VERSION;
 
@@ -121,6 +124,9 @@ impl Ledger {
         if format <= 2 {
             migrate_to_format_3(&db, &path)?;
         }
+        if format <= 3 {
+            migrate_to_format_4(&db, &path)?;
+        }
         check_mode(&db, &path, options.replicated, last)?;
         let db = Arc::new(db);
         let last_lsn = Arc::new(AtomicU64::new(last));
@@ -174,12 +180,11 @@ impl Ledger {
         }
         let opts = Options::default();
         let names = DB::list_cf(&opts, &path)?;
-        // A ledger of format 1 (no `unsettled` index) is read as it is: what the index would
-        // answer is found by scanning the summaries. One of format 2 or older has no task
-        // index, and cannot list tasks by phase ([`Error::NoTaskIndex`]).
-        let mut format_1 = ALL_CFS
-            .iter()
-            .filter(|cf| **cf != CF_UNSETTLED && **cf != CF_TASK_INDEX);
+        // A ledger of format 3 or older (no `unsettled_by_partition` index) is read as it is:
+        // what the index would answer is found by scanning the summaries. One of format 2 or
+        // older has no task index, and cannot list tasks by phase ([`Error::NoTaskIndex`]).
+        let later = [CF_UNSETTLED, CF_TASK_INDEX, CF_UNSETTLED_BY_PARTITION];
+        let mut format_1 = ALL_CFS.iter().filter(|cf| !later.contains(cf));
         if format_1.any(|cf| !names.iter().any(|n| n == cf)) {
             return Err(Error::BadFormatMarker { path });
         }
@@ -460,19 +465,20 @@ impl Ledger {
         self.unsettled(Some(partition))
     }
 
-    /// The tasks not settled, of one requests partition or (`None`) all.
+    /// The tasks not settled, of one requests partition or (`None`) all: a partition's are
+    /// one range of the index.
     fn unsettled(&self, partition: Option<i32>) -> Result<Vec<(TaskId, TaskSummary)>> {
         let db = &self.inner.db;
-        let wanted = |p: Option<i32>| partition.is_none() || p == partition;
-        let Some(index) = db.cf_handle(CF_UNSETTLED) else {
-            // A ledger of format 1 opened read-only has no index: every summary is read.
+        let Some(index) = db.cf_handle(CF_UNSETTLED_BY_PARTITION) else {
+            // A ledger of format 3 or older opened read-only has no such index: every summary
+            // is read.
             let mut out = Vec::new();
             for item in self.task_summaries() {
                 let (id, summary) = item?;
                 if summary.phase.is_terminal() {
                     continue;
                 }
-                if partition.is_some() && !wanted(request_partition(db, id)?) {
+                if partition.is_some() && request_partition(db, id)? != partition {
                     continue;
                 }
                 out.push((id, summary));
@@ -484,17 +490,24 @@ impl Ledger {
         let snapshot = db.snapshot();
         let mut options = ReadOptions::default();
         options.set_snapshot(&snapshot);
+        let prefix = partition.map(|p| unsettled_prefix(Some(p)));
+        let from = match &prefix {
+            Some(p) => IteratorMode::From(p, rocksdb::Direction::Forward),
+            None => IteratorMode::Start,
+        };
         let mut ids = Vec::new();
-        for item in snapshot.iterator_cf(index, IteratorMode::Start) {
-            let (k, v) = item?;
-            let p = decode_partition_value(&v).ok_or(Error::BadValue { what: "unsettled" })?;
-            if wanted(p) {
-                let id = k[..].try_into().map_err(|_| Error::BadValue {
-                    what: "unsettled key",
-                })?;
-                ids.push(TaskId(id));
+        for item in snapshot.iterator_cf(index, from) {
+            let (k, _) = item?;
+            if prefix.is_some_and(|p| !k.starts_with(&p)) {
+                break;
             }
+            let (_, task) = decode_unsettled_key(&k).ok_or(Error::BadValue {
+                what: "unsettled key",
+            })?;
+            ids.push(task);
         }
+        // Task id order, whatever the partitions.
+        ids.sort_unstable();
         let summaries = self.task_summaries_with(&ids, &options)?;
         let mut out = Vec::with_capacity(ids.len());
         for (id, summary) in ids.into_iter().zip(summaries) {
@@ -631,8 +644,8 @@ mod tests {
             matches!(
                 err,
                 Error::NewerFormat {
-                    found: 4,
-                    supported: 3,
+                    found: 5,
+                    supported: 4,
                     ..
                 }
             ),
@@ -789,7 +802,7 @@ mod tests {
     /// The unsettled index lists a task from its first events until it settles, under the
     /// partition of its request; a task settled by its first append is never listed. A ledger
     /// of format 1 (no index) is read by scanning its summaries, and indexed when the service
-    /// opens it.
+    /// opens it; one of format 3 (indexed by task) is indexed by partition.
     #[test]
     fn unsettled_tasks_are_indexed_by_partition_and_format_1_is_migrated() {
         let dir = tempfile::tempdir().unwrap();
@@ -825,6 +838,7 @@ mod tests {
         {
             let mut db = DB::open_cf(&Options::default(), dir.path(), ALL_CFS).unwrap();
             db.drop_cf(CF_UNSETTLED).unwrap();
+            db.drop_cf(CF_UNSETTLED_BY_PARTITION).unwrap();
             db.put_cf(db.cf_handle(CF_META).unwrap(), META_FORMAT, [1])
                 .unwrap();
         }
@@ -848,5 +862,39 @@ mod tests {
         );
         assert_eq!(ids(migrated.active_tasks_of_partition(2).unwrap()), vec![]);
         assert_eq!(ids(migrated.active_tasks().unwrap()), vec![a, d]);
+        drop(migrated);
+
+        // As format 3 wrote it: the index by task id, with each task's partition as value.
+        {
+            let mut db = DB::open_cf(&Options::default(), dir.path(), ALL_CFS).unwrap();
+            let by_partition = db.cf_handle(CF_UNSETTLED_BY_PARTITION).unwrap();
+            let listed: Vec<_> = db
+                .iterator_cf(by_partition, IteratorMode::Start)
+                .map(|item| decode_unsettled_key(&item.unwrap().0).unwrap())
+                .collect();
+            assert_eq!(listed, vec![(Some(1), a), (Some(1), d)]);
+            db.drop_cf(CF_UNSETTLED_BY_PARTITION).unwrap();
+            let by_task = db.cf_handle(CF_UNSETTLED).unwrap();
+            for (partition, task) in listed {
+                db.put_cf(by_task, task.0, partition_value(partition))
+                    .unwrap();
+            }
+            db.put_cf(db.cf_handle(CF_META).unwrap(), META_FORMAT, [3])
+                .unwrap();
+        }
+        let old = Ledger::open_read_only(dir.path()).unwrap();
+        assert_eq!(ids(old.active_tasks_of_partition(1).unwrap()), vec![a, d]);
+        drop(old);
+        let migrated = Ledger::open(dir.path(), LedgerOptions::default()).unwrap();
+        assert_eq!(
+            ids(migrated.active_tasks_of_partition(1).unwrap()),
+            vec![a, d]
+        );
+        assert_eq!(ids(migrated.active_tasks().unwrap()), vec![a, d]);
+        let emptied = migrated
+            .inner
+            .db
+            .iterator_cf(migrated.cf(CF_UNSETTLED), IteratorMode::Start);
+        assert_eq!(emptied.count(), 0, "format 4 leaves the old index empty");
     }
 }
