@@ -19,7 +19,7 @@ use sendledger_core::error::Chain;
 use sendledger_core::{
     EventBody, Evidence, NewEvent, NotSentCause, Phase, Policy, State, TaskId, WaitReason,
 };
-use sendledger_store::{Append, Ledger, TaskSummary, TimerKind};
+use sendledger_store::{Append, Ledger, TaskSummary, TimerKind, TRANSACTION_STALLED};
 use tracing::Instrument;
 
 use crate::error::{Error, Result};
@@ -576,7 +576,7 @@ impl TaskActor {
 
     /// Room at `target` for the attempt `input` may decide (see [`Remote::reserve`]). Kafka
     /// mode: not while the log of the task's partition has had a transaction under way for
-    /// [`LOG_STALLED`] or longer (its commits hang): the attempt's intent could not be
+    /// [`TRANSACTION_STALLED`] or longer (its commits hang): the attempt's intent could not be
     /// recorded before it ends, and the room would be kept from other partitions' tasks
     /// meanwhile. The task waits until that transaction ends (or the partition is no longer
     /// owned here: then nothing is recorded anyway), and gives back room found while one
@@ -592,15 +592,14 @@ impl TaskActor {
         let (remote, target) = (self.shared.remote.clone(), target.to_string());
         let stalled = move || match (partition, &ownership) {
             (Some(p), Some(ownership)) if ownership.epoch(p).is_some() => {
-                let age = ledger.stats().transaction_age(p);
-                age.is_some_and(|age| age >= LOG_STALLED)
+                ledger.stats().transaction_stalled(p)
             }
             _ => false,
         };
         async move {
             loop {
                 while stalled() {
-                    tokio::time::sleep(LOG_STALLED / 4).await;
+                    tokio::time::sleep(TRANSACTION_STALLED / 4).await;
                 }
                 let room = remote.reserve(&target, retry_of).await;
                 if room.is_err() || !stalled() {
@@ -682,11 +681,6 @@ pub(crate) fn record(
 /// gives the room back, and the attempt finds room again once the intent is recorded, within
 /// its send lease.
 const ROOM_HELD_THROUGH_RECORDING: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Kafka mode: a partition whose transaction has been under way this long is taken for
-/// stalled: its tasks take no room at their targets until it ends (see
-/// [`TaskActor::reserve`]). A commit takes milliseconds.
-const LOG_STALLED: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// The attempt's room at its target, as the recording of its intent left it.
 enum Room {

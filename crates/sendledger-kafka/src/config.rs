@@ -51,12 +51,12 @@ pub struct KafkaConfig {
     /// Replication factor of topics created on external brokers; -1 uses the brokers' default.
     pub replication_factor: i32,
     /// Most request messages received and not yet durable; beyond it the consumer pauses its
-    /// partitions. Each partition also pauses alone at its share (this divided by the
-    /// partitions assigned).
+    /// partitions. Kafka mode: a partition whose log stalled (its commits hang) also pauses
+    /// alone at its share (this divided by the partitions assigned).
     pub max_unfinished: usize,
     /// Most bytes (key and value) of request messages received and not yet durable; beyond it
-    /// the consumer pauses its partitions (each alone at its share, as `max_unfinished`). A
-    /// larger message is still processed, alone.
+    /// the consumer pauses its partitions (a stalled one alone at its share, as
+    /// `max_unfinished`). A larger message is still processed, alone.
     pub max_unfinished_bytes: usize,
     /// Largest request message accepted; larger ones are rejected before they are parsed.
     pub max_message_bytes: usize,

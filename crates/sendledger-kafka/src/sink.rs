@@ -62,6 +62,11 @@ pub trait PartitionOwner: Send + Sync + 'static {
         group: Option<rdkafka::consumer::ConsumerGroupMetadata>,
     );
 
+    /// Whether partition `partition`'s log has a transaction under way for long (its commits
+    /// hang): its messages do not finish meanwhile, and it pauses at its share of the in-flight
+    /// budget so that the others keep the rest.
+    fn stalled(&self, partition: i32) -> bool;
+
     /// Partitions whose log was given up since the last call, though the consumer may still
     /// hold them, each with whether another writer fenced it. The consumer takes such a
     /// partition over again while it is assigned here: soon after a failed transaction, and

@@ -679,6 +679,10 @@ impl PartitionOwner for KafkaOwner {
     fn lost(&self) -> Vec<(i32, bool)> {
         self.replicator.take_lost()
     }
+
+    fn stalled(&self, partition: i32) -> bool {
+        self.engine.ledger().stats().transaction_stalled(partition)
+    }
 }
 
 #[cfg(test)]

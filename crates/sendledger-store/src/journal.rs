@@ -160,6 +160,11 @@ impl TimerKind {
     }
 }
 
+/// Kafka mode: a partition whose transaction has been under way this long is taken for
+/// stalled (a commit takes milliseconds): its tasks take no room at their targets, and its
+/// requests pause at their share of the in-flight budget, until it ends.
+pub const TRANSACTION_STALLED: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Counters of the journal since the ledger was opened.
 #[derive(Debug, Default)]
 pub struct JournalStats {
@@ -188,11 +193,11 @@ impl JournalStats {
             .clone()
     }
 
-    /// Kafka mode: how long requests partition `partition`'s transaction under way has been,
-    /// if one is.
-    pub fn transaction_age(&self, partition: i32) -> Option<std::time::Duration> {
+    /// Kafka mode: whether requests partition `partition`'s transaction under way has been so
+    /// for [`TRANSACTION_STALLED`] or longer (its commits hang).
+    pub fn transaction_stalled(&self, partition: i32) -> bool {
         let transactions = self.transactions.lock().unwrap_or_else(|e| e.into_inner());
-        transactions.get(&partition).map(|since| since.elapsed())
+        (transactions.get(&partition)).is_some_and(|since| since.elapsed() >= TRANSACTION_STALLED)
     }
 
     fn transaction(&self, partition: i32, under_way: bool) {

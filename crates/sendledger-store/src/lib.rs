@@ -38,7 +38,9 @@ pub mod task_index;
 pub use audit::audit;
 pub use counts::TaskCounts;
 pub use error::{Error, Result};
-pub use journal::{log_checkpoint, Append, JournalStats, Replication, Replicator, TimerKind};
+pub use journal::{
+    log_checkpoint, Append, JournalStats, Replication, Replicator, TimerKind, TRANSACTION_STALLED,
+};
 pub use ledger::{Ledger, MemoryUsage, FORMAT_VERSION};
 pub use options::{Durability, LedgerOptions, Memory};
 pub use restore::{restore_append, truncate_append, Diverged, Restored};

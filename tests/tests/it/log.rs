@@ -764,10 +764,12 @@ async fn kafka_mode_rides_out_the_brokers_unreachable_for_a_while() {
 
 /// A partition whose commits hang holds up no other. A relay in front of the separate broker
 /// holds every commit of partition 0's log (as a broker whose commits of one partition hang
-/// would) while requests wait on every partition; the remote is the bottleneck (4 requests in
+/// would) while requests wait on every partition. The remote is the bottleneck (4 requests in
 /// flight at once), so a task of partition 0 holding room at it while its intent cannot be
-/// recorded would starve the others. The other partitions' requests, the same workload
-/// before the hang and during it in the same run, settle at least 80% as fast during it.
+/// recorded would starve the others; and partition 0 receives more requests (150) than the
+/// in-flight budget (100), so its unfinished messages would keep every partition paused if
+/// they counted whole. The other partitions' requests, the same workload before the hang and
+/// during it in the same run, settle at least 80% as fast during it.
 /// Once the commits go through, partition 0's tasks settle too: one record each at the
 /// remote, one terminal result each, and the log audits clean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -781,9 +783,13 @@ async fn a_partition_whose_commits_hang_holds_up_no_other() {
     let (_tansu, relay, kafka) = tansu_behind_a_relay().await;
     let sim = sim_with_latency(Duration::from_millis(20)).await;
     let dir = tempfile::tempdir().unwrap();
+    // The service's client carries its in-flight budget.
+    let mut budget = kafka.config().clone();
+    budget.max_unfinished = 100;
+    let service_kafka = tokio::task::block_in_place(|| Kafka::connect(budget)).unwrap();
     let service = kafka_mode_service_with(
         dir.path(),
-        &kafka,
+        &service_kafka,
         &sim,
         |_| {},
         |t| t["max_in_flight"] = 4.into(),
@@ -834,7 +840,7 @@ async fn a_partition_whose_commits_hang_holds_up_no_other() {
     let group = kafka.config().group_id.clone();
     let zero_log = sendledger_kafka::PartitionLog::transactional_id(&group, 0);
     relay.hold_commits_of(Some(&zero_log));
-    let (zero_keys, on_zero) = requests("hung", 40, true);
+    let (zero_keys, on_zero) = requests("hung", 150, true);
     keys.extend(zero_keys);
     produce(&kafka, on_zero).await;
     wait_for("a commit of partition 0 is held", || relay.held() > 0).await;

@@ -56,7 +56,8 @@ pub(super) struct PartitionState {
     /// Kafka mode: the first offset received and ignored while the partition was not owned
     /// yet; the partition is read again from there once taken over.
     pub(super) ignored_from: Option<i64>,
-    /// Its own share of the in-flight budget is used up (see [`Budget::share`]).
+    /// Kafka mode: its log stalled with its own share of the in-flight budget used up (see
+    /// [`Budget::share`]).
     pub(super) over_budget: bool,
     /// Paused through the consumer, as last set (see [`Tracker::wants_pause`]).
     pub(super) paused: bool,
@@ -99,6 +100,14 @@ impl Load {
         self.bytes += other.bytes;
     }
 
+    /// This load, at most `budget`'s messages and bytes.
+    pub(super) fn capped(self, budget: Budget) -> Load {
+        Load {
+            messages: self.messages.min(budget.messages),
+            bytes: self.bytes.min(budget.bytes),
+        }
+    }
+
     /// One message of `bytes` is done.
     pub(super) fn finish(&mut self, bytes: usize) {
         self.messages = self.messages.saturating_sub(1);
@@ -125,9 +134,9 @@ impl Budget {
         load.messages <= self.messages / 2 && load.bytes <= self.bytes / 2
     }
 
-    /// One partition's share of the budget, with `partitions` assigned: a partition whose
-    /// messages do not finish (its commits hang) holds at most its share, and the others keep
-    /// the rest.
+    /// One partition's share of the budget, with `partitions` assigned: an even share. Kafka
+    /// mode holds a partition whose log stalled (its messages do not finish) to it, so that
+    /// the others keep the rest.
     pub(super) fn share(&self, partitions: usize) -> Budget {
         let n = partitions.max(1);
         Budget {
@@ -264,6 +273,8 @@ mod tests {
             (budget.share(1000).messages, budget.share(100_000).bytes),
             (1, 1)
         );
+        assert_eq!(load(90, 9_000).capped(share), load(25, 2_500));
+        assert_eq!(load(3, 9_000).capped(share), load(3, 2_500));
         // Paused at the share, and stays paused until down to half of it.
         assert!(!share.pauses(false, load(24, 100)));
         assert!(share.pauses(false, load(25, 100)));
