@@ -76,7 +76,6 @@ mod rebalance;
 mod takeover;
 mod tracker;
 
-use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -256,7 +255,6 @@ impl Ingest {
             commit_interval: config.commit_interval,
             fenced_retake: session * FENCED_RETAKE_SESSIONS,
             rejoin: rejoin.clone(),
-            take_overs: RefCell::new(BTreeMap::new()),
         };
         if worker.owner.is_some() {
             // Detached: it ends with `stop`, once any call to the brokers it is in returns.
@@ -337,8 +335,6 @@ struct Worker<S: RequestSink> {
     /// Kafka mode: set by the group watch when this member must leave the group and join it
     /// again.
     rejoin: Arc<AtomicBool>,
-    /// Kafka mode: the take-overs under way, by partition (see `takeover`).
-    take_overs: RefCell<BTreeMap<i32, takeover::Running>>,
 }
 
 impl<S: RequestSink> Worker<S> {

@@ -86,7 +86,8 @@ impl ConsumerContext for IngestContext {
         commit(consumer, CommitMode::Sync, &self.stats);
         for p in &revoked {
             // A take-over under way is given up too: it must not leave the partition owned.
-            let owned = t.parts.get(p).is_some_and(|part| part.owned) || t.taking_over.contains(p);
+            let owned =
+                t.parts.get(p).is_some_and(|part| part.owned) || t.taking_over.contains_key(p);
             t.revoke(*p);
             if let (Some(owner), true) = (&self.owner, owned) {
                 owner.release(*p);

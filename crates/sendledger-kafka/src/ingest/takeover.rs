@@ -7,13 +7,12 @@
 //! handling the other partitions' messages and serving rebalances meanwhile, and looks at each
 //! turn of its loop for the take-overs that ended. The partition stays paused until then.
 
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::Consumer;
 use rdkafka::Offset;
 
-use super::tracker::lock;
+use super::tracker::{lock, TakeOver};
 use super::{Worker, WATERMARK_TIMEOUT};
 use crate::sink::RequestSink;
 
@@ -29,17 +28,6 @@ pub(super) const FENCED_RETAKE_SESSIONS: u32 = 2;
 /// Kafka mode: take-overs (each opening a partition's log and reading it back) run at once.
 const PARALLEL_TAKE_OVERS: usize = 8;
 
-/// A take-over under way on its thread.
-pub(super) struct Running {
-    job: JoinHandle<std::result::Result<(), String>>,
-    /// The partition's generation when it began: a partition revoked (or assigned anew) since
-    /// is not owned by its end.
-    generation: u64,
-    started: Instant,
-    /// After a failed take-over, or a lost log.
-    retried: bool,
-}
-
 impl<S: RequestSink> Worker<S> {
     /// Kafka mode: settles the take-overs that ended, then starts one for every assigned
     /// partition not taken over yet (or whose failed take-over is due again), up to
@@ -51,20 +39,16 @@ impl<S: RequestSink> Worker<S> {
             return;
         };
         self.settle_take_overs();
-        let mut running = self.take_overs.borrow_mut();
-        let room = PARALLEL_TAKE_OVERS.saturating_sub(running.len());
-        let due: Vec<(i32, u64, bool)> = {
-            let mut t = lock(&self.tracker);
-            let now = Instant::now();
-            let due: Vec<_> = (t.parts.iter())
-                .filter(|(i, p)| !p.owned && !t.taking_over.contains(i))
-                .filter(|(_, p)| p.retry_take_over.is_none_or(|at| at <= now))
-                .map(|(&i, p)| (i, p.generation, p.retry_take_over.is_some()))
-                .take(room)
-                .collect();
-            t.taking_over.extend(due.iter().map(|&(i, _, _)| i));
-            due
-        };
+        let mut t = lock(&self.tracker);
+        let room = PARALLEL_TAKE_OVERS.saturating_sub(t.taking_over.len());
+        let now = Instant::now();
+        let due: Vec<(i32, u64, bool)> = (t.parts.iter())
+            .filter(|(i, p)| !p.owned && !t.taking_over.contains_key(i))
+            .filter(|(_, p)| p.retry_take_over.is_none_or(|at| at <= now))
+            .map(|(&i, p)| (i, p.generation, p.retry_take_over.is_some()))
+            .take(room)
+            .collect();
+        let mut unstarted = Vec::new();
         for (partition, generation, retried) in due {
             let owner = owner.clone();
             let job = std::thread::Builder::new()
@@ -73,45 +57,45 @@ impl<S: RequestSink> Worker<S> {
             match job {
                 Ok(job) => {
                     let started = Instant::now();
-                    running.insert(
-                        partition,
-                        Running {
-                            job,
-                            generation,
-                            started,
-                            retried,
-                        },
-                    );
+                    let take_over = TakeOver {
+                        job,
+                        generation,
+                        started,
+                        retried,
+                    };
+                    t.taking_over.insert(partition, take_over);
                 }
-                Err(e) => {
-                    lock(&self.tracker).taking_over.remove(&partition);
-                    let why = format!("cannot start its thread: {e}");
-                    self.taken_over(partition, generation, retried, Instant::now(), Err(why));
-                }
+                Err(e) => unstarted.push((partition, generation, retried, e)),
             }
+        }
+        drop(t);
+        for (partition, generation, retried, e) in unstarted {
+            let why = format!("cannot start its thread: {e}");
+            self.taken_over(partition, generation, retried, Instant::now(), Err(why));
         }
     }
 
     /// Settles the take-overs that ended.
     fn settle_take_overs(&self) {
-        let mut running = self.take_overs.borrow_mut();
-        let ended: Vec<i32> = (running.iter())
-            .filter(|(_, r)| r.job.is_finished())
-            .map(|(&p, _)| p)
-            .collect();
-        for partition in ended {
-            if let Some(r) = running.remove(&partition) {
-                let outcome =
-                    (r.job.join()).unwrap_or_else(|_| Err("the take-over panicked".into()));
-                lock(&self.tracker).taking_over.remove(&partition);
-                self.taken_over(partition, r.generation, r.retried, r.started, outcome);
-            }
+        let ended: Vec<(i32, TakeOver)> = {
+            let mut t = lock(&self.tracker);
+            let ended: Vec<i32> = (t.taking_over.iter())
+                .filter(|(_, r)| r.job.is_finished())
+                .map(|(&p, _)| p)
+                .collect();
+            (ended.into_iter())
+                .filter_map(|p| Some((p, t.taking_over.remove(&p)?)))
+                .collect()
+        };
+        for (partition, r) in ended {
+            let outcome = (r.job.join()).unwrap_or_else(|_| Err("the take-over panicked".into()));
+            self.taken_over(partition, r.generation, r.retried, r.started, outcome);
         }
     }
 
     /// Waits for the take-overs under way to end (the ingest stops), and settles them.
     pub(super) fn finish_take_overs(&self) {
-        while !self.take_overs.borrow().is_empty() {
+        while !lock(&self.tracker).taking_over.is_empty() {
             std::thread::sleep(Duration::from_millis(20));
             self.settle_take_overs();
         }

@@ -3,8 +3,9 @@
 //! those pause and resume the partitions. Bookkeeping only: storing and committing offsets
 //! through the consumer is in `rebalance` (see [`Tracker::apply`]).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 use std::time::Instant;
 
 use sendledger_store::Processed;
@@ -81,10 +82,21 @@ pub(super) struct Tracker {
     pub(super) fatal: Option<String>,
     /// Kafka mode: who takes partitions over and commits their offsets.
     pub(super) owner: Option<Arc<dyn PartitionOwner>>,
-    /// Kafka mode: partitions whose take-over is under way (on a thread of its own), assigned
-    /// still or not: one is given up through the owner when revoked, and a partition is never
-    /// taken over twice at once.
-    pub(super) taking_over: BTreeSet<i32>,
+    /// Kafka mode: the take-overs under way, each on a thread of its own, by partition
+    /// (assigned still or not): one is given up through the owner when revoked, and a
+    /// partition is never taken over twice at once.
+    pub(super) taking_over: BTreeMap<i32, TakeOver>,
+}
+
+/// Kafka mode: a take-over under way on its thread.
+pub(super) struct TakeOver {
+    pub(super) job: JoinHandle<Result<(), String>>,
+    /// The partition's generation when it began: a partition revoked (or assigned anew) since
+    /// is not owned by its end.
+    pub(super) generation: u64,
+    pub(super) started: Instant,
+    /// After a failed take-over, or a lost log.
+    pub(super) retried: bool,
 }
 
 /// Messages received and not yet done, and their bytes.
@@ -171,7 +183,7 @@ impl Tracker {
             shared: false,
             fatal: None,
             owner,
-            taking_over: BTreeSet::new(),
+            taking_over: BTreeMap::new(),
         }
     }
 
