@@ -107,10 +107,7 @@ pub(super) fn migrate_to_format_2(db: &DB, path: &Path) -> Result<()> {
         batch.put_cf(cf(CF_UNSETTLED), task.0, partition_value(partition));
         listed += 1;
     }
-    batch.put_cf(cf(CF_META), META_FORMAT, [2]);
-    let mut sync = rocksdb::WriteOptions::default();
-    sync.set_sync(true);
-    db.write_opt(batch, &sync)?;
+    write_migration(db, batch, 2)?;
     tracing::info!(ledger = %path.display(), unsettled = listed, "ledger migrated to storage format 2: its unsettled tasks are indexed");
     Ok(())
 }
@@ -135,10 +132,7 @@ pub(super) fn migrate_to_format_3(db: &DB, path: &Path) -> Result<()> {
             listed += 1;
         }
     }
-    batch.put_cf(cf(CF_META), META_FORMAT, [3]);
-    let mut sync = rocksdb::WriteOptions::default();
-    sync.set_sync(true);
-    db.write_opt(batch, &sync)?;
+    write_migration(db, batch, 3)?;
     tracing::info!(ledger = %path.display(), tasks = listed, "ledger migrated to storage format 3: its tasks are indexed by phase and target");
     Ok(())
 }
@@ -164,10 +158,19 @@ pub(super) fn migrate_to_format_4(db: &DB, path: &Path) -> Result<()> {
         batch.delete_cf(cf(CF_UNSETTLED), k);
         moved += 1;
     }
-    batch.put_cf(cf(CF_META), META_FORMAT, [4]);
-    let mut sync = rocksdb::WriteOptions::default();
-    sync.set_sync(true);
-    db.write_opt(batch, &sync)?;
+    write_migration(db, batch, 4)?;
     tracing::info!(ledger = %path.display(), unsettled = moved, "ledger migrated to storage format 4: its unsettled tasks are indexed by partition");
     Ok(())
+}
+
+/// Writes a migration's `batch` with the format marker `format`, in one synced write: the
+/// ledger is of the new format exactly when the migration's changes are in.
+fn write_migration(db: &DB, mut batch: rocksdb::WriteBatch, format: u8) -> Result<()> {
+    let meta = db
+        .cf_handle(CF_META)
+        .expect("opened with every column family");
+    batch.put_cf(meta, META_FORMAT, [format]);
+    let mut sync = rocksdb::WriteOptions::default();
+    sync.set_sync(true);
+    Ok(db.write_opt(batch, &sync)?)
 }
