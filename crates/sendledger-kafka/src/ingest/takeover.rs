@@ -93,10 +93,14 @@ impl<S: RequestSink> Worker<S> {
         }
     }
 
-    /// Waits for the take-overs under way to end (the ingest stops), and settles them.
+    /// Waits for the take-overs under way to end (the ingest stops), and settles them. The
+    /// consumer is polled meanwhile, so the member goes on answering the group: a rebalance
+    /// under way is not held up by a member that stopped polling, and a partition revoked
+    /// meanwhile is released (which ends its take-over). A message received now is not
+    /// handled: its offset is not stored, and it is delivered again to whoever consumes next.
     pub(super) fn finish_take_overs(&self) {
         while !lock(&self.tracker).taking_over.is_empty() {
-            std::thread::sleep(Duration::from_millis(20));
+            let _ = self.consumer.poll(Duration::from_millis(20));
             self.settle_take_overs();
         }
     }
