@@ -675,7 +675,6 @@ pub(crate) fn record(
     (next, append)
 }
 
-/// The class of an attempt's outcome, as the `sendledger.attempt` span records it.
 /// How long a task holds its room at the attempt's target while the intent is recorded. A
 /// write takes milliseconds; one that takes longer (a partition's commit hangs, in kafka mode)
 /// gives the room back, and the attempt finds room again once the intent is recorded, within
@@ -703,6 +702,7 @@ fn breaker_opened(held: Unavailable) -> AttemptOutcome {
     }
 }
 
+/// The class of an attempt's outcome, as the `sendledger.attempt` span records it.
 fn outcome_class(outcome: &AttemptOutcome) -> &'static str {
     match outcome {
         AttemptOutcome::Succeeded { .. } => "succeeded",

@@ -83,6 +83,12 @@ pub fn task_event_key(task: TaskId, seq: u32) -> [u8; 20] {
     k
 }
 
+/// The task of a key that is a task id alone (`tasks`, format 2's `unsettled`); `None` for a
+/// malformed one.
+pub fn decode_task_key(key: &[u8]) -> Option<TaskId> {
+    Some(TaskId(key.try_into().ok()?))
+}
+
 pub fn decode_task_event_key(key: &[u8]) -> Option<(TaskId, u32)> {
     if key.len() != 20 {
         return None;

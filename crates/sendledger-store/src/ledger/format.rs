@@ -4,7 +4,6 @@
 use std::path::Path;
 
 use rocksdb::{IteratorMode, DB};
-use sendledger_core::TaskId;
 
 use crate::error::{Error, Result};
 use crate::journal;
@@ -98,11 +97,7 @@ pub(super) fn migrate_to_format_2(db: &DB, path: &Path) -> Result<()> {
         if TaskSummary::decode(&v)?.phase.is_terminal() {
             continue;
         }
-        let task = TaskId(
-            k[..]
-                .try_into()
-                .map_err(|_| Error::BadValue { what: "tasks key" })?,
-        );
+        let task = decode_task_key(&k).ok_or(Error::BadValue { what: "tasks key" })?;
         let partition = request_partition(db, task)?;
         batch.put_cf(cf(CF_UNSETTLED), task.0, partition_value(partition));
         listed += 1;
@@ -121,11 +116,7 @@ pub(super) fn migrate_to_format_3(db: &DB, path: &Path) -> Result<()> {
     let mut listed = 0u64;
     for item in db.iterator_cf(cf(CF_TASKS), IteratorMode::Start) {
         let (k, _) = item?;
-        let task = TaskId(
-            k[..]
-                .try_into()
-                .map_err(|_| Error::BadValue { what: "tasks key" })?,
-        );
+        let task = decode_task_key(&k).ok_or(Error::BadValue { what: "tasks key" })?;
         let state = sendledger_core::fold(&task_events(db, task)?);
         if let Some(entry) = IndexEntry::of(&state) {
             batch.put_cf(cf(CF_TASK_INDEX), entry.key(task), entry.value());
@@ -146,9 +137,9 @@ pub(super) fn migrate_to_format_4(db: &DB, path: &Path) -> Result<()> {
     let mut moved = 0u64;
     for item in db.iterator_cf(cf(CF_UNSETTLED), IteratorMode::Start) {
         let (k, v) = item?;
-        let task = TaskId(k[..].try_into().map_err(|_| Error::BadValue {
+        let task = decode_task_key(&k).ok_or(Error::BadValue {
             what: "unsettled key",
-        })?);
+        })?;
         let partition = decode_partition_value(&v).ok_or(Error::BadValue { what: "unsettled" })?;
         batch.put_cf(
             cf(CF_UNSETTLED_BY_PARTITION),

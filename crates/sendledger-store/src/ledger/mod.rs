@@ -239,9 +239,9 @@ impl Ledger {
             let Some(task) = k.strip_prefix(&prefix[..]) else {
                 break;
             };
-            let task = TaskId(task.try_into().map_err(|_| Error::BadValue {
+            let task = decode_task_key(task).ok_or(Error::BadValue {
                 what: "review owed key",
-            })?);
+            })?;
             out.push(Diverged::decode(task, &v)?);
         }
         Ok(out)
@@ -443,11 +443,7 @@ impl Ledger {
             .iterator_cf(self.cf(CF_TASKS), IteratorMode::Start)
             .map(|item| {
                 let (k, v) = item?;
-                let id = TaskId(
-                    k[..]
-                        .try_into()
-                        .map_err(|_| Error::BadValue { what: "tasks key" })?,
-                );
+                let id = decode_task_key(&k).ok_or(Error::BadValue { what: "tasks key" })?;
                 Ok((id, TaskSummary::decode(&v)?))
             })
     }
