@@ -55,6 +55,21 @@ impl rdkafka::producer::ProducerContext for Watch {
     fn delivery(&self, _: &rdkafka::message::DeliveryResult<'_>, _: ()) {}
 }
 
+/// The partitions of `topic`, as the brokers' metadata lists them (none for a topic they do not
+/// know).
+pub(crate) fn topic_partitions<C: rdkafka::consumer::ConsumerContext>(
+    consumer: &rdkafka::consumer::BaseConsumer<C>,
+    topic: &str,
+    timeout: Duration,
+) -> rdkafka::error::KafkaResult<Vec<i32>> {
+    use rdkafka::consumer::Consumer;
+    let metadata = consumer.fetch_metadata(Some(topic), timeout)?;
+    Ok((metadata.topics().iter())
+        .filter(|t| t.name() == topic)
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect())
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }

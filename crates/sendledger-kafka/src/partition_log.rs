@@ -26,7 +26,7 @@ use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
-use crate::cluster::Kafka;
+use crate::cluster::{topic_partitions, Kafka};
 use crate::config::Role;
 use crate::records::{event_from_json, EVENT_ID_HEADER};
 use sendledger_core::Event;
@@ -579,11 +579,7 @@ pub fn missing_results(
     }
     let topic = kafka.config().results_topic.clone();
     let consumer = committed_reader(kafka)?;
-    let metadata = consumer.fetch_metadata(Some(&topic), idle)?;
-    let partitions: Vec<i32> = (metadata.topics().iter())
-        .filter(|t| t.name() == topic)
-        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-        .collect();
+    let partitions = topic_partitions(&consumer, &topic, idle)?;
     let mut times = TopicPartitionList::new();
     for &p in &partitions {
         times.add_partition_offset(&topic, p, Offset::Offset(since))?;

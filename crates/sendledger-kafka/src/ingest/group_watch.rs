@@ -24,7 +24,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::tracker::{lock, Tracker};
 use super::{IngestStats, WATERMARK_TIMEOUT};
-use crate::cluster::Kafka;
+use crate::cluster::{topic_partitions, Kafka};
 use crate::config::Role;
 use crate::error::{Error, Result};
 
@@ -186,11 +186,7 @@ pub(super) fn spawn(
 /// Per partition of the requests topic: the group's committed offset (its start when the group
 /// committed none) and its end.
 fn group_progress(reader: &BaseConsumer, topic: &str) -> KafkaResult<Vec<(i32, i64, i64)>> {
-    let metadata = reader.fetch_metadata(Some(topic), WATERMARK_TIMEOUT)?;
-    let partitions: Vec<i32> = (metadata.topics().iter())
-        .filter(|t| t.name() == topic)
-        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-        .collect();
+    let partitions = topic_partitions(reader, topic, WATERMARK_TIMEOUT)?;
     let mut tpl = TopicPartitionList::new();
     for &p in &partitions {
         tpl.add_partition(topic, p);

@@ -15,6 +15,7 @@ use rdkafka::{ClientContext, TopicPartitionList};
 
 use super::tracker::{lock, Done, Outcome, PartitionState, Tracker};
 use super::{IngestStats, WATERMARK_TIMEOUT};
+use crate::cluster::topic_partitions;
 use crate::sink::PartitionOwner;
 
 /// How long [`resume_and_wake`] waits for each answer that nobody reads.
@@ -149,12 +150,8 @@ impl IngestContext {
                 return None;
             }
         };
-        let total = match consumer.fetch_metadata(Some(&self.topic), WATERMARK_TIMEOUT) {
-            Ok(m) => m
-                .topics()
-                .iter()
-                .find(|t| t.name() == self.topic)
-                .map_or(0, |t| t.partitions().len()),
+        let total = match topic_partitions(consumer, &self.topic, WATERMARK_TIMEOUT) {
+            Ok(partitions) => partitions.len(),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the topic's partitions; the group is not checked");
                 return None;
