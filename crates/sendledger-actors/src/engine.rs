@@ -296,13 +296,12 @@ impl Engine {
     ) -> Result<(usize, Vec<Diverged>)> {
         self.not_owned(partition, "restoring a partition")?;
         let ledger = self.inner.ledger.clone();
-        let Restored { append, diverged } = ledger
+        let restored = ledger
             .read(move |l| sendledger_store::restore_append(l, events))
             .await?;
-        let restored = append.events.len();
-        self.record_restore(partition, append, &diverged, checkpoint)
-            .await?;
-        Ok((restored, diverged))
+        let count = restored.append.events.len();
+        let diverged = self.record_restore(partition, restored, checkpoint).await?;
+        Ok((count, diverged))
     }
 
     /// Kafka mode: truncates the ledger's copy of requests partition `partition` to its log of
@@ -321,12 +320,11 @@ impl Engine {
     ) -> Result<Vec<Diverged>> {
         self.not_owned(partition, "truncating a partition's copy")?;
         let ledger = self.inner.ledger.clone();
-        let Restored { append, diverged } = ledger
+        let restored = ledger
             .read(move |l| sendledger_store::truncate_append(l, partition, &logged))
             .await?;
-        self.record_restore(partition, append, &diverged, Some(checkpoint))
-            .await?;
-        Ok(diverged)
+        self.record_restore(partition, restored, Some(checkpoint))
+            .await
     }
 
     fn not_owned(&self, partition: i32, what: &'static str) -> Result<()> {
@@ -339,25 +337,16 @@ impl Engine {
     async fn record_restore(
         &self,
         partition: i32,
-        mut append: Append,
-        diverged: &[Diverged],
+        restored: Restored,
         checkpoint: Option<i64>,
-    ) -> Result<()> {
-        append.restored = true;
-        append.partition = Some(partition);
-        append.reviews_owed = diverged.iter().map(|d| (partition, d.clone())).collect();
-        if let Some(checkpoint) = checkpoint {
-            append.cursors.push((
-                sendledger_store::log_checkpoint(partition),
-                checkpoint.max(0) as u64,
-            ));
-        }
+    ) -> Result<Vec<Diverged>> {
+        let (append, diverged) = restored.into_append(partition, checkpoint);
         self.inner.ledger.append(append).await?;
         if !diverged.is_empty() {
             metrics::counter!(crate::metric_definitions::DIVERGENT_HISTORIES_TOTAL)
                 .increment(diverged.len() as u64);
         }
-        Ok(())
+        Ok(diverged)
     }
 
     /// Kafka mode: takes requests partition `partition` on (call it once its log is open and

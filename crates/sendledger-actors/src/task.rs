@@ -621,12 +621,7 @@ impl TaskActor {
 
 /// What the task's writer appends for a decision: its events, the task's new summary, the
 /// identity on first acceptance, and the timer of a `WakeAt`. Returns the state after it.
-pub(crate) fn record(
-    task_id: TaskId,
-    state: &State,
-    decision: &Decision,
-    now: u64,
-) -> (State, Append) {
+pub fn record(task_id: TaskId, state: &State, decision: &Decision, now: u64) -> (State, Append) {
     let mut next = state.clone();
     if next.task_id.is_none() {
         next.task_id = Some(task_id);

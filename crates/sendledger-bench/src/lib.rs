@@ -20,6 +20,7 @@ pub mod fuzz;
 mod kafka;
 mod ledger;
 pub mod process;
+pub mod simulation;
 
 /// sendledger-bench: measurements of sendledger's components, each printed as one JSON object.
 #[derive(Parser)]
@@ -43,19 +44,30 @@ enum Bench {
     /// Inputs per second through every input boundary (request, stored event, event record,
     /// configuration, review body) with generated inputs; counts panics and saves their inputs.
     Fuzz(fuzz::FuzzArgs),
+    /// Kafka mode under deterministic simulation, one run per seed: the schedules run, and
+    /// every seed that broke a rule (replay one with `--seeds N..N+1`). Exits non-zero when
+    /// one did.
+    Simulate(simulation::SimulateArgs),
 }
 
 /// Runs the benchmark named on the command line and returns the process's exit code.
 pub fn main() -> ExitCode {
     sendledger_node::runtime::no_transparent_huge_pages();
-    // Only what goes wrong, on stderr (`RUST_LOG` for more): stdout is the report.
+    let bench = Bench::parse();
+    // Only what goes wrong, on stderr (`RUST_LOG` for more): stdout is the report. The
+    // simulation's faults make the product log every failure it rides out: none by default.
+    let quiet = if matches!(bench, Bench::Simulate(_)) {
+        "off"
+    } else {
+        "warn"
+    };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| quiet.into()),
         )
         .init();
-    let result = match Bench::parse() {
+    let result = match bench {
         Bench::Ledger(args) => ledger::run(args),
         Bench::Effects(args) => effects::run(args),
         Bench::Engine(args) => engine::run(args),
@@ -63,6 +75,7 @@ pub fn main() -> ExitCode {
         Bench::Kafka(args) => kafka::run(args),
         Bench::Cluster(args) => cluster::run(args),
         Bench::Fuzz(args) => fuzz::run(args),
+        Bench::Simulate(args) => simulation::command::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

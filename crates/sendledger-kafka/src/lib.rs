@@ -61,7 +61,7 @@ pub use cluster::{EmbeddedCluster, Kafka};
 pub use config::{KafkaConfig, Role};
 pub use error::{Error, RecordError, Result};
 pub use ingest::{Ingest, IngestStats};
-pub use partition_log::{LogBatch, LogError, LogRecord, PartitionLog};
+pub use partition_log::{Committed, LogBatch, LogError, LogRecord, PartitionLog, TransactionalLog};
 pub use produce::{request_key, RequestProducer};
 pub use publisher::{Publisher, PublisherStats, PUBLISHER_CURSOR};
 pub use reader::{Record, ResultsReader, TopicReader};

@@ -96,6 +96,37 @@ pub struct Committed {
     pub took: Duration,
 }
 
+/// The transactional writer of one events partition as the replicator uses it: a
+/// [`PartitionLog`] on the brokers, or a model of them (the simulation's).
+pub trait TransactionalLog: Send + Sync + 'static {
+    /// The requests consumer's group metadata, which a batch committing a requests offset
+    /// carries (the brokers refuse it from a consumer of an older group generation).
+    type Group: Send + Sync + 'static;
+
+    /// The partition written.
+    fn partition(&self) -> i32;
+
+    /// Writes `batch` in one transaction and returns once it committed (see
+    /// [`PartitionLog::commit`]).
+    fn commit(&self, batch: &LogBatch, group: Option<&Self::Group>) -> Result<Committed, LogError>;
+}
+
+impl TransactionalLog for PartitionLog {
+    type Group = ConsumerGroupMetadata;
+
+    fn partition(&self) -> i32 {
+        self.partition
+    }
+
+    fn commit(
+        &self,
+        batch: &LogBatch,
+        group: Option<&ConsumerGroupMetadata>,
+    ) -> Result<Committed, LogError> {
+        PartitionLog::commit(self, batch, group)
+    }
+}
+
 /// The transactional writer of one events partition.
 pub struct PartitionLog {
     partition: i32,

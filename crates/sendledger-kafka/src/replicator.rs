@@ -12,14 +12,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::ConsumerGroupMetadata;
 use sendledger_core::error::Chain;
 use sendledger_core::result::event_id;
 use sendledger_core::{Event, NewEvent, TaskId};
 use sendledger_store::error::cause;
 use sendledger_store::{Replication, Replicator};
 
-use crate::partition_log::{Committed, LogBatch, LogError, LogRecord, PartitionLog};
+use crate::partition_log::{
+    Committed, LogBatch, LogError, LogRecord, PartitionLog, TransactionalLog,
+};
 use crate::projections::Projections;
 use crate::records::{
     event_record_json, events_source, record_headers, results_source, RecordKind,
@@ -30,17 +31,26 @@ use crate::records::{
 /// them that is done (recorded by earlier transactions, or dropped as processed) or recorded
 /// by the transaction itself: the offsets ride with the events that record their messages, as
 /// in Kafka's consume-transform-produce transactions.
-#[derive(Default)]
-struct Frontier {
+struct Frontier<G> {
     /// Offset → whether the message is done.
     messages: BTreeMap<i64, bool>,
     /// The requests consumer's group metadata, as last reported.
-    group: Option<Arc<ConsumerGroupMetadata>>,
+    group: Option<Arc<G>>,
     /// Since when done messages have waited for a transaction to commit their offsets.
     waiting_since: Option<Instant>,
 }
 
-impl Frontier {
+impl<G> Default for Frontier<G> {
+    fn default() -> Self {
+        Frontier {
+            messages: BTreeMap::new(),
+            group: None,
+            waiting_since: None,
+        }
+    }
+}
+
+impl<G> Frontier<G> {
     /// The offset a transaction recording the messages at `recorded` commits, if it commits
     /// one.
     fn next(&self, recorded: &BTreeSet<i64>) -> Option<i64> {
@@ -70,17 +80,16 @@ impl Frontier {
 }
 
 /// A partition's log here, with its generation (see [`Replicator::generation`]).
-struct OwnedLog {
+struct OwnedLog<L> {
     generation: u64,
-    log: Arc<PartitionLog>,
+    log: Arc<L>,
 }
 
-#[derive(Default)]
-struct Owned {
-    logs: BTreeMap<i32, OwnedLog>,
+struct Owned<L: TransactionalLog> {
+    logs: BTreeMap<i32, OwnedLog<L>>,
     /// The generation of the last log taken on.
     last_generation: u64,
-    frontiers: BTreeMap<i32, Frontier>,
+    frontiers: BTreeMap<i32, Frontier<L::Group>>,
     /// Per partition, the projections kept after its last committed transaction (as the
     /// outbox publisher keeps them): a task's next events are not folded from its history.
     projections: BTreeMap<i32, Projections>,
@@ -89,17 +98,30 @@ struct Owned {
     lost: BTreeMap<i32, bool>,
 }
 
-/// The replicator of the partitions this instance owns. Cheap to share.
-pub struct LogReplicator {
-    owned: Mutex<Owned>,
+impl<L: TransactionalLog> Default for Owned<L> {
+    fn default() -> Self {
+        Owned {
+            logs: BTreeMap::new(),
+            last_generation: 0,
+            frontiers: BTreeMap::new(),
+            projections: BTreeMap::new(),
+            lost: BTreeMap::new(),
+        }
+    }
+}
+
+/// The replicator of the partitions this instance owns, writing through logs of type `L`
+/// (the brokers' [`PartitionLog`], or a model of them). Cheap to share.
+pub struct LogReplicator<L: TransactionalLog = PartitionLog> {
+    owned: Mutex<Owned<L>>,
     /// The CloudEvents sources of the event and result records (as the outbox publisher's).
     events_source: String,
     results_source: String,
 }
 
-impl LogReplicator {
+impl<L: TransactionalLog> LogReplicator<L> {
     /// The replicator of consumer group `group_id`'s partitions.
-    pub fn new(group_id: &str) -> LogReplicator {
+    pub fn new(group_id: &str) -> LogReplicator<L> {
         LogReplicator {
             owned: Mutex::default(),
             events_source: events_source(group_id),
@@ -107,13 +129,13 @@ impl LogReplicator {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Owned> {
+    fn lock(&self) -> MutexGuard<'_, Owned<L>> {
         self.owned.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Takes partition `log.partition()` on: its events are written through `log` from now on.
     /// Call it once the log is open (the previous owner fenced) and the partition restored.
-    pub fn own(&self, log: PartitionLog) {
+    pub fn own(&self, log: L) {
         let mut owned = self.lock();
         let partition = log.partition();
         owned.last_generation += 1;
@@ -178,7 +200,7 @@ impl LogReplicator {
     /// The requests consumer received message `offset` of `partition` (see
     /// [`crate::sink::PartitionOwner::received`]); `group` is its group metadata now, if it has
     /// any.
-    pub fn received(&self, partition: i32, offset: i64, group: Option<ConsumerGroupMetadata>) {
+    pub fn received(&self, partition: i32, offset: i64, group: Option<L::Group>) {
         self.update(partition, group, |frontier| {
             frontier.messages.entry(offset).or_insert(false);
         });
@@ -186,7 +208,7 @@ impl LogReplicator {
 
     /// Message `offset` of `partition` is done (see [`crate::sink::PartitionOwner::done`]);
     /// `group` is the consumer's group metadata now, if it has any.
-    pub fn done(&self, partition: i32, offset: i64, group: Option<ConsumerGroupMetadata>) {
+    pub fn done(&self, partition: i32, offset: i64, group: Option<L::Group>) {
         self.update(partition, group, |frontier| {
             if let Some(done) = frontier.messages.get_mut(&offset) {
                 *done = true;
@@ -201,8 +223,8 @@ impl LogReplicator {
     fn update(
         &self,
         partition: i32,
-        group: Option<ConsumerGroupMetadata>,
-        change: impl FnOnce(&mut Frontier),
+        group: Option<L::Group>,
+        change: impl FnOnce(&mut Frontier<L::Group>),
     ) {
         let mut owned = self.lock();
         if !owned.logs.contains_key(&partition) {
@@ -279,7 +301,7 @@ fn json(value: &impl serde::Serialize) -> Result<Vec<u8>, Replication> {
     serde_json::to_vec(value).map_err(|e| Replication::Failed(Arc::new(crate::Error::Encode(e))))
 }
 
-impl Replicator for LogReplicator {
+impl<L: TransactionalLog> Replicator for LogReplicator<L> {
     fn generation(&self, partition: i32) -> Option<u64> {
         self.lock().logs.get(&partition).map(|l| l.generation)
     }
@@ -346,7 +368,7 @@ impl Replicator for LogReplicator {
     }
 }
 
-impl LogReplicator {
+impl<L: TransactionalLog> LogReplicator<L> {
     /// Takes in the outcome of a transaction written through the log of generation
     /// `generation`, which was partition `partition`'s log when the transaction began. The partition may have been revoked
     /// meanwhile, and even owned again through a new log: what the transaction's outcome says
@@ -408,7 +430,7 @@ impl LogReplicator {
     }
 }
 
-impl Owned {
+impl<L: TransactionalLog> Owned<L> {
     /// Whether the log of generation `generation` is partition `partition`'s log now.
     fn is_current(&self, partition: i32, generation: u64) -> bool {
         self.logs
@@ -468,7 +490,7 @@ mod tests {
     fn a_late_failure_of_a_log_given_up_costs_the_partition_nothing() {
         let kafka = Kafka::connect(KafkaConfig::default()).unwrap();
         let open = || PartitionLog::open(&kafka, 0, Duration::from_secs(20)).unwrap();
-        let replicator = LogReplicator::new("group");
+        let replicator = LogReplicator::<PartitionLog>::new("group");
         replicator.own(open());
         assert_eq!(replicator.generation(0), Some(1));
         replicator.release(0);
@@ -512,7 +534,7 @@ mod tests {
     fn a_late_commit_of_a_log_given_up_is_restored_not_settled() {
         let kafka = Kafka::connect(KafkaConfig::default()).unwrap();
         let open = || PartitionLog::open(&kafka, 0, Duration::from_secs(20)).unwrap();
-        let replicator = LogReplicator::new("group");
+        let replicator = LogReplicator::<PartitionLog>::new("group");
         let commit = |generation: u64| {
             let committed = Committed {
                 events: Some((40, 41)),
@@ -547,7 +569,7 @@ mod tests {
         assert_eq!(replicator.take_lost(), [(0, false)]);
     }
 
-    fn frontier(messages: &[(i64, bool)]) -> Frontier {
+    fn frontier(messages: &[(i64, bool)]) -> Frontier<()> {
         Frontier {
             messages: messages.iter().copied().collect(),
             ..Frontier::default()

@@ -19,7 +19,7 @@ use sendledger_core::{fold, Event, EventBody, NewEvent, State, TaskId};
 
 pub use crate::diverged::Diverged;
 use crate::error::{Error, Result};
-use crate::journal::Append;
+use crate::journal::{log_checkpoint, Append};
 use crate::ledger::Ledger;
 use crate::summary::TaskSummary;
 
@@ -39,6 +39,28 @@ struct Restoring {
 pub struct Restored {
     pub append: Append,
     pub diverged: Vec<Diverged>,
+}
+
+impl Restored {
+    /// The append recording this restore step of requests partition `partition`'s log, with
+    /// the checkpoint to read the log from after it (none while a truncation is under way: a
+    /// copy being truncated records its checkpoint with the truncation), and the reviews its
+    /// diverged tasks owe, kept until recorded.
+    pub fn into_append(self, partition: i32, checkpoint: Option<i64>) -> (Append, Vec<Diverged>) {
+        let Restored {
+            mut append,
+            diverged,
+        } = self;
+        append.restored = true;
+        append.partition = Some(partition);
+        append.reviews_owed = diverged.iter().map(|d| (partition, d.clone())).collect();
+        if let Some(checkpoint) = checkpoint {
+            append
+                .cursors
+                .push((log_checkpoint(partition), checkpoint.max(0) as u64));
+        }
+        (append, diverged)
+    }
 }
 
 /// What appending `events` (in the order they were written) to `ledger` takes: the events the

@@ -1,0 +1,883 @@
+//! Kafka mode under deterministic simulation: instances running the product's ledger,
+//! journal, replicator, restore and decisions (see [`instance`]) against a model of the
+//! brokers ([`broker`]) and of the remote ([`remote`]), under one seeded scheduler that picks
+//! every step: which request is read, which commit ends and how, which attempt writes its
+//! first byte, which response is lost, when time passes, which instance is killed, frozen
+//! past its session, restarted on its disk or on an empty one, and when the group
+//! rebalances. Time is the scheduler's. A run ends with every fault healed and the work
+//! drained, then checks what a user would: no side effect twice, no task with two different
+//! terminal results, every request at a terminal result or in review, results that agree
+//! with the remote, the rules of every task's log, and, all along, that no instance decides
+//! from a copy ahead of its log. A failing seed replays exactly.
+//!
+//! How to run it: `sendledger-bench simulate --seeds A..B`; what it covers and what it
+//! does not: `docs/testing.md`.
+
+mod broker;
+pub mod command;
+mod instance;
+mod remote;
+
+pub use command::SimulateArgs;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use sendledger_core::decide::{AttemptOutcome, Input, Policy, ReconcilePolicy};
+use sendledger_core::event::{NotSentCause, ReviewReason, UnknownCause};
+use sendledger_core::result::{ResultStatus, TaskResult};
+use sendledger_core::retry::RetryPolicy;
+use sendledger_core::rules::{check_task, CheckConfig};
+use sendledger_core::{Event, Limits, Phase, Source, TaskId, TaskRequest};
+
+use broker::{Broker, Ending};
+use instance::{Effect, Env, Instance};
+use remote::Remote;
+
+/// The requests topic's name in the simulation.
+pub const REQUESTS: &str = "requests";
+/// The target every task goes to.
+const TARGET: &str = "api";
+/// A request unanswered this long after its first byte times out.
+const REQUEST_TIMEOUT_MS: u64 = 5_000;
+/// A member stopped this long leaves the group.
+const SESSION_MS: u64 = 6_000;
+/// At most this long between a record's creation and a lookup seeing it.
+const LOOKUP_LAG_MS: u64 = 3_000;
+/// Steps of the drain (no faults) at most before a run is said not to settle.
+const DRAIN_STEPS: usize = 20_000;
+
+/// The size of one run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub instances: usize,
+    pub partitions: i32,
+    pub tasks: usize,
+    /// Steps with faults, before the drain.
+    pub steps: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            instances: 3,
+            partitions: 3,
+            tasks: 24,
+            steps: 600,
+        }
+    }
+}
+
+/// What one run did and found.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct Report {
+    pub seed: u64,
+    /// The brokers committed fenced writers' open transactions (as the test broker does).
+    pub commits_fenced: bool,
+    pub steps: usize,
+    pub commits: u64,
+    pub commits_failed: u64,
+    pub take_overs: u64,
+    pub crashes: u64,
+    pub wipes: u64,
+    pub freezes: u64,
+    pub rebalances: u64,
+    pub sends: u64,
+    pub lost_responses: u64,
+    pub records: usize,
+    pub succeeded: usize,
+    pub reviews: usize,
+    /// Why the tasks in review are there.
+    pub reviews_why: BTreeMap<String, usize>,
+    pub failed: usize,
+    pub rejected: usize,
+    pub violations: Vec<String>,
+}
+
+/// Runs seed `seed` in directory `dir` (its ledgers go there).
+pub fn run(seed: u64, dir: &Path, options: &Options) -> anyhow::Result<Report> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let commits_fenced = rng.random_bool(0.5);
+    let mut world = World {
+        now: 1_800_000_000_000,
+        broker: Broker::new(commits_fenced),
+        remote: Remote::default(),
+        instances: Vec::new(),
+        requests: BTreeMap::new(),
+        assignment: BTreeMap::new(),
+        expel_at: BTreeMap::new(),
+        expelled: BTreeSet::new(),
+        group: 0,
+        policy: policy(),
+        report: Report {
+            seed,
+            commits_fenced,
+            ..Report::default()
+        },
+        partitions: options.partitions,
+        rng,
+    };
+    for i in 0..options.instances {
+        world
+            .instances
+            .push(Instance::start(i, dir.join(format!("instance-{i}")))?);
+    }
+    world.requests = requests(&mut world.rng, options);
+    world.rebalance();
+    for _ in 0..options.steps {
+        world.step(true)?;
+        world.report.steps += 1;
+    }
+    world.drain()?;
+    world.check();
+    Ok(world.report)
+}
+
+/// The target's policy: retries, lookups with a deadline past the send lease and the
+/// request timeout, and a resend authorized once when the deadline passes with no record.
+fn policy() -> Policy {
+    Policy {
+        retry: RetryPolicy {
+            max_attempts: 4,
+            initial_backoff_ms: 500,
+            max_backoff_ms: 4_000,
+            ..RetryPolicy::default()
+        },
+        reconcile: Some(ReconcilePolicy {
+            first_check_ms: 1_000,
+            check_interval_ms: 2_000,
+            deadline_ms: instance::SEND_LEASE_MS + REQUEST_TIMEOUT_MS + LOOKUP_LAG_MS + 2_000,
+            resend_when_absent: true,
+            max_policy_resends: 1,
+            complete_after_ms: None,
+        }),
+        ..Policy::default()
+    }
+}
+
+/// The requests topic: each task's request in its partition, some delivered twice, one
+/// conflicting with another's identity.
+fn requests(rng: &mut StdRng, options: &Options) -> BTreeMap<i32, Vec<TaskRequest>> {
+    let request = |i: usize, n: usize| TaskRequest {
+        tenant: "t".into(),
+        operation: "create".into(),
+        request_key: format!("k{i}"),
+        target: TARGET.into(),
+        payload: serde_json::json!({ "n": n }),
+        payload_text: None,
+        metadata: Default::default(),
+    };
+    let mut topic: BTreeMap<i32, Vec<TaskRequest>> = BTreeMap::new();
+    for i in 0..options.tasks {
+        let p = (i as i32) % options.partitions;
+        topic.entry(p).or_default().push(request(i, i));
+    }
+    for i in 0..options.tasks {
+        let p = (i as i32) % options.partitions;
+        if rng.random_bool(0.25) {
+            let at = rng.random_range(0..=topic[&p].len());
+            topic.get_mut(&p).expect("filled").insert(at, request(i, i));
+        }
+    }
+    if options.tasks > 0 {
+        // Same identity as task 0, another payload: a conflict, never executed.
+        topic.entry(0).or_default().push(request(0, 1_000_000));
+    }
+    topic
+}
+
+struct World {
+    now: u64,
+    rng: StdRng,
+    broker: Arc<Broker>,
+    remote: Remote,
+    instances: Vec<Instance>,
+    requests: BTreeMap<i32, Vec<TaskRequest>>,
+    /// The group's assignment: partition → member.
+    assignment: BTreeMap<i32, usize>,
+    /// Frozen members the group expels at a time (their session expires).
+    expel_at: BTreeMap<usize, u64>,
+    /// Frozen members expelled, until they thaw.
+    expelled: BTreeSet<usize>,
+    group: u64,
+    policy: Policy,
+    report: Report,
+    partitions: i32,
+}
+
+/// One thing the scheduler may do.
+#[derive(Debug, Clone, Copy)]
+enum Move {
+    Deliver,
+    EndCommit,
+    FirstByte,
+    Answer,
+    Lookup,
+    Timer,
+    Wait,
+    Crash,
+    Restart,
+    Freeze,
+    Rebalance,
+}
+
+impl World {
+    /// Runs `f` on instance `i` with the world's environment, then lets every instance settle.
+    fn with<T>(&mut self, i: usize, f: impl FnOnce(&mut Instance, &mut Env<'_>) -> T) -> T {
+        let rng = &mut self.rng;
+        let mut random = || rng.random::<u64>();
+        let mut env = Env {
+            now: self.now,
+            random: &mut random,
+            broker: &self.broker,
+            policy: &self.policy,
+            group: self.group,
+            violations: &mut self.report.violations,
+        };
+        f(&mut self.instances[i], &mut env)
+    }
+
+    /// Lets the instances do what they have to, one move at a time (see
+    /// [`Instance::next_move`]), each once every append under way is acknowledged or waits
+    /// behind a parked commit.
+    fn settle(&mut self) -> anyhow::Result<()> {
+        loop {
+            self.quiet()?;
+            let mut moved = false;
+            for i in 0..self.instances.len() {
+                if self.active(i) && self.with(i, |inst, env| inst.next_move(env)) {
+                    moved = true;
+                    break;
+                }
+            }
+            if !moved {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Waits until every append under way is acknowledged or waits behind a parked commit.
+    fn quiet(&mut self) -> anyhow::Result<()> {
+        let started = Instant::now();
+        loop {
+            let mut quiet = true;
+            for inst in self.instances.iter_mut().filter(|i| i.up()) {
+                inst.poll_acks();
+                quiet &= inst.quiet(&self.broker);
+            }
+            if quiet {
+                return Ok(());
+            }
+            if started.elapsed() > Duration::from_secs(30) {
+                anyhow::bail!(
+                    "seed {}: appends neither acknowledged nor waiting for a commit after 30 s",
+                    self.report.seed
+                );
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+
+    /// Whether instance `i` acts now (up and not frozen).
+    fn active(&self, i: usize) -> bool {
+        self.instances[i].up() && !self.instances[i].frozen(self.now)
+    }
+
+    fn step(&mut self, faults: bool) -> anyhow::Result<()> {
+        let moves: &[(Move, u32)] = &[
+            (Move::Deliver, 24),
+            (Move::EndCommit, 30),
+            (Move::FirstByte, 14),
+            (Move::Answer, 14),
+            (Move::Lookup, 10),
+            (Move::Timer, 8),
+            (Move::Wait, 8),
+            (Move::Crash, if faults { 1 } else { 0 }),
+            (Move::Restart, if faults { 2 } else { 0 }),
+            (Move::Freeze, if faults { 1 } else { 0 }),
+            (Move::Rebalance, if faults { 2 } else { 0 }),
+        ];
+        let total: u32 = moves.iter().map(|(_, w)| w).sum();
+        let mut pick = self.rng.random_range(0..total);
+        let mut chosen = Move::Wait;
+        for &(m, w) in moves {
+            if pick < w {
+                chosen = m;
+                break;
+            }
+            pick -= w;
+        }
+        if std::env::var_os("SIM_TRACE").is_some() {
+            let parked = self.broker.parked();
+            let owned: Vec<_> = self
+                .instances
+                .iter()
+                .map(|i| {
+                    (
+                        i.up(),
+                        i.owned.clone(),
+                        i.attempts.len(),
+                        i.calls.len(),
+                        i.lookups.len(),
+                        i.timers.len(),
+                    )
+                })
+                .collect();
+            eprintln!("{} {chosen:?} parked={parked:?} {owned:?}", self.now);
+        }
+        self.make(chosen, faults)?;
+        self.settle()?;
+        self.housekeeping()?;
+        self.settle()
+    }
+
+    fn make(&mut self, chosen: Move, faults: bool) -> anyhow::Result<()> {
+        match chosen {
+            Move::Deliver => self.deliver(),
+            Move::EndCommit => {
+                let parked = self.broker.parked();
+                if !parked.is_empty() {
+                    let id = parked[self.rng.random_range(0..parked.len())];
+                    let ending = match (faults, self.rng.random_range(0..100)) {
+                        (false, _) => Ending::Commit,
+                        (true, 0..80) => Ending::Commit,
+                        (true, 80..87) => Ending::Abort,
+                        _ => Ending::TimedOut {
+                            committed: self.rng.random_bool(0.5),
+                        },
+                    };
+                    self.report.commits += 1;
+                    if ending != Ending::Commit {
+                        self.report.commits_failed += 1;
+                    }
+                    self.broker.end(id, ending);
+                }
+            }
+            Move::FirstByte => self.first_byte(),
+            Move::Answer => self.answer(faults),
+            Move::Lookup => self.lookup(),
+            Move::Timer => self.timer(),
+            Move::Wait => {
+                let by = self.rng.random_range(10..3_000);
+                self.advance(self.now + by);
+            }
+            Move::Crash => {
+                let up: Vec<usize> = (0..self.instances.len())
+                    .filter(|&i| self.instances[i].up())
+                    .collect();
+                if up.len() > 1 {
+                    let i = up[self.rng.random_range(0..up.len())];
+                    self.crash(i);
+                }
+            }
+            Move::Restart => {
+                let down: Vec<usize> = (0..self.instances.len())
+                    .filter(|&i| !self.instances[i].up())
+                    .collect();
+                if !down.is_empty() {
+                    let i = down[self.rng.random_range(0..down.len())];
+                    let wipe = self.rng.random_bool(0.25);
+                    self.report.wipes += wipe as u64;
+                    self.instances[i].restart(wipe)?;
+                    self.rebalance();
+                }
+            }
+            Move::Freeze => {
+                let active: Vec<usize> = (0..self.instances.len())
+                    .filter(|&i| self.active(i))
+                    .collect();
+                if active.len() > 1 {
+                    let i = active[self.rng.random_range(0..active.len())];
+                    let for_ms = self.rng.random_range(1_000..15_000);
+                    self.instances[i].frozen_until = Some(self.now + for_ms);
+                    if for_ms > SESSION_MS {
+                        self.expel_at.insert(i, self.now + SESSION_MS);
+                    }
+                    self.report.freezes += 1;
+                }
+            }
+            Move::Rebalance => self.rebalance(),
+        }
+        Ok(())
+    }
+
+    /// Reads the next request of a partition an active instance owns.
+    fn deliver(&mut self) {
+        let mut ready = Vec::new();
+        for (i, inst) in self.instances.iter().enumerate() {
+            if !self.active(i) {
+                continue;
+            }
+            for (&p, &next) in &inst.consumed {
+                if (next as usize) < self.requests.get(&p).map_or(0, Vec::len) {
+                    ready.push((i, p, next));
+                }
+            }
+        }
+        if ready.is_empty() {
+            return;
+        }
+        let (i, p, offset) = ready[self.rng.random_range(0..ready.len())];
+        let request = self.requests[&p][offset as usize].clone();
+        let group = self.group;
+        let accepted = request
+            .accept(&Limits::default())
+            .expect("the simulation's requests are valid");
+        let task = accepted.task_id();
+        let source = Source {
+            topic: REQUESTS.into(),
+            partition: p,
+            offset,
+        };
+        self.with(i, |inst, env| {
+            inst.received(p, offset, group);
+            let input = Input::Deliver {
+                request: accepted,
+                source,
+            };
+            inst.input(task, p, input, env);
+        });
+    }
+
+    /// Picks one effect of the active instances' `which` list, removed.
+    fn take_effect(
+        &mut self,
+        which: fn(&mut Instance) -> &mut Vec<Effect>,
+    ) -> Option<(usize, Effect)> {
+        let mut all = Vec::new();
+        for i in 0..self.instances.len() {
+            if self.active(i) {
+                for n in 0..which(&mut self.instances[i]).len() {
+                    all.push((i, n));
+                }
+            }
+        }
+        if all.is_empty() {
+            return None;
+        }
+        let (i, n) = all[self.rng.random_range(0..all.len())];
+        Some((i, which(&mut self.instances[i]).remove(n)))
+    }
+
+    /// An attempt's first byte: refused past its send lease, dropped when its partition was
+    /// revoked since its decision; otherwise the request reaches the remote.
+    fn first_byte(&mut self) {
+        let Some((i, mut effect)) = self.take_effect(|i| &mut i.attempts) else {
+            return;
+        };
+        if self.instances[i].owned.get(&effect.partition) != Some(&effect.epoch) {
+            return;
+        }
+        if self.now > effect.until {
+            let outcome = AttemptOutcome::NotSent {
+                cause: NotSentCause::LocalResources(
+                    "send lease expired before the first request byte; nothing was written".into(),
+                ),
+                retry_after_ms: None,
+            };
+            self.outcome(i, &effect, outcome);
+            return;
+        }
+        self.report.sends += 1;
+        effect.until = self.now + REQUEST_TIMEOUT_MS;
+        self.instances[i].calls.push(effect);
+    }
+
+    /// The remote answers one request (or its answer is lost).
+    fn answer(&mut self, faults: bool) {
+        let Some((i, effect)) = self.take_effect(|i| &mut i.calls) else {
+            return;
+        };
+        let roll = if faults {
+            self.rng.random_range(0..100)
+        } else {
+            0
+        };
+        let lag = self.rng.random_range(0..LOOKUP_LAG_MS);
+        let outcome = match roll {
+            0..60 => {
+                let id = self.remote.create(&effect.key, self.now, lag);
+                AttemptOutcome::Succeeded {
+                    remote_id: id,
+                    status: 201,
+                }
+            }
+            60..75 => {
+                self.remote.create(&effect.key, self.now, lag);
+                self.report.lost_responses += 1;
+                AttemptOutcome::Unknown {
+                    cause: UnknownCause::Timeout,
+                }
+            }
+            75..82 => {
+                self.remote.create(&effect.key, self.now, lag);
+                AttemptOutcome::Unknown {
+                    cause: UnknownCause::Status(500),
+                }
+            }
+            82..92 => AttemptOutcome::NotSent {
+                cause: NotSentCause::Throttled { status: 429 },
+                retry_after_ms: Some(1_000),
+            },
+            92..96 => AttemptOutcome::Unknown {
+                cause: UnknownCause::Timeout,
+            },
+            _ => AttemptOutcome::Rejected {
+                status: 422,
+                detail: "refused".into(),
+            },
+        };
+        self.outcome(i, &effect, outcome);
+    }
+
+    fn outcome(&mut self, i: usize, effect: &Effect, outcome: AttemptOutcome) {
+        let input = Input::Outcome {
+            attempt: effect.attempt,
+            outcome,
+        };
+        let (task, p) = (effect.task, effect.partition);
+        self.with(i, |inst, env| inst.input(task, p, input, env));
+    }
+
+    fn lookup(&mut self) {
+        let Some((i, effect)) = self.take_effect(|i| &mut i.lookups) else {
+            return;
+        };
+        let found = self.remote.lookup(&effect.key, self.now);
+        let input = Input::Lookup {
+            attempt: effect.attempt,
+            asked_at: self.now,
+            result: Ok(found),
+        };
+        self.with(i, |inst, env| {
+            inst.input(effect.task, effect.partition, input, env)
+        });
+    }
+
+    /// The earliest timer of an active instance: fired when due, else time moves to it.
+    fn timer(&mut self) {
+        let next = (0..self.instances.len())
+            .filter(|&i| self.active(i))
+            .filter_map(|i| self.instances[i].timers.first().map(|t| (t.0, i)))
+            .min();
+        let Some((at, i)) = next else {
+            return;
+        };
+        if at > self.now {
+            self.advance(at);
+            return;
+        }
+        let (_, task, p) = self.instances[i].timers.pop_first().expect("a timer");
+        self.with(i, |inst, env| inst.input(task, p, Input::Wake, env));
+    }
+
+    /// Time passes: requests whose answer does not come in time time out first (their record
+    /// made or not), then frozen members past their session leave the group and thawed ones
+    /// hear what they missed.
+    fn advance(&mut self, to: u64) {
+        loop {
+            let late = (0..self.instances.len())
+                .filter(|&i| self.instances[i].up())
+                .flat_map(|i| {
+                    (self.instances[i].calls.iter().enumerate()).map(move |(n, c)| (c.until, i, n))
+                })
+                .filter(|(until, ..)| *until < to)
+                .min();
+            let Some((until, i, n)) = late else {
+                break;
+            };
+            self.now = self.now.max(until);
+            let effect = self.instances[i].calls.remove(n);
+            if self.rng.random_bool(0.5) {
+                let lag = self.rng.random_range(0..LOOKUP_LAG_MS);
+                self.remote.create(&effect.key, self.now, lag);
+            }
+            // A frozen instance hears it when it thaws; it decides now all the same.
+            let outcome = AttemptOutcome::Unknown {
+                cause: UnknownCause::Timeout,
+            };
+            self.outcome(i, &effect, outcome);
+        }
+        self.now = self.now.max(to);
+        let expelled: Vec<usize> = (self.expel_at.iter())
+            .filter(|(_, &at)| at <= self.now)
+            .map(|(&i, _)| i)
+            .collect();
+        for &i in &expelled {
+            self.expel_at.remove(&i);
+            self.expelled.insert(i);
+        }
+        let thawed: Vec<usize> = (0..self.instances.len())
+            .filter(|&i| {
+                self.instances[i]
+                    .frozen_until
+                    .is_some_and(|t| t <= self.now)
+            })
+            .collect();
+        for &i in &thawed {
+            self.expel_at.remove(&i);
+            self.expelled.remove(&i);
+            let inst = &mut self.instances[i];
+            inst.frozen_until = None;
+            for p in std::mem::take(&mut inst.unheard) {
+                inst.release(p);
+            }
+        }
+        if !expelled.is_empty() || !thawed.is_empty() {
+            self.rebalance();
+        }
+    }
+
+    /// kill -9 of instance `i`: its transactions stay open at the brokers, its requests at
+    /// the remote end unheard.
+    fn crash(&mut self, i: usize) {
+        self.report.crashes += 1;
+        for p in self.instances[i].owned.keys().copied().collect::<Vec<_>>() {
+            self.instances[i].release(p);
+        }
+        for id in self.broker.parked_of(i) {
+            self.broker.end(id, Ending::TimedOut { committed: false });
+        }
+        for effect in std::mem::take(&mut self.instances[i].calls) {
+            if self.rng.random_bool(0.5) {
+                let lag = self.rng.random_range(0..LOOKUP_LAG_MS);
+                self.remote.create(&effect.key, self.now, lag);
+            }
+        }
+        self.instances[i].crash();
+        self.expel_at.remove(&i);
+        self.expelled.remove(&i);
+        self.rebalance();
+    }
+
+    /// A new group generation: partitions spread over the members that can join (up, not
+    /// frozen); a frozen member whose session has not expired keeps what it has.
+    fn rebalance(&mut self) {
+        self.report.rebalances += 1;
+        self.group = self.broker.rebalance();
+        let joining: Vec<usize> = (0..self.instances.len())
+            .filter(|&i| self.active(i))
+            .collect();
+        let keeps = |i: usize, w: &World| {
+            w.instances[i].up() && w.instances[i].frozen(w.now) && !w.expelled.contains(&i)
+        };
+        for p in 0..self.partitions {
+            let old = self.assignment.get(&p).copied();
+            let new = match old {
+                Some(o) if keeps(o, self) => Some(o),
+                _ if joining.is_empty() => None,
+                _ => Some(joining[self.rng.random_range(0..joining.len())]),
+            };
+            if let Some(o) = old.filter(|&o| Some(o) != new && self.instances[o].up()) {
+                if self.instances[o].frozen(self.now) {
+                    self.instances[o].unheard.push(p);
+                } else {
+                    self.instances[o].release(p);
+                }
+            }
+            match new {
+                Some(n) => self.assignment.insert(p, n),
+                None => self.assignment.remove(&p),
+            };
+        }
+    }
+
+    /// Partitions assigned to active instances that do not own them are taken over; lost
+    /// ones are given up first.
+    fn housekeeping(&mut self) -> anyhow::Result<()> {
+        for i in 0..self.instances.len() {
+            if !self.active(i) {
+                continue;
+            }
+            self.instances[i].lost();
+            let todo: Vec<i32> = (self.assignment.iter())
+                .filter(|(p, &o)| o == i && !self.instances[i].owned.contains_key(p))
+                .map(|(&p, _)| p)
+                .collect();
+            for p in todo {
+                if self.with(i, |inst, env| inst.take_over(p, env)).is_ok() {
+                    self.report.take_overs += 1;
+                }
+                self.settle()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Heals every fault and runs until nothing is left to do.
+    fn drain(&mut self) -> anyhow::Result<()> {
+        for i in 0..self.instances.len() {
+            if !self.instances[i].up() {
+                self.instances[i].restart(false)?;
+            }
+        }
+        let thaw = self.now + SESSION_MS * 3;
+        self.advance(thaw);
+        self.rebalance();
+        self.settle()?;
+        self.housekeeping()?;
+        for _ in 0..DRAIN_STEPS {
+            if self.idle() {
+                return Ok(());
+            }
+            let parked = self.broker.parked();
+            if let Some(&id) = parked.first() {
+                self.broker.end(id, Ending::Commit);
+                self.settle()?;
+                self.housekeeping()?;
+                continue;
+            }
+            self.step(false)?;
+        }
+        self.report.violations.push(format!(
+            "the run did not settle within {DRAIN_STEPS} steps of draining"
+        ));
+        Ok(())
+    }
+
+    /// Nothing left to do: every request read, nothing parked or in flight, no timer.
+    fn idle(&self) -> bool {
+        let unread = (self.instances.iter()).any(|inst| {
+            (inst.consumed.iter())
+                .any(|(p, &next)| (next as usize) < self.requests.get(p).map_or(0, Vec::len))
+        });
+        let owned: usize = self.instances.iter().map(|i| i.owned.len()).sum();
+        let busy = (self.instances.iter()).any(|i| {
+            !i.attempts.is_empty()
+                || !i.calls.is_empty()
+                || !i.lookups.is_empty()
+                || !i.timers.is_empty()
+        });
+        owned == self.partitions as usize && !unread && !busy && self.broker.parked().is_empty()
+    }
+
+    /// The checks of a finished run.
+    fn check(&mut self) {
+        let violations = &mut self.report.violations;
+        // No side effect twice.
+        for (key, records) in self.remote.records() {
+            if records.len() > 1 {
+                violations.push(format!("{} records at the remote for {key}", records.len()));
+            }
+        }
+        self.report.records = self.remote.records().values().map(Vec::len).sum();
+        // The log: every task's rules, and its final state.
+        let log = self.broker.log();
+        let mut tasks: BTreeMap<TaskId, Vec<Event>> = BTreeMap::new();
+        for events in log.values() {
+            for e in events {
+                tasks.entry(e.task_id).or_default().push(e.clone());
+            }
+        }
+        let config = CheckConfig {
+            key_ttl_ms: None,
+            max_policy_resends: 1,
+        };
+        let mut finals: BTreeMap<TaskId, sendledger_core::State> = BTreeMap::new();
+        for (task, events) in &tasks {
+            let seqs: Vec<u32> = events.iter().map(|e| e.task_seq).collect();
+            if seqs.iter().enumerate().any(|(n, &s)| s != n as u32) {
+                violations.push(format!("task {task}'s log is not one chain: {seqs:?}"));
+            }
+            let (state, broken) = check_task(events, config);
+            for v in broken {
+                violations.push(format!("task {task}: {} ({})", v.rule.name(), v.detail));
+            }
+            finals.insert(*task, state);
+        }
+        // Results: no two different terminal results of a task.
+        let mut results: BTreeMap<String, Vec<TaskResult>> = BTreeMap::new();
+        for record in self.broker.results() {
+            match serde_json::from_slice::<TaskResult>(&record.payload) {
+                Ok(r) => results.entry(r.task_id.clone()).or_default().push(r),
+                Err(e) => violations.push(format!("an unreadable result: {e}")),
+            }
+        }
+        for (task, rs) in &results {
+            let terminal: BTreeSet<(String, Option<String>)> = (rs.iter())
+                .filter(|r| {
+                    matches!(
+                        r.status,
+                        ResultStatus::Succeeded | ResultStatus::Rejected | ResultStatus::Failed
+                    )
+                })
+                .map(|r| (format!("{:?}", r.status), r.remote_id.clone()))
+                .collect();
+            if terminal.len() > 1 {
+                violations.push(format!(
+                    "task {task} has two terminal results: {terminal:?}"
+                ));
+            }
+        }
+        // Every request at a terminal result or in review, and what it says agrees with the
+        // remote.
+        let mut keys = BTreeSet::new();
+        for reqs in self.requests.values() {
+            for r in reqs {
+                keys.insert(r.request_key.clone());
+            }
+        }
+        for key in keys {
+            let request = TaskRequest {
+                tenant: "t".into(),
+                operation: "create".into(),
+                request_key: key.clone(),
+                target: TARGET.into(),
+                payload: serde_json::json!({}),
+                payload_text: None,
+                metadata: Default::default(),
+            };
+            let task = request.identity().task_id();
+            let Some(state) = finals.get(&task) else {
+                violations.push(format!("request {key} has no task in the log"));
+                continue;
+            };
+            let records = self.remote.records().get(&key).map_or(0, Vec::len);
+            match state.phase {
+                Phase::Succeeded => {
+                    self.report.succeeded += 1;
+                    if records == 0 {
+                        violations
+                            .push(format!("task {key} succeeded with no record at the remote"));
+                    }
+                }
+                Phase::ManualReview => {
+                    self.report.reviews += 1;
+                    let why = match &state.review_reason {
+                        Some(ReviewReason::MultipleMatches { .. }) => "multiple_matches",
+                        Some(ReviewReason::DeadlinePassed { .. }) => "deadline_passed",
+                        Some(ReviewReason::DivergentHistory { .. }) => "divergent_history",
+                        Some(_) => "other",
+                        None => "unknown",
+                    };
+                    *self.report.reviews_why.entry(why.into()).or_default() += 1;
+                }
+                Phase::Failed | Phase::Rejected => {
+                    if state.phase == Phase::Failed {
+                        self.report.failed += 1;
+                    } else {
+                        self.report.rejected += 1;
+                    }
+                    if records > 0 {
+                        violations.push(format!(
+                            "task {key} ended {:?} with {records} record(s) at the remote",
+                            state.phase
+                        ));
+                    }
+                }
+                other => violations.push(format!("task {key} ended {other:?}, not settled")),
+            }
+            let announced = (results.get(&task.to_string()).into_iter().flatten())
+                .any(|r| r.status != ResultStatus::Conflict);
+            if !announced {
+                violations.push(format!("task {key} settled with no result published"));
+            }
+        }
+        let take_overs: u64 = self.instances.iter().map(|i| i.take_overs).sum();
+        self.report.take_overs = self.report.take_overs.max(take_overs);
+    }
+}
