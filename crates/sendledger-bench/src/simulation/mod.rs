@@ -223,6 +223,10 @@ enum Move {
     Restart,
     Freeze,
     Rebalance,
+    /// An instance takes over a partition the group assigned it (or one whose log it lost).
+    TakeOver,
+    /// An instance hears of the revocations it missed while frozen.
+    Hear,
 }
 
 impl World {
@@ -300,6 +304,8 @@ impl World {
             (Move::Restart, if faults { 2 } else { 0 }),
             (Move::Freeze, if faults { 1 } else { 0 }),
             (Move::Rebalance, if faults { 2 } else { 0 }),
+            (Move::TakeOver, 10),
+            (Move::Hear, 6),
         ];
         let total: u32 = moves.iter().map(|(_, w)| w).sum();
         let mut pick = self.rng.random_range(0..total);
@@ -401,6 +407,18 @@ impl World {
                 }
             }
             Move::Rebalance => self.rebalance(),
+            Move::TakeOver => self.take_over()?,
+            Move::Hear => {
+                let deaf: Vec<usize> = (0..self.instances.len())
+                    .filter(|&i| self.active(i) && !self.instances[i].unheard.is_empty())
+                    .collect();
+                if !deaf.is_empty() {
+                    let i = deaf[self.rng.random_range(0..deaf.len())];
+                    for p in std::mem::take(&mut self.instances[i].unheard) {
+                        self.instances[i].release(p);
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -621,11 +639,7 @@ impl World {
         for &i in &thawed {
             self.expel_at.remove(&i);
             self.expelled.remove(&i);
-            let inst = &mut self.instances[i];
-            inst.frozen_until = None;
-            for p in std::mem::take(&mut inst.unheard) {
-                inst.release(p);
-            }
+            self.instances[i].frozen_until = None;
         }
         if !expelled.is_empty() || !thawed.is_empty() {
             self.rebalance();
@@ -686,24 +700,31 @@ impl World {
         }
     }
 
-    /// Partitions assigned to active instances that do not own them are taken over; lost
-    /// ones are given up first.
+    /// The partitions whose log an instance lost are given up (the replicator says so).
     fn housekeeping(&mut self) -> anyhow::Result<()> {
-        for i in 0..self.instances.len() {
-            if !self.active(i) {
-                continue;
-            }
-            self.instances[i].lost();
-            let todo: Vec<i32> = (self.assignment.iter())
-                .filter(|(p, &o)| o == i && !self.instances[i].owned.contains_key(p))
-                .map(|(&p, _)| p)
-                .collect();
-            for p in todo {
-                if self.with(i, |inst, env| inst.take_over(p, env)).is_ok() {
-                    self.report.take_overs += 1;
-                }
-                self.settle()?;
-            }
+        for inst in self.instances.iter_mut().filter(|i| i.up()) {
+            inst.lost();
+        }
+        Ok(())
+    }
+
+    /// An active instance takes over one partition assigned to it that it does not own (and
+    /// has heard of every revocation: a consumer hears them before new assignments).
+    fn take_over(&mut self) -> anyhow::Result<()> {
+        let todo: Vec<(usize, i32)> = (self.assignment.iter())
+            .filter(|(p, &i)| {
+                self.active(i)
+                    && self.instances[i].unheard.is_empty()
+                    && !self.instances[i].owned.contains_key(p)
+            })
+            .map(|(&p, &i)| (i, p))
+            .collect();
+        if todo.is_empty() {
+            return Ok(());
+        }
+        let (i, p) = todo[self.rng.random_range(0..todo.len())];
+        if self.with(i, |inst, env| inst.take_over(p, env)).is_ok() {
+            self.report.take_overs += 1;
         }
         Ok(())
     }
@@ -718,8 +739,6 @@ impl World {
         let thaw = self.now + SESSION_MS * 3;
         self.advance(thaw);
         self.rebalance();
-        self.settle()?;
-        self.housekeeping()?;
         for _ in 0..DRAIN_STEPS {
             if self.idle() {
                 return Ok(());
@@ -752,7 +771,12 @@ impl World {
                 || !i.lookups.is_empty()
                 || !i.timers.is_empty()
         });
-        owned == self.partitions as usize && !unread && !busy && self.broker.parked().is_empty()
+        let deaf = self.instances.iter().any(|i| !i.unheard.is_empty());
+        owned == self.partitions as usize
+            && !deaf
+            && !unread
+            && !busy
+            && self.broker.parked().is_empty()
     }
 
     /// The checks of a finished run.
