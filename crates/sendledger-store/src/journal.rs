@@ -458,6 +458,9 @@ fn run_replicated(mut writer: Writer, slot: &ReplicatorSlot, rx: Receiver<Reques
                             "the log of record is not open yet",
                         ))),
                     };
+                    // The database is let go before the journal hears the outcome: once the
+                    // journal ends (the ledger closed), nothing holds it open.
+                    drop(db);
                     let _ = done.send(Replicated {
                         partition,
                         members,

@@ -57,6 +57,8 @@ struct Parked {
     instance: usize,
     partition: i32,
     epoch: u64,
+    /// Offsets of its first and last event record.
+    events: Option<(i64, i64)>,
     outcome: Option<Result<Committed, LogError>>,
 }
 
@@ -74,6 +76,8 @@ struct State {
     group_generation: u64,
     parked: BTreeMap<u64, Parked>,
     next_park: u64,
+    /// Open transactions (partition, epoch) a newer writer's init committed.
+    committed_at_fencing: std::collections::BTreeSet<(i32, u64)>,
 }
 
 /// The brokers, shared by every instance's logs and the scheduler.
@@ -109,6 +113,9 @@ impl Broker {
         };
         if let Some(open) = s.open.remove(&partition) {
             let fenced_commit = s.commits_fenced;
+            if fenced_commit {
+                s.committed_at_fencing.insert((partition, open.epoch));
+            }
             // The test broker commits what reached it: the events (written and acknowledged
             // first), not the results written after them.
             s.end(partition, open, fenced_commit, false);
@@ -167,9 +174,19 @@ impl Broker {
         let Some(parked) = s.parked.get(&id) else {
             return;
         };
-        let (partition, epoch) = (parked.partition, parked.epoch);
+        let (partition, epoch, events) = (parked.partition, parked.epoch, parked.events);
         let outcome = if s.epochs.get(&partition) != Some(&epoch) {
-            Err(fenced(partition))
+            // The test broker, having committed the fenced writer's transaction, may answer
+            // its commit as a success.
+            match ending {
+                Ending::Commit if s.committed_at_fencing.contains(&(partition, epoch)) => {
+                    Ok(Committed {
+                        events,
+                        took: Duration::ZERO,
+                    })
+                }
+                _ => Err(fenced(partition)),
+            }
         } else {
             let open = s.open.remove(&partition).expect("a parked commit is open");
             let stale_group = open.offset.is_some_and(|(_, g)| g != s.group_generation);
@@ -182,7 +199,6 @@ impl Broker {
                     })
                 }
                 Ending::Commit => {
-                    let events = (open.events.first().copied()).zip(open.events.last().copied());
                     s.end(partition, open, true, true);
                     Ok(Committed {
                         events,
@@ -350,6 +366,7 @@ impl TransactionalLog for SimLog {
             records.push(Rec::Event(event, Status::Open));
         }
         let offset = (batch.next_request_offset).zip(group.copied());
+        let span = events.first().copied().zip(events.last().copied());
         s.open.insert(
             partition,
             Open {
@@ -367,6 +384,7 @@ impl TransactionalLog for SimLog {
                 instance: self.instance,
                 partition,
                 epoch: self.epoch,
+                events: span,
                 outcome: None,
             },
         );
