@@ -398,7 +398,7 @@ impl World {
                     .collect();
                 if active.len() > 1 {
                     let i = active[self.rng.random_range(0..active.len())];
-                    let for_ms = self.rng.random_range(1_000..15_000);
+                    let for_ms = self.rng.random_range(1_000..40_000);
                     self.instances[i].frozen_until = Some(self.now + for_ms);
                     if for_ms > SESSION_MS {
                         self.expel_at.insert(i, self.now + SESSION_MS);
