@@ -87,6 +87,10 @@ pub struct Report {
     pub freezes: u64,
     pub rebalances: u64,
     pub sends: u64,
+    /// First bytes refused: the send lease ended (the instance was stopped meanwhile).
+    pub leases_expired: u64,
+    /// First bytes not written: the partition was revoked since the intent.
+    pub revoked_before_sending: u64,
     pub lost_responses: u64,
     pub records: usize,
     pub succeeded: usize,
@@ -488,9 +492,11 @@ impl World {
             return;
         };
         if self.instances[i].owned.get(&effect.partition) != Some(&effect.epoch) {
+            self.report.revoked_before_sending += 1;
             return;
         }
         if self.now > effect.until {
+            self.report.leases_expired += 1;
             let outcome = AttemptOutcome::NotSent {
                 cause: NotSentCause::LocalResources(
                     "send lease expired before the first request byte; nothing was written".into(),
