@@ -241,6 +241,7 @@ impl Instance {
             // again or belongs to another instance.
             return;
         }
+        self.check_summary(task, env.violations);
         if pending.review {
             let recorded = Append {
                 reviews_recorded: vec![(pending.partition, task)],
@@ -282,6 +283,24 @@ impl Instance {
             }
             Action::Lookup { attempt } => self.lookups.push(effect(attempt, 0)),
             Action::None => {}
+        }
+    }
+
+    /// The ledger's summary of `task` is what its events fold to: what start-up and
+    /// take-overs resume tasks by.
+    fn check_summary(&self, task: TaskId, violations: &mut Vec<String>) {
+        let ledger = self.ledger();
+        let (Ok(events), Ok(summary)) = (ledger.task_events(task), ledger.task_summary(task))
+        else {
+            return;
+        };
+        let state = fold(&events);
+        let folded = (state.phase, state.next_seq);
+        if let Some(summary) = summary.filter(|s| (s.phase, s.next_seq) != folded) {
+            violations.push(format!(
+                "instance {}: task {task}'s summary says {:?} at {} while its events fold to {:?} at {}",
+                self.id, summary.phase, summary.next_seq, folded.0, folded.1
+            ));
         }
     }
 

@@ -226,6 +226,9 @@ enum Move {
     Crash,
     Restart,
     Freeze,
+    /// An instance with an attempt whose first byte is not written yet stops (a pause between
+    /// the intent and the send).
+    FreezeSender,
     Rebalance,
     /// An instance takes over a partition the group assigned it (or one whose log it lost).
     TakeOver,
@@ -307,6 +310,7 @@ impl World {
             (Move::Crash, if faults { 1 } else { 0 }),
             (Move::Restart, if faults { 2 } else { 0 }),
             (Move::Freeze, if faults { 1 } else { 0 }),
+            (Move::FreezeSender, if faults { 1 } else { 0 }),
             (Move::Rebalance, if faults { 2 } else { 0 }),
             (Move::TakeOver, 10),
             (Move::Hear, 6),
@@ -400,15 +404,13 @@ impl World {
                 let active: Vec<usize> = (0..self.instances.len())
                     .filter(|&i| self.active(i))
                     .collect();
-                if active.len() > 1 {
-                    let i = active[self.rng.random_range(0..active.len())];
-                    let for_ms = self.rng.random_range(1_000..40_000);
-                    self.instances[i].frozen_until = Some(self.now + for_ms);
-                    if for_ms > SESSION_MS {
-                        self.expel_at.insert(i, self.now + SESSION_MS);
-                    }
-                    self.report.freezes += 1;
-                }
+                self.freeze_one(active);
+            }
+            Move::FreezeSender => {
+                let sending: Vec<usize> = (0..self.instances.len())
+                    .filter(|&i| self.active(i) && !self.instances[i].attempts.is_empty())
+                    .collect();
+                self.freeze_one(sending);
             }
             Move::Rebalance => self.rebalance(),
             Move::TakeOver => self.take_over()?,
@@ -425,6 +427,22 @@ impl World {
             }
         }
         Ok(())
+    }
+
+    /// Stops one of `candidates` for up to 40 s, while another instance stays active; past
+    /// its session the group expels it.
+    fn freeze_one(&mut self, candidates: Vec<usize>) {
+        let active = (0..self.instances.len()).filter(|&i| self.active(i)).count();
+        if candidates.is_empty() || active < 2 {
+            return;
+        }
+        let i = candidates[self.rng.random_range(0..candidates.len())];
+        let for_ms = self.rng.random_range(1_000..40_000);
+        self.instances[i].frozen_until = Some(self.now + for_ms);
+        if for_ms > SESSION_MS {
+            self.expel_at.insert(i, self.now + SESSION_MS);
+        }
+        self.report.freezes += 1;
     }
 
     /// Reads the next request of a partition an active instance owns.
