@@ -43,11 +43,11 @@ pub const REQUESTS: &str = "requests";
 /// The target every task goes to.
 const TARGET: &str = "api";
 /// A request unanswered this long after its first byte times out.
-const REQUEST_TIMEOUT_MS: u64 = 5_000;
+const REQUEST_TIMEOUT_MS: u64 = 3_000;
 /// A member stopped this long leaves the group.
 const SESSION_MS: u64 = 6_000;
 /// At most this long between a record's creation and a lookup seeing it.
-const LOOKUP_LAG_MS: u64 = 3_000;
+const LOOKUP_LAG_MS: u64 = 2_000;
 /// Steps of the drain (no faults) at most before a run is said not to settle.
 const DRAIN_STEPS: usize = 20_000;
 
@@ -72,12 +72,38 @@ impl Default for Options {
     }
 }
 
+/// Which faults a run injects, and how often (weights of the scheduler's moves, a share of
+/// commits): drawn per seed, so that runs differ in kind and not only in order, and faults
+/// that mask each other (a crash ends a pause) are also seen apart.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct Swarm {
+    pub crash: u32,
+    pub freeze: u32,
+    pub freeze_sender: u32,
+    pub rebalance: u32,
+    pub commit_failures_pct: u32,
+}
+
+impl Swarm {
+    fn draw(rng: &mut StdRng) -> Swarm {
+        let mut weight = || [0, 1, 3][rng.random_range(0..3)];
+        Swarm {
+            crash: weight(),
+            freeze: weight(),
+            freeze_sender: weight(),
+            rebalance: weight(),
+            commit_failures_pct: [0, 5, 20][rng.random_range(0..3)],
+        }
+    }
+}
+
 /// What one run did and found.
 #[derive(Debug, Default, serde::Serialize)]
 pub struct Report {
     pub seed: u64,
     /// The brokers committed fenced writers' open transactions (as the test broker does).
     pub commits_fenced: bool,
+    pub swarm: Swarm,
     pub steps: usize,
     pub commits: u64,
     pub commits_failed: u64,
@@ -106,7 +132,9 @@ pub struct Report {
 pub fn run(seed: u64, dir: &Path, options: &Options) -> anyhow::Result<Report> {
     let mut rng = StdRng::seed_from_u64(seed);
     let commits_fenced = rng.random_bool(0.5);
+    let swarm = Swarm::draw(&mut rng);
     let mut world = World {
+        swarm,
         now: 1_800_000_000_000,
         broker: Broker::new(commits_fenced),
         remote: Remote::default(),
@@ -120,6 +148,7 @@ pub fn run(seed: u64, dir: &Path, options: &Options) -> anyhow::Result<Report> {
         report: Report {
             seed,
             commits_fenced,
+            swarm,
             ..Report::default()
         },
         partitions: options.partitions,
@@ -154,7 +183,7 @@ fn policy() -> Policy {
         reconcile: Some(ReconcilePolicy {
             first_check_ms: 1_000,
             check_interval_ms: 2_000,
-            deadline_ms: instance::SEND_LEASE_MS + REQUEST_TIMEOUT_MS + LOOKUP_LAG_MS + 2_000,
+            deadline_ms: instance::SEND_LEASE_MS + REQUEST_TIMEOUT_MS + LOOKUP_LAG_MS + 1_000,
             resend_when_absent: true,
             max_policy_resends: 1,
             complete_after_ms: None,
@@ -195,6 +224,7 @@ fn requests(rng: &mut StdRng, options: &Options) -> BTreeMap<i32, Vec<TaskReques
 }
 
 struct World {
+    swarm: Swarm,
     now: u64,
     rng: StdRng,
     broker: Arc<Broker>,
@@ -299,6 +329,7 @@ impl World {
     }
 
     fn step(&mut self, faults: bool) -> anyhow::Result<()> {
+        let on = |w: u32| if faults { w } else { 0 };
         let moves: &[(Move, u32)] = &[
             (Move::Deliver, 24),
             (Move::EndCommit, 30),
@@ -307,11 +338,11 @@ impl World {
             (Move::Lookup, 10),
             (Move::Timer, 8),
             (Move::Wait, 8),
-            (Move::Crash, if faults { 1 } else { 0 }),
-            (Move::Restart, if faults { 2 } else { 0 }),
-            (Move::Freeze, if faults { 1 } else { 0 }),
-            (Move::FreezeSender, if faults { 1 } else { 0 }),
-            (Move::Rebalance, if faults { 2 } else { 0 }),
+            (Move::Crash, on(self.swarm.crash)),
+            (Move::Restart, 3),
+            (Move::Freeze, on(self.swarm.freeze)),
+            (Move::FreezeSender, on(self.swarm.freeze_sender)),
+            (Move::Rebalance, on(self.swarm.rebalance)),
             (Move::TakeOver, 10),
             (Move::Hear, 6),
         ];
@@ -356,10 +387,14 @@ impl World {
                 let parked = self.broker.parked();
                 if !parked.is_empty() {
                     let id = parked[self.rng.random_range(0..parked.len())];
-                    let ending = match (faults, self.rng.random_range(0..100)) {
-                        (false, _) => Ending::Commit,
-                        (true, 0..80) => Ending::Commit,
-                        (true, 80..87) => Ending::Abort,
+                    let failing = if faults {
+                        self.swarm.commit_failures_pct
+                    } else {
+                        0
+                    };
+                    let ending = match self.rng.random_range(0..100) {
+                        r if r >= failing => Ending::Commit,
+                        r if r < failing / 3 => Ending::Abort,
                         _ => Ending::TimedOut {
                             committed: self.rng.random_bool(0.5),
                         },
@@ -432,12 +467,14 @@ impl World {
     /// Stops one of `candidates` for up to 40 s, while another instance stays active; past
     /// its session the group expels it.
     fn freeze_one(&mut self, candidates: Vec<usize>) {
-        let active = (0..self.instances.len()).filter(|&i| self.active(i)).count();
+        let active = (0..self.instances.len())
+            .filter(|&i| self.active(i))
+            .count();
         if candidates.is_empty() || active < 2 {
             return;
         }
         let i = candidates[self.rng.random_range(0..candidates.len())];
-        let for_ms = self.rng.random_range(1_000..40_000);
+        let for_ms = self.rng.random_range(1_000..45_000);
         self.instances[i].frozen_until = Some(self.now + for_ms);
         if for_ms > SESSION_MS {
             self.expel_at.insert(i, self.now + SESSION_MS);
