@@ -24,6 +24,9 @@ pub struct SimulateArgs {
     /// Print each run's report (a JSON object per line) before the summary.
     #[arg(long)]
     each: bool,
+    /// Print every move of the scheduler and every decision on stderr (to follow one seed).
+    #[arg(long)]
+    trace: bool,
 }
 
 /// Parses `A..B`.
@@ -43,6 +46,7 @@ pub fn run_args(args: SimulateArgs) -> anyhow::Result<bool> {
         partitions: args.partitions.max(1),
         tasks: args.tasks,
         steps: args.steps,
+        trace: args.trace,
     };
     let started = Instant::now();
     let (mut runs, mut steps, mut take_overs, mut crashes, mut freezes) = (0u64, 0, 0, 0, 0);

@@ -98,6 +98,7 @@ pub struct Env<'a> {
     pub policy: &'a Policy,
     pub group: u64,
     pub violations: &'a mut Vec<String>,
+    pub trace: bool,
 }
 
 impl Instance {
@@ -229,7 +230,7 @@ impl Instance {
         result: sendledger_store::Result<Range<u64>>,
         env: &mut Env<'_>,
     ) {
-        if std::env::var_os("SIM_TRACE").is_some() {
+        if env.trace {
             eprintln!(
                 "  i{} ack {task} {:?}",
                 self.id,
@@ -362,7 +363,7 @@ impl Instance {
         let Ok(decision) = decide(&state, input, ctx) else {
             return;
         };
-        if std::env::var_os("SIM_TRACE").is_some() {
+        if env.trace {
             eprintln!(
                 "  i{} decide {task} p{partition} e{epoch} {name} -> {:?} {:?}",
                 self.id,

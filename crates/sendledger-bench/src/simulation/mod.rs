@@ -14,6 +14,7 @@
 //! does not: `docs/testing.md`.
 
 mod broker;
+mod checks;
 pub mod command;
 mod instance;
 mod remote;
@@ -28,11 +29,9 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sendledger_core::decide::{AttemptOutcome, Input, Policy, ReconcilePolicy};
-use sendledger_core::event::{NotSentCause, ReviewReason, UnknownCause};
-use sendledger_core::result::{ResultStatus, TaskResult};
+use sendledger_core::event::{NotSentCause, UnknownCause};
 use sendledger_core::retry::RetryPolicy;
-use sendledger_core::rules::{check_task, CheckConfig};
-use sendledger_core::{Event, Limits, Phase, Source, TaskId, TaskRequest};
+use sendledger_core::{Limits, Source, TaskRequest};
 
 use broker::{Broker, Ending};
 use instance::{Effect, Env, Instance};
@@ -59,6 +58,8 @@ pub struct Options {
     pub tasks: usize,
     /// Steps with faults, before the drain.
     pub steps: usize,
+    /// Print every move and every decision on stderr (to follow a failing seed).
+    pub trace: bool,
 }
 
 impl Default for Options {
@@ -68,6 +69,7 @@ impl Default for Options {
             partitions: 3,
             tasks: 24,
             steps: 600,
+            trace: false,
         }
     }
 }
@@ -134,6 +136,7 @@ pub fn run(seed: u64, dir: &Path, options: &Options) -> anyhow::Result<Report> {
     let commits_fenced = rng.random_bool(0.5);
     let swarm = Swarm::draw(&mut rng);
     let mut world = World {
+        trace: options.trace,
         swarm,
         now: 1_800_000_000_000,
         broker: Broker::new(commits_fenced),
@@ -224,6 +227,7 @@ fn requests(rng: &mut StdRng, options: &Options) -> BTreeMap<i32, Vec<TaskReques
 }
 
 struct World {
+    trace: bool,
     swarm: Swarm,
     now: u64,
     rng: StdRng,
@@ -278,6 +282,7 @@ impl World {
             policy: &self.policy,
             group: self.group,
             violations: &mut self.report.violations,
+            trace: self.trace,
         };
         f(&mut self.instances[i], &mut env)
     }
@@ -356,7 +361,7 @@ impl World {
             }
             pick -= w;
         }
-        if std::env::var_os("SIM_TRACE").is_some() {
+        if self.trace {
             let parked = self.broker.parked();
             let owned: Vec<_> = self
                 .instances
@@ -838,131 +843,5 @@ impl World {
             && !unread
             && !busy
             && self.broker.parked().is_empty()
-    }
-
-    /// The checks of a finished run.
-    fn check(&mut self) {
-        let violations = &mut self.report.violations;
-        // No side effect twice.
-        for (key, records) in self.remote.records() {
-            if records.len() > 1 {
-                violations.push(format!("{} records at the remote for {key}", records.len()));
-            }
-        }
-        self.report.records = self.remote.records().values().map(Vec::len).sum();
-        // The log: every task's rules, and its final state.
-        let log = self.broker.log();
-        let mut tasks: BTreeMap<TaskId, Vec<Event>> = BTreeMap::new();
-        for events in log.values() {
-            for e in events {
-                tasks.entry(e.task_id).or_default().push(e.clone());
-            }
-        }
-        let config = CheckConfig {
-            key_ttl_ms: None,
-            max_policy_resends: 1,
-        };
-        let mut finals: BTreeMap<TaskId, sendledger_core::State> = BTreeMap::new();
-        for (task, events) in &tasks {
-            let seqs: Vec<u32> = events.iter().map(|e| e.task_seq).collect();
-            if seqs.iter().enumerate().any(|(n, &s)| s != n as u32) {
-                violations.push(format!("task {task}'s log is not one chain: {seqs:?}"));
-            }
-            let (state, broken) = check_task(events, config);
-            for v in broken {
-                violations.push(format!("task {task}: {} ({})", v.rule.name(), v.detail));
-            }
-            finals.insert(*task, state);
-        }
-        // Results: no two different terminal results of a task.
-        let mut results: BTreeMap<String, Vec<TaskResult>> = BTreeMap::new();
-        for record in self.broker.results() {
-            match serde_json::from_slice::<TaskResult>(&record.payload) {
-                Ok(r) => results.entry(r.task_id.clone()).or_default().push(r),
-                Err(e) => violations.push(format!("an unreadable result: {e}")),
-            }
-        }
-        for (task, rs) in &results {
-            let terminal: BTreeSet<(String, Option<String>)> = (rs.iter())
-                .filter(|r| {
-                    matches!(
-                        r.status,
-                        ResultStatus::Succeeded | ResultStatus::Rejected | ResultStatus::Failed
-                    )
-                })
-                .map(|r| (format!("{:?}", r.status), r.remote_id.clone()))
-                .collect();
-            if terminal.len() > 1 {
-                violations.push(format!(
-                    "task {task} has two terminal results: {terminal:?}"
-                ));
-            }
-        }
-        // Every request at a terminal result or in review, and what it says agrees with the
-        // remote.
-        let mut keys = BTreeSet::new();
-        for reqs in self.requests.values() {
-            for r in reqs {
-                keys.insert(r.request_key.clone());
-            }
-        }
-        for key in keys {
-            let request = TaskRequest {
-                tenant: "t".into(),
-                operation: "create".into(),
-                request_key: key.clone(),
-                target: TARGET.into(),
-                payload: serde_json::json!({}),
-                payload_text: None,
-                metadata: Default::default(),
-            };
-            let task = request.identity().task_id();
-            let Some(state) = finals.get(&task) else {
-                violations.push(format!("request {key} has no task in the log"));
-                continue;
-            };
-            let records = self.remote.records().get(&key).map_or(0, Vec::len);
-            match state.phase {
-                Phase::Succeeded => {
-                    self.report.succeeded += 1;
-                    if records == 0 {
-                        violations
-                            .push(format!("task {key} succeeded with no record at the remote"));
-                    }
-                }
-                Phase::ManualReview => {
-                    self.report.reviews += 1;
-                    let why = match &state.review_reason {
-                        Some(ReviewReason::MultipleMatches { .. }) => "multiple_matches",
-                        Some(ReviewReason::DeadlinePassed { .. }) => "deadline_passed",
-                        Some(ReviewReason::DivergentHistory { .. }) => "divergent_history",
-                        Some(_) => "other",
-                        None => "unknown",
-                    };
-                    *self.report.reviews_why.entry(why.into()).or_default() += 1;
-                }
-                Phase::Failed | Phase::Rejected => {
-                    if state.phase == Phase::Failed {
-                        self.report.failed += 1;
-                    } else {
-                        self.report.rejected += 1;
-                    }
-                    if records > 0 {
-                        violations.push(format!(
-                            "task {key} ended {:?} with {records} record(s) at the remote",
-                            state.phase
-                        ));
-                    }
-                }
-                other => violations.push(format!("task {key} ended {other:?}, not settled")),
-            }
-            let announced = (results.get(&task.to_string()).into_iter().flatten())
-                .any(|r| r.status != ResultStatus::Conflict);
-            if !announced {
-                violations.push(format!("task {key} settled with no result published"));
-            }
-        }
-        let take_overs: u64 = self.instances.iter().map(|i| i.take_overs).sum();
-        self.report.take_overs = self.report.take_overs.max(take_overs);
     }
 }
