@@ -78,6 +78,8 @@ struct State {
     next_park: u64,
     /// Open transactions (partition, epoch) a newer writer's init committed.
     committed_at_fencing: std::collections::BTreeSet<(i32, u64)>,
+    /// Committed events the brokers lost.
+    lost: Vec<Event>,
 }
 
 /// The brokers, shared by every instance's logs and the scheduler.
@@ -249,6 +251,48 @@ impl Broker {
             end = offset as i64 + 1;
         }
         (out, end)
+    }
+
+    /// An unclean leader election: partition `partition` loses its last committed transaction
+    /// (acknowledged to its writer), and its writers are fenced (their producer state went
+    /// with the old leader). Nothing happens while a transaction is open on it.
+    pub fn lose_tail(&self, partition: i32) -> bool {
+        let mut s = self.lock();
+        if s.open.contains_key(&partition) {
+            return false;
+        }
+        let records = s.partitions.entry(partition).or_default();
+        let Some(last) = records
+            .iter()
+            .rposition(|r| matches!(r, Rec::Event(_, Status::Committed)))
+        else {
+            return false;
+        };
+        let start = records[..last]
+            .iter()
+            .rposition(|r| !matches!(r, Rec::Event(_, Status::Committed)))
+            .map_or(0, |i| i + 1);
+        let lost: Vec<Event> = (records.drain(start..).filter_map(|r| match r {
+            Rec::Event(e, _) => Some(e),
+            Rec::Marker => None,
+        }))
+        .collect();
+        s.lost.extend(lost);
+        *s.epochs.entry(partition).or_default() += 1;
+        true
+    }
+
+    /// Whether the brokers lost `event` (see [`Broker::lose_tail`]).
+    pub fn lost(&self, event: &Event) -> bool {
+        let s = self.lock();
+        (s.lost.iter()).any(|l| {
+            l.task_id == event.task_id && l.task_seq == event.task_seq && l.body == event.body
+        })
+    }
+
+    /// The tasks the brokers lost events of.
+    pub fn lost_tasks(&self) -> std::collections::BTreeSet<sendledger_core::TaskId> {
+        self.lock().lost.iter().map(|e| e.task_id).collect()
     }
 
     /// Every committed event of every partition, by partition, in log order.

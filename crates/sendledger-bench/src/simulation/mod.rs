@@ -84,6 +84,8 @@ pub struct Swarm {
     pub freeze_sender: u32,
     pub rebalance: u32,
     pub commit_failures_pct: u32,
+    /// Unclean leader elections (a lost acknowledged commit).
+    pub lose_tail: u32,
 }
 
 impl Swarm {
@@ -95,6 +97,7 @@ impl Swarm {
             freeze_sender: weight(),
             rebalance: weight(),
             commit_failures_pct: [0, 5, 20][rng.random_range(0..3)],
+            lose_tail: [0, 0, 1][rng.random_range(0..3)],
         }
     }
 }
@@ -120,6 +123,13 @@ pub struct Report {
     /// First bytes not written: the partition was revoked since the intent.
     pub revoked_before_sending: u64,
     pub lost_responses: u64,
+    /// Committed transactions the brokers lost (unclean leader elections).
+    pub lost_tails: u64,
+    /// Tasks with events the brokers lost: exempt from the checks at the remote (nothing
+    /// can tell their sends apart), not from settling.
+    pub tasks_with_lost_events: usize,
+    /// Take-overs that found a copy longer than, or apart from, the log and truncated it.
+    pub copies_truncated: u64,
     pub records: usize,
     pub succeeded: usize,
     pub reviews: usize,
@@ -268,6 +278,8 @@ enum Move {
     TakeOver,
     /// An instance hears of the revocations it missed while frozen.
     Hear,
+    /// A partition loses its last committed transaction (an unclean leader election).
+    LoseTail,
 }
 
 impl World {
@@ -348,6 +360,7 @@ impl World {
             (Move::Freeze, on(self.swarm.freeze)),
             (Move::FreezeSender, on(self.swarm.freeze_sender)),
             (Move::Rebalance, on(self.swarm.rebalance)),
+            (Move::LoseTail, on(self.swarm.lose_tail)),
             (Move::TakeOver, 10),
             (Move::Hear, 6),
         ];
@@ -454,6 +467,12 @@ impl World {
             }
             Move::Rebalance => self.rebalance(),
             Move::TakeOver => self.take_over()?,
+            Move::LoseTail => {
+                let p = self.rng.random_range(0..self.partitions);
+                if self.broker.lose_tail(p) {
+                    self.report.lost_tails += 1;
+                }
+            }
             Move::Hear => {
                 let deaf: Vec<usize> = (0..self.instances.len())
                     .filter(|&i| self.active(i) && !self.instances[i].unheard.is_empty())
