@@ -47,6 +47,7 @@ pub fn run_args(args: SimulateArgs) -> anyhow::Result<bool> {
         tasks: args.tasks,
         steps: args.steps,
         trace: args.trace,
+        ..Options::default()
     };
     let started = Instant::now();
     let (mut runs, mut steps, mut take_overs, mut crashes, mut freezes) = (0u64, 0, 0, 0, 0);

@@ -60,6 +60,9 @@ pub struct Options {
     pub steps: usize,
     /// Print every move and every decision on stderr (to follow a failing seed).
     pub trace: bool,
+    /// Whether an attempt's first byte is refused past its send lease. Off only to show that
+    /// the checks see what the lease prevents (a deposed owner's late send).
+    pub send_lease: bool,
 }
 
 impl Default for Options {
@@ -70,6 +73,7 @@ impl Default for Options {
             tasks: 24,
             steps: 600,
             trace: false,
+            send_lease: true,
         }
     }
 }
@@ -147,6 +151,7 @@ pub fn run(seed: u64, dir: &Path, options: &Options) -> anyhow::Result<Report> {
     let swarm = Swarm::draw(&mut rng);
     let mut world = World {
         trace: options.trace,
+        send_lease: options.send_lease,
         swarm,
         now: 1_800_000_000_000,
         broker: Broker::new(commits_fenced),
@@ -238,6 +243,7 @@ fn requests(rng: &mut StdRng, options: &Options) -> BTreeMap<i32, Vec<TaskReques
 
 struct World {
     trace: bool,
+    send_lease: bool,
     swarm: Swarm,
     now: u64,
     rng: StdRng,
@@ -574,7 +580,7 @@ impl World {
             self.report.revoked_before_sending += 1;
             return;
         }
-        if self.now > effect.until {
+        if self.send_lease && self.now > effect.until {
             self.report.leases_expired += 1;
             let outcome = AttemptOutcome::NotSent {
                 cause: NotSentCause::LocalResources(
