@@ -1,7 +1,7 @@
-//! sendledger's benchmarks and fuzzer, out of the product: the `sendledger-bench` command
-//! (`sendledger-bench <what>`, one JSON object on stdout), and [`fuzz`], the mutational fuzzer
-//! of every input boundary that the cargo-fuzz targets in `fuzz/` and the workspace tests
-//! share. Timings live here, never in pass/fail tests. What each benchmark measures and how to
+//! sendledger's benchmarks, fuzzer and simulation, out of the product: the `sendledger-bench`
+//! command (`sendledger-bench <what>`, one JSON object on stdout), [`fuzz`], the mutational
+//! fuzzer of every input boundary that the cargo-fuzz targets in `fuzz/` and the workspace
+//! tests share, and [`simulation`], kafka mode under deterministic simulation. Timings live here, never in pass/fail tests. What each benchmark measures and how to
 //! read it: `docs/benchmarks/README.md`.
 //!
 //! A benchmark that needs a service or a remote in a process of its own starts the `sendledger`

@@ -1978,7 +1978,7 @@ async fn a_result_its_transaction_lost_is_published_once_by_the_next_owner() {
     // The result records as a writer makes them.
     let results_of = |events: &[Event]| {
         let by_task: HashMap<_, Vec<Event>> = HashMap::from([(events[0].task_id, events.to_vec())]);
-        LogReplicator::new("sendledger")
+        LogReplicator::<PartitionLog>::new("sendledger")
             .results_of(1, events, &|task| Ok(by_task[&task].clone()))
             .unwrap()
     };

@@ -27,6 +27,7 @@ mod paging;
 mod retry;
 mod scripts;
 mod sim;
+mod simulation;
 mod telemetry;
 mod tls;
 

@@ -28,7 +28,7 @@ enum Status {
 /// One offset of an events partition: an event record or a transaction marker.
 #[derive(Debug, Clone)]
 enum Rec {
-    Event(Event, Status),
+    Event(Box<Event>, Status),
     Marker,
 }
 
@@ -245,7 +245,7 @@ impl Broker {
         for (offset, rec) in records.iter().enumerate().skip(from.max(0) as usize) {
             match rec {
                 Rec::Event(_, Status::Open) => break,
-                Rec::Event(e, Status::Committed) => out.push((offset as i64, e.clone())),
+                Rec::Event(e, Status::Committed) => out.push((offset as i64, (**e).clone())),
                 Rec::Event(_, Status::Aborted) | Rec::Marker => {}
             }
             end = offset as i64 + 1;
@@ -273,7 +273,7 @@ impl Broker {
             .rposition(|r| !matches!(r, Rec::Event(_, Status::Committed)))
             .map_or(0, |i| i + 1);
         let lost: Vec<Event> = (records.drain(start..).filter_map(|r| match r {
-            Rec::Event(e, _) => Some(e),
+            Rec::Event(e, _) => Some(*e),
             Rec::Marker => None,
         }))
         .collect();
@@ -407,7 +407,7 @@ impl TransactionalLog for SimLog {
                 detail: format!("a record the brokers cannot read back: {e}"),
             })?;
             events.push(records.len() as i64);
-            records.push(Rec::Event(event, Status::Open));
+            records.push(Rec::Event(Box::new(event), Status::Open));
         }
         let offset = (batch.next_request_offset).zip(group.copied());
         let span = events.first().copied().zip(events.last().copied());
