@@ -17,6 +17,9 @@
 //!   promises kafka mode relies on.
 //! - [`partition_log`]: kafka mode's log of record, one transactional producer per requests
 //!   partition, and the reading of a partition's log back (restore).
+//! - [`take_over`]: kafka mode's take-over of a partition between opening its log and owning
+//!   it (the copy checked, the log restored, lost results published again), generic over the
+//!   brokers so that the simulation runs it too.
 //! - [`audit_topic`] ([`topic_audit`]): the audit of an events topic instead of a local ledger: every record read
 //!   back into a ledger event ([`event_from_record`]) and checked with the same rules.
 //!
@@ -55,6 +58,7 @@ pub mod reader;
 pub mod records;
 pub mod replicator;
 pub mod sink;
+pub mod take_over;
 pub mod topic_audit;
 
 pub use cluster::{EmbeddedCluster, Kafka};

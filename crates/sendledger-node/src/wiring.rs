@@ -21,10 +21,7 @@ use sendledger_core::{
     AcceptedRequest, BoxFuture, Event, Policy, RetryClass, Source, TaskId, TaskRequest, TraceParent,
 };
 use sendledger_effects::{SendSlot, Targets};
-use sendledger_kafka::partition_log::{
-    event_at, missing_results, read_partition, record_event, LogBatch, LogRecord,
-};
-use sendledger_kafka::rdkafka::message::Message as _;
+use sendledger_kafka::take_over::{self, Brokers as _};
 use sendledger_kafka::{
     Kafka, LogReplicator, PartitionLog, PartitionOwner, RequestSink, SinkError,
 };
@@ -300,31 +297,47 @@ async fn commit_waiting_offsets(replicator: std::sync::Weak<LogReplicator>, ledg
     }
 }
 
-/// How long a take-over waits for the brokers (opening the log, reading it).
-const TAKE_OVER_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Events applied per restore step: a partition's log is read and applied in steps, so a long
-/// log never sits in memory whole (each step records its checkpoint).
-const RESTORE_STEP: usize = 10_000;
-
-/// The events of the last transaction a restore read (its last run of consecutive offsets),
-/// and when the first was written.
-#[derive(Debug, Default)]
-struct LastTransaction {
-    events: Vec<(TaskId, u32)>,
-    /// Record timestamp of its first event, ms.
-    written_at: i64,
+/// The engine as the writer of a partition's copy during its take-over.
+struct EngineCopy<'a> {
+    engine: &'a Engine,
+    runtime: &'a tokio::runtime::Handle,
+    restored: metrics::Counter,
 }
 
-/// Clock skew allowed between the last transaction's writer and the instance taking over when
-/// telling whether it was recent enough to have been open at the fencing.
-const LOST_RESULTS_SLACK: Duration = Duration::from_secs(30);
+impl take_over::Copy for EngineCopy<'_> {
+    fn ledger(&self) -> &Ledger {
+        self.engine.ledger()
+    }
 
-/// The event id a record of the log carries in its headers.
-fn record_event_id(record: &LogRecord) -> Option<String> {
-    (record.headers.iter())
-        .find(|(k, _)| *k == sendledger_kafka::EVENT_ID_HEADER)
-        .map(|(_, v)| v.clone())
+    fn restore(
+        &self,
+        partition: i32,
+        events: Vec<Event>,
+        checkpoint: Option<i64>,
+    ) -> Result<usize, String> {
+        let (n, _) = (self.runtime)
+            .block_on(self.engine.restore(partition, events, checkpoint))
+            .map_err(|e| Chain(&e).to_string())?;
+        self.restored.increment(n as u64);
+        Ok(n)
+    }
+
+    fn truncate(
+        &self,
+        partition: i32,
+        logged: HashMap<TaskId, u32>,
+        checkpoint: i64,
+    ) -> Result<(), String> {
+        let truncated = (self.runtime)
+            .block_on(self.engine.truncate_to_log(partition, logged, checkpoint))
+            .map_err(|e| Chain(&e).to_string())?;
+        tracing::warn!(
+            partition,
+            tasks = truncated.len(),
+            "the partition's copy is truncated to its log"
+        );
+        Ok(())
+    }
 }
 
 /// Kafka mode's partition owner: the engine, its replicator and the brokers.
@@ -379,227 +392,43 @@ impl KafkaOwner {
         })
     }
 
-    /// Reads the partition's log from the ledger's checkpoint and applies it, a step at a time:
-    /// a thread of its own reads and decodes the next step while the last one is applied.
-    /// Returns the events applied and the log's last transaction as read ([`LastTransaction`]).
-    /// Tasks found with two histories owe a review, recorded with the step that found them
-    /// ([`Engine::assign_partition`] sends them).
-    ///
-    /// The copy is checked against the log first: the log must still hold, at the offset
-    /// before the checkpoint, the last event the copy recorded. A copy ahead of its log or apart
-    /// from it (the brokers lost committed events, or a tail was written again since) is
-    /// restored from the log's start and truncated to it ([`Engine::truncate_to_log`]).
-    fn restore(&self, partition: i32) -> Result<(usize, LastTransaction), String> {
-        let checkpoint = self
-            .engine
-            .ledger()
-            .log_checkpoint(partition)
-            .map_err(|e| Chain(&e).to_string())?;
+    /// Restores the partition from its log `log` just opened (see [`take_over::restore`]),
+    /// with its metrics and logs.
+    fn restore(&self, partition: i32, log: &PartitionLog) -> Result<usize, String> {
         let label = partition.to_string();
-        let (from, truncate) = match checkpoint {
-            Some(checkpoint) if checkpoint > 0 => match self.check_copy(partition, checkpoint)? {
-                None => (checkpoint, false),
-                Some(why) => {
-                    tracing::error!(partition, checkpoint, why = %why, "the ledger's copy of the partition is not what its log holds (the brokers lost committed events): it is restored from the log's start and truncated to it, and its tasks that lost events that matter go to review");
-                    metrics::counter!(crate::metric_definitions::COPIES_TRUNCATED_TOTAL, "partition" => label.clone()).increment(1);
-                    (0, true)
-                }
-            },
-            _ => (0, false),
-        };
         let restoring = metrics::gauge!(crate::metric_definitions::PARTITION_RESTORING, "partition" => label.clone());
-        let restored = metrics::counter!(crate::metric_definitions::RESTORED_EVENTS_TOTAL, "partition" => label);
+        let copy = EngineCopy {
+            engine: &self.engine,
+            runtime: &self.runtime,
+            restored: metrics::counter!(crate::metric_definitions::RESTORED_EVENTS_TOTAL, "partition" => label.clone()),
+        };
         restoring.set(1.0);
         let started = std::time::Instant::now();
-        // Time spent applying (the rest is waiting for the reader), for the log line.
-        let mut applying = Duration::ZERO;
-        let kafka = &self.kafka;
-        let outcome = std::thread::scope(|scope| {
-            // Two steps decoded ahead at most. Each comes with the position after its last
-            // event (none for an empty step): the checkpoint, whose offset before is an event.
-            let (steps, decoded) = std::sync::mpsc::sync_channel::<(Vec<Event>, Option<i64>)>(2);
-            let reader = scope.spawn(move || -> Result<LastTransaction, String> {
-                let mut step = Vec::with_capacity(RESTORE_STEP);
-                let mut last = None;
-                let mut tail = LastTransaction::default();
-                read_partition(kafka, partition, from, TAKE_OVER_TIMEOUT, |record| {
-                    let event = record_event(record)?;
-                    // A transaction's events are contiguous; its commit marker takes the
-                    // offset after them.
-                    if last.is_some_and(|l| l + 1 != record.offset()) {
-                        tail.events.clear();
-                    }
-                    if tail.events.is_empty() {
-                        tail.written_at = record.timestamp().to_millis().unwrap_or(0);
-                    }
-                    tail.events.push((event.task_id, event.task_seq));
-                    step.push(event);
-                    last = Some(record.offset());
-                    if step.len() >= RESTORE_STEP {
-                        let full = std::mem::replace(&mut step, Vec::with_capacity(RESTORE_STEP));
-                        steps.send((full, last.map(|o| o + 1))).map_err(|_| {
-                            sendledger_kafka::Error::Replay {
-                                topic: kafka.config().events_topic.clone(),
-                                detail: "the restore stopped".into(),
-                            }
-                        })?;
-                    }
-                    Ok(())
-                })
-                .map_err(|e| Chain(&e).to_string())?;
-                let _ = steps.send((step, last.map(|o| o + 1)));
-                Ok(tail)
-            });
-            let mut applied = 0;
-            // Truncating: how many events the log holds of each task, and where it ends.
-            let mut logged: HashMap<TaskId, u32> = HashMap::new();
-            let mut end = None;
-            let mut failed = None;
-            for (events, next) in decoded.iter() {
-                let at = std::time::Instant::now();
-                if truncate {
-                    for e in &events {
-                        let n = logged.entry(e.task_id).or_default();
-                        *n = (*n).max(e.task_seq + 1);
-                    }
-                    end = next.or(end);
-                }
-                // A copy being truncated records its checkpoint with the truncation: until
-                // then, a take-over finds it apart from its log again.
-                let checkpoint = next.filter(|_| !truncate);
-                match self
-                    .runtime
-                    .block_on(self.engine.restore(partition, events, checkpoint))
-                {
-                    Ok((n, _)) => {
-                        applying += at.elapsed();
-                        restored.increment(n as u64);
-                        applied += n;
-                    }
-                    Err(e) => {
-                        failed = Some(Chain(&e).to_string());
-                        break;
-                    }
-                }
-            }
-            // Stops the reader if applying failed.
-            drop(decoded);
-            let read = reader
-                .join()
-                .unwrap_or_else(|_| Err("the log's reader panicked".into()));
-            if let Some(e) = failed {
-                return Err(e);
-            }
-            let tail = read?;
-            if truncate {
-                let truncated = self
-                    .runtime
-                    .block_on(
-                        self.engine
-                            .truncate_to_log(partition, logged, end.unwrap_or(0)),
-                    )
-                    .map_err(|e| Chain(&e).to_string())?;
-                tracing::warn!(
-                    partition,
-                    tasks = truncated.len(),
-                    "the partition's copy is truncated to its log"
-                );
-            }
-            Ok((applied, tail))
-        });
+        let now = sendledger_actors::now_ms() as i64;
+        let outcome = take_over::restore(
+            &self.kafka,
+            &copy,
+            &self.replicator,
+            partition,
+            log,
+            now,
+            take_over::RESTORE_STEP,
+        );
         restoring.set(0.0);
         metrics::histogram!(crate::metric_definitions::PARTITION_RESTORE_SECONDS)
             .record(started.elapsed().as_secs_f64());
-        tracing::debug!(partition, took = ?started.elapsed(), applying = ?applying, "partition log read and applied");
-        outcome
-    }
-
-    /// Publishes again, in a transaction of the new log before the partition is worked, the
-    /// results the log's last transaction announces that the results topic lacks. A broker
-    /// that keeps its promises aborts a fenced writer's open transaction, and then there are
-    /// none; one that commits it with the records that reached it (the test broker) can leave
-    /// the events without their results, since the log writes a transaction's events before
-    /// its results. Only a transaction recent enough to have been open at the fencing (within
-    /// the transaction timeout) is looked at, and the results topic only from its time on.
-    fn publish_lost_results(
-        &self,
-        partition: i32,
-        log: &PartitionLog,
-        tail: LastTransaction,
-    ) -> Result<(), String> {
-        let now = sendledger_actors::now_ms() as i64;
-        let open_for = (TAKE_OVER_TIMEOUT + LOST_RESULTS_SLACK).as_millis() as i64;
-        if tail.events.is_empty() || tail.written_at < now - open_for {
-            return Ok(());
+        let restore = outcome?;
+        if let Some(why) = &restore.truncated {
+            tracing::error!(partition, why = %why, "the ledger's copy of the partition was not what its log holds (the brokers lost committed events): it was restored from the log's start and truncated to it, and its tasks that lost events that matter go to review");
+            metrics::counter!(crate::metric_definitions::COPIES_TRUNCATED_TOTAL, "partition" => label)
+                .increment(1);
         }
-        let ledger = self.engine.ledger();
-        let mut events = Vec::with_capacity(tail.events.len());
-        for (task, seq) in tail.events {
-            if let Some(e) = ledger
-                .task_event(task, seq)
-                .map_err(|e| Chain(&e).to_string())?
-            {
-                events.push(e);
-            }
-        }
-        let results = self
-            .replicator
-            .results_of(partition, &events, &|task| ledger.task_events(task))
-            .map_err(|e| format!("projecting the log's last results: {e:?}"))?;
-        let wanted: Vec<String> = results.iter().filter_map(record_event_id).collect();
-        // Its results were produced after its events, by the same producer: from the first
-        // event's timestamp on (a second earlier, for timestamps taken on another thread).
-        let since = tail.written_at - 1000;
-        let missing = missing_results(&self.kafka, since, &wanted, TAKE_OVER_TIMEOUT)
-            .map_err(|e| Chain(&e).to_string())?;
-        if missing.is_empty() {
-            return Ok(());
-        }
-        let batch = LogBatch {
-            results: (results.into_iter())
-                .filter(|r| record_event_id(r).is_some_and(|id| missing.contains(&id)))
-                .collect(),
-            ..LogBatch::default()
-        };
-        tracing::error!(partition, results = batch.results.len(), "the log's last transaction holds events whose results the brokers did not keep (a fenced writer's transaction committed in part): they are published again");
-        log.commit(&batch, None)
-            .map_err(|e| Chain(&e).to_string())?;
-        Ok(())
+        tracing::debug!(partition, took = ?started.elapsed(), applying = ?restore.applying, "partition log read and applied");
+        Ok(restore.events)
     }
 
     fn claims(&self) -> std::sync::MutexGuard<'_, Claims> {
         self.claims.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Why the ledger's copy of the partition, recorded up to `checkpoint`, is not what its log
-    /// holds, if it is not: the log ends before the checkpoint, or its event just before the
-    /// checkpoint is not the last one the copy recorded from it.
-    fn check_copy(&self, partition: i32, checkpoint: i64) -> Result<Option<String>, String> {
-        let last = checkpoint - 1;
-        let (end, found) = event_at(&self.kafka, partition, last, TAKE_OVER_TIMEOUT)
-            .map_err(|e| Chain(&e).to_string())?;
-        if end < checkpoint {
-            return Ok(Some(format!(
-                "the log ends at offset {end}, before the copy's checkpoint {checkpoint}"
-            )));
-        }
-        let Some((_, logged)) = found.filter(|(offset, _)| *offset == last) else {
-            return Ok(Some(format!(
-                "the log holds no committed event at offset {last}, the last one the copy recorded"
-            )));
-        };
-        let held = self
-            .engine
-            .ledger()
-            .task_event(logged.task_id, logged.task_seq)
-            .map_err(|e| Chain(&e).to_string())?;
-        match held {
-            Some(held) if held.body == logged.body && held.at == logged.at => Ok(None),
-            _ => Ok(Some(format!(
-                "the log's event at offset {last} (task {} event {}) is not one the copy recorded",
-                logged.task_id, logged.task_seq
-            ))),
-        }
     }
 }
 
@@ -619,10 +448,8 @@ impl PartitionOwner for KafkaOwner {
         const RELEASED: &str = "the partition was given up during its take-over";
         // Opening the log fences the previous owner and aborts its open transaction, so what
         // is read next is all it ever committed.
-        let log = PartitionLog::open(&self.kafka, partition, TAKE_OVER_TIMEOUT)
-            .map_err(|e| Chain(&e).to_string())?;
-        let (restored, tail) = self.restore(partition)?;
-        self.publish_lost_results(partition, &log, tail)?;
+        let log = self.kafka.open(partition)?;
+        let restored = self.restore(partition, &log)?;
         {
             let claims = self.claims();
             if claims.held.get(&partition) != Some(&claim) {

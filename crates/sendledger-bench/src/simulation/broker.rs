@@ -295,6 +295,11 @@ impl Broker {
         self.lock().lost.iter().map(|e| e.task_id).collect()
     }
 
+    /// The end of partition `partition` (its high watermark): the offset after its last record.
+    pub fn end_offset(&self, partition: i32) -> i64 {
+        self.lock().partitions.get(&partition).map_or(0, Vec::len) as i64
+    }
+
     /// Every committed event of every partition, by partition, in log order.
     pub fn log(&self) -> BTreeMap<i32, Vec<Event>> {
         let partitions: Vec<i32> = self.lock().partitions.keys().copied().collect();

@@ -18,12 +18,13 @@ use std::task::{Context, Poll, Waker};
 
 use sendledger_core::decide::{decide, Action, Ctx, Input, Policy};
 use sendledger_core::{fold, Event, Phase, TaskId};
-use sendledger_kafka::{LogBatch, LogReplicator, TransactionalLog};
+use sendledger_kafka::take_over::{self, Brokers as _};
+use sendledger_kafka::LogReplicator;
 use sendledger_store::{
     restore_append, truncate_append, Append, Durability, Ledger, LedgerOptions, Memory,
 };
 
-use super::broker::{record_event_id, Broker, SimLog};
+use super::broker::{Broker, SimLog};
 
 /// An attempt's first byte leaves within this long of its decision, or never.
 pub const SEND_LEASE_MS: u64 = 5_000;
@@ -405,67 +406,30 @@ impl Instance {
         }
     }
 
-    /// The group assigned `partition` here: takes it over (kafka mode's partition owner).
+    /// The group assigned `partition` here: takes it over as kafka mode's partition owner
+    /// does: the log opened, the product's restore ([`take_over::restore`]), then owned and its
+    /// tasks resumed.
     pub fn take_over(&mut self, partition: i32, env: &mut Env<'_>) -> Result<(), String> {
         let err = |e: &dyn std::fmt::Display| e.to_string();
-        let log = env.broker.init(self.id, partition);
-        let ledger = self.ledger().clone();
-        let checkpoint = ledger.log_checkpoint(partition).map_err(|e| err(&e))?;
-        let (from, truncate) = match checkpoint {
-            Some(c) if c > 0 => match copy_matches(env.broker, &ledger, partition, c)? {
-                true => (c, false),
-                false => (0, true),
-            },
-            _ => (0, false),
+        let brokers = SimBrokers {
+            broker: env.broker,
+            instance: self.id,
         };
-        let (read, end) = env.broker.read_committed(partition, from);
-        // The last transaction: its events are contiguous at the end.
-        let mut tail: Vec<Event> = Vec::new();
-        let mut last = None;
-        for (offset, e) in &read {
-            if last.is_some_and(|l: i64| l + 1 != *offset) {
-                tail.clear();
-            }
-            tail.push(e.clone());
-            last = Some(*offset);
-        }
-        let mut logged: HashMap<TaskId, u32> = HashMap::new();
-        for step in read.chunks(RESTORE_STEP) {
-            let events: Vec<Event> = step.iter().map(|(_, e)| e.clone()).collect();
-            for e in &events {
-                let n = logged.entry(e.task_id).or_default();
-                *n = (*n).max(e.task_seq + 1);
-            }
-            let next = step.last().map(|(o, _)| o + 1);
-            let restored = restore_append(&ledger, events).map_err(|e| err(&e))?;
-            let (append, _) = restored.into_append(partition, next.filter(|_| !truncate));
-            ledger.append_blocking(append).map_err(|e| err(&e))?;
-        }
-        if truncate {
+        let log = brokers.open(partition)?;
+        let ledger = self.ledger().clone();
+        let copy = SimCopy { ledger: &ledger };
+        let now = env.now as i64;
+        let restore = take_over::restore(
+            &brokers,
+            &copy,
+            &self.replicator,
+            partition,
+            &log,
+            now,
+            RESTORE_STEP,
+        )?;
+        if restore.truncated.is_some() {
             self.truncations += 1;
-            let restored = truncate_append(&ledger, partition, &logged).map_err(|e| err(&e))?;
-            let (append, _) = restored.into_append(partition, Some(end));
-            ledger.append_blocking(append).map_err(|e| err(&e))?;
-        }
-        // Results the last transaction announces that the results topic lacks (a fenced
-        // writer's transaction committed without them), published again before the
-        // partition is worked.
-        let tail: Vec<Event> = (tail.iter())
-            .filter_map(|e| ledger.task_event(e.task_id, e.task_seq).ok().flatten())
-            .collect();
-        let results = self
-            .replicator
-            .results_of(partition, &tail, &|task| ledger.task_events(task))
-            .map_err(|e| format!("{e:?}"))?;
-        let missing: Vec<_> = (results.into_iter())
-            .filter(|r| record_event_id(r).is_some_and(|id| !env.broker.has_result(id)))
-            .collect();
-        if !missing.is_empty() {
-            let batch = LogBatch {
-                results: missing,
-                ..LogBatch::default()
-            };
-            log.commit(&batch, None).map_err(|e| err(&e))?;
         }
         check_copy_is_log(env.broker, &ledger, partition, self.id, env.violations);
         log.park();
@@ -525,28 +489,82 @@ impl Instance {
     }
 }
 
-/// Whether the ledger's copy of `partition`, recorded up to `checkpoint`, is what the log
-/// holds: the log's committed event just before the checkpoint is the one the copy recorded.
-fn copy_matches(
-    broker: &Broker,
-    ledger: &Ledger,
-    partition: i32,
-    checkpoint: i64,
-) -> Result<bool, String> {
-    let (read, end) = broker.read_committed(partition, checkpoint - 1);
-    if end < checkpoint {
-        return Ok(false);
+/// The brokers of the simulation as instance `instance`'s take-overs read them.
+struct SimBrokers<'a> {
+    broker: &'a Arc<Broker>,
+    instance: usize,
+}
+
+impl take_over::Brokers for SimBrokers<'_> {
+    type Log = SimLog;
+
+    fn open(&self, partition: i32) -> Result<SimLog, String> {
+        Ok(self.broker.init(self.instance, partition))
     }
-    let Some((offset, logged)) = read.first() else {
-        return Ok(false);
-    };
-    if *offset != checkpoint - 1 {
-        return Ok(false);
+
+    fn event_at(&self, partition: i32, offset: i64) -> Result<(i64, Option<(i64, Event)>), String> {
+        let (read, _) = self.broker.read_committed(partition, offset);
+        Ok((self.broker.end_offset(partition), read.into_iter().next()))
     }
-    let held = ledger
-        .task_event(logged.task_id, logged.task_seq)
-        .map_err(|e| e.to_string())?;
-    Ok(held.is_some_and(|h| h.body == logged.body && h.at == logged.at))
+
+    /// Each record's timestamp is its event's time (a producer's create time).
+    fn read(
+        &self,
+        partition: i32,
+        from: i64,
+        each: &mut dyn FnMut(i64, i64, Event) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let (read, _) = self.broker.read_committed(partition, from);
+        for (offset, event) in read {
+            let at = event.at as i64;
+            each(offset, at, event)?;
+        }
+        Ok(())
+    }
+
+    fn missing_results(&self, _since: i64, wanted: &[String]) -> Result<Vec<String>, String> {
+        Ok((wanted.iter())
+            .filter(|id| !self.broker.has_result(id))
+            .cloned()
+            .collect())
+    }
+}
+
+/// The ledger's copy as the simulation's take-overs write it: what the engine's restore and
+/// truncation write, without the actors.
+struct SimCopy<'a> {
+    ledger: &'a Ledger,
+}
+
+impl take_over::Copy for SimCopy<'_> {
+    fn ledger(&self) -> &Ledger {
+        self.ledger
+    }
+
+    fn restore(
+        &self,
+        partition: i32,
+        events: Vec<Event>,
+        checkpoint: Option<i64>,
+    ) -> Result<usize, String> {
+        let restored = restore_append(self.ledger, events).map_err(|e| e.to_string())?;
+        let n = restored.append.events.len();
+        let (append, _) = restored.into_append(partition, checkpoint);
+        self.ledger.append_blocking(append).map_err(|e| e.to_string())?;
+        Ok(n)
+    }
+
+    fn truncate(
+        &self,
+        partition: i32,
+        logged: HashMap<TaskId, u32>,
+        checkpoint: i64,
+    ) -> Result<(), String> {
+        let restored = truncate_append(self.ledger, partition, &logged).map_err(|e| e.to_string())?;
+        let (append, _) = restored.into_append(partition, Some(checkpoint));
+        self.ledger.append_blocking(append).map_err(|e| e.to_string())?;
+        Ok(())
+    }
 }
 
 /// The events of `task` in `partition`'s log.

@@ -1,0 +1,349 @@
+//! Kafka mode's take-over of a partition, from its log opened (every older writer fenced) to
+//! the partition ready to be owned: the ledger's copy checked against the log, the log read
+//! from the copy's checkpoint and applied a step at a time (or the whole log, and the copy
+//! truncated to it), and the results the log's last transaction announces that the results
+//! topic lacks published again. Generic over the brokers ([`Brokers`]: [`Kafka`], or the
+//! simulation's model of them) and over the writer of the copy ([`Copy`]: the engine, or the
+//! simulation's instance), so that the simulation runs this code.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use rdkafka::message::Message as _;
+use sendledger_core::error::Chain;
+use sendledger_core::{Event, TaskId};
+use sendledger_store::Ledger;
+
+use crate::partition_log::{
+    event_at, missing_results, read_partition, record_event, LogBatch, LogRecord, PartitionLog,
+    TransactionalLog,
+};
+use crate::records::EVENT_ID_HEADER;
+use crate::replicator::LogReplicator;
+use crate::Kafka;
+
+/// How long a take-over waits for the brokers (opening the log, reading it).
+pub const TAKE_OVER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Events applied per restore step: a partition's log is read and applied in steps, so a long
+/// log never sits in memory whole (each step records its checkpoint).
+pub const RESTORE_STEP: usize = 10_000;
+
+/// Clock skew allowed between the last transaction's writer and the instance taking over when
+/// telling whether it was recent enough to have been open at the fencing.
+const LOST_RESULTS_SLACK: Duration = Duration::from_secs(30);
+
+/// The brokers as a take-over reads them.
+pub trait Brokers: Sync {
+    type Log: TransactionalLog;
+
+    /// Opens partition `partition`'s log: fences every older writer and ends its open
+    /// transaction.
+    fn open(&self, partition: i32) -> Result<Self::Log, String>;
+
+    /// The end of the events partition, and its first committed event at `offset` or after,
+    /// with its offset.
+    fn event_at(&self, partition: i32, offset: i64) -> Result<(i64, Option<(i64, Event)>), String>;
+
+    /// Reads the committed events of the partition from `from` to its end, in order, each
+    /// with its offset and its record's timestamp (ms).
+    fn read(
+        &self,
+        partition: i32,
+        from: i64,
+        each: &mut dyn FnMut(i64, i64, Event) -> Result<(), String>,
+    ) -> Result<(), String>;
+
+    /// Which result event ids of `wanted` the results topic does not hold from `since` (ms) on.
+    fn missing_results(&self, since: i64, wanted: &[String]) -> Result<Vec<String>, String>;
+}
+
+/// The writer of the ledger's copy of a partition during its take-over.
+pub trait Copy {
+    fn ledger(&self) -> &Ledger;
+
+    /// Applies a restore step: `events` read from the log, recorded with `checkpoint` (none
+    /// while a truncation is under way). Returns the events applied.
+    fn restore(
+        &self,
+        partition: i32,
+        events: Vec<Event>,
+        checkpoint: Option<i64>,
+    ) -> Result<usize, String>;
+
+    /// Truncates the copy to the log, once the whole log was restored over it: `logged` is
+    /// how many events the log holds of each task, `checkpoint` the position after its end.
+    fn truncate(
+        &self,
+        partition: i32,
+        logged: HashMap<TaskId, u32>,
+        checkpoint: i64,
+    ) -> Result<(), String>;
+}
+
+/// What a restore did.
+#[derive(Debug, Default)]
+pub struct Restore {
+    /// Events applied.
+    pub events: usize,
+    /// Why the copy was found apart from its log and truncated to it, if it was.
+    pub truncated: Option<String>,
+    /// Results of the log's last transaction published again.
+    pub republished: usize,
+    /// Time spent applying (the rest is waiting for the brokers).
+    pub applying: Duration,
+}
+
+/// The events of the last transaction a restore read (its last run of consecutive offsets),
+/// and when the first was written.
+#[derive(Debug, Default)]
+struct LastTransaction {
+    events: Vec<(TaskId, u32)>,
+    /// Record timestamp of its first event, ms.
+    written_at: i64,
+}
+
+/// Restores partition `partition`, whose log `log` was just opened, from `brokers` into
+/// `copy` in steps of `step` events, and publishes again through `log` the results its last
+/// transaction lost. `now` is the time in ms. Call it before the partition is owned.
+///
+/// The copy is checked against the log first: the log must still hold, at the offset before
+/// the checkpoint, the last event the copy recorded. A copy ahead of its log or apart from it
+/// (the brokers lost committed events, or a tail was written again since) is restored from the
+/// log's start and truncated to it. The log is read on a thread of its own, two steps ahead at
+/// most, while the last step is applied.
+pub fn restore<B: Brokers>(
+    brokers: &B,
+    copy: &impl Copy,
+    replicator: &LogReplicator<B::Log>,
+    partition: i32,
+    log: &B::Log,
+    now: i64,
+    step: usize,
+) -> Result<Restore, String> {
+    let step_size = step.max(1);
+    let ledger = copy.ledger();
+    let checkpoint = ledger
+        .log_checkpoint(partition)
+        .map_err(|e| Chain(&e).to_string())?;
+    let truncated = match checkpoint {
+        Some(checkpoint) if checkpoint > 0 => check_copy(brokers, ledger, partition, checkpoint)?,
+        _ => None,
+    };
+    let from = match (checkpoint, &truncated) {
+        (Some(c), None) => c.max(0),
+        _ => 0,
+    };
+    let truncate = truncated.is_some();
+    let mut restore = Restore {
+        truncated,
+        ..Restore::default()
+    };
+    let tail = std::thread::scope(|scope| {
+        // Each step comes with the position after its last event (none for an empty step):
+        // the checkpoint, whose offset before is an event.
+        let (steps, decoded) = std::sync::mpsc::sync_channel::<(Vec<Event>, Option<i64>)>(2);
+        let reader = scope.spawn(move || -> Result<LastTransaction, String> {
+            let mut step = Vec::with_capacity(step_size);
+            let mut last: Option<i64> = None;
+            let mut tail = LastTransaction::default();
+            brokers.read(partition, from, &mut |offset, timestamp, event| {
+                // A transaction's events are contiguous; its commit marker takes the offset
+                // after them.
+                if last.is_some_and(|l| l + 1 != offset) {
+                    tail.events.clear();
+                }
+                if tail.events.is_empty() {
+                    tail.written_at = timestamp;
+                }
+                tail.events.push((event.task_id, event.task_seq));
+                step.push(event);
+                last = Some(offset);
+                if step.len() >= step_size {
+                    let full = std::mem::replace(&mut step, Vec::with_capacity(step_size));
+                    steps
+                        .send((full, last.map(|o| o + 1)))
+                        .map_err(|_| "the restore stopped".to_string())?;
+                }
+                Ok(())
+            })?;
+            let _ = steps.send((step, last.map(|o| o + 1)));
+            Ok(tail)
+        });
+        // Truncating: how many events the log holds of each task, and where it ends.
+        let mut logged: HashMap<TaskId, u32> = HashMap::new();
+        let mut end = None;
+        let mut failed = None;
+        for (events, next) in decoded.iter() {
+            let at = std::time::Instant::now();
+            if truncate {
+                for e in &events {
+                    let n = logged.entry(e.task_id).or_default();
+                    *n = (*n).max(e.task_seq + 1);
+                }
+                end = next.or(end);
+            }
+            // A copy being truncated records its checkpoint with the truncation: until then, a
+            // take-over finds it apart from its log again.
+            match copy.restore(partition, events, next.filter(|_| !truncate)) {
+                Ok(n) => {
+                    restore.applying += at.elapsed();
+                    restore.events += n;
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        // Stops the reader if applying failed.
+        drop(decoded);
+        let read = reader
+            .join()
+            .unwrap_or_else(|_| Err("the log's reader panicked".into()));
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let tail = read?;
+        if truncate {
+            copy.truncate(partition, logged, end.unwrap_or(0))?;
+        }
+        Ok(tail)
+    })?;
+    restore.republished = publish_lost_results(brokers, copy, replicator, partition, log, tail, now)?;
+    Ok(restore)
+}
+
+/// Why the ledger's copy of the partition, recorded up to `checkpoint`, is not what its log
+/// holds, if it is not: the log ends before the checkpoint, or its event just before the
+/// checkpoint is not the last one the copy recorded from it.
+fn check_copy(
+    brokers: &impl Brokers,
+    ledger: &Ledger,
+    partition: i32,
+    checkpoint: i64,
+) -> Result<Option<String>, String> {
+    let last = checkpoint - 1;
+    let (end, found) = brokers.event_at(partition, last)?;
+    if end < checkpoint {
+        return Ok(Some(format!(
+            "the log ends at offset {end}, before the copy's checkpoint {checkpoint}"
+        )));
+    }
+    let Some((_, logged)) = found.filter(|(offset, _)| *offset == last) else {
+        return Ok(Some(format!(
+            "the log holds no committed event at offset {last}, the last one the copy recorded"
+        )));
+    };
+    let held = ledger
+        .task_event(logged.task_id, logged.task_seq)
+        .map_err(|e| Chain(&e).to_string())?;
+    match held {
+        Some(held) if held.body == logged.body && held.at == logged.at => Ok(None),
+        _ => Ok(Some(format!(
+            "the log's event at offset {last} (task {} event {}) is not one the copy recorded",
+            logged.task_id, logged.task_seq
+        ))),
+    }
+}
+
+/// Publishes again, in a transaction of the new log before the partition is worked, the
+/// results the log's last transaction announces that the results topic lacks, and returns how
+/// many. A broker that keeps its promises aborts a fenced writer's open transaction, and then
+/// there are none; one that commits it with the records that reached it (the test broker) can
+/// leave the events without their results, since the log writes a transaction's events before
+/// its results. Only a transaction recent enough to have been open at the fencing (within the
+/// transaction timeout) is looked at, and the results topic only from its time on.
+fn publish_lost_results<B: Brokers>(
+    brokers: &B,
+    copy: &impl Copy,
+    replicator: &LogReplicator<B::Log>,
+    partition: i32,
+    log: &B::Log,
+    tail: LastTransaction,
+    now: i64,
+) -> Result<usize, String> {
+    let open_for = (TAKE_OVER_TIMEOUT + LOST_RESULTS_SLACK).as_millis() as i64;
+    if tail.events.is_empty() || tail.written_at < now - open_for {
+        return Ok(0);
+    }
+    let ledger = copy.ledger();
+    let mut events = Vec::with_capacity(tail.events.len());
+    for (task, seq) in tail.events {
+        if let Some(e) = ledger
+            .task_event(task, seq)
+            .map_err(|e| Chain(&e).to_string())?
+        {
+            events.push(e);
+        }
+    }
+    let results = replicator
+        .results_of(partition, &events, &|task| ledger.task_events(task))
+        .map_err(|e| format!("projecting the log's last results: {e:?}"))?;
+    let wanted: Vec<String> = results.iter().filter_map(record_event_id).collect();
+    // Its results were produced after its events, by the same producer: from the first
+    // event's timestamp on (a second earlier, for timestamps taken on another thread).
+    let missing = brokers.missing_results(tail.written_at - 1000, &wanted)?;
+    if missing.is_empty() {
+        return Ok(0);
+    }
+    let batch = LogBatch {
+        results: (results.into_iter())
+            .filter(|r| record_event_id(r).is_some_and(|id| missing.contains(&id)))
+            .collect(),
+        ..LogBatch::default()
+    };
+    tracing::error!(partition, results = batch.results.len(), "the log's last transaction holds events whose results the brokers did not keep (a fenced writer's transaction committed in part): they are published again");
+    log.commit(&batch, None)
+        .map_err(|e| Chain(&e).to_string())?;
+    Ok(batch.results.len())
+}
+
+/// The event id a record of the log carries in its headers.
+pub fn record_event_id(record: &LogRecord) -> Option<String> {
+    (record.headers.iter())
+        .find(|(k, _)| *k == EVENT_ID_HEADER)
+        .map(|(_, v)| v.clone())
+}
+
+impl Brokers for Kafka {
+    type Log = PartitionLog;
+
+    fn open(&self, partition: i32) -> Result<PartitionLog, String> {
+        PartitionLog::open(self, partition, TAKE_OVER_TIMEOUT).map_err(|e| Chain(&e).to_string())
+    }
+
+    fn event_at(&self, partition: i32, offset: i64) -> Result<(i64, Option<(i64, Event)>), String> {
+        event_at(self, partition, offset, TAKE_OVER_TIMEOUT).map_err(|e| Chain(&e).to_string())
+    }
+
+    fn read(
+        &self,
+        partition: i32,
+        from: i64,
+        each: &mut dyn FnMut(i64, i64, Event) -> Result<(), String>,
+    ) -> Result<(), String> {
+        // Why `each` stopped the read, kept apart from the brokers' errors.
+        let mut stopped = None;
+        let read = read_partition(self, partition, from, TAKE_OVER_TIMEOUT, |record| {
+            let event = record_event(record)?;
+            let timestamp = record.timestamp().to_millis().unwrap_or(0);
+            each(record.offset(), timestamp, event).map_err(|why| {
+                stopped = Some(why.clone());
+                crate::Error::Replay {
+                    topic: self.config().events_topic.clone(),
+                    detail: why,
+                }
+            })
+        });
+        match (read, stopped) {
+            (_, Some(why)) => Err(why),
+            (Err(e), None) => Err(Chain(&e).to_string()),
+            (Ok(_), None) => Ok(()),
+        }
+    }
+
+    fn missing_results(&self, since: i64, wanted: &[String]) -> Result<Vec<String>, String> {
+        missing_results(self, since, wanted, TAKE_OVER_TIMEOUT).map_err(|e| Chain(&e).to_string())
+    }
+}
