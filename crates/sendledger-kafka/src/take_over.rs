@@ -210,7 +210,8 @@ pub fn restore<B: Brokers>(
         }
         Ok(tail)
     })?;
-    restore.republished = publish_lost_results(brokers, copy, replicator, partition, log, tail, now)?;
+    restore.republished =
+        publish_lost_results(brokers, copy, replicator, partition, log, tail, now)?;
     Ok(restore)
 }
 

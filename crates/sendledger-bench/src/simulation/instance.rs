@@ -1,12 +1,11 @@
 //! One sendledger instance in the simulation. What runs is the product's code: a [`Ledger`]
 //! on disk with its journal, kafka mode's [`LogReplicator`] writing through the broker model,
-//! the restore steps (`restore_append`, `truncate_append`), and each task's decisions
+//! a take-over's restore ([`take_over::restore`]) reading it, and each task's decisions
 //! (`decide` on the `fold` of its events from the ledger, recorded by the task actor's
-//! `record`). What is modelled is the shell around them that the actors and the consumer
-//! provide: one input at a time per task, the ownership epoch checked once an append is
-//! acknowledged, the send lease checked at the first byte, and the take-over sequence of
-//! kafka mode's partition owner (open the log, check the copy, restore, publish lost results,
-//! own, resume).
+//! `record`). What is modelled is the shell around them that the actors, the engine and the
+//! consumer provide: one input at a time per task, the ownership epoch checked once an append
+//! is acknowledged, the send lease checked at the first byte, and, around a take-over's
+//! restore, the log owned, the reviews owed recorded and the unsettled tasks resumed.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::future::Future;
@@ -550,7 +549,9 @@ impl take_over::Copy for SimCopy<'_> {
         let restored = restore_append(self.ledger, events).map_err(|e| e.to_string())?;
         let n = restored.append.events.len();
         let (append, _) = restored.into_append(partition, checkpoint);
-        self.ledger.append_blocking(append).map_err(|e| e.to_string())?;
+        self.ledger
+            .append_blocking(append)
+            .map_err(|e| e.to_string())?;
         Ok(n)
     }
 
@@ -560,9 +561,12 @@ impl take_over::Copy for SimCopy<'_> {
         logged: HashMap<TaskId, u32>,
         checkpoint: i64,
     ) -> Result<(), String> {
-        let restored = truncate_append(self.ledger, partition, &logged).map_err(|e| e.to_string())?;
+        let restored =
+            truncate_append(self.ledger, partition, &logged).map_err(|e| e.to_string())?;
         let (append, _) = restored.into_append(partition, Some(checkpoint));
-        self.ledger.append_blocking(append).map_err(|e| e.to_string())?;
+        self.ledger
+            .append_blocking(append)
+            .map_err(|e| e.to_string())?;
         Ok(())
     }
 }
