@@ -140,7 +140,9 @@ impl World {
                         ));
                     }
                 }
-                other => violations.push(format!("task {key} ended {other:?}, not settled")),
+                other => {
+                    violations.push(format!("task {key} ({task}) ended {other:?}, not settled"))
+                }
             }
             let announced = (results.get(&task.to_string()).into_iter().flatten())
                 .any(|r| r.status != ResultStatus::Conflict);

@@ -16,6 +16,7 @@
 mod broker;
 mod checks;
 pub mod command;
+mod drain;
 mod instance;
 mod remote;
 
@@ -818,55 +819,5 @@ impl World {
             self.report.take_overs += 1;
         }
         Ok(())
-    }
-
-    /// Heals every fault and runs until nothing is left to do.
-    fn drain(&mut self) -> anyhow::Result<()> {
-        for i in 0..self.instances.len() {
-            if !self.instances[i].up() {
-                self.instances[i].restart(false)?;
-            }
-        }
-        let thaw = self.now + SESSION_MS * 3;
-        self.advance(thaw);
-        self.rebalance();
-        for _ in 0..DRAIN_STEPS {
-            if self.idle() {
-                return Ok(());
-            }
-            let parked = self.broker.parked();
-            if let Some(&id) = parked.first() {
-                self.broker.end(id, Ending::Commit);
-                self.settle()?;
-                self.housekeeping()?;
-                continue;
-            }
-            self.step(false)?;
-        }
-        self.report.violations.push(format!(
-            "the run did not settle within {DRAIN_STEPS} steps of draining"
-        ));
-        Ok(())
-    }
-
-    /// Nothing left to do: every request read, nothing parked or in flight, no timer.
-    fn idle(&self) -> bool {
-        let unread = (self.instances.iter()).any(|inst| {
-            (inst.consumed.iter())
-                .any(|(p, &next)| (next as usize) < self.requests.get(p).map_or(0, Vec::len))
-        });
-        let owned: usize = self.instances.iter().map(|i| i.owned.len()).sum();
-        let busy = (self.instances.iter()).any(|i| {
-            !i.attempts.is_empty()
-                || !i.calls.is_empty()
-                || !i.lookups.is_empty()
-                || !i.timers.is_empty()
-        });
-        let deaf = self.instances.iter().any(|i| !i.unheard.is_empty());
-        owned == self.partitions as usize
-            && !deaf
-            && !unread
-            && !busy
-            && self.broker.parked().is_empty()
     }
 }
