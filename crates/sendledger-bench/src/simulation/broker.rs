@@ -14,7 +14,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use sendledger_core::Event;
-use sendledger_kafka::records::{event_from_json, EVENT_ID_HEADER};
+use sendledger_kafka::records::event_from_json;
+use sendledger_kafka::take_over::record_event_id;
 use sendledger_kafka::{Committed, LogBatch, LogError, LogRecord, TransactionalLog};
 
 /// Whether a record's transaction is open, committed or aborted.
@@ -319,15 +320,8 @@ impl Broker {
     /// Whether a result with event id `id` was committed.
     pub fn has_result(&self, id: &str) -> bool {
         let s = self.lock();
-        (s.results.iter()).any(|r| record_event_id(r) == Some(id))
+        (s.results.iter()).any(|r| record_event_id(r).as_deref() == Some(id))
     }
-}
-
-/// The event id header of a record.
-pub fn record_event_id(record: &LogRecord) -> Option<&str> {
-    (record.headers.iter())
-        .find(|(name, _)| *name == EVENT_ID_HEADER)
-        .map(|(_, v)| v.as_str())
 }
 
 fn fenced(partition: i32) -> LogError {

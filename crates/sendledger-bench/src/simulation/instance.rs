@@ -319,19 +319,11 @@ impl Instance {
 
     /// Gives `input` to `task` (of requests partition `partition`); it is decided once the
     /// task's last append is acknowledged.
-    pub fn input(&mut self, task: TaskId, partition: i32, input: Input, env: &mut Env<'_>) {
-        self.input_with(task, partition, input, false, env);
+    pub fn input(&mut self, task: TaskId, partition: i32, input: Input) {
+        self.input_with(task, partition, input, false);
     }
 
-    fn input_with(
-        &mut self,
-        task: TaskId,
-        partition: i32,
-        input: Input,
-        review: bool,
-        env: &mut Env<'_>,
-    ) {
-        let _ = env;
+    fn input_with(&mut self, task: TaskId, partition: i32, input: Input, review: bool) {
         let slot = self.tasks.entry(task).or_default();
         slot.inputs.push_back((partition, input, review));
     }
@@ -445,7 +437,7 @@ impl Instance {
                 task_seq: d.task_seq,
                 replaced: d.replaced,
             };
-            self.input_with(d.task_id, partition, input, true, env);
+            self.input_with(d.task_id, partition, input, true);
         }
         let active = ledger
             .active_tasks_of_partition(partition)
@@ -455,7 +447,7 @@ impl Instance {
                 summary.phase,
                 Phase::Accepted | Phase::Sending | Phase::RetryWait | Phase::Unknown
             ) {
-                self.input(task, partition, Input::Recover, env);
+                self.input(task, partition, Input::Recover);
             }
         }
         Ok(())

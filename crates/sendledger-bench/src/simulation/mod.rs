@@ -541,14 +541,13 @@ impl World {
             partition: p,
             offset,
         };
-        self.with(i, |inst, env| {
-            inst.received(p, offset, group);
-            let input = Input::Deliver {
-                request: accepted,
-                source,
-            };
-            inst.input(task, p, input, env);
-        });
+        let inst = &mut self.instances[i];
+        inst.received(p, offset, group);
+        let input = Input::Deliver {
+            request: accepted,
+            source,
+        };
+        inst.input(task, p, input);
     }
 
     /// Picks one effect of the active instances' `which` list, removed.
@@ -650,7 +649,7 @@ impl World {
             outcome,
         };
         let (task, p) = (effect.task, effect.partition);
-        self.with(i, |inst, env| inst.input(task, p, input, env));
+        self.instances[i].input(task, p, input);
     }
 
     fn lookup(&mut self) {
@@ -663,9 +662,7 @@ impl World {
             asked_at: self.now,
             result: Ok(found),
         };
-        self.with(i, |inst, env| {
-            inst.input(effect.task, effect.partition, input, env)
-        });
+        self.instances[i].input(effect.task, effect.partition, input);
     }
 
     /// The earliest timer of an active instance: fired when due, else time moves to it.
@@ -682,7 +679,7 @@ impl World {
             return;
         }
         let (_, task, p) = self.instances[i].timers.pop_first().expect("a timer");
-        self.with(i, |inst, env| inst.input(task, p, Input::Wake, env));
+        self.instances[i].input(task, p, Input::Wake);
     }
 
     /// Time passes: requests whose answer does not come in time time out first (their record
