@@ -12,11 +12,11 @@ const SEEDS: u64 = 200;
 /// between the schedule and a second record at the remote.
 const LATE_SENDERS: [u64; 5] = [40, 46, 149, 181, 277];
 
-/// Seeds that once broke a rule, kept. 7467: a partition's log lost the commit that confirmed a
+/// Seeds that once broke a rule, kept. 7467 and 8536: a partition's log lost the commit that confirmed a
 /// task while its owner, with nothing to write, kept the task settled in its copy; the run
 /// ended with the task unsettled in the log (the final rebalance now takes every partition over
 /// again, and the take-over truncates the copy and sends the task to review).
-const REGRESSIONS: [u64; 1] = [7467];
+const REGRESSIONS: [u64; 2] = [7467, 8536];
 
 fn simulate(seed: u64, options: &Options) -> Report {
     let dir = tempfile::tempdir().unwrap();
