@@ -20,6 +20,7 @@ pub mod fuzz;
 mod kafka;
 mod ledger;
 pub mod process;
+mod restore;
 pub mod simulation;
 
 /// sendledger-bench: measurements of sendledger's components, each printed as one JSON object.
@@ -41,6 +42,9 @@ enum Bench {
     /// Kafka mode against local mode on one instance, same requests, same brokers (which must
     /// support transactions), and the restore of the kafka-mode log on an empty disk.
     Cluster(cluster::ClusterArgs),
+    /// A kafka-mode take-over's restore of one partition on an empty disk, in events per
+    /// second: whole, and read, decoded and applied apart (brokers with transactions).
+    Restore(restore::RestoreArgs),
     /// Inputs per second through every input boundary (request, stored event, event record,
     /// configuration, review body) with generated inputs; counts panics and saves their inputs.
     Fuzz(fuzz::FuzzArgs),
@@ -74,6 +78,7 @@ pub fn main() -> ExitCode {
         Bench::Audit(args) => audit::run(args),
         Bench::Kafka(args) => kafka::run(args),
         Bench::Cluster(args) => cluster::run(args),
+        Bench::Restore(args) => restore::run(args),
         Bench::Fuzz(args) => fuzz::run(args),
         Bench::Simulate(args) => simulation::command::run(args),
     };

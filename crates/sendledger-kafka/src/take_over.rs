@@ -12,7 +12,7 @@ use std::time::Duration;
 use rdkafka::message::Message as _;
 use sendledger_core::error::Chain;
 use sendledger_core::{Event, TaskId};
-use sendledger_store::Ledger;
+use sendledger_store::{restore_append, truncate_append, Ledger};
 
 use crate::partition_log::{
     event_at, missing_results, read_partition, record_event, LogBatch, LogRecord, PartitionLog,
@@ -79,6 +79,49 @@ pub trait Copy {
         logged: HashMap<TaskId, u32>,
         checkpoint: i64,
     ) -> Result<(), String>;
+}
+
+/// The ledger's copy written directly, as the engine's restore and truncation write it minus
+/// the engine's ownership check and metrics: for tools and the simulation, which take
+/// partitions over without a running engine.
+pub struct LedgerCopy<'a> {
+    pub ledger: &'a Ledger,
+}
+
+impl Copy for LedgerCopy<'_> {
+    fn ledger(&self) -> &Ledger {
+        self.ledger
+    }
+
+    fn restore(
+        &self,
+        partition: i32,
+        events: Vec<Event>,
+        checkpoint: Option<i64>,
+    ) -> Result<usize, String> {
+        let restored = restore_append(self.ledger, events).map_err(|e| Chain(&e).to_string())?;
+        let n = restored.append.events.len();
+        let (append, _) = restored.into_append(partition, checkpoint);
+        self.ledger
+            .append_blocking(append)
+            .map_err(|e| Chain(&e).to_string())?;
+        Ok(n)
+    }
+
+    fn truncate(
+        &self,
+        partition: i32,
+        logged: HashMap<TaskId, u32>,
+        checkpoint: i64,
+    ) -> Result<(), String> {
+        let restored =
+            truncate_append(self.ledger, partition, &logged).map_err(|e| Chain(&e).to_string())?;
+        let (append, _) = restored.into_append(partition, Some(checkpoint));
+        self.ledger
+            .append_blocking(append)
+            .map_err(|e| Chain(&e).to_string())?;
+        Ok(())
+    }
 }
 
 /// What a restore did.

@@ -7,7 +7,7 @@
 //! is acknowledged, the send lease checked at the first byte, and, around a take-over's
 //! restore, the log owned, the reviews owed recorded and the unsettled tasks resumed.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::future::Future;
 use std::ops::Range;
 use std::path::PathBuf;
@@ -19,9 +19,7 @@ use sendledger_core::decide::{decide, Action, Ctx, Input, Policy};
 use sendledger_core::{fold, Event, Phase, TaskId};
 use sendledger_kafka::take_over::{self, Brokers as _};
 use sendledger_kafka::LogReplicator;
-use sendledger_store::{
-    restore_append, truncate_append, Append, Durability, Ledger, LedgerOptions, Memory,
-};
+use sendledger_store::{Append, Durability, Ledger, LedgerOptions, Memory};
 
 use super::broker::{Broker, SimLog};
 
@@ -408,7 +406,7 @@ impl Instance {
         };
         let log = brokers.open(partition)?;
         let ledger = self.ledger().clone();
-        let copy = SimCopy { ledger: &ledger };
+        let copy = take_over::LedgerCopy { ledger: &ledger };
         let now = env.now as i64;
         let restore = take_over::restore(
             &brokers,
@@ -518,48 +516,6 @@ impl take_over::Brokers for SimBrokers<'_> {
             .filter(|id| !self.broker.has_result(id))
             .cloned()
             .collect())
-    }
-}
-
-/// The ledger's copy as the simulation's take-overs write it: what the engine's restore and
-/// truncation write, without the actors.
-struct SimCopy<'a> {
-    ledger: &'a Ledger,
-}
-
-impl take_over::Copy for SimCopy<'_> {
-    fn ledger(&self) -> &Ledger {
-        self.ledger
-    }
-
-    fn restore(
-        &self,
-        partition: i32,
-        events: Vec<Event>,
-        checkpoint: Option<i64>,
-    ) -> Result<usize, String> {
-        let restored = restore_append(self.ledger, events).map_err(|e| e.to_string())?;
-        let n = restored.append.events.len();
-        let (append, _) = restored.into_append(partition, checkpoint);
-        self.ledger
-            .append_blocking(append)
-            .map_err(|e| e.to_string())?;
-        Ok(n)
-    }
-
-    fn truncate(
-        &self,
-        partition: i32,
-        logged: HashMap<TaskId, u32>,
-        checkpoint: i64,
-    ) -> Result<(), String> {
-        let restored =
-            truncate_append(self.ledger, partition, &logged).map_err(|e| e.to_string())?;
-        let (append, _) = restored.into_append(partition, Some(checkpoint));
-        self.ledger
-            .append_blocking(append)
-            .map_err(|e| e.to_string())?;
-        Ok(())
     }
 }
 

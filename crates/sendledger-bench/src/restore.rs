@@ -1,0 +1,245 @@
+//! `sendledger-bench restore`: a kafka-mode take-over's restore of one partition on an empty
+//! disk, whole and in its parts. A partition's log is written with generated task histories
+//! (the audit benchmark's), in transactions as kafka mode writes it; then the log is read
+//! without decoding its records (the brokers and librdkafka), read and decoded, its records
+//! decoded in memory alone (the codec), its events applied to an empty ledger without Kafka
+//! (the store, split into preparing each step and writing it), and finally restored whole by
+//! the take-over's own code (`take_over::restore`: reading on a thread of its own while the
+//! steps are applied) into another empty ledger, which is the number a take-over sees.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use sendledger_core::result::event_id;
+use sendledger_core::{Event, TaskId};
+use sendledger_kafka::partition_log::{read_partition, record_event};
+use sendledger_kafka::records::event_record_json;
+use sendledger_kafka::take_over::{self, LedgerCopy, RESTORE_STEP, TAKE_OVER_TIMEOUT};
+use sendledger_kafka::{
+    event_from_json, events_source, record_headers, Kafka, KafkaConfig, LogBatch, LogRecord,
+    LogReplicator, PartitionLog, RecordKind,
+};
+use sendledger_store::{restore_append, Durability, Ledger, LedgerOptions, Memory};
+
+use crate::kafka::round4;
+
+#[derive(Args)]
+pub struct RestoreArgs {
+    /// Bootstrap servers of brokers that support transactions (e.g. `127.0.0.1:9092`);
+    /// `scripts/bench-restore` starts one.
+    #[arg(long)]
+    brokers: String,
+    /// Tasks in the partition's log (5.3 events each on average).
+    #[arg(long, default_value_t = 50_000)]
+    tasks: u64,
+    /// Events per transaction when the log is written.
+    #[arg(long, default_value_t = 1_000)]
+    per_transaction: usize,
+    /// Seed of the generated histories.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+pub fn run(args: RestoreArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.tasks > 0, "--tasks must be positive");
+    anyhow::ensure!(
+        args.per_transaction > 0,
+        "--per-transaction must be positive"
+    );
+    let run_id = format!(
+        "bench-restore-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_secs()
+    );
+    let config = KafkaConfig {
+        brokers: args.brokers.clone(),
+        group_id: run_id.clone(),
+        requests_topic: format!("{run_id}.requests"),
+        results_topic: format!("{run_id}.results"),
+        events_topic: format!("{run_id}.events"),
+        partitions: 1,
+        ..KafkaConfig::default()
+    };
+    let kafka = Kafka::connect(config)?;
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(kafka.ensure_topics(1, Duration::from_secs(30), true))?;
+
+    let events = crate::audit::sample_events(args.seed, args.tasks);
+    let payloads: Vec<Vec<u8>> = (events.iter())
+        .map(event_record_json)
+        .collect::<Result<_, _>>()?;
+    let bytes: usize = payloads.iter().map(Vec::len).sum();
+    let count = events.len();
+
+    let started = Instant::now();
+    write_log(&kafka, &events, &payloads, args.per_transaction)?;
+    let write_secs = started.elapsed().as_secs_f64();
+
+    // The brokers and librdkafka: every record handed over, none decoded.
+    let started = Instant::now();
+    let mut read = 0usize;
+    read_partition(&kafka, 0, 0, TAKE_OVER_TIMEOUT, |_| {
+        read += 1;
+        Ok(())
+    })?;
+    let read_secs = started.elapsed().as_secs_f64();
+    anyhow::ensure!(read == count, "read {read} records of {count}");
+
+    let started = Instant::now();
+    let mut decoded = 0usize;
+    read_partition(&kafka, 0, 0, TAKE_OVER_TIMEOUT, |record| {
+        record_event(record)?;
+        decoded += 1;
+        Ok(())
+    })?;
+    let read_decode_secs = started.elapsed().as_secs_f64();
+    anyhow::ensure!(decoded == count, "decoded {decoded} records of {count}");
+
+    // The codec alone, in memory.
+    let started = Instant::now();
+    for payload in &payloads {
+        event_from_json(payload)?;
+    }
+    let decode_secs = started.elapsed().as_secs_f64();
+
+    // The store alone: the restore's steps applied to an empty ledger.
+    let dir = tempfile::tempdir()?;
+    let ledger = open_ledger(&dir.path().join("applied"))?;
+    let (mut prepare, mut write) = (Duration::ZERO, Duration::ZERO);
+    for (i, step) in events.chunks(RESTORE_STEP).enumerate() {
+        let at = Instant::now();
+        let restored = restore_append(&ledger, step.to_vec())?;
+        let (append, _) = restored.into_append(0, Some(((i + 1) * RESTORE_STEP) as i64));
+        prepare += at.elapsed();
+        let at = Instant::now();
+        ledger.append_blocking(append)?;
+        write += at.elapsed();
+    }
+    drop(ledger);
+
+    // The whole restore, as a take-over runs it.
+    let ledger = open_ledger(&dir.path().join("restored"))?;
+    let replicator = LogReplicator::<PartitionLog>::new(&run_id);
+    let log = PartitionLog::open(&kafka, 0, TAKE_OVER_TIMEOUT)?;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+    let started = Instant::now();
+    let restore = take_over::restore(
+        &kafka,
+        &LedgerCopy { ledger: &ledger },
+        &replicator,
+        0,
+        &log,
+        now.as_millis() as i64,
+        RESTORE_STEP,
+    )
+    .map_err(anyhow::Error::msg)
+    .context("restoring the partition")?;
+    let restore_secs = started.elapsed().as_secs_f64();
+    anyhow::ensure!(
+        restore.republished == 0,
+        "the restore published {} results again: the log lacks results it announces",
+        restore.republished
+    );
+    anyhow::ensure!(
+        restore.events == count,
+        "the restore applied {} events of {count}",
+        restore.events
+    );
+    let tasks = ledger.task_summaries_of(&[events[0].task_id])?;
+    anyhow::ensure!(
+        tasks[0].is_some(),
+        "the restored ledger lacks the first task"
+    );
+
+    let rate = |secs: f64| (count as f64 / secs).round();
+    let report = serde_json::json!({
+        "benchmark": "restore",
+        "tasks": args.tasks,
+        "events": count,
+        "record_bytes_mean": (bytes as f64 / count as f64).round(),
+        "per_transaction": args.per_transaction,
+        "write_secs": round4(write_secs),
+        "read_only": {"secs": round4(read_secs), "events_per_sec": rate(read_secs)},
+        "read_and_decode": {"secs": round4(read_decode_secs), "events_per_sec": rate(read_decode_secs)},
+        "decode_in_memory": {"secs": round4(decode_secs), "events_per_sec": rate(decode_secs)},
+        "apply_without_kafka": {
+            "secs": round4((prepare + write).as_secs_f64()),
+            "events_per_sec": rate((prepare + write).as_secs_f64()),
+            "prepare_secs": round4(prepare.as_secs_f64()),
+            "write_secs": round4(write.as_secs_f64()),
+        },
+        "take_over_restore": {
+            "secs": round4(restore_secs),
+            "events_per_sec": rate(restore_secs),
+            "applying_secs": round4(restore.applying.as_secs_f64()),
+        },
+    });
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}
+
+/// Writes `events` (with their records' `payloads`) to events partition 0 in transactions of
+/// `per_transaction` events, each with the results its events announce, as the partition's
+/// owner writes them (a log whose last results are missing would have them published again).
+fn write_log(
+    kafka: &Kafka,
+    events: &[Event],
+    payloads: &[Vec<u8>],
+    per_transaction: usize,
+) -> anyhow::Result<()> {
+    let log = PartitionLog::open(kafka, 0, TAKE_OVER_TIMEOUT)?;
+    let source = events_source(&kafka.config().group_id);
+    let replicator = LogReplicator::<PartitionLog>::new(&kafka.config().group_id);
+    // Where each task's events begin (a task's events are contiguous here).
+    let mut first: HashMap<TaskId, usize> = HashMap::new();
+    for (i, e) in events.iter().enumerate() {
+        first.entry(e.task_id).or_insert(i);
+    }
+    for (n, (chunk, payloads)) in (events.chunks(per_transaction))
+        .zip(payloads.chunks(per_transaction))
+        .enumerate()
+    {
+        let start = n * per_transaction;
+        // A task's events before this transaction.
+        let history = |task: TaskId| Ok(events[first[&task]..start.max(first[&task])].to_vec());
+        let results = replicator
+            .results_of(0, chunk, &history)
+            .map_err(|e| anyhow::anyhow!("projecting the results: {e:?}"))?;
+        let batch = LogBatch {
+            events: (chunk.iter().zip(payloads))
+                .map(|(e, payload)| LogRecord {
+                    key: e.task_id.to_string(),
+                    headers: record_headers(
+                        &event_id(e.task_id, e.task_seq),
+                        &source,
+                        &RecordKind::Event(e.body.name()).ce_type(),
+                        e.at,
+                        None,
+                    ),
+                    payload: payload.clone(),
+                })
+                .collect(),
+            results,
+            ..LogBatch::default()
+        };
+        log.commit(&batch, None)
+            .map_err(|e| anyhow::anyhow!("writing the log: {e:?}"))?;
+    }
+    Ok(())
+}
+
+/// An empty ledger as kafka mode opens one (durable writes, the service's default memory).
+fn open_ledger(dir: &std::path::Path) -> anyhow::Result<Ledger> {
+    let options = LedgerOptions {
+        durability: Durability::Sync,
+        memory: Memory::default(),
+        replicated: true,
+    };
+    Ok(Ledger::open(dir, options)?)
+}
