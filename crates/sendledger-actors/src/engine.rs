@@ -13,8 +13,8 @@ use sendledger_core::{
     AcceptedRequest, Event, EventBody, Identity, Limits, Phase, Source, State, TaskId, TaskRequest,
 };
 use sendledger_store::{
-    Append, Diverged, Durability, Ledger, LedgerOptions, Memory, Replicator, Restored, TaskPage,
-    TaskQuery,
+    Append, Diverged, Durability, Ledger, LedgerOptions, Logged, Memory, Replicator, Restored,
+    TaskPage, TaskQuery,
 };
 use tokio::sync::oneshot;
 
@@ -283,8 +283,8 @@ impl Engine {
     }
 
     /// Kafka mode: applies events of requests partition `partition` read from its log of
-    /// record (from the ledger's checkpoint on), and records `checkpoint`, the log position
-    /// after them. Only while the partition is not owned here (its tasks do not act). Returns
+    /// record (from the ledger's checkpoint on), and records `checkpoint`, where they end in
+    /// the log. Only while the partition is not owned here (its tasks do not act). Returns
     /// the number of events the ledger did not hold yet, and the tasks found with two
     /// histories: each owes a review, recorded with the restore (the replaced events may
     /// exist nowhere else) and sent when the partition is assigned.
@@ -292,7 +292,7 @@ impl Engine {
         &self,
         partition: i32,
         events: Vec<Event>,
-        checkpoint: Option<i64>,
+        checkpoint: Option<Logged>,
     ) -> Result<(usize, Vec<Diverged>)> {
         self.not_owned(partition, "restoring a partition")?;
         let ledger = self.inner.ledger.clone();
@@ -307,7 +307,7 @@ impl Engine {
     /// Kafka mode: truncates the ledger's copy of requests partition `partition` to its log of
     /// record, once the whole log was restored over it (a copy found ahead of its log, or
     /// apart from it): `logged` is how many events the log holds of each task, `checkpoint`
-    /// the log position after its last event. Each task that loses events owes a review,
+    /// where the log ends. Each task that loses events owes a review,
     /// recorded with the truncation, unless what it lost is harmless (see
     /// [`Input::Diverged`]); a task its log never held is recorded again from its first event.
     ///
@@ -316,7 +316,7 @@ impl Engine {
         &self,
         partition: i32,
         logged: HashMap<TaskId, u32>,
-        checkpoint: i64,
+        checkpoint: Logged,
     ) -> Result<Vec<Diverged>> {
         self.not_owned(partition, "truncating a partition's copy")?;
         let ledger = self.inner.ledger.clone();
@@ -338,7 +338,7 @@ impl Engine {
         &self,
         partition: i32,
         restored: Restored,
-        checkpoint: Option<i64>,
+        checkpoint: Option<Logged>,
     ) -> Result<Vec<Diverged>> {
         let (append, diverged) = restored.into_append(partition, checkpoint);
         self.inner.ledger.append(append).await?;

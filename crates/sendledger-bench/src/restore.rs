@@ -21,7 +21,7 @@ use sendledger_kafka::{
     event_from_json, events_source, record_headers, Kafka, KafkaConfig, LogBatch, LogRecord,
     LogReplicator, PartitionLog, RecordKind,
 };
-use sendledger_store::{restore_append, Durability, Ledger, LedgerOptions, Memory};
+use sendledger_store::{restore_append, Durability, Ledger, LedgerOptions, Logged, Memory};
 
 use crate::kafka::round4;
 
@@ -115,7 +115,8 @@ pub fn run(args: RestoreArgs) -> anyhow::Result<()> {
     for (i, step) in events.chunks(RESTORE_STEP).enumerate() {
         let at = Instant::now();
         let restored = restore_append(&ledger, step.to_vec())?;
-        let (append, _) = restored.into_append(0, Some(((i + 1) * RESTORE_STEP) as i64));
+        let next = ((i + 1) * RESTORE_STEP) as i64;
+        let (append, _) = restored.into_append(0, Some(Logged { first: next, next }));
         prepare += at.elapsed();
         let at = Instant::now();
         ledger.append_blocking(append)?;

@@ -16,7 +16,7 @@ use sendledger_core::error::Chain;
 use sendledger_core::result::event_id;
 use sendledger_core::{Event, NewEvent, TaskId};
 use sendledger_store::error::cause;
-use sendledger_store::{Replication, Replicator};
+use sendledger_store::{Logged, Replication, Replicator};
 
 use crate::partition_log::{
     Committed, LogBatch, LogError, LogRecord, PartitionLog, TransactionalLog,
@@ -312,7 +312,7 @@ impl<L: TransactionalLog> Replicator for LogReplicator<L> {
         generation: u64,
         events: &[NewEvent],
         history: &dyn Fn(TaskId) -> sendledger_store::Result<Vec<Event>>,
-    ) -> Result<i64, Replication> {
+    ) -> Result<Option<Logged>, Replication> {
         let log = match self.lock().logs.get(&partition) {
             Some(l) if l.generation == generation => l.log.clone(),
             Some(_) => {
@@ -346,7 +346,7 @@ impl<L: TransactionalLog> Replicator for LogReplicator<L> {
         };
         if events.is_empty() && next.is_none() {
             // A turn for offsets that an earlier transaction already carried.
-            return Ok(0);
+            return Ok(None);
         }
         let (mut batch, projections) = self.batch(partition, events, history)?;
         batch.next_request_offset = next;
@@ -382,7 +382,7 @@ impl<L: TransactionalLog> LogReplicator<L> {
         recorded: &BTreeSet<i64>,
         next: Option<i64>,
         projections: Projections,
-    ) -> Result<i64, Replication> {
+    ) -> Result<Option<Logged>, Replication> {
         match outcome {
             Ok(committed) => {
                 let mut owned = self.lock();
@@ -393,8 +393,10 @@ impl<L: TransactionalLog> LogReplicator<L> {
                 if let Some(frontier) = owned.frontiers.get_mut(&partition) {
                     frontier.committed(recorded, next);
                 }
-                let (_, last) = committed.events.unwrap_or((-1, -1));
-                Ok(last + 1)
+                Ok((committed.events).map(|(first, last)| Logged {
+                    first,
+                    next: last + 1,
+                }))
             }
             Err(e) => Err(self.refused(partition, generation, e)),
         }
@@ -552,7 +554,10 @@ mod tests {
         replicator.own(open());
         assert_eq!(
             commit(1).unwrap(),
-            42,
+            Some(Logged {
+                first: 40,
+                next: 42
+            }),
             "the current log's commit is settled"
         );
         replicator.release(0);

@@ -12,7 +12,7 @@ use std::time::Duration;
 use rdkafka::message::Message as _;
 use sendledger_core::error::Chain;
 use sendledger_core::{Event, TaskId};
-use sendledger_store::{restore_append, truncate_append, Ledger};
+use sendledger_store::{restore_append, truncate_append, Ledger, Logged};
 
 use crate::partition_log::{
     event_at, missing_results, read_partition, record_event, LogBatch, LogRecord, PartitionLog,
@@ -62,22 +62,22 @@ pub trait Brokers: Sync {
 pub trait Copy {
     fn ledger(&self) -> &Ledger;
 
-    /// Applies a restore step: `events` read from the log, recorded with `checkpoint` (none
-    /// while a truncation is under way). Returns the events applied.
+    /// Applies a restore step: `events` read from the log, recorded with where they end in it
+    /// (none while a truncation is under way). Returns the events applied.
     fn restore(
         &self,
         partition: i32,
         events: Vec<Event>,
-        checkpoint: Option<i64>,
+        checkpoint: Option<Logged>,
     ) -> Result<usize, String>;
 
     /// Truncates the copy to the log, once the whole log was restored over it: `logged` is
-    /// how many events the log holds of each task, `checkpoint` the position after its end.
+    /// how many events the log holds of each task, `checkpoint` where the log ends.
     fn truncate(
         &self,
         partition: i32,
         logged: HashMap<TaskId, u32>,
-        checkpoint: i64,
+        checkpoint: Logged,
     ) -> Result<(), String>;
 }
 
@@ -97,7 +97,7 @@ impl Copy for LedgerCopy<'_> {
         &self,
         partition: i32,
         events: Vec<Event>,
-        checkpoint: Option<i64>,
+        checkpoint: Option<Logged>,
     ) -> Result<usize, String> {
         let restored = restore_append(self.ledger, events).map_err(|e| Chain(&e).to_string())?;
         let n = restored.append.events.len();
@@ -112,7 +112,7 @@ impl Copy for LedgerCopy<'_> {
         &self,
         partition: i32,
         logged: HashMap<TaskId, u32>,
-        checkpoint: i64,
+        checkpoint: Logged,
     ) -> Result<(), String> {
         let restored =
             truncate_append(self.ledger, partition, &logged).map_err(|e| Chain(&e).to_string())?;
@@ -137,13 +137,41 @@ pub struct Restore {
     pub applying: Duration,
 }
 
-/// The events of the last transaction a restore read (its last run of consecutive offsets),
-/// and when the first was written.
+/// The events of the last transaction a read of the log met (its last run of consecutive
+/// offsets: a transaction's events are contiguous, and its commit marker takes the offset
+/// after them), where it began and when its first event was written.
 #[derive(Debug, Default)]
-struct LastTransaction {
+pub struct LastTransaction {
     events: Vec<(TaskId, u32)>,
+    /// Offset of its first event.
+    first: i64,
+    /// Offset of its last event.
+    last: Option<i64>,
     /// Record timestamp of its first event, ms.
     written_at: i64,
+}
+
+impl LastTransaction {
+    /// Takes in the next event read, at `offset`, written at `timestamp` (ms).
+    pub fn read(&mut self, offset: i64, timestamp: i64, event: &Event) {
+        if self.last.is_some_and(|l| l + 1 != offset) {
+            self.events.clear();
+        }
+        if self.events.is_empty() {
+            self.first = offset;
+            self.written_at = timestamp;
+        }
+        self.events.push((event.task_id, event.task_seq));
+        self.last = Some(offset);
+    }
+
+    /// Where the events read so far end in the log, if any was read.
+    pub fn logged(&self) -> Option<Logged> {
+        self.last.map(|last| Logged {
+            first: self.first,
+            next: last + 1,
+        })
+    }
 }
 
 /// Restores partition `partition`, whose log `log` was just opened, from `brokers` into
@@ -173,8 +201,14 @@ pub fn restore<B: Brokers>(
         Some(checkpoint) if checkpoint > 0 => check_copy(brokers, ledger, partition, checkpoint)?,
         _ => None,
     };
+    // From the copy's last transaction on, which the copy holds but which may be the one a
+    // fenced writer's partial commit left without its results: a copy kept current (by its
+    // owner, or as a standby) reads it again to see it whole.
+    let tail_start = ledger
+        .log_tail(partition)
+        .map_err(|e| Chain(&e).to_string())?;
     let from = match (checkpoint, &truncated) {
-        (Some(c), None) => c.max(0),
+        (Some(c), None) => tail_start.map_or(c, |t| t.min(c)).max(0),
         _ => 0,
     };
     let truncate = truncated.is_some();
@@ -183,34 +217,24 @@ pub fn restore<B: Brokers>(
         ..Restore::default()
     };
     let tail = std::thread::scope(|scope| {
-        // Each step comes with the position after its last event (none for an empty step):
-        // the checkpoint, whose offset before is an event.
-        let (steps, decoded) = std::sync::mpsc::sync_channel::<(Vec<Event>, Option<i64>)>(2);
+        // Each step comes with where it ends in the log (none for an empty step): the
+        // checkpoint, whose offset before is an event, and its last transaction's start.
+        let (steps, decoded) = std::sync::mpsc::sync_channel::<(Vec<Event>, Option<Logged>)>(2);
         let reader = scope.spawn(move || -> Result<LastTransaction, String> {
             let mut step = Vec::with_capacity(step_size);
-            let mut last: Option<i64> = None;
             let mut tail = LastTransaction::default();
             brokers.read(partition, from, &mut |offset, timestamp, event| {
-                // A transaction's events are contiguous; its commit marker takes the offset
-                // after them.
-                if last.is_some_and(|l| l + 1 != offset) {
-                    tail.events.clear();
-                }
-                if tail.events.is_empty() {
-                    tail.written_at = timestamp;
-                }
-                tail.events.push((event.task_id, event.task_seq));
+                tail.read(offset, timestamp, &event);
                 step.push(event);
-                last = Some(offset);
                 if step.len() >= step_size {
                     let full = std::mem::replace(&mut step, Vec::with_capacity(step_size));
                     steps
-                        .send((full, last.map(|o| o + 1)))
+                        .send((full, tail.logged()))
                         .map_err(|_| "the restore stopped".to_string())?;
                 }
                 Ok(())
             })?;
-            let _ = steps.send((step, last.map(|o| o + 1)));
+            let _ = steps.send((step, tail.logged()));
             Ok(tail)
         });
         // Truncating: how many events the log holds of each task, and where it ends.
@@ -249,7 +273,8 @@ pub fn restore<B: Brokers>(
         }
         let tail = read?;
         if truncate {
-            copy.truncate(partition, logged, end.unwrap_or(0))?;
+            let end = end.unwrap_or(Logged { first: 0, next: 0 });
+            copy.truncate(partition, logged, end)?;
         }
         Ok(tail)
     })?;

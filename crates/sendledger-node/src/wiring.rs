@@ -313,7 +313,7 @@ impl take_over::Copy for EngineCopy<'_> {
         &self,
         partition: i32,
         events: Vec<Event>,
-        checkpoint: Option<i64>,
+        checkpoint: Option<sendledger_store::Logged>,
     ) -> Result<usize, String> {
         let (n, _) = (self.runtime)
             .block_on(self.engine.restore(partition, events, checkpoint))
@@ -326,7 +326,7 @@ impl take_over::Copy for EngineCopy<'_> {
         &self,
         partition: i32,
         logged: HashMap<TaskId, u32>,
-        checkpoint: i64,
+        checkpoint: sendledger_store::Logged,
     ) -> Result<(), String> {
         let truncated = (self.runtime)
             .block_on(self.engine.truncate_to_log(partition, logged, checkpoint))

@@ -106,16 +106,16 @@ pub trait Replicator: Send + Sync {
 
     /// Makes `events` (of requests partition `partition`, in order) durable in its log of
     /// generation `generation` (refused as lost when the partition's log is of another one),
-    /// and returns the position to read the log from after them (the checkpoint recorded with
-    /// the events). `history` reads the events the ledger holds for a task, those before
-    /// `events`.
+    /// and returns where they landed (the checkpoint recorded with them), `None` when nothing
+    /// was written to the log. `history` reads the events the ledger holds for a task, those
+    /// before `events`.
     fn replicate(
         &self,
         partition: i32,
         generation: u64,
         events: &[NewEvent],
         history: &dyn Fn(TaskId) -> Result<Vec<Event>>,
-    ) -> std::result::Result<i64, Replication>;
+    ) -> std::result::Result<Option<Logged>, Replication>;
 
     /// Events `replicate` committed for partition `partition` could not be written to the
     /// ledger: the partition's copy here lacks committed events, so it must be given up and
@@ -141,6 +141,40 @@ pub fn log_checkpoint(partition: i32) -> String {
 /// The prefix of every log checkpoint's cursor name.
 // format: do not change
 pub(crate) const LOG_CHECKPOINTS: &str = "log-of-record/";
+
+/// The cursor holding the events-topic offset of the first event of the last transaction the
+/// ledger holds of requests partition `partition`'s log (written with the checkpoint): a
+/// take-over reads the log from there, so that it sees that transaction whole even when the
+/// copy is current.
+pub fn log_tail(partition: i32) -> String {
+    format!("{LOG_TAILS}{partition}")
+}
+
+/// The prefix of every log tail's cursor name.
+// format: do not change
+const LOG_TAILS: &str = "log-tail/";
+
+/// Where events recorded from a partition's log of record are in it: the offset of the first
+/// event of the last transaction among them, and the position after the last event (the
+/// checkpoint: the offset before it is an event).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Logged {
+    pub first: i64,
+    pub next: i64,
+}
+
+impl Logged {
+    /// The cursors recording this position of requests partition `partition`'s log.
+    pub(crate) fn cursors(self, partition: i32) -> [(String, u64); 2] {
+        [
+            (log_checkpoint(partition), self.next.max(0) as u64),
+            (
+                log_tail(partition),
+                self.first.clamp(0, self.next.max(0)) as u64,
+            ),
+        ]
+    }
+}
 
 /// Why a timer was set.
 // format: do not change (stored as one byte)
@@ -355,7 +389,7 @@ impl Writer {
 struct Replicated {
     partition: i32,
     members: Vec<Request>,
-    outcome: std::result::Result<i64, Replication>,
+    outcome: std::result::Result<Option<Logged>, Replication>,
 }
 
 /// Kafka mode. The events of each requests partition are made durable in its log before the
@@ -509,13 +543,11 @@ fn settle(done: Replicated, ready: &mut Vec<Request>) {
         outcome,
     } = done;
     match outcome {
-        Ok(checkpoint) => {
+        Ok(logged) => {
             // A turn without events wrote nothing to the events partition: no checkpoint.
             let wrote = members.iter().any(|r| !r.append.events.is_empty());
-            if let Some(last) = members.last_mut().filter(|_| wrote) {
-                last.append
-                    .cursors
-                    .push((log_checkpoint(partition), checkpoint.max(0) as u64));
+            if let (Some(last), Some(logged)) = (members.last_mut().filter(|_| wrote), logged) {
+                last.append.cursors.extend(logged.cursors(partition));
             }
             ready.extend(members);
         }
@@ -696,7 +728,7 @@ mod tests {
             _generation: u64,
             events: &[NewEvent],
             history: &dyn Fn(TaskId) -> Result<Vec<Event>>,
-        ) -> std::result::Result<i64, Replication> {
+        ) -> std::result::Result<Option<Logged>, Replication> {
             let known = events
                 .first()
                 .map_or(0, |e| history(e.task_id).map_or(0, |h| h.len()));
@@ -705,7 +737,10 @@ mod tests {
                 .unwrap()
                 .push((partition, events.len(), known));
             match partition {
-                1 => Ok(100 + events.len() as i64),
+                1 => Ok(Some(Logged {
+                    first: 100,
+                    next: 100 + events.len() as i64,
+                })),
                 2 => Err(Replication::Lost(cause("fenced"))),
                 _ => Err(Replication::Failed(cause("brokers unreachable"))),
             }
@@ -814,6 +849,7 @@ mod tests {
         let range = ledger.append_blocking(append(Some(1), first)).unwrap();
         assert_eq!(range, 1..2);
         assert_eq!(ledger.log_checkpoint(1).unwrap(), Some(101));
+        assert_eq!(ledger.log_tail(1).unwrap(), Some(100));
         let dup = EventBody::DuplicateDelivery { source: src(8) };
         let range = ledger
             .append_blocking(append(Some(1), events_of(task, 1, vec![dup.clone()])))
@@ -906,7 +942,7 @@ mod tests {
             _generation: u64,
             events: &[NewEvent],
             history: &dyn Fn(TaskId) -> Result<Vec<Event>>,
-        ) -> std::result::Result<i64, Replication> {
+        ) -> std::result::Result<Option<Logged>, Replication> {
             let known = history(events[0].task_id).map_or(0, |h| h.len());
             self.calls.lock().unwrap().push((partition, known));
             if partition == 3 {
@@ -915,7 +951,10 @@ mod tests {
                     open = self.opened.wait(open).unwrap();
                 }
             }
-            Ok(events.len() as i64)
+            Ok(Some(Logged {
+                first: 0,
+                next: events.len() as i64,
+            }))
         }
     }
 

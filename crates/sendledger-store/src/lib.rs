@@ -39,7 +39,8 @@ pub use audit::audit;
 pub use counts::TaskCounts;
 pub use error::{Error, Result};
 pub use journal::{
-    log_checkpoint, Append, JournalStats, Replication, Replicator, TimerKind, TRANSACTION_STALLED,
+    log_checkpoint, log_tail, Append, JournalStats, Logged, Replication, Replicator, TimerKind,
+    TRANSACTION_STALLED,
 };
 pub use ledger::{Ledger, MemoryUsage, FORMAT_VERSION};
 pub use options::{Durability, LedgerOptions, Memory};

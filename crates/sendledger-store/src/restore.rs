@@ -19,7 +19,7 @@ use sendledger_core::{fold, Event, EventBody, NewEvent, State, TaskId};
 
 pub use crate::diverged::Diverged;
 use crate::error::{Error, Result};
-use crate::journal::{log_checkpoint, Append};
+use crate::journal::{Append, Logged};
 use crate::ledger::Ledger;
 use crate::summary::TaskSummary;
 
@@ -43,10 +43,14 @@ pub struct Restored {
 
 impl Restored {
     /// The append recording this restore step of requests partition `partition`'s log, with
-    /// the checkpoint to read the log from after it (none while a truncation is under way: a
-    /// copy being truncated records its checkpoint with the truncation), and the reviews its
-    /// diverged tasks owe, kept until recorded.
-    pub fn into_append(self, partition: i32, checkpoint: Option<i64>) -> (Append, Vec<Diverged>) {
+    /// where it ends in the log (none while a truncation is under way: a copy being truncated
+    /// records its checkpoint with the truncation), and the reviews its diverged tasks owe,
+    /// kept until recorded.
+    pub fn into_append(
+        self,
+        partition: i32,
+        checkpoint: Option<Logged>,
+    ) -> (Append, Vec<Diverged>) {
         let Restored {
             mut append,
             diverged,
@@ -55,9 +59,7 @@ impl Restored {
         append.partition = Some(partition);
         append.reviews_owed = diverged.iter().map(|d| (partition, d.clone())).collect();
         if let Some(checkpoint) = checkpoint {
-            append
-                .cursors
-                .push((log_checkpoint(partition), checkpoint.max(0) as u64));
+            append.cursors.extend(checkpoint.cursors(partition));
         }
         (append, diverged)
     }

@@ -15,6 +15,7 @@ use sendledger_kafka::{
     Kafka, KafkaConfig, LogBatch, LogError, LogRecord, PartitionLog, Record, Role,
 };
 
+use sendledger_store::Logged;
 use sendledger_tests::kafka::{config_for_process, start_tansu};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
@@ -484,7 +485,17 @@ async fn an_engine_in_kafka_mode_records_through_its_partition_log_and_hands_ove
     // The new owner restores the partition on an empty disk and knows every task of it.
     let second_dir = tempfile::tempdir().unwrap();
     let second = replicated_engine(second_dir.path(), &sim, second_log.clone());
-    let (restored, diverged) = second.restore(1, logged.clone(), Some(end)).await.unwrap();
+    let (restored, diverged) = second
+        .restore(
+            1,
+            logged.clone(),
+            Some(Logged {
+                first: end,
+                next: end,
+            }),
+        )
+        .await
+        .unwrap();
     assert_eq!(restored, logged.len());
     assert!(diverged.is_empty());
     second_log.own(taken);
@@ -1606,7 +1617,17 @@ async fn two_histories_of_a_task_in_the_log_send_it_to_review() {
             let log =
                 tokio::task::block_in_place(|| PartitionLog::open(kafka, 1, TIMEOUT)).unwrap();
             let (logged, end) = tokio::task::block_in_place(|| partition_events(kafka, 1, 0));
-            let (_, diverged) = engine.restore(1, logged, Some(end)).await.unwrap();
+            let (_, diverged) = engine
+                .restore(
+                    1,
+                    logged,
+                    Some(Logged {
+                        first: end,
+                        next: end,
+                    }),
+                )
+                .await
+                .unwrap();
             replicator.own(log);
             (engine, diverged)
         }
@@ -1780,7 +1801,17 @@ async fn a_copy_ahead_of_its_log_is_truncated_to_it() {
         let replicator = Arc::new(LogReplicator::new("sendledger"));
         let engine = replicated_engine(dir.path(), &sim, replicator);
         let events = all.iter().map(|e| (*e).clone()).collect();
-        engine.restore(1, events, Some(checkpoint)).await.unwrap();
+        engine
+            .restore(
+                1,
+                events,
+                Some(Logged {
+                    first: checkpoint,
+                    next: checkpoint,
+                }),
+            )
+            .await
+            .unwrap();
         engine.shutdown(Duration::from_secs(5)).await;
     }
 

@@ -229,6 +229,15 @@ impl Ledger {
             .map(|c| c as i64))
     }
 
+    /// Kafka mode: the offset of the first event of the last transaction of requests partition
+    /// `partition`'s log recorded here (see [`journal::log_tail`]); `None` when none was, or
+    /// only by a version that did not record it.
+    pub fn log_tail(&self, partition: i32) -> Result<Option<i64>> {
+        Ok(self
+            .cursor(&journal::log_tail(partition))?
+            .map(|c| c as i64))
+    }
+
     /// Kafka mode: the reviews owed for tasks of requests partition `partition` whose history
     /// here a restore replaced (see [`Append::reviews_owed`]).
     pub fn reviews_owed(&self, partition: i32) -> Result<Vec<Diverged>> {
