@@ -278,3 +278,9 @@ pub mod pki {
         }
     }
 }
+
+/// A counter or gauge's value in Prometheus text (its unlabelled sample).
+pub fn metric_value(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}

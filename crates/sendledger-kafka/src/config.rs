@@ -70,6 +70,11 @@ pub struct KafkaConfig {
     /// `request_timeout`, so a late request is looked for long enough to be found.
     #[serde(with = "humantime_serde")]
     pub send_lease: Duration,
+    /// Kafka mode: keep this instance's copy of every partition it does not own current,
+    /// applying each partition's events as its owner commits them (a standby copy), so that a
+    /// take-over reads only the log's last moments whatever its history. Costs each instance
+    /// the work of applying every partition's events.
+    pub standby: bool,
     /// The consumer's static group membership (`group.instance.id`): an instance restarted
     /// with the same id gets its partitions back without waiting for its old session to
     /// expire. `sendledger run` derives one from the host name and the ledger directory when
@@ -105,6 +110,7 @@ impl std::fmt::Debug for KafkaConfig {
             .field("max_message_bytes", &self.max_message_bytes)
             .field("commit_interval", &self.commit_interval)
             .field("send_lease", &self.send_lease)
+            .field("standby", &self.standby)
             .field("instance_id", &self.instance_id)
             .field("properties", &properties)
             .finish()
@@ -127,6 +133,7 @@ impl Default for KafkaConfig {
             max_message_bytes: 256 * 1024,
             commit_interval: Duration::from_secs(1),
             send_lease: Duration::from_secs(10),
+            standby: false,
             instance_id: None,
             properties: BTreeMap::new(),
         }

@@ -58,6 +58,7 @@ pub mod reader;
 pub mod records;
 pub mod replicator;
 pub mod sink;
+pub mod standby;
 pub mod take_over;
 pub mod topic_audit;
 
@@ -75,6 +76,7 @@ pub use records::{
 };
 pub use replicator::LogReplicator;
 pub use sink::{PartitionOwner, RequestSink, SinkError};
+pub use standby::Standby;
 pub use topic_audit::audit_topic;
 
 /// The librdkafka binding, re-exported so that users (and tests) of this crate can inject

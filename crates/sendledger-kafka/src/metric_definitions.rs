@@ -15,8 +15,19 @@ pub const REQUESTS_LOST_TOTAL: &str = "sendledger_requests_lost_total";
 pub const RESULTS_PUBLISHED_TOTAL: &str = "sendledger_results_published_total";
 pub const LOG_BATCH_EVENTS: &str = "sendledger_log_batch_events";
 pub const LOG_COMMIT_SECONDS: &str = "sendledger_log_commit_seconds";
+pub const STANDBY_EVENTS_TOTAL: &str = "sendledger_standby_events_total";
+pub const STANDBY_PARTITIONS: &str = "sendledger_standby_partitions";
 
 pub const DEFINITIONS: &[M] = &[
+    M::counter(
+        STANDBY_EVENTS_TOTAL,
+        "Kafka mode with kafka.standby: events of partitions owned elsewhere applied to this instance's copy as they were committed.",
+    ),
+    M::gauge(
+        STANDBY_PARTITIONS,
+        "Kafka mode with kafka.standby: partitions whose copy this instance keeps current (those it does not own, less any left alone after a failure).",
+    )
+    .in_unit(MetricUnit::Count),
     M::gauge(
         CONSUMER_LAG_MESSAGES,
         "Requests-topic consumer lag per partition.",

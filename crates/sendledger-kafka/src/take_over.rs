@@ -286,7 +286,7 @@ pub fn restore<B: Brokers>(
 /// Why the ledger's copy of the partition, recorded up to `checkpoint`, is not what its log
 /// holds, if it is not: the log ends before the checkpoint, or its event just before the
 /// checkpoint is not the last one the copy recorded from it.
-fn check_copy(
+pub(crate) fn check_copy(
     brokers: &impl Brokers,
     ledger: &Ledger,
     partition: i32,

@@ -23,7 +23,7 @@ use sendledger_core::{
 use sendledger_effects::{SendSlot, Targets};
 use sendledger_kafka::take_over::{self, Brokers as _};
 use sendledger_kafka::{
-    Kafka, LogReplicator, PartitionLog, PartitionOwner, RequestSink, SinkError,
+    Kafka, LogReplicator, PartitionLog, PartitionOwner, RequestSink, SinkError, Standby,
 };
 use sendledger_store::{Append, Ledger, Processed};
 
@@ -297,14 +297,15 @@ async fn commit_waiting_offsets(replicator: std::sync::Weak<LogReplicator>, ledg
     }
 }
 
-/// The engine as the writer of a partition's copy during its take-over.
-struct EngineCopy<'a> {
-    engine: &'a Engine,
-    runtime: &'a tokio::runtime::Handle,
-    restored: metrics::Counter,
+/// The engine as the writer of a partition's copy during its take-over, or as a standby's.
+struct EngineCopy {
+    engine: Engine,
+    runtime: tokio::runtime::Handle,
+    /// Counts the events applied.
+    restored: Option<metrics::Counter>,
 }
 
-impl take_over::Copy for EngineCopy<'_> {
+impl take_over::Copy for EngineCopy {
     fn ledger(&self) -> &Ledger {
         self.engine.ledger()
     }
@@ -318,7 +319,9 @@ impl take_over::Copy for EngineCopy<'_> {
         let (n, _) = (self.runtime)
             .block_on(self.engine.restore(partition, events, checkpoint))
             .map_err(|e| Chain(&e).to_string())?;
-        self.restored.increment(n as u64);
+        if let Some(restored) = &self.restored {
+            restored.increment(n as u64);
+        }
         Ok(n)
     }
 
@@ -340,6 +343,10 @@ impl take_over::Copy for EngineCopy<'_> {
     }
 }
 
+/// How long a take-over waits for a transaction of the partition's last generation here to
+/// end before it restores (see [`Ledger::quiesce_blocking`]).
+const QUIESCE: Duration = Duration::from_secs(5);
+
 /// Kafka mode's partition owner: the engine, its replicator and the brokers.
 pub struct KafkaOwner {
     kafka: Kafka,
@@ -352,6 +359,8 @@ pub struct KafkaOwner {
     /// The take-overs under way or done and not released since, by partition, each with its
     /// own number: a take-over owns its partition's log only while its claim stands.
     claims: std::sync::Mutex<Claims>,
+    /// With `kafka.standby`: the copies of the partitions not owned here, kept current.
+    standby: Option<Standby>,
 }
 
 #[derive(Default)]
@@ -382,6 +391,21 @@ impl KafkaOwner {
                 engine.ledger().clone(),
             ))
             .abort_handle();
+        let standby = match kafka.config().standby {
+            true => {
+                let copy = EngineCopy {
+                    engine: engine.clone(),
+                    runtime: runtime.clone(),
+                    restored: None,
+                };
+                let partitions = kafka.config().partitions;
+                let standby = Standby::start(&kafka, copy, partitions).map_err(|e| {
+                    crate::error::Error::step("starting kafka mode's standby copies", e)
+                })?;
+                Some(standby)
+            }
+            false => None,
+        };
         Ok(KafkaOwner {
             kafka,
             engine,
@@ -389,6 +413,7 @@ impl KafkaOwner {
             runtime,
             offsets,
             claims: Default::default(),
+            standby,
         })
     }
 
@@ -398,9 +423,11 @@ impl KafkaOwner {
         let label = partition.to_string();
         let restoring = metrics::gauge!(crate::metric_definitions::PARTITION_RESTORING, "partition" => label.clone());
         let copy = EngineCopy {
-            engine: &self.engine,
-            runtime: &self.runtime,
-            restored: metrics::counter!(crate::metric_definitions::RESTORED_EVENTS_TOTAL, "partition" => label.clone()),
+            engine: self.engine.clone(),
+            runtime: self.runtime.clone(),
+            restored: Some(
+                metrics::counter!(crate::metric_definitions::RESTORED_EVENTS_TOTAL, "partition" => label.clone()),
+            ),
         };
         restoring.set(1.0);
         let started = std::time::Instant::now();
@@ -446,6 +473,15 @@ impl PartitionOwner for KafkaOwner {
             claim
         };
         const RELEASED: &str = "the partition was given up during its take-over";
+        // The standby stops applying the partition's events (the restore does from here), and
+        // what this instance's last generation of it committed is written before the restore
+        // reads the copy.
+        if let Some(standby) = &self.standby {
+            standby.unfollow(partition);
+        }
+        (self.engine.ledger())
+            .quiesce_blocking(partition, QUIESCE)
+            .map_err(|e| Chain(&e).to_string())?;
         // Opening the log fences the previous owner and aborts its open transaction, so what
         // is read next is all it ever committed.
         let log = self.kafka.open(partition)?;
@@ -483,6 +519,9 @@ impl PartitionOwner for KafkaOwner {
         claims.held.remove(&partition);
         self.engine.revoke_partition(partition);
         self.replicator.release(partition);
+        if let Some(standby) = &self.standby {
+            standby.follow(partition);
+        }
     }
 
     fn received(

@@ -234,6 +234,13 @@ impl JournalStats {
         (transactions.get(&partition)).is_some_and(|since| since.elapsed() >= TRANSACTION_STALLED)
     }
 
+    /// Whether a transaction of partition `partition` is under way: written, or finished and
+    /// not yet settled by the journal.
+    pub fn transaction_under_way(&self, partition: i32) -> bool {
+        let transactions = self.transactions.lock().unwrap_or_else(|e| e.into_inner());
+        transactions.contains_key(&partition)
+    }
+
     fn transaction(&self, partition: i32, under_way: bool) {
         let mut transactions = self.transactions.lock().unwrap_or_else(|e| e.into_inner());
         match under_way {

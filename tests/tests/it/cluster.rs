@@ -285,6 +285,138 @@ async fn failover_after_a_kill_and_after_a_restart_on_an_intact_disk() {
     drop(tansu);
 }
 
+/// Standby copies (`kafka.standby`): a take-over reads only the log's last moments. A and B
+/// keep standby copies; A starts alone and settles 40 tasks on each partition at least
+/// (events B's standby applies as A commits them), B joins and the partitions are split, then
+/// A is killed (`kill -9`). B takes A's partitions over restoring only what its standby had
+/// not applied yet (at most A's last transaction): fewer than a quarter of the events of the
+/// tasks A settled alone on each of them, which is what B would restore without its standby
+/// (it restores everything from its checkpoint, and it never held these partitions). Nothing
+/// is sent twice, every task settles once, and the events topic audits clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_standby_copy_makes_a_take_over_read_only_the_logs_last_moments() {
+    let root = KeptOnFailure::new();
+    let (tansu, kafka_config, kafka) = start_broker(root.path()).await;
+    let kafka_config = sendledger_kafka::KafkaConfig {
+        standby: true,
+        ..kafka_config
+    };
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let target = sendledger_tests::engine::target(&sim.base_url(), |_| {});
+    let timeline = Timeline::default();
+    let mut group = Group {
+        instances: (0..2)
+            .map(|id| Instance::new(SENDLEDGER, root.path(), id, &kafka_config, target.clone()))
+            .collect(),
+        timeline: timeline.clone(),
+    };
+    let (a, b) = (0, 1);
+    let results = ResultsFollower::start(&kafka);
+    let stream = Stream::start(&kafka, "standby", 5, Duration::from_millis(50));
+    let all: BTreeSet<i32> = (0..PARTITIONS).collect();
+
+    // A alone settles 40 tasks on each partition at least.
+    tokio::task::block_in_place(|| group.instances[a].start(&timeline));
+    let limit = Instant::now() + Duration::from_secs(90);
+    let answered_alone = loop {
+        let answered = results.answered();
+        let produced = stream.produced();
+        let fewest = all
+            .iter()
+            .map(|p| {
+                (produced.iter())
+                    .filter(|(k, q)| {
+                        q == p
+                            && answered.contains(&sendledger_tests::engine::task_id(k).to_string())
+                    })
+                    .count()
+            })
+            .min()
+            .unwrap_or(0);
+        if fewest >= 40 {
+            break answered;
+        }
+        group.assert_alive();
+        assert!(
+            Instant::now() < limit,
+            "A alone answered {fewest} tasks on a partition"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+
+    // B joins; both answer for a while.
+    tokio::task::block_in_place(|| group.instances[b].start(&timeline));
+    let took = group.wait_settled(Duration::from_secs(60)).await;
+    assert!(
+        took.is_some(),
+        "the partitions were not split: {}",
+        group.owners()
+    );
+    let a_owned = timeline.owned(a, group.instances[a].run());
+    assert!(
+        !a_owned.is_empty(),
+        "A kept no partition: {}",
+        group.owners()
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // kill -9 of A: B takes its partitions over.
+    let before_kill = stream.produced().len();
+    tokio::task::block_in_place(|| group.instances[a].kill());
+    let limit = Instant::now() + Duration::from_secs(60);
+    while !each_answered(&results, &stream.produced(), before_kill, &a_owned) {
+        assert!(
+            Instant::now() < limit,
+            "B answered nothing on A's partitions {a_owned:?} within a minute"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let standby_events = group.instances[b]
+        .metrics()
+        .and_then(|m| sendledger_tests::metric_value(&m, "sendledger_standby_events_total"))
+        .unwrap_or(0.0);
+    let produced = stream.stop().await;
+
+    let keys: Vec<String> = produced.iter().map(|(k, _)| k.clone()).collect();
+    let tasks = task_ids(&keys);
+    group
+        .wait_answered(&results, &tasks, Duration::from_secs(60))
+        .await;
+    group.stop_all();
+    let raw = results.stop();
+    let ((events, _), report) = tokio::task::block_in_place(|| read_and_audit_log(&kafka));
+    assert_settled_once(&sim, &keys, &raw, &events);
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    assert!(standby_events > 0.0, "B's standby applied no event");
+
+    let restored = restored_events(&group.instances[b].log_file(), 0);
+    let partition_of: HashMap<_, _> = (produced.iter())
+        .map(|(k, p)| (sendledger_tests::engine::task_id(k), *p))
+        .collect();
+    let mut settled_on_a = BTreeMap::<i32, u64>::new();
+    for e in &events {
+        if answered_alone.contains(&e.task_id.to_string()) {
+            *settled_on_a.entry(partition_of[&e.task_id]).or_default() += 1;
+        }
+    }
+    for p in &a_owned {
+        let n = restored[p];
+        assert!(
+            n * 4 < settled_on_a[p],
+            "partition {p}: B restored {n} events taking it over from A, though its standby \
+             followed the partition while A settled {} events of tasks on it",
+            settled_on_a[p]
+        );
+    }
+    eprintln!(
+        "standby: B took A's partitions {a_owned:?} over restoring {restored:?} events (A \
+         settled {settled_on_a:?} events of tasks alone on each partition; B's standby applied \
+         {standby_events} events)"
+    );
+    sim.shutdown().await;
+    drop(tansu);
+}
+
 /// A partition whose log fails while the group still assigns it here is taken over again, not
 /// left stalled. One instance owns every partition while requests stream in; another writer
 /// opens partition 0's log (as an instance outside the group would), which fences the

@@ -1016,12 +1016,6 @@ impl Drop for Killed {
     }
 }
 
-/// A counter or gauge's value in Prometheus text (its unlabelled sample).
-fn metric(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-}
-
 /// In kafka mode each instance's admin endpoint answers for the partitions it owns: `/healthz`
 /// and `/metrics` name them, and what was restored. A task whose partition moved is still in
 /// the first instance's ledger: `/tasks/{id}` shows that copy marked as not owned (with a
@@ -1082,7 +1076,7 @@ async fn each_instance_answers_for_the_partitions_it_owns() {
     };
     let (_, text) = http(&admin_b, "GET", "/metrics", None, None).await;
     assert_eq!(
-        metric(&text, "sendledger_partitions_owned"),
+        sendledger_tests::metric_value(&text, "sendledger_partitions_owned"),
         Some(on_b.len() as f64),
         "{text}"
     );

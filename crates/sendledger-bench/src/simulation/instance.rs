@@ -17,6 +17,7 @@ use std::task::{Context, Poll, Waker};
 
 use sendledger_core::decide::{decide, Action, Ctx, Input, Policy};
 use sendledger_core::{fold, Event, Phase, TaskId};
+use sendledger_kafka::standby;
 use sendledger_kafka::take_over::{self, Brokers as _};
 use sendledger_kafka::LogReplicator;
 use sendledger_store::{Append, Durability, Ledger, LedgerOptions, Memory};
@@ -449,6 +450,19 @@ impl Instance {
             }
         }
         Ok(())
+    }
+
+    /// Catches its copy of `partition`, not owned here, up with the log, as a standby does
+    /// ([`standby::catch_up`]). The scheduler lets every settled append be written first; a
+    /// parked commit of a generation given up is refused when it ends, so nothing is waited for.
+    pub fn catch_up(&mut self, partition: i32, env: &mut Env<'_>) -> Result<usize, String> {
+        let brokers = SimBrokers {
+            broker: env.broker,
+            instance: self.id,
+        };
+        let ledger = self.ledger().clone();
+        let copy = take_over::LedgerCopy { ledger: &ledger };
+        standby::catch_up(&brokers, &copy, partition, std::time::Duration::ZERO)
     }
 
     /// The partition was revoked (heard of now).

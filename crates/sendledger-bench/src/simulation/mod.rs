@@ -64,6 +64,10 @@ pub struct Options {
     /// Whether an attempt's first byte is refused past its send lease. Off only to show that
     /// the checks see what the lease prevents (a deposed owner's late send).
     pub send_lease: bool,
+    /// Whether half the seeds keep standby copies (instances catch their copies of partitions
+    /// they do not own up with the log). Off, every seed runs the schedule it ran before
+    /// standbys were simulated.
+    pub standby: bool,
 }
 
 impl Default for Options {
@@ -75,6 +79,7 @@ impl Default for Options {
             steps: 600,
             trace: false,
             send_lease: true,
+            standby: true,
         }
     }
 }
@@ -91,6 +96,8 @@ pub struct Swarm {
     pub commit_failures_pct: u32,
     /// Unclean leader elections (a lost acknowledged commit).
     pub lose_tail: u32,
+    /// Standby copies' catching up (drawn apart from the rest, see [`Options::standby`]).
+    pub standby: u32,
 }
 
 impl Swarm {
@@ -103,6 +110,7 @@ impl Swarm {
             rebalance: weight(),
             commit_failures_pct: [0, 5, 20][rng.random_range(0..3)],
             lose_tail: [0, 0, 1][rng.random_range(0..3)],
+            standby: 0,
         }
     }
 }
@@ -135,6 +143,9 @@ pub struct Report {
     pub tasks_with_lost_events: usize,
     /// Take-overs that found a copy longer than, or apart from, the log and truncated it.
     pub copies_truncated: u64,
+    /// Standby copies caught up with the log, and the events they applied.
+    pub standby_steps: u64,
+    pub standby_events: u64,
     pub records: usize,
     pub succeeded: usize,
     pub reviews: usize,
@@ -149,7 +160,12 @@ pub struct Report {
 pub fn run(seed: u64, dir: &Path, options: &Options) -> anyhow::Result<Report> {
     let mut rng = StdRng::seed_from_u64(seed);
     let commits_fenced = rng.random_bool(0.5);
-    let swarm = Swarm::draw(&mut rng);
+    let mut swarm = Swarm::draw(&mut rng);
+    // From a generator of its own: a seed without standbys runs as it did before them.
+    let mut standby_rng = StdRng::seed_from_u64(seed ^ 0x5354_414e_4442_5953);
+    if options.standby && standby_rng.random_bool(0.5) {
+        swarm.standby = 8;
+    }
     let mut world = World {
         trace: options.trace,
         send_lease: options.send_lease,
@@ -287,6 +303,8 @@ enum Move {
     Hear,
     /// A partition loses its last committed transaction (an unclean leader election).
     LoseTail,
+    /// An instance catches its standby copy of a partition it does not own up with the log.
+    Standby,
 }
 
 impl World {
@@ -370,6 +388,7 @@ impl World {
             (Move::LoseTail, on(self.swarm.lose_tail)),
             (Move::TakeOver, 10),
             (Move::Hear, 6),
+            (Move::Standby, self.swarm.standby),
         ];
         let total: u32 = moves.iter().map(|(_, w)| w).sum();
         let mut pick = self.rng.random_range(0..total);
@@ -480,6 +499,7 @@ impl World {
                     self.report.lost_tails += 1;
                 }
             }
+            Move::Standby => self.standby(),
             Move::Hear => {
                 let deaf: Vec<usize> = (0..self.instances.len())
                     .filter(|&i| self.active(i) && !self.instances[i].unheard.is_empty())
@@ -816,5 +836,28 @@ impl World {
             self.report.take_overs += 1;
         }
         Ok(())
+    }
+
+    /// An active instance catches its standby copy of a partition it does not own up with the
+    /// log.
+    fn standby(&mut self) {
+        let active: Vec<usize> = (0..self.instances.len())
+            .filter(|&i| self.active(i))
+            .collect();
+        if active.is_empty() {
+            return;
+        }
+        let i = active[self.rng.random_range(0..active.len())];
+        let others: Vec<i32> = (0..self.partitions)
+            .filter(|p| !self.instances[i].owned.contains_key(p))
+            .collect();
+        if others.is_empty() {
+            return;
+        }
+        let p = others[self.rng.random_range(0..others.len())];
+        if let Ok(n) = self.with(i, |inst, env| inst.catch_up(p, env)) {
+            self.report.standby_steps += 1;
+            self.report.standby_events += n as u64;
+        }
     }
 }

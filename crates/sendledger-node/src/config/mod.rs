@@ -346,6 +346,11 @@ impl Config {
         }
         if self.storage.mode == StorageMode::Kafka {
             self.check_send_lease()?;
+        } else if self.kafka.standby {
+            return Err(ConfigError::field(
+                "kafka.standby",
+                "keeps copies of partitions owned by other instances, which only kafka mode has: set storage.mode = \"kafka\", or remove it",
+            ));
         }
         if self.targets.is_empty() {
             return Err(ConfigError::field(
@@ -626,6 +631,24 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.starts_with("targets.payments.url"), "{err}");
+    }
+
+    #[test]
+    fn standby_copies_are_for_kafka_mode_only() {
+        let text = r#"
+            [storage]
+            mode = "kafka"
+            [kafka]
+            brokers = "k:9092"
+            standby = true
+            [targets.payments]
+            url = "http://127.0.0.1:8600/records"
+        "#;
+        assert!(parse(text, &[]).unwrap().kafka.standby);
+        let err = parse(&text.replace("\"kafka\"", "\"local\""), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("kafka.standby: "), "{err}");
     }
 
     #[test]

@@ -287,6 +287,21 @@ impl Ledger {
         self.submit(append)?.await.map_err(|_| Error::Closed)?
     }
 
+    /// Kafka mode: waits until what the last generation of requests partition `partition`
+    /// had committed is written here, before a restore step is computed from the ledger (it
+    /// must not miss events about to be written). Call it once the partition is given up: a
+    /// transaction still under way is waited for up to `bound` (one that ends later is
+    /// refused, since its generation is over), then an empty append passes through the
+    /// journal after whatever it had settled. Blocking.
+    pub fn quiesce_blocking(&self, partition: i32, bound: std::time::Duration) -> Result<()> {
+        let deadline = std::time::Instant::now() + bound;
+        while self.stats().transaction_under_way(partition) && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        self.append_blocking(Append::default()).map(|_| ())
+    }
+
     /// [`Ledger::append`] for threads outside an async runtime.
     pub fn append_blocking(&self, append: Append) -> Result<Range<u64>> {
         self.submit(append)?
