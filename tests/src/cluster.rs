@@ -493,7 +493,8 @@ fn logged_events(kafka: &Kafka) -> (Vec<sendledger_core::Event>, Vec<Rec>) {
     (events, records)
 }
 
-/// A temporary directory kept (and named) when the test fails, for the instances' logs.
+/// A temporary directory kept (and named) when the test fails, or always with
+/// `SENDLEDGER_KEEP_LOGS=1`, for the instances' logs.
 pub struct KeptOnFailure(Option<tempfile::TempDir>);
 
 impl KeptOnFailure {
@@ -519,7 +520,7 @@ impl Default for KeptOnFailure {
 
 impl Drop for KeptOnFailure {
     fn drop(&mut self) {
-        if std::thread::panicking() {
+        if std::thread::panicking() || std::env::var_os("SENDLEDGER_KEEP_LOGS").is_some() {
             let kept = self.0.take().unwrap().keep();
             eprintln!(
                 "the instances' directories and logs are kept in {}",
