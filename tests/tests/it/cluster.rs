@@ -363,6 +363,7 @@ async fn a_standby_copy_makes_a_take_over_read_only_the_logs_last_moments() {
     // kill -9 of A: B takes its partitions over.
     let before_kill = stream.produced().len();
     tokio::task::block_in_place(|| group.instances[a].kill());
+    let killed_at_ms = now_ms();
     let limit = Instant::now() + Duration::from_secs(60);
     while !each_answered(&results, &stream.produced(), before_kill, &a_owned) {
         assert!(
@@ -411,7 +412,7 @@ async fn a_standby_copy_makes_a_take_over_read_only_the_logs_last_moments() {
     eprintln!(
         "standby: B took A's partitions {a_owned:?} over restoring {restored:?} events (A \
          settled {settled_on_a:?} events of tasks alone on each partition; B's standby applied \
-         {standby_events} events)"
+         {standby_events} events); A killed at {killed_at_ms} ms"
     );
     sim.shutdown().await;
     drop(tansu);

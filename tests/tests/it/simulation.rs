@@ -18,11 +18,11 @@ const LATE_SENDERS: [u64; 5] = [40, 46, 149, 181, 277];
 /// again, and the take-over truncates the copy and sends the task to review).
 const REGRESSIONS: [u64; 2] = [7467, 8536];
 
-/// The options that replay the schedules the fixed seeds above were found with (before
-/// standby copies were simulated).
+/// The options that replay the schedules the fixed seeds above were found with (before the
+/// newer moves: standby copies, take-overs cut short).
 fn as_found() -> Options {
     Options {
-        standby: false,
+        newer_moves: false,
         ..Options::default()
     }
 }
@@ -53,6 +53,7 @@ fn kafka_mode_keeps_its_promises_over_200_seeded_schedules() {
         total.copies_truncated += report.copies_truncated;
         total.commits_failed += report.commits_failed;
         total.standby_events += report.standby_events;
+        total.take_overs_cut += report.take_overs_cut;
         total.succeeded += report.succeeded;
         total.reviews += report.reviews;
     }
@@ -74,6 +75,7 @@ fn kafka_mode_keeps_its_promises_over_200_seeded_schedules() {
         ("copies truncated to their log", total.copies_truncated),
         ("failed commits", total.commits_failed),
         ("events applied by standby copies", total.standby_events),
+        ("take-overs cut short", total.take_overs_cut),
     ] {
         assert!(n > 0, "no {what} in {SEEDS} seeds");
     }

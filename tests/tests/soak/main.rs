@@ -4,7 +4,8 @@
 //! while requests keep coming; afterwards the remote holds at most one record per identity,
 //! every task settled once for a `read_committed` consumer of the results topic, and the
 //! events topic (the log of record) audits clean. The harness is `sendledger_tests::cluster`
-//! and `sendledger_tests::kafka`. `SENDLEDGER_TEST_SEED` replays a run.
+//! and `sendledger_tests::kafka`. `SENDLEDGER_TEST_SEED` replays a run;
+//! `SENDLEDGER_SOAK_STANDBY=1` runs the instances with standby copies (`kafka.standby`).
 //!
 //! [`outage`] is the local-mode outage soak: a remote down for a minute, with and without the
 //! target's circuit breaker. [`kill_review`] measures the manual reviews that `kill -9` of the
@@ -26,6 +27,13 @@ use sendledger_tests::cluster::{
 };
 use sendledger_tests::kafka::{produce, request_messages, task_ids, validate_all};
 use sendledger_tests::seed;
+
+/// The group's configuration, with standby copies when `SENDLEDGER_SOAK_STANDBY=1`.
+fn with_standby(config: sendledger_kafka::KafkaConfig) -> sendledger_kafka::KafkaConfig {
+    let standby = std::env::var("SENDLEDGER_SOAK_STANDBY").is_ok_and(|v| v == "1");
+    eprintln!("standby copies: {}", if standby { "on" } else { "off" });
+    sendledger_kafka::KafkaConfig { standby, ..config }
+}
 
 /// The `sendledger` executable the instances run.
 const SENDLEDGER: &str = env!("CARGO_BIN_EXE_sendledger_cli");
@@ -97,6 +105,7 @@ async fn three_instances_survive_kills_scaling_and_a_wiped_disk() {
     let started = Instant::now();
     let root = KeptOnFailure::new();
     let (tansu, kafka_config, kafka) = start_broker(root.path()).await;
+    let kafka_config = with_standby(kafka_config);
     let sim = Sim::start(SimConfig {
         seed,
         lookup_lag: Duration::from_millis(300),
@@ -456,6 +465,7 @@ fn series_value(text: &str, series: &str) -> f64 {
 async fn a_frozen_instance_sends_nothing_for_partitions_it_lost() {
     let root = KeptOnFailure::new();
     let (tansu, kafka_config, kafka) = start_broker(root.path()).await;
+    let kafka_config = with_standby(kafka_config);
     let sim = Sim::start(SimConfig {
         faults: Faults {
             latency: Duration::from_millis(500),

@@ -452,6 +452,17 @@ impl Instance {
         Ok(())
     }
 
+    /// Opens `partition`'s log and goes no further (a take-over cut short right after its
+    /// fencing): its previous writer is fenced, and its open transaction ended as the brokers
+    /// end it.
+    pub fn open_log(&self, partition: i32, env: &mut Env<'_>) {
+        let brokers = SimBrokers {
+            broker: env.broker,
+            instance: self.id,
+        };
+        let _ = brokers.open(partition);
+    }
+
     /// Catches its copy of `partition`, not owned here, up with the log, as a standby does
     /// ([`standby::catch_up`]). The scheduler lets every settled append be written first; a
     /// parked commit of a generation given up is refused when it ends, so nothing is waited for.

@@ -64,10 +64,10 @@ pub struct Options {
     /// Whether an attempt's first byte is refused past its send lease. Off only to show that
     /// the checks see what the lease prevents (a deposed owner's late send).
     pub send_lease: bool,
-    /// Whether half the seeds keep standby copies (instances catch their copies of partitions
-    /// they do not own up with the log). Off, every seed runs the schedule it ran before
-    /// standbys were simulated.
-    pub standby: bool,
+    /// Whether seeds draw the moves added after the fixed seeds of the tests were found
+    /// (standby copies caught up, a take-over cut short by a kill), from a generator of their
+    /// own. Off, every seed runs the schedule it ran before them.
+    pub newer_moves: bool,
 }
 
 impl Default for Options {
@@ -79,7 +79,7 @@ impl Default for Options {
             steps: 600,
             trace: false,
             send_lease: true,
-            standby: true,
+            newer_moves: true,
         }
     }
 }
@@ -96,8 +96,11 @@ pub struct Swarm {
     pub commit_failures_pct: u32,
     /// Unclean leader elections (a lost acknowledged commit).
     pub lose_tail: u32,
-    /// Standby copies' catching up (drawn apart from the rest, see [`Options::standby`]).
+    /// Standby copies' catching up (drawn apart from the rest, see [`Options::newer_moves`]).
     pub standby: u32,
+    /// Take-overs cut short by a kill right after they fenced the previous writer (drawn
+    /// apart, as `standby`).
+    pub cut_take_over: u32,
 }
 
 impl Swarm {
@@ -111,6 +114,7 @@ impl Swarm {
             commit_failures_pct: [0, 5, 20][rng.random_range(0..3)],
             lose_tail: [0, 0, 1][rng.random_range(0..3)],
             standby: 0,
+            cut_take_over: 0,
         }
     }
 }
@@ -143,6 +147,8 @@ pub struct Report {
     pub tasks_with_lost_events: usize,
     /// Take-overs that found a copy longer than, or apart from, the log and truncated it.
     pub copies_truncated: u64,
+    /// Take-overs cut short by a kill once they had fenced the previous writer.
+    pub take_overs_cut: u64,
     /// Standby copies caught up with the log, and the events they applied.
     pub standby_steps: u64,
     pub standby_events: u64,
@@ -161,10 +167,11 @@ pub fn run(seed: u64, dir: &Path, options: &Options) -> anyhow::Result<Report> {
     let mut rng = StdRng::seed_from_u64(seed);
     let commits_fenced = rng.random_bool(0.5);
     let mut swarm = Swarm::draw(&mut rng);
-    // From a generator of its own: a seed without standbys runs as it did before them.
-    let mut standby_rng = StdRng::seed_from_u64(seed ^ 0x5354_414e_4442_5953);
-    if options.standby && standby_rng.random_bool(0.5) {
-        swarm.standby = 8;
+    // From a generator of its own: a seed without them runs as it did before them.
+    let mut newer = StdRng::seed_from_u64(seed ^ 0x5354_414e_4442_5953);
+    if options.newer_moves {
+        swarm.standby = [0, 8][newer.random_range(0..2)];
+        swarm.cut_take_over = [0, 1, 2][newer.random_range(0..3)];
     }
     let mut world = World {
         trace: options.trace,
@@ -305,6 +312,9 @@ enum Move {
     LoseTail,
     /// An instance catches its standby copy of a partition it does not own up with the log.
     Standby,
+    /// An instance opens the log of a partition it does not own (fencing its writer) and is
+    /// killed before it restores anything: a take-over cut short.
+    CutTakeOver,
 }
 
 impl World {
@@ -389,6 +399,7 @@ impl World {
             (Move::TakeOver, 10),
             (Move::Hear, 6),
             (Move::Standby, self.swarm.standby),
+            (Move::CutTakeOver, on(self.swarm.cut_take_over)),
         ];
         let total: u32 = moves.iter().map(|(_, w)| w).sum();
         let mut pick = self.rng.random_range(0..total);
@@ -500,6 +511,20 @@ impl World {
                 }
             }
             Move::Standby => self.standby(),
+            Move::CutTakeOver => {
+                let up: Vec<usize> = (0..self.instances.len())
+                    .filter(|&i| self.instances[i].up())
+                    .collect();
+                if up.len() > 1 {
+                    let i = up[self.rng.random_range(0..up.len())];
+                    let p = self.rng.random_range(0..self.partitions);
+                    if !self.instances[i].owned.contains_key(&p) {
+                        self.with(i, |inst, env| inst.open_log(p, env));
+                        self.report.take_overs_cut += 1;
+                    }
+                    self.crash(i);
+                }
+            }
             Move::Hear => {
                 let deaf: Vec<usize> = (0..self.instances.len())
                     .filter(|&i| self.active(i) && !self.instances[i].unheard.is_empty())
