@@ -48,10 +48,12 @@ pub struct Standby {
 }
 
 struct Shared {
-    /// The partitions to follow, each with the number of its latest [`Standby::follow`]. Held
-    /// by the thread while it applies a step, so that [`Standby::unfollow`] returns only once
-    /// no step of the partition is being applied.
+    /// The partitions to follow, each with the number of its latest [`Standby::follow`].
     followed: Mutex<Followed>,
+    /// Held by the thread while it applies a step (checking first that its partition is still
+    /// followed), so that [`Standby::unfollow`] returns only once no step of the partition is
+    /// being applied. [`Standby::follow`] does not wait for it.
+    applying: Mutex<()>,
     stop: AtomicBool,
 }
 
@@ -64,6 +66,10 @@ struct Followed {
 impl Shared {
     fn followed(&self) -> MutexGuard<'_, Followed> {
         self.followed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn applying(&self) -> MutexGuard<'_, ()> {
+        self.applying.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -95,6 +101,7 @@ impl Standby {
         let kafka = kafka.clone();
         let shared = Arc::new(Shared {
             followed: Mutex::default(),
+            applying: Mutex::default(),
             stop: AtomicBool::new(false),
         });
         {
@@ -124,6 +131,7 @@ impl Standby {
     /// being applied, and none will be until it is followed again.
     pub fn unfollow(&self, partition: i32) {
         self.shared.followed().partitions.remove(&partition);
+        drop(self.shared.applying());
     }
 
     /// Follows `partition` (given up here) from its copy's checkpoint on.
@@ -132,11 +140,6 @@ impl Standby {
         followed.follows += 1;
         let follow = followed.follows;
         followed.partitions.insert(partition, follow);
-    }
-
-    /// The partitions followed now.
-    pub fn partitions(&self) -> Vec<i32> {
-        self.shared.followed().partitions.keys().copied().collect()
     }
 }
 
@@ -170,6 +173,9 @@ fn run(kafka: &Kafka, consumer: &BaseConsumer, copy: &impl Copy, shared: &Shared
             for &(partition, follow) in &wanted {
                 if following.contains_key(&partition) {
                     continue;
+                }
+                if shared.stop.load(Ordering::SeqCst) {
+                    return;
                 }
                 resting.remove(&partition);
                 match start_following(kafka, copy, partition, QUIESCE) {
@@ -243,9 +249,9 @@ fn run(kafka: &Kafka, consumer: &BaseConsumer, copy: &impl Copy, shared: &Shared
             applied_at = Instant::now();
             let mut failed = Vec::new();
             for (&partition, f) in following.iter_mut().filter(|(_, f)| !f.read.is_empty()) {
-                let followed = shared.followed();
+                let _applying = shared.applying();
                 // Unfollowed since it was read: a take-over has it now.
-                if followed.partitions.get(&partition) != Some(&f.follow) {
+                if shared.followed().partitions.get(&partition) != Some(&f.follow) {
                     f.read.clear();
                     continue;
                 }
