@@ -91,6 +91,41 @@ fn each_answered(
     })
 }
 
+/// Waits (90 s at most) until `n` requests or more of `stream` on each partition are answered,
+/// while the instances running stay alive; returns the tasks answered.
+async fn answered_on_each(
+    group: &mut Group,
+    results: &ResultsFollower,
+    stream: &Stream,
+    n: usize,
+) -> BTreeSet<String> {
+    let limit = Instant::now() + Duration::from_secs(90);
+    loop {
+        let answered = results.answered();
+        let produced = stream.produced();
+        let fewest = (0..PARTITIONS)
+            .map(|p| {
+                (produced.iter())
+                    .filter(|(k, q)| {
+                        *q == p
+                            && answered.contains(&sendledger_tests::engine::task_id(k).to_string())
+                    })
+                    .count()
+            })
+            .min()
+            .unwrap_or(0);
+        if fewest >= n {
+            return answered;
+        }
+        group.assert_alive();
+        assert!(
+            Instant::now() < limit,
+            "{fewest} tasks answered on a partition, not {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// The `restored` field of run `run`'s `partition restored from its log and resumed` lines in
 /// an instance's log, by partition.
 fn restored_events(log: &Path, run: usize) -> BTreeMap<i32, u64> {
@@ -167,33 +202,7 @@ async fn failover_after_a_kill_and_after_a_restart_on_an_intact_disk() {
 
     // A alone settles 40 tasks on each partition at least.
     tokio::task::block_in_place(|| group.instances[a].start(&timeline));
-    let limit = Instant::now() + Duration::from_secs(90);
-    let answered_alone = loop {
-        let answered = results.answered();
-        let produced = stream.produced();
-        let fewest = all
-            .iter()
-            .map(|p| {
-                produced
-                    .iter()
-                    .filter(|(k, q)| {
-                        q == p
-                            && answered.contains(&sendledger_tests::engine::task_id(k).to_string())
-                    })
-                    .count()
-            })
-            .min()
-            .unwrap_or(0);
-        if fewest >= 40 {
-            break answered;
-        }
-        group.assert_alive();
-        assert!(
-            Instant::now() < limit,
-            "A alone answered {fewest} tasks on a partition"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let answered_alone = answered_on_each(&mut group, &results, &stream, 40).await;
 
     // B joins; both answer.
     tokio::task::block_in_place(|| group.instances[b].start(&timeline));
@@ -313,36 +322,10 @@ async fn a_standby_copy_makes_a_take_over_read_only_the_logs_last_moments() {
     let (a, b) = (0, 1);
     let results = ResultsFollower::start(&kafka);
     let stream = Stream::start(&kafka, "standby", 5, Duration::from_millis(50));
-    let all: BTreeSet<i32> = (0..PARTITIONS).collect();
 
     // A alone settles 40 tasks on each partition at least.
     tokio::task::block_in_place(|| group.instances[a].start(&timeline));
-    let limit = Instant::now() + Duration::from_secs(90);
-    let answered_alone = loop {
-        let answered = results.answered();
-        let produced = stream.produced();
-        let fewest = all
-            .iter()
-            .map(|p| {
-                (produced.iter())
-                    .filter(|(k, q)| {
-                        q == p
-                            && answered.contains(&sendledger_tests::engine::task_id(k).to_string())
-                    })
-                    .count()
-            })
-            .min()
-            .unwrap_or(0);
-        if fewest >= 40 {
-            break answered;
-        }
-        group.assert_alive();
-        assert!(
-            Instant::now() < limit,
-            "A alone answered {fewest} tasks on a partition"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let answered_alone = answered_on_each(&mut group, &results, &stream, 40).await;
 
     // B joins; both answer for a while.
     tokio::task::block_in_place(|| group.instances[b].start(&timeline));
