@@ -367,6 +367,9 @@ pub struct KafkaOwner {
 struct Claims {
     next: u64,
     held: HashMap<i32, u64>,
+    /// The partitions whose take-over is under way (claim withdrawn or not): the standby
+    /// follows one given up meanwhile only once its take-over has stopped writing its copy.
+    running: std::collections::HashSet<i32>,
 }
 
 impl Drop for KafkaOwner {
@@ -454,24 +457,9 @@ impl KafkaOwner {
         Ok(restore.events)
     }
 
-    fn claims(&self) -> std::sync::MutexGuard<'_, Claims> {
-        self.claims.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-impl PartitionOwner for KafkaOwner {
-    /// Claims the partition, opens its log, restores it and resumes its tasks. A release that
-    /// comes meanwhile withdraws the claim: the log is not owned if it has not been yet, and
-    /// given up again if it has.
-    fn take_over(&self, partition: i32) -> Result<(), String> {
+    /// [`PartitionOwner::take_over`] once the partition is claimed (`claim`).
+    fn take_over_claimed(&self, partition: i32, claim: u64) -> Result<(), String> {
         let started = std::time::Instant::now();
-        let claim = {
-            let mut claims = self.claims();
-            claims.next += 1;
-            let claim = claims.next;
-            claims.held.insert(partition, claim);
-            claim
-        };
         const RELEASED: &str = "the partition was given up during its take-over";
         // The standby stops applying the partition's events (the restore does from here), and
         // what this instance's last generation of it committed is written before the restore
@@ -514,12 +502,46 @@ impl PartitionOwner for KafkaOwner {
         Ok(())
     }
 
+    fn claims(&self) -> std::sync::MutexGuard<'_, Claims> {
+        self.claims.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl PartitionOwner for KafkaOwner {
+    /// Claims the partition, opens its log, restores it and resumes its tasks. A release that
+    /// comes meanwhile withdraws the claim: the log is not owned if it has not been yet, and
+    /// given up again if it has; the standby follows the partition once the take-over ends
+    /// (never while it may still write the partition's copy).
+    fn take_over(&self, partition: i32) -> Result<(), String> {
+        let claim = {
+            let mut claims = self.claims();
+            claims.next += 1;
+            let claim = claims.next;
+            claims.held.insert(partition, claim);
+            claims.running.insert(partition);
+            claim
+        };
+        let outcome = self.take_over_claimed(partition, claim);
+        let mut claims = self.claims();
+        claims.running.remove(&partition);
+        // Given up during its take-over: the copy is the standby's again, now that the
+        // take-over no longer writes it.
+        if let Some(standby) =
+            (self.standby.as_ref()).filter(|_| claims.held.get(&partition) != Some(&claim))
+        {
+            standby.follow(partition);
+        }
+        outcome
+    }
+
     fn release(&self, partition: i32) {
         let mut claims = self.claims();
         claims.held.remove(&partition);
         self.engine.revoke_partition(partition);
         self.replicator.release(partition);
-        if let Some(standby) = &self.standby {
+        if let Some(standby) =
+            (self.standby.as_ref()).filter(|_| !claims.running.contains(&partition))
+        {
             standby.follow(partition);
         }
     }
