@@ -12,7 +12,7 @@ use sendledger_kafka::Kafka;
 use sendledger_store::Durability;
 
 use crate::engine::parse_durability;
-use crate::kafka::{bench_config, check_remote, round4, through_kafka, Placement};
+use crate::kafka::{bench_config, check_remote, round4, run_id, through_kafka, Placement};
 use crate::process::RemoteProcess;
 use sendledger_kafka::metric_definitions::{
     LOG_BATCH_EVENTS, LOG_COMMIT_SECONDS, PARTITION_TAKE_OVER_SECONDS,
@@ -59,14 +59,7 @@ async fn bench(args: ClusterArgs, metrics: PrometheusHandle) -> anyhow::Result<(
     // One remote per mode: both modes send the same tasks.
     let (sim, sim_kafka) = (RemoteProcess::start()?, RemoteProcess::start()?);
     let dir = tempfile::tempdir()?;
-    // Topics and groups of this run only, so runs against one broker never mix.
-    let run_id = format!(
-        "bench-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)?
-            .as_secs()
-    );
+    let run_id = run_id("bench")?;
     let config_for = |mode: StorageMode, data: &str| -> anyhow::Result<Config> {
         let sim = if mode == StorageMode::Kafka {
             &sim_kafka

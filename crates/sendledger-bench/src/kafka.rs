@@ -121,6 +121,13 @@ async fn bench(args: KafkaArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A name for this run's topics and groups, `<prefix>-<pid>-<unix seconds>`, so that runs
+/// against one broker never mix.
+pub(crate) fn run_id(prefix: &str) -> anyhow::Result<String> {
+    let secs = (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?).as_secs();
+    Ok(format!("{prefix}-{}-{secs}", std::process::id()))
+}
+
 pub(crate) fn round4(x: f64) -> f64 {
     (x * 10_000.0).round() / 10_000.0
 }

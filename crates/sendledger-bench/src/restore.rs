@@ -48,13 +48,7 @@ pub fn run(args: RestoreArgs) -> anyhow::Result<()> {
         args.per_transaction > 0,
         "--per-transaction must be positive"
     );
-    let run_id = format!(
-        "bench-restore-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)?
-            .as_secs()
-    );
+    let run_id = crate::kafka::run_id("bench-restore")?;
     let config = KafkaConfig {
         brokers: args.brokers.clone(),
         group_id: run_id.clone(),

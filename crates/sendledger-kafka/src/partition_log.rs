@@ -677,9 +677,14 @@ fn message_event_id(message: &impl Message) -> Option<String> {
 
 /// A consumer outside the group that sees committed transactions only.
 fn committed_reader(kafka: &Kafka) -> crate::Result<BaseConsumer> {
+    Ok(committed_reader_config(kafka).create()?)
+}
+
+/// The configuration of [`committed_reader`].
+pub(crate) fn committed_reader_config(kafka: &Kafka) -> rdkafka::ClientConfig {
     let mut client = kafka.client_config(Role::Replay);
     client.set("isolation.level", "read_committed");
-    Ok(client.create()?)
+    client
 }
 
 /// The event a record of the events topic carries, decoded in place (a restore reads every

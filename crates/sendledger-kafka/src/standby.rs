@@ -25,8 +25,8 @@ use rdkafka::{Offset, TopicPartitionList};
 use sendledger_core::error::Chain;
 use sendledger_core::Event;
 
-use crate::partition_log::record_event;
-use crate::take_over::{check_copy, Brokers, Copy, LastTransaction, RESTORE_STEP};
+use crate::partition_log::{committed_reader_config, record_event};
+use crate::take_over::{copy_checkpoint, Brokers, Copy, LastTransaction, QUIESCE, RESTORE_STEP};
 use crate::Kafka;
 
 /// How long read events wait before they are applied, at most: the standby's lag behind the
@@ -36,10 +36,6 @@ const APPLY_EVERY: Duration = Duration::from_millis(200);
 /// How long a partition whose events could not be applied (or read) is left alone before it is
 /// followed again.
 const RETRY_AFTER: Duration = Duration::from_secs(10);
-
-/// How long a newly followed partition waits for its last generation's transaction here to
-/// end (see [`sendledger_store::Ledger::quiesce_blocking`]).
-const QUIESCE: Duration = Duration::from_secs(5);
 
 /// The standby of an instance: which partitions it follows, and the thread following them.
 pub struct Standby {
@@ -61,6 +57,13 @@ struct Shared {
 struct Followed {
     partitions: BTreeMap<i32, u64>,
     follows: u64,
+}
+
+impl Followed {
+    fn follow(&mut self, partition: i32) {
+        self.follows += 1;
+        self.partitions.insert(partition, self.follows);
+    }
 }
 
 impl Shared {
@@ -92,8 +95,7 @@ impl Standby {
         copy: C,
         partitions: i32,
     ) -> crate::Result<Standby> {
-        let mut client = kafka.client_config(crate::Role::Replay);
-        client.set("isolation.level", "read_committed");
+        let mut client = committed_reader_config(kafka);
         // A log truncated below the position read (an unclean leader election) is reported,
         // not read past: the copy may hold events the log lost.
         client.set("auto.offset.reset", "error");
@@ -107,9 +109,7 @@ impl Standby {
         {
             let mut followed = shared.followed();
             for partition in 0..partitions {
-                followed.follows += 1;
-                let follow = followed.follows;
-                followed.partitions.insert(partition, follow);
+                followed.follow(partition);
             }
         }
         let thread = {
@@ -136,10 +136,7 @@ impl Standby {
 
     /// Follows `partition` (given up here) from its copy's checkpoint on.
     pub fn follow(&self, partition: i32) {
-        let mut followed = self.shared.followed();
-        followed.follows += 1;
-        let follow = followed.follows;
-        followed.partitions.insert(partition, follow);
+        self.shared.followed().follow(partition);
     }
 }
 
@@ -285,18 +282,13 @@ fn start_following<B: Brokers>(
     let ledger = copy.ledger();
     let chain = |e: sendledger_store::Error| Chain(&e).to_string();
     ledger.quiesce_blocking(partition, quiesce).map_err(chain)?;
-    let checkpoint = ledger
-        .log_checkpoint(partition)
-        .map_err(chain)?
-        .unwrap_or(0)
-        .max(0);
-    if checkpoint > 0 {
-        if let Some(why) = check_copy(brokers, ledger, partition, checkpoint)? {
+    match copy_checkpoint(brokers, ledger, partition)? {
+        (_, Some(why)) => {
             tracing::warn!(partition, why = %why, "the standby does not follow the partition: its copy is not what its log holds, and its take-over truncates it");
-            return Ok(None);
+            Ok(None)
         }
+        (checkpoint, None) => Ok(Some(checkpoint.unwrap_or(0).max(0))),
     }
-    Ok(Some(checkpoint))
 }
 
 /// A standby's catching up on `partition` in one step, as the simulation takes it (the

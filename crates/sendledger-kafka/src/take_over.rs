@@ -29,6 +29,11 @@ pub const TAKE_OVER_TIMEOUT: Duration = Duration::from_secs(30);
 /// log never sits in memory whole (each step records its checkpoint).
 pub const RESTORE_STEP: usize = 10_000;
 
+/// How long a take-over (or a standby starting to follow a partition) waits for a transaction
+/// of the partition's last generation here to end (see
+/// [`sendledger_store::Ledger::quiesce_blocking`]).
+pub const QUIESCE: Duration = Duration::from_secs(5);
+
 /// Clock skew allowed between the last transaction's writer and the instance taking over when
 /// telling whether it was recent enough to have been open at the fencing.
 const LOST_RESULTS_SLACK: Duration = Duration::from_secs(30);
@@ -194,13 +199,7 @@ pub fn restore<B: Brokers>(
 ) -> Result<Restore, String> {
     let step_size = step.max(1);
     let ledger = copy.ledger();
-    let checkpoint = ledger
-        .log_checkpoint(partition)
-        .map_err(|e| Chain(&e).to_string())?;
-    let truncated = match checkpoint {
-        Some(checkpoint) if checkpoint > 0 => check_copy(brokers, ledger, partition, checkpoint)?,
-        _ => None,
-    };
+    let (checkpoint, truncated) = copy_checkpoint(brokers, ledger, partition)?;
     // From the copy's last transaction on, which the copy holds but which may be the one a
     // fenced writer's partial commit left without its results: a copy kept current (by its
     // owner, or as a standby) reads it again to see it whole.
@@ -286,7 +285,24 @@ pub fn restore<B: Brokers>(
 /// Why the ledger's copy of the partition, recorded up to `checkpoint`, is not what its log
 /// holds, if it is not: the log ends before the checkpoint, or its event just before the
 /// checkpoint is not the last one the copy recorded from it.
-pub(crate) fn check_copy(
+/// The copy's checkpoint of `partition`, and why the copy is not what its log holds, if it is
+/// not (see [`check_copy`]).
+pub(crate) fn copy_checkpoint(
+    brokers: &impl Brokers,
+    ledger: &Ledger,
+    partition: i32,
+) -> Result<(Option<i64>, Option<String>), String> {
+    let checkpoint = ledger
+        .log_checkpoint(partition)
+        .map_err(|e| Chain(&e).to_string())?;
+    let apart = match checkpoint {
+        Some(checkpoint) if checkpoint > 0 => check_copy(brokers, ledger, partition, checkpoint)?,
+        _ => None,
+    };
+    Ok((checkpoint, apart))
+}
+
+fn check_copy(
     brokers: &impl Brokers,
     ledger: &Ledger,
     partition: i32,

@@ -343,10 +343,6 @@ impl take_over::Copy for EngineCopy {
     }
 }
 
-/// How long a take-over waits for a transaction of the partition's last generation here to
-/// end before it restores (see [`Ledger::quiesce_blocking`]).
-const QUIESCE: Duration = Duration::from_secs(5);
-
 /// Kafka mode's partition owner: the engine, its replicator and the brokers.
 pub struct KafkaOwner {
     kafka: Kafka,
@@ -468,7 +464,7 @@ impl KafkaOwner {
             standby.unfollow(partition);
         }
         (self.engine.ledger())
-            .quiesce_blocking(partition, QUIESCE)
+            .quiesce_blocking(partition, take_over::QUIESCE)
             .map_err(|e| Chain(&e).to_string())?;
         // Opening the log fences the previous owner and aborts its open transaction, so what
         // is read next is all it ever committed.

@@ -470,11 +470,7 @@ impl World {
                 self.advance(self.now + by);
             }
             Move::Crash => {
-                let up: Vec<usize> = (0..self.instances.len())
-                    .filter(|&i| self.instances[i].up())
-                    .collect();
-                if up.len() > 1 {
-                    let i = up[self.rng.random_range(0..up.len())];
+                if let Some(i) = self.victim() {
                     self.crash(i);
                 }
             }
@@ -512,11 +508,7 @@ impl World {
             }
             Move::Standby => self.standby(),
             Move::CutTakeOver => {
-                let up: Vec<usize> = (0..self.instances.len())
-                    .filter(|&i| self.instances[i].up())
-                    .collect();
-                if up.len() > 1 {
-                    let i = up[self.rng.random_range(0..up.len())];
+                if let Some(i) = self.victim() {
                     let p = self.rng.random_range(0..self.partitions);
                     if !self.instances[i].owned.contains_key(&p) {
                         self.with(i, |inst, env| inst.open_log(p, env));
@@ -538,6 +530,14 @@ impl World {
             }
         }
         Ok(())
+    }
+
+    /// An instance to kill, picked among those up while another one stays up.
+    fn victim(&mut self) -> Option<usize> {
+        let up: Vec<usize> = (0..self.instances.len())
+            .filter(|&i| self.instances[i].up())
+            .collect();
+        (up.len() > 1).then(|| up[self.rng.random_range(0..up.len())])
     }
 
     /// Stops one of `candidates` for up to 40 s, while another instance stays active; past
