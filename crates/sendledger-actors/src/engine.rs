@@ -463,7 +463,8 @@ impl Engine {
 
     fn validate(&self, request: &TaskRequest) -> Result<AcceptedRequest> {
         let accepted = request.accept(&self.inner.limits)?;
-        if self.inner.remote.policy(&accepted.target).is_none() {
+        let remote = &self.inner.remote;
+        if remote.policy(&accepted.target).is_none() && remote.steps(&accepted.target).is_none() {
             return Err(Error::UnknownTarget(accepted.target));
         }
         Ok(accepted)
@@ -546,14 +547,14 @@ impl Engine {
             .await?)
     }
 
-    /// The lookup URL of a task's request at `target` (where its attempts went), as its
+    /// The lookup URL of a task's call at `target` (where its attempts went), as its
     /// reconciliation asks it (see [`Remote::lookup_url`]).
     pub fn lookup_url(
         &self,
         target: &str,
-        request: &AcceptedRequest,
+        call: sendledger_core::saga::Call<'_>,
     ) -> Option<std::result::Result<String, String>> {
-        self.inner.remote.lookup_url(target, request)
+        self.inner.remote.lookup_url(target, call)
     }
 
     /// The circuit breaker of each target (see [`Remote::target_health`]).

@@ -104,6 +104,8 @@ pub struct LookupJob {
     /// Where the task's attempts went: its own target, or its fallback.
     pub target: String,
     pub request: AcceptedRequest,
+    /// A multi-step task's steps' remote ids, which the lookup's templates may read.
+    pub steps: sendledger_core::saga::StepIds,
     /// The task's latest attempt when the lookup was issued; its result is about this attempt.
     pub attempt: u32,
     /// Records created before this time cannot be the task's.

@@ -28,6 +28,7 @@ use tracing::Instrument;
 
 use crate::messages::{LookupJob, Route, TaskInput};
 use crate::remote::Remote;
+use sendledger_core::saga::Call;
 
 /// The first backoff of a target whose lookup failed, and the longest.
 const LOOKUP_BACKOFF_FIRST: Duration = Duration::from_secs(1);
@@ -163,7 +164,15 @@ impl Reconciler {
             let passed_on = sendledger_telemetry::pass_on(&span, trace);
             let lookup = self
                 .remote
-                .lookup(&job.target, &job.request, job.since, passed_on)
+                .lookup(
+                    &job.target,
+                    Call {
+                        request: &job.request,
+                        steps: &job.steps,
+                    },
+                    job.since,
+                    passed_on,
+                )
                 .instrument(span.clone());
             let (task_id, attempt) = (job.task_id, job.attempt);
             let target = job.target;

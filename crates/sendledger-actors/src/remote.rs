@@ -4,7 +4,8 @@
 
 use sendledger_core::decide::{AttemptOutcome, Sending};
 use sendledger_core::event::Millis;
-use sendledger_core::{AcceptedRequest, BoxFuture, Policy, RetryClass, TraceParent};
+use sendledger_core::saga::Call;
+use sendledger_core::{BoxFuture, PlannedStep, Policy, RetryClass, TraceParent};
 
 /// Why a lookup told nothing: no evidence either way. Its message is what the task records
 /// about it (`ReviewReason::LookupsFailed { last_error }` when the window closes on it), so it
@@ -79,6 +80,12 @@ pub trait Remote: Send + Sync + 'static {
     /// `None` when the target is unknown.
     fn policy(&self, target: &str) -> Option<Policy>;
 
+    /// The steps of the saga `name`, when a request's target names a multi-step task rather
+    /// than a target. None by default.
+    fn steps(&self, _name: &str) -> Option<Vec<PlannedStep>> {
+        None
+    }
+
     /// Waits for room to send one attempt to `target` (its limits on attempts in flight and
     /// per second), or says that the target takes none now (its breaker is open). A task takes
     /// it before it records the attempt's intent. Unlimited unless the remote says otherwise.
@@ -98,7 +105,7 @@ pub trait Remote: Send + Sync + 'static {
     fn attempt(
         &self,
         target: &str,
-        request: &AcceptedRequest,
+        call: Call<'_>,
         attempt: u32,
         idempotency_key: Option<&str>,
         sending: Sending,
@@ -112,11 +119,7 @@ pub trait Remote: Send + Sync + 'static {
 
     /// What a lookup of the request at `target` asks, for people to see (the review console):
     /// the rendered lookup URL, or why it cannot be built. `None`: no lookup configured.
-    fn lookup_url(
-        &self,
-        _target: &str,
-        _request: &AcceptedRequest,
-    ) -> Option<Result<String, String>> {
+    fn lookup_url(&self, _target: &str, _call: Call<'_>) -> Option<Result<String, String>> {
         None
     }
 
@@ -127,7 +130,7 @@ pub trait Remote: Send + Sync + 'static {
     fn lookup(
         &self,
         target: &str,
-        request: &AcceptedRequest,
+        call: Call<'_>,
         since: Millis,
         trace: Option<TraceParent>,
     ) -> BoxFuture<Result<Vec<String>, LookupError>>;

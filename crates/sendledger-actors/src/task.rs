@@ -16,6 +16,7 @@ use sendledger_core::decide::{
     decide, Action, AttemptOutcome, Ctx, Decision, Hold, Input, Sending,
 };
 use sendledger_core::error::Chain;
+use sendledger_core::saga::Call;
 use sendledger_core::{
     EventBody, Evidence, NewEvent, NotSentCause, Phase, Policy, State, TaskId, WaitReason,
 };
@@ -48,6 +49,8 @@ pub struct TaskActor {
     state: State,
     shared: Arc<Shared>,
     policy: Policy,
+    /// The target whose policy `policy` is: the task's current call's own target.
+    policy_of: Option<String>,
     /// Whether the task's events were read when the actor started, or why not.
     loaded: Option<std::result::Result<(), Arc<sendledger_store::Error>>>,
     /// External messages fully processed, compared by the registry with those it forwarded.
@@ -76,6 +79,7 @@ impl TaskActor {
             state: State::default(),
             shared,
             policy: Policy::default(),
+            policy_of: None,
             loaded: None,
             handled: 0,
             attempt_in_flight: false,
@@ -87,11 +91,31 @@ impl TaskActor {
         }
     }
 
+    /// Loads the policy of `target` unless it is the one loaded: the task's current call's
+    /// own target (a multi-step task's changes from one leg to the next).
     fn set_policy(&mut self, target: &str) {
+        if self.policy_of.as_deref() == Some(target) {
+            return;
+        }
         self.policy = self.shared.remote.policy(target).unwrap_or_else(|| {
             tracing::warn!(task_id = %self.task_id, %target, "target no longer configured; attempts will not be sent");
             Policy::default()
         });
+        self.policy_of = Some(target.to_string());
+    }
+
+    /// Loads the policy of the task's current call, once the task has a request.
+    fn refresh_policy(&mut self) {
+        if let Some(target) = self.state.own_target().map(str::to_string) {
+            self.set_policy(&target);
+        }
+    }
+
+    /// A multi-step task's steps' remote ids, for its current call's templates.
+    fn step_ids(&self) -> sendledger_core::saga::StepIds {
+        (self.state.saga.as_ref())
+            .map(sendledger_core::saga::Saga::step_ids)
+            .unwrap_or_default()
     }
 
     fn random(&self) -> u64 {
@@ -189,9 +213,7 @@ impl TaskActor {
                     Ok(events) => {
                         act.state = sendledger_core::fold(&events);
                         act.loaded_at = seen;
-                        if let Some(target) = act.state.request.as_ref().map(|r| r.target.clone()) {
-                            act.set_policy(&target);
-                        }
+                        act.refresh_policy();
                         act.decide_and_append(input)
                     }
                     Err(e) => Box::pin(fut::ready(Err(e.into()))),
@@ -227,8 +249,12 @@ impl TaskActor {
         ) {
             // A new task's first delivery sends its first attempt (unless the core refuses
             // it, which then spends one unit of the target's rate): room at the target first,
-            // then the decision, from the time the room was found.
-            let target = request.target.clone();
+            // then the decision, from the time the room was found. A multi-step task's first
+            // attempt is its first step's.
+            let target = match self.shared.remote.steps(&request.target) {
+                Some(steps) => steps.first().map(|s| s.target.clone()).unwrap_or_default(),
+                None => request.target.clone(),
+            };
             let reserve = self.reserve(&target, None, &input);
             return Box::pin(reserve.into_actor(self).then(move |room, act, _| {
                 act.take_room(&target, room);
@@ -244,7 +270,16 @@ impl TaskActor {
         let core_input = match input {
             TaskInput::Deliver { request, source: s } => {
                 source = Some(s.clone());
-                Input::Deliver { request, source: s }
+                // A new task of a saga records its steps as they are configured now.
+                let steps = match self.state.request {
+                    None => self.shared.remote.steps(&request.target),
+                    Some(_) => None,
+                };
+                Input::Deliver {
+                    request,
+                    source: s,
+                    steps,
+                }
             }
             TaskInput::Wake { due } => {
                 clear = Some(due);
@@ -283,9 +318,15 @@ impl TaskActor {
         };
         let delivery = matches!(core_input, Input::Deliver { .. });
         let is_new = self.state.request.is_none();
-        if let (true, Input::Deliver { request, .. }) = (is_new, &core_input) {
-            // The first delivery decides the first attempt: it needs the target's policy.
-            self.set_policy(&request.target);
+        match &core_input {
+            // The first delivery decides the first attempt: it needs the policy of its target
+            // (a multi-step task's first step's).
+            Input::Deliver { request, steps, .. } if is_new => {
+                let first = steps.as_ref().and_then(|s| s.first());
+                let target = first.map_or(request.target.as_str(), |s| s.target.as_str());
+                self.set_policy(target);
+            }
+            _ => self.refresh_policy(),
         }
         let decision = decide(
             &self.state,
@@ -430,6 +471,7 @@ impl TaskActor {
                     task_id,
                     target,
                     request,
+                    steps: self.step_ids(),
                     attempt,
                     since,
                 });
@@ -470,6 +512,7 @@ impl TaskActor {
                 };
                 let remote = self.shared.remote.clone();
                 let request = request.clone();
+                let steps = self.step_ids();
                 let send = async move {
                     let slot = match room {
                         Some(Room::Held(slot)) => Some(slot),
@@ -484,7 +527,11 @@ impl TaskActor {
                         None => None,
                     };
                     let key = idempotency_key.as_deref();
-                    (remote.attempt(&target, &request, attempt, key, sending, slot)).await
+                    let call = Call {
+                        request: &request,
+                        steps: &steps,
+                    };
+                    (remote.attempt(&target, call, attempt, key, sending, slot)).await
                 }
                 .instrument(span.clone());
                 ctx.spawn(send.into_actor(self).map(move |outcome, act, ctx| {
@@ -746,9 +793,7 @@ impl Actor for TaskActor {
             |res, act, _| match res {
                 Ok(events) => {
                     act.state = sendledger_core::fold(&events);
-                    if let Some(target) = act.state.request.as_ref().map(|r| r.target.clone()) {
-                        act.set_policy(&target);
-                    }
+                    act.refresh_policy();
                     act.loaded = Some(Ok(()));
                 }
                 Err(e) => {

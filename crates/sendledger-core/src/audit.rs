@@ -90,6 +90,8 @@ pub struct AuditReport {
     pub waits_before_intent: u64,
     /// Failed tasks retried (`TaskRetried`: a new version of the task).
     pub retries: u64,
+    /// Compensations of multi-step tasks' steps started (`CompensationStarted`).
+    pub compensations: u64,
     pub manual_reviews_open: u64,
     pub duplicates_dropped: u64,
     pub conflicts: u64,
@@ -162,6 +164,7 @@ impl TaskAudit {
             EventBody::InputRejected { .. } => report.rejected_inputs += 1,
             EventBody::SendDeferred { .. } => report.waits_before_intent += 1,
             EventBody::TaskRetried { .. } => report.retries += 1,
+            EventBody::CompensationStarted { .. } => report.compensations += 1,
             _ => {}
         }
     }

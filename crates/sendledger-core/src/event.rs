@@ -21,6 +21,9 @@ pub const POLICY_COMPLETE_BY: &str = "policy:complete_after";
 /// The `by` of a `TaskRetried` recorded because the task's target became available again
 /// (its breaker closed) and the target's `breaker.retry_failed_within` asks for it.
 pub const POLICY_BREAKER_CLOSED_BY: &str = "policy:breaker_closed";
+/// The `by` of a `CompensationStarted` recorded because a later step of the task ended
+/// rejected or failed: the steps before it that succeeded are undone, in reverse order.
+pub const POLICY_SAGA_BY: &str = "policy:saga";
 
 /// How many resends `resend_when_absent` authorizes per task unless configured otherwise.
 pub const DEFAULT_MAX_POLICY_RESENDS: u32 = 1;
@@ -134,6 +137,21 @@ pub enum ReviewReason {
         task_seq: u32,
         replaced: Vec<String>,
     },
+    /// The remote of step `step`'s compensation refused it: the step's record still exists.
+    /// (Envelope version 7.)
+    CompensationRefused {
+        step: u32,
+        name: String,
+        status: u16,
+        detail: String,
+    },
+    /// Every attempt of step `step`'s compensation was proven not sent and its attempts ran
+    /// out: the step's record still exists. (Envelope version 7.)
+    CompensationNotSent {
+        step: u32,
+        name: String,
+        reason: String,
+    },
 }
 
 impl std::fmt::Display for ReviewReason {
@@ -169,8 +187,33 @@ impl std::fmt::Display for ReviewReason {
                  {}",
                 replaced.join("; ")
             ),
+            ReviewReason::CompensationRefused {
+                name,
+                status,
+                detail,
+                ..
+            } => write!(
+                f,
+                "the compensation of step {name} was refused with HTTP {status} ({detail}); \
+                 the step's record still exists"
+            ),
+            ReviewReason::CompensationNotSent { name, reason, .. } => write!(
+                f,
+                "the compensation of step {name} could not be sent ({reason}); the step's \
+                 record still exists"
+            ),
         }
     }
+}
+
+/// One step of a multi-step task as planned when the task was accepted: the target that
+/// performs it and, when it can be undone, the target that undoes it.
+// format: do not change
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedStep {
+    pub name: String,
+    pub target: String,
+    pub compensate: Option<String>,
 }
 
 /// One fact about a task. `docs/rules.md` lists them and when each is recorded.
@@ -264,6 +307,22 @@ pub enum EventBody {
         idempotency_key: Option<String>,
         target: String,
     },
+    /// The task is a multi-step one (its `target` names a saga): its steps as configured when
+    /// it was accepted, recorded in the same write as `TaskAccepted`. Its attempts go to one
+    /// step at a time, the next once the one before is confirmed. (Envelope version 7.)
+    StepsPlanned {
+        steps: Vec<PlannedStep>,
+    },
+    /// The compensation of step `step` begins: the next attempts go to the step's
+    /// compensating target and undo `remote_id`, the record the step made. `by` is the saga's
+    /// policy ([`POLICY_SAGA_BY`]: a later step ended rejected or failed) or an operator.
+    /// (Envelope version 7.)
+    CompensationStarted {
+        step: u32,
+        remote_id: String,
+        by: String,
+        reason: String,
+    },
 }
 
 /// The raw bytes of a rejected input: as text where a format is read by people (JSON), as
@@ -309,6 +368,8 @@ impl EventBody {
             EventBody::SendDeferred { .. } => "SendDeferred",
             EventBody::TaskRetried { .. } => "TaskRetried",
             EventBody::SendIntendedAt { .. } => "SendIntendedAt",
+            EventBody::StepsPlanned { .. } => "StepsPlanned",
+            EventBody::CompensationStarted { .. } => "CompensationStarted",
         }
     }
 
@@ -411,6 +472,20 @@ impl EventBody {
                 Some(key) => format!("attempt {attempt} at fallback {target} key={key}"),
                 None => format!("attempt {attempt} at fallback {target}"),
             },
+            EventBody::StepsPlanned { steps } => steps
+                .iter()
+                .map(|s| match &s.compensate {
+                    Some(undo) => format!("{} at {} (undone at {undo})", s.name, s.target),
+                    None => format!("{} at {}", s.name, s.target),
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
+            EventBody::CompensationStarted {
+                step,
+                remote_id,
+                by,
+                reason,
+            } => format!("undo step {step} (remote_id={remote_id}) by {by}: {reason}"),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Event histories for unit tests, here and in the crates that project or encode events
 //! (feature `fixtures`).
 
-use crate::event::{Event, EventBody, Source};
+use crate::event::{Event, EventBody, PlannedStep, ReviewReason, Source};
 use crate::ids::TaskId;
 use crate::request::{Limits, TaskRequest};
 
@@ -43,4 +43,43 @@ pub fn history(task: TaskId, bodies: Vec<EventBody>) -> Vec<Event> {
             body,
         })
         .collect()
+}
+
+/// One body of each kind a multi-step task adds (envelope version 7): its plan, the start of a
+/// compensation, and the reviews of a compensation refused or never sent.
+pub fn saga_bodies() -> Vec<EventBody> {
+    let step = |name: &str, target: &str, compensate: Option<&str>| PlannedStep {
+        name: name.into(),
+        target: target.into(),
+        compensate: compensate.map(Into::into),
+    };
+    vec![
+        EventBody::StepsPlanned {
+            steps: vec![
+                step("charge", "payments", Some("refunds")),
+                step("ship", "shipments", None),
+            ],
+        },
+        EventBody::CompensationStarted {
+            step: 0,
+            remote_id: "ch-1".into(),
+            by: "policy:saga".into(),
+            reason: "step ship did not succeed".into(),
+        },
+        EventBody::ManualReviewRequired {
+            reason: ReviewReason::CompensationRefused {
+                step: 0,
+                name: "charge".into(),
+                status: 409,
+                detail: "already refunded".into(),
+            },
+        },
+        EventBody::ManualReviewRequired {
+            reason: ReviewReason::CompensationNotSent {
+                step: 0,
+                name: "charge".into(),
+                reason: "attempts exhausted".into(),
+            },
+        },
+    ]
 }

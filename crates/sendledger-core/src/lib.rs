@@ -27,6 +27,7 @@ pub mod result;
 pub mod retry;
 pub mod review;
 pub mod rules;
+pub mod saga;
 pub mod state;
 pub mod trace;
 
@@ -39,8 +40,8 @@ pub use decide::{
 };
 pub use error::{Error, Result};
 pub use event::{
-    Event, EventBody, Evidence, NewEvent, NotSentCause, ReviewReason, Source, UnknownCause,
-    WaitReason,
+    Event, EventBody, Evidence, NewEvent, NotSentCause, PlannedStep, ReviewReason, Source,
+    UnknownCause, WaitReason,
 };
 pub use ids::{PayloadHash, TaskId};
 pub use reason::sanitize_reason;

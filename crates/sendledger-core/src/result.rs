@@ -30,6 +30,9 @@ pub enum ResultStatus {
     /// This delivery carried the identity of an existing task with a different payload; it was
     /// not executed. The existing task is unaffected.
     Conflict,
+    /// A multi-step task: a step ended rejected or failed, and every step before it that
+    /// succeeded and can be undone was undone (`steps` lists each).
+    Compensated,
 }
 
 impl ResultStatus {
@@ -41,6 +44,7 @@ impl ResultStatus {
             ResultStatus::Failed => "failed",
             ResultStatus::ManualReview => "manual_review",
             ResultStatus::Conflict => "conflict",
+            ResultStatus::Compensated => "compensated",
         }
     }
 
@@ -48,7 +52,10 @@ impl ResultStatus {
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
-            ResultStatus::Succeeded | ResultStatus::Rejected | ResultStatus::Failed
+            ResultStatus::Succeeded
+                | ResultStatus::Rejected
+                | ResultStatus::Failed
+                | ResultStatus::Compensated
         )
     }
 }
@@ -101,6 +108,10 @@ pub enum ResultReview {
     /// the replaced one did (`reason` lists it) may include a request the kept one does not
     /// account for.
     DivergentHistory { task_seq: u32 },
+    /// A multi-step task: the compensation of step `step` was refused by its remote.
+    CompensationRefused { step: u32, http_status: u16 },
+    /// A multi-step task: the compensation of step `step` could not be sent.
+    CompensationNotSent { step: u32 },
 }
 
 impl From<&ReviewReason> for ResultReview {
@@ -121,6 +132,15 @@ impl From<&ReviewReason> for ResultReview {
             ReviewReason::DivergentHistory { task_seq, .. } => ResultReview::DivergentHistory {
                 task_seq: *task_seq,
             },
+            ReviewReason::CompensationRefused { step, status, .. } => {
+                ResultReview::CompensationRefused {
+                    step: *step,
+                    http_status: *status,
+                }
+            }
+            ReviewReason::CompensationNotSent { step, .. } => {
+                ResultReview::CompensationNotSent { step: *step }
+            }
         }
     }
 }
@@ -168,6 +188,10 @@ pub struct TaskResult {
     /// The requests-topic message: the one that created the task, or the conflicting or
     /// invalid one.
     pub source: Option<ResultSource>,
+    /// A multi-step task's steps: each one's outcome and remote id, and its compensation.
+    /// Absent for a one-step task.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<crate::saga::Step>,
     /// Log position of the announced event.
     pub lsn: u64,
     /// When the announced event was recorded, milliseconds since the Unix epoch.
@@ -249,11 +273,75 @@ impl Projection {
             return self.announced.clone().filter(|_| settled);
         }
         let result = result_for(event, &self.state);
-        if announces_result(&event.body) {
+        if result.is_some() && announces_result(&event.body) {
             self.announced.clone_from(&result);
         }
         result
     }
+}
+
+/// A result's fields as every result of an accepted task has them, status `succeeded`.
+fn base(event: &Event, state: &State) -> TaskResult {
+    let request = state.request.as_ref();
+    TaskResult {
+        event_id: event_id(event.task_id, event.task_seq),
+        task_id: event.task_id.to_string(),
+        status: ResultStatus::Succeeded,
+        tenant: request.map(|r| r.identity.tenant.clone()),
+        operation: request.map(|r| r.identity.operation.clone()),
+        request_key: request.map(|r| r.identity.request_key.clone()),
+        target: request.map(|r| r.target.clone()),
+        remote_id: None,
+        remote_target: None,
+        evidence: None,
+        reason: None,
+        review: None,
+        detail: None,
+        http_status: None,
+        remote_ids: Vec::new(),
+        attempts: state.attempts,
+        version: state.version,
+        source: state.source.as_ref().map(ResultSource::from),
+        steps: state
+            .saga
+            .as_ref()
+            .map(|s| s.steps.clone())
+            .unwrap_or_default(),
+        lsn: event.lsn,
+        at: event.at,
+    }
+}
+
+/// The result of a multi-step task whose failure was compensated: why, and each step.
+fn compensated(event: &Event, state: &State) -> TaskResult {
+    let mut r = base(event, state);
+    let ended = r.steps.iter().find_map(|s| match &s.outcome {
+        crate::saga::StepOutcome::Rejected {
+            http_status,
+            detail,
+        } => Some(format!(
+            "step {} was refused with HTTP {http_status} ({detail})",
+            s.name
+        )),
+        crate::saga::StepOutcome::Failed { reason } => {
+            Some(format!("step {} failed ({reason})", s.name))
+        }
+        _ => None,
+    });
+    let undone: Vec<&str> = r
+        .steps
+        .iter()
+        .filter(|s| s.compensation.is_some())
+        .map(|s| s.name.as_str())
+        .collect();
+    let reason = format!(
+        "{}; undone: {}",
+        ended.unwrap_or_else(|| "a step did not succeed".into()),
+        undone.join(", ")
+    );
+    r.status = ResultStatus::Compensated;
+    r.reason = Some(reason);
+    r
 }
 
 fn announces_result(body: &EventBody) -> bool {
@@ -294,38 +382,26 @@ fn result_for(event: &Event, state: &State) -> Option<TaskResult> {
                 attempts: 0,
                 version: 1,
                 source: Some(source.into()),
+                steps: Vec::new(),
                 lsn: event.lsn,
                 at: event.at,
             })
+        }
+        // A multi-step task's call that ended without ending the task announces nothing.
+        EventBody::Confirmed { .. } | EventBody::Rejected { .. } | EventBody::Failed { .. }
+            if state.saga.is_some() && !state.phase.is_terminal() =>
+        {
+            None
+        }
+        EventBody::Confirmed { .. } if state.phase == Phase::Compensated => {
+            Some(compensated(event, state))
         }
         body @ (EventBody::Confirmed { .. }
         | EventBody::Rejected { .. }
         | EventBody::Failed { .. }
         | EventBody::ManualReviewRequired { .. }
         | EventBody::RequestConflict { .. }) => {
-            let request = state.request.as_ref();
-            let mut r = TaskResult {
-                event_id: event_id(event.task_id, event.task_seq),
-                task_id: event.task_id.to_string(),
-                status: ResultStatus::Succeeded,
-                tenant: request.map(|r| r.identity.tenant.clone()),
-                operation: request.map(|r| r.identity.operation.clone()),
-                request_key: request.map(|r| r.identity.request_key.clone()),
-                target: request.map(|r| r.target.clone()),
-                remote_id: None,
-                remote_target: None,
-                evidence: None,
-                reason: None,
-                review: None,
-                detail: None,
-                http_status: None,
-                remote_ids: Vec::new(),
-                attempts: state.attempts,
-                version: state.version,
-                source: state.source.as_ref().map(ResultSource::from),
-                lsn: event.lsn,
-                at: event.at,
-            };
+            let mut r = base(event, state);
             match body {
                 EventBody::Confirmed {
                     remote_id,

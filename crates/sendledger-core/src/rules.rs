@@ -5,6 +5,7 @@ use serde::Serialize;
 
 use crate::event::{Event, EventBody, Evidence, ReviewReason};
 use crate::event::{DEFAULT_MAX_POLICY_RESENDS, POLICY_PREFIX};
+use crate::saga::{CompensationOutcome, Leg, StepOutcome};
 use crate::state::{Phase, State};
 
 /// A rule a task's events must obey.
@@ -33,6 +34,22 @@ pub enum Rule {
     /// only while every earlier attempt of the task was proven not sent: nothing of the task can
     /// exist at the target it leaves.
     FallbackOnlyOnProof,
+    /// A multi-step task compensates only a step that succeeded (the record its
+    /// `CompensationStarted` undoes is the step's, unless an operator named another), and by
+    /// the saga's policy only once a later step ended rejected or failed.
+    CompensationOnlyForSuccess,
+    /// At most one compensation per step: a step's compensation is not started again while
+    /// one is underway or after one was done.
+    CompensationOncePerStep,
+    /// Compensations go in reverse order of their steps, one at a time: none starts while
+    /// another is underway or refused, nor (by the policy) while a later step that succeeded
+    /// still owes its own.
+    CompensationsInReverseOrder,
+    /// No step goes forward once a multi-step task owes compensation: every attempt after a
+    /// step ended rejected or failed belongs to a compensation that was started. (The fold
+    /// never moves a task from a compensation back to a step, so this is the one way a step
+    /// could go forward.)
+    NoForwardAfterCompensation,
 }
 
 impl Rule {
@@ -46,6 +63,10 @@ impl Rule {
             Rule::PolicyResendLimit => "policy-resend-limit",
             Rule::RetryOnlyNotSent => "retry-only-not-sent",
             Rule::FallbackOnlyOnProof => "fallback-only-on-proof",
+            Rule::CompensationOnlyForSuccess => "compensation-only-for-success",
+            Rule::CompensationOncePerStep => "compensation-once-per-step",
+            Rule::CompensationsInReverseOrder => "compensations-in-reverse-order",
+            Rule::NoForwardAfterCompensation => "no-forward-after-compensation",
         }
     }
 }
@@ -136,6 +157,8 @@ impl TaskCheck {
         self.unknown_not_failed(event, violations);
         self.retry_only_not_sent(event, violations);
         self.fallback_only_on_proof(event, violations);
+        self.compensations(event, violations);
+        self.no_forward_after_compensation(event, violations);
         self.fold_in(event);
     }
 
@@ -406,6 +429,113 @@ impl TaskCheck {
                     "attempt {attempt} at {target} after an attempt of the task may have \
                      reached a remote (its outcome was unknown)"
                 ),
+            );
+        }
+    }
+
+    /// [`Rule::CompensationOnlyForSuccess`], [`Rule::CompensationOncePerStep`] and
+    /// [`Rule::CompensationsInReverseOrder`], at each `CompensationStarted`.
+    fn compensations(&self, event: &Event, out: &mut Vec<Violation>) {
+        let EventBody::CompensationStarted {
+            step,
+            remote_id,
+            by,
+            ..
+        } = &event.body
+        else {
+            return;
+        };
+        let lsns = vec![event.lsn];
+        let Some(saga) = &self.state.saga else {
+            let detail = "CompensationStarted in a task that has no steps".into();
+            return flag(out, Rule::CompensationOnlyForSuccess, lsns, detail);
+        };
+        let Some(s) = saga.steps.get(*step as usize) else {
+            let detail = format!("CompensationStarted for step {step}, which is not planned");
+            return flag(out, Rule::CompensationOnlyForSuccess, lsns, detail);
+        };
+        let by_policy = by.starts_with(POLICY_PREFIX);
+        let done = match &s.outcome {
+            StepOutcome::Succeeded { remote_id: id } => Some(id),
+            _ => None,
+        };
+        if done.is_none() || s.compensate.is_none() {
+            let detail = format!(
+                "compensation of step {} ({}), which did not succeed or cannot be undone",
+                s.name, s.target
+            );
+            flag(out, Rule::CompensationOnlyForSuccess, lsns.clone(), detail);
+        } else if by_policy && done != Some(remote_id) {
+            let detail = format!(
+                "the policy's compensation of step {} undoes {remote_id}, not the step's record",
+                s.name
+            );
+            flag(out, Rule::CompensationOnlyForSuccess, lsns.clone(), detail);
+        }
+        let a_later_one_failed = saga.steps.iter().skip(*step as usize + 1).any(|s| {
+            matches!(
+                s.outcome,
+                StepOutcome::Rejected { .. } | StepOutcome::Failed { .. }
+            )
+        });
+        if by_policy && !a_later_one_failed {
+            let detail = format!(
+                "the policy compensated step {} while no later step ended rejected or failed",
+                s.name
+            );
+            flag(out, Rule::CompensationOnlyForSuccess, lsns.clone(), detail);
+        }
+        if let Some(c) = &s.compensation {
+            if !matches!(c.outcome, CompensationOutcome::Refused { .. }) {
+                let detail = format!("a second compensation of step {}", s.name);
+                flag(out, Rule::CompensationOncePerStep, lsns.clone(), detail);
+            }
+        }
+        let open = saga.steps.iter().find(|o| {
+            !std::ptr::eq(*o, s)
+                && matches!(
+                    o.compensation.as_ref().map(|c| &c.outcome),
+                    Some(CompensationOutcome::Underway | CompensationOutcome::Refused { .. })
+                )
+        });
+        let later_owed = saga
+            .steps
+            .iter()
+            .skip(*step as usize + 1)
+            .find(|o| {
+                matches!(o.outcome, StepOutcome::Succeeded { .. })
+                    && o.compensate.is_some()
+                    && o.compensation.is_none()
+            })
+            .filter(|_| by_policy);
+        if let Some(o) = open.or(later_owed) {
+            let detail = format!(
+                "compensation of step {} before the compensation of step {} was done",
+                s.name, o.name
+            );
+            flag(out, Rule::CompensationsInReverseOrder, lsns, detail);
+        }
+    }
+
+    /// [`Rule::NoForwardAfterCompensation`].
+    fn no_forward_after_compensation(&self, event: &Event, out: &mut Vec<Violation>) {
+        let state = &self.state;
+        let Some(saga) = &state.saga else {
+            return;
+        };
+        let owed = saga.compensating || state.phase == Phase::Compensating;
+        let forward = matches!(saga.leg, Leg::Step(_));
+        let attempt = intent(&event.body).is_some();
+        if owed && attempt && (forward || state.phase == Phase::Compensating) {
+            let detail = format!(
+                "{} while the task owed compensation and no compensation was started",
+                event.body.name()
+            );
+            flag(
+                out,
+                Rule::NoForwardAfterCompensation,
+                vec![event.lsn],
+                detail,
             );
         }
     }

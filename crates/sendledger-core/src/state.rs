@@ -10,6 +10,7 @@ use crate::event::{
 use crate::ids::{PayloadHash, TaskId};
 use crate::request::AcceptedRequest;
 use crate::retry::RetryClass;
+use crate::saga::{Compensation, CompensationOutcome, Leg, Saga, StepOutcome};
 
 /// Where a task is in the state machine (`docs/rules.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -29,11 +30,17 @@ pub enum Phase {
     Succeeded,
     Rejected,
     Failed,
+    /// A multi-step task: a step ended rejected or failed, and the compensation of a step
+    /// before it is owed; it begins at once.
+    Compensating,
+    /// A multi-step task whose failure was compensated: every step before the one that ended
+    /// rejected or failed that could be undone was undone.
+    Compensated,
 }
 
 impl Phase {
     /// Every phase a task can be in (all but `new`), in state-machine order.
-    pub const ALL: [Phase; 8] = [
+    pub const ALL: [Phase; 10] = [
         Phase::Accepted,
         Phase::Sending,
         Phase::RetryWait,
@@ -42,6 +49,8 @@ impl Phase {
         Phase::Succeeded,
         Phase::Rejected,
         Phase::Failed,
+        Phase::Compensating,
+        Phase::Compensated,
     ];
 
     /// The phase of a name as [`Phase::name`] writes it.
@@ -50,7 +59,10 @@ impl Phase {
     }
 
     pub fn is_terminal(self) -> bool {
-        matches!(self, Phase::Succeeded | Phase::Rejected | Phase::Failed)
+        matches!(
+            self,
+            Phase::Succeeded | Phase::Rejected | Phase::Failed | Phase::Compensated
+        )
     }
 
     pub fn name(self) -> &'static str {
@@ -64,6 +76,8 @@ impl Phase {
             Phase::Succeeded => "succeeded",
             Phase::Rejected => "rejected",
             Phase::Failed => "failed",
+            Phase::Compensating => "compensating",
+            Phase::Compensated => "compensated",
         }
     }
 }
@@ -138,6 +152,9 @@ pub struct State {
     pub last_not_sent: Option<FailureKind>,
     /// Why the task failed, as a kind (for the index and bulk retries).
     pub failure_kind: Option<FailureKind>,
+    /// A multi-step task's steps; `None` for a one-step task. The per-attempt fields above
+    /// are about the current leg (a step, or the compensation of one).
+    pub saga: Option<Saga>,
 }
 
 /// Why a task failed, as a kind that lists and bulk operations select by.
@@ -242,6 +259,7 @@ impl Default for State {
             unknowns: 0,
             last_not_sent: None,
             failure_kind: None,
+            saga: None,
         }
     }
 }
@@ -322,12 +340,12 @@ impl State {
                 self.in_flight = None;
                 self.remote_id = Some(remote_id.clone());
                 self.evidence = Some(evidence.clone());
-                self.settle(Phase::Succeeded);
+                self.confirmed(remote_id);
             }
             EventBody::Rejected { status, detail } => {
                 self.in_flight = None;
                 self.rejection = Some((*status, detail.clone()));
-                self.settle(Phase::Rejected);
+                self.refused(*status, detail);
             }
             EventBody::LookupPerformed {
                 matches,
@@ -360,7 +378,7 @@ impl State {
                 });
                 self.in_flight = None;
                 self.failure = Some(reason.clone());
-                self.settle(Phase::Failed);
+                self.failed(reason);
             }
             EventBody::OperatorNote { .. } => {}
             EventBody::SendDeferred { until, reason } => {
@@ -404,7 +422,159 @@ impl State {
                     self.phase = Phase::Rejected;
                 }
             }
+            EventBody::StepsPlanned { steps } => {
+                if self.saga.is_none() && self.phase == Phase::Accepted && self.attempts == 0 {
+                    self.saga = Some(Saga::planned(steps));
+                }
+            }
+            EventBody::CompensationStarted {
+                step,
+                remote_id,
+                by,
+                ..
+            } => {
+                let Some(saga) = &mut self.saga else {
+                    return;
+                };
+                let Some(s) = saga.steps.get_mut(*step as usize) else {
+                    return;
+                };
+                s.compensation = Some(Compensation {
+                    undoes: remote_id.clone(),
+                    by: by.clone(),
+                    outcome: CompensationOutcome::Underway,
+                });
+                saga.compensating = true;
+                saga.leg = Leg::Compensation(*step);
+                self.begin_leg();
+            }
         }
+    }
+
+    /// A multi-step task's call confirmed: a step's (the next step follows, or the task
+    /// succeeded) or a compensation's (the next compensation follows, or the task is
+    /// compensated). A one-step task succeeded.
+    fn confirmed(&mut self, remote_id: &str) {
+        let Some(saga) = &mut self.saga else {
+            return self.settle(Phase::Succeeded);
+        };
+        match saga.leg {
+            Leg::Step(n) => {
+                if let Some(step) = saga.step_mut() {
+                    step.outcome = StepOutcome::Succeeded {
+                        remote_id: remote_id.to_string(),
+                    };
+                }
+                if (n as usize) + 1 < saga.steps.len() {
+                    saga.leg = Leg::Step(n + 1);
+                    self.begin_leg();
+                    self.phase = Phase::Accepted;
+                } else {
+                    self.settle(Phase::Succeeded);
+                }
+            }
+            Leg::Compensation(_) => {
+                if let Some(c) = saga.step_mut().and_then(|s| s.compensation.as_mut()) {
+                    c.outcome = CompensationOutcome::Done {
+                        remote_id: remote_id.to_string(),
+                    };
+                }
+                self.after_compensation();
+            }
+        }
+    }
+
+    /// A call refused: a one-step task's, or a step's (its compensations follow when one is
+    /// owed), or a compensation's (which a person must look at: review follows).
+    fn refused(&mut self, status: u16, detail: &str) {
+        let Some(saga) = &mut self.saga else {
+            return self.settle(Phase::Rejected);
+        };
+        match saga.leg {
+            Leg::Step(_) => {
+                if let Some(step) = saga.step_mut() {
+                    step.outcome = StepOutcome::Rejected {
+                        http_status: status,
+                        detail: detail.to_string(),
+                    };
+                }
+                self.forward_ended(Phase::Rejected);
+            }
+            Leg::Compensation(_) => {
+                if let Some(c) = saga.step_mut().and_then(|s| s.compensation.as_mut()) {
+                    c.outcome = CompensationOutcome::Refused {
+                        http_status: status,
+                        detail: detail.to_string(),
+                    };
+                }
+                self.settle(Phase::ManualReview);
+            }
+        }
+    }
+
+    /// A call failed (never performed): a one-step task's or a step's as [`State::refused`];
+    /// a compensation fails only by an operator's decision, which ends the task failed with
+    /// the compensation undone.
+    fn failed(&mut self, reason: &str) {
+        let Some(saga) = &mut self.saga else {
+            return self.settle(Phase::Failed);
+        };
+        match saga.leg {
+            Leg::Step(_) => {
+                if let Some(step) = saga.step_mut() {
+                    step.outcome = StepOutcome::Failed {
+                        reason: reason.to_string(),
+                    };
+                }
+                self.forward_ended(Phase::Failed);
+            }
+            Leg::Compensation(_) => self.settle(Phase::Failed),
+        }
+    }
+
+    /// A step ended without succeeding: compensation of the steps before it, when one is owed,
+    /// else the task ends as the step did.
+    fn forward_ended(&mut self, phase: Phase) {
+        match &mut self.saga {
+            Some(saga) if saga.owes_compensation() => {
+                saga.compensating = true;
+                self.settle(Phase::Compensating);
+            }
+            _ => self.settle(phase),
+        }
+    }
+
+    fn after_compensation(&mut self) {
+        match self.saga.as_ref().and_then(Saga::next_compensation) {
+            Some(_) => self.settle(Phase::Compensating),
+            None => self.settle(Phase::Compensated),
+        }
+    }
+
+    /// A new leg of a multi-step task begins: its attempts start afresh (their budget, keys,
+    /// lookups and window), while attempt numbers go on across the task.
+    fn begin_leg(&mut self) {
+        self.attempts_before_budget = self.attempts;
+        self.first_intent_at = None;
+        self.in_flight = None;
+        self.retry_at = None;
+        self.unresolved_unknown = false;
+        self.unknown_since = None;
+        self.policy_resends = 0;
+        self.resend_authorized = false;
+        self.idempotency_key = None;
+        self.key_since = None;
+        self.local_not_sent = 0;
+        self.not_sent_by_class.clear();
+        self.lookups = 0;
+        self.next_check_at = None;
+        self.last_matches.clear();
+        self.review_reason = None;
+        self.fallback_target = None;
+        self.unknowns = 0;
+        self.last_not_sent = None;
+        self.waiting = None;
+        self.phase = Phase::Accepted;
     }
 
     fn intended(&mut self, at: Millis, attempt: u32, idempotency_key: &Option<String>) {
@@ -426,9 +596,21 @@ impl State {
     /// own. A record the task created is at this target (a task moves to its fallback only
     /// while nothing of it can exist at its own).
     pub fn target(&self) -> Option<&str> {
-        self.fallback_target
-            .as_deref()
-            .or(self.request.as_ref().map(|r| r.target.as_str()))
+        self.fallback_target.as_deref().or(self.own_target())
+    }
+
+    /// The target the current call is configured at, before any move to its fallback: a
+    /// multi-step task's current leg's, else the request's. Its policy drives the task.
+    pub fn own_target(&self) -> Option<&str> {
+        match &self.saga {
+            Some(saga) => saga.target(),
+            None => self.request.as_ref().map(|r| r.target.as_str()),
+        }
+    }
+
+    /// The current leg of a multi-step task.
+    pub fn leg(&self) -> Option<Leg> {
+        self.saga.as_ref().map(|s| s.leg)
     }
 
     /// The class of "not sent" the task's next attempt retries: set while it waits to retry an
@@ -454,12 +636,17 @@ impl State {
     /// Whether the task can be retried now, and why not: only a failed task none of whose
     /// attempts may have reached the remote (every one proven not sent).
     pub fn retryable(&self) -> Result<(), &'static str> {
+        if self.saga.is_some() {
+            return Err("a multi-step task is not retried: its failure was compensated or reviewed step by step");
+        }
         match self.phase {
             Phase::Failed if self.unknowns > 0 => Err(
                 "an attempt of this task may have reached the remote (its outcome was unknown), so it cannot be retried; it was reconciled or reviewed",
             ),
             Phase::Failed => Ok(()),
-            Phase::Succeeded | Phase::Rejected => Err("the task did not fail"),
+            Phase::Succeeded | Phase::Rejected | Phase::Compensated => {
+                Err("the task did not fail")
+            }
             _ => Err("the task is not failed: only a failed task can be retried"),
         }
     }

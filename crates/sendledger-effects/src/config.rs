@@ -541,3 +541,28 @@ mod tests {
         assert_eq!((limits.max_in_flight, limits.rate_limit), (8, Some(5.0)));
     }
 }
+
+/// A multi-step task (`[sagas.NAME]`): a request whose `target` names the saga runs its
+/// steps in order, each a call at a configured target, the next once the one before is
+/// confirmed. When a step ends rejected or failed, the steps before it that succeeded are
+/// undone, last first, by their `compensate` targets (`docs/sagas.md`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SagaConfig {
+    pub steps: Vec<SagaStepConfig>,
+}
+
+/// One step of a saga.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SagaStepConfig {
+    /// The step's name: letters, digits, `_` and `-`; templates read its remote id as
+    /// `{steps.NAME.remote_id}`.
+    pub name: String,
+    /// The target that performs the step. Its templates may read the steps before it.
+    pub target: String,
+    /// The target that undoes the step (with its own lookup to prove whether it did). Its
+    /// templates may read this step and the steps before it. None: the step is not undone.
+    #[serde(default)]
+    pub compensate: Option<String>,
+}

@@ -40,7 +40,8 @@
 //!   lookups share), one file per concern: `build.rs` builds and validates a target from its
 //!   configuration, `attempt.rs` performs an attempt and classifies its ending, `lookup.rs`
 //!   asks the remote for a task's records and matches them against the task, `redact.rs` keeps
-//!   header values out of logs, outcomes, errors and `Debug`;
+//!   header values out of logs, outcomes, errors and `Debug`, `sagas.rs` checks multi-step
+//!   tasks' steps against the targets;
 //! - `classify.rs`: what an answer proves, as one pure function;
 //! - `conn.rs`: HTTP/1.1 exchanges that know whether any request byte was written, and the
 //!   connection pool; `resolve.rs`: name lookups, each on a thread of its own; `tls.rs`: TLS
@@ -74,8 +75,8 @@ mod tls;
 pub use breaker::{BreakerState, BreakerView};
 pub use config::{
     BreakerConfig, ConflictPolicy, CreatedAfterConfig, HeaderValueConfig, IdempotencyConfig,
-    LookupConfig, LookupLimitsConfig, PagingConfig, RetryClassConfig, RetryConfig,
-    ServerErrorPolicy, TargetConfig, TimeFormat, TlsConfig,
+    LookupConfig, LookupLimitsConfig, PagingConfig, RetryClassConfig, RetryConfig, SagaConfig,
+    SagaStepConfig, ServerErrorPolicy, TargetConfig, TimeFormat, TlsConfig,
 };
 pub use error::{Error, Result};
 pub use limit::{Limiter, SendSlot};

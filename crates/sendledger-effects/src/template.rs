@@ -1,8 +1,10 @@
 //! `{field}` templates over a request: URLs and body fields.
 //!
 //! Placeholders: `{tenant}`, `{operation}`, `{request_key}`, `{task_id}`, `{target}`,
-//! `{metadata.KEY}` and `{payload.a.b}` (a dotted path into the payload; the value must be a
-//! string, number or boolean). `{{` and `}}` are literal braces.
+//! `{metadata.KEY}`, `{payload.a.b}` (a dotted path into the payload; the value must be a
+//! string, number or boolean) and, in the targets of a multi-step task's steps,
+//! `{steps.NAME.remote_id}` (the remote id of step `NAME`; in a step's compensation, of the
+//! record it undoes). `{{` and `}}` are literal braces.
 //!
 //! In URLs, values are percent-encoded, so a value cannot add a path segment or a query
 //! parameter. A path segment that renders to `.` or `..` is refused rather than encoded: many
@@ -10,6 +12,7 @@
 //! `/p/%2E%2E/x` can still reach `/x`.
 
 use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use sendledger_core::saga::Call;
 use sendledger_core::AcceptedRequest;
 use serde_json::Value;
 
@@ -30,6 +33,8 @@ enum Field {
     Target,
     Metadata(String),
     Payload(Vec<String>),
+    /// The remote id of a step of a multi-step task.
+    StepRemoteId(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,12 +117,12 @@ impl Template {
 
     /// Renders a URL: field values percent-encoded. A path segment that comes out as `.` or
     /// `..` is an error (it would address another resource at a remote that normalizes paths).
-    pub(crate) fn render_url(
+    pub(crate) fn render_url<'a>(
         &self,
-        request: &AcceptedRequest,
+        call: impl Into<Call<'a>>,
         payload: &Value,
     ) -> Result<String, String> {
-        let url = self.render(request, payload, true)?;
+        let url = self.render(call.into(), payload, true)?;
         match dot_segment(&url) {
             Some(segment) => Err(format!(
                 "a path segment of the URL would be `{segment}`, which addresses another resource; the request's fields cannot be sent in this URL"
@@ -127,12 +132,20 @@ impl Template {
     }
 
     /// Renders text (a body field): field values as they are.
-    pub(crate) fn render_text(
+    pub(crate) fn render_text<'a>(
         &self,
-        request: &AcceptedRequest,
+        call: impl Into<Call<'a>>,
         payload: &Value,
     ) -> Result<String, String> {
-        self.render(request, payload, false)
+        self.render(call.into(), payload, false)
+    }
+
+    /// The steps whose remote id the template reads (`{steps.NAME.remote_id}`).
+    pub(crate) fn steps_read(&self) -> impl Iterator<Item = &str> {
+        self.parts.iter().filter_map(|p| match p {
+            Part::Field(Field::StepRemoteId(name)) => Some(name.as_str()),
+            _ => None,
+        })
     }
 
     /// Whether the URL template gives every task a URL of its own, as the remote reads it:
@@ -228,18 +241,13 @@ impl Template {
         out
     }
 
-    fn render(
-        &self,
-        request: &AcceptedRequest,
-        payload: &Value,
-        encode: bool,
-    ) -> Result<String, String> {
+    fn render(&self, call: Call<'_>, payload: &Value, encode: bool) -> Result<String, String> {
         let mut out = String::with_capacity(self.source.len() + 32);
         for part in &self.parts {
             match part {
                 Part::Literal(s) => out.push_str(s),
                 Part::Field(f) => {
-                    let value = value_of(f, request, payload)?;
+                    let value = value_of(f, call, payload)?;
                     if encode {
                         out.extend(utf8_percent_encode(&value, COMPONENT));
                     } else {
@@ -298,6 +306,7 @@ impl Field {
             Field::Target => "target".into(),
             Field::Metadata(key) => format!("metadata.{key}"),
             Field::Payload(path) => format!("payload.{}", path.join(".")),
+            Field::StepRemoteId(step) => format!("steps.{step}.remote_id"),
         }
     }
 }
@@ -319,16 +328,23 @@ fn field(name: &str) -> Result<Field, String> {
                     return Err(format!("`{{{name}}}` has an empty path segment"));
                 }
                 Field::Payload(parts)
+            } else if let Some(step) = name
+                .strip_prefix("steps.")
+                .and_then(|rest| rest.strip_suffix(".remote_id"))
+                .filter(|step| !step.is_empty())
+            {
+                Field::StepRemoteId(step.to_string())
             } else {
                 return Err(format!(
-                    "unknown placeholder `{{{name}}}`; use tenant, operation, request_key, task_id, target, metadata.KEY or payload.PATH"
+                    "unknown placeholder `{{{name}}}`; use tenant, operation, request_key, task_id, target, metadata.KEY, payload.PATH or steps.NAME.remote_id"
                 ));
             }
         }
     })
 }
 
-fn value_of(f: &Field, request: &AcceptedRequest, payload: &Value) -> Result<String, String> {
+fn value_of(f: &Field, call: Call<'_>, payload: &Value) -> Result<String, String> {
+    let request = call.request;
     let id = &request.identity;
     Ok(match f {
         Field::Tenant => id.tenant.clone(),
@@ -336,6 +352,9 @@ fn value_of(f: &Field, request: &AcceptedRequest, payload: &Value) -> Result<Str
         Field::RequestKey => id.request_key.clone(),
         Field::TaskId => request.task_id().to_string(),
         Field::Target => request.target.clone(),
+        Field::StepRemoteId(step) => call.steps.get(step).cloned().ok_or_else(|| {
+            format!("step `{step}` has no remote id: it is not a step of this task that succeeded before this call")
+        })?,
         Field::Metadata(key) => request
             .metadata
             .get(key)
@@ -384,6 +403,27 @@ mod tests {
         }
         .accept(&Limits::default())
         .unwrap()
+    }
+
+    /// A step's remote id renders from the call's steps, percent-encoded in URLs; a step
+    /// the call does not have is an error naming it, never an empty value.
+    #[test]
+    fn a_steps_remote_id_renders_from_the_call_and_a_missing_one_is_an_error() {
+        let r = request();
+        let t = Template::parse("/refunds/{steps.charge.remote_id}?t={task_id}").unwrap();
+        assert_eq!(t.steps_read().collect::<Vec<_>>(), ["charge"]);
+        let steps = [("charge".to_string(), "ch 1/2".to_string())].into();
+        let call = Call {
+            request: &r,
+            steps: &steps,
+        };
+        let url = t.render_url(call, &Value::Null).unwrap();
+        assert!(url.starts_with("/refunds/ch%201%2F2?t="), "{url}");
+        let err = t.render_url(&r, &Value::Null).unwrap_err();
+        assert!(err.contains("step `charge` has no remote id"), "{err}");
+        for bad in ["{steps..remote_id}", "{steps.charge.id}", "{steps.charge}"] {
+            assert!(Template::parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -17,8 +17,9 @@ use std::time::Duration;
 use sendledger_core::decide::{AttemptOutcome, Sending};
 use sendledger_core::error::Chain;
 use sendledger_core::event::{Millis, NotSentCause};
+use sendledger_core::saga::Call;
 use sendledger_core::{
-    AcceptedRequest, BoxFuture, Event, Policy, RetryClass, Source, TaskId, TaskRequest, TraceParent,
+    BoxFuture, Event, PlannedStep, Policy, RetryClass, Source, TaskId, TaskRequest, TraceParent,
 };
 use sendledger_effects::{SendSlot, Targets};
 use sendledger_kafka::take_over::{self, Brokers as _};
@@ -43,6 +44,10 @@ impl Remote for HttpRemote {
         self.targets.policy(target)
     }
 
+    fn steps(&self, name: &str) -> Option<Vec<PlannedStep>> {
+        self.targets.steps(name).map(<[PlannedStep]>::to_vec)
+    }
+
     fn reserve(
         &self,
         target: &str,
@@ -65,7 +70,7 @@ impl Remote for HttpRemote {
     fn attempt(
         &self,
         target: &str,
-        request: &AcceptedRequest,
+        call: Call<'_>,
         attempt: u32,
         idempotency_key: Option<&str>,
         sending: Sending,
@@ -78,31 +83,31 @@ impl Remote for HttpRemote {
                 retry_after_ms: None,
             }));
         };
-        let request = request.clone();
+        let (request, steps) = (call.request.clone(), call.steps.clone());
         let key = idempotency_key.map(str::to_owned);
         let slot = slot.and_then(|slot| slot.downcast::<SendSlot>().ok());
         Box::pin(async move {
+            let request = Call {
+                request: &request,
+                steps: &steps,
+            };
             match slot {
                 Some(slot) => {
                     target
-                        .execute_reserved(&request, attempt, key.as_deref(), sending, *slot)
+                        .execute_reserved(request, attempt, key.as_deref(), sending, *slot)
                         .await
                 }
                 None => {
                     target
-                        .execute_with(&request, attempt, key.as_deref(), sending)
+                        .execute_with(request, attempt, key.as_deref(), sending)
                         .await
                 }
             }
         })
     }
 
-    fn lookup_url(
-        &self,
-        target: &str,
-        request: &AcceptedRequest,
-    ) -> Option<Result<String, String>> {
-        self.targets.get(target)?.lookup_url(request)
+    fn lookup_url(&self, target: &str, call: Call<'_>) -> Option<Result<String, String>> {
+        self.targets.get(target)?.lookup_url(call)
     }
 
     fn target_health(&self) -> Vec<TargetHealth> {
@@ -125,7 +130,7 @@ impl Remote for HttpRemote {
     fn lookup(
         &self,
         target: &str,
-        request: &AcceptedRequest,
+        call: Call<'_>,
         since: Millis,
         trace: Option<TraceParent>,
     ) -> BoxFuture<Result<Vec<String>, LookupError>> {
@@ -133,10 +138,14 @@ impl Remote for HttpRemote {
             let err = format!("target `{target}` is not configured");
             return Box::pin(std::future::ready(Err(LookupError::new(err, false))));
         };
-        let request = request.clone();
+        let (request, steps) = (call.request.clone(), call.steps.clone());
         Box::pin(async move {
+            let call = Call {
+                request: &request,
+                steps: &steps,
+            };
             target
-                .lookup_traced(&request, Some(since), trace)
+                .lookup_traced(call, Some(since), trace)
                 .await
                 .map_err(|e| {
                     LookupError::new(e.to_string(), e.is_transient())

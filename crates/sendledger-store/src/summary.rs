@@ -43,7 +43,7 @@ pub struct TaskSummary {
 }
 
 // format: do not change (phase codes are on disk)
-pub(crate) const PHASES: [Phase; 9] = [
+pub(crate) const PHASES: [Phase; 11] = [
     Phase::New,
     Phase::Accepted,
     Phase::Sending,
@@ -53,6 +53,8 @@ pub(crate) const PHASES: [Phase; 9] = [
     Phase::Succeeded,
     Phase::Rejected,
     Phase::Failed,
+    Phase::Compensating,
+    Phase::Compensated,
 ];
 
 /// A phase's code on disk.

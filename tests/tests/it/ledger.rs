@@ -446,6 +446,16 @@ fn golden_events_v6() -> Vec<Event> {
     )
 }
 
+/// Version 7 adds multi-step tasks: their plan (`StepsPlanned`), the start of a compensation
+/// (`CompensationStarted`) and the reviews of compensations refused or never sent.
+fn golden_events_v7() -> Vec<Event> {
+    let mut events = golden_events_v6();
+    for body in sendledger_core::fixtures::saga_bodies() {
+        events = followed_by(events, body);
+    }
+    events
+}
+
 /// Reads a fixture of `lsn name hex` lines.
 fn fixture(name: &str, events: &[Event]) -> Vec<(u64, Vec<u8>)> {
     let path = format!("{}/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
@@ -521,20 +531,30 @@ fn event_encoding_matches_golden_fixtures() {
         );
     }
     let v6 = golden_events_v6();
+    for ((lsn, bytes), event) in fixture("events-v6.txt", &v6).iter().zip(&v6) {
+        assert_eq!(bytes[0], 6);
+        assert_eq!(
+            &decode_event(*lsn, bytes).unwrap(),
+            event,
+            "decoding v6 {}",
+            event.body.name()
+        );
+    }
+    let v7 = golden_events_v7();
     if std::env::var_os("SENDLEDGER_BLESS").is_some() {
-        let encoded: Vec<String> = v6
+        let encoded: Vec<String> = v7
             .iter()
             .map(|e| format!("{} {} {}", e.lsn, e.body.name(), hex(&encode_event(e))))
             .collect();
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/events-v6.txt");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/events-v7.txt");
         std::fs::write(path, encoded.join("\n") + "\n").unwrap();
     }
-    for ((lsn, bytes), event) in fixture("events-v6.txt", &v6).iter().zip(&v6) {
+    for ((lsn, bytes), event) in fixture("events-v7.txt", &v7).iter().zip(&v7) {
         let name = event.body.name();
         assert_eq!(
             &decode_event(*lsn, bytes).unwrap(),
             event,
-            "decoding v6 {name}"
+            "decoding v7 {name}"
         );
         assert_eq!(
             hex(&encode_event(event)),

@@ -25,6 +25,7 @@ mod lookup_budget;
 mod outage;
 mod paging;
 mod retry;
+mod saga;
 mod scripts;
 mod sim;
 mod simulation;

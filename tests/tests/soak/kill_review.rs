@@ -270,6 +270,7 @@ async fn run_once(seed: u64, run: u64, tasks: usize, kills: usize, timelines: us
                     Some(ReviewReason::MultipleMatches { .. }) => "multiple_matches",
                     Some(ReviewReason::NoLookup) => "no_lookup",
                     Some(ReviewReason::DivergentHistory { .. }) => "divergent_history",
+                    Some(_) => "compensation",
                     None => "none",
                 };
                 *review_by_reason.entry(reason).or_default() += 1;

@@ -591,6 +591,7 @@ impl World {
         let input = Input::Deliver {
             request: accepted,
             source,
+            steps: None,
         };
         inst.input(task, p, input);
     }

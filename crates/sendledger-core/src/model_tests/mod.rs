@@ -17,6 +17,7 @@ mod diverged;
 mod fallback;
 mod properties;
 mod retries;
+mod sagas;
 mod scenarios;
 
 /// A task driven through `decide`, its events kept as a log.
@@ -91,7 +92,7 @@ impl Harness {
         {
             // Rule 1 at the point of action: the intent of this very attempt, at this very
             // target, was just recorded.
-            let intent = if *target == request(0).target {
+            let intent = if Some(target.as_str()) == self.state.own_target() {
                 EventBody::SendIntended {
                     attempt: *attempt,
                     idempotency_key: idempotency_key.clone(),
@@ -135,6 +136,7 @@ fn deliver(amount: u64, offset: i64) -> Input {
             partition: 0,
             offset,
         },
+        steps: None,
     }
 }
 

@@ -10,7 +10,7 @@ const FALLBACK: &str = "backup";
 
 /// One abstract step of the property test.
 #[derive(Debug, Clone)]
-enum Step {
+pub(super) enum Step {
     Deliver {
         same_payload: bool,
     },
@@ -40,7 +40,7 @@ enum Step {
     RetryOnClose,
 }
 
-fn step() -> impl Strategy<Value = Step> {
+pub(super) fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         1 => any::<bool>().prop_map(|same_payload| Step::Deliver { same_payload }),
         1 => proptest::option::of(0u64..5_000).prop_map(|retry_after_ms| Step::NotSent { retry_after_ms }),
@@ -62,7 +62,7 @@ fn step() -> impl Strategy<Value = Step> {
     ]
 }
 
-fn policy() -> impl Strategy<Value = Policy> {
+pub(super) fn policy() -> impl Strategy<Value = Policy> {
     (
         1u32..5,
         any::<bool>(),
@@ -139,7 +139,7 @@ fn policy() -> impl Strategy<Value = Policy> {
 }
 
 /// The input a step stands for, in the harness's current state (`None` for a pure clock step).
-fn to_input(h: &mut Harness, s: Step, offset: &mut i64) -> Option<Input> {
+pub(super) fn to_input(h: &mut Harness, s: Step, offset: &mut i64) -> Option<Input> {
     let attempt = h.state.in_flight.unwrap_or(h.state.attempts);
     Some(match s {
         Step::Deliver { same_payload } => {

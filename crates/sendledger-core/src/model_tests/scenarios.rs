@@ -251,12 +251,14 @@ fn a_redelivery_of_a_request_stored_with_reprinted_numbers_is_a_duplicate() {
     h.step(Input::Deliver {
         request: old,
         source: source(0),
+        steps: None,
     })
     .unwrap();
     for (amount, offset) in [("100.00", 1), ("100.01", 2)] {
         let again = Input::Deliver {
             request: with_amount(amount),
             source: source(offset),
+            steps: None,
         };
         assert_eq!(h.step(again).unwrap(), Action::None);
     }

@@ -9,7 +9,8 @@ use http::header::HeaderValue;
 use http::Request;
 use http_body_util::Full;
 use sendledger_core::decide::{AttemptOutcome, Sending};
-use sendledger_core::{AcceptedRequest, NotSentCause, TraceParent, UnknownCause};
+use sendledger_core::saga::Call;
+use sendledger_core::{NotSentCause, TraceParent, UnknownCause};
 use tracing::{debug, info, warn};
 
 use super::Target;
@@ -33,9 +34,9 @@ impl Target {
     /// `idempotency_key` is sent in the configured header when the target has one. The caller
     /// must have made the attempt's intent durable before calling. Dropping the future may
     /// leave the request written or not: treat that as unknown.
-    pub async fn execute(
+    pub async fn execute<'a>(
         &self,
-        request: &AcceptedRequest,
+        request: impl Into<Call<'a>>,
         attempt: u32,
         idempotency_key: Option<&str>,
     ) -> AttemptOutcome {
@@ -47,22 +48,29 @@ impl Target {
     /// first-byte deadline. A deadline that passes before the request's first byte was written
     /// ends the attempt `NotSent{LocalResources}`: nothing was sent, and it was this process's
     /// delay, not the remote's doing.
-    pub async fn execute_with(
+    pub async fn execute_with<'a>(
         &self,
-        request: &AcceptedRequest,
+        request: impl Into<Call<'a>>,
         attempt: u32,
         idempotency_key: Option<&str>,
         sending: Sending,
     ) -> AttemptOutcome {
-        self.send(request, attempt, idempotency_key, sending, None, None)
-            .await
+        self.send(
+            request.into(),
+            attempt,
+            idempotency_key,
+            sending,
+            None,
+            None,
+        )
+        .await
     }
 
     /// [`Target::execute_with`] in the room `slot` reserved for it ([`Target::reserve`]): on
     /// the connection opened before the intent, its outcome reported to the target's breaker.
-    pub async fn execute_reserved(
+    pub async fn execute_reserved<'a>(
         &self,
-        request: &AcceptedRequest,
+        request: impl Into<Call<'a>>,
         attempt: u32,
         idempotency_key: Option<&str>,
         sending: Sending,
@@ -75,7 +83,7 @@ impl Target {
         }
         let outcome = self
             .send(
-                request,
+                request.into(),
                 attempt,
                 idempotency_key,
                 sending,
@@ -89,15 +97,15 @@ impl Target {
 
     async fn send(
         &self,
-        request: &AcceptedRequest,
+        call: Call<'_>,
         attempt: u32,
         idempotency_key: Option<&str>,
         sending: Sending,
         conn: Option<Opened>,
         endpoint: Option<&Endpoint>,
     ) -> AttemptOutcome {
-        let task_id = request.task_id();
-        let built = match self.build_attempt(request, idempotency_key, sending.trace) {
+        let task_id = call.request.task_id();
+        let built = match self.build_attempt(call, idempotency_key, sending.trace) {
             Ok(built) => built,
             Err(reason) => {
                 warn!(target_name = %self.name, %task_id, attempt, %reason, "attempt cannot be built; rejected without sending");
@@ -176,20 +184,21 @@ impl Target {
 
     fn build_attempt(
         &self,
-        request: &AcceptedRequest,
+        call: Call<'_>,
         idempotency_key: Option<&str>,
         trace: Option<TraceParent>,
     ) -> std::result::Result<Request<Full<Bytes>>, String> {
         let templates = self.body_fields.iter().map(|(_, template)| template);
+        let request = call.request;
         let payload = template::payload_for(request, std::iter::once(&self.url).chain(templates));
-        let url = self.url.render_url(request, &payload)?;
+        let url = self.url.render_url(call, &payload)?;
         let body = if self.body_fields.is_empty() {
             Bytes::from(request.payload.clone())
         } else {
             let fields = self
                 .body_fields
                 .iter()
-                .map(|(key, template)| Ok((key.as_str(), template.render_text(request, &payload)?)))
+                .map(|(key, template)| Ok((key.as_str(), template.render_text(call, &payload)?)))
                 .collect::<std::result::Result<Vec<_>, String>>()?;
             let body = request
                 .payload_with_fields(fields)

@@ -15,7 +15,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, StatusCode};
-use sendledger_core::{AcceptedRequest, TraceParent};
+use sendledger_core::saga::Call;
+use sendledger_core::TraceParent;
 use serde_json::Value;
 use tokio::time::Instant;
 use tracing::{debug, info};
@@ -30,14 +31,15 @@ use crate::error::{whole_millis, Error, Result};
 impl Target {
     /// The URL a lookup of this task asks (the target's lookup template rendered for it), or
     /// why it cannot be built; `None` without a lookup. Nothing is sent.
-    pub fn lookup_url(
+    pub fn lookup_url<'a>(
         &self,
-        request: &AcceptedRequest,
+        call: impl Into<Call<'a>>,
     ) -> Option<std::result::Result<String, String>> {
         let lookup = self.lookup.as_ref()?;
+        let call = call.into();
         let url = lookup
             .url
-            .render_url(request, &request.payload_value())
+            .render_url(call, &call.request.payload_value())
             .map(|url| self.scrub(url.to_string()))
             .map_err(|reason| self.scrub(reason));
         Some(url)
@@ -49,9 +51,9 @@ impl Target {
     /// filter. Returns the matching remote ids, each once, in the remote's order. An error is
     /// no evidence either way; with paging, so is a page that cannot be read or an answer
     /// that goes on past `max_pages`, however many matches the pages before held.
-    pub async fn lookup(
+    pub async fn lookup<'a>(
         &self,
-        request: &AcceptedRequest,
+        request: impl Into<Call<'a>>,
         intent_at_ms: Option<u64>,
     ) -> Result<Vec<String>> {
         self.lookup_traced(request, intent_at_ms, None).await
@@ -62,9 +64,9 @@ impl Target {
     ///
     /// The lookup first takes its room (see the module's documentation); when there is none
     /// within `request_timeout` it fails with [`Error::LookupNotSent`], nothing sent.
-    pub async fn lookup_traced(
+    pub async fn lookup_traced<'a>(
         &self,
-        request: &AcceptedRequest,
+        call: impl Into<Call<'a>>,
         intent_at_ms: Option<u64>,
         trace: Option<TraceParent>,
     ) -> Result<Vec<String>> {
@@ -74,15 +76,13 @@ impl Target {
                 "is not configured; add a lookup to reconcile unknown outcomes",
             ));
         };
-        let payload = request.payload_value();
+        let call = call.into();
+        let payload = call.request.payload_value();
         let render_err = |reason: String| Error::Render {
             target: self.name.clone(),
             reason,
         };
-        let url = lookup
-            .url
-            .render_url(request, &payload)
-            .map_err(render_err)?;
+        let url = lookup.url.render_url(call, &payload).map_err(render_err)?;
         let answer_err = |reason: String| self.unusable(reason);
         let by = Instant::now() + lookup.endpoint.request_timeout;
         // A throttled remote is waited for before the slot is taken: the wait holds no room
@@ -141,7 +141,7 @@ impl Target {
                     })?;
             }
         }
-        debug!(target_name = %self.name, task_id = %request.task_id(), matches = ids.len(), pages = number, "lookup performed");
+        debug!(target_name = %self.name, task_id = %call.request.task_id(), matches = ids.len(), pages = number, "lookup performed");
         Ok(ids)
     }
 

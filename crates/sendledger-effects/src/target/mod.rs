@@ -20,6 +20,7 @@ mod build;
 mod lookup;
 mod paging;
 mod redact;
+mod sagas;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -109,6 +110,8 @@ struct Lookup {
 #[derive(Debug, Default, Clone)]
 pub struct Targets {
     by_name: BTreeMap<String, Arc<Target>>,
+    /// Multi-step tasks' steps, by saga name ([`Targets::with_sagas`]).
+    sagas: BTreeMap<String, Vec<sendledger_core::PlannedStep>>,
 }
 
 impl Targets {
@@ -157,7 +160,10 @@ impl Targets {
                 Some(_) => {}
             }
         }
-        Ok(Targets { by_name })
+        Ok(Targets {
+            by_name,
+            sagas: BTreeMap::new(),
+        })
     }
 
     pub fn get(&self, name: &str) -> Option<&Arc<Target>> {
@@ -185,6 +191,17 @@ impl Targets {
 impl Target {
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The steps of a multi-step task whose remote id the target's templates read (its URL,
+    /// body fields and lookup URL).
+    pub(crate) fn steps_read(&self) -> impl Iterator<Item = &str> {
+        let lookup = self.lookup.iter().map(|l| &l.url);
+        let body = self.body_fields.iter().map(|(_, t)| t);
+        std::iter::once(&self.url)
+            .chain(body)
+            .chain(lookup)
+            .flat_map(Template::steps_read)
     }
 
     /// Waits for room to send one attempt (`max_in_flight`, `rate_limit`), asks the target's

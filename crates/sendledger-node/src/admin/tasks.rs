@@ -95,12 +95,20 @@ pub async fn task(
         }
     }
     body["remote_ids_seen"] = remote_ids_seen(&events);
+    let steps = (state.saga.as_ref())
+        .map(sendledger_core::saga::Saga::step_ids)
+        .unwrap_or_default();
     body["lookup_url"] = match state
         .request
         .as_ref()
         .zip(state.target())
-        .and_then(|(r, target)| shared.engine.lookup_url(target, r))
-    {
+        .and_then(|(r, target)| {
+            let call = sendledger_core::saga::Call {
+                request: r,
+                steps: &steps,
+            };
+            shared.engine.lookup_url(target, call)
+        }) {
         Some(Ok(url)) => json!(url),
         Some(Err(why)) => json!(format!("cannot be built: {why}")),
         None => Value::Null,

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use sendledger_actors::EngineConfig;
 use sendledger_core::Limits;
-use sendledger_effects::{TargetConfig, Targets};
+use sendledger_effects::{SagaConfig, TargetConfig, Targets};
 use sendledger_kafka::config::is_secret;
 use sendledger_kafka::KafkaConfig;
 use sendledger_store::{Durability, Memory};
@@ -47,6 +47,9 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
     /// The remotes requests may name, by name.
     pub targets: BTreeMap<String, TargetConfig>,
+    /// Multi-step tasks requests may name instead of a target, by name: each step a call at
+    /// one of the targets, undone in reverse order when a later step fails.
+    pub sagas: BTreeMap<String, SagaConfig>,
 }
 
 impl Config {
@@ -72,6 +75,7 @@ impl fmt::Debug for Config {
             .field("admin", &self.admin)
             .field("telemetry", &self.telemetry)
             .field("targets", &self.targets)
+            .field("sagas", &self.sagas)
             .finish()
     }
 }
@@ -86,6 +90,7 @@ impl Serialize for Config {
             admin: &'a AdminConfig,
             telemetry: &'a TelemetryConfig,
             targets: &'a BTreeMap<String, TargetConfig>,
+            sagas: &'a BTreeMap<String, SagaConfig>,
         }
         Shown {
             storage: &self.storage,
@@ -94,6 +99,7 @@ impl Serialize for Config {
             admin: &self.admin,
             telemetry: &self.telemetry,
             targets: &self.targets,
+            sagas: &self.sagas,
         }
         .serialize(serializer)
     }
@@ -358,7 +364,8 @@ impl Config {
                 "none configured; add a [targets.NAME] section (see schemas/sendledger.example.toml)",
             ));
         }
-        Targets::from_config_with_env(&self.targets, |name| env.get(name).cloned())?;
+        Targets::from_config_with_env(&self.targets, |name| env.get(name).cloned())?
+            .with_sagas(&self.sagas)?;
         Ok(())
     }
 
@@ -391,7 +398,7 @@ impl Config {
 
     /// The targets, loaded and validated (header values read from the environment).
     pub fn load_targets(&self) -> Result<Targets, ConfigError> {
-        Ok(Targets::from_config(&self.targets)?)
+        Ok(Targets::from_config(&self.targets)?.with_sagas(&self.sagas)?)
     }
 
     /// The Kafka configuration `run` uses: `kafka.instance_id`, when unset, derived from the

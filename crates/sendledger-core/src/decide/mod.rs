@@ -5,16 +5,21 @@
 //! only then performs the action. Time (`Ctx::now`) and randomness (`Ctx::random`) come from the
 //! caller, so every decision can be replayed in a test.
 
+mod operator;
+mod saga;
+
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::event::{
-    Event, EventBody, Evidence, Millis, NotSentCause, ReviewReason, Source, UnknownCause,
-    WaitReason, POLICY_COMPLETE_BY,
+    Event, EventBody, Evidence, Millis, NotSentCause, PlannedStep, ReviewReason, Source,
+    UnknownCause, WaitReason, POLICY_COMPLETE_BY,
 };
 use crate::request::AcceptedRequest;
 use crate::retry::{RetryClass, RetryPolicy};
 use crate::state::{Phase, State};
+use operator::{operator, retry};
+use saga::{compensate_next, compensation_of, move_on};
 
 /// How one target is driven: retries, reconciliation and idempotency keys.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -176,6 +181,9 @@ pub enum Input {
     Deliver {
         request: AcceptedRequest,
         source: Source,
+        /// The steps of the saga the request's target names, when it names one: recorded
+        /// with the task's acceptance (a redelivery ignores them).
+        steps: Option<Vec<PlannedStep>>,
     },
     /// An attempt ended.
     Outcome {
@@ -278,7 +286,11 @@ pub fn decide(state: &State, input: Input, ctx: Ctx<'_>) -> Result<Decision> {
         _ => ctx,
     };
     match input {
-        Input::Deliver { request, source } => deliver(state, request, source, ctx, &mut d),
+        Input::Deliver {
+            request,
+            source,
+            steps,
+        } => deliver(state, request, source, steps, ctx, &mut d),
         Input::Outcome { attempt, outcome } => {
             if state.phase == Phase::Sending && state.in_flight == Some(attempt) {
                 outcome_of(state, attempt, outcome, ctx, &mut d);
@@ -303,6 +315,7 @@ pub fn decide(state: &State, input: Input, ctx: Ctx<'_>) -> Result<Decision> {
                 unknown(state, attempt, UnknownCause::Recovery, ctx, &mut d);
             }
             Phase::Accepted => intend(state, false, ctx, &mut d),
+            Phase::Compensating => compensate_next(state, ctx, &mut d),
             Phase::RetryWait | Phase::Unknown => {
                 let at = state.retry_at.or(state.next_check_at).unwrap_or(ctx.now);
                 d.action = Action::WakeAt(at);
@@ -376,6 +389,7 @@ pub fn decide(state: &State, input: Input, ctx: Ctx<'_>) -> Result<Decision> {
             }
         }
     }
+    move_on(state, ctx, &mut d);
     Ok(d)
 }
 
@@ -383,6 +397,7 @@ fn deliver(
     state: &State,
     request: AcceptedRequest,
     source: Source,
+    steps: Option<Vec<PlannedStep>>,
     ctx: Ctx<'_>,
     d: &mut Decision,
 ) {
@@ -394,6 +409,9 @@ fn deliver(
                 payload_hash,
                 source,
             });
+            if let Some(steps) = steps {
+                d.events.push(EventBody::StepsPlanned { steps });
+            }
             let mut after = state.clone();
             after.apply_all(ctx.now, &d.events);
             intend(&after, false, ctx, d);
@@ -559,7 +577,8 @@ fn can_resend_same_key(state: &State, ctx: Ctx<'_>) -> bool {
     match ctx.policy.idempotency_ttl_ms {
         Some(ttl) => {
             key_alive(state, ctx.policy, ttl, ctx.now)
-                && state.attempts < ctx.policy.retry.max_attempts
+                && state.attempts.saturating_sub(state.attempts_before_budget)
+                    < ctx.policy.retry.max_attempts
         }
         None => false,
     }
@@ -578,7 +597,17 @@ fn outcome_of(
             evidence: Evidence::Response { status },
         }),
         AttemptOutcome::Rejected { status, detail } => {
-            d.events.push(EventBody::Rejected { status, detail })
+            let review =
+                compensation_of(state).map(|(step, name)| EventBody::ManualReviewRequired {
+                    reason: ReviewReason::CompensationRefused {
+                        step,
+                        name,
+                        status,
+                        detail: detail.clone(),
+                    },
+                });
+            d.events.push(EventBody::Rejected { status, detail });
+            d.events.extend(review);
         }
         AttemptOutcome::NotSent {
             cause,
@@ -619,6 +648,15 @@ fn outcome_of(
             } else if let Some(why) = exhausted(&after, ctx.policy) {
                 if usable_fallback(&after, ctx).is_some() {
                     intend(&after, true, ctx, d);
+                } else if let Some((step, name)) = compensation_of(state) {
+                    // A compensation is owed: it is not given up without a person.
+                    d.events.push(EventBody::ManualReviewRequired {
+                        reason: ReviewReason::CompensationNotSent {
+                            step,
+                            name,
+                            reason: why,
+                        },
+                    });
                 } else {
                     d.events.push(EventBody::Failed { reason: why });
                 }
@@ -638,9 +676,11 @@ fn unknown(state: &State, attempt: u32, cause: UnknownCause, ctx: Ctx<'_>, d: &m
         Some(r) => ctx.now.saturating_add(r.first_check_ms),
         None => ctx.now,
     };
-    let resend_at = ctx
-        .now
-        .saturating_add(ctx.policy.retry.backoff_ms(attempt, None, ctx.random));
+    let resend_at = ctx.now.saturating_add(ctx.policy.retry.backoff_ms(
+        attempt.saturating_sub(state.attempts_before_budget),
+        None,
+        ctx.random,
+    ));
     next_for_unknown(
         &after,
         ctx,
@@ -792,6 +832,7 @@ fn policy_resend(
 fn wake(state: &State, ctx: Ctx<'_>, d: &mut Decision) {
     match state.phase {
         Phase::Accepted => intend(state, false, ctx, d),
+        Phase::Compensating => compensate_next(state, ctx, d),
         Phase::RetryWait => match state.retry_at {
             Some(at) if ctx.now < at => d.action = Action::WakeAt(at),
             _ => intend(state, false, ctx, d),
@@ -814,78 +855,6 @@ fn wake(state: &State, ctx: Ctx<'_>, d: &mut Decision) {
         }
         _ => {}
     }
-}
-
-fn operator(
-    state: &State,
-    resolution: OperatorResolution,
-    ctx: Ctx<'_>,
-    d: &mut Decision,
-) -> Result<()> {
-    let in_review = || match state.phase {
-        Phase::ManualReview => Ok(()),
-        phase => Err(Error::NotInReview {
-            phase: phase.name(),
-        }),
-    };
-    let by = match &resolution {
-        OperatorResolution::Succeeded { by, .. }
-        | OperatorResolution::Failed { by, .. }
-        | OperatorResolution::Resend { by, .. }
-        | OperatorResolution::Note { by, .. }
-        | OperatorResolution::Retry { by, .. } => by,
-    };
-    if by.starts_with(POLICY_PREFIX) {
-        return Err(Error::ReservedOperator { by: by.clone() });
-    }
-    match resolution {
-        OperatorResolution::Note { by, text } => {
-            d.events.push(EventBody::OperatorNote { who: by, text })
-        }
-        OperatorResolution::Succeeded {
-            remote_id,
-            by,
-            reason,
-        } => {
-            in_review()?;
-            d.events.push(EventBody::Confirmed {
-                remote_id,
-                evidence: Evidence::Operator { by, reason },
-            })
-        }
-        OperatorResolution::Failed { by, reason } => {
-            in_review()?;
-            d.events.push(EventBody::OperatorNote {
-                who: by.clone(),
-                text: reason.clone(),
-            });
-            d.events.push(EventBody::Failed {
-                reason: format!("resolved as failed by {by}: {reason}"),
-            });
-        }
-        // Only the authorization: the attempt follows at the next wake, so the same decision can
-        // be recorded on a stopped ledger (no remote at hand) and the service sends on its start.
-        OperatorResolution::Resend { by, reason } => {
-            in_review()?;
-            d.events.push(EventBody::ResendAuthorized { by, reason });
-            d.action = Action::WakeAt(ctx.now);
-        }
-        OperatorResolution::Retry { by, reason } => retry(state, by, reason, ctx, d)?,
-    }
-    Ok(())
-}
-
-/// Starts a new version of a failed task whose every attempt was proven not sent. Like an
-/// authorized resend, only the decision is recorded; the attempt follows at the next wake.
-/// Used for an operator's retry and, with a `policy:` name, for the target's own.
-fn retry(state: &State, by: String, reason: String, ctx: Ctx<'_>, d: &mut Decision) -> Result<()> {
-    state.retryable().map_err(|why| Error::NotRetryable {
-        phase: state.phase.name(),
-        why,
-    })?;
-    d.events.push(EventBody::TaskRetried { by, reason });
-    d.action = Action::WakeAt(ctx.now);
-    Ok(())
 }
 
 impl State {

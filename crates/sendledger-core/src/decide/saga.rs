@@ -1,0 +1,63 @@
+//! The decisions of multi-step tasks: moving on to the next leg, starting the next
+//! compensation (`docs/sagas.md`).
+
+use super::{Action, Ctx, Decision};
+use crate::event::{EventBody, POLICY_SAGA_BY};
+use crate::saga::{Leg, StepOutcome};
+use crate::state::{Phase, State};
+
+/// A multi-step task whose decision ended a leg (a step confirmed, the next one to begin; a
+/// failure to compensate, or a compensation done and another owed) goes on at once: at a wake
+/// right away, decided with the next leg's own target and policy.
+pub(super) fn move_on(state: &State, ctx: Ctx<'_>, d: &mut Decision) {
+    if state.saga.is_none() || d.events.is_empty() || d.action != Action::None {
+        return;
+    }
+    let mut after = state.clone();
+    after.apply_all(ctx.now, &d.events);
+    if matches!(after.phase, Phase::Accepted | Phase::Compensating) {
+        d.action = Action::WakeAt(ctx.now);
+    }
+}
+
+/// Starts the next compensation a multi-step task owes: the next wake sends it.
+pub(super) fn compensate_next(state: &State, ctx: Ctx<'_>, d: &mut Decision) {
+    let Some(saga) = &state.saga else {
+        return;
+    };
+    let Some(n) = saga.next_compensation() else {
+        return;
+    };
+    let step = &saga.steps[n as usize];
+    let StepOutcome::Succeeded { remote_id } = &step.outcome else {
+        return;
+    };
+    let failed = saga
+        .steps
+        .iter()
+        .find(|s| {
+            matches!(
+                s.outcome,
+                StepOutcome::Rejected { .. } | StepOutcome::Failed { .. }
+            )
+        })
+        .map_or("a later step", |s| s.name.as_str());
+    d.events.push(EventBody::CompensationStarted {
+        step: n,
+        remote_id: remote_id.clone(),
+        by: POLICY_SAGA_BY.into(),
+        reason: format!(
+            "step {failed} did not succeed: the steps before it are undone in reverse order"
+        ),
+    });
+    d.action = Action::WakeAt(ctx.now);
+}
+
+/// The step (number and name) whose compensation the task's attempts are, when they are one.
+pub(super) fn compensation_of(state: &State) -> Option<(u32, String)> {
+    let saga = state.saga.as_ref()?;
+    match saga.leg {
+        Leg::Compensation(n) => Some((n, saga.step()?.name.clone())),
+        Leg::Step(_) => None,
+    }
+}

@@ -1,0 +1,211 @@
+//! Multi-step tasks (sagas), as folded from the log: the steps planned when the task was
+//! accepted (`StepsPlanned`), what each step's call ended with, and its compensation.
+//!
+//! A task's attempts go to one call at a time, its *leg*: a forward step, or the compensation
+//! of one. Every leg is driven by the same state machine as a one-step task (intent before the
+//! first byte, unknown → lookup, review), with an attempt budget of its own; the fold moves to
+//! the next leg when one ends (`docs/sagas.md`).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::event::PlannedStep;
+use crate::request::AcceptedRequest;
+
+/// A multi-step task's steps and where it is in them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Saga {
+    pub steps: Vec<Step>,
+    /// The call the task's attempts go to now.
+    pub leg: Leg,
+    /// A step ended rejected or failed, so the steps before it that succeeded are owed their
+    /// compensation.
+    pub compensating: bool,
+}
+
+/// The call a multi-step task's attempts go to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", content = "step", rename_all = "snake_case")]
+pub enum Leg {
+    /// Forward step `n` (from 0).
+    Step(u32),
+    /// The compensation of step `n`.
+    Compensation(u32),
+}
+
+/// One step: its plan, what its call ended with, and its compensation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Step {
+    pub name: String,
+    pub target: String,
+    /// The target that undoes the step, when it can be undone.
+    pub compensate: Option<String>,
+    pub outcome: StepOutcome,
+    pub compensation: Option<Compensation>,
+}
+
+/// What a step's call ended with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum StepOutcome {
+    /// Not ended yet (or not begun).
+    Pending,
+    Succeeded {
+        remote_id: String,
+    },
+    Rejected {
+        http_status: u16,
+        detail: String,
+    },
+    Failed {
+        reason: String,
+    },
+}
+
+/// A step's compensation: the record it undoes, who ordered it, and how far it got.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Compensation {
+    /// The step's record being undone.
+    pub undoes: String,
+    pub by: String,
+    pub outcome: CompensationOutcome,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum CompensationOutcome {
+    Underway,
+    /// Confirmed: by the compensating call's answer, a lookup, or an operator.
+    Done {
+        remote_id: String,
+    },
+    /// The compensating target refused it: a person must decide.
+    Refused {
+        http_status: u16,
+        detail: String,
+    },
+}
+
+/// What a step's templates read of the steps before it: each step's remote id, by name.
+/// During a compensation, its own step's entry is the record the compensation undoes.
+pub type StepIds = BTreeMap<String, String>;
+
+impl Saga {
+    /// A saga about to run its first step.
+    pub fn planned(steps: &[PlannedStep]) -> Saga {
+        Saga {
+            steps: steps
+                .iter()
+                .map(|p| Step {
+                    name: p.name.clone(),
+                    target: p.target.clone(),
+                    compensate: p.compensate.clone(),
+                    outcome: StepOutcome::Pending,
+                    compensation: None,
+                })
+                .collect(),
+            leg: Leg::Step(0),
+            compensating: false,
+        }
+    }
+
+    /// The target of the current leg's call.
+    pub fn target(&self) -> Option<&str> {
+        match self.leg {
+            Leg::Step(n) => self.steps.get(n as usize).map(|s| s.target.as_str()),
+            Leg::Compensation(n) => self
+                .steps
+                .get(n as usize)
+                .and_then(|s| s.compensate.as_deref()),
+        }
+    }
+
+    /// The step of the current leg.
+    pub fn step(&self) -> Option<&Step> {
+        let (Leg::Step(n) | Leg::Compensation(n)) = self.leg;
+        self.steps.get(n as usize)
+    }
+
+    pub(crate) fn step_mut(&mut self) -> Option<&mut Step> {
+        let (Leg::Step(n) | Leg::Compensation(n)) = self.leg;
+        self.steps.get_mut(n as usize)
+    }
+
+    /// The step whose compensation comes next: none while one is underway or refused (they
+    /// go in reverse order, one at a time), else the last step that succeeded, can be undone
+    /// and was not. `None` also when the task is not compensating.
+    pub fn next_compensation(&self) -> Option<u32> {
+        if !self.compensating {
+            return None;
+        }
+        let blocked = self.steps.iter().any(|s| {
+            matches!(
+                s.compensation.as_ref().map(|c| &c.outcome),
+                Some(CompensationOutcome::Underway | CompensationOutcome::Refused { .. })
+            )
+        });
+        if blocked {
+            return None;
+        }
+        self.steps
+            .iter()
+            .rposition(|s| s.owes_compensation())
+            .map(|n| n as u32)
+    }
+
+    /// Whether some step that succeeded and can be undone was not: a failure now is
+    /// compensated rather than final.
+    pub fn owes_compensation(&self) -> bool {
+        self.steps.iter().any(Step::owes_compensation)
+    }
+
+    /// The remote ids a template of the current leg reads (see [`StepIds`]).
+    pub fn step_ids(&self) -> StepIds {
+        let mut ids = StepIds::new();
+        for step in &self.steps {
+            if let StepOutcome::Succeeded { remote_id } = &step.outcome {
+                ids.insert(step.name.clone(), remote_id.clone());
+            }
+        }
+        if let (Leg::Compensation(_), Some(step)) = (self.leg, self.step()) {
+            if let Some(c) = &step.compensation {
+                ids.insert(step.name.clone(), c.undoes.clone());
+            }
+        }
+        ids
+    }
+
+    /// Whether any compensation was started.
+    pub fn compensation_began(&self) -> bool {
+        self.steps.iter().any(|s| s.compensation.is_some())
+    }
+}
+
+impl Step {
+    fn owes_compensation(&self) -> bool {
+        matches!(self.outcome, StepOutcome::Succeeded { .. })
+            && self.compensate.is_some()
+            && self.compensation.is_none()
+    }
+}
+
+/// What a call's templates are rendered from: the task's request and, for a multi-step task,
+/// the remote ids of its steps ([`StepIds`]). A one-step task's call is its request alone.
+#[derive(Debug, Clone, Copy)]
+pub struct Call<'a> {
+    pub request: &'a AcceptedRequest,
+    pub steps: &'a StepIds,
+}
+
+/// The steps of a one-step task's call: none.
+static NO_STEPS: StepIds = StepIds::new();
+
+impl<'a> From<&'a AcceptedRequest> for Call<'a> {
+    fn from(request: &'a AcceptedRequest) -> Call<'a> {
+        Call {
+            request,
+            steps: &NO_STEPS,
+        }
+    }
+}
