@@ -27,7 +27,7 @@ use sendledger_node::config::{Config, StorageMode};
 use sendledger_sim::Sim;
 
 use crate::kafka::{
-    config_for_process, dedupe, produce_with, request_messages, requests_producer,
+    config_for_process, dedupe, produce_with, request_messages_to, requests_producer,
     start_tansu_logging_to, terminal_by_task, validate_all, Rec, Tansu,
 };
 
@@ -65,11 +65,7 @@ pub async fn start_broker(dir: &Path) -> (Tansu, KafkaConfig, Kafka) {
 
 /// The configuration file of one `sendledger run` in kafka mode on `dir`, with the admin
 /// endpoint on a free loopback port.
-fn instance_config(
-    dir: &Path,
-    kafka: &KafkaConfig,
-    target: sendledger_effects::TargetConfig,
-) -> String {
+fn instance_config(dir: &Path, kafka: &KafkaConfig, tweak: impl FnOnce(&mut Config)) -> String {
     let mut config = Config::default();
     config.storage.data = dir.join("ledger");
     config.storage.mode = StorageMode::Kafka;
@@ -77,7 +73,7 @@ fn instance_config(
     config.kafka = kafka.clone();
     config.admin.enabled = true;
     config.admin.listen = "127.0.0.1:0".parse().unwrap();
-    config.targets.insert("sim".into(), target);
+    tweak(&mut config);
     toml::to_string(&config).expect("a config serializes to TOML")
 }
 
@@ -229,7 +225,7 @@ impl Drop for Instance {
 
 impl Instance {
     /// Instance `id` of the group: its directory `<root>/instance-<id>` and its configuration
-    /// file there, run by the `sendledger` executable at `cli`.
+    /// file there, with the one target `sim`, run by the `sendledger` executable at `cli`.
     pub fn new(
         cli: impl AsRef<Path>,
         root: &Path,
@@ -237,10 +233,23 @@ impl Instance {
         kafka: &KafkaConfig,
         target: sendledger_effects::TargetConfig,
     ) -> Instance {
+        Instance::configured(cli, root, id, kafka, |config| {
+            config.targets.insert("sim".into(), target);
+        })
+    }
+
+    /// As [`Instance::new`], its configuration (targets, sagas, ...) set by `tweak`.
+    pub fn configured(
+        cli: impl AsRef<Path>,
+        root: &Path,
+        id: usize,
+        kafka: &KafkaConfig,
+        tweak: impl FnOnce(&mut Config),
+    ) -> Instance {
         let dir = root.join(format!("instance-{id}"));
         std::fs::create_dir_all(&dir).unwrap();
         let config = dir.join("sendledger.toml");
-        std::fs::write(&config, instance_config(&dir, kafka, target)).unwrap();
+        std::fs::write(&config, instance_config(&dir, kafka, tweak)).unwrap();
         Instance {
             id,
             dir,
@@ -433,7 +442,14 @@ impl ResultsFollower {
             .iter()
             .filter(|r| {
                 r.value["status"].as_str().is_some_and(|s| {
-                    ["succeeded", "rejected", "failed", "manual_review"].contains(&s)
+                    [
+                        "succeeded",
+                        "rejected",
+                        "failed",
+                        "manual_review",
+                        "compensated",
+                    ]
+                    .contains(&s)
                 })
             })
             .filter_map(|r| r.value["task_id"].as_str().map(str::to_string))
@@ -724,6 +740,17 @@ pub struct Stream {
 
 impl Stream {
     pub fn start(kafka: &Kafka, prefix: &'static str, batch: usize, every: Duration) -> Stream {
+        Stream::start_to(kafka, "sim", prefix, batch, every)
+    }
+
+    /// As [`Stream::start`], the requests naming `target` (a target or a saga).
+    pub fn start_to(
+        kafka: &Kafka,
+        target: &'static str,
+        prefix: &'static str,
+        batch: usize,
+        every: Duration,
+    ) -> Stream {
         let produced: Produced = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
         let (kafka, out, stopped) = (kafka.clone(), produced.clone(), stop.clone());
@@ -733,7 +760,7 @@ impl Stream {
             while !stopped.load(Ordering::Relaxed) {
                 let keys: Vec<String> = (n..n + batch).map(|i| format!("{prefix}-{i}")).collect();
                 n += batch;
-                let messages = request_messages(keys.iter());
+                let messages = request_messages_to(keys.iter(), target);
                 let acks = produce_with(&producer, &kafka, messages).await;
                 out.lock()
                     .unwrap()

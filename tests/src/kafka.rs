@@ -159,12 +159,22 @@ pub async fn produce_with(
 pub fn request_messages<K: AsRef<str>>(
     keys: impl IntoIterator<Item = K>,
 ) -> Vec<(Option<i32>, String, Option<Vec<u8>>)> {
+    request_messages_to(keys, "sim")
+}
+
+/// As [`request_messages`], the requests naming `target` (a target or a saga).
+pub fn request_messages_to<K: AsRef<str>>(
+    keys: impl IntoIterator<Item = K>,
+    target: &str,
+) -> Vec<(Option<i32>, String, Option<Vec<u8>>)> {
     keys.into_iter()
         .map(|k| {
+            let mut r = request(k.as_ref());
+            r.target = target.to_string();
             (
                 None,
                 identity_key(k.as_ref()),
-                Some(request_json(k.as_ref())),
+                Some(serde_json::to_vec(&r).unwrap()),
             )
         })
         .collect()

@@ -21,6 +21,8 @@
 //!   passing and refusing connections, dropping, 503-ing or hanging each POST;
 //! - [`http`]: one HTTP request to the admin endpoint or the simulated remote;
 //! - [`process`]: a command that must succeed, `sendledger run` up to its `ready` line;
+//! - [`kill`]: an engine child process SIGKILLed while its requests are in flight and started
+//!   again, until a last run settles every task;
 //! - [`browser`]: a headless Chromium driven through the DevTools protocol.
 //!
 //! Nothing here knows where the test binaries are (`CARGO_BIN_EXE_*` is set only when
@@ -35,6 +37,7 @@ pub mod fault_proxy;
 pub mod http;
 pub mod kafka;
 pub mod kafka_relay;
+pub mod kill;
 pub mod outage;
 pub mod process;
 

@@ -4,6 +4,10 @@
 //! is the engine's own (with its RocksDB and HTTP client), as in a deployment, and so is the
 //! CPU time per task (`cpu_us_per_task`: this process's, the engine's and the loop handing it
 //! the requests, from the engine's start to the last task done).
+//!
+//! `--steps N` runs each task as a saga of N steps instead (each a call at a target of its own,
+//! all at the one simulated remote): a task is done when its last step is confirmed, and it
+//! costs N attempts, each with its intent and outcome.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -12,11 +16,11 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use sendledger_actors::{Engine, EngineConfig};
-use sendledger_core::{EventBody, Source};
+use sendledger_core::{Event, EventBody, Source};
 
 use crate::ledger::bench_request;
 use crate::process::{own_cpu_secs, own_peak_rss_bytes, RemoteProcess};
-use sendledger_effects::{TargetConfig, Targets};
+use sendledger_effects::{SagaConfig, SagaStepConfig, TargetConfig, Targets};
 use sendledger_node::wiring::HttpRemote;
 use sendledger_store::Durability;
 
@@ -31,6 +35,9 @@ pub struct EngineArgs {
     /// `sync` (fsync per group commit) or `buffered` (no fsync; unsafe on power loss).
     #[arg(long, default_value = "sync", value_parser = parse_durability)]
     durability: Durability,
+    /// Steps per task: 1 is a one-step task; more runs each task as a saga of that many steps.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=16))]
+    steps: u64,
 }
 
 pub fn parse_durability(s: &str) -> Result<Durability, String> {
@@ -53,8 +60,32 @@ pub fn run(args: EngineArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let sim = RemoteProcess::start()?;
-    let target: TargetConfig = serde_json::from_value(sim.target())?;
-    let targets = Targets::from_config(&BTreeMap::from([("bench".to_string(), target)]))?;
+    let (targets, name) = if args.steps == 1 {
+        let target: TargetConfig = serde_json::from_value(sim.target())?;
+        let targets = Targets::from_config(&BTreeMap::from([("bench".to_string(), target)]))?;
+        (targets, "bench")
+    } else {
+        let steps: Vec<SagaStepConfig> = (0..args.steps)
+            .map(|n| SagaStepConfig {
+                name: format!("s{n}"),
+                target: format!("step-{n}"),
+                compensate: None,
+            })
+            .collect();
+        // Each step's record has an identity of its own at the remote (`<task id>-s<n>`), so
+        // the remote's duplicate count stays a count of records made twice.
+        let mut each = BTreeMap::new();
+        for step in &steps {
+            let mut config = sim.target();
+            let reference = format!("{{task_id}}-{}", step.name);
+            config["body_fields"]["reference"] = reference.clone().into();
+            config["lookup"]["url"] = format!("{}?reference={reference}", sim.lookup_url()).into();
+            each.insert(step.target.clone(), serde_json::from_value(config)?);
+        }
+        let targets = Targets::from_config(&each)?;
+        let saga = BTreeMap::from([("bench-saga".to_string(), SagaConfig { steps })]);
+        (targets.with_sagas(&saga)?, "bench-saga")
+    };
     let dir = tempfile::tempdir()?;
     let mut config = EngineConfig::new(dir.path());
     config.durability = args.durability;
@@ -72,7 +103,7 @@ pub fn run(args: EngineArgs) -> anyhow::Result<()> {
             submits.spawn(async move {
                 engine
                     .submit(
-                        bench_request(n, "bench"),
+                        bench_request(n, name),
                         Source {
                             topic: "bench".into(),
                             partition: 0,
@@ -94,7 +125,7 @@ pub fn run(args: EngineArgs) -> anyhow::Result<()> {
                 .ledger()
                 .read(|l| Ok(l.active_tasks()?.len()))
                 .await?;
-            if active == 0 && sim.stats().await?.records >= total {
+            if active == 0 && sim.stats().await?.records >= total * args.steps {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -107,15 +138,14 @@ pub fn run(args: EngineArgs) -> anyhow::Result<()> {
     let mut latencies = Vec::with_capacity(total as usize);
     let mut succeeded = 0u64;
     for n in 0..total {
-        let task = bench_request(n, "bench")
+        let task = bench_request(n, name)
             .accept(&Default::default())?
             .task_id();
         let events = engine.ledger().task_events(task)?;
         let accepted = events.first().map(|e| e.at).unwrap_or(0);
-        if let Some(done) = events
-            .iter()
-            .find(|e| matches!(e.body, EventBody::Confirmed { .. }))
-        {
+        let confirmed = |e: &&Event| matches!(e.body, EventBody::Confirmed { .. });
+        let done = events.iter().filter(confirmed).nth(args.steps as usize - 1);
+        if let Some(done) = done {
             succeeded += 1;
             latencies.push(done.at - accepted);
         }
@@ -134,6 +164,7 @@ pub fn run(args: EngineArgs) -> anyhow::Result<()> {
     let report = serde_json::json!({
         "bench": "engine",
         "tasks": total,
+        "steps": args.steps,
         "succeeded": succeeded,
         "durability": format!("{:?}", args.durability).to_lowercase(),
         "seconds": (elapsed * 1000.0).round() / 1000.0,

@@ -79,6 +79,11 @@ impl RemoteProcess {
 
     /// A target's configuration (as JSON) that creates records here, identified by the
     /// task id in the body field `reference`, and looks them up by it.
+    /// The remote's lookup URL, without a query.
+    pub fn lookup_url(&self) -> &str {
+        &self.lookup_url
+    }
+
     pub fn target(&self) -> serde_json::Value {
         serde_json::json!({
             "url": self.create_url,

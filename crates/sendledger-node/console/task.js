@@ -56,6 +56,7 @@
         task.state === "manual_review" && review ? [el("dt", {}, "Review reason"), el("dd", { id: "task-reason" }, review.detail)] : null),
       task.state === "manual_review" ? resolveForm(task, health) : el("p", { class: "hint", id: "not-in-review" },
         "This task is " + task.state + ": only tasks in manual review can be resolved."),
+      task.saga ? [el("h2", {}, "Steps"), steps(task.saga)] : null,
       el("h2", {}, "Remote ids seen"),
       remoteIds(task),
       el("h2", {}, "Request"),
@@ -79,6 +80,25 @@
     const entries = Object.entries(meta || {});
     if (entries.length === 0) return null;
     return el("table", { class: "meta" }, el("tbody", {}, entries.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, v)))));
+  }
+
+  /** A multi-step task's steps: each one's outcome and compensation, the current one marked. */
+  function steps(saga) {
+    const outcome = (o) => o.status + (o.remote_id ? " " + o.remote_id : "") +
+      (o.http_status ? " (HTTP " + o.http_status + ": " + o.detail + ")" : "") + (o.reason ? " (" + o.reason + ")" : "");
+    const current = (n) => saga.leg.kind === "step" && saga.leg.step === n ? "this step's call now" :
+      saga.leg.kind === "compensation" && saga.leg.step === n ? "its compensation now" : "";
+    return el("table", { id: "steps" },
+      el("thead", {}, el("tr", {}, ["#", "Step", "Target", "Outcome", "Undone by", "Compensation", ""].map((h) => el("th", {}, h)))),
+      el("tbody", {}, saga.steps.map((s, n) => el("tr", { "data-step": s.name },
+        el("td", {}, String(n)),
+        el("td", {}, s.name),
+        el("td", {}, s.target),
+        el("td", { class: "mono" }, outcome(s.outcome)),
+        el("td", {}, s.compensate || "not undone"),
+        el("td", { class: "mono" }, s.compensation ?
+          outcome(s.compensation.outcome) + ", undoing " + s.compensation.undoes + " (by " + s.compensation.by + ")" : ""),
+        el("td", {}, current(n))))));
   }
 
   function remoteIds(task) {

@@ -2,6 +2,10 @@
 //! simulated remote with faults (dropped responses, hangs, 429s, lookup lag), requests produced
 //! to the requests topic with duplicate deliveries, the service restarted in the middle, every
 //! result read back from the results topic, and an audit of the ledger at the end.
+//!
+//! `--saga`: the same with a three-step operation (reserve, charge, ship) at five simulated
+//! remotes, the shipment refused for one task in five, so that the reservation and the charge
+//! of those tasks are undone (released, refunded) once each.
 
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
@@ -31,6 +35,8 @@ pub struct DemoArgs {
     pub seed: u64,
     /// Ledger directory (a temporary one when `None`).
     pub data: Option<PathBuf>,
+    /// Run the three-step saga instead of one call per task.
+    pub saga: bool,
 }
 
 /// Runs the demo and prints its report; `Ok(false)` when an invariant failed.
@@ -54,18 +60,23 @@ async fn demo(args: DemoArgs, data: PathBuf) -> anyhow::Result<bool> {
     let setup = Setup::start(&args, data).await?;
     let deliveries = deliveries(&args);
     eprintln!(
-        "sendledger demo: {} tasks, {} deliveries ({} duplicates) through Kafka at {}, remote at {}",
+        "sendledger demo: {} tasks, {} deliveries ({} duplicates) through Kafka at {}, {}",
         args.tasks,
         deliveries.len(),
         deliveries.len() as u64 - args.tasks,
         setup.kafka.bootstrap_servers(),
-        setup.sim.base_url()
+        setup
+            .sims
+            .iter()
+            .map(|(name, sim)| format!("{name} at {}", sim.base_url()))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
 
     let results = tokio::task::block_in_place(|| ResultsReader::start(&setup.kafka))?;
     let started = Instant::now();
     let service = setup.start_service().await?;
-    let produce = produce(&setup.kafka, &deliveries)?;
+    let produce = produce(&setup.kafka, &deliveries, setup.target())?;
     let service = run_until_answered(&setup, service, &results, args.tasks as usize).await?;
     let elapsed = started.elapsed().as_secs_f64();
     produce.await??;
@@ -80,39 +91,75 @@ async fn demo(args: DemoArgs, data: PathBuf) -> anyhow::Result<bool> {
             deliveries: deliveries.len(),
             with_result,
             more_than_one_terminal,
-            remote: setup.sim.stats(),
+            remotes: setup
+                .sims
+                .iter()
+                .map(|(name, sim)| (*name, sim.stats()))
+                .collect(),
             elapsed,
         },
     );
-    setup.sim.shutdown().await;
+    for (_, sim) in setup.sims {
+        sim.shutdown().await;
+    }
     Ok(ok)
 }
 
-/// What the demo runs on: the simulated remote with its faults, the service's configuration
-/// and the embedded Kafka cluster (which outlives the restart).
+/// What the demo runs on: the simulated remotes with their faults, by target name, the
+/// service's configuration and the embedded Kafka cluster (which outlives the restart).
 struct Setup {
-    sim: Sim,
+    sims: Vec<(&'static str, Sim)>,
     config: Config,
     kafka: Kafka,
+    saga: bool,
 }
+
+/// The saga of `--saga`: each step's name, target and compensating target.
+const SAGA: [(&str, &str, Option<&str>); 3] = [
+    ("reserve", "stock", Some("stock-release")),
+    ("charge", "payments", Some("refunds")),
+    ("ship", "shipments", None),
+];
 
 impl Setup {
     async fn start(args: &DemoArgs, data: PathBuf) -> anyhow::Result<Setup> {
-        let sim = Sim::start(SimConfig {
-            identity_field: "reference".into(),
-            seed: args.seed,
-            lookup_lag: Duration::from_millis(300),
-            faults: Faults {
-                commit_then_drop: 0.05,
-                commit_then_hang: 0.02,
-                throttle: 0.03,
-                retry_after: Duration::from_secs(1),
-                latency_jitter: Duration::from_millis(5),
-                ..Faults::default()
-            },
-            ..SimConfig::default()
-        })
-        .await?;
+        let faults = Faults {
+            commit_then_drop: 0.05,
+            commit_then_hang: 0.02,
+            throttle: 0.03,
+            retry_after: Duration::from_secs(1),
+            latency_jitter: Duration::from_millis(5),
+            ..Faults::default()
+        };
+        let remotes: Vec<(&'static str, Faults)> = if args.saga {
+            vec![
+                ("stock", faults),
+                ("payments", faults),
+                (
+                    "shipments",
+                    Faults {
+                        reject: 0.2,
+                        ..faults
+                    },
+                ),
+                ("refunds", faults),
+                ("stock-release", faults),
+            ]
+        } else {
+            vec![("payments", faults)]
+        };
+        let mut sims = Vec::new();
+        for (n, (name, faults)) in remotes.into_iter().enumerate() {
+            let sim = Sim::start(SimConfig {
+                identity_field: "reference".into(),
+                seed: args.seed + n as u64,
+                lookup_lag: Duration::from_millis(300),
+                faults,
+                ..SimConfig::default()
+            })
+            .await?;
+            sims.push((name, sim));
+        }
         let mut config = Config {
             admin: AdminConfig {
                 enabled: false,
@@ -123,22 +170,54 @@ impl Setup {
         config.storage.data = data;
         config.engine.shutdown_grace = Duration::from_secs(3);
         config.kafka.commit_interval = Duration::from_millis(200);
-        config.targets.insert(
-            "payments".into(),
-            serde_json::from_value(serde_json::json!({
-                "url": sim.create_url(),
-                "request_timeout": "1s",
-                "body_fields": { "reference": "{task_id}" },
-                "lookup": {
-                    "url": format!("{}?reference={{task_id}}", sim.lookup_url()),
-                    "first_check": "200ms", "check_interval": "300ms", "deadline": "30s"
-                },
-            }))?,
-        );
+        for (name, sim) in &sims {
+            let mut body = serde_json::json!({ "reference": "{task_id}" });
+            // A compensation names the record it undoes.
+            if let Some((step, ..)) = SAGA.iter().find(|(.., undo)| *undo == Some(*name)) {
+                body["undoes"] = format!("{{steps.{step}.remote_id}}").into();
+            }
+            config.targets.insert(
+                name.to_string(),
+                serde_json::from_value(serde_json::json!({
+                    "url": sim.create_url(),
+                    "request_timeout": "1s",
+                    "body_fields": body,
+                    "lookup": {
+                        "url": format!("{}?reference={{task_id}}", sim.lookup_url()),
+                        "first_check": "200ms", "check_interval": "300ms", "deadline": "30s"
+                    },
+                }))?,
+            );
+        }
+        if args.saga {
+            let steps = SAGA.map(|(name, target, undo)| sendledger_effects::SagaStepConfig {
+                name: name.into(),
+                target: target.into(),
+                compensate: undo.map(Into::into),
+            });
+            let saga = sendledger_effects::SagaConfig {
+                steps: steps.to_vec(),
+            };
+            config.sagas.insert("order".into(), saga);
+        }
         config.validate(&BTreeMap::new())?;
         let kafka = tokio::task::block_in_place(|| Kafka::connect(config.kafka.clone()))
             .context("starting the embedded kafka cluster")?;
-        Ok(Setup { sim, config, kafka })
+        Ok(Setup {
+            sims,
+            config,
+            kafka,
+            saga: args.saga,
+        })
+    }
+
+    /// What the requests name: the saga, or the one target.
+    fn target(&self) -> &'static str {
+        if self.saga {
+            "order"
+        } else {
+            "payments"
+        }
     }
 
     /// The service, with an HTTP client of its own as a process that starts again has (its
@@ -163,12 +242,13 @@ fn deliveries(args: &DemoArgs) -> Vec<u64> {
 fn produce(
     kafka: &Kafka,
     deliveries: &[u64],
+    target: &str,
 ) -> anyhow::Result<tokio::task::JoinHandle<anyhow::Result<()>>> {
     let producer = RequestProducer::new(kafka)?;
     let messages: Vec<(Option<String>, Vec<u8>)> = deliveries
         .iter()
         .map(|n| {
-            let r = request(*n);
+            let r = request(*n, target);
             (Some(request_key(&r)), serde_json::to_vec(&r).expect("JSON"))
         })
         .collect();
@@ -231,7 +311,8 @@ struct Outcome {
     deliveries: usize,
     with_result: usize,
     more_than_one_terminal: usize,
-    remote: SimStats,
+    /// Each remote's ground truth, by target name.
+    remotes: Vec<(&'static str, SimStats)>,
     elapsed: f64,
 }
 
@@ -242,11 +323,22 @@ fn print_report(args: &DemoArgs, outcome: &Outcome) -> bool {
         deliveries,
         with_result,
         more_than_one_terminal,
-        remote: stats,
+        remotes,
         elapsed,
     } = outcome;
-    let succeeded = report.tasks_by_state.get("succeeded").copied().unwrap_or(0);
-    let rows = [
+    let count = |state: &str| report.tasks_by_state.get(state).copied().unwrap_or(0);
+    let (succeeded, compensated) = (count("succeeded"), count("compensated"));
+    let records = |name: &str| {
+        let stats = remotes.iter().find(|(n, _)| *n == name).map(|(_, s)| s);
+        stats.map_or(0, |s| s.records)
+    };
+    let duplicates: u64 = remotes.iter().map(|(_, s)| s.duplicates).sum();
+    let named = |rows: &[(&str, String)]| -> Vec<(String, String)> {
+        rows.iter()
+            .map(|(n, v)| (n.to_string(), v.clone()))
+            .collect()
+    };
+    let mut rows = named(&[
         ("tasks", report.tasks.to_string()),
         ("deliveries", deliveries.to_string()),
         ("tasks with a result on the topic", with_result.to_string()),
@@ -255,15 +347,20 @@ fn print_report(args: &DemoArgs, outcome: &Outcome) -> bool {
             more_than_one_terminal.to_string(),
         ),
         ("succeeded", succeeded.to_string()),
+        ("compensated", compensated.to_string()),
         ("in manual review", report.manual_reviews_open.to_string()),
         (
             "failed or rejected",
-            (report.tasks - succeeded - report.manual_reviews_open).to_string(),
+            (report.tasks - succeeded - compensated - report.manual_reviews_open).to_string(),
         ),
-        ("records at the remote", stats.records.to_string()),
+    ]);
+    for (name, stats) in remotes {
+        rows.push((format!("records at {name}"), stats.records.to_string()));
+    }
+    rows.extend(named(&[
         (
             "identities with more than one record",
-            stats.duplicates.to_string(),
+            duplicates.to_string(),
         ),
         ("unknown outcomes", report.unknown_outcomes.to_string()),
         (
@@ -280,12 +377,26 @@ fn print_report(args: &DemoArgs, outcome: &Outcome) -> bool {
             "throughput",
             format!("{:.0} tasks/s", args.tasks as f64 / elapsed),
         ),
-    ];
+    ]));
+    if args.saga {
+        rows.push((
+            "compensations started".into(),
+            report.compensations.to_string(),
+        ));
+    }
     println!();
     for (name, value) in rows {
         println!("  {name:<44} {value:>12}");
     }
-    let ok = stats.duplicates == 0
+    // A saga's records: one shipment per task that succeeded, one release and one refund per
+    // task compensated, nothing else.
+    let saga_ok = !args.saga
+        || (records("shipments") == succeeded
+            && records("refunds") == compensated
+            && records("stock-release") == compensated
+            && report.compensations == 2 * compensated);
+    let ok = duplicates == 0
+        && saga_ok
         && report.is_clean()
         && report.tasks == args.tasks
         && *with_result == args.tasks as usize
@@ -293,7 +404,7 @@ fn print_report(args: &DemoArgs, outcome: &Outcome) -> bool {
     println!(
         "\n  {}",
         if ok {
-            "OK: every task done once, one result each, no duplicate at the remote, audit clean"
+            "OK: every task done once, one result each, no duplicate at a remote, audit clean"
         } else {
             "FAILED: an invariant is broken (see above)"
         }
@@ -301,12 +412,12 @@ fn print_report(args: &DemoArgs, outcome: &Outcome) -> bool {
     ok
 }
 
-fn request(n: u64) -> TaskRequest {
+fn request(n: u64, target: &str) -> TaskRequest {
     TaskRequest {
         tenant: "demo".into(),
         operation: "payment.create".into(),
         request_key: format!("ord-{n:06}"),
-        target: "payments".into(),
+        target: target.into(),
         payload: serde_json::json!({ "amount": 100 + n % 900, "currency": "EUR" }),
         payload_text: None,
         metadata: Default::default(),

@@ -63,7 +63,12 @@ pub fn task_json(task: TaskId, state: &State, events: &[Event]) -> Value {
         .collect();
     // Why the task waits before its next intent, as its `SendDeferred` recorded it.
     let waiting = state.waiting.as_ref().map(|w| json!({ "since": time(w.since), "until": time(w.until), "reason": w.reason.to_string() }));
-    json!({ "task_id": task.to_string(), "state": state.phase.name(), "version": state.version, "attempts": state.attempts, "target": state.target(), "remote_id": state.remote_id, "failure": state.failure_kind.map(sendledger_core::FailureKind::name), "waiting": waiting, "request": state.request, "events": timeline })
+    // A multi-step task's steps (null for a one-step task) and the call its attempts go to.
+    let steps = state
+        .saga
+        .as_ref()
+        .map(|s| json!({ "leg": s.leg, "steps": s.steps }));
+    json!({ "task_id": task.to_string(), "state": state.phase.name(), "version": state.version, "attempts": state.attempts, "target": state.target(), "remote_id": state.remote_id, "failure": state.failure_kind.map(sendledger_core::FailureKind::name), "waiting": waiting, "request": state.request, "saga": steps, "events": timeline })
 }
 
 /// The attempt a send event is about; none for other events.

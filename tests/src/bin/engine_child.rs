@@ -3,12 +3,15 @@
 //! until every one is settled, prints `settled`, and exits. The parent SIGKILLs it at random
 //! moments in between.
 //!
-//! Usage: `engine_child LEDGER_DIR TARGET_JSON PREFIX COUNT SEED`
+//! Usage: `engine_child LEDGER_DIR TARGET_JSON PREFIX COUNT SEED`. `TARGET_JSON` is the one
+//! target `sim` the tasks go to, or `{"targets": {...}, "sagas": {...}, "target": NAME}`:
+//! several targets, sagas, and the target or saga the tasks name.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use sendledger_actors::{Engine, EngineConfig};
+use sendledger_effects::Targets;
 use sendledger_node::wiring::HttpRemote;
 use sendledger_tests::engine::{request, settled, source, targets};
 
@@ -19,11 +22,24 @@ async fn main() {
         panic!("usage: engine_child LEDGER_DIR TARGET_JSON PREFIX COUNT SEED");
     };
     let count: i64 = count.parse().expect("COUNT");
-    let target = serde_json::from_str(target).expect("TARGET_JSON");
+    let setup: serde_json::Value = serde_json::from_str(target).expect("TARGET_JSON");
+    let (targets, name) = match setup.get("targets") {
+        None => (
+            targets(serde_json::from_value(setup).expect("a target")),
+            "sim".to_string(),
+        ),
+        Some(all) => {
+            let all = serde_json::from_value(all.clone()).expect("targets");
+            let sagas = serde_json::from_value(setup["sagas"].clone()).expect("sagas");
+            let targets = Targets::from_config(&all).expect("valid targets");
+            let name = setup["target"].as_str().expect("target").to_string();
+            (targets.with_sagas(&sagas).expect("valid sagas"), name)
+        }
+    };
     let mut config = EngineConfig::new(dir);
     config.seed = seed.parse().expect("SEED");
     config.timer_tick = Duration::from_millis(5);
-    let remote = Arc::new(HttpRemote::new(targets(target)));
+    let remote = Arc::new(HttpRemote::new(targets));
     let engine =
         tokio::task::block_in_place(|| Engine::start(config, remote)).expect("engine starts");
     println!("started");
@@ -32,7 +48,9 @@ async fn main() {
     for i in 0..count {
         let engine: Engine = engine.clone();
         let key = format!("{prefix}-{i}");
-        submits.spawn(async move { engine.submit(request(&key), source(i)).await.map(|_| ()) });
+        let mut request = request(&key);
+        request.target.clone_from(&name);
+        submits.spawn(async move { engine.submit(request, source(i)).await.map(|_| ()) });
         while submits.len() >= 256 {
             submits.join_next().await.unwrap().unwrap().expect("submit");
         }

@@ -14,18 +14,21 @@ fn output_of_success(args: &[&str]) -> (String, String) {
     sendledger_tests::process::output_of_success(sendledger().args(args))
 }
 
+/// The number at the end of the demo report's row `name`.
+fn demo_row(stdout: &str, name: &str) -> u64 {
+    let line = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with(name))
+        .unwrap_or_else(|| panic!("no `{name}` row in:\n{stdout}"));
+    line.split_whitespace().last().unwrap().parse().unwrap()
+}
+
 /// The main job: the whole pipeline through embedded Kafka with faults, duplicates and a
 /// restart, ending with every invariant checked (exit 0 only when all hold).
 #[test]
 fn demo_runs_clean() {
     let (stdout, stderr) = output_of_success(&["demo", "--tasks", "300", "--seed", "7"]);
-    let row = |name: &str| -> u64 {
-        let line = stdout
-            .lines()
-            .find(|l| l.trim_start().starts_with(name))
-            .unwrap_or_else(|| panic!("no `{name}` row in:\n{stdout}"));
-        line.split_whitespace().last().unwrap().parse().unwrap()
-    };
+    let row = |name: &str| demo_row(&stdout, name);
     assert_eq!(row("tasks with a result on the topic"), 300);
     assert_eq!(row("identities with more than one record"), 0);
     assert_eq!(row("duplicates dropped"), 60);
@@ -47,6 +50,29 @@ fn demo_runs_clean() {
     assert!((1..=10).contains(&done.len()), "{stderr}");
     assert!(done.windows(2).all(|w| w[0] / 30 < w[1] / 30), "{stderr}");
     assert_eq!(done.last(), Some(&300), "{stderr}");
+}
+
+/// The saga demo: three steps at five remotes, one shipment in five refused. Every task ends
+/// succeeded or compensated, each compensated task released and refunded once, no remote
+/// holds two records of one task, and the audit is clean.
+#[test]
+fn the_saga_demo_compensates_refused_shipments_once_each() {
+    let (stdout, _) = output_of_success(&["demo", "--saga", "--tasks", "200", "--seed", "7"]);
+    let row = |name: &str| demo_row(&stdout, name);
+    let (succeeded, compensated) = (row("succeeded"), row("compensated"));
+    assert_eq!(
+        succeeded + compensated + row("in manual review"),
+        200,
+        "{stdout}"
+    );
+    assert!(compensated >= 20, "{stdout}");
+    assert_eq!(row("records at shipments"), succeeded, "{stdout}");
+    assert_eq!(row("records at refunds"), compensated, "{stdout}");
+    assert_eq!(row("records at stock-release"), compensated, "{stdout}");
+    assert_eq!(row("compensations started"), 2 * compensated, "{stdout}");
+    assert_eq!(row("identities with more than one record"), 0);
+    assert_eq!(row("audit violations"), 0);
+    assert!(stdout.contains("OK: every task done once"), "{stdout}");
 }
 
 /// Logs written to a pipe are for machines: no colour codes in text, and with

@@ -2,15 +2,13 @@
 //! record, every task ends settled (terminal, or in review with a reason), and the log obeys
 //! every rule.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use rand::{Rng, SeedableRng};
 use sendledger_core::{check_task, EventBody, Phase, UnknownCause};
 use sendledger_sim::{Faults, Sim, SimConfig};
 use sendledger_store::{Ledger, LedgerOptions};
 use sendledger_tests::engine::{target, task_id};
+use sendledger_tests::kill::{kill_and_restart, Kills};
 
 struct Run {
     seed: u64,
@@ -33,7 +31,6 @@ struct Outcome {
 }
 
 async fn run(r: Run) -> Outcome {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(r.seed);
     let sim = Sim::start(r.sim.clone()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let target = serde_json::to_string(&target(&sim.base_url(), |t| {
@@ -41,71 +38,23 @@ async fn run(r: Run) -> Outcome {
     }))
     .unwrap();
     let prefix = format!("k{}", r.seed);
-    let mut kills = 0;
-    for round in 0..=r.kills {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_engine_child"))
-            .args([
-                dir.path().to_str().unwrap(),
-                &target,
-                &prefix,
-                &r.tasks.to_string(),
-                &r.seed.to_string(),
-            ])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        std::thread::spawn(move || {
-            for line in stdout.lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        assert_eq!(
-            rx.recv().await.as_deref(),
-            Some("started"),
-            "round {round}: engine did not start"
-        );
-        // Kill while requests (creates or lookups) are in flight at the remote; a run that
-        // has nothing left to send is let finish.
-        let requests = sim.stats().requests;
-        let busy = async {
-            while sim.stats().requests == requests {
-                tokio::time::sleep(Duration::from_millis(2)).await
-            }
-        };
-        let busy = round < r.kills
-            && tokio::time::timeout(Duration::from_secs(10), busy)
-                .await
-                .is_ok();
-        if busy {
-            tokio::time::sleep(Duration::from_millis(rng.random_range(0..r.kill_within_ms))).await;
-            child.kill().unwrap();
-            child.wait().unwrap();
-            kills += 1;
-        } else {
-            let pid = child.id();
-            let wait = tokio::task::spawn_blocking(move || child.wait().unwrap());
-            let Ok(status) = tokio::time::timeout(Duration::from_secs(120), wait).await else {
-                // SAFETY: kill(2) on our own child's pid.
-                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-                panic!(
-                    "final run did not settle within 120 s; ledger kept at {}",
-                    dir.keep().display()
-                );
-            };
-            let status = status.unwrap();
-            assert!(status.success(), "final run failed: {status}");
-            let mut lines = Vec::new();
-            while let Ok(line) = rx.try_recv() {
-                lines.push(line);
-            }
-            assert!(
-                lines.iter().any(|l| l == "settled"),
-                "final run did not settle: {lines:?}"
-            );
-        }
-    }
+    let kills = Kills {
+        exe: env!("CARGO_BIN_EXE_engine_child"),
+        args: vec![
+            dir.path().to_str().unwrap().to_string(),
+            target,
+            prefix.clone(),
+            r.tasks.to_string(),
+            r.seed.to_string(),
+        ],
+        seed: r.seed,
+        kills: r.kills,
+        kill_within_ms: r.kill_within_ms,
+    };
+    let kills = match kill_and_restart(kills, || sim.stats().requests).await {
+        Ok(kills) => kills,
+        Err(e) => panic!("{e}; ledger kept at {}", dir.keep().display()),
+    };
 
     let stats = sim.stats();
     assert_eq!(

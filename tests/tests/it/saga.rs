@@ -4,14 +4,21 @@
 //! audit.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sendledger_core::result::{Projection, ResultStatus, TaskResult};
 use sendledger_core::saga::{CompensationOutcome, StepOutcome};
-use sendledger_core::{EventBody, Phase};
-use sendledger_effects::{SagaConfig, SagaStepConfig, Targets};
+use sendledger_core::{EventBody, Phase, UnknownCause};
+use sendledger_effects::{SagaConfig, SagaStepConfig, TargetConfig, Targets};
 use sendledger_sim::{Faults, Sim, SimConfig};
+use sendledger_store::{Ledger, LedgerOptions};
+use sendledger_tests::cluster::{
+    read_and_audit_log, start_broker, Group, Instance, KeptOnFailure, ResultsFollower, Stream,
+    Timeline,
+};
 use sendledger_tests::engine::*;
+use sendledger_tests::kafka::{dedupe, task_ids, terminal_by_task, validate_all};
+use sendledger_tests::kill::{kill_and_restart, Kills};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -26,6 +33,10 @@ struct Remotes {
 
 impl Remotes {
     async fn start(faults: impl Fn(&str) -> Faults) -> Remotes {
+        Remotes::start_seeded(crate::seed(38), faults).await
+    }
+
+    async fn start_seeded(seed: u64, faults: impl Fn(&str) -> Faults) -> Remotes {
         let sim = |name: &'static str, seed: u64| {
             let faults = faults(name);
             async move {
@@ -38,7 +49,6 @@ impl Remotes {
                 .unwrap()
             }
         };
-        let seed = crate::seed(38);
         Remotes {
             stock: sim("stock", seed).await,
             payments: sim("payments", seed + 1).await,
@@ -48,24 +58,37 @@ impl Remotes {
         }
     }
 
-    /// The targets and the saga `order`. The refund carries the charge's id and the release
+    /// The targets of the saga `order`. The refund carries the charge's id and the release
     /// the reservation's, read from the steps they undo.
-    fn targets(&self) -> Targets {
+    fn configs(&self) -> BTreeMap<String, TargetConfig> {
         let plain = |sim: &Sim| target(&sim.base_url(), |_| {});
         let undo = |sim: &Sim, step: &str| {
             target(&sim.base_url(), |t| {
                 t["body_fields"]["undoes"] = format!("{{steps.{step}.remote_id}}").into();
             })
         };
-        let targets = Targets::from_config(&BTreeMap::from([
+        BTreeMap::from([
             ("stock".to_string(), plain(&self.stock)),
             ("payments".to_string(), plain(&self.payments)),
             ("shipments".to_string(), plain(&self.shipments)),
             ("refunds".to_string(), undo(&self.refunds, "charge")),
             ("release".to_string(), undo(&self.release, "reserve")),
-        ]))
-        .unwrap();
+        ])
+    }
+
+    fn targets(&self) -> Targets {
+        let targets = Targets::from_config(&self.configs()).unwrap();
         targets.with_sagas(&sagas()).unwrap()
+    }
+
+    fn all(&self) -> [&Sim; 5] {
+        [
+            &self.stock,
+            &self.payments,
+            &self.shipments,
+            &self.refunds,
+            &self.release,
+        ]
     }
 }
 
@@ -138,9 +161,43 @@ fn undoes(sim: &Sim, key: &str) -> Option<String> {
         .map(|r| r.body["undoes"].as_str().unwrap().to_string())
 }
 
-/// Checks every task against the records at the remotes: a succeeded task has one record per
-/// step and no compensation; a compensated one has its reservation released and its charge
-/// refunded, once each, and no shipment. Returns (succeeded, compensated).
+/// The records at the remotes agree with how the task ended: succeeded, one record per step
+/// and nothing undone; compensated, no shipment and the reservation and charge undone once
+/// each, by compensations naming those very records; in review, a reason. At most one record
+/// per remote either way. Returns whether the task ended succeeded or compensated.
+fn records_agree(remotes: &Remotes, key: &str, state: &sendledger_core::State) -> bool {
+    let (reserved, charged) = (
+        record_id(&remotes.stock, key),
+        record_id(&remotes.payments, key),
+    );
+    let (refunded, released) = (undoes(&remotes.refunds, key), undoes(&remotes.release, key));
+    match state.phase {
+        Phase::Succeeded => {
+            assert!(reserved.is_some() && charged.is_some(), "{key}");
+            assert!(record_id(&remotes.shipments, key).is_some(), "{key}");
+            assert_eq!((refunded, released), (None, None), "{key}");
+            true
+        }
+        Phase::Compensated => {
+            assert_eq!(record_id(&remotes.shipments, key), None, "{key}");
+            assert!(charged.is_some(), "{key}");
+            assert_eq!((refunded, released), (charged, reserved), "{key}");
+            true
+        }
+        Phase::ManualReview => {
+            assert!(
+                state.review_reason.is_some(),
+                "{key}: review without a reason"
+            );
+            false
+        }
+        other => panic!("{key} ended {other:?}"),
+    }
+}
+
+/// Waits for every task to end, and checks it against the records at the remotes
+/// ([`records_agree`]) and its result: the steps, what undid what. Returns (succeeded,
+/// compensated).
 async fn check_outcomes(
     engine: &sendledger_actors::Engine,
     remotes: &Remotes,
@@ -149,41 +206,32 @@ async fn check_outcomes(
     let (mut succeeded, mut compensated) = (0, 0);
     for key in keys {
         let state = wait_for(engine, task_id(key), WAIT, |s| s.phase.is_terminal()).await;
-        let reservation = record_id(&remotes.stock, key).expect("reserved");
-        let charge = record_id(&remotes.payments, key).expect("charged");
+        assert!(records_agree(remotes, key, &state), "{key}");
         let result = last_result(engine, key).await;
         assert_eq!(result.steps.len(), 3, "{key}");
-        match state.phase {
-            Phase::Succeeded => {
-                succeeded += 1;
-                let shipment = record_id(&remotes.shipments, key).expect("shipped");
-                assert_eq!(result.status, ResultStatus::Succeeded);
-                assert_eq!(result.remote_id.as_deref(), Some(shipment.as_str()));
-                assert_eq!(undoes(&remotes.refunds, key), None, "{key}: refunded");
-                assert_eq!(undoes(&remotes.release, key), None, "{key}: released");
-            }
-            Phase::Compensated => {
-                compensated += 1;
-                assert_eq!(record_id(&remotes.shipments, key), None, "{key}");
-                assert_eq!(undoes(&remotes.refunds, key), Some(charge.clone()));
-                assert_eq!(undoes(&remotes.release, key), Some(reservation.clone()));
-                assert_eq!(result.status, ResultStatus::Compensated);
-                assert!(matches!(
-                    result.steps[2].outcome,
-                    StepOutcome::Rejected {
-                        http_status: 422,
-                        ..
-                    }
-                ));
-                for (step, undone) in [(0, &reservation), (1, &charge)] {
-                    let c = result.steps[step].compensation.as_ref().unwrap();
-                    assert_eq!(&c.undoes, undone);
-                    assert!(matches!(c.outcome, CompensationOutcome::Done { .. }));
-                }
-                assert!(result.reason.unwrap().contains("step ship was refused"));
-            }
-            other => panic!("{key} ended {other:?}"),
+        if state.phase == Phase::Succeeded {
+            succeeded += 1;
+            let shipment = record_id(&remotes.shipments, key);
+            assert_eq!(result.status, ResultStatus::Succeeded);
+            assert_eq!(result.remote_id, shipment);
+            continue;
         }
+        compensated += 1;
+        assert_eq!(result.status, ResultStatus::Compensated);
+        assert!(matches!(
+            result.steps[2].outcome,
+            StepOutcome::Rejected {
+                http_status: 422,
+                ..
+            }
+        ));
+        let undone = [&remotes.stock, &remotes.payments].map(|sim| record_id(sim, key).unwrap());
+        for (step, undone) in undone.iter().enumerate() {
+            let c = result.steps[step].compensation.as_ref().unwrap();
+            assert_eq!(&c.undoes, undone);
+            assert!(matches!(c.outcome, CompensationOutcome::Done { .. }));
+        }
+        assert!(result.reason.unwrap().contains("step ship was refused"));
     }
     (succeeded, compensated)
 }
@@ -380,4 +428,195 @@ async fn templates_reading_steps_that_have_not_run_are_refused_at_load() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("also a target"), "{err}");
+}
+
+/// kill -9 mid-saga and mid-compensation: an engine child runs 40 sagas against slow remotes
+/// (100 to 300 ms an answer; the shipment refused for a third, a payment's answer dropped for
+/// one in ten) and is SIGKILLed three times while requests are in flight, then runs to the end.
+/// No step and no compensation is performed twice, every task obeys the rules, and each ends
+/// succeeded or compensated with the records that says, or in review with its reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_mid_saga_and_mid_compensation_performs_nothing_twice() {
+    let base = crate::seed(380);
+    let (mut mid_compensation, mut settled) = (0, 0);
+    for seed in base..base + 2 {
+        let remotes = Remotes::start_seeded(seed, |name| Faults {
+            latency: Duration::from_millis(100),
+            latency_jitter: Duration::from_millis(200),
+            reject: if name == "shipments" { 0.5 } else { 0.0 },
+            commit_then_drop: if name == "payments" { 0.1 } else { 0.0 },
+            ..Faults::default()
+        })
+        .await;
+        let dir = tempfile::tempdir().unwrap();
+        let setup = serde_json::json!({ "targets": remotes.configs(), "sagas": sagas(), "target": "order" });
+        let prefix = format!("s{seed}");
+        let kills = Kills {
+            exe: env!("CARGO_BIN_EXE_engine_child"),
+            args: vec![
+                dir.path().to_str().unwrap().to_string(),
+                setup.to_string(),
+                prefix.clone(),
+                "40".into(),
+                seed.to_string(),
+            ],
+            seed,
+            kills: 3,
+            kill_within_ms: 1_200,
+        };
+        let requests = || remotes.all().iter().map(|s| s.stats().requests).sum();
+        let kills = match kill_and_restart(kills, requests).await {
+            Ok(kills) => kills,
+            Err(e) => panic!("{e}; ledger kept at {}", dir.keep().display()),
+        };
+        assert!(kills >= 2, "seed {seed}: {kills} kills");
+        let ledger = Ledger::open(dir.path(), LedgerOptions::default()).unwrap();
+        let audit = sendledger_store::audit(&ledger, Default::default(), |_| {}).unwrap();
+        assert!(audit.is_clean(), "seed {seed}: {:?}", audit.violations);
+        for sim in remotes.all() {
+            assert_eq!(sim.stats().duplicates, 0, "seed {seed}: {:?}", sim.stats());
+        }
+        for i in 0..40 {
+            let key = format!("{prefix}-{i}");
+            let events = ledger.task_events(task_id(&key)).unwrap();
+            let state = sendledger_core::fold(&events);
+            settled += usize::from(records_agree(&remotes, &key, &state));
+            let compensation_began = events
+                .iter()
+                .position(|e| matches!(e.body, EventBody::CompensationStarted { .. }));
+            if let Some(at) = compensation_began {
+                mid_compensation += events[at..]
+                    .iter()
+                    .filter(|e| {
+                        matches!(
+                            e.body,
+                            EventBody::SendUnknown {
+                                cause: UnknownCause::Recovery,
+                                ..
+                            }
+                        )
+                    })
+                    .count();
+            }
+        }
+    }
+    eprintln!(
+        "{settled} of 80 sagas settled, {mid_compensation} compensations interrupted by a kill"
+    );
+    assert!(settled >= 40, "{settled} of 80 settled");
+    assert!(
+        mid_compensation >= 1,
+        "no kill landed in the middle of a compensation"
+    );
+}
+
+/// Kafka mode: sagas whose partitions move between instances in the middle of their steps and
+/// compensations, first as B joins the group, then as A is killed (`kill -9`), resume at their
+/// leg on the new owner and send nothing twice: the records at the five remotes agree with
+/// each task's end, each task has one terminal result on the results topic, and the events
+/// topic (the log of record) audits clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kafka_mode_a_saga_whose_partition_moves_resumes_at_its_leg_on_the_new_owner() {
+    let root = KeptOnFailure::new();
+    let (tansu, kafka_config, kafka) = start_broker(root.path()).await;
+    let remotes = Remotes::start(|name| Faults {
+        latency: Duration::from_millis(150),
+        reject: if name == "shipments" { 0.3 } else { 0.0 },
+        ..Faults::default()
+    })
+    .await;
+    let timeline = Timeline::default();
+    let configs = remotes.configs();
+    let mut group = Group {
+        instances: (0..2)
+            .map(|id| {
+                Instance::configured(crate::SENDLEDGER, root.path(), id, &kafka_config, |c| {
+                    c.targets = configs.clone();
+                    c.sagas = sagas();
+                })
+            })
+            .collect(),
+        timeline: timeline.clone(),
+    };
+    let results = ResultsFollower::start(&kafka);
+    let stream = Stream::start_to(&kafka, "order", "moved", 4, Duration::from_millis(50));
+    let answered_more = |n: usize| {
+        let (results, before) = (&results, results.answered().len());
+        async move {
+            let limit = Instant::now() + Duration::from_secs(90);
+            while results.answered().len() < before + n {
+                assert!(Instant::now() < limit, "fewer than {n} more tasks answered");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    tokio::task::block_in_place(|| group.instances[0].start(&timeline));
+    answered_more(20).await;
+    tokio::task::block_in_place(|| group.instances[1].start(&timeline));
+    let split = group.wait_settled(Duration::from_secs(60)).await;
+    assert!(
+        split.is_some(),
+        "the partitions were not split: {}",
+        group.owners()
+    );
+    answered_more(20).await;
+    let killed_at = sendledger_core::event::Millis::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap();
+    tokio::task::block_in_place(|| group.instances[0].kill());
+    answered_more(20).await;
+    let produced = stream.stop().await;
+    let keys: Vec<String> = produced.iter().map(|(k, _)| k.clone()).collect();
+    group
+        .wait_answered(&results, &task_ids(&keys), Duration::from_secs(90))
+        .await;
+    group.stop_all();
+    let raw = results.stop();
+    let ((events, _), report) = tokio::task::block_in_place(|| read_and_audit_log(&kafka));
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    validate_all(&raw, "task-result.schema.json");
+    let results = dedupe(&raw);
+    let terminal = terminal_by_task(&results);
+    let mut by_task: BTreeMap<_, Vec<_>> = BTreeMap::new();
+    for e in &events {
+        by_task.entry(e.task_id).or_default().push(e.clone());
+    }
+    let (mut settled, mut across_the_kill) = (0, 0);
+    for key in &keys {
+        let history = &by_task[&task_id(key)];
+        let state = sendledger_core::fold(history);
+        settled += usize::from(records_agree(&remotes, key, &state));
+        let ends = terminal.get(&task_id(key).to_string()).map_or(0, Vec::len);
+        assert_eq!(ends, usize::from(state.phase.is_terminal()), "{key}");
+        // A leg ended before the kill and another began after it: the saga moved on to its
+        // next leg on the instance that took its partition over.
+        let leg_ended_before = history.iter().any(|e| {
+            e.at < killed_at
+                && matches!(
+                    e.body,
+                    EventBody::Confirmed { .. } | EventBody::Rejected { .. }
+                )
+        });
+        let intent_after = history
+            .iter()
+            .any(|e| e.at > killed_at && matches!(e.body, EventBody::SendIntended { .. }));
+        across_the_kill += usize::from(leg_ended_before && intent_after);
+    }
+    for sim in remotes.all() {
+        assert_eq!(sim.stats().duplicates, 0, "{:?}", sim.stats());
+    }
+    eprintln!(
+        "{} sagas, {settled} succeeded or compensated, {across_the_kill} moved on to their \
+         next leg after the kill",
+        keys.len()
+    );
+    assert!(
+        across_the_kill >= 1,
+        "no saga was between two legs when A was killed"
+    );
+    drop(tansu);
 }

@@ -18,6 +18,11 @@ pub struct DemoArgs {
     /// Ledger directory (a temporary one by default). Inspect or audit it afterwards.
     #[arg(long)]
     data: Option<PathBuf>,
+    /// Run a three-step operation (reserve, charge, ship) at five simulated remotes instead,
+    /// the shipment refused for one task in five: those tasks' reservation and charge are
+    /// undone (released, refunded) once each.
+    #[arg(long)]
+    saga: bool,
 }
 
 /// Runs the demo; `Ok(false)` when an invariant failed.
@@ -27,5 +32,6 @@ pub fn run(args: DemoArgs) -> anyhow::Result<bool> {
         duplicates: args.duplicates,
         seed: args.seed,
         data: args.data,
+        saga: args.saga,
     })
 }
