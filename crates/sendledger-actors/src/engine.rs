@@ -102,14 +102,6 @@ fn actor_runtime() -> tokio::runtime::Runtime {
         .expect("an actor thread's runtime could not be created")
 }
 
-/// Whether a task in `phase` has something to do without new input (a restart resumes it).
-fn resumable(phase: Phase) -> bool {
-    matches!(
-        phase,
-        Phase::Accepted | Phase::Sending | Phase::RetryWait | Phase::Unknown
-    )
-}
-
 /// A task waiting for a person, with the evidence gathered so far.
 #[derive(Debug, Clone)]
 pub struct ReviewItem {
@@ -235,9 +227,9 @@ impl Engine {
         for (at, task_id, _) in timers {
             timer_addr.do_send(Schedule { at, task_id });
         }
-        let resumed = active.iter().filter(|(_, s)| resumable(s.phase)).count();
+        let resumed = active.iter().filter(|(_, s)| s.phase.resumable()).count();
         for (task_id, summary) in active {
-            if resumable(summary.phase) {
+            if summary.phase.resumable() {
                 registry.do_send(Route {
                     task_id,
                     input: TaskInput::Recover,
@@ -393,7 +385,7 @@ impl Engine {
             .read(move |l| {
                 let active = l.active_tasks_of_partition(partition)?;
                 Ok((active.into_iter())
-                    .filter(|(_, summary)| resumable(summary.phase))
+                    .filter(|(_, summary)| summary.phase.resumable())
                     .map(|(task_id, _)| task_id)
                     .collect::<Vec<_>>())
             })

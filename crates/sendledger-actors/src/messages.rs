@@ -23,6 +23,10 @@ pub enum TaskInput {
     Wake {
         due: u64,
     },
+    /// The task's last decision asked to decide again at once ([`Action::Continue`]).
+    ///
+    /// [`Action::Continue`]: sendledger_core::Action::Continue
+    Continue,
     /// A lookup ended; `asked_at` is when it was sent.
     Lookup {
         attempt: u32,

@@ -285,6 +285,7 @@ impl TaskActor {
                 clear = Some(due);
                 Input::Wake
             }
+            TaskInput::Continue => Input::Wake,
             TaskInput::Lookup {
                 attempt,
                 asked_at,
@@ -455,6 +456,18 @@ impl TaskActor {
         match action {
             Action::None => {}
             Action::WakeAt(at) => self.shared.timers.do_send(Schedule { at, task_id }),
+            Action::Continue => {
+                let next = self.process(TaskInput::Continue);
+                ctx.wait(next.map(move |res, act, ctx| {
+                    if let Err(e) = res {
+                        // Looked at again shortly; a restart resumes the leg anyway.
+                        tracing::warn!(task_id = %task_id, error = %Chain(&e), "the next leg was not decided; trying again in a second");
+                        let at = crate::now_ms() + 1_000;
+                        act.shared.timers.do_send(Schedule { at, task_id });
+                    }
+                    act.idle_check(ctx);
+                }));
+            }
             Action::Lookup { attempt } => {
                 // At most one lookup per task: a second wake while one is out (a stored timer
                 // and recovery's wake, say) waits for its result, which schedules what follows.

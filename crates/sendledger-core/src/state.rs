@@ -65,6 +65,20 @@ impl Phase {
         )
     }
 
+    /// Whether a task in this phase has something to do without new input, so that a restart
+    /// or a take-over resumes it (`Input::Recover`): a multi-step task between two legs
+    /// (`accepted`, `compensating`) included.
+    pub fn resumable(self) -> bool {
+        matches!(
+            self,
+            Phase::Accepted
+                | Phase::Sending
+                | Phase::RetryWait
+                | Phase::Unknown
+                | Phase::Compensating
+        )
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Phase::New => "new",

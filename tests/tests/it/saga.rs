@@ -13,8 +13,8 @@ use sendledger_effects::{SagaConfig, SagaStepConfig, TargetConfig, Targets};
 use sendledger_sim::{Faults, Sim, SimConfig};
 use sendledger_store::{Ledger, LedgerOptions};
 use sendledger_tests::cluster::{
-    read_and_audit_log, start_broker, Group, Instance, KeptOnFailure, ResultsFollower, Stream,
-    Timeline,
+    read_and_audit_log, read_log, start_broker, Group, Instance, KeptOnFailure, ResultsFollower,
+    Stream, Timeline,
 };
 use sendledger_tests::engine::*;
 use sendledger_tests::kafka::{dedupe, task_ids, terminal_by_task, validate_all};
@@ -571,9 +571,25 @@ async fn kafka_mode_a_saga_whose_partition_moves_resumes_at_its_leg_on_the_new_o
     answered_more(20).await;
     let produced = stream.stop().await;
     let keys: Vec<String> = produced.iter().map(|(k, _)| k.clone()).collect();
-    group
-        .wait_answered(&results, &task_ids(&keys), Duration::from_secs(90))
-        .await;
+    let tasks = task_ids(&keys);
+    let limit = Instant::now() + Duration::from_secs(90);
+    while !tasks.is_subset(&results.answered()) {
+        group.assert_alive();
+        if Instant::now() > limit {
+            let answered = results.answered();
+            let missing: Vec<&String> = tasks.difference(&answered).collect();
+            let log = tokio::task::block_in_place(|| read_log(&kafka));
+            for task in &missing {
+                let history: Vec<String> = (log.iter())
+                    .filter(|e| e.task_id.to_string() == **task)
+                    .map(|e| format!("{} {}: {}", e.at, e.body.name(), e.body.summary(e.at)))
+                    .collect();
+                eprintln!("{task} has no result:\n  {}", history.join("\n  "));
+            }
+            panic!("{} tasks without a result", missing.len());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     group.stop_all();
     let raw = results.stop();
     let ((events, _), report) = tokio::task::block_in_place(|| read_and_audit_log(&kafka));
@@ -619,4 +635,62 @@ async fn kafka_mode_a_saga_whose_partition_moves_resumes_at_its_leg_on_the_new_o
         "no saga was between two legs when A was killed"
     );
     drop(tansu);
+}
+
+/// A saga the process left owing a compensation (its shipment refused, the compensation not
+/// started yet: it stopped between those two decisions, which follow each other at once) is
+/// resumed at start-up: it refunds the charge and releases the reservation, each undoing the
+/// step's own record, and ends compensated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saga_left_owing_its_compensation_is_resumed_at_start_up() {
+    let remotes = Remotes::start(|_| Faults::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let key = "left-1";
+    let request = order(key).accept(&Default::default()).unwrap();
+    let steps = remotes.targets().steps("order").unwrap().to_vec();
+    let created = |remote_id: &str| EventBody::Confirmed {
+        remote_id: remote_id.into(),
+        evidence: sendledger_core::Evidence::Response { status: 201 },
+    };
+    let intent = |attempt| EventBody::SendIntended {
+        attempt,
+        idempotency_key: None,
+    };
+    let history = vec![
+        EventBody::TaskAccepted {
+            payload_hash: request.payload_hash(),
+            request,
+            source: source(0),
+        },
+        EventBody::StepsPlanned { steps },
+        intent(1),
+        created("res-x"),
+        intent(2),
+        created("ch-x"),
+        intent(3),
+        EventBody::Rejected {
+            status: 422,
+            detail: "no courier".into(),
+        },
+    ];
+    let ledger = Ledger::open(dir.path(), LedgerOptions::default()).unwrap();
+    let mut state = sendledger_core::State::default();
+    for body in history {
+        let decision = sendledger_core::Decision {
+            events: vec![body],
+            action: sendledger_core::Action::None,
+        };
+        let (next, append) = sendledger_actors::task::record(task_id(key), &state, &decision, 1);
+        ledger.append(append).await.unwrap();
+        state = next;
+    }
+    assert_eq!(state.phase, Phase::Compensating);
+    drop(ledger);
+    let engine = tokio::task::block_in_place(|| start_with(dir.path(), remotes.targets()));
+    let state = wait_for(&engine, task_id(key), WAIT, |s| s.phase.is_terminal()).await;
+    assert_eq!(state.phase, Phase::Compensated);
+    assert_eq!(undoes(&remotes.refunds, key).as_deref(), Some("ch-x"));
+    assert_eq!(undoes(&remotes.release, key).as_deref(), Some("res-x"));
+    audit_clean(&engine);
+    engine.shutdown(Duration::from_secs(5)).await;
 }

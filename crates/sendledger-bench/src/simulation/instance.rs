@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use sendledger_core::decide::{decide, Action, Ctx, Input, Policy};
-use sendledger_core::{fold, Event, Phase, TaskId};
+use sendledger_core::{fold, Event, TaskId};
 use sendledger_kafka::standby;
 use sendledger_kafka::take_over::{self, Brokers as _};
 use sendledger_kafka::LogReplicator;
@@ -284,6 +284,11 @@ impl Instance {
             Action::WakeAt(at) => {
                 self.timers.insert((at, task, pending.partition));
             }
+            // Multi-step tasks, which the simulation does not run, move on at once.
+            Action::Continue => {
+                self.timers
+                    .insert((pending.decided_at, task, pending.partition));
+            }
             Action::Lookup { attempt } => self.lookups.push(effect(attempt, 0)),
             Action::None => {}
         }
@@ -442,10 +447,7 @@ impl Instance {
             .active_tasks_of_partition(partition)
             .map_err(|e| err(&e))?;
         for (task, summary) in active {
-            if matches!(
-                summary.phase,
-                Phase::Accepted | Phase::Sending | Phase::RetryWait | Phase::Unknown
-            ) {
+            if summary.phase.resumable() {
                 self.input(task, partition, Input::Recover);
             }
         }

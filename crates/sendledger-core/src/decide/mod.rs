@@ -251,6 +251,10 @@ pub enum Action {
     },
     /// Wake the task (deliver [`Input::Wake`]) at this time.
     WakeAt(Millis),
+    /// Decide again at once, as at a wake: a multi-step task moved on to its next leg (a step,
+    /// or a compensation), whose call the next decision makes with that leg's own target and
+    /// policy. No timer: should the process stop first, recovery resumes the leg the same way.
+    Continue,
     /// Ask the remote for records matching the task, about this attempt (the latest).
     Lookup {
         attempt: u32,
@@ -315,7 +319,7 @@ pub fn decide(state: &State, input: Input, ctx: Ctx<'_>) -> Result<Decision> {
                 unknown(state, attempt, UnknownCause::Recovery, ctx, &mut d);
             }
             Phase::Accepted => intend(state, false, ctx, &mut d),
-            Phase::Compensating => compensate_next(state, ctx, &mut d),
+            Phase::Compensating => compensate_next(state, &mut d),
             Phase::RetryWait | Phase::Unknown => {
                 let at = state.retry_at.or(state.next_check_at).unwrap_or(ctx.now);
                 d.action = Action::WakeAt(at);
@@ -832,7 +836,7 @@ fn policy_resend(
 fn wake(state: &State, ctx: Ctx<'_>, d: &mut Decision) {
     match state.phase {
         Phase::Accepted => intend(state, false, ctx, d),
-        Phase::Compensating => compensate_next(state, ctx, d),
+        Phase::Compensating => compensate_next(state, d),
         Phase::RetryWait => match state.retry_at {
             Some(at) if ctx.now < at => d.action = Action::WakeAt(at),
             _ => intend(state, false, ctx, d),

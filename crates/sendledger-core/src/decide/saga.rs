@@ -7,8 +7,8 @@ use crate::saga::{Leg, StepOutcome};
 use crate::state::{Phase, State};
 
 /// A multi-step task whose decision ended a leg (a step confirmed, the next one to begin; a
-/// failure to compensate, or a compensation done and another owed) goes on at once: at a wake
-/// right away, decided with the next leg's own target and policy.
+/// failure to compensate, or a compensation done and another owed) goes on at once
+/// ([`Action::Continue`]), decided with the next leg's own target and policy.
 pub(super) fn move_on(state: &State, ctx: Ctx<'_>, d: &mut Decision) {
     if state.saga.is_none() || d.events.is_empty() || d.action != Action::None {
         return;
@@ -16,12 +16,13 @@ pub(super) fn move_on(state: &State, ctx: Ctx<'_>, d: &mut Decision) {
     let mut after = state.clone();
     after.apply_all(ctx.now, &d.events);
     if matches!(after.phase, Phase::Accepted | Phase::Compensating) {
-        d.action = Action::WakeAt(ctx.now);
+        d.action = Action::Continue;
     }
 }
 
-/// Starts the next compensation a multi-step task owes: the next wake sends it.
-pub(super) fn compensate_next(state: &State, ctx: Ctx<'_>, d: &mut Decision) {
+/// Starts the next compensation a multi-step task owes; the decision that follows at once sends
+/// it.
+pub(super) fn compensate_next(state: &State, d: &mut Decision) {
     let Some(saga) = &state.saga else {
         return;
     };
@@ -50,7 +51,7 @@ pub(super) fn compensate_next(state: &State, ctx: Ctx<'_>, d: &mut Decision) {
             "step {failed} did not succeed: the steps before it are undone in reverse order"
         ),
     });
-    d.action = Action::WakeAt(ctx.now);
+    d.action = Action::Continue;
 }
 
 /// The step (number and name) whose compensation the task's attempts are, when they are one.

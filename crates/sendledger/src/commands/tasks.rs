@@ -27,7 +27,7 @@ pub struct TasksArgs {
 #[derive(Args, Default)]
 struct Select {
     /// Only tasks in this phase (repeat for several): accepted, sending, retry_wait, unknown,
-    /// manual_review, succeeded, rejected, failed.
+    /// manual_review, succeeded, rejected, failed, compensating, compensated.
     #[arg(long = "phase")]
     phases: Vec<String>,
     /// Only tasks of this target.
