@@ -673,7 +673,25 @@ async fn a_saga_left_owing_its_compensation_is_resumed_at_start_up() {
             detail: "no courier".into(),
         },
     ];
-    let ledger = Ledger::open(dir.path(), LedgerOptions::default()).unwrap();
+    let state = write_history(dir.path(), key, history).await;
+    assert_eq!(state.phase, Phase::Compensating);
+    let engine = tokio::task::block_in_place(|| start_with(dir.path(), remotes.targets()));
+    let state = wait_for(&engine, task_id(key), WAIT, |s| s.phase.is_terminal()).await;
+    assert_eq!(state.phase, Phase::Compensated);
+    assert_eq!(undoes(&remotes.refunds, key).as_deref(), Some("ch-x"));
+    assert_eq!(undoes(&remotes.release, key).as_deref(), Some("res-x"));
+    audit_clean(&engine);
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+/// Writes `history` as task `key`'s events to the ledger at `dir`, each recorded as its task
+/// actor records a decision (summary, indexes); returns the task's state after it.
+async fn write_history(
+    dir: &std::path::Path,
+    key: &str,
+    history: Vec<EventBody>,
+) -> sendledger_core::State {
+    let ledger = Ledger::open(dir, LedgerOptions::default()).unwrap();
     let mut state = sendledger_core::State::default();
     for body in history {
         let decision = sendledger_core::Decision {
@@ -684,13 +702,63 @@ async fn a_saga_left_owing_its_compensation_is_resumed_at_start_up() {
         ledger.append(append).await.unwrap();
         state = next;
     }
-    assert_eq!(state.phase, Phase::Compensating);
-    drop(ledger);
-    let engine = tokio::task::block_in_place(|| start_with(dir.path(), remotes.targets()));
+    state
+}
+
+/// A step whose template cannot be rendered when its turn comes (the configuration changed
+/// under a running saga: its target now reads a step the task's recorded plan does not have)
+/// is rejected without sending anything, with the reason named, and the steps before it are
+/// undone: never a panic, never a stuck task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_that_cannot_be_built_is_rejected_unsent_and_the_steps_before_it_undone() {
+    let remotes = Remotes::start(|_| Faults::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let key = "changed-1";
+    let request = order(key).accept(&Default::default()).unwrap();
+    let mut configs = remotes.configs();
+    configs.insert(
+        "ghostly".into(),
+        target(&remotes.payments.base_url(), |t| {
+            t["body_fields"]["ghost"] = "{steps.ghost.remote_id}".into();
+        }),
+    );
+    let targets = Targets::from_config(&configs)
+        .unwrap()
+        .with_sagas(&sagas())
+        .unwrap();
+    let mut steps = targets.steps("order").unwrap().to_vec();
+    steps[1].target = "ghostly".into();
+    steps.truncate(2);
+    let history = vec![
+        EventBody::TaskAccepted {
+            payload_hash: request.payload_hash(),
+            request,
+            source: source(0),
+        },
+        EventBody::StepsPlanned { steps },
+        EventBody::SendIntended {
+            attempt: 1,
+            idempotency_key: None,
+        },
+        EventBody::Confirmed {
+            remote_id: "res-x".into(),
+            evidence: sendledger_core::Evidence::Response { status: 201 },
+        },
+    ];
+    let state = write_history(dir.path(), key, history).await;
+    assert_eq!(state.phase, Phase::Accepted, "between its two steps");
+    let engine = tokio::task::block_in_place(|| start_with(dir.path(), targets));
     let state = wait_for(&engine, task_id(key), WAIT, |s| s.phase.is_terminal()).await;
     assert_eq!(state.phase, Phase::Compensated);
-    assert_eq!(undoes(&remotes.refunds, key).as_deref(), Some("ch-x"));
+    assert_eq!(
+        remotes.payments.stats().posts,
+        0,
+        "nothing sent for the step"
+    );
     assert_eq!(undoes(&remotes.release, key).as_deref(), Some("res-x"));
+    let result = last_result(&engine, key).await;
+    let reason = result.reason.unwrap();
+    assert!(reason.contains("step `ghost` has no remote id"), "{reason}");
     audit_clean(&engine);
     engine.shutdown(Duration::from_secs(5)).await;
 }
