@@ -399,6 +399,8 @@ impl Instance {
 /// Follows the results topic from its beginning as a `read_committed` consumer, on a thread
 /// of its own, keeping every record.
 pub struct ResultsFollower {
+    /// The cluster it reads, where a task without a result has its history looked up.
+    kafka: Kafka,
     records: Arc<Mutex<Vec<Rec>>>,
     stop: Arc<AtomicBool>,
     thread: JoinHandle<()>,
@@ -428,6 +430,7 @@ impl ResultsFollower {
             }
         });
         ResultsFollower {
+            kafka: kafka.clone(),
             records,
             stop,
             thread,
@@ -695,11 +698,23 @@ impl Group {
         let deadline = Instant::now() + limit;
         while !tasks.is_subset(&results.answered()) {
             self.assert_alive();
-            assert!(
-                Instant::now() < deadline,
-                "{} tasks without a result",
-                tasks.difference(&results.answered()).count()
-            );
+            if Instant::now() > deadline {
+                let answered = results.answered();
+                let missing: Vec<&String> = tasks.difference(&answered).collect();
+                // What the log of record holds of each, to tell a stuck task from a lost result.
+                let log = tokio::task::block_in_place(|| read_log(&results.kafka));
+                for task in &missing {
+                    let history: Vec<String> = (log.iter())
+                        .filter(|e| e.task_id.to_string() == **task)
+                        .map(|e| format!("{} {}: {}", e.at, e.body.name(), e.body.summary(e.at)))
+                        .collect();
+                    eprintln!(
+                        "{task} has no result; its events:\n  {}",
+                        history.join("\n  ")
+                    );
+                }
+                panic!("{} tasks without a result", missing.len());
+            }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }

@@ -251,10 +251,8 @@ impl TaskActor {
             // it, which then spends one unit of the target's rate): room at the target first,
             // then the decision, from the time the room was found. A multi-step task's first
             // attempt is its first step's.
-            let target = match self.shared.remote.steps(&request.target) {
-                Some(steps) => steps.first().map(|s| s.target.clone()).unwrap_or_default(),
-                None => request.target.clone(),
-            };
+            let steps = self.shared.remote.steps(&request.target);
+            let target = first_call(request, steps.as_deref()).to_string();
             let reserve = self.reserve(&target, None, &input);
             return Box::pin(reserve.into_actor(self).then(move |room, act, _| {
                 act.take_room(&target, room);
@@ -323,9 +321,7 @@ impl TaskActor {
             // The first delivery decides the first attempt: it needs the policy of its target
             // (a multi-step task's first step's).
             Input::Deliver { request, steps, .. } if is_new => {
-                let first = steps.as_ref().and_then(|s| s.first());
-                let target = first.map_or(request.target.as_str(), |s| s.target.as_str());
-                self.set_policy(target);
+                self.set_policy(first_call(request, steps.as_deref()));
             }
             _ => self.refresh_policy(),
         }
@@ -728,6 +724,17 @@ pub fn record(task_id: TaskId, state: &State, decision: &Decision, now: u64) -> 
         append.set_timers.push((at, task_id, kind));
     }
     (next, append)
+}
+
+/// The target of a new task's first call: its saga's first step's, or its request's own.
+fn first_call<'a>(
+    request: &'a sendledger_core::AcceptedRequest,
+    steps: Option<&'a [sendledger_core::PlannedStep]>,
+) -> &'a str {
+    match steps.and_then(<[_]>::first) {
+        Some(step) => &step.target,
+        None => &request.target,
+    }
 }
 
 /// How long a task holds its room at the attempt's target while the intent is recorded. A

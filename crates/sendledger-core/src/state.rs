@@ -482,7 +482,6 @@ impl State {
                 if (n as usize) + 1 < saga.steps.len() {
                     saga.leg = Leg::Step(n + 1);
                     self.begin_leg();
-                    self.phase = Phase::Accepted;
                 } else {
                     self.settle(Phase::Succeeded);
                 }

@@ -13,8 +13,8 @@ use sendledger_effects::{SagaConfig, SagaStepConfig, TargetConfig, Targets};
 use sendledger_sim::{Faults, Sim, SimConfig};
 use sendledger_store::{Ledger, LedgerOptions};
 use sendledger_tests::cluster::{
-    read_and_audit_log, read_log, start_broker, Group, Instance, KeptOnFailure, ResultsFollower,
-    Stream, Timeline,
+    read_and_audit_log, start_broker, Group, Instance, KeptOnFailure, ResultsFollower, Stream,
+    Timeline,
 };
 use sendledger_tests::engine::*;
 use sendledger_tests::kafka::{dedupe, task_ids, terminal_by_task, validate_all};
@@ -114,6 +114,19 @@ fn order(key: &str) -> sendledger_core::TaskRequest {
     let mut request = request(key);
     request.target = "order".into();
     request
+}
+
+/// Submits orders `<prefix>-0 .. <prefix>-<count-1>`; returns their request keys.
+async fn submit_orders(
+    engine: &sendledger_actors::Engine,
+    prefix: &str,
+    count: usize,
+) -> Vec<String> {
+    let keys: Vec<String> = (0..count).map(|i| format!("{prefix}-{i}")).collect();
+    for (i, key) in keys.iter().enumerate() {
+        engine.submit(order(key), source(i as i64)).await.unwrap();
+    }
+    keys
 }
 
 /// The task's last result, as the publisher announces it; every result it announced is valid
@@ -249,10 +262,7 @@ async fn a_refused_last_step_is_compensated_once_per_earlier_step() {
     let dir = tempfile::tempdir().unwrap();
     let targets = remotes.targets();
     let engine = tokio::task::block_in_place(|| start_with(dir.path(), targets));
-    let keys: Vec<String> = (0..60).map(|i| format!("order-{i}")).collect();
-    for (i, key) in keys.iter().enumerate() {
-        engine.submit(order(key), source(i as i64)).await.unwrap();
-    }
+    let keys = submit_orders(&engine, "order", 60).await;
     let (succeeded, compensated) = check_outcomes(&engine, &remotes, &keys).await;
     eprintln!("succeeded {succeeded}, compensated {compensated}");
     assert!(
@@ -260,12 +270,7 @@ async fn a_refused_last_step_is_compensated_once_per_earlier_step() {
         "{succeeded}/{compensated}"
     );
     assert_eq!(remotes.shipments.stats().records as usize, succeeded);
-    for sim in [
-        &remotes.stock,
-        &remotes.payments,
-        &remotes.refunds,
-        &remotes.release,
-    ] {
+    for sim in remotes.all() {
         assert_eq!(sim.stats().duplicates, 0);
     }
     assert_eq!(remotes.refunds.stats().posts as usize, compensated);
@@ -297,10 +302,7 @@ async fn unknown_outcomes_in_steps_and_compensations_are_looked_up_never_resent(
     let dir = tempfile::tempdir().unwrap();
     let targets = remotes.targets();
     let engine = tokio::task::block_in_place(|| start_with(dir.path(), targets));
-    let keys: Vec<String> = (0..40).map(|i| format!("lost-{i}")).collect();
-    for (i, key) in keys.iter().enumerate() {
-        engine.submit(order(key), source(i as i64)).await.unwrap();
-    }
+    let keys = submit_orders(&engine, "lost", 40).await;
     let (succeeded, compensated) = check_outcomes(&engine, &remotes, &keys).await;
     assert!(
         compensated >= 3 && succeeded >= 10,
@@ -338,7 +340,8 @@ async fn unknown_outcomes_in_steps_and_compensations_are_looked_up_never_resent(
 
 /// The engine stops in the middle of sagas (steps and compensations hanging at their
 /// remotes, tasks between two legs) and starts again on the same ledger: each task resumes at
-/// its leg and nothing is sent twice. (A kill -9 mid-saga: `saga_kill.rs`.)
+/// its leg and nothing is sent twice. (A kill -9 mid-saga:
+/// `kill_9_mid_saga_and_mid_compensation_performs_nothing_twice`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_mid_saga_resumes_each_task_at_its_leg() {
     let remotes = Remotes::start(|name| match name {
@@ -355,10 +358,7 @@ async fn a_restart_mid_saga_resumes_each_task_at_its_leg() {
     .await;
     let dir = tempfile::tempdir().unwrap();
     let engine = tokio::task::block_in_place(|| start_with(dir.path(), remotes.targets()));
-    let keys: Vec<String> = (0..30).map(|i| format!("restart-{i}")).collect();
-    for (i, key) in keys.iter().enumerate() {
-        engine.submit(order(key), source(i as i64)).await.unwrap();
-    }
+    let keys = submit_orders(&engine, "restart", 30).await;
     tokio::time::sleep(Duration::from_millis(150)).await;
     let mut unsettled = 0;
     for key in &keys {
@@ -571,25 +571,9 @@ async fn kafka_mode_a_saga_whose_partition_moves_resumes_at_its_leg_on_the_new_o
     answered_more(20).await;
     let produced = stream.stop().await;
     let keys: Vec<String> = produced.iter().map(|(k, _)| k.clone()).collect();
-    let tasks = task_ids(&keys);
-    let limit = Instant::now() + Duration::from_secs(90);
-    while !tasks.is_subset(&results.answered()) {
-        group.assert_alive();
-        if Instant::now() > limit {
-            let answered = results.answered();
-            let missing: Vec<&String> = tasks.difference(&answered).collect();
-            let log = tokio::task::block_in_place(|| read_log(&kafka));
-            for task in &missing {
-                let history: Vec<String> = (log.iter())
-                    .filter(|e| e.task_id.to_string() == **task)
-                    .map(|e| format!("{} {}: {}", e.at, e.body.name(), e.body.summary(e.at)))
-                    .collect();
-                eprintln!("{task} has no result:\n  {}", history.join("\n  "));
-            }
-            panic!("{} tasks without a result", missing.len());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    group
+        .wait_answered(&results, &task_ids(&keys), Duration::from_secs(90))
+        .await;
     group.stop_all();
     let raw = results.stop();
     let ((events, _), report) = tokio::task::block_in_place(|| read_and_audit_log(&kafka));
