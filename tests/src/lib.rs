@@ -124,6 +124,21 @@ pub mod engine {
         Targets::from_config(&BTreeMap::from([("sim".to_string(), target)])).expect("valid targets")
     }
 
+    /// The targets a child process is given as JSON, and the target or saga its tasks name:
+    /// the one target `sim`, or `{"targets": {...}, "sagas": {...}, "target": NAME}`.
+    pub fn child_targets(json: &str) -> (Targets, String) {
+        let setup: serde_json::Value = serde_json::from_str(json).expect("TARGET_JSON");
+        let Some(all) = setup.get("targets") else {
+            let one = serde_json::from_value(setup).expect("a target");
+            return (targets(one), "sim".to_string());
+        };
+        let all = serde_json::from_value(all.clone()).expect("targets");
+        let sagas = serde_json::from_value(setup["sagas"].clone()).expect("sagas");
+        let targets = Targets::from_config(&all).expect("valid targets");
+        let name = setup["target"].as_str().expect("target").to_string();
+        (targets.with_sagas(&sagas).expect("valid sagas"), name)
+    }
+
     /// Starts an engine on `dir` with the one target `sim` (blocking; call outside async code
     /// or within `block_in_place`).
     pub fn start(dir: &std::path::Path, target: TargetConfig) -> Engine {

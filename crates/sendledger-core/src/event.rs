@@ -323,6 +323,20 @@ pub enum EventBody {
         by: String,
         reason: String,
     },
+    /// An operator resolved the review of step `step` by ordering records undone: `record`
+    /// is the step's own (the step succeeded with it); each of `duplicates`, records the
+    /// step's lookup found besides it, is undone by the step's compensating target before
+    /// the task goes on; with `whole_task`, every step that succeeded is then undone in
+    /// reverse order, this one included, and the task ends compensated. Each undo begins with
+    /// its own `CompensationStarted`. (Envelope version 8.)
+    CompensationOrdered {
+        step: u32,
+        record: String,
+        duplicates: Vec<String>,
+        whole_task: bool,
+        by: String,
+        reason: String,
+    },
 }
 
 /// The raw bytes of a rejected input: as text where a format is read by people (JSON), as
@@ -370,6 +384,7 @@ impl EventBody {
             EventBody::SendIntendedAt { .. } => "SendIntendedAt",
             EventBody::StepsPlanned { .. } => "StepsPlanned",
             EventBody::CompensationStarted { .. } => "CompensationStarted",
+            EventBody::CompensationOrdered { .. } => "CompensationOrdered",
         }
     }
 
@@ -486,6 +501,26 @@ impl EventBody {
                 by,
                 reason,
             } => format!("undo step {step} (remote_id={remote_id}) by {by}: {reason}"),
+            EventBody::CompensationOrdered {
+                step,
+                record,
+                duplicates,
+                whole_task,
+                by,
+                reason,
+            } => {
+                let mut undo = Vec::new();
+                if !duplicates.is_empty() {
+                    undo.push(format!("duplicates [{}]", duplicates.join(", ")));
+                }
+                if *whole_task {
+                    undo.push("every step that succeeded".to_string());
+                }
+                format!(
+                    "step {step} record={record}; undo {} by {by}: {reason}",
+                    undo.join(", then ")
+                )
+            }
         }
     }
 }

@@ -83,3 +83,16 @@ pub fn saga_bodies() -> Vec<EventBody> {
         },
     ]
 }
+
+/// One body of each kind envelope version 8 adds: an operator's order to undo a step's
+/// duplicate and then the whole task.
+pub fn order_bodies() -> Vec<EventBody> {
+    vec![EventBody::CompensationOrdered {
+        step: 1,
+        record: "ch-1".into(),
+        duplicates: vec!["ch-2".into()],
+        whole_task: true,
+        by: "ana".into(),
+        reason: "the order was cancelled".into(),
+    }]
+}

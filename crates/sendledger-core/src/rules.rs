@@ -35,8 +35,10 @@ pub enum Rule {
     /// exist at the target it leaves.
     FallbackOnlyOnProof,
     /// A multi-step task compensates only a step that succeeded (the record its
-    /// `CompensationStarted` undoes is the step's, unless an operator named another), and by
-    /// the saga's policy only once a later step ended rejected or failed.
+    /// `CompensationStarted` undoes is the step's, or a duplicate an operator ordered undone
+    /// from among the records the step's lookup found), by the saga's policy only once a
+    /// later step ended rejected or failed, and by an operator only on an order to undo the
+    /// whole task.
     CompensationOnlyForSuccess,
     /// At most one compensation per step: a step's compensation is not started again while
     /// one is underway or after one was done.
@@ -434,8 +436,21 @@ impl TaskCheck {
     }
 
     /// [`Rule::CompensationOnlyForSuccess`], [`Rule::CompensationOncePerStep`] and
-    /// [`Rule::CompensationsInReverseOrder`], at each `CompensationStarted`.
+    /// [`Rule::CompensationsInReverseOrder`], at each `CompensationStarted` and
+    /// `CompensationOrdered`.
     fn compensations(&self, event: &Event, out: &mut Vec<Violation>) {
+        let lsns = vec![event.lsn];
+        if let EventBody::CompensationOrdered { duplicates, .. } = &event.body {
+            let found = match &self.state.review_reason {
+                Some(ReviewReason::MultipleMatches { remote_ids }) => remote_ids.as_slice(),
+                _ => &[],
+            };
+            if let Some(id) = duplicates.iter().find(|id| !found.contains(id)) {
+                let detail = format!("{id} ordered undone as a duplicate, and no lookup found it");
+                flag(out, Rule::CompensationOnlyForSuccess, lsns, detail);
+            }
+            return;
+        }
         let EventBody::CompensationStarted {
             step,
             remote_id,
@@ -445,7 +460,6 @@ impl TaskCheck {
         else {
             return;
         };
-        let lsns = vec![event.lsn];
         let Some(saga) = &self.state.saga else {
             let detail = "CompensationStarted in a task that has no steps".into();
             return flag(out, Rule::CompensationOnlyForSuccess, lsns, detail);
@@ -454,7 +468,24 @@ impl TaskCheck {
             let detail = format!("CompensationStarted for step {step}, which is not planned");
             return flag(out, Rule::CompensationOnlyForSuccess, lsns, detail);
         };
-        let by_policy = by.starts_with(POLICY_PREFIX);
+        let open = saga
+            .steps
+            .iter()
+            .find(|o| !std::ptr::eq(*o, s) && o.compensation_open());
+        let duplicate = s
+            .duplicates
+            .iter()
+            .any(|c| c.undoes == *remote_id && c.outcome == CompensationOutcome::Owed);
+        if duplicate {
+            if let Some(o) = open {
+                let detail = format!(
+                    "undo of a duplicate of step {} before the compensation of step {} was done",
+                    s.name, o.name
+                );
+                flag(out, Rule::CompensationsInReverseOrder, lsns, detail);
+            }
+            return;
+        }
         let done = match &s.outcome {
             StepOutcome::Succeeded { remote_id: id } => Some(id),
             _ => None,
@@ -465,9 +496,10 @@ impl TaskCheck {
                 s.name, s.target
             );
             flag(out, Rule::CompensationOnlyForSuccess, lsns.clone(), detail);
-        } else if by_policy && done != Some(remote_id) {
+        } else if done != Some(remote_id) {
             let detail = format!(
-                "the policy's compensation of step {} undoes {remote_id}, not the step's record",
+                "the compensation of step {} undoes {remote_id}, which is neither the step's \
+                 record nor a duplicate ordered undone",
                 s.name
             );
             flag(out, Rule::CompensationOnlyForSuccess, lsns.clone(), detail);
@@ -478,9 +510,16 @@ impl TaskCheck {
                 StepOutcome::Rejected { .. } | StepOutcome::Failed { .. }
             )
         });
-        if by_policy && !a_later_one_failed {
+        let ordered = saga.ordered_by.as_ref().is_some_and(|(o, _)| o == by);
+        if by.starts_with(POLICY_PREFIX) && !a_later_one_failed {
             let detail = format!(
                 "the policy compensated step {} while no later step ended rejected or failed",
+                s.name
+            );
+            flag(out, Rule::CompensationOnlyForSuccess, lsns.clone(), detail);
+        } else if !by.starts_with(POLICY_PREFIX) && !ordered {
+            let detail = format!(
+                "{by} compensated step {} without an order to undo the whole task",
                 s.name
             );
             flag(out, Rule::CompensationOnlyForSuccess, lsns.clone(), detail);
@@ -491,24 +530,16 @@ impl TaskCheck {
                 flag(out, Rule::CompensationOncePerStep, lsns.clone(), detail);
             }
         }
-        let open = saga.steps.iter().find(|o| {
-            !std::ptr::eq(*o, s)
-                && matches!(
-                    o.compensation.as_ref().map(|c| &c.outcome),
-                    Some(CompensationOutcome::Underway | CompensationOutcome::Refused { .. })
-                )
+        let later_owed = saga.steps.iter().skip(*step as usize + 1).find(|o| {
+            matches!(o.outcome, StepOutcome::Succeeded { .. })
+                && o.compensate.is_some()
+                && o.compensation.is_none()
         });
-        let later_owed = saga
+        let duplicate_owed = saga
             .steps
             .iter()
-            .skip(*step as usize + 1)
-            .find(|o| {
-                matches!(o.outcome, StepOutcome::Succeeded { .. })
-                    && o.compensate.is_some()
-                    && o.compensation.is_none()
-            })
-            .filter(|_| by_policy);
-        if let Some(o) = open.or(later_owed) {
+            .find(|o| (o.duplicates.iter()).any(|c| c.outcome == CompensationOutcome::Owed));
+        if let Some(o) = open.or(later_owed).or(duplicate_owed) {
             let detail = format!(
                 "compensation of step {} before the compensation of step {} was done",
                 s.name, o.name

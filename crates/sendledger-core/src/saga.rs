@@ -19,9 +19,12 @@ pub struct Saga {
     pub steps: Vec<Step>,
     /// The call the task's attempts go to now.
     pub leg: Leg,
-    /// A step ended rejected or failed, so the steps before it that succeeded are owed their
-    /// compensation.
+    /// A step ended rejected or failed, or an operator ordered the whole task undone, so the
+    /// steps that succeeded are owed their compensation.
     pub compensating: bool,
+    /// The operator who ordered the whole task undone, and why (`CompensationOrdered`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ordered_by: Option<(String, String)>,
 }
 
 /// The call a multi-step task's attempts go to.
@@ -43,6 +46,11 @@ pub struct Step {
     pub compensate: Option<String>,
     pub outcome: StepOutcome,
     pub compensation: Option<Compensation>,
+    /// Records the step's lookup found besides its own, which an operator ordered undone
+    /// (`CompensationOrdered`): each by the step's compensating target, before the task goes
+    /// on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub duplicates: Vec<Compensation>,
 }
 
 /// What a step's call ended with.
@@ -75,6 +83,8 @@ pub struct Compensation {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum CompensationOutcome {
+    /// Ordered by an operator, not begun yet (a duplicate record waiting its turn).
+    Owed,
     Underway,
     /// Confirmed: by the compensating call's answer, a lookup, or an operator.
     Done {
@@ -85,6 +95,21 @@ pub enum CompensationOutcome {
         http_status: u16,
         detail: String,
     },
+    /// An operator gave up on undoing a duplicate record: it stays at the remote, and the task
+    /// went on.
+    Abandoned {
+        reason: String,
+    },
+}
+
+impl CompensationOutcome {
+    /// Begun and not ended: its attempts, or the review of its refusal, hold up the next.
+    pub fn is_open(&self) -> bool {
+        matches!(
+            self,
+            CompensationOutcome::Underway | CompensationOutcome::Refused { .. }
+        )
+    }
 }
 
 /// What a step's templates read of the steps before it: each step's remote id, by name.
@@ -103,10 +128,12 @@ impl Saga {
                     compensate: p.compensate.clone(),
                     outcome: StepOutcome::Pending,
                     compensation: None,
+                    duplicates: Vec::new(),
                 })
                 .collect(),
             leg: Leg::Step(0),
             compensating: false,
+            ordered_by: None,
         }
     }
 
@@ -139,13 +166,7 @@ impl Saga {
         if !self.compensating {
             return None;
         }
-        let blocked = self.steps.iter().any(|s| {
-            matches!(
-                s.compensation.as_ref().map(|c| &c.outcome),
-                Some(CompensationOutcome::Underway | CompensationOutcome::Refused { .. })
-            )
-        });
-        if blocked {
+        if self.steps.iter().any(Step::compensation_open) {
             return None;
         }
         self.steps
@@ -160,6 +181,49 @@ impl Saga {
         self.steps.iter().any(Step::owes_compensation)
     }
 
+    /// The compensation the current leg is: a duplicate record's of the leg's step while one
+    /// is begun, else the step's own. `None` on a forward step.
+    pub fn compensation(&self) -> Option<&Compensation> {
+        let Leg::Compensation(_) = self.leg else {
+            return None;
+        };
+        let step = self.step()?;
+        (step.duplicates.iter().find(|c| c.outcome.is_open())).or(step.compensation.as_ref())
+    }
+
+    pub(crate) fn compensation_mut(&mut self) -> Option<&mut Compensation> {
+        let Leg::Compensation(_) = self.leg else {
+            return None;
+        };
+        let step = self.step_mut()?;
+        match step.duplicates.iter().position(|c| c.outcome.is_open()) {
+            Some(i) => step.duplicates.get_mut(i),
+            None => step.compensation.as_mut(),
+        }
+    }
+
+    /// Whether the current leg undoes a duplicate record rather than its step's own.
+    pub fn undoing_duplicate(&self) -> bool {
+        let Leg::Compensation(_) = self.leg else {
+            return false;
+        };
+        self.step()
+            .is_some_and(|s| s.duplicates.iter().any(|c| c.outcome.is_open()))
+    }
+
+    /// The next duplicate record an operator ordered undone (its step and record), while none
+    /// is begun and not ended. Duplicates come before any other compensation.
+    pub fn next_duplicate(&self) -> Option<(u32, &Compensation)> {
+        if self.steps.iter().any(Step::compensation_open) {
+            return None;
+        }
+        self.steps.iter().enumerate().find_map(|(n, s)| {
+            (s.duplicates.iter())
+                .find(|c| c.outcome == CompensationOutcome::Owed)
+                .map(|c| (n as u32, c))
+        })
+    }
+
     /// The remote ids a template of the current leg reads (see [`StepIds`]).
     pub fn step_ids(&self) -> StepIds {
         let mut ids = StepIds::new();
@@ -168,10 +232,8 @@ impl Saga {
                 ids.insert(step.name.clone(), remote_id.clone());
             }
         }
-        if let (Leg::Compensation(_), Some(step)) = (self.leg, self.step()) {
-            if let Some(c) = &step.compensation {
-                ids.insert(step.name.clone(), c.undoes.clone());
-            }
+        if let (Some(c), Some(step)) = (self.compensation(), self.step()) {
+            ids.insert(step.name.clone(), c.undoes.clone());
         }
         ids
     }
@@ -183,6 +245,11 @@ impl Saga {
 }
 
 impl Step {
+    /// Whether a compensation of the step (its own, or a duplicate's) is begun and not ended.
+    pub fn compensation_open(&self) -> bool {
+        (self.compensation.iter().chain(&self.duplicates)).any(|c| c.outcome.is_open())
+    }
+
     fn owes_compensation(&self) -> bool {
         matches!(self.outcome, StepOutcome::Succeeded { .. })
             && self.compensate.is_some()

@@ -453,14 +453,60 @@ impl State {
                 let Some(s) = saga.steps.get_mut(*step as usize) else {
                     return;
                 };
-                s.compensation = Some(Compensation {
-                    undoes: remote_id.clone(),
-                    by: by.clone(),
-                    outcome: CompensationOutcome::Underway,
-                });
-                saga.compensating = true;
+                let duplicate = (s.duplicates.iter_mut())
+                    .find(|c| c.outcome == CompensationOutcome::Owed && c.undoes == *remote_id);
+                match duplicate {
+                    Some(c) => c.outcome = CompensationOutcome::Underway,
+                    None => {
+                        s.compensation = Some(Compensation {
+                            undoes: remote_id.clone(),
+                            by: by.clone(),
+                            outcome: CompensationOutcome::Underway,
+                        });
+                        saga.compensating = true;
+                    }
+                }
                 saga.leg = Leg::Compensation(*step);
                 self.begin_leg();
+            }
+            EventBody::CompensationOrdered {
+                step,
+                record,
+                duplicates,
+                whole_task,
+                by,
+                reason,
+            } => {
+                let Some(saga) = &mut self.saga else {
+                    return;
+                };
+                if saga.leg != Leg::Step(*step) {
+                    return;
+                }
+                let Some(s) = saga.step_mut() else {
+                    return;
+                };
+                s.outcome = StepOutcome::Succeeded {
+                    remote_id: record.clone(),
+                };
+                s.duplicates = (duplicates.iter())
+                    .map(|id| Compensation {
+                        undoes: id.clone(),
+                        by: by.clone(),
+                        outcome: CompensationOutcome::Owed,
+                    })
+                    .collect();
+                if *whole_task {
+                    saga.compensating = true;
+                    saga.ordered_by = Some((by.clone(), reason.clone()));
+                }
+                self.in_flight = None;
+                self.remote_id = Some(record.clone());
+                self.evidence = Some(Evidence::Operator {
+                    by: by.clone(),
+                    reason: reason.clone(),
+                });
+                self.after_compensation();
             }
         }
     }
@@ -487,7 +533,7 @@ impl State {
                 }
             }
             Leg::Compensation(_) => {
-                if let Some(c) = saga.step_mut().and_then(|s| s.compensation.as_mut()) {
+                if let Some(c) = saga.compensation_mut() {
                     c.outcome = CompensationOutcome::Done {
                         remote_id: remote_id.to_string(),
                     };
@@ -514,7 +560,7 @@ impl State {
                 self.forward_ended(Phase::Rejected);
             }
             Leg::Compensation(_) => {
-                if let Some(c) = saga.step_mut().and_then(|s| s.compensation.as_mut()) {
+                if let Some(c) = saga.compensation_mut() {
                     c.outcome = CompensationOutcome::Refused {
                         http_status: status,
                         detail: detail.to_string(),
@@ -527,7 +573,7 @@ impl State {
 
     /// A call failed (never performed): a one-step task's or a step's as [`State::refused`];
     /// a compensation fails only by an operator's decision, which ends the task failed with
-    /// the compensation undone.
+    /// the compensation undone, or, for a duplicate record, leaves the duplicate and goes on.
     fn failed(&mut self, reason: &str) {
         let Some(saga) = &mut self.saga else {
             return self.settle(Phase::Failed);
@@ -540,6 +586,14 @@ impl State {
                     };
                 }
                 self.forward_ended(Phase::Failed);
+            }
+            Leg::Compensation(_) if saga.undoing_duplicate() => {
+                if let Some(c) = saga.compensation_mut() {
+                    c.outcome = CompensationOutcome::Abandoned {
+                        reason: reason.to_string(),
+                    };
+                }
+                self.after_compensation();
             }
             Leg::Compensation(_) => self.settle(Phase::Failed),
         }
@@ -557,10 +611,25 @@ impl State {
         }
     }
 
+    /// What follows a compensation that ended, or an operator's order of some: the next
+    /// compensation owed (duplicates first), else the end of the task's compensation
+    /// (compensated), else, when only duplicates were undone, the step after theirs.
     fn after_compensation(&mut self) {
-        match self.saga.as_ref().and_then(Saga::next_compensation) {
-            Some(_) => self.settle(Phase::Compensating),
-            None => self.settle(Phase::Compensated),
+        let Some(saga) = &mut self.saga else {
+            return;
+        };
+        if saga.next_duplicate().is_some() || saga.next_compensation().is_some() {
+            return self.settle(Phase::Compensating);
+        }
+        if saga.compensating {
+            return self.settle(Phase::Compensated);
+        }
+        let (Leg::Step(n) | Leg::Compensation(n)) = saga.leg;
+        if (n as usize) + 1 < saga.steps.len() {
+            saga.leg = Leg::Step(n + 1);
+            self.begin_leg();
+        } else {
+            self.settle(Phase::Succeeded);
         }
     }
 

@@ -89,16 +89,19 @@
     const current = (n) => saga.leg.kind === "step" && saga.leg.step === n ? "this step's call now" :
       saga.leg.kind === "compensation" && saga.leg.step === n ? "its compensation now" : "";
     return el("table", { id: "steps" },
-      el("thead", {}, el("tr", {}, ["#", "Step", "Target", "Outcome", "Undone by", "Compensation", ""].map((h) => el("th", {}, h)))),
+      el("thead", {}, el("tr", {}, ["#", "Step", "Target", "Outcome", "Undone by", "Compensation", "Duplicates undone", ""].map((h) => el("th", {}, h)))),
       el("tbody", {}, saga.steps.map((s, n) => el("tr", { "data-step": s.name },
         el("td", {}, String(n)),
         el("td", {}, s.name),
         el("td", {}, s.target),
         el("td", { class: "mono" }, outcome(s.outcome)),
         el("td", {}, s.compensate || "not undone"),
-        el("td", { class: "mono" }, s.compensation ?
-          outcome(s.compensation.outcome) + ", undoing " + s.compensation.undoes + " (by " + s.compensation.by + ")" : ""),
+        el("td", { class: "mono" }, s.compensation ? undoing(s.compensation) : ""),
+        el("td", { class: "mono duplicates" }, (s.duplicates || []).map(undoing).join("; ")),
         el("td", {}, current(n))))));
+    function undoing(c) {
+      return outcome(c.outcome) + ", undoing " + c.undoes + " (by " + c.by + ")";
+    }
   }
 
   function remoteIds(task) {
@@ -139,14 +142,19 @@
     }
     const choice = (value, label) => el("label", {}, el("input", { type: "radio", name: "as", value, id: "as-" + value }), " " + label);
     const seen = (task.remote_ids_seen || []).map((s) => s.remote_id);
+    // A multi-step task in review at a step: its records can be ordered undone.
+    const atStep = task.saga && task.saga.leg.kind === "step";
     const form = el("form", { id: "resolve-form" },
-      el("fieldset", {}, el("legend", {}, "The task is now"),
-        choice("succeeded", "succeeded: this remote record is the task's"),
-        choice("failed", "failed: nothing was or will be done remotely"),
+      el("fieldset", {}, el("legend", {}, atStep ? "This step is now" : "The task is now"),
+        choice("succeeded", atStep ? "succeeded: this remote record is the step's, and the task goes on" : "succeeded: this remote record is the task's"),
+        choice("failed", atStep ? "failed: nothing was done remotely (the steps before it are undone)" : "failed: nothing was or will be done remotely"),
+        atStep ? choice("compensated", "undo the whole task: every step that succeeded, last first (give this step's remote id if it did happen)") : null,
         choice("resend", "not done: authorize one new attempt (check the remote holds no record first)")),
-      el("label", {}, "Remote id (succeeded) ",
+      el("label", {}, atStep ? "Remote id (the step's record) " : "Remote id (succeeded) ",
         el("input", { id: "remote-id", list: "seen-ids", autocomplete: "off" }),
         el("datalist", { id: "seen-ids" }, seen.map((id) => el("option", { value: id })))),
+      atStep ? el("label", {}, "Duplicates to undo (remote ids the lookup found besides the step's record, comma-separated) ",
+        el("input", { id: "undo", autocomplete: "off" })) : null,
       el("label", {}, "Your name ", el("input", { id: "by", autocomplete: "name" })),
       el("label", {}, "Reason ", el("textarea", { id: "reason", rows: 2 })),
       el("label", {}, "Admin token ", el("input", { id: "token", type: "password", autocomplete: "off" })),
@@ -162,7 +170,7 @@
   }
 
   /** The body to send, or an error message. */
-  function bodyOf() {
+  function bodyOf(task) {
     const picked = document.querySelector("input[name=as]:checked");
     const by = document.getElementById("by").value.trim();
     const reason = document.getElementById("reason").value.trim();
@@ -171,14 +179,38 @@
     if (!by) return { error: "Give your name: it is recorded with the resolution." };
     if (!reason) return { error: "Give a reason: it is recorded with the resolution." };
     if (!document.getElementById("token").value) return { error: "Give the admin token." };
+    const undoField = document.getElementById("undo");
+    const undo = undoField ? undoField.value.split(/[\s,]+/).filter(Boolean) : [];
+    const undoing = undo.length === 0 ? "" : " The duplicates " + undo.join(", ") +
+      " are undone first, each by the step's compensating target.";
+    if (undo.length > 0 && (picked.value === "failed" || picked.value === "resend")) {
+      return { error: "Duplicates are undone only with succeeded or with undoing the whole task." };
+    }
     if (picked.value === "succeeded") {
       if (!remoteId) return { error: "Give the remote id of the record that is the task's." };
+      if (undo.length > 0) {
+        return { body: { as: "succeeded", remote_id: remoteId, undo, by, reason },
+          says: "The step's record is " + remoteId + ", by operator " + by + " (" + reason + ")." + undoing + " Then the task goes on." };
+      }
       return { body: { as: "succeeded", remote_id: remoteId, by, reason },
         says: "Confirmed with remote id " + remoteId + ", evidence: operator " + by + " (" + reason + "). The task becomes succeeded." };
     }
+    if (picked.value === "compensated") {
+      if (undo.length > 0 && !remoteId) return { error: "Give the step's own record: the duplicates are undone next to it." };
+      const body = { as: "compensated", by, reason };
+      if (remoteId) body.remote_id = remoteId;
+      if (undo.length > 0) body.undo = undo;
+      return { body,
+        says: "The whole task is undone, ordered by operator " + by + " (" + reason + ")." + undoing +
+          (remoteId ? " This step's record " + remoteId + " and every step before it that succeeded are undone, last first."
+            : " This step did not happen; the steps before it that succeeded are undone, last first.") +
+          " The task becomes compensated." };
+    }
     if (picked.value === "failed") {
       return { body: { as: "failed", by, reason },
-        says: "Failed, by operator " + by + " (" + reason + "). The task becomes failed." };
+        says: "Failed, by operator " + by + " (" + reason + ")." + (task.saga
+          ? " The steps before it that succeeded are undone, last first; with none, the task becomes failed."
+          : " The task becomes failed.") };
     }
     return { body: { resend: true, by, reason },
       says: "Resend authorized by " + by + " (" + reason + "). The service sends one new attempt." };
@@ -186,7 +218,7 @@
 
   function showPreview(task, form, preview) {
     const error = document.getElementById("form-error");
-    const { body, says, error: problem } = bodyOf();
+    const { body, says, error: problem } = bodyOf(task);
     fill(error, problem || "");
     if (problem) return;
     form.hidden = true;

@@ -20,7 +20,9 @@
 //! - Version 7: version 6 plus `EventBody::StepsPlanned`, `EventBody::CompensationStarted`
 //!   and `ReviewReason::{CompensationRefused, CompensationNotSent}` (multi-step tasks), the
 //!   same way.
-// format: do not change (versions 1 to 7 are on disk)
+//! - Version 8: version 7 plus `EventBody::CompensationOrdered` (an operator's order to undo
+//!   a step's duplicates or a whole multi-step task), the same way.
+// format: do not change (versions 1 to 8 are on disk)
 
 use sendledger_core::event::Millis;
 use sendledger_core::{Event, EventBody, NewEvent, TaskId};
@@ -34,8 +36,9 @@ pub const EVENT_V3: u8 = 3;
 pub const EVENT_V4: u8 = 4;
 pub const EVENT_V5: u8 = 5;
 pub const EVENT_V6: u8 = 6;
-/// The envelope version this build writes.
 pub const EVENT_V7: u8 = 7;
+/// The envelope version this build writes.
+pub const EVENT_V8: u8 = 8;
 
 /// An [`Event`]'s fields, borrowed: bincode writes a struct as its fields in order, so this
 /// encodes as the event does.
@@ -50,7 +53,7 @@ struct EventFields<'a> {
 
 fn encode(fields: EventFields<'_>) -> Vec<u8> {
     let mut out = Vec::with_capacity(96);
-    out.push(EVENT_V7);
+    out.push(EVENT_V8);
     // Serializing plain data into a Vec cannot fail.
     bincode::serialize_into(&mut out, &fields).expect("bincode into Vec is infallible");
     out
@@ -80,7 +83,10 @@ pub fn encode_new_event(lsn: u64, event: &NewEvent) -> Vec<u8> {
 /// Decodes the event stored under `lsn`; the stored LSN must match its key.
 pub fn decode_event(lsn: u64, bytes: &[u8]) -> Result<Event> {
     match bytes.first() {
-        Some(&(EVENT_V1 | EVENT_V2 | EVENT_V3 | EVENT_V4 | EVENT_V5 | EVENT_V6 | EVENT_V7)) => {
+        Some(
+            &(EVENT_V1 | EVENT_V2 | EVENT_V3 | EVENT_V4 | EVENT_V5 | EVENT_V6 | EVENT_V7
+            | EVENT_V8),
+        ) => {
             let event: Event = bincode::deserialize(&bytes[1..])
                 .map_err(|source| Error::Undecodable { lsn, source })?;
             if event.lsn != lsn {

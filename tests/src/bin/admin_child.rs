@@ -1,5 +1,6 @@
 //! Child process of the admin tests: a service with the metrics recorder installed, an engine
-//! on a ledger with the one target `sim`, and the admin endpoint on a free loopback port. It is
+//! on a ledger with the one target `sim` (or several, and sagas: `TARGET_JSON` as the engine
+//! child reads it), and the admin endpoint on a free loopback port. It is
 //! a process of its own because the metrics recorder is process-wide: here it sees this engine
 //! only, so the test can assert exact values.
 //!
@@ -20,7 +21,7 @@ use sendledger_kafka::{Ingest, Kafka, KafkaConfig, Publisher};
 use sendledger_node::admin::{install_recorder, Admin};
 use sendledger_node::config::AdminConfig;
 use sendledger_node::wiring::EngineSink;
-use sendledger_tests::engine::{request, source, start};
+use sendledger_tests::engine::{child_targets, request, source, start_with};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -30,10 +31,8 @@ fn main() {
         _ => panic!("usage: admin_child LEDGER_DIR TARGET_JSON TOKEN [BROKERS]"),
     };
     let metrics = install_recorder().expect("recorder installs");
-    let engine = start(
-        std::path::Path::new(dir),
-        serde_json::from_str(target).expect("TARGET_JSON"),
-    );
+    let (targets, name) = child_targets(target);
+    let engine = start_with(std::path::Path::new(dir), targets);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -72,8 +71,10 @@ fn main() {
         let key = line
             .strip_prefix("submit ")
             .expect("a `submit KEY` command");
+        let mut request = request(key);
+        request.target.clone_from(&name);
         let reply = runtime
-            .block_on(engine.submit(request(key), source(offset as i64)))
+            .block_on(engine.submit(request, source(offset as i64)))
             .expect("submitted");
         println!("submitted {key} {}", reply.events.join(","));
     }

@@ -11,9 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sendledger_actors::{Engine, EngineConfig};
-use sendledger_effects::Targets;
 use sendledger_node::wiring::HttpRemote;
-use sendledger_tests::engine::{request, settled, source, targets};
+use sendledger_tests::engine::{child_targets, request, settled, source};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
@@ -22,20 +21,7 @@ async fn main() {
         panic!("usage: engine_child LEDGER_DIR TARGET_JSON PREFIX COUNT SEED");
     };
     let count: i64 = count.parse().expect("COUNT");
-    let setup: serde_json::Value = serde_json::from_str(target).expect("TARGET_JSON");
-    let (targets, name) = match setup.get("targets") {
-        None => (
-            targets(serde_json::from_value(setup).expect("a target")),
-            "sim".to_string(),
-        ),
-        Some(all) => {
-            let all = serde_json::from_value(all.clone()).expect("targets");
-            let sagas = serde_json::from_value(setup["sagas"].clone()).expect("sagas");
-            let targets = Targets::from_config(&all).expect("valid targets");
-            let name = setup["target"].as_str().expect("target").to_string();
-            (targets.with_sagas(&sagas).expect("valid sagas"), name)
-        }
-    };
+    let (targets, name) = child_targets(target);
     let mut config = EngineConfig::new(dir);
     config.seed = seed.parse().expect("SEED");
     config.timer_tick = Duration::from_millis(5);

@@ -456,6 +456,15 @@ fn golden_events_v7() -> Vec<Event> {
     events
 }
 
+/// Version 8 adds an operator's order to undo records (`CompensationOrdered`).
+fn golden_events_v8() -> Vec<Event> {
+    let mut events = golden_events_v7();
+    for body in sendledger_core::fixtures::order_bodies() {
+        events = followed_by(events, body);
+    }
+    events
+}
+
 /// Reads a fixture of `lsn name hex` lines.
 fn fixture(name: &str, events: &[Event]) -> Vec<(u64, Vec<u8>)> {
     let path = format!("{}/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
@@ -480,81 +489,42 @@ fn fixture(name: &str, events: &[Event]) -> Vec<(u64, Vec<u8>)> {
 /// version): `SENDLEDGER_BLESS=1`.
 #[test]
 fn event_encoding_matches_golden_fixtures() {
-    let v1 = golden_events();
-    for ((lsn, bytes), event) in fixture("events-v1.txt", &v1).iter().zip(&v1) {
-        assert_eq!(bytes[0], 1);
-        assert_eq!(
-            &decode_event(*lsn, bytes).unwrap(),
-            event,
-            "decoding v1 {}",
-            event.body.name()
-        );
+    let old: [(u8, Vec<Event>); 7] = [
+        (1, golden_events()),
+        (2, golden_events_v2()),
+        (3, golden_events_v3()),
+        (4, golden_events_v4()),
+        (5, golden_events_v5()),
+        (6, golden_events_v6()),
+        (7, golden_events_v7()),
+    ];
+    for (version, events) in &old {
+        let name = format!("events-v{version}.txt");
+        for ((lsn, bytes), event) in fixture(&name, events).iter().zip(events) {
+            assert_eq!(bytes[0], *version);
+            assert_eq!(
+                &decode_event(*lsn, bytes).unwrap(),
+                event,
+                "decoding v{version} {}",
+                event.body.name()
+            );
+        }
     }
-    let v2 = golden_events_v2();
-    for ((lsn, bytes), event) in fixture("events-v2.txt", &v2).iter().zip(&v2) {
-        assert_eq!(bytes[0], 2);
-        assert_eq!(
-            &decode_event(*lsn, bytes).unwrap(),
-            event,
-            "decoding v2 {}",
-            event.body.name()
-        );
-    }
-    let v3 = golden_events_v3();
-    for ((lsn, bytes), event) in fixture("events-v3.txt", &v3).iter().zip(&v3) {
-        assert_eq!(bytes[0], 3);
-        assert_eq!(
-            &decode_event(*lsn, bytes).unwrap(),
-            event,
-            "decoding v3 {}",
-            event.body.name()
-        );
-    }
-    let v4 = golden_events_v4();
-    for ((lsn, bytes), event) in fixture("events-v4.txt", &v4).iter().zip(&v4) {
-        assert_eq!(bytes[0], 4);
-        assert_eq!(
-            &decode_event(*lsn, bytes).unwrap(),
-            event,
-            "decoding v4 {}",
-            event.body.name()
-        );
-    }
-    let v5 = golden_events_v5();
-    for ((lsn, bytes), event) in fixture("events-v5.txt", &v5).iter().zip(&v5) {
-        assert_eq!(bytes[0], 5);
-        assert_eq!(
-            &decode_event(*lsn, bytes).unwrap(),
-            event,
-            "decoding v5 {}",
-            event.body.name()
-        );
-    }
-    let v6 = golden_events_v6();
-    for ((lsn, bytes), event) in fixture("events-v6.txt", &v6).iter().zip(&v6) {
-        assert_eq!(bytes[0], 6);
-        assert_eq!(
-            &decode_event(*lsn, bytes).unwrap(),
-            event,
-            "decoding v6 {}",
-            event.body.name()
-        );
-    }
-    let v7 = golden_events_v7();
+    let current = golden_events_v8();
     if std::env::var_os("SENDLEDGER_BLESS").is_some() {
-        let encoded: Vec<String> = v7
+        let encoded: Vec<String> = current
             .iter()
             .map(|e| format!("{} {} {}", e.lsn, e.body.name(), hex(&encode_event(e))))
             .collect();
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/events-v7.txt");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/events-v8.txt");
         std::fs::write(path, encoded.join("\n") + "\n").unwrap();
     }
-    for ((lsn, bytes), event) in fixture("events-v7.txt", &v7).iter().zip(&v7) {
+    for ((lsn, bytes), event) in fixture("events-v8.txt", &current).iter().zip(&current) {
         let name = event.body.name();
         assert_eq!(
             &decode_event(*lsn, bytes).unwrap(),
             event,
-            "decoding v7 {name}"
+            "decoding v8 {name}"
         );
         assert_eq!(
             hex(&encode_event(event)),

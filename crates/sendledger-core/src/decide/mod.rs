@@ -171,6 +171,17 @@ pub enum OperatorResolution {
         by: String,
         reason: String,
     },
+    /// Undo records of a multi-step task in review at a step: `duplicates` (records the step's
+    /// lookup found besides `record`, the step's own), and with `whole_task` every step that
+    /// succeeded. Without `record`, the step in review is taken as not done (as `Failed`) and
+    /// the steps before it are undone.
+    Compensate {
+        record: Option<String>,
+        duplicates: Vec<String>,
+        whole_task: bool,
+        by: String,
+        reason: String,
+    },
 }
 
 /// Something that happened to a task.

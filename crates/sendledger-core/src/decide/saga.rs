@@ -20,12 +20,23 @@ pub(super) fn move_on(state: &State, ctx: Ctx<'_>, d: &mut Decision) {
     }
 }
 
-/// Starts the next compensation a multi-step task owes; the decision that follows at once sends
-/// it.
+/// Starts the next compensation a multi-step task owes (a duplicate record an operator ordered
+/// undone first, then the steps' own, last first); the decision that follows at once sends it.
 pub(super) fn compensate_next(state: &State, d: &mut Decision) {
     let Some(saga) = &state.saga else {
         return;
     };
+    if let Some((n, duplicate)) = saga.next_duplicate() {
+        let name = &saga.steps[n as usize].name;
+        d.events.push(EventBody::CompensationStarted {
+            step: n,
+            remote_id: duplicate.undoes.clone(),
+            by: duplicate.by.clone(),
+            reason: format!("a duplicate of step {name}'s record, ordered undone"),
+        });
+        d.action = Action::Continue;
+        return;
+    }
     let Some(n) = saga.next_compensation() else {
         return;
     };
@@ -33,23 +44,33 @@ pub(super) fn compensate_next(state: &State, d: &mut Decision) {
     let StepOutcome::Succeeded { remote_id } = &step.outcome else {
         return;
     };
-    let failed = saga
-        .steps
-        .iter()
-        .find(|s| {
-            matches!(
-                s.outcome,
-                StepOutcome::Rejected { .. } | StepOutcome::Failed { .. }
+    let (by, reason) = match &saga.ordered_by {
+        Some((by, reason)) => (
+            by.clone(),
+            format!("the whole task ordered undone: {reason}"),
+        ),
+        None => {
+            let failed = (saga.steps.iter())
+                .find(|s| {
+                    matches!(
+                        s.outcome,
+                        StepOutcome::Rejected { .. } | StepOutcome::Failed { .. }
+                    )
+                })
+                .map_or("a later step", |s| s.name.as_str());
+            (
+                POLICY_SAGA_BY.to_string(),
+                format!(
+                    "step {failed} did not succeed: the steps before it are undone in reverse order"
+                ),
             )
-        })
-        .map_or("a later step", |s| s.name.as_str());
+        }
+    };
     d.events.push(EventBody::CompensationStarted {
         step: n,
         remote_id: remote_id.clone(),
-        by: POLICY_SAGA_BY.into(),
-        reason: format!(
-            "step {failed} did not succeed: the steps before it are undone in reverse order"
-        ),
+        by,
+        reason,
     });
     d.action = Action::Continue;
 }

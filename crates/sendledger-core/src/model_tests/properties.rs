@@ -53,7 +53,7 @@ pub(super) fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::StaleLookup),
         3 => Just(Step::Wake),
         1 => Just(Step::Crash),
-        1 => (0u8..4).prop_map(Step::Review),
+        1 => (0u8..7).prop_map(Step::Review),
         1 => (0u64..20_000).prop_map(Step::Advance),
         1 => proptest::option::of(0u64..10_000).prop_map(Step::Breaker),
         1 => proptest::option::of(0u64..10_000).prop_map(Step::FallbackBreaker),
@@ -212,6 +212,28 @@ pub(super) fn to_input(h: &mut Harness, s: Step, offset: &mut i64) -> Option<Inp
         Step::Review(2) => Input::Operator(OperatorResolution::Resend {
             by: "ana".into(),
             reason: "checked".into(),
+        }),
+        // Keep the first record a lookup found and undo the others (a saga's step only).
+        Step::Review(4) => {
+            let found = match &h.state.review_reason {
+                Some(ReviewReason::MultipleMatches { remote_ids }) => remote_ids.clone(),
+                _ => vec!["op".into(), "dup".into()],
+            };
+            Input::Operator(OperatorResolution::Compensate {
+                record: found.first().cloned(),
+                duplicates: found[1..].to_vec(),
+                whole_task: false,
+                by: "ana".into(),
+                reason: "duplicates".into(),
+            })
+        }
+        // Undo the whole task, the step in review done (5) or not (6).
+        Step::Review(n @ (5 | 6)) => Input::Operator(OperatorResolution::Compensate {
+            record: (n == 5).then(|| "op".into()),
+            duplicates: Vec::new(),
+            whole_task: true,
+            by: "ana".into(),
+            reason: "order cancelled".into(),
         }),
         Step::Review(_) => Input::Operator(OperatorResolution::Note {
             by: "ana".into(),

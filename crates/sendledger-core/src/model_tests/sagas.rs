@@ -247,6 +247,180 @@ fn a_crash_between_legs_resumes_at_the_right_leg() {
     clean(&h);
 }
 
+/// A saga whose reservation was created (`res-1`) and whose charge, its answer lost, was
+/// found twice by the lookup (`ch-1`, `ch-2`): in review.
+fn charge_found_twice() -> Harness {
+    let mut h = Harness::new(lookup_policy());
+    h.step(deliver_saga(0)).unwrap();
+    let next = answer(&mut h, created("res-1"));
+    wake_now(&mut h, next);
+    found_after_lost_answer(&mut h, &["ch-1", "ch-2"]);
+    assert_eq!(h.state.phase, Phase::ManualReview);
+    h
+}
+
+/// The answer of the attempt in flight is lost; the lookup that follows finds `ids`.
+fn found_after_lost_answer(h: &mut Harness, ids: &[&str]) {
+    answer(
+        h,
+        AttemptOutcome::Unknown {
+            cause: UnknownCause::Timeout,
+        },
+    );
+    h.now += 600;
+    h.step(Input::Wake).unwrap();
+    lookup(h, Ok(ids.iter().map(|id| id.to_string()).collect()));
+}
+
+fn order(record: Option<&str>, duplicates: &[&str], whole_task: bool) -> Input {
+    Input::Operator(OperatorResolution::Compensate {
+        record: record.map(Into::into),
+        duplicates: duplicates.iter().map(|d| d.to_string()).collect(),
+        whole_task,
+        by: "ana".into(),
+        reason: "ch-2 is a second charge of the same order".into(),
+    })
+}
+
+#[test]
+fn an_operator_keeps_one_record_the_lookup_found_undoes_the_other_and_the_task_goes_on() {
+    let mut h = charge_found_twice();
+    let next = h.step(order(Some("ch-1"), &["ch-2"], false)).unwrap();
+    assert_eq!(h.state.phase, Phase::Compensating);
+    let started = wake_now(&mut h, next);
+    assert!(matches!(
+        &h.log.last().unwrap().body,
+        EventBody::CompensationStarted { step: 1, remote_id, by, .. } if remote_id == "ch-2" && by == "ana"
+    ));
+    let refund = wake_now(&mut h, started);
+    assert_eq!(sent_target(&refund), "refunds");
+    let ids = h.state.saga.as_ref().unwrap().step_ids();
+    assert_eq!(
+        ids["charge"], "ch-2",
+        "the refund reads the duplicate it undoes"
+    );
+    // The refund's answer is lost too: looked up, never resent.
+    let sends = h.sends.len();
+    answer(
+        &mut h,
+        AttemptOutcome::Unknown {
+            cause: UnknownCause::Timeout,
+        },
+    );
+    h.now += 600;
+    h.step(Input::Wake).unwrap();
+    let next = lookup(&mut h, Ok(vec!["rf-2".into()]));
+    assert_eq!(h.sends.len(), sends);
+    // Then the shipment, with the kept charge.
+    let ship = wake_now(&mut h, next);
+    assert_eq!(sent_target(&ship), "shipments");
+    assert_eq!(h.state.saga.as_ref().unwrap().step_ids()["charge"], "ch-1");
+    answer(&mut h, created("sh-1"));
+    assert_eq!(h.state.phase, Phase::Succeeded);
+    let charge = &h.state.saga.as_ref().unwrap().steps[1];
+    assert_eq!(
+        charge.outcome,
+        StepOutcome::Succeeded {
+            remote_id: "ch-1".into()
+        }
+    );
+    assert_eq!(charge.compensation, None);
+    assert_eq!(
+        charge.duplicates[0].outcome,
+        CompensationOutcome::Done {
+            remote_id: "rf-2".into()
+        }
+    );
+    clean(&h);
+}
+
+#[test]
+fn a_duplicate_whose_undo_is_refused_goes_to_review_and_the_operator_may_leave_it() {
+    let mut h = charge_found_twice();
+    let next = h.step(order(Some("ch-1"), &["ch-2"], false)).unwrap();
+    let started = wake_now(&mut h, next);
+    wake_now(&mut h, started);
+    answer(&mut h, refused());
+    assert!(matches!(
+        h.state.review_reason,
+        Some(ReviewReason::CompensationRefused { step: 1, .. })
+    ));
+    let ship = h
+        .step(Input::Operator(OperatorResolution::Failed {
+            by: "ana".into(),
+            reason: "the customer keeps both".into(),
+        }))
+        .unwrap();
+    let ship = wake_now(&mut h, ship);
+    assert_eq!(sent_target(&ship), "shipments");
+    assert!(matches!(
+        h.state.saga.as_ref().unwrap().steps[1].duplicates[0].outcome,
+        CompensationOutcome::Abandoned { .. }
+    ));
+    clean(&h);
+}
+
+#[test]
+fn an_operator_orders_the_whole_task_undone_last_step_first() {
+    // The charge did happen (ch-1), with a duplicate: both charges and the reservation undone.
+    let mut h = charge_found_twice();
+    let mut next = h.step(order(Some("ch-1"), &["ch-2"], true)).unwrap();
+    let mut undone = Vec::new();
+    while h.state.phase == Phase::Compensating || next == Action::Continue {
+        next = h.step(Input::Wake).unwrap();
+        if let Action::Send { target, .. } = &next {
+            let ids = h.state.saga.as_ref().unwrap().step_ids();
+            let step = h.state.saga.as_ref().unwrap().step().unwrap().name.clone();
+            undone.push(format!("{target} {}", ids[&step]));
+            next = answer(&mut h, created(&format!("u-{}", undone.len())));
+        }
+    }
+    assert_eq!(
+        undone,
+        ["refunds ch-2", "refunds ch-1", "release res-1"],
+        "the duplicate first, then the steps last first"
+    );
+    assert_eq!(h.state.phase, Phase::Compensated);
+    assert!(h.log.iter().any(|e| matches!(
+        &e.body,
+        EventBody::CompensationStarted { step: 0, by, reason, .. }
+            if by == "ana" && reason.contains("ordered undone")
+    )));
+    clean(&h);
+
+    // The charge did not happen: the reservation alone is undone.
+    let mut h = charge_found_twice();
+    let next = h.step(order(None, &[], true)).unwrap();
+    let started = wake_now(&mut h, next);
+    let release = wake_now(&mut h, started);
+    assert_eq!(sent_target(&release), "release");
+    answer(&mut h, created("rl-1"));
+    assert_eq!(h.state.phase, Phase::Compensated);
+    clean(&h);
+}
+
+#[test]
+fn orders_that_cannot_be_carried_out_are_refused_saying_why() {
+    let refusal = |h: &mut Harness, input: Input| h.step(input).unwrap_err().to_string();
+    let mut h = charge_found_twice();
+    let log = h.log.len();
+    assert!(
+        refusal(&mut h, order(Some("ch-1"), &["ch-9"], false)).contains("not a record the lookup")
+    );
+    assert!(refusal(&mut h, order(Some("ch-1"), &["ch-1"], false)).contains("twice"));
+    assert!(refusal(&mut h, order(None, &["ch-2"], false)).contains("own record"));
+    assert_eq!(h.log.len(), log, "nothing recorded");
+    // Not in review: refused as any resolution is.
+    let mut h = Harness::new(lookup_policy());
+    h.step(deliver_saga(0)).unwrap();
+    assert!(refusal(&mut h, order(Some("x"), &[], true)).contains("not in manual review"));
+    // A one-step task has nothing to undo with.
+    let mut h = Harness::new(lookup_policy());
+    h.step(deliver(5, 0)).unwrap();
+    found_after_lost_answer(&mut h, &["a", "b"]);
+    assert!(refusal(&mut h, order(Some("a"), &["b"], false)).contains("one-step"));
+}
+
 /// A rule checker that let these through would prove nothing.
 #[test]
 fn the_rules_catch_compensations_out_of_order_twice_or_of_nothing() {
@@ -283,6 +457,37 @@ fn the_rules_catch_compensations_out_of_order_twice_or_of_nothing() {
         idempotency_key: None,
     };
     assert!(with(vec![forward]).contains(&Rule::NoForwardAfterCompensation));
+    // An operator's compensation without an order, and an order of a record no lookup found.
+    let by_hand = EventBody::CompensationStarted {
+        step: 1,
+        remote_id: "ch-1".into(),
+        by: "mallory".into(),
+        reason: "forged".into(),
+    };
+    assert!(with(vec![by_hand]).contains(&Rule::CompensationOnlyForSuccess));
+    let mut h = charge_found_twice();
+    let last = h.log.last().unwrap().clone();
+    h.log.push(Event {
+        lsn: last.lsn + 1,
+        task_seq: last.task_seq + 1,
+        body: EventBody::CompensationOrdered {
+            step: 1,
+            record: "ch-1".into(),
+            duplicates: vec!["someone-elses".into()],
+            whole_task: false,
+            by: "ana".into(),
+            reason: "forged".into(),
+        },
+        ..last
+    });
+    let (_, violations) = check_task(&h.log, CheckConfig::default());
+    assert!(
+        violations
+            .iter()
+            .any(|v| v.rule == Rule::CompensationOnlyForSuccess
+                && v.detail.contains("someone-elses")),
+        "{violations:?}"
+    );
 }
 
 fn run(policy: Policy, steps: Vec<super::properties::Step>) -> Result<Harness, TestCaseError> {
@@ -340,6 +545,16 @@ fn generated_saga_inputs_reach_every_corner() {
             if let EventBody::ManualReviewRequired { reason } = &e.body {
                 seen.insert(format!("{reason:?}").split(' ').next().unwrap().to_string());
             }
+            seen.insert(e.body.name().to_string());
+        }
+        let saga = h.state.saga.as_ref().unwrap();
+        let undone =
+            |c: &crate::saga::Compensation| matches!(c.outcome, CompensationOutcome::Done { .. });
+        if saga.steps.iter().flat_map(|s| &s.duplicates).any(undone) {
+            seen.insert("duplicate undone".into());
+        }
+        if saga.ordered_by.is_some() && h.state.phase == Phase::Compensated {
+            seen.insert("whole task ordered undone".into());
         }
     }
     for corner in [
@@ -352,6 +567,9 @@ fn generated_saga_inputs_reach_every_corner() {
         "CompensationRefused",
         "CompensationNotSent",
         "MultipleMatches",
+        "CompensationOrdered",
+        "duplicate undone",
+        "whole task ordered undone",
     ] {
         assert!(seen.contains(corner), "never reached {corner}: {seen:?}");
     }

@@ -34,7 +34,8 @@ enum ReviewCommand {
         json: bool,
     },
     /// Resolve a task in review: as succeeded (with the remote record that is the task's), as
-    /// failed, or by authorizing one resend. The operator's name and reason are recorded.
+    /// failed, as compensated (a multi-step task: every step that succeeded is undone), or by
+    /// authorizing one resend. The operator's name and reason are recorded.
     ///
     /// With --data (a stopped ledger), --resend records only the authorization; the attempt is
     /// sent by the service when it next starts. A second resolution of the same review is
@@ -45,7 +46,8 @@ enum ReviewCommand {
         task: String,
         #[command(flatten)]
         at: At,
-        /// What the task is now: `succeeded` (needs --remote-id) or `failed`.
+        /// What the task is now: `succeeded` (needs --remote-id), `failed`, or `compensated`
+        /// (with --remote-id when the step in review did happen, so it is undone too).
         #[arg(
             long = "as",
             value_enum,
@@ -56,9 +58,15 @@ enum ReviewCommand {
         /// Authorize one new attempt instead (after checking the remote has no record).
         #[arg(long)]
         resend: bool,
-        /// The id of the remote record that is the task's (with `--as succeeded`).
+        /// The id of the remote record that is the task's (with `--as succeeded`), or the
+        /// step's in review (with `--as compensated`).
         #[arg(long, required_if_eq("resolve_as", "succeeded"))]
         remote_id: Option<String>,
+        /// A record the step's lookup found besides --remote-id, to undo as a duplicate with
+        /// the step's compensating target (repeat for several; with --as succeeded or
+        /// compensated).
+        #[arg(long = "undo", value_name = "REMOTE_ID")]
+        undo: Vec<String>,
         /// Who decides (recorded).
         #[arg(long)]
         by: String,
@@ -75,6 +83,7 @@ enum ReviewCommand {
 enum Outcome {
     Succeeded,
     Failed,
+    Compensated,
 }
 
 pub fn run(args: ReviewArgs) -> anyhow::Result<()> {
@@ -96,6 +105,7 @@ pub fn run(args: ReviewArgs) -> anyhow::Result<()> {
             resolve_as,
             resend,
             remote_id,
+            undo,
             by,
             reason,
             token,
@@ -104,9 +114,11 @@ pub fn run(args: ReviewArgs) -> anyhow::Result<()> {
                 resolve_as: resolve_as.map(|o| match o {
                     Outcome::Succeeded => "succeeded".into(),
                     Outcome::Failed => "failed".into(),
+                    Outcome::Compensated => "compensated".into(),
                 }),
                 resend,
                 remote_id,
+                undo,
                 by,
                 reason,
             };

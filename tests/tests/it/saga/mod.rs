@@ -20,6 +20,9 @@ use sendledger_tests::engine::*;
 use sendledger_tests::kafka::{dedupe, task_ids, terminal_by_task, validate_all};
 use sendledger_tests::kill::{kill_and_restart, Kills};
 
+mod console;
+mod orders;
+
 const WAIT: Duration = Duration::from_secs(60);
 
 /// The five remotes of the order saga.
@@ -89,6 +92,30 @@ impl Remotes {
             &self.refunds,
             &self.release,
         ]
+    }
+}
+
+impl Remotes {
+    /// Makes a charge of order `key` at the payments remote as a sender this ledger does not
+    /// know would, then makes that remote lose its answers (it still creates the record):
+    /// the order's own charge will be found next to this one. Returns this one's id.
+    async fn charged_elsewhere(&self, key: &str) -> String {
+        let request = order(key)
+            .accept(&sendledger_core::Limits::default())
+            .unwrap();
+        let outcome = (self.targets().get("payments").unwrap())
+            .execute(&request, 1, None)
+            .await;
+        let sendledger_core::decide::AttemptOutcome::Succeeded { remote_id, .. } = outcome else {
+            panic!("{outcome:?}")
+        };
+        self.payments
+            .set_faults(Faults {
+                commit_then_drop: 1.0,
+                ..Faults::default()
+            })
+            .unwrap();
+        remote_id
     }
 }
 
