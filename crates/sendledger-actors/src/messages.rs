@@ -31,7 +31,7 @@ pub enum TaskInput {
     Lookup {
         attempt: u32,
         asked_at: u64,
-        result: std::result::Result<Vec<String>, LookupError>,
+        result: std::result::Result<sendledger_core::saga::Found, LookupError>,
     },
     Recover,
     /// A requests-topic message that is not a valid request (see [`Input::Reject`]).
@@ -109,7 +109,7 @@ pub struct LookupJob {
     pub target: String,
     pub request: AcceptedRequest,
     /// A multi-step task's steps' remote ids, which the lookup's templates may read.
-    pub steps: sendledger_core::saga::StepIds,
+    pub steps: sendledger_core::saga::StepRecords,
     /// The task's latest attempt when the lookup was issued; its result is about this attempt.
     pub attempt: u32,
     /// Records created before this time cannot be the task's.

@@ -181,9 +181,9 @@ impl Reconciler {
                 act.running -= 1;
                 let outcome = match &result {
                     Ok(matches) => {
-                        tracing::debug!(task_id = %task_id, matches = matches.len(), "lookup done");
-                        span.record("matches", matches.len());
-                        ["none", "one"].get(matches.len()).copied().unwrap_or("several")
+                        tracing::debug!(task_id = %task_id, matches = matches.ids.len(), "lookup done");
+                        span.record("matches", matches.ids.len());
+                        ["none", "one"].get(matches.ids.len()).copied().unwrap_or("several")
                     }
                     Err(e) if e.is_transient() => {
                         tracing::warn!(task_id = %task_id, error = %e, "lookup failed; will check again");

@@ -124,8 +124,8 @@ pub trait Remote: Send + Sync + 'static {
     }
 
     /// Asks the remote of `target` (where the task's attempts went) which records match the
-    /// request, created no earlier than `since`. `Err` means the lookup itself failed: no
-    /// evidence either way. `trace` is the context a remote that takes one receives, as for
+    /// request, created no earlier than `since` (with the fields later steps read of the one
+    /// found, when one is). `Err` means the lookup itself failed: no evidence either way. `trace` is the context a remote that takes one receives, as for
     /// attempts.
     fn lookup(
         &self,
@@ -133,5 +133,5 @@ pub trait Remote: Send + Sync + 'static {
         call: Call<'_>,
         since: Millis,
         trace: Option<TraceParent>,
-    ) -> BoxFuture<Result<Vec<String>, LookupError>>;
+    ) -> BoxFuture<Result<sendledger_core::saga::Found, LookupError>>;
 }

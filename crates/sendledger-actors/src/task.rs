@@ -112,9 +112,9 @@ impl TaskActor {
     }
 
     /// A multi-step task's steps' remote ids, for its current call's templates.
-    fn step_ids(&self) -> sendledger_core::saga::StepIds {
+    fn step_records(&self) -> sendledger_core::saga::StepRecords {
         (self.state.saga.as_ref())
-            .map(sendledger_core::saga::Saga::step_ids)
+            .map(sendledger_core::saga::Saga::step_records)
             .unwrap_or_default()
     }
 
@@ -480,7 +480,7 @@ impl TaskActor {
                     task_id,
                     target,
                     request,
-                    steps: self.step_ids(),
+                    steps: self.step_records(),
                     attempt,
                     since,
                 });
@@ -521,7 +521,7 @@ impl TaskActor {
                 };
                 let remote = self.shared.remote.clone();
                 let request = request.clone();
-                let steps = self.step_ids();
+                let steps = self.step_records();
                 let send = async move {
                     let slot = match room {
                         Some(Room::Held(slot)) => Some(slot),

@@ -337,6 +337,13 @@ pub enum EventBody {
         by: String,
         reason: String,
     },
+    /// The fields of the current step's answer that later calls' templates read
+    /// (`{steps.NAME.response./pointer}`): from its 2xx answer, or from the one record its
+    /// lookup found. Recorded with the step's `Confirmed`, just before it. (Envelope version
+    /// 8.)
+    StepAnswer {
+        fields: std::collections::BTreeMap<String, String>,
+    },
 }
 
 /// The raw bytes of a rejected input: as text where a format is read by people (JSON), as
@@ -385,6 +392,7 @@ impl EventBody {
             EventBody::StepsPlanned { .. } => "StepsPlanned",
             EventBody::CompensationStarted { .. } => "CompensationStarted",
             EventBody::CompensationOrdered { .. } => "CompensationOrdered",
+            EventBody::StepAnswer { .. } => "StepAnswer",
         }
     }
 
@@ -521,6 +529,11 @@ impl EventBody {
                     undo.join(", then ")
                 )
             }
+            EventBody::StepAnswer { fields } => fields
+                .iter()
+                .map(|(pointer, value)| format!("{pointer}={value}"))
+                .collect::<Vec<_>>()
+                .join(" "),
         }
     }
 }

@@ -84,15 +84,20 @@ pub fn saga_bodies() -> Vec<EventBody> {
     ]
 }
 
-/// One body of each kind envelope version 8 adds: an operator's order to undo a step's
-/// duplicate and then the whole task.
-pub fn order_bodies() -> Vec<EventBody> {
-    vec![EventBody::CompensationOrdered {
-        step: 1,
-        record: "ch-1".into(),
-        duplicates: vec!["ch-2".into()],
-        whole_task: true,
-        by: "ana".into(),
-        reason: "the order was cancelled".into(),
-    }]
+/// One body of each kind envelope version 8 adds: the fields of a step's answer that later
+/// calls read, and an operator's order to undo a step's duplicate and then the whole task.
+pub fn v8_bodies() -> Vec<EventBody> {
+    vec![
+        EventBody::StepAnswer {
+            fields: [("/reservation/id".to_string(), "rsv-7".to_string())].into(),
+        },
+        EventBody::CompensationOrdered {
+            step: 1,
+            record: "ch-1".into(),
+            duplicates: vec!["ch-2".into()],
+            whole_task: true,
+            by: "ana".into(),
+            reason: "the order was cancelled".into(),
+        },
+    ]
 }

@@ -45,6 +45,9 @@ pub struct Step {
     /// The target that undoes the step, when it can be undone.
     pub compensate: Option<String>,
     pub outcome: StepOutcome,
+    /// The fields of the step's answer that later calls read (`StepAnswer`).
+    #[serde(default, skip_serializing_if = "Answer::is_empty")]
+    pub answer: Answer,
     pub compensation: Option<Compensation>,
     /// Records the step's lookup found besides its own, which an operator ordered undone
     /// (`CompensationOrdered`): each by the step's compensating target, before the task goes
@@ -112,9 +115,38 @@ impl CompensationOutcome {
     }
 }
 
-/// What a step's templates read of the steps before it: each step's remote id, by name.
-/// During a compensation, its own step's entry is the record the compensation undoes.
-pub type StepIds = BTreeMap<String, String>;
+/// Fields of a call's answer that later calls' templates read
+/// (`{steps.NAME.response./pointer}`): JSON pointer → value, a string as it is, a number or
+/// boolean as its JSON text. Taken from a step's 2xx answer, or from the record a lookup found.
+pub type Answer = BTreeMap<String, String>;
+
+/// A step's record as later calls' templates see it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StepRecord {
+    pub remote_id: String,
+    pub answer: Answer,
+}
+
+/// What a call's templates read of the steps before it, by step name. During a compensation,
+/// its own step's entry is the record the compensation undoes (a duplicate's has no answer).
+pub type StepRecords = BTreeMap<String, StepRecord>;
+
+/// What a lookup found: the matching records' ids, each once, in the remote's order, and, when
+/// exactly one matched, the fields of that record that later calls read.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Found {
+    pub ids: Vec<String>,
+    pub answer: Answer,
+}
+
+impl From<Vec<String>> for Found {
+    fn from(ids: Vec<String>) -> Found {
+        Found {
+            ids,
+            answer: Answer::new(),
+        }
+    }
+}
 
 impl Saga {
     /// A saga about to run its first step.
@@ -127,6 +159,7 @@ impl Saga {
                     target: p.target.clone(),
                     compensate: p.compensate.clone(),
                     outcome: StepOutcome::Pending,
+                    answer: Answer::new(),
                     compensation: None,
                     duplicates: Vec::new(),
                 })
@@ -224,18 +257,28 @@ impl Saga {
         })
     }
 
-    /// The remote ids a template of the current leg reads (see [`StepIds`]).
-    pub fn step_ids(&self) -> StepIds {
-        let mut ids = StepIds::new();
+    /// The steps' records a template of the current leg reads (see [`StepRecords`]).
+    pub fn step_records(&self) -> StepRecords {
+        let mut records = StepRecords::new();
         for step in &self.steps {
             if let StepOutcome::Succeeded { remote_id } = &step.outcome {
-                ids.insert(step.name.clone(), remote_id.clone());
+                let record = StepRecord {
+                    remote_id: remote_id.clone(),
+                    answer: step.answer.clone(),
+                };
+                records.insert(step.name.clone(), record);
             }
         }
         if let (Some(c), Some(step)) = (self.compensation(), self.step()) {
-            ids.insert(step.name.clone(), c.undoes.clone());
+            if c.undoes != records.get(&step.name).map_or("", |r| r.remote_id.as_str()) {
+                let duplicate = StepRecord {
+                    remote_id: c.undoes.clone(),
+                    answer: Answer::new(),
+                };
+                records.insert(step.name.clone(), duplicate);
+            }
         }
-        ids
+        records
     }
 
     /// Whether any compensation was started.
@@ -258,15 +301,15 @@ impl Step {
 }
 
 /// What a call's templates are rendered from: the task's request and, for a multi-step task,
-/// the remote ids of its steps ([`StepIds`]). A one-step task's call is its request alone.
+/// the records of its steps ([`StepRecords`]). A one-step task's call is its request alone.
 #[derive(Debug, Clone, Copy)]
 pub struct Call<'a> {
     pub request: &'a AcceptedRequest,
-    pub steps: &'a StepIds,
+    pub steps: &'a StepRecords,
 }
 
 /// The steps of a one-step task's call: none.
-static NO_STEPS: StepIds = StepIds::new();
+static NO_STEPS: StepRecords = StepRecords::new();
 
 impl<'a> From<&'a AcceptedRequest> for Call<'a> {
     fn from(request: &'a AcceptedRequest) -> Call<'a> {

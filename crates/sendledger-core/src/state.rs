@@ -508,6 +508,14 @@ impl State {
                 });
                 self.after_compensation();
             }
+            EventBody::StepAnswer { fields } => {
+                if let Some(step) = (self.saga.as_mut())
+                    .filter(|s| matches!(s.leg, Leg::Step(_)))
+                    .and_then(Saga::step_mut)
+                {
+                    step.answer = fields.clone();
+                }
+            }
         }
     }
 

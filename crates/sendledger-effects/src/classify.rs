@@ -4,6 +4,7 @@ use std::time::{Duration, SystemTime};
 
 use http::{header, HeaderMap, StatusCode};
 use sendledger_core::decide::AttemptOutcome;
+use sendledger_core::saga::Answer;
 use sendledger_core::{NotSentCause, UnknownCause};
 use serde_json::Value;
 
@@ -20,6 +21,9 @@ pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
 #[derive(Debug, Clone)]
 pub(crate) struct Rules {
     pub id_pointer: String,
+    /// The fields of a 2xx answer that later steps of a multi-step task read (JSON pointers;
+    /// set by [`crate::Targets::with_sagas`]).
+    pub answer_fields: Vec<String>,
     pub on_5xx: ServerErrorPolicy,
     pub on_409: ConflictPolicy,
     /// Longest `Retry-After` honoured; longer ones are cut to it.
@@ -50,15 +54,15 @@ pub(crate) fn classify(
     let code = status.as_u16();
     let already_done = code == 409 && rules.on_409 == ConflictPolicy::Succeeded;
     if status.is_success() || already_done {
-        let remote_id = body
-            .as_ref()
-            .ok()
-            .and_then(|b| serde_json::from_slice::<Value>(b).ok())
+        let doc = (body.as_ref().ok()).and_then(|b| serde_json::from_slice::<Value>(b).ok());
+        let remote_id = (doc.as_ref())
             .and_then(|v| v.pointer(&rules.id_pointer).and_then(id_text))
             .unwrap_or_default();
+        let answer = doc.map_or_else(Answer::new, |doc| answer(&doc, &rules.answer_fields));
         return AttemptOutcome::Succeeded {
             remote_id,
             status: code,
+            answer,
         };
     }
     let retry_after_ms = retry_after(headers, now).map(|d| {
@@ -97,6 +101,22 @@ pub(crate) fn classify(
             cause: UnknownCause::Status(code),
         },
     }
+}
+
+/// The values at `fields` (JSON pointers) of a record: strings as they are, numbers and
+/// booleans as their JSON text. A field that is absent, null, an object or an array is left
+/// out; a template that reads it fails with a message naming it.
+pub(crate) fn answer(record: &Value, fields: &[String]) -> Answer {
+    let mut answer = Answer::new();
+    for pointer in fields {
+        let value = match record.pointer(pointer) {
+            Some(Value::String(s)) => s.clone(),
+            Some(v @ (Value::Number(_) | Value::Bool(_))) => v.to_string(),
+            _ => continue,
+        };
+        answer.insert(pointer.clone(), value);
+    }
+    answer
 }
 
 /// An id as text: strings as they are, numbers printed.
@@ -145,10 +165,37 @@ mod tests {
     fn rules() -> Rules {
         Rules {
             id_pointer: "/data/id".into(),
+            answer_fields: Vec::new(),
             on_5xx: ServerErrorPolicy::Unknown,
             on_409: ConflictPolicy::Reject,
             max_retry_after: MAX_RETRY_AFTER,
         }
+    }
+
+    /// The fields later steps read are kept from a 2xx answer: scalars as text, anything
+    /// else left out.
+    #[test]
+    fn success_keeps_the_answer_fields_later_steps_read() {
+        let mut r = rules();
+        r.answer_fields = ["/data/id", "/data/n", "/data/ok", "/data/obj", "/missing"]
+            .map(String::from)
+            .to_vec();
+        let AttemptOutcome::Succeeded { answer, .. } = run(
+            &r,
+            201,
+            None,
+            r#"{"data":{"id":"p-1","n":7,"ok":true,"obj":{"a":1}}}"#,
+        ) else {
+            panic!("a success")
+        };
+        let kept: Vec<(&str, &str)> = answer
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            kept,
+            [("/data/id", "p-1"), ("/data/n", "7"), ("/data/ok", "true")]
+        );
     }
 
     fn headers(retry_after: Option<&str>) -> HeaderMap {
@@ -176,21 +223,24 @@ mod tests {
             run(&r, 201, None, r#"{"data":{"id":"p-1"}}"#),
             AttemptOutcome::Succeeded {
                 remote_id: "p-1".into(),
-                status: 201
+                status: 201,
+                answer: Answer::new()
             }
         );
         assert_eq!(
             run(&r, 200, None, r#"{"data":{"id":42}}"#),
             AttemptOutcome::Succeeded {
                 remote_id: "42".into(),
-                status: 200
+                status: 200,
+                answer: Answer::new()
             }
         );
         assert_eq!(
             run(&r, 204, None, ""),
             AttemptOutcome::Succeeded {
                 remote_id: String::new(),
-                status: 204
+                status: 204,
+                answer: Answer::new()
             }
         );
     }
@@ -248,7 +298,8 @@ mod tests {
             run(&r3, 409, None, r#"{"data":{"id":"ex-1"}}"#),
             AttemptOutcome::Succeeded {
                 remote_id: "ex-1".into(),
-                status: 409
+                status: 409,
+                answer: Answer::new()
             }
         );
         assert_eq!(

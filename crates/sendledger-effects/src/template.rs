@@ -4,7 +4,8 @@
 //! `{metadata.KEY}`, `{payload.a.b}` (a dotted path into the payload; the value must be a
 //! string, number or boolean) and, in the targets of a multi-step task's steps,
 //! `{steps.NAME.remote_id}` (the remote id of step `NAME`; in a step's compensation, of the
-//! record it undoes). `{{` and `}}` are literal braces.
+//! record it undoes) and `{steps.NAME.response./json/pointer}` (a field of step `NAME`'s
+//! answer, kept when the step was confirmed). `{{` and `}}` are literal braces.
 //!
 //! In URLs, values are percent-encoded, so a value cannot add a path segment or a query
 //! parameter. A path segment that renders to `.` or `..` is refused rather than encoded: many
@@ -35,6 +36,8 @@ enum Field {
     Payload(Vec<String>),
     /// The remote id of a step of a multi-step task.
     StepRemoteId(String),
+    /// A field of a step's answer: the step, and a JSON pointer.
+    StepAnswer(String, String),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,10 +143,23 @@ impl Template {
         self.render(call.into(), payload, false)
     }
 
-    /// The steps whose remote id the template reads (`{steps.NAME.remote_id}`).
+    /// The steps whose record the template reads (`{steps.NAME.remote_id}`,
+    /// `{steps.NAME.response./pointer}`).
     pub(crate) fn steps_read(&self) -> impl Iterator<Item = &str> {
         self.parts.iter().filter_map(|p| match p {
-            Part::Field(Field::StepRemoteId(name)) => Some(name.as_str()),
+            Part::Field(Field::StepRemoteId(name) | Field::StepAnswer(name, _)) => {
+                Some(name.as_str())
+            }
+            _ => None,
+        })
+    }
+
+    /// The fields of steps' answers the template reads: (step, JSON pointer).
+    pub(crate) fn answers_read(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.parts.iter().filter_map(|p| match p {
+            Part::Field(Field::StepAnswer(name, pointer)) => {
+                Some((name.as_str(), pointer.as_str()))
+            }
             _ => None,
         })
     }
@@ -307,6 +323,7 @@ impl Field {
             Field::Metadata(key) => format!("metadata.{key}"),
             Field::Payload(path) => format!("payload.{}", path.join(".")),
             Field::StepRemoteId(step) => format!("steps.{step}.remote_id"),
+            Field::StepAnswer(step, pointer) => format!("steps.{step}.response.{pointer}"),
         }
     }
 }
@@ -328,15 +345,25 @@ fn field(name: &str) -> Result<Field, String> {
                     return Err(format!("`{{{name}}}` has an empty path segment"));
                 }
                 Field::Payload(parts)
-            } else if let Some(step) = name
+            } else if let Some((step, what)) = name
                 .strip_prefix("steps.")
-                .and_then(|rest| rest.strip_suffix(".remote_id"))
-                .filter(|step| !step.is_empty())
+                .and_then(|rest| rest.split_once('.'))
+                .filter(|(step, _)| !step.is_empty())
             {
-                Field::StepRemoteId(step.to_string())
+                match (what, what.strip_prefix("response.")) {
+                    ("remote_id", _) => Field::StepRemoteId(step.to_string()),
+                    (_, Some(pointer)) if pointer.starts_with('/') => {
+                        Field::StepAnswer(step.to_string(), pointer.to_string())
+                    }
+                    _ => {
+                        return Err(format!(
+                            "`{{{name}}}` reads no field of step `{step}`: use steps.{step}.remote_id, or steps.{step}.response./JSON/POINTER for a field of its answer"
+                        ))
+                    }
+                }
             } else {
                 return Err(format!(
-                    "unknown placeholder `{{{name}}}`; use tenant, operation, request_key, task_id, target, metadata.KEY, payload.PATH or steps.NAME.remote_id"
+                    "unknown placeholder `{{{name}}}`; use tenant, operation, request_key, task_id, target, metadata.KEY, payload.PATH, steps.NAME.remote_id or steps.NAME.response./POINTER"
                 ));
             }
         }
@@ -352,9 +379,19 @@ fn value_of(f: &Field, call: Call<'_>, payload: &Value) -> Result<String, String
         Field::RequestKey => id.request_key.clone(),
         Field::TaskId => request.task_id().to_string(),
         Field::Target => request.target.clone(),
-        Field::StepRemoteId(step) => call.steps.get(step).cloned().ok_or_else(|| {
-            format!("step `{step}` has no remote id: it is not a step of this task that succeeded before this call")
-        })?,
+        Field::StepRemoteId(step) => (call.steps.get(step))
+            .map(|record| record.remote_id.clone())
+            .ok_or_else(|| {
+                format!("step `{step}` has no remote id: it is not a step of this task that succeeded before this call")
+            })?,
+        Field::StepAnswer(step, pointer) => {
+            let record = call.steps.get(step).ok_or_else(|| {
+                format!("step `{step}` has no answer: it is not a step of this task that succeeded before this call")
+            })?;
+            record.answer.get(pointer).cloned().ok_or_else(|| {
+                format!("step `{step}`'s answer has no string, number or boolean at `{pointer}` (fields are kept from a 2xx answer or the record a lookup found, not when an operator confirmed the step, nor for a duplicate being undone)")
+            })?
+        }
         Field::Metadata(key) => request
             .metadata
             .get(key)
@@ -385,6 +422,7 @@ fn value_of(f: &Field, call: Call<'_>, payload: &Value) -> Result<String, String
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sendledger_core::saga::StepRecord;
     use sendledger_core::{Limits, TaskRequest};
 
     fn request() -> AcceptedRequest {
@@ -412,7 +450,11 @@ mod tests {
         let r = request();
         let t = Template::parse("/refunds/{steps.charge.remote_id}?t={task_id}").unwrap();
         assert_eq!(t.steps_read().collect::<Vec<_>>(), ["charge"]);
-        let steps = [("charge".to_string(), "ch 1/2".to_string())].into();
+        let record = StepRecord {
+            remote_id: "ch 1/2".into(),
+            answer: [("/card/last4".to_string(), "4242".to_string())].into(),
+        };
+        let steps = [("charge".to_string(), record)].into();
         let call = Call {
             request: &r,
             steps: &steps,
@@ -421,9 +463,28 @@ mod tests {
         assert!(url.starts_with("/refunds/ch%201%2F2?t="), "{url}");
         let err = t.render_url(&r, &Value::Null).unwrap_err();
         assert!(err.contains("step `charge` has no remote id"), "{err}");
-        for bad in ["{steps..remote_id}", "{steps.charge.id}", "{steps.charge}"] {
+        for bad in [
+            "{steps..remote_id}",
+            "{steps.charge.id}",
+            "{steps.charge}",
+            "{steps.charge.response.card}",
+        ] {
             assert!(Template::parse(bad).is_err(), "{bad}");
         }
+        // A field of the step's answer, by JSON pointer; one it did not keep is an error.
+        let last4 = Template::parse("{steps.charge.response./card/last4}").unwrap();
+        assert_eq!(last4.steps_read().collect::<Vec<_>>(), ["charge"]);
+        assert_eq!(
+            last4.answers_read().collect::<Vec<_>>(),
+            [("charge", "/card/last4")]
+        );
+        assert_eq!(last4.render_text(call, &Value::Null).unwrap(), "4242");
+        let other = Template::parse("{steps.charge.response./card/brand}").unwrap();
+        let err = other.render_text(call, &Value::Null).unwrap_err();
+        assert!(
+            err.contains("has no string, number or boolean at `/card/brand`"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -133,7 +133,7 @@ impl Remote for HttpRemote {
         call: Call<'_>,
         since: Millis,
         trace: Option<TraceParent>,
-    ) -> BoxFuture<Result<Vec<String>, LookupError>> {
+    ) -> BoxFuture<Result<sendledger_core::saga::Found, LookupError>> {
         let Some(target) = self.targets.get(target).cloned() else {
             let err = format!("target `{target}` is not configured");
             return Box::pin(std::future::ready(Err(LookupError::new(err, false))));
@@ -145,7 +145,7 @@ impl Remote for HttpRemote {
                 steps: &steps,
             };
             target
-                .lookup_traced(call, Some(since), trace)
+                .lookup_found(call, Some(since), trace)
                 .await
                 .map_err(|e| {
                     LookupError::new(e.to_string(), e.is_transient())

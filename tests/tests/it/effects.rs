@@ -130,7 +130,8 @@ async fn created_2xx_is_succeeded_with_the_remote_id() {
         outcome,
         AttemptOutcome::Succeeded {
             remote_id: records[0].id.clone(),
-            status: 201
+            status: 201,
+            answer: Default::default(),
         }
     );
     let task_id = sendledger_core::TaskId::derive("acme", "payment.create", "ord-1");
@@ -208,7 +209,8 @@ async fn payload_numbers_reach_the_remote_as_written() {
             outcome,
             AttemptOutcome::Succeeded {
                 remote_id: "r-1".into(),
-                status: 201
+                status: 201,
+                answer: Default::default(),
             }
         );
         let body = tokio::task::spawn_blocking(move || server.join().unwrap())
@@ -227,7 +229,8 @@ async fn success_without_an_id_is_still_succeeded() {
         outcome,
         AttemptOutcome::Succeeded {
             remote_id: String::new(),
-            status: 201
+            status: 201,
+            answer: Default::default(),
         }
     );
     assert_eq!(sim.stats().records, 1);
@@ -498,7 +501,8 @@ async fn a_reused_idempotency_key_returns_the_first_record() {
         second,
         AttemptOutcome::Succeeded {
             remote_id: records[0].id.clone(),
-            status: 201
+            status: 201,
+            answer: Default::default(),
         }
     );
     assert_eq!(sim.stats().replays, 1);

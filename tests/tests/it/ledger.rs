@@ -456,10 +456,11 @@ fn golden_events_v7() -> Vec<Event> {
     events
 }
 
-/// Version 8 adds an operator's order to undo records (`CompensationOrdered`).
+/// Version 8 adds the fields of a step's answer (`StepAnswer`) and an operator's order to undo
+/// records (`CompensationOrdered`).
 fn golden_events_v8() -> Vec<Event> {
     let mut events = golden_events_v7();
-    for body in sendledger_core::fixtures::order_bodies() {
+    for body in sendledger_core::fixtures::v8_bodies() {
         events = followed_by(events, body);
     }
     events

@@ -299,7 +299,8 @@ async fn https_created_2xx_is_succeeded_with_the_remote_id() {
         outcome,
         AttemptOutcome::Succeeded {
             remote_id: records[0].id.clone(),
-            status: 201
+            status: 201,
+            answer: Default::default(),
         }
     );
 }
@@ -452,7 +453,8 @@ async fn mutual_tls_a_required_client_certificate_is_presented() {
         outcome,
         AttemptOutcome::Succeeded {
             remote_id: records[0].id.clone(),
-            status: 201
+            status: 201,
+            answer: Default::default(),
         }
     );
 

@@ -659,6 +659,7 @@ impl World {
                 AttemptOutcome::Succeeded {
                     remote_id: id,
                     status: 201,
+                    answer: Default::default(),
                 }
             }
             60..75 => {
@@ -706,7 +707,7 @@ impl World {
         let input = Input::Lookup {
             attempt: effect.attempt,
             asked_at: self.now,
-            result: Ok(found),
+            result: Ok(found.into()),
         };
         self.instances[i].input(effect.task, effect.partition, input);
     }

@@ -17,6 +17,7 @@ use crate::event::{
 };
 use crate::request::AcceptedRequest;
 use crate::retry::{RetryClass, RetryPolicy};
+use crate::saga::{Answer, Found};
 use crate::state::{Phase, State};
 use operator::{operator, retry};
 use saga::{compensate_next, compensation_of, move_on};
@@ -135,6 +136,8 @@ pub enum AttemptOutcome {
     Succeeded {
         remote_id: String,
         status: u16,
+        /// The fields of the answer that later steps' templates read (a multi-step task's).
+        answer: Answer,
     },
     Rejected {
         status: u16,
@@ -208,7 +211,7 @@ pub enum Input {
     Lookup {
         attempt: u32,
         asked_at: Millis,
-        result: std::result::Result<Vec<String>, String>,
+        result: std::result::Result<Found, String>,
     },
     /// A timer of the task is due (retry or check).
     Wake,
@@ -607,10 +610,17 @@ fn outcome_of(
     d: &mut Decision,
 ) {
     match outcome {
-        AttemptOutcome::Succeeded { remote_id, status } => d.events.push(EventBody::Confirmed {
+        AttemptOutcome::Succeeded {
             remote_id,
-            evidence: Evidence::Response { status },
-        }),
+            status,
+            answer,
+        } => {
+            keep_answer(state, answer, d);
+            d.events.push(EventBody::Confirmed {
+                remote_id,
+                evidence: Evidence::Response { status },
+            })
+        }
         AttemptOutcome::Rejected { status, detail } => {
             let review =
                 compensation_of(state).map(|(step, name)| EventBody::ManualReviewRequired {
@@ -721,9 +731,18 @@ fn next_for_unknown(after: &State, ctx: Ctx<'_>, d: &mut Decision, at: Millis) {
     }
 }
 
+/// Records the fields of a step's answer that later calls read, before its `Confirmed`: only
+/// for a forward step, and only when there are some.
+fn keep_answer(state: &State, answer: Answer, d: &mut Decision) {
+    let at_step = matches!(state.leg(), Some(crate::saga::Leg::Step(_)));
+    if at_step && !answer.is_empty() {
+        d.events.push(EventBody::StepAnswer { fields: answer });
+    }
+}
+
 fn lookup_result(
     state: &State,
-    result: std::result::Result<Vec<String>, String>,
+    result: std::result::Result<Found, String>,
     asked_at: Millis,
     ctx: Ctx<'_>,
     d: &mut Decision,
@@ -736,6 +755,10 @@ fn lookup_result(
         .unwrap_or(ctx.now)
         .saturating_add(policy.deadline_ms);
     let next_check = ctx.now.saturating_add(policy.check_interval_ms);
+    let (result, answer) = match result {
+        Ok(found) => (Ok(found.ids), found.answer),
+        Err(e) => (Err(e), Answer::new()),
+    };
     match result {
         Ok(matches) if matches.len() == 1 => {
             let remote_id = matches[0].clone();
@@ -743,6 +766,7 @@ fn lookup_result(
                 matches,
                 next_check_at: None,
             });
+            keep_answer(state, answer, d);
             d.events.push(EventBody::Confirmed {
                 remote_id,
                 evidence: Evidence::Lookup,

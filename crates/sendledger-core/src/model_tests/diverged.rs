@@ -29,6 +29,7 @@ fn a_replaced_history_that_sent_reopens_even_a_settled_task_for_review() {
         outcome: AttemptOutcome::Succeeded {
             remote_id: "r-2".into(),
             status: 201,
+            answer: Default::default(),
         },
     })
     .unwrap();
@@ -142,6 +143,7 @@ fn a_task_its_log_lost_is_recorded_again_from_its_acceptance() {
         outcome: AttemptOutcome::Succeeded {
             remote_id: "r-1".into(),
             status: 201,
+            answer: Default::default(),
         },
     })
     .unwrap();

@@ -100,6 +100,7 @@ fn exhausted_attempts_proven_not_sent_move_to_the_fallback() {
         outcome: AttemptOutcome::Succeeded {
             remote_id: "b-1".into(),
             status: 201,
+            answer: Default::default(),
         },
     })
     .unwrap();

@@ -178,7 +178,7 @@ fn lookup(h: &mut Harness, result: Result<Vec<String>, String>) -> Action {
     h.step(Input::Lookup {
         asked_at: h.now,
         attempt: h.state.attempts,
-        result,
+        result: result.map(crate::saga::Found::from),
     })
     .unwrap()
 }

@@ -158,6 +158,7 @@ pub(super) fn to_input(h: &mut Harness, s: Step, offset: &mut i64) -> Option<Inp
             outcome: AttemptOutcome::Succeeded {
                 remote_id: format!("r{attempt}"),
                 status: 201,
+                answer: Default::default(),
             },
         },
         Step::Rejected => Input::Outcome {
@@ -178,17 +179,20 @@ pub(super) fn to_input(h: &mut Harness, s: Step, offset: &mut i64) -> Option<Inp
             outcome: AttemptOutcome::Succeeded {
                 remote_id: "stale".into(),
                 status: 200,
+                answer: Default::default(),
             },
         },
         Step::Lookup { matches } => Input::Lookup {
             asked_at: h.now,
             attempt: h.state.attempts,
-            result: Ok((0..matches).map(|i| format!("m{i}")).collect()),
+            result: Ok(crate::saga::Found::from(
+                (0..matches).map(|i| format!("m{i}")).collect::<Vec<_>>(),
+            )),
         },
         Step::StaleLookup => Input::Lookup {
             asked_at: h.now,
             attempt: h.state.attempts.wrapping_sub(1),
-            result: Ok(vec!["stale".into()]),
+            result: Ok(crate::saga::Found::from(vec!["stale".into()])),
         },
         Step::LookupFailed => Input::Lookup {
             asked_at: h.now,

@@ -61,6 +61,7 @@ fn a_failed_task_never_sent_is_retried_as_a_new_version() {
         outcome: AttemptOutcome::Succeeded {
             remote_id: "r-7".into(),
             status: 201,
+            answer: Default::default(),
         },
     })
     .unwrap();
@@ -148,6 +149,7 @@ fn a_retry_after_success_is_flagged() {
         outcome: AttemptOutcome::Succeeded {
             remote_id: "r-1".into(),
             status: 201,
+            answer: Default::default(),
         },
     })
     .unwrap();

@@ -45,6 +45,7 @@ fn created(id: &str) -> AttemptOutcome {
     AttemptOutcome::Succeeded {
         remote_id: id.into(),
         status: 201,
+        answer: Default::default(),
     }
 }
 
@@ -105,9 +106,9 @@ fn each_step_starts_once_the_one_before_is_confirmed_and_the_last_settles_the_ta
     assert_eq!(h.state.phase, Phase::Succeeded);
     assert_eq!(h.state.remote_id.as_deref(), Some("sh-1"));
     assert_eq!(h.sends.iter().map(|s| s.0).collect::<Vec<_>>(), [1, 2, 3]);
-    let ids = h.state.saga.as_ref().unwrap().step_ids();
-    assert_eq!(ids["reserve"], "res-1");
-    assert_eq!(ids["charge"], "ch-1");
+    let ids = h.state.saga.as_ref().unwrap().step_records();
+    assert_eq!(ids["reserve"].remote_id, "res-1");
+    assert_eq!(ids["charge"].remote_id, "ch-1");
     clean(&h);
 }
 
@@ -128,7 +129,7 @@ fn a_refused_last_step_undoes_the_steps_before_it_in_reverse_order() {
     let release = wake_now(&mut h, started);
     assert_eq!(sent_target(&release), "release");
     assert_eq!(
-        h.state.saga.as_ref().unwrap().step_ids()["reserve"],
+        h.state.saga.as_ref().unwrap().step_records()["reserve"].remote_id,
         "res-1",
         "the release's templates read the reservation it undoes"
     );
@@ -247,6 +248,62 @@ fn a_crash_between_legs_resumes_at_the_right_leg() {
     clean(&h);
 }
 
+/// The fields of a step's answer that later calls read are recorded just before its
+/// `Confirmed`, from its 2xx answer or from the one record its lookup found; later calls (the
+/// next step, the step's own compensation) see them, a duplicate being undone does not.
+#[test]
+fn answer_fields_are_kept_from_the_answer_or_the_record_found_and_reach_later_calls() {
+    let fields =
+        |id: &str| crate::saga::Answer::from([("/reservation/id".to_string(), id.to_string())]);
+    let mut h = Harness::new(lookup_policy());
+    h.step(deliver_saga(0)).unwrap();
+    let next = answer(
+        &mut h,
+        AttemptOutcome::Succeeded {
+            remote_id: "res-1".into(),
+            status: 201,
+            answer: fields("rsv-7"),
+        },
+    );
+    let names = h.names();
+    assert_eq!(names[names.len() - 2..], ["StepAnswer", "Confirmed"]);
+    wake_now(&mut h, next);
+    let records = h.state.saga.as_ref().unwrap().step_records();
+    assert_eq!(records["reserve"].answer, fields("rsv-7"));
+    // The charge's answer is lost; the lookup finds its record, with the fields.
+    answer_lost(&mut h);
+    let next = h
+        .step(Input::Lookup {
+            attempt: h.state.attempts,
+            asked_at: h.now,
+            result: Ok(crate::saga::Found {
+                ids: vec!["ch-1".into()],
+                answer: fields("from-lookup"),
+            }),
+        })
+        .unwrap();
+    let names = h.names();
+    assert_eq!(
+        names[names.len() - 3..],
+        ["LookupPerformed", "StepAnswer", "Confirmed"]
+    );
+    // The shipment is refused: each compensation reads its own step's answer.
+    wake_now(&mut h, next);
+    let next = answer(&mut h, refused());
+    let started = wake_now(&mut h, next);
+    let refund = wake_now(&mut h, started);
+    assert_eq!(sent_target(&refund), "refunds");
+    let records = h.state.saga.as_ref().unwrap().step_records();
+    assert_eq!(records["charge"].answer, fields("from-lookup"));
+    let next = answer(&mut h, created("rf-1"));
+    let started = wake_now(&mut h, next);
+    let release = wake_now(&mut h, started);
+    assert_eq!(sent_target(&release), "release");
+    let records = h.state.saga.as_ref().unwrap().step_records();
+    assert_eq!(records["reserve"].answer, fields("rsv-7"));
+    clean(&h);
+}
+
 /// A saga whose reservation was created (`res-1`) and whose charge, its answer lost, was
 /// found twice by the lookup (`ch-1`, `ch-2`): in review.
 fn charge_found_twice() -> Harness {
@@ -261,6 +318,12 @@ fn charge_found_twice() -> Harness {
 
 /// The answer of the attempt in flight is lost; the lookup that follows finds `ids`.
 fn found_after_lost_answer(h: &mut Harness, ids: &[&str]) {
+    answer_lost(h);
+    lookup(h, Ok(ids.iter().map(|id| id.to_string()).collect()));
+}
+
+/// The answer of the attempt in flight is lost; the lookup is due.
+fn answer_lost(h: &mut Harness) {
     answer(
         h,
         AttemptOutcome::Unknown {
@@ -269,7 +332,6 @@ fn found_after_lost_answer(h: &mut Harness, ids: &[&str]) {
     );
     h.now += 600;
     h.step(Input::Wake).unwrap();
-    lookup(h, Ok(ids.iter().map(|id| id.to_string()).collect()));
 }
 
 fn order(record: Option<&str>, duplicates: &[&str], whole_task: bool) -> Input {
@@ -294,9 +356,9 @@ fn an_operator_keeps_one_record_the_lookup_found_undoes_the_other_and_the_task_g
     ));
     let refund = wake_now(&mut h, started);
     assert_eq!(sent_target(&refund), "refunds");
-    let ids = h.state.saga.as_ref().unwrap().step_ids();
+    let ids = h.state.saga.as_ref().unwrap().step_records();
     assert_eq!(
-        ids["charge"], "ch-2",
+        ids["charge"].remote_id, "ch-2",
         "the refund reads the duplicate it undoes"
     );
     // The refund's answer is lost too: looked up, never resent.
@@ -314,7 +376,10 @@ fn an_operator_keeps_one_record_the_lookup_found_undoes_the_other_and_the_task_g
     // Then the shipment, with the kept charge.
     let ship = wake_now(&mut h, next);
     assert_eq!(sent_target(&ship), "shipments");
-    assert_eq!(h.state.saga.as_ref().unwrap().step_ids()["charge"], "ch-1");
+    assert_eq!(
+        h.state.saga.as_ref().unwrap().step_records()["charge"].remote_id,
+        "ch-1"
+    );
     answer(&mut h, created("sh-1"));
     assert_eq!(h.state.phase, Phase::Succeeded);
     let charge = &h.state.saga.as_ref().unwrap().steps[1];
@@ -369,9 +434,9 @@ fn an_operator_orders_the_whole_task_undone_last_step_first() {
     while h.state.phase == Phase::Compensating || next == Action::Continue {
         next = h.step(Input::Wake).unwrap();
         if let Action::Send { target, .. } = &next {
-            let ids = h.state.saga.as_ref().unwrap().step_ids();
+            let ids = h.state.saga.as_ref().unwrap().step_records();
             let step = h.state.saga.as_ref().unwrap().step().unwrap().name.clone();
-            undone.push(format!("{target} {}", ids[&step]));
+            undone.push(format!("{target} {}", ids[&step].remote_id));
             next = answer(&mut h, created(&format!("u-{}", undone.len())));
         }
     }

@@ -25,7 +25,7 @@ fn unknown_is_reconciled_by_lookup_not_resent() {
         h.step(Input::Lookup {
             asked_at: h.now,
             attempt: h.state.attempts,
-            result: Ok(vec![])
+            result: Ok(crate::saga::Found::from(vec![]))
         })
         .unwrap(),
         Action::WakeAt(h.now + 1_000)
@@ -36,7 +36,7 @@ fn unknown_is_reconciled_by_lookup_not_resent() {
     h.step(Input::Lookup {
         asked_at: h.now,
         attempt: h.state.attempts,
-        result: Ok(vec!["r-1".into()]),
+        result: Ok(crate::saga::Found::from(vec!["r-1".into()])),
     })
     .unwrap();
     assert_eq!(h.state.phase, Phase::Succeeded);
@@ -71,7 +71,7 @@ fn several_matches_or_deadline_go_to_review() {
     h.step(Input::Lookup {
         asked_at: h.now,
         attempt: h.state.attempts,
-        result: Ok(vec!["a".into(), "b".into()]),
+        result: Ok(crate::saga::Found::from(vec!["a".into(), "b".into()])),
     })
     .unwrap();
     assert_eq!(h.state.phase, Phase::ManualReview);
@@ -95,7 +95,7 @@ fn several_matches_or_deadline_go_to_review() {
     h.step(Input::Lookup {
         asked_at: h.now,
         attempt: h.state.attempts,
-        result: Ok(vec![]),
+        result: Ok(crate::saga::Found::from(vec![])),
     })
     .unwrap();
     assert_eq!(
@@ -146,7 +146,7 @@ fn resend_when_absent_policy_is_recorded() {
         .step(Input::Lookup {
             asked_at: h.now,
             attempt: h.state.attempts,
-            result: Ok(vec![]),
+            result: Ok(crate::saga::Found::from(vec![])),
         })
         .unwrap();
     assert!(matches!(action, Action::Send { attempt: 2, .. }));
@@ -274,6 +274,7 @@ fn duplicates_and_conflicts_never_execute() {
         outcome: AttemptOutcome::Succeeded {
             remote_id: "r".into(),
             status: 201,
+            answer: Default::default(),
         },
     })
     .unwrap();
@@ -303,6 +304,7 @@ fn duplicates_past_the_limit_record_nothing_and_conflicts_still_do() {
         outcome: AttemptOutcome::Succeeded {
             remote_id: "r".into(),
             status: 201,
+            answer: Default::default(),
         },
     })
     .unwrap();
@@ -451,7 +453,7 @@ fn a_lookup_result_for_an_earlier_attempt_is_ignored() {
             .step(Input::Lookup {
                 attempt: 1,
                 asked_at: h.now,
-                result,
+                result: result.map(crate::saga::Found::from),
             })
             .unwrap();
         assert_eq!(action, Action::None);
@@ -723,7 +725,7 @@ fn absence_past_complete_after_authorizes_one_resend() {
         .step(Input::Lookup {
             attempt: 1,
             asked_at,
-            result: Ok(vec![]),
+            result: Ok(crate::saga::Found::from(vec![])),
         })
         .unwrap();
     assert_eq!(action, Action::WakeAt(h.now + 1_000));

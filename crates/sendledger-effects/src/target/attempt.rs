@@ -155,7 +155,9 @@ impl Target {
             AttemptOutcome::Unknown { cause } => {
                 info!(target_name = %self.name, %task_id, attempt, ?cause, "attempt outcome unknown; to be reconciled")
             }
-            AttemptOutcome::Succeeded { remote_id, status } if remote_id.is_empty() => {
+            AttemptOutcome::Succeeded {
+                remote_id, status, ..
+            } if remote_id.is_empty() => {
                 warn!(target_name = %self.name, %task_id, attempt, status, pointer = %self.rules.id_pointer, "attempt succeeded but the answer has no remote id")
             }
             other => {

@@ -106,6 +106,7 @@ impl Target {
             body_fields,
             rules: Rules {
                 id_pointer: config.response_id_pointer.clone(),
+                answer_fields: Vec::new(),
                 on_5xx: config.on_5xx,
                 on_409: config.on_409,
                 max_retry_after: MAX_RETRY_AFTER.max(config.retry.max_backoff),

@@ -15,7 +15,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, StatusCode};
-use sendledger_core::saga::Call;
+use sendledger_core::saga::{Answer, Call, Found};
 use sendledger_core::TraceParent;
 use serde_json::Value;
 use tokio::time::Instant;
@@ -70,6 +70,17 @@ impl Target {
         intent_at_ms: Option<u64>,
         trace: Option<TraceParent>,
     ) -> Result<Vec<String>> {
+        Ok(self.lookup_found(call, intent_at_ms, trace).await?.ids)
+    }
+
+    /// [`Target::lookup_traced`], with the fields later steps of a multi-step task read of the
+    /// record found when exactly one matched ([`Found`]).
+    pub async fn lookup_found<'a>(
+        &self,
+        call: impl Into<Call<'a>>,
+        intent_at_ms: Option<u64>,
+        trace: Option<TraceParent>,
+    ) -> Result<Found> {
         let Some(lookup) = &self.lookup else {
             return Err(Error::config(
                 format!("targets.{}.lookup", self.name),
@@ -92,6 +103,7 @@ impl Target {
             .await
             .map_err(|_| self.not_sent(lookup, "every slot of max_in_flight stayed taken"))?;
         let mut ids: Vec<String> = Vec::new();
+        let mut first_answer = Answer::new();
         let mut next = Some(
             lookup
                 .paging
@@ -119,8 +131,11 @@ impl Target {
             let found = select(lookup, records, &payload, intent_at_ms)
                 .map_err(answer_err)
                 .map_err(at_page)?;
-            for id in found {
+            for (id, record) in found {
                 if !ids.contains(&id) {
+                    if ids.is_empty() {
+                        first_answer = classify::answer(record, &self.rules.answer_fields);
+                    }
                     ids.push(id);
                 }
             }
@@ -142,7 +157,13 @@ impl Target {
             }
         }
         debug!(target_name = %self.name, task_id = %call.request.task_id(), matches = ids.len(), pages = number, "lookup performed");
-        Ok(ids)
+        if ids.len() != 1 {
+            first_answer.clear();
+        }
+        Ok(Found {
+            ids,
+            answer: first_answer,
+        })
     }
 
     /// Waits until a page may be asked: past the remote's `Retry-After` and at the rate's turn,
@@ -321,13 +342,13 @@ fn records<'a>(lookup: &Lookup, doc: &'a Value) -> std::result::Result<&'a [Valu
         .ok_or_else(|| format!("no array at `{}`", lookup.results_pointer))
 }
 
-/// The ids of the `records` that pass the filters, each once.
-fn select(
+/// The ids of the `records` that pass the filters, each once, with the first record of each.
+fn select<'a>(
     lookup: &Lookup,
-    records: &[Value],
+    records: &'a [Value],
     payload: &Value,
     intent_at_ms: Option<u64>,
-) -> std::result::Result<Vec<String>, String> {
+) -> std::result::Result<Vec<(String, &'a Value)>, String> {
     let mut wanted = Vec::with_capacity(lookup.filters.len());
     for (record_pointer, payload_pointer) in &lookup.filters {
         let value = payload.pointer(payload_pointer).ok_or_else(|| {
@@ -335,7 +356,7 @@ fn select(
         })?;
         wanted.push((record_pointer.as_str(), value));
     }
-    let mut ids: Vec<String> = Vec::new();
+    let mut ids: Vec<(String, &Value)> = Vec::new();
     for (i, record) in records.iter().enumerate() {
         if !wanted
             .iter()
@@ -361,8 +382,8 @@ fn select(
             .pointer(&lookup.id_pointer)
             .and_then(id_text)
             .ok_or_else(|| format!("record {i} has no id at `{}`", lookup.id_pointer))?;
-        if !ids.contains(&id) {
-            ids.push(id);
+        if !ids.iter().any(|(seen, _)| *seen == id) {
+            ids.push((id, record));
         }
     }
     Ok(ids)

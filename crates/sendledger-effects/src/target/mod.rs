@@ -193,15 +193,22 @@ impl Target {
         &self.name
     }
 
-    /// The steps of a multi-step task whose remote id the target's templates read (its URL,
-    /// body fields and lookup URL).
-    pub(crate) fn steps_read(&self) -> impl Iterator<Item = &str> {
+    /// The target's templates: its URL, body fields and lookup URL.
+    fn templates(&self) -> impl Iterator<Item = &Template> {
         let lookup = self.lookup.iter().map(|l| &l.url);
         let body = self.body_fields.iter().map(|(_, t)| t);
-        std::iter::once(&self.url)
-            .chain(body)
-            .chain(lookup)
-            .flat_map(Template::steps_read)
+        std::iter::once(&self.url).chain(body).chain(lookup)
+    }
+
+    /// The steps of a multi-step task whose record the target's templates read (their remote
+    /// id, or fields of their answer).
+    pub(crate) fn steps_read(&self) -> impl Iterator<Item = &str> {
+        self.templates().flat_map(Template::steps_read)
+    }
+
+    /// The fields of steps' answers the target's templates read: (step, JSON pointer).
+    pub(crate) fn answers_read(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.templates().flat_map(Template::answers_read)
     }
 
     /// Waits for room to send one attempt (`max_in_flight`, `rate_limit`), asks the target's

@@ -3,6 +3,7 @@
 //! rendered.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use sendledger_core::PlannedStep;
 
@@ -67,6 +68,7 @@ impl Targets {
                     reads_only(compensate, &before, &at(".compensate"))?;
                 }
             }
+            self.keep_answers(saga, &field(""))?;
             let steps = saga
                 .steps
                 .iter()
@@ -86,6 +88,41 @@ impl Targets {
         self.sagas.get(name).map(Vec::as_slice)
     }
 
+    /// Tells each step's target which fields of its answers the saga's templates read
+    /// (`{steps.NAME.response./pointer}`), so that they are kept when the step is confirmed.
+    fn keep_answers(&mut self, saga: &SagaConfig, field: &str) -> Result<()> {
+        let mut keep: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        for step in &saga.steps {
+            let undo = step.compensate.iter();
+            for name in std::iter::once(&step.target).chain(undo) {
+                let Some(target) = self.by_name.get(name) else {
+                    continue;
+                };
+                for (read, pointer) in target.answers_read() {
+                    let Some(of) = saga.steps.iter().find(|s| s.name == read) else {
+                        continue;
+                    };
+                    keep.entry(of.target.as_str())
+                        .or_default()
+                        .push(pointer.to_string());
+                }
+            }
+        }
+        for (name, pointers) in keep {
+            let Some(target) = self.by_name.get_mut(name).and_then(Arc::get_mut) else {
+                return Err(Error::config(
+                    field,
+                    "the targets are in use already: sagas are added to targets as they are loaded",
+                ));
+            };
+            let fields = &mut target.rules.answer_fields;
+            fields.extend(pointers);
+            fields.sort();
+            fields.dedup();
+        }
+        Ok(())
+    }
+
     fn step_target(&self, name: &str, field: &str) -> Result<&Target> {
         match self.by_name.get(name) {
             Some(target) => Ok(target),
@@ -103,7 +140,7 @@ fn reads_only(target: &Target, steps: &[&str], field: &str) -> Result<()> {
         Some(read) => Err(Error::config(
             field,
             format!(
-                "target `{}` reads `{{steps.{read}.remote_id}}`, and step `{read}` {}",
+                "target `{}` reads step `{read}`'s record (`{{steps.{read}...}}`), and step `{read}` {}",
                 target.name,
                 if steps.is_empty() {
                     "is not one that has run when this call is made (none has)".to_string()

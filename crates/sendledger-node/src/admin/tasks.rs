@@ -96,7 +96,7 @@ pub async fn task(
     }
     body["remote_ids_seen"] = remote_ids_seen(&events);
     let steps = (state.saga.as_ref())
-        .map(sendledger_core::saga::Saga::step_ids)
+        .map(sendledger_core::saga::Saga::step_records)
         .unwrap_or_default();
     body["lookup_url"] = match state
         .request

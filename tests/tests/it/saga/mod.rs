@@ -20,6 +20,7 @@ use sendledger_tests::engine::*;
 use sendledger_tests::kafka::{dedupe, task_ids, terminal_by_task, validate_all};
 use sendledger_tests::kill::{kill_and_restart, Kills};
 
+mod answers;
 mod console;
 mod orders;
 
@@ -432,7 +433,7 @@ async fn templates_reading_steps_that_have_not_run_are_refused_at_load() {
         .to_string();
     assert!(
         err.contains("sagas.order.steps[1].compensate")
-            && err.contains("{steps.ship.remote_id}")
+            && err.contains("step `ship`'s record")
             && err.contains("reserve, charge"),
         "{err}"
     );
