@@ -210,6 +210,28 @@ pub mod engine {
         }
     }
 
+    /// Writes `history` as task `key`'s events to the ledger at `dir`, each recorded as its task
+    /// actor records a decision (summary, indexes); returns the task's state after it.
+    pub async fn write_history(
+        dir: &std::path::Path,
+        key: &str,
+        history: Vec<sendledger_core::EventBody>,
+    ) -> sendledger_core::State {
+        let ledger = sendledger_store::Ledger::open(dir, Default::default()).unwrap();
+        let mut state = sendledger_core::State::default();
+        for body in history {
+            let decision = sendledger_core::Decision {
+                events: vec![body],
+                action: sendledger_core::Action::None,
+            };
+            let (next, append) =
+                sendledger_actors::task::record(task_id(key), &state, &decision, 1);
+            ledger.append(append).await.unwrap();
+            state = next;
+        }
+        state
+    }
+
     pub fn settled(state: &State) -> bool {
         state.phase.is_terminal() || state.phase == Phase::ManualReview
     }

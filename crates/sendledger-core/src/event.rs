@@ -62,6 +62,10 @@ pub enum NotSentCause {
     /// remote's doing, so it does not use up the target's `max_attempts`.
     /// (Envelope version 2.)
     LocalResources(String),
+    /// The request could not be built from the task: a template reads what the task does not
+    /// have (a field of an earlier step's answer that was not kept, a step the configuration
+    /// now names). Nothing was written. (Envelope version 8.)
+    NotBuilt(String),
 }
 
 /// Why the outcome of an attempt is unknown: it may have reached the remote.
@@ -152,6 +156,14 @@ pub enum ReviewReason {
         name: String,
         reason: String,
     },
+    /// The call of step `step`, after steps that succeeded, could not be built (`reason`):
+    /// nothing was sent. A person fixes the configuration and authorizes a resend, or undoes
+    /// the task. (Envelope version 8.)
+    StepNotBuilt {
+        step: u32,
+        name: String,
+        reason: String,
+    },
 }
 
 impl std::fmt::Display for ReviewReason {
@@ -201,6 +213,12 @@ impl std::fmt::Display for ReviewReason {
                 f,
                 "the compensation of step {name} could not be sent ({reason}); the step's \
                  record still exists"
+            ),
+            ReviewReason::StepNotBuilt { name, reason, .. } => write!(
+                f,
+                "the call of step {name} cannot be built ({reason}); nothing was sent and the \
+                 steps before it succeeded: fix the configuration and authorize a resend, or \
+                 undo the task (resolve as compensated)"
             ),
         }
     }

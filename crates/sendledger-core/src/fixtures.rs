@@ -85,9 +85,23 @@ pub fn saga_bodies() -> Vec<EventBody> {
 }
 
 /// One body of each kind envelope version 8 adds: the fields of a step's answer that later
-/// calls read, and an operator's order to undo a step's duplicate and then the whole task.
+/// calls read, an operator's order to undo a step's duplicate and then the whole task, and a
+/// step's call that cannot be built.
 pub fn v8_bodies() -> Vec<EventBody> {
+    let not_built = "step `reserve`'s answer has no string, number or boolean at `/x`";
     vec![
+        EventBody::SendNotSent {
+            attempt: 2,
+            cause: crate::event::NotSentCause::NotBuilt(not_built.into()),
+            retry_at: 2_000,
+        },
+        EventBody::ManualReviewRequired {
+            reason: ReviewReason::StepNotBuilt {
+                step: 1,
+                name: "charge".into(),
+                reason: not_built.into(),
+            },
+        },
         EventBody::StepAnswer {
             fields: [("/reservation/id".to_string(), "rsv-7".to_string())].into(),
         },

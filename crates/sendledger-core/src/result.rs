@@ -112,6 +112,8 @@ pub enum ResultReview {
     CompensationRefused { step: u32, http_status: u16 },
     /// A multi-step task: the compensation of step `step` could not be sent.
     CompensationNotSent { step: u32 },
+    /// A multi-step task: the call of step `step` cannot be built; nothing was sent.
+    StepNotBuilt { step: u32 },
 }
 
 impl From<&ReviewReason> for ResultReview {
@@ -141,6 +143,7 @@ impl From<&ReviewReason> for ResultReview {
             ReviewReason::CompensationNotSent { step, .. } => {
                 ResultReview::CompensationNotSent { step: *step }
             }
+            ReviewReason::StepNotBuilt { step, .. } => ResultReview::StepNotBuilt { step: *step },
         }
     }
 }

@@ -56,7 +56,7 @@ impl RetryClass {
             NotSentCause::Connect(_) => Some(RetryClass::Connect),
             NotSentCause::Throttled { .. } => Some(RetryClass::Throttled),
             NotSentCause::ServerError { .. } => Some(RetryClass::ServerError),
-            NotSentCause::LocalResources(_) => None,
+            NotSentCause::LocalResources(_) | NotSentCause::NotBuilt(_) => None,
         }
     }
 

@@ -216,7 +216,9 @@ impl FailureKind {
             NotSentCause::Connect(_) => FailureKind::Connect,
             NotSentCause::Throttled { .. } => FailureKind::Throttled,
             NotSentCause::ServerError { .. } => FailureKind::ServerError,
-            NotSentCause::LocalResources(_) => FailureKind::LocalResources,
+            NotSentCause::LocalResources(_) | NotSentCause::NotBuilt(_) => {
+                FailureKind::LocalResources
+            }
         }
     }
 }

@@ -21,8 +21,9 @@
 //!   and `ReviewReason::{CompensationRefused, CompensationNotSent}` (multi-step tasks), the
 //!   same way.
 //! - Version 8: version 7 plus `EventBody::CompensationOrdered` (an operator's order to undo
-//!   a step's duplicates or a whole multi-step task) and `EventBody::StepAnswer` (fields of a
-//!   step's answer that later steps read), the same way.
+//!   a step's duplicates or a whole multi-step task), `EventBody::StepAnswer` (fields of a
+//!   step's answer that later steps read), `NotSentCause::NotBuilt` and
+//!   `ReviewReason::StepNotBuilt` (a step's call that cannot be built), the same way.
 // format: do not change (versions 1 to 8 are on disk)
 
 use sendledger_core::event::Millis;

@@ -22,6 +22,7 @@ mod layout;
 mod ledger;
 mod log;
 mod lookup_budget;
+mod migration;
 mod outage;
 mod paging;
 mod retry;

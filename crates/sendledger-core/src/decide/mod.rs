@@ -20,7 +20,7 @@ use crate::retry::{RetryClass, RetryPolicy};
 use crate::saga::{Answer, Found};
 use crate::state::{Phase, State};
 use operator::{operator, retry};
-use saga::{compensate_next, compensation_of, move_on};
+use saga::{compensate_next, compensation_of, move_on, not_built, not_built_after_steps};
 
 /// How one target is driven: retries, reconciliation and idempotency keys.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -620,6 +620,9 @@ fn outcome_of(
                 remote_id,
                 evidence: Evidence::Response { status },
             })
+        }
+        AttemptOutcome::Rejected { status: 0, detail } if not_built_after_steps(state) => {
+            not_built(state, attempt, detail, ctx, d)
         }
         AttemptOutcome::Rejected { status, detail } => {
             let review =

@@ -2,7 +2,7 @@
 //! compensation (`docs/sagas.md`).
 
 use super::{Action, Ctx, Decision};
-use crate::event::{EventBody, POLICY_SAGA_BY};
+use crate::event::{EventBody, NotSentCause, ReviewReason, POLICY_SAGA_BY};
 use crate::saga::{Leg, StepOutcome};
 use crate::state::{Phase, State};
 
@@ -82,4 +82,36 @@ pub(super) fn compensation_of(state: &State) -> Option<(u32, String)> {
         Leg::Compensation(n) => Some((n, saga.step()?.name.clone())),
         Leg::Step(_) => None,
     }
+}
+
+/// Whether the task is a multi-step one at a step after the first: a call of it that cannot be
+/// built ([`not_built`]) is a person's to look at, not a refusal that undoes the steps before.
+pub(super) fn not_built_after_steps(state: &State) -> bool {
+    matches!(state.leg(), Some(Leg::Step(n)) if n > 0)
+}
+
+/// A step's call could not be built (a template reads what the task does not have: a field of
+/// an earlier step's answer that was not kept, a step its plan lacks). Nothing was sent; the
+/// steps before it succeeded, and undoing them over a configuration mistake would be worse
+/// than waiting: the task goes to review, where a person fixes the configuration and
+/// authorizes a resend, or undoes the task.
+pub(super) fn not_built(
+    state: &State,
+    attempt: u32,
+    reason: String,
+    ctx: Ctx<'_>,
+    d: &mut Decision,
+) {
+    let (Some(Leg::Step(step)), Some(saga)) = (state.leg(), &state.saga) else {
+        return;
+    };
+    let name = saga.step().map_or_else(String::new, |s| s.name.clone());
+    d.events.push(EventBody::SendNotSent {
+        attempt,
+        cause: NotSentCause::NotBuilt(reason.clone()),
+        retry_at: ctx.now,
+    });
+    d.events.push(EventBody::ManualReviewRequired {
+        reason: ReviewReason::StepNotBuilt { step, name, reason },
+    });
 }

@@ -18,7 +18,10 @@ pub(super) enum Step {
         retry_after_ms: Option<u64>,
     },
     Succeeded,
-    Rejected,
+    /// Refused by the remote, or (`built: false`) not even built from the task.
+    Rejected {
+        built: bool,
+    },
     Unknown,
     StaleOutcome,
     Lookup {
@@ -45,7 +48,7 @@ pub(super) fn step() -> impl Strategy<Value = Step> {
         1 => any::<bool>().prop_map(|same_payload| Step::Deliver { same_payload }),
         1 => proptest::option::of(0u64..5_000).prop_map(|retry_after_ms| Step::NotSent { retry_after_ms }),
         1 => Just(Step::Succeeded),
-        1 => Just(Step::Rejected),
+        1 => prop_oneof![4 => Just(true), 1 => Just(false)].prop_map(|built| Step::Rejected { built }),
         2 => Just(Step::Unknown),
         1 => Just(Step::StaleOutcome),
         1 => (0u8..4).prop_map(|matches| Step::Lookup { matches }),
@@ -161,10 +164,10 @@ pub(super) fn to_input(h: &mut Harness, s: Step, offset: &mut i64) -> Option<Inp
                 answer: Default::default(),
             },
         },
-        Step::Rejected => Input::Outcome {
+        Step::Rejected { built } => Input::Outcome {
             attempt,
             outcome: AttemptOutcome::Rejected {
-                status: 422,
+                status: if built { 422 } else { 0 },
                 detail: "bad".into(),
             },
         },
@@ -289,7 +292,7 @@ fn generated_inputs_reach_every_corner() {
     );
     let strategy = (policy(), proptest::collection::vec(step(), 1..60));
     let mut seen = std::collections::BTreeSet::new();
-    for _ in 0..2_000 {
+    for _ in 0..4_000 {
         let (policy, steps) = strategy.new_tree(&mut runner).unwrap().current();
         let mut h = Harness::new(policy);
         h.step(deliver(5, 0)).unwrap();

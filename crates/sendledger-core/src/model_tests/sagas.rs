@@ -304,6 +304,61 @@ fn answer_fields_are_kept_from_the_answer_or_the_record_found_and_reach_later_ca
     clean(&h);
 }
 
+/// A later step's call that cannot be built (a template reads a field the earlier step's
+/// answer did not have) goes to review, nothing sent and nothing undone: a configuration
+/// mistake is not a reason to refund and release. The operator fixes it and authorizes a
+/// resend, or undoes the task.
+#[test]
+fn a_later_step_that_cannot_be_built_goes_to_review_not_to_compensation() {
+    let not_built = || AttemptOutcome::Rejected {
+        status: 0,
+        detail: "step `reserve`'s answer has no string, number or boolean at `/x`".into(),
+    };
+    for resolution in ["resend", "compensated"] {
+        let mut h = Harness::new(lookup_policy());
+        h.step(deliver_saga(0)).unwrap();
+        let next = answer(&mut h, created("res-1"));
+        wake_now(&mut h, next);
+        assert_eq!(answer(&mut h, not_built()), Action::None);
+        assert_eq!(h.state.phase, Phase::ManualReview);
+        assert!(matches!(
+            &h.state.review_reason,
+            Some(ReviewReason::StepNotBuilt { step: 1, name, .. }) if name == "charge"
+        ));
+        assert!(!h.state.saga.as_ref().unwrap().compensation_began());
+        let input = match resolution {
+            "resend" => OperatorResolution::Resend {
+                by: "ana".into(),
+                reason: "fixed the pointer".into(),
+            },
+            _ => OperatorResolution::Compensate {
+                record: None,
+                duplicates: Vec::new(),
+                whole_task: true,
+                by: "ana".into(),
+                reason: "cancel".into(),
+            },
+        };
+        let next = h.step(Input::Operator(input)).unwrap();
+        let next = match next {
+            Action::WakeAt(_) => h.step(Input::Wake).unwrap(),
+            other => wake_now(&mut h, other),
+        };
+        let next = if next == Action::Continue {
+            h.step(Input::Wake).unwrap()
+        } else {
+            next
+        };
+        let expected = if resolution == "resend" {
+            "payments"
+        } else {
+            "release"
+        };
+        assert_eq!(sent_target(&next), expected, "{resolution}");
+        clean(&h);
+    }
+}
+
 /// A saga whose reservation was created (`res-1`) and whose charge, its answer lost, was
 /// found twice by the lookup (`ch-1`, `ch-2`): in review.
 fn charge_found_twice() -> Harness {
@@ -633,6 +688,7 @@ fn generated_saga_inputs_reach_every_corner() {
         "CompensationNotSent",
         "MultipleMatches",
         "CompensationOrdered",
+        "StepNotBuilt",
         "duplicate undone",
         "whole task ordered undone",
     ] {
