@@ -12,6 +12,7 @@
 //! randomness: time and random numbers are passed in. Everything here is deterministic, so
 //! rebuilding an actor, `inspect` and `audit` all reach the same answer from the same events.
 
+pub mod access;
 pub mod audit;
 pub mod canonical;
 pub mod decide;

@@ -12,6 +12,7 @@ pub const PARTITION_TAKE_OVER_SECONDS: &str = "sendledger_partition_take_over_se
 pub const PARTITIONS_LOST_TOTAL: &str = "sendledger_partitions_lost_total";
 pub const GROUP_REJOINS_TOTAL: &str = "sendledger_group_rejoins_total";
 pub const REQUESTS_LOST_TOTAL: &str = "sendledger_requests_lost_total";
+pub const REQUESTS_REFUSED_TOTAL: &str = "sendledger_requests_refused_total";
 pub const RESULTS_PUBLISHED_TOTAL: &str = "sendledger_results_published_total";
 pub const LOG_BATCH_EVENTS: &str = "sendledger_log_batch_events";
 pub const LOG_COMMIT_SECONDS: &str = "sendledger_log_commit_seconds";
@@ -19,6 +20,10 @@ pub const STANDBY_EVENTS_TOTAL: &str = "sendledger_standby_events_total";
 pub const STANDBY_PARTITIONS: &str = "sendledger_standby_partitions";
 
 pub const DEFINITIONS: &[M] = &[
+    M::counter(
+        REQUESTS_REFUSED_TOTAL,
+        "Requests refused by the access rules (`access`), by tenant (`unknown` for one not configured) and rule: rejected, never sent.",
+    ),
     M::counter(
         STANDBY_EVENTS_TOTAL,
         "Kafka mode with kafka.standby: events of partitions owned elsewhere applied to this instance's copy as they were committed.",

@@ -7,8 +7,10 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::future_producer::DeliveryFuture;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer, ProducerContext};
+use sendledger_core::access::{sign, SIGNATURE_HEADER};
 use sendledger_core::TaskRequest;
 use tokio::sync::OnceCell;
 
@@ -29,6 +31,8 @@ pub struct RequestProducer {
     topic: String,
     /// Set once the producer was helped to its producer id (see [`ensure_producer_id`]).
     ready: OnceCell<()>,
+    /// The key messages are signed with (`sendledger_core::access`), when they are.
+    signing_key: Option<Vec<u8>>,
 }
 
 impl RequestProducer {
@@ -37,7 +41,15 @@ impl RequestProducer {
             producer: kafka.client_config(Role::Producer).create()?,
             topic: kafka.config().requests_topic.clone(),
             ready: OnceCell::new(),
+            signing_key: None,
         })
+    }
+
+    /// This producer, signing every message with `secret` (the `sendledger-signature` header
+    /// of `sendledger_core::access`), as a tenant with signing keys must.
+    pub fn signing_with(mut self, secret: Vec<u8>) -> RequestProducer {
+        self.signing_key = Some(secret);
+        self
     }
 
     pub fn topic(&self) -> &str {
@@ -84,6 +96,13 @@ impl RequestProducer {
         let mut record = FutureRecord::to(&self.topic).payload(value);
         if let Some(k) = key {
             record = record.key(k);
+        }
+        if let Some(secret) = &self.signing_key {
+            let signature = sign(secret, &self.topic, value);
+            record = record.headers(OwnedHeaders::new().insert(Header {
+                key: SIGNATURE_HEADER,
+                value: Some(signature.as_str()),
+            }));
         }
         Ok(ack(enqueue(record, |r| self.producer.send_result(r)).await?))
     }

@@ -92,14 +92,23 @@ impl Service {
             None => None,
         };
         let sink = Arc::new(EngineSink::new(engine.clone()));
-        let ingest = match replicator {
-            Some(replicator) => {
-                let owner = KafkaOwner::new(kafka.clone(), engine.clone(), replicator)?;
-                Ingest::start_owning(kafka, sink, Arc::new(owner))
-            }
-            None => Ingest::start(kafka, sink),
+        let owner: Option<Arc<dyn sendledger_kafka::PartitionOwner>> = match replicator {
+            Some(replicator) => Some(Arc::new(KafkaOwner::new(
+                kafka.clone(),
+                engine.clone(),
+                replicator,
+            )?)),
+            None => None,
+        };
+        let access = config.load_access()?.map(Arc::new);
+        if let Some(access) = &access {
+            tracing::info!(
+                tenants = access.tenants.len(),
+                "requests are checked against the access rules"
+            );
         }
-        .map_err(|e| Error::step("starting the ingest", e))?;
+        let ingest = Ingest::start_checked(kafka, sink, owner, access)
+            .map_err(|e| Error::step("starting the ingest", e))?;
         if let Some(admin) = &admin {
             admin.watch_ingest(ingest.stats().clone());
         }

@@ -7,12 +7,14 @@
 //! - `embedded`: on librdkafka's embedded mock cluster, in this process;
 //! - `broker`: against a separate broker process (tansu);
 //! - `security`: Kafka over TLS and SASL;
-//! - `schema`: the JSON Schemas of the Kafka payloads against the service.
+//! - `schema`: the JSON Schemas of the Kafka payloads against the service;
+//! - `access`: requests bound to their tenant (signatures, allowed targets).
 //!
 //! The harness they share (brokers, relays, producing, reading back, the assertions) is
 //! `sendledger_tests::kafka`. Kafka mode, where the events topic is the log of record, is
 //! tested in `log` and `cluster`.
 
+mod access;
 mod breaker;
 mod broker;
 mod embedded;

@@ -10,6 +10,7 @@ use std::time::Duration;
 use rdkafka::message::{BorrowedHeaders, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
+use sendledger_core::access::SIGNATURE_HEADER;
 use sendledger_core::trace::TRACEPARENT;
 use sendledger_core::{Source, TaskRequest, TraceParent};
 use tokio::sync::oneshot;
@@ -18,6 +19,7 @@ use tracing::Instrument;
 use super::tracker::{lock, Done, Outcome};
 use super::{IngestStats, Worker, RETRY_INITIAL, RETRY_MAX};
 use crate::error::Result;
+use crate::metric_definitions::REQUESTS_REFUSED_TOTAL;
 use crate::sink::{RequestSink, SinkError};
 
 /// Header of a dead letter: why the message was rejected.
@@ -55,6 +57,7 @@ impl<S: RequestSink> Worker<S> {
         if let Work::Submit(request) = &mut work {
             keep_trace_context(request, msg.headers(), partition, offset);
         }
+        work = self.allowed(work, msg.headers(), raw.as_deref().unwrap_or_default());
         if self.owner.is_some() {
             work = keyed_by_identity(work, msg.key());
         }
@@ -88,6 +91,44 @@ impl<S: RequestSink> Worker<S> {
                 Ok(request) => Work::Submit(Box::new(request)),
                 Err(e) => Work::Reject(e.to_string()),
             },
+        }
+    }
+
+    /// The work of a request its tenant may not ask for (see `sendledger_core::access`): a
+    /// rejection naming the rule, counted per tenant and rule. Anything else as it is.
+    fn allowed(&self, work: Work, headers: Option<&BorrowedHeaders>, value: &[u8]) -> Work {
+        let Work::Submit(request) = &work else {
+            return work;
+        };
+        let Some(access) = &self.access else {
+            self.note_tenant(&request.tenant);
+            return work;
+        };
+        let signature = last_header(headers, SIGNATURE_HEADER);
+        let Err(refusal) = access.check(request, &self.topic, value, signature) else {
+            return work;
+        };
+        let tenant = refusal.tenant.clone().unwrap_or_else(|| "unknown".into());
+        metrics::counter!(REQUESTS_REFUSED_TOTAL, "tenant" => tenant.clone(), "rule" => refusal.rule.name())
+            .increment(1);
+        tracing::warn!(%tenant, rule = refusal.rule.name(), reason = %refusal.detail, "request refused by the access rules; rejected, nothing sent");
+        Work::Reject(refusal.to_string())
+    }
+
+    /// Without access rules: warns once when requests for a second tenant arrive, since then
+    /// any producer of the topic can act for any of them.
+    fn note_tenant(&self, tenant: &str) {
+        if self.several_tenants.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut first = self.first_tenant.lock().unwrap_or_else(|e| e.into_inner());
+        match first.as_deref() {
+            None => *first = Some(tenant.to_string()),
+            Some(seen) if seen != tenant => {
+                self.several_tenants.store(true, Ordering::Relaxed);
+                tracing::warn!(topic = %self.topic, first = %seen, second = %tenant, "requests for several tenants arrive on this topic and no [access] rules are configured: any producer of the topic can act for any tenant; configure [access.tenants] (docs/access.md)");
+            }
+            Some(_) => {}
         }
     }
 
@@ -158,18 +199,10 @@ fn keep_trace_context(
     partition: i32,
     offset: i64,
 ) {
-    let Some(value) = headers.and_then(|h| {
-        h.iter()
-            .filter(|h| h.key.eq_ignore_ascii_case(TRACEPARENT))
-            .last()
-    }) else {
+    let Some(value) = last_header(headers, TRACEPARENT) else {
         return;
     };
-    match value
-        .value
-        .and_then(|v| std::str::from_utf8(v).ok())
-        .and_then(TraceParent::parse)
-    {
+    match std::str::from_utf8(value).ok().and_then(TraceParent::parse) {
         Some(trace) => request.set_traceparent(trace),
         None => tracing::debug!(
             partition,
@@ -177,6 +210,16 @@ fn keep_trace_context(
             "the message's traceparent header is not a valid W3C trace context; ignored"
         ),
     }
+}
+
+/// The value of a message's header `name` (the last one, if repeated; names compared without
+/// case).
+fn last_header<'a>(headers: Option<&'a BorrowedHeaders>, name: &str) -> Option<&'a [u8]> {
+    headers?
+        .iter()
+        .filter(|h| h.key.eq_ignore_ascii_case(name))
+        .last()?
+        .value
 }
 
 /// One message on its way into the sink.

@@ -84,6 +84,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
+use sendledger_core::access::Access;
 use tokio::runtime::Handle;
 
 use crate::cluster::Kafka;
@@ -182,7 +183,7 @@ impl Ingest {
     /// instance per consumer group). Must be called within a tokio runtime: the sink's futures
     /// run on it.
     pub fn start<S: RequestSink>(kafka: &Kafka, sink: Arc<S>) -> Result<Ingest> {
-        Self::start_with(kafka, sink, None)
+        Self::start_checked(kafka, sink, None, None)
     }
 
     /// Kafka mode: like [`Ingest::start`], for one of several instances in the group. Each
@@ -195,13 +196,17 @@ impl Ingest {
         sink: Arc<S>,
         owner: Arc<dyn PartitionOwner>,
     ) -> Result<Ingest> {
-        Self::start_with(kafka, sink, Some(owner))
+        Self::start_checked(kafka, sink, Some(owner), None)
     }
 
-    fn start_with<S: RequestSink>(
+    /// [`Ingest::start`], or with `owner` [`Ingest::start_owning`], acting only on the
+    /// requests `access` allows: the others are rejected (a rejected result naming the rule,
+    /// the dead-letter topic when configured), never sent.
+    pub fn start_checked<S: RequestSink>(
         kafka: &Kafka,
         sink: Arc<S>,
         owner: Option<Arc<dyn PartitionOwner>>,
+        access: Option<Arc<Access>>,
     ) -> Result<Ingest> {
         let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
         let config = kafka.config().clone();
@@ -255,6 +260,9 @@ impl Ingest {
             commit_interval: config.commit_interval,
             fenced_retake: session * FENCED_RETAKE_SESSIONS,
             rejoin: rejoin.clone(),
+            access,
+            first_tenant: Mutex::new(None),
+            several_tenants: AtomicBool::new(false),
         };
         if worker.owner.is_some() {
             // Detached: it ends with `stop`, once any call to the brokers it is in returns.
@@ -335,6 +343,12 @@ struct Worker<S: RequestSink> {
     /// Kafka mode: set by the group watch when this member must leave the group and join it
     /// again.
     rejoin: Arc<AtomicBool>,
+    /// Who may ask for what; `None`: every valid request is acted on.
+    access: Option<Arc<Access>>,
+    /// Without access rules: the first tenant requests were seen for, and whether a second
+    /// one was (warned about once).
+    first_tenant: Mutex<Option<String>>,
+    several_tenants: AtomicBool,
 }
 
 impl<S: RequestSink> Worker<S> {

@@ -27,8 +27,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::ConfigError;
 
+mod access;
 mod env;
 
+pub use access::{AccessConfig, TenantAccessConfig};
 pub use env::ENV_PREFIX;
 
 /// What `Debug`, `Serialize` and error messages show instead of a secret value.
@@ -50,6 +52,8 @@ pub struct Config {
     /// Multi-step tasks requests may name instead of a target, by name: each step a call at
     /// one of the targets, undone in reverse order when a later step fails.
     pub sagas: BTreeMap<String, SagaConfig>,
+    /// Which tenants requests may be for, and what each may ask for.
+    pub access: AccessConfig,
 }
 
 impl Config {
@@ -76,6 +80,7 @@ impl fmt::Debug for Config {
             .field("telemetry", &self.telemetry)
             .field("targets", &self.targets)
             .field("sagas", &self.sagas)
+            .field("access", &self.access)
             .finish()
     }
 }
@@ -91,6 +96,7 @@ impl Serialize for Config {
             telemetry: &'a TelemetryConfig,
             targets: &'a BTreeMap<String, TargetConfig>,
             sagas: &'a BTreeMap<String, SagaConfig>,
+            access: &'a AccessConfig,
         }
         Shown {
             storage: &self.storage,
@@ -100,6 +106,7 @@ impl Serialize for Config {
             telemetry: &self.telemetry,
             targets: &self.targets,
             sagas: &self.sagas,
+            access: &self.access,
         }
         .serialize(serializer)
     }
@@ -366,6 +373,7 @@ impl Config {
         }
         Targets::from_config_with_env(&self.targets, |name| env.get(name).cloned())?
             .with_sagas(&self.sagas)?;
+        (self.access).load(&self.targets, &self.sagas, |name| env.get(name).cloned())?;
         Ok(())
     }
 
@@ -399,6 +407,12 @@ impl Config {
     /// The targets, loaded and validated (header values read from the environment).
     pub fn load_targets(&self) -> Result<Targets, ConfigError> {
         Ok(Targets::from_config(&self.targets)?.with_sagas(&self.sagas)?)
+    }
+
+    /// The access rules (signing keys read from the environment); `None` when `[access]`
+    /// lists no tenant.
+    pub fn load_access(&self) -> Result<Option<sendledger_core::access::Access>, ConfigError> {
+        (self.access).load(&self.targets, &self.sagas, |name| std::env::var(name).ok())
     }
 
     /// The Kafka configuration `run` uses: `kafka.instance_id`, when unset, derived from the

@@ -29,6 +29,10 @@ pub struct ProduceArgs {
     /// handling of bad input); such lines are sent without a key.
     #[arg(long)]
     raw: bool,
+    /// Sign every message with the key in this environment variable (the tenant's signing
+    /// key, when the service's `[access]` rules require signed requests; docs/access.md).
+    #[arg(long, value_name = "VAR")]
+    sign_key_env: Option<String>,
     /// Give up when the brokers have not acknowledged everything within this long.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     timeout: Duration,
@@ -79,7 +83,14 @@ pub fn produce(args: ProduceArgs) -> anyhow::Result<bool> {
         .enable_all()
         .build()?;
     let n = messages.len();
-    let producer = RequestProducer::new(&kafka)?;
+    let mut producer = RequestProducer::new(&kafka)?;
+    if let Some(var) = &args.sign_key_env {
+        let secret = std::env::var(var)
+            .ok()
+            .filter(|k| !k.is_empty())
+            .with_context(|| format!("--sign-key-env: environment variable {var} is unset or empty; set it to the tenant's signing key"))?;
+        producer = producer.signing_with(secret.into_bytes());
+    }
     let acked = runtime
         .block_on(async {
             tokio::time::timeout(args.timeout, producer.send_all(messages)).await
