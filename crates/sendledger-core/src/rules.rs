@@ -472,10 +472,7 @@ impl TaskCheck {
             .steps
             .iter()
             .find(|o| !std::ptr::eq(*o, s) && o.compensation_open());
-        let duplicate = s
-            .duplicates
-            .iter()
-            .any(|c| c.undoes == *remote_id && c.outcome == CompensationOutcome::Owed);
+        let duplicate = s.owed_duplicate(Some(remote_id)).is_some();
         if duplicate {
             if let Some(o) = open {
                 let detail = format!(
@@ -530,15 +527,9 @@ impl TaskCheck {
                 flag(out, Rule::CompensationOncePerStep, lsns.clone(), detail);
             }
         }
-        let later_owed = saga.steps.iter().skip(*step as usize + 1).find(|o| {
-            matches!(o.outcome, StepOutcome::Succeeded { .. })
-                && o.compensate.is_some()
-                && o.compensation.is_none()
-        });
-        let duplicate_owed = saga
-            .steps
-            .iter()
-            .find(|o| (o.duplicates.iter()).any(|c| c.outcome == CompensationOutcome::Owed));
+        let later_owed =
+            (saga.steps.iter().skip(*step as usize + 1)).find(|o| o.owes_compensation());
+        let duplicate_owed = saga.steps.iter().find(|o| o.owed_duplicate(None).is_some());
         if let Some(o) = open.or(later_owed).or(duplicate_owed) {
             let detail = format!(
                 "compensation of step {} before the compensation of step {} was done",

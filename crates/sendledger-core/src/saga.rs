@@ -250,11 +250,8 @@ impl Saga {
         if self.steps.iter().any(Step::compensation_open) {
             return None;
         }
-        self.steps.iter().enumerate().find_map(|(n, s)| {
-            (s.duplicates.iter())
-                .find(|c| c.outcome == CompensationOutcome::Owed)
-                .map(|c| (n as u32, c))
-        })
+        (self.steps.iter().enumerate())
+            .find_map(|(n, s)| s.owed_duplicate(None).map(|c| (n as u32, c)))
     }
 
     /// The steps' records a template of the current leg reads (see [`StepRecords`]).
@@ -288,12 +285,21 @@ impl Saga {
 }
 
 impl Step {
+    /// A duplicate record of the step an operator ordered undone and whose undo has not
+    /// begun: the one that undoes `remote_id`, or with `None` the first.
+    pub fn owed_duplicate(&self, remote_id: Option<&str>) -> Option<&Compensation> {
+        self.duplicates.iter().find(|c| {
+            c.outcome == CompensationOutcome::Owed && remote_id.is_none_or(|id| c.undoes == id)
+        })
+    }
+
     /// Whether a compensation of the step (its own, or a duplicate's) is begun and not ended.
     pub fn compensation_open(&self) -> bool {
         (self.compensation.iter().chain(&self.duplicates)).any(|c| c.outcome.is_open())
     }
 
-    fn owes_compensation(&self) -> bool {
+    /// Whether the step succeeded, can be undone, and its own compensation has not begun.
+    pub fn owes_compensation(&self) -> bool {
         matches!(self.outcome, StepOutcome::Succeeded { .. })
             && self.compensate.is_some()
             && self.compensation.is_none()
