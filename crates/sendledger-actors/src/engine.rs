@@ -511,6 +511,17 @@ impl Engine {
     /// follows at the task's next wake (at once). A task not in review is refused with
     /// `sendledger_core::Error::NotInReview`.
     pub async fn resolve(&self, task_id: TaskId, resolution: OperatorResolution) -> Result<Reply> {
+        self.resolve_under(task_id, resolution, None).await
+    }
+
+    /// [`Engine::resolve`] under a named credential: its id is recorded with the decision
+    /// (`OperatorCredential`, naming the resolution's `by`).
+    pub async fn resolve_under(
+        &self,
+        task_id: TaskId,
+        resolution: OperatorResolution,
+        credential: Option<String>,
+    ) -> Result<Reply> {
         let known = self
             .inner
             .ledger
@@ -519,7 +530,8 @@ impl Engine {
         if known.is_none() {
             return Err(Error::NoSuchTask(task_id));
         }
-        self.route(task_id, TaskInput::Operator(resolution)).await
+        self.route(task_id, TaskInput::Operator(resolution, credential))
+            .await
     }
 
     async fn route(&self, task_id: TaskId, input: TaskInput) -> Result<Reply> {
@@ -557,6 +569,25 @@ impl Engine {
     /// A task's current state (the fold of its events).
     pub async fn state(&self, task_id: TaskId) -> Result<State> {
         Ok(sendledger_core::fold(&self.events(task_id).await?))
+    }
+
+    /// The tenant of each task, from its acceptance (`None`: a rejected input, or a task not
+    /// in the ledger).
+    pub async fn tenants(&self, tasks: Vec<TaskId>) -> Result<Vec<Option<String>>> {
+        let read = move |l: &Ledger| {
+            (tasks.iter())
+                .map(|task| {
+                    Ok(match l.task_event(*task, 0)? {
+                        Some(sendledger_core::Event {
+                            body: EventBody::TaskAccepted { request, .. },
+                            ..
+                        }) => Some(request.identity.tenant),
+                        _ => None,
+                    })
+                })
+                .collect()
+        };
+        Ok(self.inner.ledger.read(read).await?)
     }
 
     /// One page of the tasks a query selects, from the ledger's task index (see

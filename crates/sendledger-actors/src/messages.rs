@@ -40,7 +40,9 @@ pub enum TaskInput {
         reason: String,
         raw: Vec<u8>,
     },
-    Operator(OperatorResolution),
+    /// An operator's decision, with the id of the credential it came under (none: on the
+    /// ledger's files or under no named credential).
+    Operator(OperatorResolution, Option<String>),
     /// Its target's breaker closed and the target retries its failed tasks then (see
     /// [`sendledger_core::decide::Input::RetryOnClose`]).
     RetryOnClose {

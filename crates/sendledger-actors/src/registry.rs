@@ -110,7 +110,7 @@ impl Handler<Route> for Registry {
             input,
             TaskInput::Deliver { .. }
                 | TaskInput::Reject { .. }
-                | TaskInput::Operator(_)
+                | TaskInput::Operator(..)
                 | TaskInput::RetryOnClose { .. }
         ) || !live;
         if self.draining && takes_new_work && !matches!(input, TaskInput::Lookup { .. }) {

@@ -310,7 +310,11 @@ impl TaskActor {
                 }
             }
             TaskInput::Recover => Input::Recover,
-            TaskInput::Operator(op) => Input::Operator(op),
+            TaskInput::Operator(resolution, None) => Input::Operator(resolution),
+            TaskInput::Operator(resolution, Some(credential)) => Input::OperatorWith {
+                resolution,
+                credential,
+            },
             TaskInput::RetryOnClose { reason } => Input::RetryOnClose { reason },
             TaskInput::Diverged { task_seq, replaced } => Input::Diverged { task_seq, replaced },
             TaskInput::Outcome { attempt, outcome } => Input::Outcome { attempt, outcome },

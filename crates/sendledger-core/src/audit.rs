@@ -96,15 +96,97 @@ pub struct AuditReport {
     pub duplicates_dropped: u64,
     pub conflicts: u64,
     pub rejected_inputs: u64,
+    /// Operators' decisions recorded (a resolution, a note, a retry, an order to undo).
+    pub operator_decisions: u64,
+    /// Of those, decisions recorded with no named credential (on a stopped ledger's files,
+    /// under the shared `admin.token`, or before operators had credentials).
+    pub decisions_without_credential: u64,
     /// Checks this replay could not make, and why (e.g. index checks on a topic replay).
     pub skipped_checks: Vec<String>,
     pub violations: Vec<Finding>,
+    /// Every decision made under a named credential, for [`AuditReport::check_operators`].
+    #[serde(skip)]
+    pub credentialed: Vec<CredentialedDecision>,
 }
 
 impl AuditReport {
     pub fn is_clean(&self) -> bool {
         self.violations.is_empty()
     }
+
+    /// Checks every decision made under a named credential against the operators configured
+    /// now: a credential no operator holds or held (`operator-unknown`), one used after it
+    /// was revoked (`operator-revoked`), or one recorded for another operator than its
+    /// holder (`operator-mismatch`) is a violation.
+    pub fn check_operators(&mut self, roster: &Roster) {
+        for d in std::mem::take(&mut self.credentialed) {
+            let what = format!(
+                "{} by {} under credential {}",
+                d.decision, d.by, d.credential
+            );
+            let (holder, revoked) = match (
+                roster.credentials.get(&d.credential),
+                roster.revoked.get(&d.credential),
+            ) {
+                (Some(holder), _) => (holder, None),
+                (None, Some((holder, since))) => (holder, Some(*since)),
+                (None, None) => {
+                    self.operator_finding(
+                        &d,
+                        "operator-unknown",
+                        format!("{what}, which no configured operator holds or held"),
+                    );
+                    continue;
+                }
+            };
+            if *holder != d.by || d.named != d.by {
+                let detail = format!(
+                    "{what}: the credential belongs to {holder} and its event names {}",
+                    d.named
+                );
+                self.operator_finding(&d, "operator-mismatch", detail);
+            } else if let Some(since) = revoked.filter(|since| d.at >= *since) {
+                let detail = format!(
+                    "{what}, revoked at {since} (ms since the epoch), before this decision at {}",
+                    d.at
+                );
+                self.operator_finding(&d, "operator-revoked", detail);
+            }
+        }
+    }
+
+    fn operator_finding(&mut self, d: &CredentialedDecision, rule: &'static str, detail: String) {
+        self.violations.push(Finding {
+            task_id: Some(d.task_id.to_string()),
+            rule,
+            lsns: vec![d.lsn],
+            detail,
+        });
+    }
+}
+
+/// An operator's decision recorded under a named credential (`OperatorCredential`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CredentialedDecision {
+    pub task_id: TaskId,
+    /// The `OperatorCredential` event's.
+    pub lsn: u64,
+    pub at: crate::event::Millis,
+    /// The operator the `OperatorCredential` names.
+    pub named: String,
+    /// The operator the decision names (`by`).
+    pub by: String,
+    pub credential: String,
+    /// The kind of the decision's first event.
+    pub decision: &'static str,
+}
+
+/// The operators' credentials a configuration knows: held now (credential id → operator),
+/// and revoked (credential id → operator and when it was revoked, ms since the epoch).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Roster {
+    pub credentials: BTreeMap<String, String>,
+    pub revoked: BTreeMap<String, (String, crate::event::Millis)>,
 }
 
 /// One task under audit: its events are pushed in task order, then it is finished once.
@@ -114,6 +196,8 @@ pub struct TaskAudit {
     check: TaskCheck,
     unknown: bool,
     authorized: bool,
+    /// The `OperatorCredential` just pushed, until the decision it introduces.
+    credential: Option<Event>,
     scratch: Vec<Violation>,
 }
 
@@ -124,6 +208,7 @@ impl TaskAudit {
             check: TaskCheck::new(config),
             unknown: false,
             authorized: false,
+            credential: None,
             scratch: Vec::new(),
         }
     }
@@ -144,6 +229,7 @@ impl TaskAudit {
                 detail: v.detail,
             });
         }
+        self.count_decision(event, report);
         match &event.body {
             EventBody::SendUnknown { cause, .. } => {
                 report.unknown_outcomes += 1;
@@ -169,6 +255,43 @@ impl TaskAudit {
         }
     }
 
+    /// Counts an operator's decision, and notes under which credential it was made.
+    fn count_decision(&mut self, event: &Event, report: &mut AuditReport) {
+        if let EventBody::OperatorCredential { .. } = event.body {
+            self.credential = Some(event.clone());
+            return;
+        }
+        let credential = self.credential.take();
+        let Some(by) = decider(&event.body) else {
+            return;
+        };
+        report.operator_decisions += 1;
+        match credential {
+            Some(Event {
+                lsn,
+                at,
+                body:
+                    EventBody::OperatorCredential {
+                        operator,
+                        credential,
+                    },
+                ..
+            }) => {
+                let decision = event.body.name();
+                report.credentialed.push(CredentialedDecision {
+                    task_id: self.task,
+                    lsn,
+                    at,
+                    named: operator,
+                    by: by.to_owned(),
+                    credential,
+                    decision,
+                });
+            }
+            _ => report.decisions_without_credential += 1,
+        }
+    }
+
     /// Counts the task's final state into the report and returns it.
     pub fn finish(self, report: &mut AuditReport) -> State {
         let state = self.check.into_state();
@@ -185,6 +308,23 @@ impl TaskAudit {
         }
         state
     }
+}
+
+/// Who made the decision `body` records, when it is an operator's: the first event of an
+/// operator's resolution, note, retry or order to undo (not a policy's).
+fn decider(body: &EventBody) -> Option<&str> {
+    let by = match body {
+        EventBody::Confirmed {
+            evidence: Evidence::Operator { by, .. },
+            ..
+        }
+        | EventBody::ResendAuthorized { by, .. }
+        | EventBody::TaskRetried { by, .. }
+        | EventBody::CompensationOrdered { by, .. }
+        | EventBody::OperatorNote { who: by, .. } => by,
+        _ => return None,
+    };
+    (!by.starts_with(crate::event::POLICY_PREFIX)).then_some(by.as_str())
 }
 
 /// Checks that LSNs fed in ascending order run 1, 2, 3... without a gap.

@@ -362,6 +362,15 @@ pub enum EventBody {
     StepAnswer {
         fields: std::collections::BTreeMap<String, String>,
     },
+    /// The credential an operator's decision was made under, recorded in the same write as
+    /// the decision's events, just before them: `operator` is the name the credential belongs
+    /// to (and the decision's `by`), `credential` its id (see `docs/access.md`). Absent from
+    /// decisions made on a stopped ledger's files and from those under no named credential.
+    /// (Envelope version 9.)
+    OperatorCredential {
+        operator: String,
+        credential: String,
+    },
 }
 
 /// The raw bytes of a rejected input: as text where a format is read by people (JSON), as
@@ -411,6 +420,7 @@ impl EventBody {
             EventBody::CompensationStarted { .. } => "CompensationStarted",
             EventBody::CompensationOrdered { .. } => "CompensationOrdered",
             EventBody::StepAnswer { .. } => "StepAnswer",
+            EventBody::OperatorCredential { .. } => "OperatorCredential",
         }
     }
 
@@ -552,6 +562,10 @@ impl EventBody {
                 .map(|(pointer, value)| format!("{pointer}={value}"))
                 .collect::<Vec<_>>()
                 .join(" "),
+            EventBody::OperatorCredential {
+                operator,
+                credential,
+            } => format!("{operator} under credential {credential}"),
         }
     }
 }

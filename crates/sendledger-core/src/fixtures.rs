@@ -115,3 +115,11 @@ pub fn v8_bodies() -> Vec<EventBody> {
         },
     ]
 }
+
+/// The one body envelope version 9 adds: the named credential of an operator's decision.
+pub fn v9_bodies() -> Vec<EventBody> {
+    vec![EventBody::OperatorCredential {
+        operator: "ana".into(),
+        credential: "9f86d081884c7d65".into(),
+    }]
+}

@@ -27,6 +27,9 @@ pub struct ResolveBody {
     /// step's compensating target (with `as: succeeded` or `compensated`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub undo: Vec<String>,
+    /// The operator. Over the admin endpoint an operator's credential names them (this may
+    /// then be left out, and must agree when given).
+    #[serde(default)]
     pub by: String,
     pub reason: String,
 }

@@ -210,7 +210,8 @@ impl TaskCheck {
         let allowed = match event.body {
             EventBody::DuplicateDelivery { .. }
             | EventBody::RequestConflict { .. }
-            | EventBody::OperatorNote { .. } => true,
+            | EventBody::OperatorNote { .. }
+            | EventBody::OperatorCredential { .. } => true,
             EventBody::TaskRetried { .. } => state.phase == Phase::Failed,
             // Kafka mode: two owners' histories were found in the log; what the replaced one
             // did may undo what the kept one settled.

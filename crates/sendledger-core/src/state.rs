@@ -396,7 +396,7 @@ impl State {
                 self.failure = Some(reason.clone());
                 self.failed(reason);
             }
-            EventBody::OperatorNote { .. } => {}
+            EventBody::OperatorNote { .. } | EventBody::OperatorCredential { .. } => {}
             EventBody::SendDeferred { until, reason } => {
                 self.waiting = Some(Waiting {
                     since: at,

@@ -10,6 +10,8 @@
 //! - [`admin`]: the admin HTTP endpoint (metrics, health, task timelines, manual review) and
 //!   the process's metrics recorder; the other libraries only record through the `metrics`
 //!   facade, and serves the review console; [`timeline`] is the JSON of a task.
+//! - [`operators`]: the admin endpoint's named operators, their roles, tenant scopes and
+//!   credentials.
 //! - [`telemetry`]: the OTLP exporter of traces.
 //! - [`demo`]: the whole pipeline on embedded defaults against a fault-injecting remote.
 //! - [`error`]: what can go wrong, typed ([`Error`], [`ConfigError`]), each with its cause. The
@@ -25,6 +27,7 @@ pub mod config;
 pub mod demo;
 pub mod error;
 pub mod metric_definitions;
+pub mod operators;
 pub mod runtime;
 pub mod service;
 pub mod telemetry;

@@ -648,7 +648,7 @@ async fn the_admin_routes_answer_in_process() {
         token: Some("s3cret".into()),
         ..Default::default()
     };
-    let routes = sendledger_node::admin::routes(&config, engine.clone(), handle);
+    let routes = sendledger_node::admin::routes(&config, engine.clone(), handle).unwrap();
     let call = |method: &str, path: &str, token: Option<&str>, body: &str| {
         let (method, path, body) = (method.to_string(), path.to_string(), body.to_string());
         let token = token.map(str::to_string);
@@ -749,7 +749,7 @@ async fn an_open_breaker_shows_in_health_and_waiting_tasks_say_why() {
     let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
         .build_recorder()
         .handle();
-    let routes = sendledger_node::admin::routes(&Default::default(), engine.clone(), handle);
+    let routes = sendledger_node::admin::routes(&Default::default(), engine.clone(), handle).unwrap();
     let get = |path: String| {
         let routes = routes.clone();
         async move {
@@ -824,7 +824,7 @@ async fn without_a_token_mutations_are_refused() {
         body["error"]
             .as_str()
             .unwrap()
-            .contains("set `admin.token`"),
+            .contains("configure operators ([admin.operators.NAME]) or `admin.token`"),
         "{body}"
     );
     let (status, _) = http(&addr, "DELETE", "/reviews", None, None).await;

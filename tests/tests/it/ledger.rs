@@ -466,6 +466,15 @@ fn golden_events_v8() -> Vec<Event> {
     events
 }
 
+/// Version 9 adds the named credential of an operator's decision (`OperatorCredential`).
+fn golden_events_v9() -> Vec<Event> {
+    let mut events = golden_events_v8();
+    for body in sendledger_core::fixtures::v9_bodies() {
+        events = followed_by(events, body);
+    }
+    events
+}
+
 /// Reads a fixture of `lsn name hex` lines.
 fn fixture(name: &str, events: &[Event]) -> Vec<(u64, Vec<u8>)> {
     let path = format!("{}/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
@@ -490,7 +499,7 @@ fn fixture(name: &str, events: &[Event]) -> Vec<(u64, Vec<u8>)> {
 /// version): `SENDLEDGER_BLESS=1`.
 #[test]
 fn event_encoding_matches_golden_fixtures() {
-    let old: [(u8, Vec<Event>); 7] = [
+    let old: [(u8, Vec<Event>); 8] = [
         (1, golden_events()),
         (2, golden_events_v2()),
         (3, golden_events_v3()),
@@ -498,6 +507,7 @@ fn event_encoding_matches_golden_fixtures() {
         (5, golden_events_v5()),
         (6, golden_events_v6()),
         (7, golden_events_v7()),
+        (8, golden_events_v8()),
     ];
     for (version, events) in &old {
         let name = format!("events-v{version}.txt");
@@ -511,21 +521,21 @@ fn event_encoding_matches_golden_fixtures() {
             );
         }
     }
-    let current = golden_events_v8();
+    let current = golden_events_v9();
     if std::env::var_os("SENDLEDGER_BLESS").is_some() {
         let encoded: Vec<String> = current
             .iter()
             .map(|e| format!("{} {} {}", e.lsn, e.body.name(), hex(&encode_event(e))))
             .collect();
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/events-v8.txt");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/events-v9.txt");
         std::fs::write(path, encoded.join("\n") + "\n").unwrap();
     }
-    for ((lsn, bytes), event) in fixture("events-v8.txt", &current).iter().zip(&current) {
+    for ((lsn, bytes), event) in fixture("events-v9.txt", &current).iter().zip(&current) {
         let name = event.body.name();
         assert_eq!(
             &decode_event(*lsn, bytes).unwrap(),
             event,
-            "decoding v8 {name}"
+            "decoding v9 {name}"
         );
         assert_eq!(
             hex(&encode_event(event)),
@@ -543,11 +553,11 @@ fn damaged_or_unknown_envelopes_are_errors() {
         .unwrap_err()
         .to_string()
         .contains("says lsn"));
-    bytes[0] = 9;
+    bytes[0] = 10;
     assert!(decode_event(event.lsn, &bytes)
         .unwrap_err()
         .to_string()
-        .contains("format version 9"));
+        .contains("format version 10"));
     let bytes = encode_event(event);
     assert!(decode_event(event.lsn, &bytes[..bytes.len() - 3]).is_err());
     assert!(decode_event(event.lsn, &[]).is_err());

@@ -218,6 +218,13 @@ pub enum Input {
     /// The process started and found the task not terminal.
     Recover,
     Operator(OperatorResolution),
+    /// An operator's decision under a named credential: decided as [`Input::Operator`], and
+    /// recorded after an `OperatorCredential` naming the operator (the resolution's `by`) and
+    /// the credential's id.
+    OperatorWith {
+        resolution: OperatorResolution,
+        credential: String,
+    },
     /// The task's target became available again (its breaker closed) and the target asks
     /// for its failed tasks to be retried then: a retry recorded by the policy
     /// ([`crate::event::POLICY_BREAKER_CLOSED_BY`]), refused as an operator's would be.
@@ -340,7 +347,11 @@ pub fn decide(state: &State, input: Input, ctx: Ctx<'_>) -> Result<Decision> {
             }
             _ => {}
         },
-        Input::Operator(resolution) => operator(state, resolution, ctx, &mut d)?,
+        Input::Operator(resolution) => operator(state, resolution, None, ctx, &mut d)?,
+        Input::OperatorWith {
+            resolution,
+            credential,
+        } => operator(state, resolution, Some(credential), ctx, &mut d)?,
         Input::Diverged { task_seq, replaced } => {
             let reviewed = matches!(
                 &state.review_reason,

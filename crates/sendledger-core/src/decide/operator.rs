@@ -9,6 +9,7 @@ use crate::state::{Phase, State};
 pub(super) fn operator(
     state: &State,
     resolution: OperatorResolution,
+    credential: Option<String>,
     ctx: Ctx<'_>,
     d: &mut Decision,
 ) -> Result<()> {
@@ -28,6 +29,12 @@ pub(super) fn operator(
     };
     if by.starts_with(POLICY_PREFIX) {
         return Err(Error::ReservedOperator { by: by.clone() });
+    }
+    if let Some(credential) = credential {
+        d.events.push(EventBody::OperatorCredential {
+            operator: by.clone(),
+            credential,
+        });
     }
     match resolution {
         OperatorResolution::Note { by, text } => {

@@ -45,6 +45,11 @@ pub async fn route(State(shared): State<Arc<Shared>>, uri: Uri) -> Response {
                     "This is not a task reference: use a task id (32 hex digits) or tenant/operation/request_key URL-encoded.",
                 );
             };
+            if shared.gate.reads_need_credential() {
+                // Whether the task exists is for those who may read it: the page's script
+                // asks with the operator's token.
+                return page(Page::Task);
+            }
             match shared.engine.events(task_id).await {
                 Ok(events) if events.is_empty() => error_page(
                     StatusCode::NOT_FOUND,

@@ -12,7 +12,7 @@ use super::{json_response, Shared};
 
 pub async fn healthz(State(shared): State<Arc<Shared>>) -> ApiResult {
     let (live_tasks, waiting) = shared.engine.load().await?;
-    let mut body = json!({ "ok": true, "last_lsn": shared.engine.ledger().last_lsn(), "live_tasks": live_tasks, "waiting": waiting, "durability": "sync", "token_configured": shared.token.is_some() });
+    let mut body = json!({ "ok": true, "last_lsn": shared.engine.ledger().last_lsn(), "live_tasks": live_tasks, "waiting": waiting, "durability": "sync", "token_configured": shared.gate.has_credentials(), "reads_need_credential": shared.gate.reads_need_credential() });
     let mut status = StatusCode::OK;
     if shared.engine.durability() == sendledger_store::Durability::Buffered {
         body["durability"] = json!("buffered");

@@ -38,7 +38,13 @@ pub fn install_recorder() -> Result<PrometheusHandle> {
     Ok(handle)
 }
 
-pub async fn scrape(State(shared): State<Arc<Shared>>) -> ApiResult {
+pub async fn scrape(State(shared): State<Arc<Shared>>, headers: http::HeaderMap) -> ApiResult {
+    if shared.gate.read(&headers)? != crate::operators::Scope::All {
+        return Err(super::ApiError::new(
+            http::StatusCode::FORBIDDEN,
+            "the metrics cover every tenant: they need an operator of every tenant",
+        ));
+    }
     if let Some(usage) = shared.engine.ledger().memory_usage() {
         for (kind, bytes) in [
             ("budget", usage.budget),

@@ -67,6 +67,7 @@ use tower::ServiceExt;
 use crate::config::AdminConfig;
 use crate::error::{Error, Result};
 
+mod auth;
 mod console;
 mod error;
 mod health;
@@ -109,7 +110,7 @@ pub struct Admin {
 }
 
 struct Shared {
-    token: Option<String>,
+    gate: auth::Gate,
     /// Time allowed for a request body (the head is watched by [`close_when_stalled`]).
     body_timeout: Duration,
     engine: Engine,
@@ -122,23 +123,32 @@ struct Shared {
 }
 
 impl Shared {
-    fn new(config: &AdminConfig, engine: Engine, metrics: PrometheusHandle) -> Arc<Shared> {
-        Arc::new(Shared {
-            token: config.token.clone().filter(|t| !t.is_empty()),
+    fn new(
+        config: &AdminConfig,
+        engine: Engine,
+        metrics: PrometheusHandle,
+    ) -> Result<Arc<Shared>> {
+        let gate = auth::Gate::new(
+            config.token.clone(),
+            config.load_operators()?,
+            config.reads_need_credential(),
+        );
+        Ok(Arc::new(Shared {
+            gate,
             body_timeout: config.header_read_timeout,
             engine,
             metrics,
             gauges_at: Mutex::new(None),
             reviews: reviews::ReviewsCache::new(REVIEWS_TTL),
             ingest: Mutex::new(None),
-        })
+        }))
     }
 }
 
 /// The admin API's routes alone, without a listener: what [`Admin::start`] serves, for use in
-/// process (`tower::ServiceExt::oneshot`).
-pub fn routes(config: &AdminConfig, engine: Engine, metrics: PrometheusHandle) -> Router {
-    router(Shared::new(config, engine, metrics))
+/// process (`tower::ServiceExt::oneshot`). Fails when an operator's token cannot be read.
+pub fn routes(config: &AdminConfig, engine: Engine, metrics: PrometheusHandle) -> Result<Router> {
+    Ok(router(Shared::new(config, engine, metrics)?))
 }
 
 impl Admin {
@@ -158,12 +168,11 @@ impl Admin {
         };
         let listener = TcpListener::bind(listen).await.map_err(bind)?;
         let addr = listener.local_addr().map_err(bind)?;
-        let shared = Shared::new(config, engine, metrics);
-        if reads_exposed(&addr) {
+        let shared = Shared::new(config, engine, metrics)?;
+        if reads_exposed(&addr) && !shared.gate.reads_need_credential() {
             tracing::warn!(
                 %addr,
-                mutations_need_token = shared.token.is_some(),
-                "admin endpoint listens beyond loopback and its GET routes (metrics, task timelines with payloads, reviews) need no token: bind it to loopback or put it behind something that authenticates"
+                "admin endpoint listens beyond loopback and admin.reads_need_credential is false: its GET routes (metrics, task timelines with payloads, reviews) answer anyone who reaches the port; keep something in front of it that authenticates"
             );
         }
         let (stop, stopped) = watch::channel(false);
@@ -426,6 +435,7 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/tasks/{id}/retry", post(retries::retry_one))
         .route("/reviews", get(reviews::list))
         .route("/reviews/{id}", post(reviews::resolve))
+        .route("/whoami", get(auth::whoami))
         .route("/console", get(console::route))
         .route("/console/", get(console::route))
         .route("/console/{*rest}", get(console::route))

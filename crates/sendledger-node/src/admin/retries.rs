@@ -1,6 +1,6 @@
 //! `POST /tasks/{id}/retry` and `POST /tasks/retry`: retry failed tasks whose every attempt
-//! was proven not sent, one or in bulk (selected as `GET /tasks` selects them), with the admin
-//! token. Each retry goes to the task's actor through [`Engine::resolve`], which records
+//! was proven not sent, one or in bulk (selected as `GET /tasks` selects them, within the
+//! caller's tenants), with the `retry` role. Each retry goes to the task's actor through [`Engine::resolve`], which records
 //! `TaskRetried` (who, why) and sends the new version's first attempt; a task that cannot be
 //! retried (not failed, or an attempt of it may have reached the remote) is refused with why.
 //!
@@ -18,10 +18,11 @@ use serde_json::json;
 use tokio::task::JoinSet;
 
 use super::error::{ApiError, ApiResult};
-use super::reviews::authorize;
+use super::auth::not_visible;
 use super::task_list::select;
 use super::tasks::task_ref;
 use super::{json_response, read_json, Shared};
+use crate::operators::{Role, Scope};
 
 /// Tasks one bulk call retries unless `limit` says otherwise, and the most it may say.
 pub const BULK_DEFAULT: usize = 1000;
@@ -36,6 +37,7 @@ const REFUSALS_LISTED: usize = 100;
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RetryBody {
+    #[serde(default)]
     by: String,
     reason: String,
 }
@@ -43,6 +45,7 @@ struct RetryBody {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct BulkBody {
+    #[serde(default)]
     by: String,
     reason: String,
     target: Option<String>,
@@ -54,11 +57,6 @@ struct BulkBody {
 }
 
 fn resolution(by: String, reason: String) -> Result<OperatorResolution, ApiError> {
-    if by.trim().is_empty() {
-        return Err(ApiError::bad_request(
-            "bad body: `by` must name the operator",
-        ));
-    }
     if reason.trim().is_empty() {
         return Err(ApiError::bad_request("bad body: `reason` must say why"));
     }
@@ -71,7 +69,7 @@ pub async fn retry_one(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
-    authorize(shared.token.as_deref(), &headers)?;
+    let actor = shared.gate.act(&headers, Role::Retry)?;
     let segment = uri
         .path()
         .strip_suffix("/retry")
@@ -79,9 +77,13 @@ pub async fn retry_one(
         .unwrap_or_default();
     let task_id = task_ref(segment)?;
     let body: RetryBody = read_json(&shared, body).await?;
-    let reply = shared
-        .engine
-        .resolve(task_id, resolution(body.by, body.reason)?)
+    let tenants = shared.engine.tenants(vec![task_id]).await?;
+    if !actor.scope().allows(tenants[0].as_deref()) {
+        return Err(not_visible(task_id));
+    }
+    let retry = resolution(actor.by(&body.by)?, body.reason)?;
+    let reply = (shared.engine)
+        .resolve_under(task_id, retry, actor.credential())
         .await?;
     tracing::info!(task_id = %task_id, phase = reply.phase.name(), "task retried");
     Ok(json_response(
@@ -95,7 +97,7 @@ pub async fn retry_bulk(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
-    authorize(shared.token.as_deref(), &headers)?;
+    let actor = shared.gate.act(&headers, Role::Retry)?;
     let body: BulkBody = read_json(&shared, body).await?;
     let limit = body.limit.unwrap_or(BULK_DEFAULT);
     if !(1..=BULK_MAX).contains(&limit) {
@@ -103,7 +105,7 @@ pub async fn retry_bulk(
             "bad body: `limit` is {limit}; use 1 to {BULK_MAX}"
         )));
     }
-    let retry = resolution(body.by, body.reason)?;
+    let retry = resolution(actor.by(&body.by)?, body.reason)?;
     let mut query = TaskQuery {
         phases: vec![Phase::Failed],
         limit,
@@ -121,7 +123,14 @@ pub async fn retry_bulk(
                 .map_err(|e| ApiError::bad_request(format!("bad body: {}", e.message)))?;
         }
     }
-    let page = shared.engine.list_tasks(query).await?;
+    let mut page = shared.engine.list_tasks(query).await?;
+    let scope = actor.scope();
+    if scope != Scope::All {
+        let ids = page.tasks.iter().map(|(task, _)| *task).collect();
+        let tenants = shared.engine.tenants(ids).await?;
+        let mut tenants = tenants.iter();
+        (page.tasks).retain(|_| scope.allows(tenants.next().and_then(|t| t.as_deref())));
+    }
     let (mut retried, mut refused, mut listed) = (0u64, 0u64, Vec::new());
     let mut running = JoinSet::new();
     let mut tasks = page.tasks.iter().map(|(task, _)| *task);
@@ -129,7 +138,11 @@ pub async fn retry_bulk(
         while running.len() < CONCURRENT {
             let Some(task) = tasks.next() else { break };
             let (engine, retry) = (shared.engine.clone(), retry.clone());
-            running.spawn(async move { (task, engine.resolve(task, retry).await) });
+            let credential = actor.credential();
+            running.spawn(async move {
+                let reply = engine.resolve_under(task, retry, credential).await;
+                (task, reply)
+            });
         }
         let Some(done) = running.join_next().await else {
             break;

@@ -1,5 +1,5 @@
-//! `GET /reviews`: the tasks in manual review; `POST /reviews/{id}`: resolve one, with the
-//! admin token. A resolution goes to the task's actor through [`Engine::resolve`], like every
+//! `GET /reviews`: the tasks in manual review (of the caller's tenants); `POST /reviews/{id}`:
+//! resolve one, with the `resolve` role (`compensate` to order records undone). A resolution goes to the task's actor through [`Engine::resolve`], like every
 //! other input of the task: the admin endpoint never writes the ledger itself.
 //!
 //! [`Engine::resolve`]: sendledger_actors::Engine::resolve
@@ -10,26 +10,38 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::State;
 use bytes::Bytes;
-use http::{header, HeaderMap, StatusCode, Uri};
+use http::{HeaderMap, StatusCode, Uri};
+use sendledger_actors::ReviewItem;
 use sendledger_core::ResolveBody;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
+use super::auth::not_visible;
 use super::error::{ApiError, ApiResult};
 use super::tasks::task_ref;
 use super::{json_bytes_response, json_response, last_segment, read_json, Shared};
+use crate::operators::Role;
 use crate::timeline::review_json;
 
-pub async fn list(State(shared): State<Arc<Shared>>) -> ApiResult {
-    let body = shared
+pub async fn list(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> ApiResult {
+    let scope = shared.gate.read(&headers)?;
+    let items = shared
         .reviews
         .get(|| async {
             let items = shared.engine.reviews().await?;
-            let list: Vec<Value> = items.iter().map(review_json).collect();
-            Ok(Bytes::from(Value::Array(list).to_string()))
+            let tenant = |item: &ReviewItem| {
+                let request = item.state.request.as_ref();
+                request.map(|r| r.identity.tenant.clone())
+            };
+            let list = items.iter().map(|i| (tenant(i), review_json(i)));
+            Ok(Arc::new(list.collect()))
         })
         .await?;
-    Ok(json_bytes_response(StatusCode::OK, body))
+    let visible = (items.iter())
+        .filter(|(tenant, _)| scope.allows(tenant.as_deref()))
+        .map(|(_, item)| item);
+    let body = Value::Array(visible.cloned().collect());
+    Ok(json_bytes_response(StatusCode::OK, Bytes::from(body.to_string())))
 }
 
 pub async fn resolve(
@@ -38,13 +50,23 @@ pub async fn resolve(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
-    authorize(shared.token.as_deref(), &headers)?;
+    shared.gate.act(&headers, Role::Read)?;
     let task_id = task_ref(last_segment(&uri))?;
-    let body: ResolveBody = read_json(&shared, body).await?;
+    let mut body: ResolveBody = read_json(&shared, body).await?;
+    let undoes = body.resolve_as.as_deref() == Some("compensated") || !body.undo.is_empty();
+    let role = if undoes { Role::Compensate } else { Role::Resolve };
+    let actor = shared.gate.act(&headers, role)?;
+    let tenants = shared.engine.tenants(vec![task_id]).await?;
+    if !actor.scope().allows(tenants[0].as_deref()) {
+        return Err(not_visible(task_id));
+    }
+    body.by = actor.by(&body.by)?;
     let resolution = body
         .resolution()
         .map_err(|e| ApiError::bad_request(format!("bad body: {e}")))?;
-    let reply = shared.engine.resolve(task_id, resolution).await?;
+    let reply = (shared.engine)
+        .resolve_under(task_id, resolution, actor.credential())
+        .await?;
     shared.reviews.clear().await;
     tracing::info!(task_id = %task_id, events = ?reply.events, phase = reply.phase.name(), "review resolved");
     Ok(json_response(
@@ -53,12 +75,15 @@ pub async fn resolve(
     ))
 }
 
-/// The `GET /reviews` body, reused for `ttl`. The lock is async and held while the list is
+/// The tasks in review as `GET /reviews` lists them, each with its tenant.
+type Reviews = Arc<Vec<(Option<String>, Value)>>;
+
+/// The `GET /reviews` list, reused for `ttl`. The lock is async and held while the list is
 /// computed, so concurrent reads wait for one computation (each would fold every task in
 /// review) instead of starting their own.
 pub struct ReviewsCache {
     ttl: Duration,
-    body: tokio::sync::Mutex<Option<(Instant, Bytes)>>,
+    body: tokio::sync::Mutex<Option<(Instant, Reviews)>>,
 }
 
 impl ReviewsCache {
@@ -69,11 +94,11 @@ impl ReviewsCache {
         }
     }
 
-    /// The cached body, or the one `compute` makes when there is none younger than the TTL.
-    async fn get<F, Fut>(&self, compute: F) -> Result<Bytes, ApiError>
+    /// The cached list, or the one `compute` makes when there is none younger than the TTL.
+    async fn get<F, Fut>(&self, compute: F) -> Result<Reviews, ApiError>
     where
         F: FnOnce() -> Fut,
-        Fut: std::future::Future<Output = Result<Bytes, ApiError>>,
+        Fut: std::future::Future<Output = Result<Reviews, ApiError>>,
     {
         let mut body = self.body.lock().await;
         if let Some((at, bytes)) = &*body {
@@ -92,46 +117,6 @@ impl ReviewsCache {
     }
 }
 
-/// Admits a mutating call that carries the configured token; refuses every one when none is
-/// configured.
-pub(super) fn authorize(token: Option<&str>, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(token) = token else {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "mutating calls are disabled: set `admin.token` in the configuration and send it as `Authorization: Bearer <token>`",
-        ));
-    };
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(bearer_token);
-    match given {
-        Some(given) if constant_time_eq(given.as_bytes(), token.as_bytes()) => Ok(()),
-        Some(_) => Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "wrong admin token; send the configured `admin.token` as `Authorization: Bearer <token>`",
-        )),
-        None => Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "missing `Authorization: Bearer <token>` (the configured `admin.token`)",
-        )),
-    }
-}
-
-/// The token of an `Authorization: Bearer <token>` value; the scheme is case-insensitive
-/// (RFC 7235).
-fn bearer_token(value: &str) -> Option<&str> {
-    let (scheme, token) = value.trim().split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| token.trim_start())
-}
-
-/// Compares without stopping at the first difference, so timing does not reveal the token.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,31 +131,15 @@ mod tests {
             cache.get(|| async {
                 let n = computed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 tokio::task::yield_now().await;
-                Ok(Bytes::from(n.to_string()))
+                Ok(Arc::new(vec![(None, json!(n))]))
             })
         };
+        let first = |r: Result<Reviews, ApiError>| r.ok().map(|r| r[0].1.clone());
         let bodies = tokio::join!(read(), read(), read(), read());
         let bodies = [bodies.0, bodies.1, bodies.2, bodies.3];
-        assert!(bodies
-            .iter()
-            .all(|b| b.as_ref().ok() == Some(&Bytes::from("0"))));
+        assert!(bodies.into_iter().all(|b| first(b) == Some(json!(0))));
         cache.clear().await;
-        assert_eq!(read().await.ok(), Some(Bytes::from("1")));
+        assert_eq!(first(read().await), Some(json!(1)));
         assert_eq!(computed.load(std::sync::atomic::Ordering::SeqCst), 2);
-    }
-
-    #[test]
-    fn the_bearer_scheme_is_case_insensitive() {
-        for value in [
-            "Bearer tok en",
-            "bearer tok en",
-            "BEARER  tok en",
-            " bEaReR tok en",
-        ] {
-            assert_eq!(bearer_token(value), Some("tok en"), "{value}");
-        }
-        for value in ["Basic tok", "Bearertok", "tok", ""] {
-            assert_eq!(bearer_token(value), None, "{value}");
-        }
     }
 }

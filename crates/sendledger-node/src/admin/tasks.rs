@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use axum::extract::{RawQuery, State};
-use http::{StatusCode, Uri};
+use http::{HeaderMap, StatusCode, Uri};
 use sendledger_core::{fold, TaskId};
 use serde_json::{json, Value};
 
@@ -61,8 +61,10 @@ fn timeline_page(query: Option<&str>) -> Result<(Option<u32>, usize), ApiError> 
 pub async fn task(
     State(shared): State<Arc<Shared>>,
     uri: Uri,
+    headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> ApiResult {
+    let scope = shared.gate.read(&headers)?;
     let task_id = task_ref(last_segment(&uri))?;
     let (after, limit) = timeline_page(query.as_deref())?;
     let events = shared.engine.events(task_id).await?;
@@ -81,6 +83,9 @@ pub async fn task(
     let page = &events[start..events.len().min(start + limit)];
     let more = start + page.len() < events.len();
     let state = fold(&events);
+    if !scope.allows(state.request.as_ref().map(|r| r.identity.tenant.as_str())) {
+        return Err(super::auth::not_visible(task_id));
+    }
     let mut body = task_json(task_id, &state, page);
     if let (Some(o), Some(source)) = (ownership, &state.source) {
         // Kafka mode: a copy left from an earlier ownership may be behind its owner's.

@@ -247,6 +247,26 @@ pub struct AdminConfig {
     pub header_read_timeout: Duration,
     /// Connections open at once; further ones are closed as soon as they are accepted.
     pub max_connections: usize,
+    /// Whether the GET routes that show tasks (`/tasks`, `/reviews`, `/metrics`) need a
+    /// credential. Unset: they do when `listen` is not loopback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reads_need_credential: Option<bool>,
+    /// `[admin.operators.NAME]`: named operators, their roles, tenants and tokens
+    /// (`docs/access.md`). Replaces `token`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub operators: BTreeMap<String, crate::operators::OperatorConfig>,
+}
+
+impl AdminConfig {
+    /// Whether reads need a credential: as configured, or when `listen` is not loopback.
+    pub fn reads_need_credential(&self) -> bool {
+        (self.reads_need_credential).unwrap_or(!self.listen.ip().to_canonical().is_loopback())
+    }
+
+    /// The named operators, their tokens read from the environment.
+    pub fn load_operators(&self) -> Result<crate::operators::Operators, ConfigError> {
+        crate::operators::load(&self.operators, |name| std::env::var(name).ok())
+    }
 }
 
 impl fmt::Debug for AdminConfig {
@@ -255,6 +275,8 @@ impl fmt::Debug for AdminConfig {
             .field("listen", &self.listen)
             .field("enabled", &self.enabled)
             .field("token", &self.token.as_ref().map(|_| REDACTED))
+            .field("reads_need_credential", &self.reads_need_credential)
+            .field("operators", &self.operators)
             .finish()
     }
 }
@@ -268,6 +290,8 @@ impl Default for AdminConfig {
             idle_timeout: Duration::from_secs(30),
             header_read_timeout: Duration::from_secs(5),
             max_connections: 64,
+            reads_need_credential: None,
+            operators: BTreeMap::new(),
         }
     }
 }
@@ -374,6 +398,7 @@ impl Config {
         Targets::from_config_with_env(&self.targets, |name| env.get(name).cloned())?
             .with_sagas(&self.sagas)?;
         (self.access).load(&self.targets, &self.sagas, |name| env.get(name).cloned())?;
+        crate::operators::check(&self.admin, |name| env.get(name).cloned())?;
         Ok(())
     }
 
