@@ -43,11 +43,22 @@ const Console = (() => {
     return node;
   }
 
+  // The operator's token, for this browser tab only (sessionStorage): sent with every call.
+  const TOKEN_KEY = "sendledger-token";
+  const token = () => sessionStorage.getItem(TOKEN_KEY) || "";
+
+  /** The options of a fetch, with the signed-in operator's token unless they carry one. */
+  function withToken(options) {
+    const opts = Object.assign({ cache: "no-store" }, options || {});
+    if (token()) opts.headers = Object.assign({ "Authorization": "Bearer " + token() }, opts.headers || {});
+    return opts;
+  }
+
   /** A request to the admin endpoint: its status and its JSON body (or {error} with the text). */
   async function call(path, options) {
     let response;
     try {
-      response = await fetch(path, Object.assign({ cache: "no-store" }, options || {}));
+      response = await fetch(path, withToken(options));
     } catch (e) {
       return { status: 0, body: { error: "the admin endpoint did not answer: " + e.message } };
     }
@@ -95,21 +106,67 @@ const Console = (() => {
     return [identity.tenant, identity.operation, identity.request_key].join("/");
   }
 
-  /** `/healthz`, once per page: whether changes are possible (a token is configured). */
-  const health = call("/healthz").then(({ status, body }) => {
+  /**
+   * Who is signed in (`/whoami` with the tab's token): `{operator, credential, roles, tenants}`,
+   * `{operator: null, shared_token: true}` for the shared admin.token, or null.
+   */
+  const whoami = (token() ? call("/whoami") : Promise.resolve({ status: 0 })).then(({ status, body }) => {
+    if (status === 200) return body;
+    if (status === 401) {
+      sessionStorage.removeItem(TOKEN_KEY);
+      signinError = "Signed out (401): " + (body.error || "");
+    }
+    return null;
+  });
+  let signinError = "";
+
+  /** The sign-in corner of the header: the token field, or who is signed in. */
+  async function renderSignin(who) {
+    const corner = document.getElementById("signin");
+    if (who) {
+      const scope = who.operator === null ? "shared admin token"
+        : who.roles.join(", ") + (who.tenants ? " · tenants " + who.tenants.join(", ") : " · every tenant");
+      const out = el("button", { id: "signout", type: "button" }, "Sign out");
+      out.addEventListener("click", () => { sessionStorage.removeItem(TOKEN_KEY); location.reload(); });
+      return fill(corner, el("span", { id: "signed-in" }, (who.operator || "signed in") + " (" + scope + ")"), " ", out);
+    }
+    const field = el("input", { id: "signin-token", type: "password", autocomplete: "off", placeholder: "operator token" });
+    const error = el("span", { id: "signin-error", class: "error" }, signinError);
+    const form = el("form", { id: "signin-form" }, field, " ", el("button", { id: "signin-button", type: "submit" }, "Sign in"), " ", error);
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      fill(error);
+      const { status, body } = await call("/whoami", { headers: { "Authorization": "Bearer " + field.value } });
+      if (status !== 200) return fill(error, "Refused (" + status + "): " + (body.error || ""));
+      sessionStorage.setItem(TOKEN_KEY, field.value);
+      location.reload();
+    });
+    fill(corner, form);
+  }
+
+  /** `/healthz`, once per page: whether changes are possible (credentials are configured). */
+  const health = Promise.all([call("/healthz"), whoami]).then(([{ status, body }, who]) => {
     const mode = document.getElementById("mode");
+    renderSignin(who);
     if (status === 0) {
       fill(mode, "endpoint unreachable");
       mode.className = "mode error";
-    } else if (body.token_configured) {
-      fill(mode, "changes need the admin token");
+    } else if (!body.token_configured) {
+      fill(mode, "read-only: no operators or admin.token configured");
+      mode.className = "mode readonly";
+    } else if (!who && body.reads_need_credential) {
+      fill(mode, "sign in to read and to change");
+      mode.className = "mode";
+    } else if (!who) {
+      fill(mode, "changes need a signed-in operator");
       mode.className = "mode";
     } else {
-      fill(mode, "read-only: no admin.token configured");
-      mode.className = "mode readonly";
+      fill(mode, "");
+      mode.className = "mode";
     }
+    body.who = who;
     return body;
   });
 
-  return { el, svg, fill, call, duration, secondsSince, reasonKind, identityText, health };
+  return { el, svg, fill, call, withToken, duration, secondsSince, reasonKind, identityText, health };
 })();

@@ -79,7 +79,7 @@
   async function load() {
     let text;
     try {
-      const response = await fetch("/metrics", { cache: "no-store" });
+      const response = await fetch("/metrics", Console.withToken());
       if (!response.ok) throw new Error("status " + response.status);
       text = await response.text();
     } catch (e) {

@@ -137,10 +137,17 @@
     const section = el("section", { id: "resolve", class: "resolve" }, el("h2", {}, "Resolve this review"));
     if (!health.token_configured) {
       section.append(el("p", { class: "readonly", id: "read-only" },
-        "Read-only: this service has no admin.token configured, so the endpoint refuses resolutions. " +
-        "Set admin.token in the configuration and restart, or resolve on a stopped ledger with `sendledger review resolve --data`."));
+        "Read-only: this service has no operators or admin.token configured, so the endpoint refuses resolutions. " +
+        "Configure [admin.operators] and restart, or resolve on a stopped ledger with `sendledger review resolve --data`."));
       return section;
     }
+    if (!health.who) {
+      section.append(el("p", { class: "readonly", id: "sign-in-first" },
+        "Sign in (top right) with your operator token to resolve this review."));
+      return section;
+    }
+    // An operator's token names them; the shared admin.token names no one.
+    const named = health.who.operator;
     const choice = (value, label) => el("label", {}, el("input", { type: "radio", name: "as", value, id: "as-" + value }), " " + label);
     const seen = (task.remote_ids_seen || []).map((s) => s.remote_id);
     // A multi-step task in review at a step: its records can be ordered undone.
@@ -156,30 +163,29 @@
         el("datalist", { id: "seen-ids" }, seen.map((id) => el("option", { value: id })))),
       atStep ? el("label", {}, "Duplicates to undo (remote ids the lookup found besides the step's record, comma-separated) ",
         el("input", { id: "undo", autocomplete: "off" })) : null,
-      el("label", {}, "Your name ", el("input", { id: "by", autocomplete: "name" })),
+      named ? el("p", { id: "by-operator" }, "Recorded as decided by " + named + ".")
+        : el("label", {}, "Your name ", el("input", { id: "by", autocomplete: "name" })),
       el("label", {}, "Reason ", el("textarea", { id: "reason", rows: 2 })),
-      el("label", {}, "Admin token ", el("input", { id: "token", type: "password", autocomplete: "off" })),
       el("p", { id: "form-error", class: "error" }),
       el("button", { type: "submit", id: "review" }, "Review what will be recorded"));
     const preview = el("div", { id: "preview", hidden: true });
     form.addEventListener("submit", (event) => {
       event.preventDefault();
-      showPreview(task, form, preview);
+      showPreview(task, form, preview, named);
     });
     section.append(form, preview);
     return section;
   }
 
   /** The body to send, or an error message. */
-  function bodyOf(task) {
+  function bodyOf(task, named) {
     const picked = document.querySelector("input[name=as]:checked");
-    const by = document.getElementById("by").value.trim();
+    const by = named || document.getElementById("by").value.trim();
     const reason = document.getElementById("reason").value.trim();
     const remoteId = document.getElementById("remote-id").value.trim();
     if (!picked) return { error: "Choose what the task is now." };
     if (!by) return { error: "Give your name: it is recorded with the resolution." };
     if (!reason) return { error: "Give a reason: it is recorded with the resolution." };
-    if (!document.getElementById("token").value) return { error: "Give the admin token." };
     const undoField = document.getElementById("undo");
     const undo = undoField ? undoField.value.split(/[\s,]+/).filter(Boolean) : [];
     const undoing = undo.length === 0 ? "" : " The duplicates " + undo.join(", ") +
@@ -217,9 +223,9 @@
       says: "Resend authorized by " + by + " (" + reason + "). The service sends one new attempt." };
   }
 
-  function showPreview(task, form, preview) {
+  function showPreview(task, form, preview, named) {
     const error = document.getElementById("form-error");
-    const { body, says, error: problem } = bodyOf(task);
+    const { body, says, error: problem } = bodyOf(task, named);
     fill(error, problem || "");
     if (problem) return;
     form.hidden = true;
@@ -234,18 +240,17 @@
   }
 
   async function send(task, body, preview) {
-    const token = document.getElementById("token").value;
     for (const button of preview.querySelectorAll("button")) button.disabled = true;
     const { status, body: answer } = await call("/reviews/" + encodeURIComponent(task.task_id), {
       method: "POST",
-      headers: { "Content-Type": "application/json", "Authorization": "Bearer " + token },
+      headers: { "Content-Type": "application/json" },
       body: JSON.stringify(body),
     });
     result.className = status === 200 ? "result ok" : "result error";
     if (status === 200) {
       fill(result, "Recorded: " + (answer.recorded || []).join(", ") + ". The task is now " + answer.state + ".");
     } else if (status === 401) {
-      fill(result, "Refused (401): " + answer.error + " Nothing was recorded.");
+      fill(result, "Refused (401): " + answer.error + " Nothing was recorded. Sign in again.");
     } else if (status === 403) {
       fill(result, "Refused (403): " + answer.error);
     } else if (status === 409) {
@@ -255,7 +260,7 @@
     }
     result.dataset.status = String(status);
     if (status === 401 || status === 403) {
-      // Nothing changed: let the operator correct the token.
+      // Nothing changed: let the operator sign in again or change the form.
       for (const button of preview.querySelectorAll("button")) button.disabled = false;
       return;
     }

@@ -80,27 +80,33 @@
     if (phase.value !== "failed" || !state.rows.length) return fill(retry);
     if (!h.token_configured) {
       return fill(retry, el("p", { class: "hint", id: "retry-readonly" },
-        "Read-only: this service has no admin.token configured. Retry with `sendledger tasks retry --data` on a stopped ledger."));
+        "Read-only: this service has no operators or admin.token configured. Retry with `sendledger tasks retry --data` on a stopped ledger."));
+    }
+    if (!h.who) {
+      return fill(retry, el("p", { class: "hint", id: "retry-sign-in" },
+        "Sign in (top right) with your operator token to retry the failed tasks these filters select."));
     }
     const form = el("form", { id: "retry-form" },
       el("h2", {}, "Retry the failed tasks these filters select"),
-      el("label", {}, "Your name ", el("input", { id: "by", autocomplete: "name" })),
+      h.who.operator ? el("p", { id: "by-operator" }, "Recorded as retried by " + h.who.operator + ".")
+        : el("label", {}, "Your name ", el("input", { id: "by", autocomplete: "name" })),
       el("label", {}, "Reason ", el("input", { id: "reason" })),
-      el("label", {}, "Admin token ", el("input", { id: "token", type: "password", autocomplete: "off" })),
       el("button", { id: "send-retry", type: "submit" }, "Retry"));
     form.addEventListener("submit", (e) => { e.preventDefault(); send(); });
     fill(retry, form);
   }
 
   async function send() {
-    const [by, reason, token] = ["by", "reason", "token"].map((id) => document.getElementById(id).value);
-    if (!by.trim() || !reason.trim() || !token) return fill(result, "Give your name, a reason and the admin token.");
+    const who = (await health).who;
+    const by = who.operator || document.getElementById("by").value;
+    const reason = document.getElementById("reason").value;
+    if (!by.trim() || !reason.trim()) return fill(result, "Give your name and a reason.");
     const body = Object.assign({ by, reason }, selectors());
     const totals = { selected: 0, retried: 0, refused: 0 };
     for (;;) {
       const { status: code, body: answer } = await call("/tasks/retry", {
         method: "POST",
-        headers: { "Content-Type": "application/json", "Authorization": "Bearer " + token },
+        headers: { "Content-Type": "application/json" },
         body: JSON.stringify(body),
       });
       if (code !== 200) {

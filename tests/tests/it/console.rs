@@ -149,20 +149,37 @@ async fn events(addr: &str, key: &str) -> (String, Vec<Value>) {
     (state, task["events"].as_array().unwrap().clone())
 }
 
-/// Fills the resolve form of the open task page and sends it, after checking the preview.
-fn resolve_in_page(browser: &mut Browser, choice: &str, remote_id: &str, by: &str, token: &str) {
+/// Signs the open page in with `token` (signing out first when signed in): who is signed in,
+/// or why the token was refused.
+pub fn sign_in(browser: &mut Browser, token: &str) -> String {
+    let corner = "document.querySelector('#signin-form') || document.querySelector('#signed-in')";
+    browser.wait_for(corner);
+    if browser.eval("!!document.querySelector('#signout')") == json!(true) {
+        browser.click("#signout");
+        browser.wait_for("document.querySelector('#signin-form')");
+    }
+    browser.fill("#signin-token", token);
+    browser.click("#signin-button");
+    let outcome = browser.wait_for(
+        "(document.querySelector('#signed-in') || {}).textContent || (document.querySelector('#signin-error') || {}).textContent",
+    );
+    outcome.as_str().unwrap().to_owned()
+}
+
+/// Fills the resolve form of the open task page (signed in with the shared token, so the
+/// form asks for a name) and sends it, after checking the preview.
+fn resolve_in_page(browser: &mut Browser, choice: &str, remote_id: &str, by: &str) {
     browser.wait_for("document.querySelector('#resolve-form')");
     browser.click(&format!("#as-{choice}"));
     browser.fill("#remote-id", remote_id);
     browser.fill("#by", by);
     browser.fill("#reason", "checked the remote's dashboard");
-    browser.fill("#token", token);
     browser.click("#review");
     let says = browser.wait_for("document.querySelector('#preview-says').textContent");
     assert!(says.as_str().unwrap().contains(by), "{says}");
     let body = browser.text("#preview-body");
     assert!(
-        !body.as_str().unwrap().contains(token),
+        !body.as_str().unwrap().contains(TOKEN),
         "the preview never shows the token: {body}"
     );
     browser.click("#send");
@@ -170,7 +187,7 @@ fn resolve_in_page(browser: &mut Browser, choice: &str, remote_id: &str, by: &st
 
 /// The queue lists the tasks in review; a task page shows the request and timeline; resolving
 /// there records the operator's name in the ledger and the page shows the new state. A wrong
-/// token is refused (401) with the ledger unchanged; a task resolved meanwhile answers 409
+/// token cannot sign in, and the page then offers no form; a task resolved meanwhile answers 409
 /// and the page shows the ledger's state. Unknown tasks get a 404 page; the dashboard draws
 /// the metrics.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -195,7 +212,11 @@ async fn console_resolves_reviews_and_the_ledger_records_the_operator() {
             table.contains("no remote record found by the deadline"),
             "{table}"
         );
-        assert_eq!(browser.text("#mode"), json!("changes need the admin token"));
+        assert_eq!(
+            browser.text("#mode"),
+            json!("changes need a signed-in operator")
+        );
+        assert_eq!(sign_in(&mut browser, TOKEN), "signed in (shared admin token)");
         // Filtering by reason keeps all three; by another tenant, none would show.
         let reasons = browser
             .eval("[...document.querySelectorAll('#filter-reason option')].map(o => o.value)");
@@ -232,7 +253,7 @@ async fn console_resolves_reviews_and_the_ledger_records_the_operator() {
             "document.querySelector('#timeline tr[data-event=SendIntended] td:nth-child(4)').textContent",
         );
         assert_eq!(attempt, json!("1"));
-        resolve_in_page(&mut browser, "failed", "", "Ada Operator", TOKEN);
+        resolve_in_page(&mut browser, "failed", "", "Ada Operator");
         browser.wait_for("document.querySelector('#task-state').textContent === 'failed'");
         let result = browser.text("#result");
         assert!(
@@ -253,20 +274,18 @@ async fn console_resolves_reviews_and_the_ledger_records_the_operator() {
     assert_eq!(note["data"]["who"], "Ada Operator");
     assert!(recorded.iter().any(|e| e["event"] == "Failed"));
 
-    // A wrong token: 401 shown, nothing recorded.
+    // A wrong token: refused (401) at sign-in; the page offers no form; nothing recorded.
     let (_, before) = events(&addr, "cs-2").await;
     tokio::task::block_in_place(|| {
         browser.goto(&setup.url(&format!("/console/task/{}", task_ref("cs-2"))));
-        resolve_in_page(&mut browser, "failed", "", "Mallory", "not-the-token");
-        let result = browser.wait_for("document.querySelector('#result[data-status]') && document.querySelector('#result').textContent");
-        assert!(
-            result.as_str().unwrap().starts_with("Refused (401)"),
-            "{result}"
+        let refused = sign_in(&mut browser, "not-the-token");
+        assert!(refused.starts_with("Refused (401)"), "{refused}");
+        browser.wait_for("document.querySelector('#sign-in-first')");
+        assert_eq!(
+            browser.eval("document.querySelector('#resolve-form')"),
+            Value::Null
         );
-        assert!(
-            result.as_str().unwrap().contains("Nothing was recorded"),
-            "{result}"
-        );
+        assert_eq!(sign_in(&mut browser, TOKEN), "signed in (shared admin token)");
     });
     let (state, after) = events(&addr, "cs-2").await;
     assert_eq!(
@@ -288,7 +307,7 @@ async fn console_resolves_reviews_and_the_ledger_records_the_operator() {
     .await;
     assert_eq!(status, 200);
     tokio::task::block_in_place(|| {
-        resolve_in_page(&mut browser, "succeeded", "rec-123", "Ada Operator", TOKEN);
+        resolve_in_page(&mut browser, "succeeded", "rec-123", "Ada Operator");
         let result = browser.wait_for("document.querySelector('#result[data-status]') && document.querySelector('#result').textContent");
         assert!(
             result.as_str().unwrap().starts_with("Refused (409)"),
@@ -345,7 +364,8 @@ async fn console_authorizes_one_resend_and_the_task_sends_it() {
     let mut browser = tokio::task::block_in_place(Browser::launch);
     tokio::task::block_in_place(|| {
         browser.goto(&setup.url(&format!("/console/task/{}", task_ref("rs-1"))));
-        resolve_in_page(&mut browser, "resend", "", "Ada Operator", TOKEN);
+        sign_in(&mut browser, TOKEN);
+        resolve_in_page(&mut browser, "resend", "", "Ada Operator");
         let result = browser.wait_for("document.querySelector('#result[data-status]') && document.querySelector('#result').textContent");
         assert!(
             result.as_str().unwrap().starts_with("Recorded:"),
@@ -411,10 +431,11 @@ async fn console_lists_failed_tasks_and_retries_them() {
             breaker.as_str().unwrap().contains("breaker closed"),
             "{breaker}"
         );
+        browser.wait_for("document.querySelector('#retry-sign-in')");
+        sign_in(&mut browser, TOKEN);
         browser.wait_for("document.querySelector('#retry-form')");
         browser.fill("#by", "Ada Operator");
         browser.fill("#reason", "the remote is back");
-        browser.fill("#token", TOKEN);
         browser.click("#send-retry");
         let result = browser.wait_for("document.querySelector('#retry-result[data-status]') && document.querySelector('#retry-result').textContent");
         assert_eq!(result, "Retried 2 of 2 selected task(s).");
@@ -444,7 +465,7 @@ async fn console_without_a_token_is_read_only_and_says_why() {
         browser.goto(&setup.url(&format!("/console/task/{}", task_ref("ro-1"))));
         let text = browser.wait_for("document.querySelector('#read-only') && document.querySelector('#read-only').textContent");
         assert!(
-            text.as_str().unwrap().contains("no admin.token configured"),
+            text.as_str().unwrap().contains("no operators or admin.token configured"),
             "{text}"
         );
         assert_eq!(
@@ -541,6 +562,7 @@ async fn console_screenshots() {
         browser.wait_for("document.querySelectorAll('#queue tbody tr').length === 3");
         browser.screenshot(&out.join("queue.png"));
         browser.goto(&setup.url(&format!("/console/task/{}", task_ref("inv-2041"))));
+        sign_in(&mut browser, TOKEN);
         browser.wait_for("document.querySelector('#resolve-form')");
         browser.click("#as-failed");
         browser.fill("#by", "Ada Operator");

@@ -267,6 +267,28 @@ impl AdminConfig {
     pub fn load_operators(&self) -> Result<crate::operators::Operators, ConfigError> {
         crate::operators::load(&self.operators, |name| std::env::var(name).ok())
     }
+
+    /// The operators of the configuration file at `path` (its `[admin.operators]` alone,
+    /// without environment overrides), tokens read from the environment: what `sendledger
+    /// audit --operators` checks decisions against.
+    pub fn operators_of_file(path: &Path) -> Result<crate::operators::Operators, ConfigError> {
+        let within = |source| ConfigError::File {
+            path: path.to_path_buf(),
+            source: Box::new(source),
+        };
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let doc: toml::Table = toml::from_str(&text).map_err(|e| within(syntax_error(&text, &e)))?;
+        let operators = match doc.get("admin").and_then(|a| a.get("operators")) {
+            None => BTreeMap::new(),
+            Some(table) => (table.clone().try_into()).map_err(|e: toml::de::Error| {
+                within(ConfigError::field("admin.operators", e.message().trim_end()))
+            })?,
+        };
+        crate::operators::load(&operators, |name| std::env::var(name).ok()).map_err(within)
+    }
 }
 
 impl fmt::Debug for AdminConfig {

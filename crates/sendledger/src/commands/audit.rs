@@ -35,6 +35,12 @@ pub struct AuditArgs {
     /// `lookup.max_policy_resends` of the configured targets. A task with more is a violation.
     #[arg(long, default_value_t = sendledger_core::decide::DEFAULT_MAX_POLICY_RESENDS)]
     max_policy_resends: u32,
+    /// The service's configuration file: every decision recorded under a named credential is
+    /// checked against its `[admin.operators]` (a credential no operator holds or held, one
+    /// used after it was revoked, or one recorded for another operator is a violation). The
+    /// operators' `tokens_env` variables must be set.
+    #[arg(long, value_name = "FILE")]
+    operators: Option<PathBuf>,
 }
 
 /// A one-line progress bar on stderr, drawn only when stderr is a terminal, at most ten times
@@ -84,6 +90,14 @@ impl Progress {
 
 /// Audits the ledger, or the events topic with `--from-kafka`. Returns whether it is clean.
 pub fn audit(args: AuditArgs) -> anyhow::Result<bool> {
+    let roster = match &args.operators {
+        Some(path) => Some(
+            sendledger_node::config::AdminConfig::operators_of_file(path)
+                .context("reading the operators to check decisions against")?
+                .roster(),
+        ),
+        None => None,
+    };
     let mut progress = Progress::new();
     let check = sendledger_core::CheckConfig {
         max_policy_resends: args.max_policy_resends,
@@ -115,6 +129,14 @@ pub fn audit(args: AuditArgs) -> anyhow::Result<bool> {
         }
     };
     progress.finish();
+    let mut report = report;
+    match &roster {
+        Some(roster) => report.check_operators(roster),
+        None if !report.credentialed.is_empty() => report.skipped_checks.push(
+            "the credentials of operators' decisions (pass --operators with the service's configuration)".into(),
+        ),
+        None => {}
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -147,6 +169,10 @@ fn print_report(report: &AuditReport) {
         report.duplicates_dropped,
         report.conflicts,
         report.rejected_inputs
+    );
+    println!(
+        "operator decisions {}   without a named credential {}",
+        report.operator_decisions, report.decisions_without_credential
     );
     for skipped in &report.skipped_checks {
         println!("not checked: {skipped}");

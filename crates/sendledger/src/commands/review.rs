@@ -32,6 +32,10 @@ enum ReviewCommand {
         /// Print JSON (the same as the admin endpoint's `GET /reviews`).
         #[arg(long)]
         json: bool,
+        /// The token sent with --admin: an operator's (`[admin.operators]`), or the service's
+        /// `admin.token`.
+        #[arg(long, env = "SENDLEDGER_ADMIN_TOKEN", hide_env_values = true)]
+        token: Option<String>,
     },
     /// Resolve a task in review: as succeeded (with the remote record that is the task's), as
     /// failed, as compensated (a multi-step task: every step that succeeded is undone), or by
@@ -67,13 +71,15 @@ enum ReviewCommand {
         /// compensated).
         #[arg(long = "undo", value_name = "REMOTE_ID")]
         undo: Vec<String>,
-        /// Who decides (recorded).
+        /// Who decides (recorded). Needed with --data; with --admin an operator's token names
+        /// them (given, it must be their name).
         #[arg(long)]
-        by: String,
+        by: Option<String>,
         /// Why (recorded).
         #[arg(long)]
         reason: String,
-        /// The admin token (`admin.token` of the service's configuration), with --admin.
+        /// The token sent with --admin: an operator's (`[admin.operators]`), or the service's
+        /// `admin.token`.
         #[arg(long, env = "SENDLEDGER_ADMIN_TOKEN", hide_env_values = true)]
         token: Option<String>,
     },
@@ -88,9 +94,9 @@ enum Outcome {
 
 pub fn run(args: ReviewArgs) -> anyhow::Result<()> {
     match args.command {
-        ReviewCommand::List { at, json } => {
+        ReviewCommand::List { at, json, token } => {
             let list = match (&at.admin, &at.data) {
-                (Some(url), _) => call(url, Method::GET, "/reviews", None, None)?,
+                (Some(url), _) => call(url, Method::GET, "/reviews", None, token.as_deref())?,
                 (None, Some(dir)) => {
                     let items = ReviewItem::list(&open(dir)?)?;
                     Value::Array(items.iter().map(review_json).collect())
@@ -119,7 +125,7 @@ pub fn run(args: ReviewArgs) -> anyhow::Result<()> {
                 resend,
                 remote_id,
                 undo,
-                by,
+                by: by.clone().unwrap_or_default(),
                 reason,
             };
             match (&at.admin, &at.data) {
@@ -136,6 +142,7 @@ pub fn run(args: ReviewArgs) -> anyhow::Result<()> {
                     println!("{}", serde_json::to_string_pretty(&out)?);
                 }
                 (None, Some(dir)) => {
+                    anyhow::ensure!(by.is_some(), "--by is needed with --data: name who decides");
                     let task_id = parse_task(&task)?;
                     let resolution = body.resolution()?;
                     let ledger = open(dir)?;

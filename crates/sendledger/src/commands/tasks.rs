@@ -113,6 +113,10 @@ enum TasksCommand {
         /// Print JSON (`{"tasks": [...], "next"}`, as the admin endpoint's `GET /tasks`).
         #[arg(long)]
         json: bool,
+        /// The token sent with --admin: an operator's (`[admin.operators]`), or the service's
+        /// `admin.token`.
+        #[arg(long, env = "SENDLEDGER_ADMIN_TOKEN", hide_env_values = true)]
+        token: Option<String>,
     },
     /// Retry failed tasks whose every attempt was proven not sent: one TASK, or every failed
     /// task the selectors choose (all of them when none is given), page by page. Each retry
@@ -127,13 +131,15 @@ enum TasksCommand {
         at: At,
         #[command(flatten)]
         select: Select,
-        /// Who retries (recorded).
+        /// Who retries (recorded). Needed with --data; with --admin an operator's token names
+        /// them (given, it must be their name).
         #[arg(long)]
-        by: String,
+        by: Option<String>,
         /// Why (recorded).
         #[arg(long)]
         reason: String,
-        /// The admin token (`admin.token` of the service's configuration), with --admin.
+        /// The token sent with --admin: an operator's (`[admin.operators]`), or the service's
+        /// `admin.token`.
         #[arg(long, env = "SENDLEDGER_ADMIN_TOKEN", hide_env_values = true)]
         token: Option<String>,
     },
@@ -146,6 +152,7 @@ pub fn run(args: TasksArgs) -> anyhow::Result<()> {
             select,
             limit,
             json,
+            token,
         } => {
             let page = match (&at.admin, &at.data) {
                 (Some(url), _) => {
@@ -156,7 +163,7 @@ pub fn run(args: TasksArgs) -> anyhow::Result<()> {
                         Method::GET,
                         &format!("/tasks?{}", query_string(&pairs)),
                         None,
-                        None,
+                        token.as_deref(),
                     )?
                 }
                 (None, Some(dir)) => {
@@ -175,6 +182,11 @@ pub fn run(args: TasksArgs) -> anyhow::Result<()> {
             reason,
             token,
         } => {
+            let on_ledger = || {
+                by.clone()
+                    .context("--by is needed with --data: name who retries")
+            };
+            let by = by.as_deref().unwrap_or_default();
             let out = match (task, &at.admin, &at.data) {
                 (Some(task), Some(url), _) => {
                     let path = format!(
@@ -193,16 +205,19 @@ pub fn run(args: TasksArgs) -> anyhow::Result<()> {
                     let reply = Engine::resolve_stopped(
                         &ledger,
                         task_id,
-                        OperatorResolution::Retry { by, reason },
+                        OperatorResolution::Retry {
+                            by: on_ledger()?,
+                            reason,
+                        },
                     )
                     .with_context(|| format!("retrying task {task_id}"))?;
                     eprintln!("retry recorded: the service sends the attempt when it next starts");
                     json!({ "task_id": task_id.to_string(), "state": reply.phase.name(), "recorded": reply.events })
                 }
                 (None, Some(url), _) => {
-                    bulk_at_service(url, &select, &by, &reason, token.as_deref())?
+                    bulk_at_service(url, &select, by, &reason, token.as_deref())?
                 }
-                (None, None, Some(dir)) => bulk_on_ledger(dir, &select, &by, &reason)?,
+                (None, None, Some(dir)) => bulk_on_ledger(dir, &select, &on_ledger()?, &reason)?,
                 (_, None, None) => unreachable!("clap requires --admin or --data"),
             };
             println!("{}", serde_json::to_string_pretty(&out)?);

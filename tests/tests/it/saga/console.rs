@@ -85,13 +85,13 @@ async fn console_shows_a_sagas_steps_and_orders_a_duplicate_undone() {
         assert!(charge.contains("this step's call now"), "{charge}");
         assert!(row(&mut browser, "ship").contains("pending"));
 
+        crate::console::sign_in(&mut browser, TOKEN);
         browser.wait_for("document.querySelector('#resolve-form')");
         browser.click("#as-succeeded");
         browser.fill("#remote-id", &ours);
         browser.fill("#undo", &earlier_charge);
         browser.fill("#by", "Ada Operator");
         browser.fill("#reason", "the customer was charged twice");
-        browser.fill("#token", TOKEN);
         browser.click("#review");
         let says = browser.wait_for("document.querySelector('#preview-says').textContent");
         let says = says.as_str().unwrap();
