@@ -343,7 +343,10 @@ mod tests {
         );
         let ops = parse(&text, &[("ANA", TOKEN)]).unwrap();
         let (ana, id) = ops.authenticate(TOKEN).unwrap();
-        assert_eq!((ana.name.as_str(), id.as_str()), ("ana", &*token_credential_id(TOKEN)));
+        assert_eq!(
+            (ana.name.as_str(), id.as_str()),
+            ("ana", &*token_credential_id(TOKEN))
+        );
         assert!(ana.may(Role::Read) && ana.may(Role::Resolve) && !ana.may(Role::Retry));
         assert!(ana.scope.allows(Some("acme")) && !ana.scope.allows(Some("globex")));
         assert!(!ana.scope.allows(None));

@@ -749,7 +749,8 @@ async fn an_open_breaker_shows_in_health_and_waiting_tasks_say_why() {
     let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
         .build_recorder()
         .handle();
-    let routes = sendledger_node::admin::routes(&Default::default(), engine.clone(), handle).unwrap();
+    let routes =
+        sendledger_node::admin::routes(&Default::default(), engine.clone(), handle).unwrap();
     let get = |path: String| {
         let routes = routes.clone();
         async move {

@@ -216,7 +216,10 @@ async fn console_resolves_reviews_and_the_ledger_records_the_operator() {
             browser.text("#mode"),
             json!("changes need a signed-in operator")
         );
-        assert_eq!(sign_in(&mut browser, TOKEN), "signed in (shared admin token)");
+        assert_eq!(
+            sign_in(&mut browser, TOKEN),
+            "signed in (shared admin token)"
+        );
         // Filtering by reason keeps all three; by another tenant, none would show.
         let reasons = browser
             .eval("[...document.querySelectorAll('#filter-reason option')].map(o => o.value)");
@@ -285,7 +288,10 @@ async fn console_resolves_reviews_and_the_ledger_records_the_operator() {
             browser.eval("document.querySelector('#resolve-form')"),
             Value::Null
         );
-        assert_eq!(sign_in(&mut browser, TOKEN), "signed in (shared admin token)");
+        assert_eq!(
+            sign_in(&mut browser, TOKEN),
+            "signed in (shared admin token)"
+        );
     });
     let (state, after) = events(&addr, "cs-2").await;
     assert_eq!(
@@ -465,7 +471,9 @@ async fn console_without_a_token_is_read_only_and_says_why() {
         browser.goto(&setup.url(&format!("/console/task/{}", task_ref("ro-1"))));
         let text = browser.wait_for("document.querySelector('#read-only') && document.querySelector('#read-only').textContent");
         assert!(
-            text.as_str().unwrap().contains("no operators or admin.token configured"),
+            text.as_str()
+                .unwrap()
+                .contains("no operators or admin.token configured"),
             "{text}"
         );
         assert_eq!(

@@ -1019,11 +1019,14 @@ impl Drop for Killed {
 /// In kafka mode each instance's admin endpoint answers for the partitions it owns: `/healthz`
 /// and `/metrics` name them, and what was restored. A task whose partition moved is still in
 /// the first instance's ledger: `/tasks/{id}` shows that copy marked as not owned (with a
-/// warning that it may be behind), and a review resolution sent there is refused with 421,
-/// naming the partition. Its owner knows the task (restored from the log) and answers for it.
+/// warning that it may be behind), and a review resolution sent there by an operator is
+/// refused with 421, naming the partition, and not recorded there. Its owner knows the task
+/// (restored from the log) and answers for it. Both instances bind requests to their tenant
+/// (`[access]`): another tenant's requests are refused by whichever instance owns them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn each_instance_answers_for_the_partitions_it_owns() {
-    use sendledger_tests::http::{get_json, request as http, resolve, TOKEN};
+    use sendledger_tests::http::{get_json, request as http, resolve};
+    const TOKEN: &str = "ops-token-0123456789abcdef0123456789abcdef";
     use sendledger_tests::kafka::{produce, request_messages, results_for, task_ids};
 
     let tansu = tokio::task::block_in_place(start_tansu);
@@ -1033,9 +1036,13 @@ async fn each_instance_answers_for_the_partitions_it_owns() {
         .await
         .unwrap();
     let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let env = [("SENDLEDGER__ADMIN__TOKEN", TOKEN.to_string())];
+    let env = [("OPS_TOKEN", TOKEN.to_string())];
     let start = |dir: &std::path::Path| {
         let file = kafka_mode_config_file(dir, &brokers, &sim);
+        let mut text = std::fs::read_to_string(&file).unwrap();
+        text += "\n[admin.operators.ops]\nroles = [\"resolve\"]\ntokens_env = [\"OPS_TOKEN\"]\n";
+        text += "\n[access.tenants.acme]\ntargets = [\"sim\"]\n";
+        std::fs::write(&file, text).unwrap();
         let (child, ready) = tokio::task::block_in_place(|| crate::start_run(&file, &env));
         (
             Killed(child),
@@ -1106,7 +1113,8 @@ async fn each_instance_answers_for_the_partitions_it_owns() {
     let on_owner = get_json(&admin_b, &format!("/tasks/{id}")).await;
     assert_eq!(on_owner["owned_here"], true, "{on_owner}");
     assert_eq!(on_owner["state"], "succeeded", "{on_owner}");
-    let body = serde_json::json!({ "as": "failed", "by": "ops", "reason": "not here" });
+    let copy_before = get_json(&admin_a, &format!("/tasks/{id}")).await["events"].clone();
+    let body = serde_json::json!({ "as": "failed", "reason": "not here" });
     let (status, answer) = resolve(&admin_a, &id, Some(TOKEN), body.clone()).await;
     assert_eq!(status, 421, "{answer}");
     let error = answer["error"].as_str().unwrap();
@@ -1114,16 +1122,60 @@ async fn each_instance_answers_for_the_partitions_it_owns() {
         error.contains(&format!("requests partition {partition}")),
         "{error}"
     );
+    let copy_after = get_json(&admin_a, &format!("/tasks/{id}")).await["events"].clone();
+    assert_eq!(
+        copy_before, copy_after,
+        "nothing recorded by the instance that does not own it"
+    );
     // The owner refuses it too, for the reason that applies there: the task is settled.
     let (status, answer) = resolve(&admin_b, &id, Some(TOKEN), body).await;
     assert_eq!(status, 409, "{answer}");
+
+    // Another tenant's requests, over every partition: each instance refuses those of its own.
+    let foreign: Vec<String> = (0..24).map(|i| format!("foreign-{i}")).collect();
+    let messages = (foreign.iter())
+        .map(|key| {
+            let mut r = sendledger_tests::engine::request(key);
+            r.tenant = "globex".into();
+            let value = serde_json::to_vec(&r).unwrap();
+            (None, format!("globex/payment.create/{key}"), Some(value))
+        })
+        .collect();
+    produce(&kafka, messages).await;
+    let refused = |admin: String| async move {
+        let (_, text) = http(&admin, "GET", "/metrics", None, None).await;
+        let series =
+            "sendledger_requests_refused_total{tenant=\"unknown\",rule=\"unknown_tenant\"}";
+        sendledger_tests::metric_value(&text, series).unwrap_or(0.0)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (on_a, on_b) = (
+            refused(admin_a.clone()).await,
+            refused(admin_b.clone()).await,
+        );
+        if on_a + on_b == foreign.len() as f64 {
+            assert!(on_a > 0.0 && on_b > 0.0, "refused on A {on_a}, on B {on_b}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "refused on A {on_a}, on B {on_b} of {}",
+            foreign.len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     for Killed(child) in [&mut a, &mut b] {
         // SAFETY: kill(2) on our own child's pid.
         assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
         assert!(child.wait().unwrap().success());
     }
-    assert_eq!(sim.stats().posts, 40);
+    assert_eq!(
+        sim.stats().posts,
+        40,
+        "no request of another tenant was sent"
+    );
 }
 
 /// The log of a partition holding 100,000 tasks (written to the events topic as an owner would

@@ -23,6 +23,7 @@ mod ledger;
 mod log;
 mod lookup_budget;
 mod migration;
+mod operators;
 mod outage;
 mod paging;
 mod retry;

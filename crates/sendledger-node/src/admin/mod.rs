@@ -123,11 +123,7 @@ struct Shared {
 }
 
 impl Shared {
-    fn new(
-        config: &AdminConfig,
-        engine: Engine,
-        metrics: PrometheusHandle,
-    ) -> Result<Arc<Shared>> {
+    fn new(config: &AdminConfig, engine: Engine, metrics: PrometheusHandle) -> Result<Arc<Shared>> {
         let gate = auth::Gate::new(
             config.token.clone(),
             config.load_operators()?,

@@ -17,8 +17,8 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::task::JoinSet;
 
-use super::error::{ApiError, ApiResult};
 use super::auth::not_visible;
+use super::error::{ApiError, ApiResult};
 use super::task_list::select;
 use super::tasks::task_ref;
 use super::{json_response, read_json, Shared};

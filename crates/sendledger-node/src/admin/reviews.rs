@@ -41,7 +41,10 @@ pub async fn list(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> ApiR
         .filter(|(tenant, _)| scope.allows(tenant.as_deref()))
         .map(|(_, item)| item);
     let body = Value::Array(visible.cloned().collect());
-    Ok(json_bytes_response(StatusCode::OK, Bytes::from(body.to_string())))
+    Ok(json_bytes_response(
+        StatusCode::OK,
+        Bytes::from(body.to_string()),
+    ))
 }
 
 pub async fn resolve(
@@ -54,7 +57,11 @@ pub async fn resolve(
     let task_id = task_ref(last_segment(&uri))?;
     let mut body: ResolveBody = read_json(&shared, body).await?;
     let undoes = body.resolve_as.as_deref() == Some("compensated") || !body.undo.is_empty();
-    let role = if undoes { Role::Compensate } else { Role::Resolve };
+    let role = if undoes {
+        Role::Compensate
+    } else {
+        Role::Resolve
+    };
     let actor = shared.gate.act(&headers, role)?;
     let tenants = shared.engine.tenants(vec![task_id]).await?;
     if !actor.scope().allows(tenants[0].as_deref()) {

@@ -280,11 +280,15 @@ impl AdminConfig {
             path: path.to_path_buf(),
             source,
         })?;
-        let doc: toml::Table = toml::from_str(&text).map_err(|e| within(syntax_error(&text, &e)))?;
+        let doc: toml::Table =
+            toml::from_str(&text).map_err(|e| within(syntax_error(&text, &e)))?;
         let operators = match doc.get("admin").and_then(|a| a.get("operators")) {
             None => BTreeMap::new(),
             Some(table) => (table.clone().try_into()).map_err(|e: toml::de::Error| {
-                within(ConfigError::field("admin.operators", e.message().trim_end()))
+                within(ConfigError::field(
+                    "admin.operators",
+                    e.message().trim_end(),
+                ))
             })?,
         };
         crate::operators::load(&operators, |name| std::env::var(name).ok()).map_err(within)
