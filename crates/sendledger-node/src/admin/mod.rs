@@ -1,6 +1,6 @@
 //! The admin HTTP endpoint of a running service: metrics, health, task timelines and manual
-//! review. Plain HTTP/1.1 on one socket; bind it to loopback (the configuration's default)
-//! or put it behind something that authenticates.
+//! review. Plain HTTP/1.1 on one socket (loopback by default); who may call what is decided by
+//! [`auth`] from the configured operators.
 //!
 //! The routes are an axum [`Router`] with one module per resource ([`metrics`], [`health`],
 //! [`tasks`], [`reviews`], [`console`]) and one error type ([`ApiError`]); [`routes`] gives
@@ -10,7 +10,8 @@
 //! | route | what |
 //! |---|---|
 //! | `GET /metrics` | Prometheus text: every `sendledger_*` metric of the process, plus gauges computed from the ledger (see [`Admin`]) |
-//! | `GET /healthz` | `{"ok": true, "last_lsn", "live_tasks", "waiting", "durability", "token_configured"}` (and a `warning` with `buffered` durability); 503 when the engine has stopped |
+//! | `GET /healthz` | `{"ok": true, "last_lsn", "live_tasks", "waiting", "durability", "token_configured", "reads_need_credential"}` (and a `warning` with `buffered` durability); 503 when the engine has stopped |
+//! | `GET /whoami` | the operator, credential id, roles and tenants of the credential sent |
 //! | `GET /tasks/{id}?after=SEQ&limit=N` | a task's state and one page of its timeline: the shape of `sendledger inspect --json` with the events after sequence number `after` (default: from the first), at most `limit` (default 500, at most 5000), and `more` and `next_after` to read on (task id, or `tenant/operation/request_key` URL-encoded); with the task's `request`, `remote_ids_seen` and `lookup_url` (the URL its lookups ask; null without a lookup) |
 //! | `GET /reviews` | the tasks in manual review, with reason and evidence (computed at most once per second, however many read it) |
 //! | `GET /console`, `/console/task/{id}`, `/console/dashboard`, `/console/assets/{name}` | the review console (see [`console`]): HTML pages that call the routes here; a task page answers 404 for a task not in the ledger |
@@ -19,10 +20,13 @@
 //! | `POST /tasks/retry` | retry failed tasks in bulk: `{"by", "reason", "target", "failure", "from", "to", "after", "limit"}` (selectors as `GET /tasks`, limit default 1000, at most 10000); answers `{"selected", "retried", "refused", "refusals", "next"}`; call again with `after: next` until `next` is null |
 //! | `POST /reviews/{id}` | resolve a review: `{"as": "succeeded", "remote_id", "by", "reason"}`, `{"as": "failed", "by", "reason"}` or `{"resend": true, "by", "reason"}` |
 //!
-//! Mutating calls need `Authorization: Bearer <admin.token>` (the scheme in any case); with no
-//! token configured they are refused (403). Errors are JSON `{"error": "..."}`: 400 for a bad
-//! body (naming the field), 401 for a missing or wrong token, 404 for an unknown task, 409 for
-//! a task not in review. The GET routes need no token: listening beyond loopback logs a warning.
+//! Decisions need `Authorization: Bearer <token>` (the scheme in any case) of an operator with
+//! the role for them, or the shared `admin.token`; with no credential configured they are
+//! refused (403). The routes that show tasks need a credential when `admin.reads_need_credential`
+//! holds, and an operator of some tenants sees and acts on theirs only (see [`auth`]). Errors
+//! are JSON `{"error": "..."}`: 400 for a bad body (naming the field), 401 for a missing or
+//! unknown credential, 403 for a missing role or a `by` not the operator's, 404 for an unknown
+//! (or out of scope) task, 409 for a task not in review.
 //!
 //! In kafka mode an instance answers for the partitions it owns: `/healthz` adds `"mode":
 //! "kafka"` and `owned_partitions`; `/tasks/{id}` adds `partition` and `owned_here` (a copy of
