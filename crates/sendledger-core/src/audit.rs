@@ -383,4 +383,67 @@ mod tests {
             ]
         );
     }
+
+    /// Decisions are counted, with or without a named credential; against a roster, a
+    /// credential recorded for another operator, one unknown and one used after its
+    /// revocation are each a violation.
+    #[test]
+    fn decisions_are_checked_against_the_operators_configured() {
+        use crate::fixtures::{accepted, history};
+        let (task, body) = accepted();
+        let credential = |operator: &str, id: &str| EventBody::OperatorCredential {
+            operator: operator.into(),
+            credential: id.into(),
+        };
+        let note = |who: &str| EventBody::OperatorNote {
+            who: who.into(),
+            text: "looked".into(),
+        };
+        let events = history(
+            task,
+            vec![
+                body,
+                note("ana"),
+                credential("ana", "aaaa"),
+                note("ana"),
+                credential("ana", "aaaa"),
+                note("eve"),
+                credential("bo", "bbbb"),
+                note("bo"),
+                credential("cy", "cccc"),
+                note("cy"),
+            ],
+        );
+        let mut report = AuditReport::default();
+        let mut audit = TaskAudit::new(task, CheckConfig::default());
+        for event in &events {
+            audit.push(event, &mut report);
+        }
+        audit.finish(&mut report);
+        assert_eq!(
+            (
+                report.operator_decisions,
+                report.decisions_without_credential
+            ),
+            (5, 1)
+        );
+        let at = events[3].at;
+        let roster = Roster {
+            credentials: [("aaaa".to_string(), "ana".to_string())].into(),
+            revoked: [("cccc".to_string(), ("cy".to_string(), at))].into(),
+        };
+        report.check_operators(&roster);
+        let found: Vec<(&str, Vec<u64>)> = (report.violations.iter())
+            .map(|v| (v.rule, v.lsns.clone()))
+            .collect();
+        let lsn = |i: usize| events[i].lsn;
+        assert_eq!(
+            found,
+            [
+                ("operator-mismatch", vec![lsn(4)]),
+                ("operator-unknown", vec![lsn(6)]),
+                ("operator-revoked", vec![lsn(8)]),
+            ]
+        );
+    }
 }

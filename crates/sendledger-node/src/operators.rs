@@ -276,25 +276,35 @@ pub fn load(
     Ok(operators)
 }
 
+/// How the admin endpoint's reads are guarded: whether they need a credential, and whether the
+/// configuration says so (rather than its default for the listen address).
+#[derive(Debug, Clone, Copy)]
+pub struct Reads {
+    pub need_credential: bool,
+    pub configured: bool,
+}
+
 /// Checks the admin endpoint's credentials as a whole: operators (tokens read through `env`)
 /// or the shared `admin.token`, not both; and someone who may read when reads need a
 /// credential.
 pub fn check(
-    admin: &crate::config::AdminConfig,
+    configs: &BTreeMap<String, OperatorConfig>,
+    token: Option<&str>,
+    reads: Reads,
     env: impl Fn(&str) -> Option<String>,
 ) -> Result<(), ConfigError> {
-    let operators = load(&admin.operators, env)?;
-    let token = admin.token.as_deref().is_some_and(|t| !t.is_empty());
+    let operators = load(configs, env)?;
+    let token = token.is_some_and(|t| !t.is_empty());
     if token && !operators.is_empty() {
         return Err(ConfigError::field(
             "admin.token",
             "is set beside admin.operators: the shared token acts as no one in particular; give each person an operator entry and remove the token",
         ));
     }
-    if admin.reads_need_credential() && !token && operators.is_empty() {
-        let why = match admin.reads_need_credential {
-            Some(_) => "is true",
-            None => "defaults to true because admin.listen is not loopback",
+    if reads.need_credential && !token && operators.is_empty() {
+        let why = match reads.configured {
+            true => "is true",
+            false => "defaults to true because admin.listen is not loopback",
         };
         return Err(ConfigError::field(
             "admin.reads_need_credential",
@@ -377,5 +387,28 @@ mod tests {
             let err = parse(text, &[("ANA", TOKEN), ("SHORT", "x")]).unwrap_err();
             assert!(err.contains(field), "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn credentials_are_operators_or_the_shared_token_and_someone_may_read() {
+        let ana: BTreeMap<String, OperatorConfig> =
+            toml::from_str("[ana]\nroles = [\"read\"]\ntokens_env = [\"ANA\"]").unwrap();
+        let env = |v: &str| (v == "ANA").then(|| TOKEN.to_string());
+        let reads = |need_credential, configured| Reads {
+            need_credential,
+            configured,
+        };
+        let err = check(&ana, Some("shared"), reads(false, false), env).unwrap_err();
+        assert!(err.to_string().starts_with("admin.token: "), "{err}");
+        let none = BTreeMap::new();
+        let err = check(&none, None, reads(true, false), env).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("defaults to true because admin.listen is not loopback"),
+            "{err}"
+        );
+        check(&none, None, reads(false, true), env).unwrap();
+        check(&none, Some("shared"), reads(true, false), env).unwrap();
+        check(&ana, None, reads(true, true), env).unwrap();
     }
 }

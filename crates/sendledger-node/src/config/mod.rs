@@ -424,7 +424,12 @@ impl Config {
         Targets::from_config_with_env(&self.targets, |name| env.get(name).cloned())?
             .with_sagas(&self.sagas)?;
         (self.access).load(&self.targets, &self.sagas, |name| env.get(name).cloned())?;
-        crate::operators::check(&self.admin, |name| env.get(name).cloned())?;
+        let reads = crate::operators::Reads {
+            need_credential: self.admin.reads_need_credential(),
+            configured: self.admin.reads_need_credential.is_some(),
+        };
+        let (operators, token) = (&self.admin.operators, self.admin.token.as_deref());
+        crate::operators::check(operators, token, reads, |name| env.get(name).cloned())?;
         Ok(())
     }
 
