@@ -37,6 +37,9 @@ pub struct Access {
 /// What one tenant may ask for.
 #[derive(Debug, Clone, Default)]
 pub struct TenantRules {
+    /// The requests topic the tenant's requests come from; `None`: any topic the service
+    /// reads (the producers' access to each topic is then no part of the check).
+    pub topic: Option<String>,
     /// The targets and sagas its requests may name.
     pub targets: BTreeSet<String>,
     /// The operations its requests may name; `None`: any.
@@ -65,6 +68,7 @@ impl std::fmt::Debug for SigningKey {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum AccessRule {
     UnknownTenant,
+    TopicNotAllowed,
     Unsigned,
     BadSignature,
     TargetNotAllowed,
@@ -76,6 +80,7 @@ impl AccessRule {
     pub fn name(self) -> &'static str {
         match self {
             AccessRule::UnknownTenant => "unknown_tenant",
+            AccessRule::TopicNotAllowed => "topic_not_allowed",
             AccessRule::Unsigned => "unsigned",
             AccessRule::BadSignature => "bad_signature",
             AccessRule::TargetNotAllowed => "target_not_allowed",
@@ -122,6 +127,15 @@ impl Access {
                 detail,
             })
         };
+        if let Some(own) = rules.topic.as_deref().filter(|own| *own != topic) {
+            return refuse(
+                AccessRule::TopicNotAllowed,
+                format!(
+                    "tenant {:?} sends its requests on topic {own:?}, and this one came on {topic:?}",
+                    request.tenant
+                ),
+            );
+        }
         if !rules.keys.is_empty() {
             let Some(signature) = signature else {
                 return refuse(
@@ -226,6 +240,7 @@ mod tests {
             secret: secret.as_bytes().to_vec(),
         };
         let acme = TenantRules {
+            topic: None,
             targets: ["payments".to_string()].into(),
             operations: Some(["payment.create".to_string()].into()),
             keys: vec![key("old", "s3cret-old"), key("new", "s3cret-new")],
@@ -234,8 +249,18 @@ mod tests {
             targets: ["payments".to_string()].into(),
             ..TenantRules::default()
         };
+        let own_topic = TenantRules {
+            topic: Some("globex.requests".into()),
+            targets: ["payments".to_string()].into(),
+            ..TenantRules::default()
+        };
         Access {
-            tenants: [("acme".to_string(), acme), ("open".to_string(), open)].into(),
+            tenants: [
+                ("acme".to_string(), acme),
+                ("open".to_string(), open),
+                ("globex".to_string(), own_topic),
+            ]
+            .into(),
         }
     }
 
@@ -294,6 +319,14 @@ mod tests {
         assert_eq!(
             a.check(&request("open", "payments"), "requests", value, None),
             Ok(())
+        );
+        // A tenant bound to its topic: its requests from there only.
+        let globex = request("globex", "payments");
+        assert_eq!(a.check(&globex, "globex.requests", value, None), Ok(()));
+        let refusal = a.check(&globex, "requests", value, None).unwrap_err();
+        assert_eq!(
+            (refusal.rule, refusal.tenant.as_deref()),
+            (AccessRule::TopicNotAllowed, Some("globex"))
         );
     }
 }

@@ -222,6 +222,28 @@ impl Kafka {
         &self.config
     }
 
+    /// The same cluster, reading requests from `topic` in consumer group `group` (a tenant's
+    /// own requests topic: [`crate::Ingest`] reads one topic). On an embedded cluster the
+    /// topic is created.
+    pub fn for_requests_topic(&self, topic: &str, group: &str) -> Result<Kafka> {
+        let mut config = (*self.config).clone();
+        config.requests_topic = topic.to_string();
+        config.group_id = group.to_string();
+        config.validate()?;
+        if let Some(embedded) = &self.embedded {
+            // Creating a topic the cluster has is refused; any other failure shows later.
+            let _ = embedded
+                .inner
+                .cluster
+                .create_topic(topic, config.partitions);
+        }
+        Ok(Kafka {
+            config: Arc::new(config),
+            bootstrap: self.bootstrap.clone(),
+            embedded: self.embedded.clone(),
+        })
+    }
+
     pub fn bootstrap_servers(&self) -> &str {
         &self.bootstrap
     }

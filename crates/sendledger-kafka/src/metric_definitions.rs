@@ -35,7 +35,7 @@ pub const DEFINITIONS: &[M] = &[
     .in_unit(MetricUnit::Count),
     M::gauge(
         CONSUMER_LAG_MESSAGES,
-        "Requests-topic consumer lag per partition.",
+        "Requests-topic consumer lag per topic and partition.",
     )
     .in_unit(MetricUnit::Count),
     M::gauge(

@@ -37,6 +37,14 @@
     return rows.sort(([a], [b]) => (numeric ? Number(a) - Number(b) : a < b ? -1 : a > b ? 1 : 0));
   }
 
+  /** Consumer lag by partition; by topic/partition when several requests topics are read. */
+  function lagRows(samples) {
+    const lag = samples.filter((s) => s.name === "sendledger_consumer_lag_messages" && "partition" in s.labels);
+    const topics = new Set(lag.map((s) => s.labels.topic));
+    if (topics.size <= 1) return byLabel(lag, "sendledger_consumer_lag_messages", "partition");
+    return lag.map((s) => [s.labels.topic + "/" + s.labels.partition, s.value]).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+  }
+
   function single(samples, name) {
     const s = samples.find((x) => x.name === name && Object.keys(x.labels).length === 0);
     return s ? s.value : 0;
@@ -103,7 +111,7 @@
       barChart("chart-tasks", "Tasks by state", byLabel(samples, "sendledger_tasks", "state"), "No tasks counted yet."),
       barChart("chart-attempts", "Attempts by class", byLabel(samples, "sendledger_attempts_total", "class"), "No attempt since the service started."),
       barChart("chart-lookups", "Lookups by outcome", byLabel(samples, "sendledger_lookups_total", "outcome"), "No lookup since the service started."),
-      barChart("chart-lag", "Consumer lag per partition (messages)", byLabel(samples, "sendledger_consumer_lag_messages", "partition"), "No consumer lag reported (no Kafka consumer running, or no statistics yet)."));
+      barChart("chart-lag", "Consumer lag per partition (messages)", lagRows(samples), "No consumer lag reported (no Kafka consumer running, or no statistics yet)."));
     fill(status, "Read at " + new Date().toLocaleTimeString() + "; counters since the service started, tasks from the ledger.");
     status.className = "status";
   }

@@ -24,7 +24,8 @@ const TOPIC_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub struct Service {
     engine: Engine,
-    ingest: Ingest,
+    /// The requests topic's consumer first, then one per tenant's own requests topic.
+    ingests: Vec<Ingest>,
     /// Local mode's outbox (kafka mode has none).
     publisher: Option<Publisher>,
     admin: Option<Admin>,
@@ -107,14 +108,33 @@ impl Service {
                 "requests are checked against the access rules"
             );
         }
-        let ingest = Ingest::start_checked(kafka, sink, owner, access)
+        if let Some(access) = &access {
+            warn_of_shared_topics(access);
+        }
+        let main = Ingest::start_checked(kafka, sink.clone(), owner, access.clone())
             .map_err(|e| Error::step("starting the ingest", e))?;
+        let mut ingests = vec![(kafka.clone(), main)];
+        // Tenants' own topics (local mode only): a consumer each, in a group of its own, so
+        // each is the one member of its group.
+        for topic in config.access.own_topics(&config.kafka.requests_topic) {
+            let group = format!("{}.{topic}", config.kafka.group_id);
+            let step = |e| Error::step(format!("reading the tenant's requests topic {topic}"), e);
+            let on_topic = kafka.for_requests_topic(&topic, &group).map_err(step)?;
+            (on_topic.ensure_topics(config.kafka.replication_factor, TOPIC_TIMEOUT, false))
+                .await
+                .map_err(step)?;
+            let ingest = Ingest::start_checked(&on_topic, sink.clone(), None, access.clone())
+                .map_err(step)?;
+            ingests.push((on_topic, ingest));
+        }
         if let Some(admin) = &admin {
-            admin.watch_ingest(ingest.stats().clone());
+            for (on, ingest) in &ingests {
+                admin.watch_ingest(&on.config().requests_topic, ingest.stats().clone());
+            }
         }
         Ok(Service {
             engine,
-            ingest,
+            ingests: ingests.into_iter().map(|(_, ingest)| ingest).collect(),
             publisher,
             admin,
             grace: config.engine.shutdown_grace,
@@ -138,7 +158,8 @@ impl Service {
     /// False once the consumer or the publisher stopped by itself (the ledger failed for
     /// good).
     pub fn is_healthy(&self) -> bool {
-        self.ingest.is_running() && self.publisher.as_ref().is_none_or(Publisher::is_running)
+        self.ingests.iter().all(Ingest::is_running)
+            && self.publisher.as_ref().is_none_or(Publisher::is_running)
     }
 
     /// Stops in order within the configured grace. Whatever is cut off is safe: unfinished
@@ -147,7 +168,11 @@ impl Service {
     pub async fn shutdown(self) -> Result<()> {
         let deadline = Instant::now() + self.grace;
         let left = || deadline.saturating_duration_since(Instant::now());
-        let ingest = self.ingest.shutdown(left()).await;
+        let mut ingest = Ok(());
+        for each in self.ingests {
+            let stopped = each.shutdown(left()).await;
+            ingest = ingest.and(stopped);
+        }
         let ledger = self.engine.ledger().clone();
         self.engine.shutdown(left()).await;
         let publisher = match self.publisher {
@@ -169,5 +194,23 @@ impl Service {
         ingest.map_err(|e| Error::step("stopping the ingest", e))?;
         publisher.map_err(|e| Error::step("stopping the publisher", e))?;
         Ok(())
+    }
+}
+
+/// Warns of tenants that share a requests topic while one of them does not sign: any producer
+/// of the topic can then act as that tenant.
+fn warn_of_shared_topics(access: &sendledger_core::access::Access) {
+    let mut by_topic: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+    for (tenant, rules) in &access.tenants {
+        let topic = rules.topic.as_deref().unwrap_or_default();
+        by_topic.entry(topic).or_default().push(tenant);
+    }
+    for (topic, tenants) in by_topic.iter().filter(|(_, t)| t.len() > 1) {
+        let unsigned: Vec<&str> = (tenants.iter().copied())
+            .filter(|t| access.tenants[*t].keys.is_empty())
+            .collect();
+        if !unsigned.is_empty() {
+            tracing::warn!(%topic, tenants = ?tenants, unsigned = ?unsigned, "several tenants share this requests topic and some sign nothing: any producer of the topic can act as those; give each its own topic (access.tenants.NAME.topic) or signing keys (docs/access.md)");
+        }
     }
 }

@@ -977,7 +977,10 @@ async fn kafka_metrics_count_published_results_and_report_lag() {
             .expect("request produced");
     }
 
-    let lag = |m: &Scrape, p: &str| m.get("sendledger_consumer_lag_messages", &[("partition", p)]);
+    let lag = |m: &Scrape, p: &str| {
+        let labels = [("topic", topic.as_str()), ("partition", p)];
+        m.get("sendledger_consumer_lag_messages", &labels)
+    };
     let deadline = Instant::now() + Duration::from_secs(60);
     let m = loop {
         let m = Scrape::take(&service.addr).await;

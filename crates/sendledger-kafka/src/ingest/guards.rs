@@ -33,7 +33,7 @@ impl<S: RequestSink> Worker<S> {
             .remove(&partition)
             .is_some();
         if was_blocked {
-            metrics::gauge!(crate::metric_definitions::PARTITION_BLOCKED, "partition" => partition.to_string())
+            metrics::gauge!(crate::metric_definitions::PARTITION_BLOCKED, "topic" => self.topic.clone(), "partition" => partition.to_string())
                 .set(0.0);
         }
         let watermark = processed.watermark;
@@ -50,7 +50,7 @@ impl<S: RequestSink> Worker<S> {
         };
         if let Some(why) = self.refusal(partition, processed, high) {
             tracing::error!(topic = %self.topic, partition, ?watermark, high, "{why}");
-            metrics::gauge!(crate::metric_definitions::PARTITION_BLOCKED, "partition" => partition.to_string())
+            metrics::gauge!(crate::metric_definitions::PARTITION_BLOCKED, "topic" => self.topic.clone(), "partition" => partition.to_string())
                 .set(1.0);
             self.stats
                 .blocked
@@ -170,7 +170,7 @@ impl<S: RequestSink> Worker<S> {
              broker's size limit): they are lost to sendledger; ask their producers to send them again"
         );
         self.stats.lost.fetch_add(lost, Ordering::Relaxed);
-        metrics::counter!(crate::metric_definitions::REQUESTS_LOST_TOTAL, "partition" => partition.to_string())
+        metrics::counter!(crate::metric_definitions::REQUESTS_LOST_TOTAL, "topic" => self.topic.clone(), "partition" => partition.to_string())
             .increment(lost);
     }
 

@@ -42,7 +42,7 @@ impl ClientContext for IngestContext {
         let partitions = statistics.topics.get(&self.topic).map(|t| &t.partitions);
         for p in partitions.into_iter().flat_map(|p| p.values()) {
             if p.partition >= 0 && p.consumer_lag >= 0 {
-                metrics::gauge!(crate::metric_definitions::CONSUMER_LAG_MESSAGES, "partition" => p.partition.to_string())
+                metrics::gauge!(crate::metric_definitions::CONSUMER_LAG_MESSAGES, "topic" => self.topic.clone(), "partition" => p.partition.to_string())
                     .set(p.consumer_lag as f64);
             }
         }

@@ -36,7 +36,7 @@ pub async fn healthz(State(shared): State<Arc<Shared>>) -> ApiResult {
         })
         .collect();
     body["targets"] = serde_json::Value::Object(targets);
-    let ingest = shared
+    let ingests = shared
         .ingest
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -45,27 +45,39 @@ pub async fn healthz(State(shared): State<Arc<Shared>>) -> ApiResult {
         body["mode"] = json!("kafka");
         body["owned_partitions"] = json!(ownership.partitions());
     }
-    if let Some(stats) = ingest {
-        body["requests_lost"] = json!(IngestStats::get(&stats.lost));
+    let mut lost = 0;
+    for (i, (topic, stats)) in ingests.iter().enumerate() {
+        lost += IngestStats::get(&stats.lost);
+        // The requests topic's problems at the top, as always; a tenant's topic's under its name.
+        let mut problems = serde_json::Map::new();
         let blocked = stats.blocked();
         if !blocked.is_empty() {
             // A partition nobody consumes: an operator must act (see each reason).
-            status = StatusCode::SERVICE_UNAVAILABLE;
-            body["ok"] = json!(false);
-            body["blocked_partitions"] = json!(blocked);
+            problems.insert("blocked_partitions".into(), json!(blocked));
         }
         if let Some(why) = stats.unconsumed() {
             // Requests wait that no member consumes: the group did not form.
-            status = StatusCode::SERVICE_UNAVAILABLE;
-            body["ok"] = json!(false);
-            body["unconsumed_partitions"] = json!(why);
+            problems.insert("unconsumed_partitions".into(), json!(why));
         }
         if let Some(why) = stats.shared_group() {
             // Nothing is consumed while another instance is in the group.
-            status = StatusCode::SERVICE_UNAVAILABLE;
-            body["ok"] = json!(false);
-            body["shared_group"] = json!(why);
+            problems.insert("shared_group".into(), json!(why));
         }
+        if problems.is_empty() {
+            continue;
+        }
+        status = StatusCode::SERVICE_UNAVAILABLE;
+        body["ok"] = json!(false);
+        match i {
+            0 => body
+                .as_object_mut()
+                .into_iter()
+                .for_each(|b| b.extend(problems.clone())),
+            _ => body["tenant_topics"][topic] = serde_json::Value::Object(problems),
+        }
+    }
+    if !ingests.is_empty() {
+        body["requests_lost"] = json!(lost);
     }
     Ok(json_response(status, &body))
 }

@@ -122,8 +122,9 @@ struct Shared {
     /// When the ledger gauges were last computed.
     gauges_at: Mutex<Option<Instant>>,
     reviews: reviews::ReviewsCache,
-    /// The consumer's counters, once it runs: refused partitions and lost requests.
-    ingest: Mutex<Option<Arc<IngestStats>>>,
+    /// The consumers' counters, once they run (one per requests topic, by topic): refused
+    /// partitions and lost requests.
+    ingest: Mutex<Vec<(String, Arc<IngestStats>)>>,
 }
 
 impl Shared {
@@ -140,7 +141,7 @@ impl Shared {
             metrics,
             gauges_at: Mutex::new(None),
             reviews: reviews::ReviewsCache::new(REVIEWS_TTL),
-            ingest: Mutex::new(None),
+            ingest: Mutex::new(Vec::new()),
         }))
     }
 }
@@ -214,9 +215,11 @@ impl Admin {
         self.addr
     }
 
-    /// Shows the consumer's refused partitions and lost requests in `/healthz`.
-    pub fn watch_ingest(&self, stats: Arc<IngestStats>) {
-        *self.shared.ingest.lock().unwrap_or_else(|e| e.into_inner()) = Some(stats);
+    /// Shows the refused partitions and lost requests of the consumer of `topic` in
+    /// `/healthz` (the first one watched is the requests topic's; others are tenants' own).
+    pub fn watch_ingest(&self, topic: &str, stats: Arc<IngestStats>) {
+        let mut ingests = self.shared.ingest.lock().unwrap_or_else(|e| e.into_inner());
+        ingests.push((topic.to_string(), stats));
     }
 
     /// Stops accepting and closes open connections.

@@ -27,6 +27,12 @@ pub struct AccessConfig {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TenantAccessConfig {
+    /// The requests topic of the tenant's own (its producers alone may write it, by Kafka's
+    /// ACLs): the service reads it besides `kafka.requests_topic`, and acts on the tenant's
+    /// requests from there only. Unset: they come on `kafka.requests_topic`, beside other
+    /// tenants'.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic: Option<String>,
     /// The targets and sagas the tenant's requests may name.
     pub targets: Vec<String>,
     /// The operations the tenant's requests may name; unset: any.
@@ -39,12 +45,22 @@ pub struct TenantAccessConfig {
 }
 
 impl AccessConfig {
+    /// The requests topics of tenants of their own, besides `main` (the requests topic).
+    pub fn own_topics(&self, main: &str) -> std::collections::BTreeSet<String> {
+        (self.tenants.values())
+            .filter_map(|t| t.topic.clone())
+            .filter(|t| t != main)
+            .collect()
+    }
+
     /// The access rules, checked against the targets and sagas and with the keys read through
-    /// `env`; `None` when no tenant is listed.
+    /// `env`; `None` when no tenant is listed. A tenant without a topic of its own sends on
+    /// `requests_topic`.
     pub fn load(
         &self,
         targets: &BTreeMap<String, TargetConfig>,
         sagas: &BTreeMap<String, SagaConfig>,
+        requests_topic: &str,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Option<Access>, ConfigError> {
         if self.tenants.is_empty() {
@@ -64,6 +80,17 @@ impl AccessConfig {
                     return Err(ConfigError::field(
                         format!("{}[{i}]", field("targets")),
                         format!("`{target}` is neither a configured target nor a saga"),
+                    ));
+                }
+            }
+            if let Some(topic) = &config.topic {
+                let bad = topic.is_empty()
+                    || topic.len() > 249
+                    || !(topic.chars()).all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+                if bad {
+                    return Err(ConfigError::field(
+                        field("topic"),
+                        format!("{topic:?} is not a topic name: 1 to 249 ASCII letters, digits, '.', '_' and '-'"),
                     ));
                 }
             }
@@ -90,7 +117,12 @@ impl AccessConfig {
                     secret: secret.into_bytes(),
                 });
             }
+            let topic = config
+                .topic
+                .clone()
+                .unwrap_or_else(|| requests_topic.to_string());
             let rules = TenantRules {
+                topic: Some(topic),
                 targets: config.targets.iter().cloned().collect(),
                 operations: (config.operations.as_ref()).map(|o| o.iter().cloned().collect()),
                 keys,
@@ -114,8 +146,10 @@ mod tests {
         let env: BTreeMap<String, String> = (env.iter())
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        (config.load(&targets, &BTreeMap::new(), |name| env.get(name).cloned()))
-            .map_err(|e| e.to_string())
+        (config.load(&targets, &BTreeMap::new(), "requests", |name| {
+            env.get(name).cloned()
+        }))
+        .map_err(|e| e.to_string())
     }
 
     #[test]
@@ -128,6 +162,7 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(ok.tenants["acme"].keys[0].secret, key.as_bytes());
+        assert_eq!(ok.tenants["acme"].topic.as_deref(), Some("requests"));
         assert!(
             load("", &[]).unwrap().is_none(),
             "off when no tenant is listed"
@@ -144,6 +179,10 @@ mod tests {
                 "access.tenants.acme.signing_keys_env",
             ),
             ("[tenants.acme]\ntargets = [\"payments\"]\ncolour = 1", "colour"),
+            (
+                "[tenants.acme]\ntargets = [\"payments\"]\ntopic = \"acme requests\"",
+                "access.tenants.acme.topic",
+            ),
         ] {
             let err = load(text, &[("SHORT", "x")]).unwrap_err();
             assert!(err.contains(field), "{text}: {err}");

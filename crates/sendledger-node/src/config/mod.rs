@@ -423,7 +423,24 @@ impl Config {
         }
         Targets::from_config_with_env(&self.targets, |name| env.get(name).cloned())?
             .with_sagas(&self.sagas)?;
-        (self.access).load(&self.targets, &self.sagas, |name| env.get(name).cloned())?;
+        let topic = &self.kafka.requests_topic;
+        (self.access).load(&self.targets, &self.sagas, topic, |name| {
+            env.get(name).cloned()
+        })?;
+        let own_topics = self.access.own_topics(topic);
+        if let Some(clash) = (own_topics.iter()).find(|t| self.kafka.topics().contains(&t.as_str()))
+        {
+            return Err(ConfigError::field(
+                "access.tenants",
+                format!("name {clash:?} as a tenant's requests topic, which is also the results, events or dead-letter topic: give the tenant a topic of its own"),
+            ));
+        }
+        if self.storage.mode == StorageMode::Kafka && !own_topics.is_empty() {
+            return Err(ConfigError::field(
+                "access.tenants",
+                format!("name requests topics of their own ({}), which kafka mode cannot read: its partitions follow the one requests topic's; bind tenants with signing keys instead, or use mode \"local\"", own_topics.into_iter().collect::<Vec<_>>().join(", ")),
+            ));
+        }
         let reads = crate::operators::Reads {
             need_credential: self.admin.reads_need_credential(),
             configured: self.admin.reads_need_credential.is_some(),
@@ -468,7 +485,10 @@ impl Config {
     /// The access rules (signing keys read from the environment); `None` when `[access]`
     /// lists no tenant.
     pub fn load_access(&self) -> Result<Option<sendledger_core::access::Access>, ConfigError> {
-        (self.access).load(&self.targets, &self.sagas, |name| std::env::var(name).ok())
+        let topic = &self.kafka.requests_topic;
+        (self.access).load(&self.targets, &self.sagas, topic, |name| {
+            std::env::var(name).ok()
+        })
     }
 
     /// The Kafka configuration `run` uses: `kafka.instance_id`, when unset, derived from the
@@ -726,6 +746,26 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.starts_with("kafka.standby: "), "{err}");
+    }
+
+    #[test]
+    fn tenants_topics_of_their_own_are_for_local_mode_and_not_the_other_topics() {
+        let text = format!(
+            "{MINIMAL}\n[access.tenants.acme]\ntargets = [\"payments\"]\ntopic = \"acme.requests\""
+        );
+        let c = parse(&text, &[]).unwrap();
+        let own = c.access.own_topics(&c.kafka.requests_topic);
+        assert_eq!(own.into_iter().collect::<Vec<_>>(), ["acme.requests"]);
+        let kafka_mode =
+            text.clone() + "\n[storage]\nmode = \"kafka\"\n[kafka]\nbrokers = \"k:9092\"";
+        let err = parse(&kafka_mode, &[]).unwrap_err().to_string();
+        assert!(
+            err.starts_with("access.tenants: ") && err.contains("kafka mode"),
+            "{err}"
+        );
+        let clash = text.replace("acme.requests", "sendledger.results");
+        let err = parse(&clash, &[]).unwrap_err().to_string();
+        assert!(err.contains("also the results"), "{err}");
     }
 
     #[test]

@@ -25,6 +25,7 @@ fn access() -> Access {
         secret: secret.as_bytes().to_vec(),
     };
     let acme = TenantRules {
+        topic: None,
         targets: ["sim".to_string()].into(),
         operations: Some(["payment.create".to_string()].into()),
         keys: vec![key("ACME_OLD", OLD_KEY), key("ACME_NEW", NEW_KEY)],
@@ -116,34 +117,7 @@ async fn requests_are_acted_on_only_when_their_tenant_may_ask_for_them() {
     let results = dedupe(&raw);
     assert_eq!(results.len(), 6, "one result each: {results:#?}");
     for (key, _, _, _, refused_by) in cases {
-        let result = results
-            .iter()
-            .find(|r| {
-                r.request_key.as_deref() == Some(key)
-                    || r.reason.as_deref().is_some_and(|x| x.contains(key))
-            })
-            .unwrap_or_else(|| panic!("{key}: no result in {results:#?}"));
-        let records = sim.records_with_identity(key).len();
-        match refused_by {
-            None => {
-                assert_eq!(
-                    result.status,
-                    sendledger_core::ResultStatus::Succeeded,
-                    "{key}"
-                );
-                assert_eq!(records, 1, "{key}");
-            }
-            Some(rule) => {
-                assert_eq!(
-                    result.status,
-                    sendledger_core::ResultStatus::Rejected,
-                    "{key}"
-                );
-                let reason = result.reason.as_deref().unwrap_or_default();
-                assert!(reason.contains(rule), "{key}: {reason}");
-                assert_eq!(records, 0, "{key}: nothing sent");
-            }
-        }
+        check_outcome(&results, &sim, key, refused_by);
     }
     ingest.shutdown(Duration::from_secs(10)).await.unwrap();
     publisher.shutdown(Duration::from_secs(10)).await.unwrap();
@@ -221,4 +195,117 @@ async fn run_acts_on_requests_produce_signed_and_rejects_the_unsigned() {
         .await
         .unwrap();
     assert!(status.success(), "run did not stop cleanly: {status}");
+}
+
+/// Tenants with requests topics of their own (`access.tenants.NAME.topic`): `sendledger run`
+/// reads each besides the requests topic, and acts on a tenant's requests from its own topic
+/// only. A producer of acme's topic asking for globex, and acme's request on the shared
+/// requests topic, are rejected (`topic_not_allowed`), nothing sent; each tenant's request on
+/// its own topic is performed. One result each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn run_reads_tenants_own_topics_and_acts_on_their_requests_from_there_only() {
+    let kafka = tokio::task::block_in_place(|| Kafka::connect(config("embedded"))).unwrap();
+    let brokers = kafka.bootstrap_servers().to_string();
+    // The service reaches the cluster as external brokers: the topics exist beforehand, as
+    // an administrator would create them with their ACLs.
+    for topic in ["acme.requests", "globex.requests"] {
+        kafka.for_requests_topic(topic, "setup").unwrap();
+    }
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config_file = dir.path().join("sendledger.toml");
+    let config = sendledger_tests::kafka::service_config(dir.path(), &brokers, &sim)
+        + "\n[access.tenants.acme]\ntargets = [\"sim\"]\ntopic = \"acme.requests\"\n"
+        + "\n[access.tenants.globex]\ntargets = [\"sim\"]\ntopic = \"globex.requests\"\n";
+    std::fs::write(&config_file, config).unwrap();
+    let (mut run, _) = tokio::task::block_in_place(|| crate::start_run(&config_file, &[]));
+
+    let produce = |topic: &str, tenant: &str, key: &str| {
+        let mut r = request(key);
+        r.tenant = tenant.into();
+        let file = dir.path().join(format!("{key}.jsonl"));
+        std::fs::write(&file, serde_json::to_vec(&r).unwrap()).unwrap();
+        let out = (crate::sendledger())
+            .args(["produce", "--brokers", &brokers, "--topic", topic])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let requests_topic = kafka.config().requests_topic.clone();
+    let cases = [
+        ("acme.requests", "acme", "own-acme", None),
+        ("globex.requests", "globex", "own-globex", None),
+        (
+            "acme.requests",
+            "globex",
+            "globex-on-acme",
+            Some("topic_not_allowed"),
+        ),
+        (
+            requests_topic.as_str(),
+            "acme",
+            "acme-on-shared",
+            Some("topic_not_allowed"),
+        ),
+    ];
+    for (topic, tenant, key, _) in &cases {
+        produce(topic, tenant, key);
+    }
+    let raw = read_until(&kafka, &kafka.config().results_topic.clone(), |r| {
+        r.len() >= 4
+    })
+    .await;
+    let results = dedupe(&raw);
+    assert_eq!(results.len(), 4, "one result each: {results:#?}");
+    for (_, _, key, refused_by) in cases {
+        check_outcome(&results, &sim, key, refused_by);
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(run.id() as i32, libc::SIGTERM) }, 0);
+    let status = tokio::task::spawn_blocking(move || run.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(status.success(), "run did not stop cleanly: {status}");
+}
+
+/// The request `key` (or, refused, a rejected input naming it) has one result: succeeded with
+/// one record at the remote, or rejected by `refused_by` with nothing sent.
+fn check_outcome(
+    results: &[sendledger_core::TaskResult],
+    sim: &Sim,
+    key: &str,
+    refused_by: Option<&str>,
+) {
+    let result = (results.iter())
+        .find(|r| {
+            r.request_key.as_deref() == Some(key)
+                || r.reason.as_deref().is_some_and(|x| x.contains(key))
+        })
+        .unwrap_or_else(|| panic!("{key}: no result in {results:#?}"));
+    let records = sim.records_with_identity(key).len();
+    match refused_by {
+        None => {
+            assert_eq!(
+                result.status,
+                sendledger_core::ResultStatus::Succeeded,
+                "{key}"
+            );
+            assert_eq!(records, 1, "{key}");
+        }
+        Some(rule) => {
+            assert_eq!(
+                result.status,
+                sendledger_core::ResultStatus::Rejected,
+                "{key}"
+            );
+            let reason = result.reason.as_deref().unwrap_or_default();
+            assert!(reason.contains(rule), "{key}: {reason}");
+            assert_eq!(records, 0, "{key}: nothing sent");
+        }
+    }
 }
