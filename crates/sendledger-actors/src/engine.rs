@@ -435,7 +435,7 @@ impl Engine {
     /// longer passes today's checks (a limit tightened, its target removed since): it is a
     /// redelivery or a conflict, never a new rejected task.
     pub async fn submit(&self, request: TaskRequest, source: Source) -> Result<Reply> {
-        let accepted = match self.validate(&request) {
+        let accepted = match self.check(&request) {
             Ok(accepted) => accepted,
             Err(invalid) => match self.known(&request).await? {
                 Some(accepted) => accepted,
@@ -453,7 +453,9 @@ impl Engine {
         .await
     }
 
-    fn validate(&self, request: &TaskRequest) -> Result<AcceptedRequest> {
+    /// The request as accepted, when it passes the checks a new task's request must: the
+    /// limits, and a target (or saga) the engine knows.
+    pub fn check(&self, request: &TaskRequest) -> Result<AcceptedRequest> {
         let accepted = request.accept(&self.inner.limits)?;
         let remote = &self.inner.remote;
         if remote.policy(&accepted.target).is_none() && remote.steps(&accepted.target).is_none() {

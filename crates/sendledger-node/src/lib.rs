@@ -12,6 +12,8 @@
 //!   facade, and serves the review console; [`timeline`] is the JSON of a task.
 //! - [`operators`]: the admin endpoint's named operators, their roles, tenant scopes and
 //!   credentials.
+//! - [`serve`]: the bounded accept loop of the HTTP listeners.
+//! - [`front`]: the HTTP front door: tasks submitted with an `Idempotency-Key`.
 //! - [`telemetry`]: the OTLP exporter of traces.
 //! - [`demo`]: the whole pipeline on embedded defaults against a fault-injecting remote.
 //! - [`error`]: what can go wrong, typed ([`Error`], [`ConfigError`]), each with its cause. The
@@ -26,9 +28,11 @@ pub mod admin;
 pub mod config;
 pub mod demo;
 pub mod error;
+pub mod front;
 pub mod metric_definitions;
 pub mod operators;
 pub mod runtime;
+pub mod serve;
 pub mod service;
 pub mod telemetry;
 pub mod timeline;

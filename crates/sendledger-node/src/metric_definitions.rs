@@ -13,6 +13,9 @@ pub const PARTITION_RESTORE_SECONDS: &str = "sendledger_partition_restore_second
 pub const PARTITION_RESTORING: &str = "sendledger_partition_restoring";
 pub const RESTORED_EVENTS_TOTAL: &str = "sendledger_restored_events_total";
 pub const COPIES_TRUNCATED_TOTAL: &str = "sendledger_copies_truncated_total";
+pub const FRONT_REQUESTS_TOTAL: &str = "sendledger_front_requests_total";
+pub const FRONT_REPLAYS_TOTAL: &str = "sendledger_front_replays_total";
+pub const FRONT_CONFLICTS_TOTAL: &str = "sendledger_front_conflicts_total";
 
 pub const DEFINITIONS: &[M] = &[
     M::gauge(
@@ -46,6 +49,18 @@ pub const DEFINITIONS: &[M] = &[
     M::counter(
         RESTORED_EVENTS_TOTAL,
         "Kafka mode: events read from the log of record into the ledger while taking partitions over, by partition (grows step by step during a restore).",
+    ),
+    M::counter(
+        FRONT_REQUESTS_TOTAL,
+        "Front door: answers, by route (submit, task) and HTTP status.",
+    ),
+    M::counter(
+        FRONT_REPLAYS_TOTAL,
+        "Front door: submissions whose key was known, answered from its task (never executed again).",
+    ),
+    M::counter(
+        FRONT_CONFLICTS_TOTAL,
+        "Front door: submissions whose key was used with another payload (422).",
     ),
     M::counter(
         COPIES_TRUNCATED_TOTAL,

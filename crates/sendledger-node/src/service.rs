@@ -17,6 +17,7 @@ use sendledger_kafka::{Ingest, Kafka, LogReplicator, Publisher};
 use crate::admin::Admin;
 use crate::config::{Config, StorageMode};
 use crate::error::{Error, Result};
+use crate::front::FrontDoor;
 use crate::wiring::{EngineSink, KafkaOwner};
 
 /// How long topic creation on external brokers may take.
@@ -29,6 +30,8 @@ pub struct Service {
     /// Local mode's outbox (kafka mode has none).
     publisher: Option<Publisher>,
     admin: Option<Admin>,
+    /// The HTTP front door, when enabled.
+    front: Option<FrontDoor>,
     grace: Duration,
 }
 
@@ -132,8 +135,13 @@ impl Service {
                 admin.watch_ingest(&on.config().requests_topic, ingest.stats().clone());
             }
         }
+        let front = match config.front.enabled {
+            true => Some(FrontDoor::start(&config.front, engine.clone(), kafka).await?),
+            false => None,
+        };
         Ok(Service {
             engine,
+            front,
             ingests: ingests.into_iter().map(|(_, ingest)| ingest).collect(),
             publisher,
             admin,
@@ -148,6 +156,11 @@ impl Service {
     /// Local mode's outbox publisher (kafka mode has none).
     pub fn publisher(&self) -> Option<&Publisher> {
         self.publisher.as_ref()
+    }
+
+    /// Where the front door listens, when it is enabled.
+    pub fn front_addr(&self) -> Option<std::net::SocketAddr> {
+        self.front.as_ref().map(FrontDoor::local_addr)
     }
 
     /// Where the admin endpoint listens, when it is enabled.
@@ -168,6 +181,10 @@ impl Service {
     pub async fn shutdown(self) -> Result<()> {
         let deadline = Instant::now() + self.grace;
         let left = || deadline.saturating_duration_since(Instant::now());
+        // No new submissions; what was acknowledged is on the requests topic.
+        if let Some(front) = self.front {
+            front.shutdown().await;
+        }
         let mut ingest = Ok(());
         for each in self.ingests {
             let stopped = each.shutdown(left()).await;

@@ -16,6 +16,7 @@ mod effects;
 mod engine;
 mod engine_kill;
 mod fallback;
+mod front;
 mod fuzz;
 mod kafka;
 mod layout;

@@ -29,9 +29,11 @@ use crate::error::ConfigError;
 
 mod access;
 mod env;
+mod front;
 
 pub use access::{AccessConfig, TenantAccessConfig};
 pub use env::ENV_PREFIX;
+pub use front::FrontConfig;
 
 /// What `Debug`, `Serialize` and error messages show instead of a secret value.
 const REDACTED: &str = "***";
@@ -46,6 +48,8 @@ pub struct Config {
     pub engine: EngineSection,
     pub kafka: KafkaConfig,
     pub admin: AdminConfig,
+    /// The HTTP front door: tasks submitted with an `Idempotency-Key`.
+    pub front: FrontConfig,
     pub telemetry: TelemetryConfig,
     /// The remotes requests may name, by name.
     pub targets: BTreeMap<String, TargetConfig>,
@@ -77,6 +81,7 @@ impl fmt::Debug for Config {
             .field("engine", &self.engine)
             .field("kafka", &self.kafka_redacted())
             .field("admin", &self.admin)
+            .field("front", &self.front)
             .field("telemetry", &self.telemetry)
             .field("targets", &self.targets)
             .field("sagas", &self.sagas)
@@ -93,6 +98,7 @@ impl Serialize for Config {
             engine: &'a EngineSection,
             kafka: KafkaConfig,
             admin: &'a AdminConfig,
+            front: &'a FrontConfig,
             telemetry: &'a TelemetryConfig,
             targets: &'a BTreeMap<String, TargetConfig>,
             sagas: &'a BTreeMap<String, SagaConfig>,
@@ -103,6 +109,7 @@ impl Serialize for Config {
             engine: &self.engine,
             kafka: self.kafka_redacted(),
             admin: &self.admin,
+            front: &self.front,
             telemetry: &self.telemetry,
             targets: &self.targets,
             sagas: &self.sagas,
@@ -441,6 +448,8 @@ impl Config {
                 format!("name requests topics of their own ({}), which kafka mode cannot read: its partitions follow the one requests topic's; bind tenants with signing keys instead, or use mode \"local\"", own_topics.into_iter().collect::<Vec<_>>().join(", ")),
             ));
         }
+        let access = !self.access.tenants.is_empty();
+        (self.front).validate(self.storage.mode == StorageMode::Kafka, access)?;
         let reads = crate::operators::Reads {
             need_credential: self.admin.reads_need_credential(),
             configured: self.admin.reads_need_credential.is_some(),

@@ -49,17 +49,21 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
         let admin = service
             .admin_addr()
             .map_or_else(|| "off".to_string(), |a| format!("http://{a}"));
+        let front = service
+            .front_addr()
+            .map_or_else(|| "off".to_string(), |a| format!("http://{a}"));
         tracing::info!(
             ledger = %config.storage.data.display(),
             brokers = %kafka.bootstrap_servers(),
             embedded = kafka.embedded().is_some(),
             targets = config.targets.len(),
             %admin,
+            %front,
             "sendledger running"
         );
         // One line on stdout for scripts and supervisors that wait for readiness.
         print_line(&format!(
-            "ready ledger={} brokers={} admin={admin}",
+            "ready ledger={} brokers={} admin={admin} front={front}",
             config.storage.data.display(),
             kafka.bootstrap_servers()
         ));

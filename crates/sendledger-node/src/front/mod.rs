@@ -1,0 +1,537 @@
+//! The HTTP front door: callers submit a task with an `Idempotency-Key` and may wait for its
+//! result; a retry with the same key gets the stored result, never a second side effect
+//! (`docs/front-door.md`).
+//!
+//! | route | what |
+//! |---|---|
+//! | `POST /v1/tasks` | a task request as JSON (the fields of a requests-topic message; `request_key` from the `Idempotency-Key` header or the body); `Prefer: wait=N` waits up to N seconds (at most `front.max_wait`) for the result |
+//! | `GET /v1/tasks/{id}` | the task's latest result; `Retry-After` while it is not terminal |
+//!
+//! A request is made durable before any 2xx or 202: it is produced to the requests topic and
+//! acknowledged by the brokers (the consumer then records it like any other message), or it
+//! is answered 503 with `Retry-After` and nothing is executed. Errors are RFC 9457 problem
+//! documents (`application/problem+json`).
+//!
+//! Waiting requests hold no thread: each is a task polling the task's summary in the ledger,
+//! at most `front.max_waiting` at once (503 beyond). A client that disconnects drops its wait.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
+use sendledger_actors::Engine;
+use sendledger_core::result::Projection;
+use sendledger_core::{TaskId, TaskRequest};
+use sendledger_kafka::{Kafka, RequestProducer};
+use serde_json::{json, Value};
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinHandle;
+
+use crate::config::FrontConfig;
+use crate::error::{Error, Result};
+use crate::metric_definitions::{FRONT_CONFLICTS_TOTAL, FRONT_REPLAYS_TOTAL, FRONT_REQUESTS_TOTAL};
+use crate::serve::{accept_loop, Limits};
+
+mod problem;
+
+use problem::Problem;
+
+/// The header that carries a request's key (draft-ietf-httpapi-idempotency-key-header).
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// The header that marks an answer given from a stored result, not a new execution.
+pub const REPLAYED: &str = "idempotency-replayed";
+
+/// How long the brokers may take to acknowledge a submitted request.
+const PRODUCE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a client that is told to come back later waits, in seconds.
+const RETRY_AFTER: &str = "1";
+
+/// Tasks submitted here and remembered as such until the ledger records them: a GET of one
+/// answers `submitted` rather than 404. The oldest are forgotten first.
+const REMEMBERED: usize = 65_536;
+
+/// The state of a task acknowledged by the brokers and not yet recorded by the consumer.
+const SUBMITTED: &str = "submitted";
+
+/// A running front door.
+pub struct FrontDoor {
+    addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    accept: JoinHandle<()>,
+}
+
+struct Shared {
+    engine: Engine,
+    producer: RequestProducer,
+    waiting: Semaphore,
+    max_wait: Duration,
+    max_body: usize,
+    body_timeout: Duration,
+    /// Tasks submitted here lately, oldest first (see [`REMEMBERED`]).
+    submitted: std::sync::Mutex<(
+        std::collections::VecDeque<TaskId>,
+        std::collections::HashSet<TaskId>,
+    )>,
+}
+
+impl Shared {
+    fn remember(&self, task: TaskId) {
+        let mut guard = self.submitted.lock().unwrap_or_else(|e| e.into_inner());
+        let (order, set) = &mut *guard;
+        if set.insert(task) {
+            order.push_back(task);
+        }
+        while order.len() > REMEMBERED {
+            if let Some(old) = order.pop_front() {
+                set.remove(&old);
+            }
+        }
+    }
+
+    fn was_submitted(&self, task: TaskId) -> bool {
+        let guard = self.submitted.lock().unwrap_or_else(|e| e.into_inner());
+        guard.1.contains(&task)
+    }
+}
+
+impl FrontDoor {
+    /// Binds `config.listen` and serves until [`FrontDoor::shutdown`]; requests are produced
+    /// to `kafka`'s requests topic and their tasks read from `engine`'s ledger.
+    pub async fn start(config: &FrontConfig, engine: Engine, kafka: &Kafka) -> Result<FrontDoor> {
+        let (listener, addr) = crate::serve::bind(config.listen).await?;
+        let producer = RequestProducer::new(kafka)
+            .map_err(|e| Error::step("creating the front door's producer", e))?;
+        producer.ready().await;
+        let shared = Arc::new(Shared {
+            engine,
+            producer,
+            waiting: Semaphore::new(config.max_waiting),
+            max_wait: config.max_wait,
+            max_body: config.max_body_bytes,
+            body_timeout: config.header_read_timeout,
+            submitted: Default::default(),
+        });
+        let limits = Limits::new(
+            "front door",
+            "front.max_connections",
+            config.max_connections,
+            config.idle_timeout,
+            config.header_read_timeout,
+        );
+        let (stop, stopped) = watch::channel(false);
+        let accept = tokio::spawn(accept_loop(listener, router(shared), limits, stopped));
+        tracing::info!(%addr, "front door listening");
+        Ok(FrontDoor { addr, stop, accept })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting and closes open connections (a waiting caller's request stays durable:
+    /// it asks again with `GET /v1/tasks/{id}`).
+    pub async fn shutdown(self) {
+        self.stop.send_replace(true);
+        let _ = self.accept.await;
+    }
+}
+
+fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/v1/tasks", post(submit))
+        .route("/v1/tasks/{id}", get(task))
+        .fallback(|uri: Uri| async move {
+            Problem::new(StatusCode::NOT_FOUND, "no-route", "No such route").detail(format!(
+                "no route {}; use POST /v1/tasks or GET /v1/tasks/{{id}}",
+                uri.path()
+            ))
+        })
+        .layer(axum::middleware::from_fn(count))
+        .with_state(shared)
+}
+
+/// Counts every answer by route and status.
+async fn count(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let route = match (request.method().as_str(), request.uri().path()) {
+        ("POST", "/v1/tasks") => "submit",
+        ("GET", p) if p.starts_with("/v1/tasks/") => "task",
+        _ => "other",
+    };
+    let response = next.run(request).await;
+    let status = response.status().as_u16().to_string();
+    metrics::counter!(FRONT_REQUESTS_TOTAL, "route" => route, "status" => status).increment(1);
+    response
+}
+
+/// `POST /v1/tasks`.
+async fn submit(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Body) -> Response {
+    match submitted(&shared, &headers, body).await {
+        Ok(response) => response,
+        Err(problem) => problem.into_response(),
+    }
+}
+
+async fn submitted(
+    shared: &Shared,
+    headers: &HeaderMap,
+    body: Body,
+) -> std::result::Result<Response, Problem> {
+    let bytes = read_body(shared, body).await?;
+    let request = parse_request(headers, &bytes)?;
+    let accepted = (shared.engine.check(&request)).map_err(|e| {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "invalid-request",
+            "The task request is not valid",
+        )
+        .detail(e.to_string())
+    })?;
+    let task_id = accepted.task_id();
+    let identity = accepted.identity.clone();
+    let known = (shared.engine.ledger())
+        .read(move |l| l.identity(&identity))
+        .await
+        .map_err(unavailable)?;
+    let replay = known.is_some();
+    if known.is_some_and(|(_, known)| !accepted.has_payload_hash(known)) {
+        return Err(conflict(task_id));
+    }
+    if !replay {
+        let value = serde_json::to_vec(&request).map_err(|e| unavailable(e.to_string()))?;
+        let key = sendledger_kafka::produce::request_key(&request);
+        let delivery = (shared.producer.send(Some(&key), &value))
+            .await
+            .map_err(|e| unavailable(e.to_string()))?;
+        match tokio::time::timeout(PRODUCE_TIMEOUT, delivery).await {
+            Ok(Ok(_)) => shared.remember(task_id),
+            Ok(Err(e)) => return Err(unavailable(e.to_string())),
+            Err(_) => return Err(unavailable("the brokers did not acknowledge in time")),
+        }
+    }
+    let wait = prefer_wait(headers).map(|w| w.min(shared.max_wait));
+    let progress = wait_for(shared, task_id, wait.unwrap_or_default()).await?;
+    // A concurrent request with the same key and another payload may have been recorded first.
+    if (progress.payload_hash).is_some_and(|known| !accepted.has_payload_hash(known)) {
+        return Err(conflict(task_id));
+    }
+    if replay {
+        metrics::counter!(FRONT_REPLAYS_TOTAL).increment(1);
+        if !progress.terminal && wait.is_none() {
+            return Err(Problem::new(
+                StatusCode::CONFLICT,
+                "in-flight",
+                "A request with this key is still being processed",
+            )
+            .detail(format!("task {task_id} is {}; ask with `Prefer: wait=N` to wait for it, or GET the Location", progress.state))
+            .location(task_id)
+            );
+        }
+    }
+    let created = if replay {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    let mut response = progress.answer(task_id, created, StatusCode::ACCEPTED);
+    if replay {
+        response
+            .headers_mut()
+            .insert(REPLAYED, HeaderValue::from_static("true"));
+    }
+    Ok(response)
+}
+
+/// `GET /v1/tasks/{id}`: the latest result; `Retry-After` while the task is not terminal.
+async fn task(State(shared): State<Arc<Shared>>, uri: Uri) -> Response {
+    let segment = uri.path().rsplit('/').next().unwrap_or_default();
+    let decoded = percent_encoding::percent_decode_str(segment).decode_utf8_lossy();
+    let Ok(task_id) = crate::timeline::parse_task(&decoded) else {
+        return Problem::new(
+            StatusCode::BAD_REQUEST,
+            "bad-task-reference",
+            "Not a task reference",
+        )
+        .detail("use a task id (32 hex digits) or tenant/operation/request_key URL-encoded")
+        .into_response();
+    };
+    match progress(&shared, task_id).await {
+        Ok(Some(progress)) => progress.answer(task_id, StatusCode::OK, StatusCode::OK),
+        Ok(None) if shared.was_submitted(task_id) => {
+            Progress::submitted().answer(task_id, StatusCode::OK, StatusCode::OK)
+        }
+        Ok(None) => Problem::new(StatusCode::NOT_FOUND, "no-such-task", "No such task")
+            .detail(format!("task {task_id} is not in the ledger (yet)"))
+            .into_response(),
+        Err(problem) => problem.into_response(),
+    }
+}
+
+/// Where a task stands: its state, its latest result and its payload's hash.
+struct Progress {
+    state: &'static str,
+    terminal: bool,
+    result: Option<Value>,
+    payload_hash: Option<sendledger_core::PayloadHash>,
+}
+
+impl Progress {
+    /// A task acknowledged by the brokers that the ledger does not hold yet.
+    fn submitted() -> Progress {
+        Progress {
+            state: SUBMITTED,
+            terminal: false,
+            result: None,
+            payload_hash: None,
+        }
+    }
+
+    /// The result record with `done` when the task is terminal; otherwise `pending` with
+    /// where to ask and when.
+    fn answer(self, task_id: TaskId, done: StatusCode, pending: StatusCode) -> Response {
+        if self.terminal {
+            let body = self.result.unwrap_or(Value::Null);
+            return (
+                done,
+                [(header::CONTENT_TYPE, "application/json")],
+                body.to_string(),
+            )
+                .into_response();
+        }
+        let body =
+            json!({ "task_id": task_id.to_string(), "state": self.state, "result": self.result });
+        let location = format!("/v1/tasks/{task_id}");
+        (
+            pending,
+            [
+                (header::CONTENT_TYPE, "application/json".to_string()),
+                (header::LOCATION, location),
+                (header::RETRY_AFTER, RETRY_AFTER.to_string()),
+            ],
+            body.to_string(),
+        )
+            .into_response()
+    }
+}
+
+/// The task's progress once it is terminal, or when `wait` has passed (at once with no wait).
+/// Polls the task's summary, more slowly as time goes on; a waiting request takes one of
+/// `front.max_waiting` permits.
+async fn wait_for(
+    shared: &Shared,
+    task_id: TaskId,
+    wait: Duration,
+) -> std::result::Result<Progress, Problem> {
+    let deadline = tokio::time::Instant::now() + wait;
+    let _permit = match wait.is_zero() {
+        true => None,
+        false => Some(shared.waiting.try_acquire().map_err(|_| {
+            Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too-many-waiting",
+                "Too many requests are waiting",
+            )
+            .detail("front.max_waiting requests wait already; ask again without waiting, or later")
+            .retry_after()
+        })?),
+    };
+    let mut pause = Duration::from_millis(2);
+    loop {
+        let summary = (shared.engine.ledger())
+            .read(move |l| l.task_summary(task_id))
+            .await
+            .map_err(unavailable)?;
+        let terminal = summary.as_ref().is_some_and(|s| s.phase.is_terminal());
+        if terminal || tokio::time::Instant::now() >= deadline {
+            return Ok(progress(shared, task_id)
+                .await?
+                .unwrap_or_else(Progress::submitted));
+        }
+        tokio::time::sleep(pause.min(deadline - tokio::time::Instant::now())).await;
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// What the ledger holds of the task; `None` when it holds nothing yet.
+async fn progress(
+    shared: &Shared,
+    task_id: TaskId,
+) -> std::result::Result<Option<Progress>, Problem> {
+    let events = shared.engine.events(task_id).await.map_err(unavailable)?;
+    if events.is_empty() {
+        return Ok(None);
+    }
+    let mut projection = Projection::default();
+    let mut result = None;
+    for event in &events {
+        if let Some(r) = projection.apply(event) {
+            result = Some(r);
+        }
+    }
+    let state = sendledger_core::fold(&events);
+    Ok(Some(Progress {
+        state: state.phase.name(),
+        terminal: state.phase.is_terminal(),
+        result: result.map(|r| serde_json::to_value(r).unwrap_or(Value::Null)),
+        payload_hash: state.payload_hash,
+    }))
+}
+
+/// The body, within `front.max_body_bytes` and the header timeout.
+async fn read_body(shared: &Shared, body: Body) -> std::result::Result<bytes::Bytes, Problem> {
+    use http_body_util::{BodyExt, Limited};
+    let read = tokio::time::timeout(
+        shared.body_timeout,
+        Limited::new(body, shared.max_body).collect(),
+    );
+    match read.await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) => Err(Problem::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body-too-large",
+            "The body is too large",
+        )
+        .detail(format!("{e}; front.max_body_bytes is {}", shared.max_body))),
+        Err(_) => Err(Problem::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body-timeout",
+            "The body did not arrive in time",
+        )),
+    }
+}
+
+/// The task request of a body, its `request_key` from the `Idempotency-Key` header or the
+/// body (both given: they must agree).
+fn parse_request(headers: &HeaderMap, bytes: &[u8]) -> std::result::Result<TaskRequest, Problem> {
+    let bad = |kind: &'static str, title: &'static str, detail: String| {
+        Problem::new(StatusCode::BAD_REQUEST, kind, title).detail(detail)
+    };
+    let mut body: Value = serde_json::from_slice(bytes)
+        .map_err(|e| bad("invalid-json", "The body is not JSON", e.to_string()))?;
+    let Some(fields) = body.as_object_mut() else {
+        return Err(bad(
+            "invalid-request",
+            "The task request is not valid",
+            "the body must be a JSON object".into(),
+        ));
+    };
+    let header_key = match headers.get(IDEMPOTENCY_KEY) {
+        None => None,
+        Some(value) => Some(idempotency_key(value).ok_or_else(|| {
+            bad("invalid-idempotency-key", "The Idempotency-Key header is not valid", "send a non-empty string, e.g. `Idempotency-Key: \"8e03978e-40d5-43e8-bc93-6894a57f9324\"`".into())
+        })?),
+    };
+    let body_key = fields
+        .get("request_key")
+        .map(|k| k.as_str().map(str::to_owned));
+    match (header_key, body_key) {
+        (Some(h), Some(Some(b))) if h != b => {
+            return Err(bad("idempotency-key-mismatch", "Two different keys", format!("the Idempotency-Key header says {h:?} and the body's request_key {b:?}: send one, or the same in both")));
+        }
+        (Some(h), _) => {
+            fields.insert("request_key".into(), Value::String(h));
+        }
+        (None, Some(Some(_))) => {}
+        (None, _) => {
+            return Err(bad("missing-idempotency-key", "No idempotency key", "send an Idempotency-Key header (or a request_key in the body): it is what makes a retry safe".into()));
+        }
+    }
+    let bytes = serde_json::to_vec(&body).map_err(|e| {
+        bad(
+            "invalid-request",
+            "The task request is not valid",
+            e.to_string(),
+        )
+    })?;
+    TaskRequest::from_json(&bytes).map_err(|e| {
+        bad(
+            "invalid-request",
+            "The task request is not valid",
+            e.to_string(),
+        )
+    })
+}
+
+/// An `Idempotency-Key` value: a structured-field string (`"..."`, as the draft defines it)
+/// or, leniently, a bare token.
+fn idempotency_key(value: &HeaderValue) -> Option<String> {
+    let text = value.to_str().ok()?.trim();
+    let key = match text.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
+        Some(inner) => inner.replace("\\\"", "\"").replace("\\\\", "\\"),
+        None => text.to_string(),
+    };
+    (!key.is_empty()).then_some(key)
+}
+
+/// `Prefer: wait=N` (RFC 7240), in seconds; `None` when the request has no such preference.
+fn prefer_wait(headers: &HeaderMap) -> Option<Duration> {
+    headers
+        .get_all("prefer")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .find_map(|pref| {
+            let (name, value) = pref.split_once('=')?;
+            (name.trim().eq_ignore_ascii_case("wait"))
+                .then(|| value.trim().trim_matches('"').parse::<u64>().ok())
+                .flatten()
+        })
+        .map(Duration::from_secs)
+}
+
+fn conflict(task_id: TaskId) -> Problem {
+    metrics::counter!(FRONT_CONFLICTS_TOTAL).increment(1);
+    Problem::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency-key-reused",
+        "This key was used with another request",
+    )
+    .detail(format!("task {task_id} was submitted with this key and another payload; a new request needs a new key"))
+    .location(task_id)
+}
+
+fn unavailable(e: impl std::fmt::Display) -> Problem {
+    tracing::warn!(error = %e, "front door: a request could not be made durable or read");
+    Problem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        "The request cannot be taken now",
+    )
+    .detail(format!(
+        "{e}; nothing was executed: send it again with the same key"
+    ))
+    .retry_after()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_and_waits_are_read_as_their_specifications_write_them() {
+        let key = |v: &str| idempotency_key(&HeaderValue::from_str(v).unwrap());
+        assert_eq!(key("\"abc-1\"").as_deref(), Some("abc-1"));
+        assert_eq!(key("abc-1").as_deref(), Some("abc-1"));
+        assert_eq!(key("\"a\\\"b\"").as_deref(), Some("a\"b"));
+        assert_eq!(key("\"\""), None);
+        let wait = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert("prefer", HeaderValue::from_str(v).unwrap());
+            prefer_wait(&h)
+        };
+        assert_eq!(wait("wait=5"), Some(Duration::from_secs(5)));
+        assert_eq!(
+            wait("respond-async, wait=10"),
+            Some(Duration::from_secs(10))
+        );
+        assert_eq!(wait("return=minimal"), None);
+        assert_eq!(wait("wait=soon"), None);
+    }
+}
