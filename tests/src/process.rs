@@ -31,6 +31,14 @@ pub fn start_run(exe: &str, config: &Path, env: &[(&str, String)]) -> (Child, St
     (child, line)
 }
 
+/// Stops a `sendledger run` child with SIGTERM and checks that it exited cleanly (blocking).
+pub fn stop_run(run: &mut Child) {
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(run.id() as i32, libc::SIGTERM) }, 0);
+    let status = run.wait().unwrap();
+    assert!(status.success(), "run did not stop cleanly: {status}");
+}
+
 /// Reads a server child's first stdout line, which must be its `ready` line; returns the rest
 /// of its stdout and that line.
 pub fn read_ready(child: &mut Child) -> (std::io::BufReader<ChildStdout>, String) {

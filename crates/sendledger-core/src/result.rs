@@ -241,6 +241,11 @@ impl Projection {
         self.state.request.as_ref().and_then(|r| r.traceparent())
     }
 
+    /// The task's state after the events applied so far.
+    pub fn state(&self) -> &State {
+        &self.state
+    }
+
     /// The task's target, once its accepted request is applied.
     pub fn target(&self) -> Option<&str> {
         self.state.request.as_ref().map(|r| r.target.as_str())

@@ -416,7 +416,8 @@ impl KafkaConfig {
     }
 }
 
-fn check_topic(topic: &str) -> std::result::Result<(), String> {
+/// Whether `topic` is a valid Kafka topic name; what is wrong with it otherwise.
+pub fn check_topic(topic: &str) -> std::result::Result<(), String> {
     if topic.is_empty() || topic.len() > 249 {
         return Err(format!(
             "is {} characters; a topic name has 1 to 249",

@@ -121,12 +121,7 @@ impl Front {
     }
 
     fn stop(mut self) {
-        // SAFETY: kill(2) on our own child's pid.
-        assert_eq!(
-            unsafe { libc::kill(self.run.id() as i32, libc::SIGTERM) },
-            0
-        );
-        assert!(self.run.wait().unwrap().success());
+        sendledger_tests::process::stop_run(&mut self.run);
     }
 }
 

@@ -159,13 +159,7 @@ impl Setup {
 
     /// Stops the service (SIGTERM) and waits for a clean exit.
     async fn stop(mut self) -> (tempfile::TempDir, PathBuf) {
-        // SAFETY: kill(2) on our own child's pid.
-        assert_eq!(
-            unsafe { libc::kill(self.run.id() as i32, libc::SIGTERM) },
-            0
-        );
-        let status = tokio::task::block_in_place(|| self.run.wait().unwrap());
-        assert!(status.success(), "run did not stop cleanly: {status}");
+        tokio::task::block_in_place(|| sendledger_tests::process::stop_run(&mut self.run));
         (self.dir, self.config_file)
     }
 }

@@ -176,6 +176,39 @@ pub fn not_visible(task: sendledger_core::TaskId) -> ApiError {
     )
 }
 
+/// Refuses a task outside `scope` as [`not_visible`].
+pub async fn check_visible(
+    shared: &Shared,
+    scope: &Scope,
+    task: sendledger_core::TaskId,
+) -> Result<(), ApiError> {
+    if *scope == Scope::All {
+        return Ok(());
+    }
+    let tenants = shared.engine.tenants(vec![task]).await?;
+    match scope.allows(tenants[0].as_deref()) {
+        true => Ok(()),
+        false => Err(not_visible(task)),
+    }
+}
+
+/// Keeps the tasks of `page` that are in `scope`: a page of other tenants' tasks comes back
+/// shorter (even empty), with its `next`.
+pub async fn keep_visible(
+    shared: &Shared,
+    scope: &Scope,
+    page: &mut sendledger_store::TaskPage,
+) -> Result<(), ApiError> {
+    if *scope == Scope::All {
+        return Ok(());
+    }
+    let ids = page.tasks.iter().map(|(task, _)| *task).collect();
+    let tenants = shared.engine.tenants(ids).await?;
+    let mut tenants = tenants.iter();
+    (page.tasks).retain(|_| scope.allows(tenants.next().and_then(|t| t.as_deref())));
+    Ok(())
+}
+
 /// `GET /whoami`: the operator a credential belongs to, its id, roles and tenants.
 pub async fn whoami(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> ApiResult {
     let body = match shared.gate.caller(&headers)? {

@@ -68,11 +68,8 @@ pub async fn healthz(State(shared): State<Arc<Shared>>) -> ApiResult {
         }
         status = StatusCode::SERVICE_UNAVAILABLE;
         body["ok"] = json!(false);
-        match i {
-            0 => body
-                .as_object_mut()
-                .into_iter()
-                .for_each(|b| b.extend(problems.clone())),
+        match (i, body.as_object_mut()) {
+            (0, Some(top)) => top.extend(problems),
             _ => body["tenant_topics"][topic] = serde_json::Value::Object(problems),
         }
     }

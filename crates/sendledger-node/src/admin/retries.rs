@@ -17,12 +17,12 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::task::JoinSet;
 
-use super::auth::not_visible;
+use super::auth::{check_visible, keep_visible};
 use super::error::{ApiError, ApiResult};
 use super::task_list::select;
 use super::tasks::task_ref;
 use super::{json_response, read_json, Shared};
-use crate::operators::{Role, Scope};
+use crate::operators::Role;
 
 /// Tasks one bulk call retries unless `limit` says otherwise, and the most it may say.
 pub const BULK_DEFAULT: usize = 1000;
@@ -77,10 +77,7 @@ pub async fn retry_one(
         .unwrap_or_default();
     let task_id = task_ref(segment)?;
     let body: RetryBody = read_json(&shared, body).await?;
-    let tenants = shared.engine.tenants(vec![task_id]).await?;
-    if !actor.scope().allows(tenants[0].as_deref()) {
-        return Err(not_visible(task_id));
-    }
+    check_visible(&shared, &actor.scope(), task_id).await?;
     let retry = resolution(actor.by(&body.by)?, body.reason)?;
     let reply = (shared.engine)
         .resolve_under(task_id, retry, actor.credential())
@@ -124,13 +121,7 @@ pub async fn retry_bulk(
         }
     }
     let mut page = shared.engine.list_tasks(query).await?;
-    let scope = actor.scope();
-    if scope != Scope::All {
-        let ids = page.tasks.iter().map(|(task, _)| *task).collect();
-        let tenants = shared.engine.tenants(ids).await?;
-        let mut tenants = tenants.iter();
-        (page.tasks).retain(|_| scope.allows(tenants.next().and_then(|t| t.as_deref())));
-    }
+    keep_visible(&shared, &actor.scope(), &mut page).await?;
     let (mut retried, mut refused, mut listed) = (0u64, 0u64, Vec::new());
     let mut running = JoinSet::new();
     let mut tasks = page.tasks.iter().map(|(task, _)| *task);

@@ -16,7 +16,7 @@ use sendledger_core::ResolveBody;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
-use super::auth::not_visible;
+use super::auth::check_visible;
 use super::error::{ApiError, ApiResult};
 use super::tasks::task_ref;
 use super::{json_bytes_response, json_response, last_segment, read_json, Shared};
@@ -63,10 +63,7 @@ pub async fn resolve(
         Role::Resolve
     };
     let actor = shared.gate.act(&headers, role)?;
-    let tenants = shared.engine.tenants(vec![task_id]).await?;
-    if !actor.scope().allows(tenants[0].as_deref()) {
-        return Err(not_visible(task_id));
-    }
+    check_visible(&shared, &actor.scope(), task_id).await?;
     body.by = actor.by(&body.by)?;
     let resolution = body
         .resolution()

@@ -11,7 +11,6 @@ use sendledger_store::{Cursor, TaskQuery};
 
 use super::error::{ApiError, ApiResult};
 use super::{json_response, Shared};
-use crate::operators::Scope;
 use crate::timeline::{parse_time, task_page_json};
 
 /// Tasks per page unless `limit` says otherwise, and the most it may say.
@@ -52,13 +51,7 @@ pub async fn list(
         }
     }
     let mut page = shared.engine.list_tasks(q).await?;
-    if scope != Scope::All {
-        // A page of another tenant's tasks comes back shorter (even empty) with its `next`.
-        let ids = page.tasks.iter().map(|(task, _)| *task).collect();
-        let tenants = shared.engine.tenants(ids).await?;
-        let mut tenants = tenants.iter();
-        (page.tasks).retain(|_| scope.allows(tenants.next().and_then(|t| t.as_deref())));
-    }
+    super::auth::keep_visible(&shared, &scope, &mut page).await?;
     Ok(json_response(StatusCode::OK, &task_page_json(&page)))
 }
 

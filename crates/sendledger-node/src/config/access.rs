@@ -84,15 +84,8 @@ impl AccessConfig {
                 }
             }
             if let Some(topic) = &config.topic {
-                let bad = topic.is_empty()
-                    || topic.len() > 249
-                    || !(topic.chars()).all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
-                if bad {
-                    return Err(ConfigError::field(
-                        field("topic"),
-                        format!("{topic:?} is not a topic name: 1 to 249 ASCII letters, digits, '.', '_' and '-'"),
-                    ));
-                }
+                sendledger_kafka::config::check_topic(topic)
+                    .map_err(|problem| ConfigError::field(field("topic"), problem))?;
             }
             if config.signing_keys_env.len() > 2 {
                 return Err(ConfigError::field(

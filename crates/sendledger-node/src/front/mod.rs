@@ -375,7 +375,7 @@ async fn progress(
             result = Some(r);
         }
     }
-    let state = sendledger_core::fold(&events);
+    let state = projection.state();
     Ok(Some(Progress {
         state: state.phase.name(),
         terminal: state.phase.is_terminal(),

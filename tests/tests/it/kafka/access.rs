@@ -189,12 +189,7 @@ async fn run_acts_on_requests_produce_signed_and_rejects_the_unsigned() {
     assert_eq!(status, sendledger_core::ResultStatus::Rejected);
     assert!(reason.contains("unsigned"), "{reason}");
     assert!(sim.records_with_identity("cli-unsigned").is_empty());
-    // SAFETY: kill(2) on our own child's pid.
-    assert_eq!(unsafe { libc::kill(run.id() as i32, libc::SIGTERM) }, 0);
-    let status = tokio::task::spawn_blocking(move || run.wait().unwrap())
-        .await
-        .unwrap();
-    assert!(status.success(), "run did not stop cleanly: {status}");
+    tokio::task::block_in_place(|| sendledger_tests::process::stop_run(&mut run));
 }
 
 /// Tenants with requests topics of their own (`access.tenants.NAME.topic`): `sendledger run`
@@ -265,12 +260,7 @@ async fn run_reads_tenants_own_topics_and_acts_on_their_requests_from_there_only
     for (_, _, key, refused_by) in cases {
         check_outcome(&results, &sim, key, refused_by);
     }
-    // SAFETY: kill(2) on our own child's pid.
-    assert_eq!(unsafe { libc::kill(run.id() as i32, libc::SIGTERM) }, 0);
-    let status = tokio::task::spawn_blocking(move || run.wait().unwrap())
-        .await
-        .unwrap();
-    assert!(status.success(), "run did not stop cleanly: {status}");
+    tokio::task::block_in_place(|| sendledger_tests::process::stop_run(&mut run));
 }
 
 /// The request `key` (or, refused, a rejected input naming it) has one result: succeeded with
