@@ -11,7 +11,8 @@
 //!   the process's metrics recorder; the other libraries only record through the `metrics`
 //!   facade, and serves the review console; [`timeline`] is the JSON of a task.
 //! - [`operators`]: the admin endpoint's named operators, their roles, tenant scopes and
-//!   credentials.
+//!   credentials; [`callers`]: the front door's callers and their tenants; [`credentials`]:
+//!   the bearer tokens both hold; [`tls`]: the listeners' TLS settings.
 //! - [`serve`]: the bounded accept loop of the HTTP listeners.
 //! - [`front`]: the HTTP front door: tasks submitted with an `Idempotency-Key`.
 //! - [`telemetry`]: the OTLP exporter of traces.
@@ -25,7 +26,9 @@
 //! the tests depend on it.
 
 pub mod admin;
+pub mod callers;
 pub mod config;
+pub mod credentials;
 pub mod demo;
 pub mod error;
 pub mod front;
@@ -36,6 +39,7 @@ pub mod serve;
 pub mod service;
 pub mod telemetry;
 pub mod timeline;
+pub mod tls;
 pub mod wiring;
 
 pub use error::{ConfigError, Error, Result};

@@ -1,11 +1,10 @@
 //! Named operators of the admin endpoint: who may read and act, on which tenants' tasks, under
 //! which credentials (`[admin.operators.NAME]`, `docs/access.md`).
 //!
-//! A credential is a bearer token; the endpoint keeps only its SHA-256. Its id is the first 16
-//! hex digits of that hash: recorded with every decision made under it (`OperatorCredential`),
-//! shown by `GET /whoami`, and named in `revoked` once the token is withdrawn, so `sendledger
-//! audit` can tell a decision by a revoked or unknown credential. Knowing an id does not help
-//! to guess its token (tokens from the environment are at least [`MIN_TOKEN_BYTES`] long).
+//! A credential is a bearer token ([`crate::credentials`]). Its id is recorded with every
+//! decision made under it (`OperatorCredential`), shown by `GET /whoami`, and named in
+//! `revoked` once the token is withdrawn, so `sendledger audit` can tell a decision by a
+//! revoked or unknown credential.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -14,12 +13,9 @@ use std::time::UNIX_EPOCH;
 use sendledger_core::audit::Roster;
 use sendledger_core::event::POLICY_PREFIX;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
+use crate::credentials::{constant_time_eq, credential_id, sha256, token_hashes};
 use crate::error::ConfigError;
-
-/// Shortest token accepted from the environment, in bytes.
-pub const MIN_TOKEN_BYTES: usize = 32;
 
 /// What an operator may do. Every role includes `read`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -105,7 +101,7 @@ impl Operators {
     /// The operator a bearer token belongs to, and the credential's id. Every credential is
     /// compared, each without stopping at the first differing byte.
     pub fn authenticate(&self, token: &str) -> Option<(Arc<Operator>, String)> {
-        let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let hash = sha256(token.as_bytes());
         let mut found = None;
         for credential in &self.credentials {
             if constant_time_eq(&credential.hash, &hash) {
@@ -124,21 +120,6 @@ impl Operators {
             revoked: self.revoked.clone(),
         }
     }
-}
-
-/// The id of the credential whose token hashes to `hash`.
-fn credential_id(hash: &[u8; 32]) -> String {
-    hash[..8].iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// The id of a token's credential (for tools and tests).
-pub fn token_credential_id(token: &str) -> String {
-    credential_id(&Sha256::digest(token.as_bytes()).into())
-}
-
-/// Compares without stopping at the first difference, so timing does not reveal a secret.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// `[admin.operators.NAME]`.
@@ -203,33 +184,13 @@ pub fn load(
             roles: config.roles.iter().copied().collect(),
             scope,
         });
-        let given = config.tokens_env.len() + config.token_sha256.len();
-        if given == 0 || given > 2 {
-            return Err(ConfigError::field(
-                field("tokens_env"),
-                "with token_sha256, names no token or more than two: give one, or two while a token is rotated",
-            ));
-        }
-        let mut hashes = Vec::new();
-        for (i, var) in config.tokens_env.iter().enumerate() {
-            let token = env(var).unwrap_or_default();
-            if token.len() < MIN_TOKEN_BYTES {
-                return Err(ConfigError::field(
-                    format!("{}[{i}]", field("tokens_env")),
-                    format!("environment variable {var} is unset or shorter than {MIN_TOKEN_BYTES} bytes; set it to the operator's token (e.g. 32 random bytes, hex-encoded)"),
-                ));
-            }
-            hashes.push(Sha256::digest(token.as_bytes()).into());
-        }
-        for (i, hex) in config.token_sha256.iter().enumerate() {
-            let hash = parse_sha256(hex).ok_or_else(|| {
-                ConfigError::field(
-                    format!("{}[{i}]", field("token_sha256")),
-                    "is not a SHA-256 digest: 64 hex digits (`printf %s TOKEN | sha256sum`)",
-                )
-            })?;
-            hashes.push(hash);
-        }
+        let hashes = token_hashes(
+            &format!("admin.operators.{name}"),
+            &config.tokens_env,
+            &config.token_sha256,
+            false,
+            &env,
+        )?;
         for hash in hashes {
             let id = credential_id(&hash);
             if let Some(other) = holders.insert(id.clone(), name.clone()) {
@@ -314,17 +275,6 @@ pub fn check(
     Ok(())
 }
 
-fn parse_sha256(hex: &str) -> Option<[u8; 32]> {
-    if hex.len() != 64 {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -342,7 +292,7 @@ mod tests {
 
     #[test]
     fn a_token_authenticates_its_operator_from_the_environment_or_its_hash() {
-        let digest: String = Sha256::digest(b"bo-token-0123456789abcdef0123456789")
+        let digest: String = sha256(b"bo-token-0123456789abcdef0123456789")
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect();
@@ -355,7 +305,7 @@ mod tests {
         let (ana, id) = ops.authenticate(TOKEN).unwrap();
         assert_eq!(
             (ana.name.as_str(), id.as_str()),
-            ("ana", &*token_credential_id(TOKEN))
+            ("ana", &*crate::credentials::token_credential_id(TOKEN))
         );
         assert!(ana.may(Role::Read) && ana.may(Role::Resolve) && !ana.may(Role::Retry));
         assert!(ana.scope.allows(Some("acme")) && !ana.scope.allows(Some("globex")));

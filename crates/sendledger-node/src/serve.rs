@@ -2,7 +2,9 @@
 //! cap on open connections (more are closed as soon as they are accepted, with a warning at
 //! most every [`REFUSED_WARNING_EVERY`]), and a connection that sends no request for the idle
 //! timeout (new, or kept alive after an answer), or does not complete a request's head within
-//! the header timeout of its first byte, is closed.
+//! the header timeout of its first byte, is closed. With TLS, the handshake must complete
+//! within the header timeout too; a client's certificate (mutual TLS) is handed to the routes
+//! as a [`PeerCertificate`] extension of each request.
 
 use std::io;
 use std::pin::Pin;
@@ -15,10 +17,13 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
+
+use crate::tls::PeerCertificate;
 
 /// Connections refused for the connection limit are reported at most this often.
 pub const REFUSED_WARNING_EVERY: Duration = Duration::from_secs(10);
@@ -33,6 +38,8 @@ pub struct Limits {
     pub max_connections: usize,
     pub idle_timeout: Duration,
     pub header_read_timeout: Duration,
+    /// TLS, when the listener speaks it.
+    pub tls: Option<TlsAcceptor>,
 }
 
 /// Binds `listen`: the listener and the address it got (a port 0 is chosen by the system).
@@ -64,7 +71,14 @@ impl Limits {
             max_connections,
             idle_timeout,
             header_read_timeout,
+            tls: None,
         }
+    }
+
+    /// These limits on a listener that speaks TLS with `acceptor`.
+    pub fn with_tls(mut self, acceptor: Option<TlsAcceptor>) -> Limits {
+        self.tls = acceptor;
+        self
     }
 }
 
@@ -108,38 +122,74 @@ pub async fn accept_loop(
             }
             continue;
         };
-        let (router, mut stopped) = (router.clone(), stopped.clone());
+        let (router, stopped) = (router.clone(), stopped.clone());
         let (idle, head) = (limits.idle_timeout, limits.header_read_timeout);
+        let tls = limits.tls.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            let wait = Arc::new(Mutex::new(Wait::request()));
-            let service = {
-                let wait = wait.clone();
-                service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                    let (router, wait) = (router.clone(), wait.clone());
-                    async move {
-                        set_wait(&wait, Wait::Serving);
-                        let response = router.oneshot(req).await;
-                        set_wait(&wait, Wait::request());
-                        response
-                    }
-                })
+            let Some(acceptor) = tls else {
+                return serve(stream, None, router, (idle, head), stopped, what).await;
             };
-            let io = TokioIo::new(Watched {
-                stream,
-                wait: wait.clone(),
-            });
-            let conn = http1::Builder::new().serve_connection(io, service);
-            tokio::select! {
-                result = conn => if let Err(e) = result {
-                    tracing::debug!(error = %e, "{what}: connection ended with an error");
-                },
-                _ = close_when_stalled(&wait, idle, head) => {
-                    tracing::debug!("{what}: closing a connection that sent no complete request in time");
+            let stream = match tokio::time::timeout(head, acceptor.accept(stream)).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "{what}: tls handshake failed");
+                    return;
                 }
-                _ = stopped.wait_for(|s| *s) => {}
-            }
+                Err(_) => {
+                    tracing::debug!("{what}: tls handshake not complete in time");
+                    return;
+                }
+            };
+            let peer = (stream.get_ref().1.peer_certificates())
+                .and_then(|chain| chain.first())
+                .map(|leaf| PeerCertificate(crate::credentials::sha256(leaf.as_ref())));
+            serve(stream, peer, router, (idle, head), stopped, what).await
         });
+    }
+}
+
+/// Serves HTTP/1.1 on one connection until it ends, stalls (`timeouts`: idle, head) or the
+/// listener stops; `peer` is added to every request.
+async fn serve<S>(
+    stream: S,
+    peer: Option<PeerCertificate>,
+    router: Router,
+    (idle, head): (Duration, Duration),
+    mut stopped: watch::Receiver<bool>,
+    what: &'static str,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let wait = Arc::new(Mutex::new(Wait::request()));
+    let service = {
+        let wait = wait.clone();
+        service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
+            let (router, wait) = (router.clone(), wait.clone());
+            if let Some(peer) = peer {
+                req.extensions_mut().insert(peer);
+            }
+            async move {
+                set_wait(&wait, Wait::Serving);
+                let response = router.oneshot(req).await;
+                set_wait(&wait, Wait::request());
+                response
+            }
+        })
+    };
+    let io = TokioIo::new(Watched {
+        stream,
+        wait: wait.clone(),
+    });
+    let conn = http1::Builder::new().serve_connection(io, service);
+    tokio::select! {
+        result = conn => if let Err(e) = result {
+            tracing::debug!(error = %e, "{what}: connection ended with an error");
+        },
+        _ = close_when_stalled(&wait, idle, head) => {
+            tracing::debug!("{what}: closing a connection that sent no complete request in time");
+        }
+        _ = stopped.wait_for(|s| *s) => {}
     }
 }
 
@@ -191,13 +241,13 @@ async fn close_when_stalled(wait: &Mutex<Wait>, idle: Duration, head: Duration) 
     }
 }
 
-/// A connection's socket that notes when a request's first byte arrives.
-struct Watched {
-    stream: TcpStream,
+/// A connection's stream that notes when a request's first byte arrives.
+struct Watched<S> {
+    stream: S,
     wait: Arc<Mutex<Wait>>,
 }
 
-impl AsyncRead for Watched {
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
@@ -219,7 +269,7 @@ impl AsyncRead for Watched {
     }
 }
 
-impl AsyncWrite for Watched {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,

@@ -10,7 +10,7 @@ use std::time::Duration;
 use sendledger_core::TaskId;
 use sendledger_kafka::Kafka;
 use sendledger_node::config::Config;
-use sendledger_node::operators::token_credential_id;
+use sendledger_node::credentials::token_credential_id;
 use sendledger_sim::{Faults, Sim, SimConfig};
 use sendledger_tests::browser::Browser;
 use sendledger_tests::http::{request as http, resolve};

@@ -14,7 +14,8 @@ use serde_json::json;
 
 use super::error::{ApiError, ApiResult};
 use super::{json_response, Shared};
-use crate::operators::{constant_time_eq, Operator, Operators, Role, Scope};
+use crate::credentials::{bearer_token, constant_time_eq};
+use crate::operators::{Operator, Operators, Role, Scope};
 
 /// The admin endpoint's credentials and whether reads need one.
 pub struct Gate {
@@ -232,15 +233,6 @@ pub async fn whoami(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Ap
         }
     };
     Ok(json_response(StatusCode::OK, &body))
-}
-
-/// The token of an `Authorization: Bearer <token>` value; the scheme is case-insensitive
-/// (RFC 7235).
-fn bearer_token(value: &str) -> Option<&str> {
-    let (scheme, token) = value.trim().split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| token.trim_start())
 }
 
 #[cfg(test)]

@@ -181,6 +181,13 @@ impl Admin {
             config.max_connections,
             config.idle_timeout,
             config.header_read_timeout,
+        )
+        .with_tls(
+            config
+                .tls
+                .as_ref()
+                .map(|t| t.acceptor("admin.tls"))
+                .transpose()?,
         );
         let accept = tokio::spawn(accept_loop(
             listener,

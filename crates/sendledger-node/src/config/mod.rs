@@ -262,6 +262,9 @@ pub struct AdminConfig {
     /// (`docs/access.md`). Replaces `token`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub operators: BTreeMap<String, crate::operators::OperatorConfig>,
+    /// TLS on the listener (and mutual TLS with `client_ca_file`); unset: plain HTTP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<crate::tls::ListenerTlsConfig>,
 }
 
 impl AdminConfig {
@@ -325,6 +328,7 @@ impl Default for AdminConfig {
             max_connections: 64,
             reads_need_credential: None,
             operators: BTreeMap::new(),
+            tls: None,
         }
     }
 }
@@ -448,8 +452,13 @@ impl Config {
                 format!("name requests topics of their own ({}), which kafka mode cannot read: its partitions follow the one requests topic's; bind tenants with signing keys instead, or use mode \"local\"", own_topics.into_iter().collect::<Vec<_>>().join(", ")),
             ));
         }
-        let access = !self.access.tenants.is_empty();
-        (self.front).validate(self.storage.mode == StorageMode::Kafka, access)?;
+        let tenants: Option<std::collections::BTreeSet<String>> = (!self.access.tenants.is_empty())
+            .then(|| self.access.tenants.keys().cloned().collect());
+        let kafka_mode = self.storage.mode == StorageMode::Kafka;
+        (self.front).validate(kafka_mode, tenants.as_ref(), |name| env.get(name).cloned())?;
+        if let Some(tls) = &self.admin.tls {
+            tls.acceptor("admin.tls")?;
+        }
         let reads = crate::operators::Reads {
             need_credential: self.admin.reads_need_credential(),
             configured: self.admin.reads_need_credential.is_some(),

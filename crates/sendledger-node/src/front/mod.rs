@@ -14,6 +14,13 @@
 //!
 //! Waiting requests hold no thread: each is a task polling the task's summary in the ledger,
 //! at most `front.max_waiting` at once (503 beyond). A client that disconnects drops its wait.
+//!
+//! With `[front.callers]`, every request needs a caller's credential (a bearer token, or a
+//! client certificate on a listener with mutual TLS), and a caller submits and reads tasks of
+//! its tenants only. With `[access]`, a request goes to its tenant's requests topic, signed
+//! with the tenant's key, and is checked against the tenant's rules before it is produced: the
+//! consumer accepts it for the same reasons, and a refused one is answered 403 with nothing
+//! produced.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -23,20 +30,27 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::Extension;
 use axum::Router;
 use http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use sendledger_actors::Engine;
+use sendledger_core::access::{sign, Access};
 use sendledger_core::result::Projection;
+use sendledger_core::trace::{TraceParent, TRACEPARENT};
 use sendledger_core::{TaskId, TaskRequest};
 use sendledger_kafka::{Kafka, RequestProducer};
 use serde_json::{json, Value};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 
+use crate::callers::Callers;
 use crate::config::FrontConfig;
+use crate::credentials::bearer_token;
 use crate::error::{Error, Result};
 use crate::metric_definitions::{FRONT_CONFLICTS_TOTAL, FRONT_REPLAYS_TOTAL, FRONT_REQUESTS_TOTAL};
+use crate::operators::Scope;
 use crate::serve::{accept_loop, Limits};
+use crate::tls::PeerCertificate;
 
 mod problem;
 
@@ -71,41 +85,108 @@ pub struct FrontDoor {
 struct Shared {
     engine: Engine,
     producer: RequestProducer,
+    callers: Callers,
+    access: Option<Arc<Access>>,
     waiting: Semaphore,
     max_wait: Duration,
     max_body: usize,
     body_timeout: Duration,
-    /// Tasks submitted here lately, oldest first (see [`REMEMBERED`]).
+    /// Tasks submitted here lately with their tenants, oldest first (see [`REMEMBERED`]).
     submitted: std::sync::Mutex<(
         std::collections::VecDeque<TaskId>,
-        std::collections::HashSet<TaskId>,
+        std::collections::HashMap<TaskId, String>,
     )>,
 }
 
 impl Shared {
-    fn remember(&self, task: TaskId) {
+    fn remember(&self, task: TaskId, tenant: &str) {
         let mut guard = self.submitted.lock().unwrap_or_else(|e| e.into_inner());
-        let (order, set) = &mut *guard;
-        if set.insert(task) {
+        let (order, tenants) = &mut *guard;
+        if tenants.insert(task, tenant.to_string()).is_none() {
             order.push_back(task);
         }
         while order.len() > REMEMBERED {
             if let Some(old) = order.pop_front() {
-                set.remove(&old);
+                tenants.remove(&old);
             }
         }
     }
 
-    fn was_submitted(&self, task: TaskId) -> bool {
+    /// The tenant of a task submitted here lately.
+    fn submitted_for(&self, task: TaskId) -> Option<String> {
         let guard = self.submitted.lock().unwrap_or_else(|e| e.into_inner());
-        guard.1.contains(&task)
+        guard.1.get(&task).cloned()
+    }
+
+    /// The tenants whose tasks the request's caller may submit and read: every tenant when no
+    /// caller is configured; otherwise the caller's, from its bearer token or its client
+    /// certificate (401 without either, or with one no caller holds).
+    fn scope(
+        &self,
+        headers: &HeaderMap,
+        peer: Option<PeerCertificate>,
+    ) -> std::result::Result<Scope, Problem> {
+        if self.callers.is_empty() {
+            return Ok(Scope::All);
+        }
+        let unauthorized = |detail: &str| {
+            Problem::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "No valid credential",
+            )
+            .detail(detail)
+            .challenge()
+        };
+        let caller = match headers.get(header::AUTHORIZATION) {
+            Some(value) => {
+                let token = (value.to_str().ok()).and_then(bearer_token).ok_or_else(|| {
+                    unauthorized("the Authorization header is not `Bearer <token>`")
+                })?;
+                (self.callers.by_token(token)).ok_or_else(|| {
+                    unauthorized("the token is no configured caller's (revoked, or mistyped)")
+                })?
+            }
+            None => match peer {
+                Some(PeerCertificate(fingerprint)) => {
+                    self.callers.by_certificate(&fingerprint).ok_or_else(|| {
+                        unauthorized("the client certificate is no configured caller's")
+                    })?
+                }
+                None => return Err(unauthorized(
+                    "send a caller's token as `Authorization: Bearer <token>`, or its client certificate",
+                )),
+            },
+        };
+        Ok(caller.scope.clone())
+    }
+
+    /// Where a tenant's requests go, and the key they are signed with.
+    fn route(&self, tenant: &str) -> (&str, Option<&[u8]>) {
+        let rules = self.access.as_ref().and_then(|a| a.tenants.get(tenant));
+        let topic = (rules.and_then(|r| r.topic.as_deref())).unwrap_or(self.producer.topic());
+        let key = rules
+            .and_then(|r| r.keys.first())
+            .map(|k| k.secret.as_slice());
+        (topic, key)
     }
 }
 
 impl FrontDoor {
     /// Binds `config.listen` and serves until [`FrontDoor::shutdown`]; requests are produced
-    /// to `kafka`'s requests topic and their tasks read from `engine`'s ledger.
-    pub async fn start(config: &FrontConfig, engine: Engine, kafka: &Kafka) -> Result<FrontDoor> {
+    /// to `kafka`'s requests topic (or their tenant's, by `access`) and their tasks read from
+    /// `engine`'s ledger. Callers' tokens are read from the environment.
+    pub async fn start(
+        config: &FrontConfig,
+        engine: Engine,
+        kafka: &Kafka,
+        access: Option<Arc<Access>>,
+    ) -> Result<FrontDoor> {
+        let tenants = (access.as_ref()).map(|a| a.tenants.keys().cloned().collect());
+        let callers = config.load_callers(tenants.as_ref(), |name| std::env::var(name).ok())?;
+        let tls = (config.tls.as_ref())
+            .map(|t| t.acceptor("front.tls"))
+            .transpose()?;
         let (listener, addr) = crate::serve::bind(config.listen).await?;
         let producer = RequestProducer::new(kafka)
             .map_err(|e| Error::step("creating the front door's producer", e))?;
@@ -113,6 +194,8 @@ impl FrontDoor {
         let shared = Arc::new(Shared {
             engine,
             producer,
+            callers,
+            access,
             waiting: Semaphore::new(config.max_waiting),
             max_wait: config.max_wait,
             max_body: config.max_body_bytes,
@@ -125,7 +208,8 @@ impl FrontDoor {
             config.max_connections,
             config.idle_timeout,
             config.header_read_timeout,
-        );
+        )
+        .with_tls(tls);
         let (stop, stopped) = watch::channel(false);
         let accept = tokio::spawn(accept_loop(listener, router(shared), limits, stopped));
         tracing::info!(%addr, "front door listening");
@@ -172,8 +256,13 @@ async fn count(request: axum::extract::Request, next: axum::middleware::Next) ->
 }
 
 /// `POST /v1/tasks`.
-async fn submit(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Body) -> Response {
-    match submitted(&shared, &headers, body).await {
+async fn submit(
+    State(shared): State<Arc<Shared>>,
+    peer: Option<Extension<PeerCertificate>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    match submitted(&shared, peer.map(|p| p.0), &headers, body).await {
         Ok(response) => response,
         Err(problem) => problem.into_response(),
     }
@@ -181,11 +270,24 @@ async fn submit(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bod
 
 async fn submitted(
     shared: &Shared,
+    peer: Option<PeerCertificate>,
     headers: &HeaderMap,
     body: Body,
 ) -> std::result::Result<Response, Problem> {
+    let scope = shared.scope(headers, peer)?;
     let bytes = read_body(shared, body).await?;
     let request = parse_request(headers, &bytes)?;
+    if !scope.allows(Some(&request.tenant)) {
+        return Err(Problem::new(
+            StatusCode::FORBIDDEN,
+            "tenant-not-allowed",
+            "The caller may not act for this tenant",
+        )
+        .detail(format!(
+            "the credential's caller submits for other tenants than {:?}",
+            request.tenant
+        )));
+    }
     let accepted = (shared.engine.check(&request)).map_err(|e| {
         Problem::new(
             StatusCode::BAD_REQUEST,
@@ -194,6 +296,20 @@ async fn submitted(
         )
         .detail(e.to_string())
     })?;
+    let value = serde_json::to_vec(&request).map_err(|e| unavailable(e.to_string()))?;
+    let (topic, secret) = shared.route(&request.tenant);
+    if let Some(access) = &shared.access {
+        let signature = secret.map(|key| sign(key, topic, &value));
+        let signature = signature.as_deref().map(str::as_bytes);
+        (access.check(&request, topic, &value, signature)).map_err(|refusal| {
+            Problem::new(
+                StatusCode::FORBIDDEN,
+                "access-refused",
+                "The access rules refuse this request",
+            )
+            .detail(refusal.to_string())
+        })?;
+    }
     let task_id = accepted.task_id();
     let identity = accepted.identity.clone();
     let known = (shared.engine.ledger())
@@ -205,13 +321,17 @@ async fn submitted(
         return Err(conflict(task_id));
     }
     if !replay {
-        let value = serde_json::to_vec(&request).map_err(|e| unavailable(e.to_string()))?;
         let key = sendledger_kafka::produce::request_key(&request);
-        let delivery = (shared.producer.send(Some(&key), &value))
-            .await
-            .map_err(|e| unavailable(e.to_string()))?;
+        let trace = (headers.get(TRACEPARENT))
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| TraceParent::parse(v).is_some());
+        let delivery = (shared
+            .producer
+            .send_to(topic, Some(&key), &value, secret, trace))
+        .await
+        .map_err(|e| unavailable(e.to_string()))?;
         match tokio::time::timeout(PRODUCE_TIMEOUT, delivery).await {
-            Ok(Ok(_)) => shared.remember(task_id),
+            Ok(Ok(_)) => shared.remember(task_id, &request.tenant),
             Ok(Err(e)) => return Err(unavailable(e.to_string())),
             Err(_) => return Err(unavailable("the brokers did not acknowledge in time")),
         }
@@ -249,8 +369,18 @@ async fn submitted(
     Ok(response)
 }
 
-/// `GET /v1/tasks/{id}`: the latest result; `Retry-After` while the task is not terminal.
-async fn task(State(shared): State<Arc<Shared>>, uri: Uri) -> Response {
+/// `GET /v1/tasks/{id}`: the latest result; `Retry-After` while the task is not terminal. A
+/// task of a tenant the caller may not read is answered as one the ledger does not hold.
+async fn task(
+    State(shared): State<Arc<Shared>>,
+    peer: Option<Extension<PeerCertificate>>,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Response {
+    let scope = match shared.scope(&headers, peer.map(|p| p.0)) {
+        Ok(scope) => scope,
+        Err(problem) => return problem.into_response(),
+    };
     let segment = uri.path().rsplit('/').next().unwrap_or_default();
     let decoded = percent_encoding::percent_decode_str(segment).decode_utf8_lossy();
     let Ok(task_id) = crate::timeline::parse_task(&decoded) else {
@@ -262,14 +392,22 @@ async fn task(State(shared): State<Arc<Shared>>, uri: Uri) -> Response {
         .detail("use a task id (32 hex digits) or tenant/operation/request_key URL-encoded")
         .into_response();
     };
-    match progress(&shared, task_id).await {
-        Ok(Some(progress)) => progress.answer(task_id, StatusCode::OK, StatusCode::OK),
-        Ok(None) if shared.was_submitted(task_id) => {
-            Progress::submitted().answer(task_id, StatusCode::OK, StatusCode::OK)
-        }
-        Ok(None) => Problem::new(StatusCode::NOT_FOUND, "no-such-task", "No such task")
+    let not_found = || {
+        Problem::new(StatusCode::NOT_FOUND, "no-such-task", "No such task")
             .detail(format!("task {task_id} is not in the ledger (yet)"))
-            .into_response(),
+            .into_response()
+    };
+    match progress(&shared, task_id).await {
+        Ok(Some(progress)) if scope.allows(progress.tenant.as_deref()) => {
+            progress.answer(task_id, StatusCode::OK, StatusCode::OK)
+        }
+        Ok(Some(_)) => not_found(),
+        Ok(None) => match shared.submitted_for(task_id) {
+            Some(tenant) if scope.allows(Some(&tenant)) => {
+                Progress::submitted().answer(task_id, StatusCode::OK, StatusCode::OK)
+            }
+            _ => not_found(),
+        },
         Err(problem) => problem.into_response(),
     }
 }
@@ -280,6 +418,8 @@ struct Progress {
     terminal: bool,
     result: Option<Value>,
     payload_hash: Option<sendledger_core::PayloadHash>,
+    /// The task's tenant; `None` for rejected input, which names no trusted tenant.
+    tenant: Option<String>,
 }
 
 impl Progress {
@@ -290,6 +430,7 @@ impl Progress {
             terminal: false,
             result: None,
             payload_hash: None,
+            tenant: None,
         }
     }
 
@@ -381,6 +522,7 @@ async fn progress(
         terminal: state.phase.is_terminal(),
         result: result.map(|r| serde_json::to_value(r).unwrap_or(Value::Null)),
         payload_hash: state.payload_hash,
+        tenant: (state.request.as_ref()).map(|r| r.identity.tenant.clone()),
     }))
 }
 

@@ -14,6 +14,7 @@ pub struct Problem {
     detail: Option<String>,
     location: Option<TaskId>,
     retry_after: bool,
+    challenge: bool,
 }
 
 impl Problem {
@@ -25,6 +26,7 @@ impl Problem {
             detail: None,
             location: None,
             retry_after: false,
+            challenge: false,
         }
     }
 
@@ -42,6 +44,14 @@ impl Problem {
     /// Asks the client to try again after a second.
     pub fn retry_after(mut self) -> Problem {
         self.retry_after = true;
+        self
+    }
+}
+
+impl Problem {
+    /// Asks the client for a bearer token (`WWW-Authenticate`, RFC 6750).
+    pub fn challenge(mut self) -> Problem {
+        self.challenge = true;
         self
     }
 }
@@ -70,6 +80,12 @@ impl IntoResponse for Problem {
             if let Ok(value) = format!("/v1/tasks/{task}").parse() {
                 headers.insert(header::LOCATION, value);
             }
+        }
+        if self.challenge {
+            headers.insert(
+                header::WWW_AUTHENTICATE,
+                http::HeaderValue::from_static("Bearer realm=\"sendledger\""),
+            );
         }
         if self.retry_after {
             headers.insert(header::RETRY_AFTER, http::HeaderValue::from_static("1"));

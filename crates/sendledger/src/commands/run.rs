@@ -46,12 +46,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
             .context("kafka")?;
         let remote = Arc::new(HttpRemote::new(config.load_targets()?));
         let service = Service::start(&config, &kafka, remote, metrics).await?;
-        let admin = service
-            .admin_addr()
-            .map_or_else(|| "off".to_string(), |a| format!("http://{a}"));
-        let front = service
-            .front_addr()
-            .map_or_else(|| "off".to_string(), |a| format!("http://{a}"));
+        let scheme = |tls: bool| if tls { "https" } else { "http" };
+        let admin = service.admin_addr().map_or_else(
+            || "off".to_string(),
+            |a| format!("{}://{a}", scheme(config.admin.tls.is_some())),
+        );
+        let front = service.front_addr().map_or_else(
+            || "off".to_string(),
+            |a| format!("{}://{a}", scheme(config.front.tls.is_some())),
+        );
         tracing::info!(
             ledger = %config.storage.data.display(),
             brokers = %kafka.bootstrap_servers(),

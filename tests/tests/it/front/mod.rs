@@ -3,7 +3,9 @@
 //! retry; a key reused with another payload is 422, no key 400; `Prefer: wait` returns the
 //! result in time, or 202 and the GET later; an unknown outcome is reported as such and later
 //! confirmed by lookup; a service killed right after its 202 completes the task once after a
-//! restart.
+//! restart. [`callers`]: callers' credentials, tenants and TLS.
+
+mod callers;
 
 use std::path::Path;
 use std::process::Child;
@@ -35,9 +37,17 @@ impl Answer {
     }
 }
 
-/// One request with curl; `headers` as `Name: value`.
-fn curl(method: &str, url: &str, headers: &[&str], body: Option<&Value>) -> Answer {
+/// One request with curl, `options` (`--cacert`, `--cert`...) first; `headers` as `Name:
+/// value`.
+fn curl_with(
+    options: &[String],
+    method: &str,
+    url: &str,
+    headers: &[&str],
+    body: Option<&Value>,
+) -> Answer {
     let mut cmd = std::process::Command::new("curl");
+    cmd.args(options);
     cmd.args(["-s", "-i", "--max-time", "60", "-X", method, url]);
     for h in headers {
         cmd.args(["-H", h]);
@@ -70,9 +80,23 @@ fn task(amount: u64) -> Value {
     json!({ "tenant": "acme", "operation": "payment.create", "target": "sim", "payload": { "amount": amount, "currency": "EUR" } })
 }
 
+/// Target `sim`: the simulated remote, a 300 ms timeout, then `tweak`.
+fn sim_target(sim: &Sim, tweak: impl FnOnce(&mut Value)) -> sendledger_effects::TargetConfig {
+    sendledger_tests::engine::target(&sim.base_url(), |t| {
+        t["request_timeout"] = "300ms".into();
+        t["lookup"]["deadline"] = "20s".into();
+        tweak(t);
+    })
+}
+
 struct Front {
     run: Child,
+    /// `http://` or `https://`, the address.
     url: String,
+    /// curl's options for every request (TLS).
+    options: Vec<String>,
+    /// The service's `ready` line.
+    ready: String,
 }
 
 impl Front {
@@ -83,41 +107,53 @@ impl Front {
 
     /// As [`Front::start`], the target's settings adjusted by `tweak`.
     fn start_with(dir: &Path, brokers: &str, sim: &Sim, tweak: impl FnOnce(&mut Value)) -> Front {
+        Front::launch(dir, brokers, sim, &[], |service| {
+            service.targets.insert("sim".into(), sim_target(sim, tweak));
+        })
+    }
+
+    /// `sendledger run` with the front door on loopback, target `sim` the simulated remote,
+    /// the configuration then adjusted by `adjust`, and `env` set.
+    fn launch(
+        dir: &Path,
+        brokers: &str,
+        sim: &Sim,
+        env: &[(&str, String)],
+        adjust: impl FnOnce(&mut Config),
+    ) -> Front {
         let mut service: Config = toml::from_str(&service_config(dir, brokers, sim)).unwrap();
         service.front.enabled = true;
         service.front.listen = "127.0.0.1:0".parse().unwrap();
-        service.targets.insert(
-            "sim".into(),
-            sendledger_tests::engine::target(&sim.base_url(), |t| {
-                t["request_timeout"] = "300ms".into();
-                t["lookup"]["deadline"] = "20s".into();
-                tweak(t);
-            }),
-        );
+        service
+            .targets
+            .insert("sim".into(), sim_target(sim, |_| {}));
+        adjust(&mut service);
         let file = dir.join("sendledger.toml");
         std::fs::write(&file, toml::to_string(&service).unwrap()).unwrap();
-        let (run, ready) = crate::start_run(&file, &[]);
-        let url = format!(
-            "http://{}",
-            sendledger_tests::ready_field(&ready, "front=http://")
-        );
-        Front { run, url }
+        let (run, ready) = crate::start_run(&file, env);
+        let url = sendledger_tests::ready_field(&ready, "front=");
+        Front {
+            run,
+            url,
+            options: Vec::new(),
+            ready,
+        }
     }
 
     fn post(&self, key: Option<&str>, body: &Value, wait: Option<u64>) -> Answer {
         let key = key.map(|k| format!("Idempotency-Key: \"{k}\""));
         let wait = wait.map(|w| format!("Prefer: wait={w}"));
         let headers: Vec<&str> = key.iter().chain(wait.iter()).map(String::as_str).collect();
-        curl(
-            "POST",
-            &format!("{}/v1/tasks", self.url),
-            &headers,
-            Some(body),
-        )
+        self.request("POST", "/v1/tasks", &headers, Some(body))
     }
 
     fn get(&self, location: &str) -> Answer {
-        curl("GET", &format!("{}{location}", self.url), &[], None)
+        self.request("GET", location, &[], None)
+    }
+
+    fn request(&self, method: &str, path: &str, headers: &[&str], body: Option<&Value>) -> Answer {
+        let url = format!("{}{path}", self.url);
+        curl_with(&self.options, method, &url, headers, body)
     }
 
     fn stop(mut self) {
