@@ -13,6 +13,7 @@ use super::{curl_with, setup, Answer, Front};
 
 const SHOP: &str = "shop-token-6f1d0c3e9a7b4d2f8e5a1c0b9d8e7f6a";
 const BATCH: &str = "batch-token-2b7c9e1f4a6d8c0e3f5b7a9d1c3e5f70";
+const TRACE: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 const GLOBEX_TOPIC: &str = "sendledger.requests.globex";
 const ACME_KEY: &str = "acme-signing-key-0123456789abcdef0123456789";
 
@@ -143,7 +144,9 @@ async fn callers_act_for_their_tenants_only_and_under_the_access_rules() {
 
 /// The front door over mutual TLS, with a caller known by its client certificate's
 /// fingerprint, and the admin endpoint over TLS: a client whose certificate no caller holds is
-/// 401, one without a certificate, or with one of another CA, never completes a request.
+/// 401, one without a certificate, or with one of another CA, never completes a request; a
+/// plain-HTTP client of the admin endpoint gets no answer. The POST's `traceparent` is the
+/// task's trace context.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn over_mutual_tls_a_caller_is_known_by_its_certificate() {
     let (kafka, sim, dir) = setup(Faults::default()).await;
@@ -195,11 +198,19 @@ async fn over_mutual_tls_a_caller_is_known_by_its_certificate() {
             issued.key.display().to_string(),
         ]
     };
+    let mut task_id = String::new();
     tokio::task::block_in_place(|| {
         front.options = with_cert(&batch);
-        let answer = front.post(Some("m-1"), &request("acme", "payment.create", 1), Some(20));
+        let headers = [
+            "Idempotency-Key: m-1",
+            "Prefer: wait=20",
+            &*format!("traceparent: {TRACE}"),
+        ];
+        let body = request("acme", "payment.create", 1);
+        let answer = front.request("POST", "/v1/tasks", &headers, Some(&body));
         assert_eq!(answer.status, 201, "{answer:?}");
         assert_eq!(answer.json()["status"], "succeeded");
+        task_id = answer.json()["task_id"].as_str().unwrap().to_string();
         front.options = with_cert(&stranger);
         let unknown = front.post(Some("m-2"), &request("acme", "payment.create", 2), Some(20));
         assert_eq!(unknown.status, 401, "{unknown:?}");
@@ -223,6 +234,19 @@ async fn over_mutual_tls_a_caller_is_known_by_its_certificate() {
         let options = ["--cacert".to_string(), ca_file.clone()];
         let health = curl_with(&options, "GET", &format!("{admin}/healthz"), &[], None);
         assert_eq!(health.status, 200, "{health:?}");
+        // The caller's trace context reached the task, as a producer's does on Kafka.
+        let task = curl_with(
+            &options,
+            "GET",
+            &format!("{admin}/tasks/{task_id}"),
+            &[],
+            None,
+        );
+        assert_eq!(
+            task.json()["request"]["metadata"]["traceparent"],
+            TRACE,
+            "{task:?}"
+        );
         let plain = admin.replacen("https://", "http://", 1);
         let out = std::process::Command::new("curl")
             .args([
