@@ -27,6 +27,7 @@ use crate::registry::Registry;
 use crate::remote::Remote;
 use crate::task::{record, Shared};
 use crate::timers::Timers;
+use crate::watchers::{TaskWatch, Watchers};
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -139,6 +140,7 @@ struct Inner {
     limits: Limits,
     durability: Durability,
     ownership: Option<Arc<Ownership>>,
+    watchers: Arc<Watchers>,
     system: System,
     stopped: std::sync::Mutex<Option<oneshot::Receiver<()>>>,
 }
@@ -184,6 +186,8 @@ impl Engine {
         let (stopped_tx, stopped_rx) = oneshot::channel();
         let (ledger2, remote2, cfg) = (ledger.clone(), remote.clone(), config.clone());
         let ownership2 = ownership.clone();
+        let watchers = Arc::new(Watchers::default());
+        let watchers2 = watchers.clone();
         std::thread::Builder::new()
             .name("sendledger-engine".into())
             .spawn(move || {
@@ -212,6 +216,7 @@ impl Engine {
                             seed: cfg.seed,
                             ownership: ownership2,
                             send_lease: cfg.send_lease,
+                            watchers: watchers2,
                         });
                         let _ = tx.send((ctx.address(), shared.timers.clone(), System::current()));
                         Registry::new(shared, arbiters, cfg.max_live_tasks)
@@ -245,6 +250,7 @@ impl Engine {
                 limits: config.limits,
                 durability: config.durability,
                 ownership,
+                watchers,
                 system,
                 stopped: std::sync::Mutex::new(Some(stopped_rx)),
             }),
@@ -253,6 +259,12 @@ impl Engine {
 
     pub fn ledger(&self) -> &Ledger {
         &self.inner.ledger
+    }
+
+    /// Watches `task`: the watch wakes each time the task's actor has made events of it
+    /// durable (read the task's state after taking the watch, then wait for a change).
+    pub fn watch(&self, task: TaskId) -> TaskWatch {
+        self.inner.watchers.watch(task)
     }
 
     /// Kafka mode: the partitions owned here (`None` in local mode).

@@ -15,6 +15,8 @@
 //! - [`messages`]: what they send each other; an actor that sends one kind of message holds
 //!   a `Recipient` of it, so the task actor does not know the actors it talks to.
 //! - [`engine::Engine`]: the handle library users and the service start, submit to, and stop.
+//! - [`watchers`]: who waits for a task to change (the front door's waits), woken by the
+//!   task's actor after each durable append.
 //!
 //! This crate depends on the core and the store crates only: never on Kafka, never on HTTP.
 //! It owns the seam it needs to reach remotes, the [`remote::Remote`] trait; the adapters that
@@ -37,6 +39,7 @@ pub mod registry;
 pub mod remote;
 pub mod task;
 pub mod timers;
+pub mod watchers;
 
 pub use engine::{Engine, EngineConfig, ReviewItem};
 pub use error::{Error, Result};

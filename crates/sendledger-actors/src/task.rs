@@ -42,6 +42,8 @@ pub struct Shared {
     /// Kafka mode's send lease: an attempt's first byte is written within this time of the
     /// moment its intent was handed to the ledger, or never.
     pub send_lease: Option<std::time::Duration>,
+    /// Who waits for a task to change: woken after each durable append.
+    pub watchers: Arc<crate::watchers::Watchers>,
 }
 
 pub struct TaskActor {
@@ -437,6 +439,9 @@ impl TaskActor {
                 })?;
                 count_recorded(delivery, &decision.events);
                 act.state = next;
+                if !lsns.is_empty() {
+                    act.shared.watchers.changed(task_id);
+                }
                 act.perform(decision.action, room, first_byte_by, ctx);
                 Ok(Reply { task_id, phase: act.state.phase, lsns, events: names })
             }),

@@ -16,6 +16,8 @@ pub const COPIES_TRUNCATED_TOTAL: &str = "sendledger_copies_truncated_total";
 pub const FRONT_REQUESTS_TOTAL: &str = "sendledger_front_requests_total";
 pub const FRONT_REPLAYS_TOTAL: &str = "sendledger_front_replays_total";
 pub const FRONT_CONFLICTS_TOTAL: &str = "sendledger_front_conflicts_total";
+pub const FRONT_WAITS_TOTAL: &str = "sendledger_front_waits_total";
+pub const FRONT_WAITING: &str = "sendledger_front_waiting";
 
 pub const DEFINITIONS: &[M] = &[
     M::gauge(
@@ -61,6 +63,14 @@ pub const DEFINITIONS: &[M] = &[
     M::counter(
         FRONT_CONFLICTS_TOTAL,
         "Front door: submissions whose key was used with another payload (422).",
+    ),
+    M::counter(
+        FRONT_WAITS_TOTAL,
+        "Front door: requests that waited for their task (Prefer: wait), by how the wait ended: ended (the task is terminal), timeout (the wait passed), refused (front.max_waiting reached).",
+    ),
+    M::gauge(
+        FRONT_WAITING,
+        "Front door: requests waiting for their task now (at most front.max_waiting).",
     ),
     M::counter(
         COPIES_TRUNCATED_TOTAL,

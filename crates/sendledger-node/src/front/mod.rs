@@ -12,8 +12,9 @@
 //! is answered 503 with `Retry-After` and nothing is executed. Errors are RFC 9457 problem
 //! documents (`application/problem+json`).
 //!
-//! Waiting requests hold no thread: each is a task polling the task's summary in the ledger,
-//! at most `front.max_waiting` at once (503 beyond). A client that disconnects drops its wait.
+//! Waiting requests hold no thread: each is a future woken by the task's actor when it records
+//! the task's events (`Engine::watch`), at most `front.max_waiting` at once (503 beyond). A
+//! client that disconnects drops its wait.
 //!
 //! With `[front.callers]`, every request needs a caller's credential (a bearer token, or a
 //! client certificate on a listener with mutual TLS), and a caller submits and reads tasks of
@@ -47,7 +48,10 @@ use crate::callers::Callers;
 use crate::config::FrontConfig;
 use crate::credentials::bearer_token;
 use crate::error::{Error, Result};
-use crate::metric_definitions::{FRONT_CONFLICTS_TOTAL, FRONT_REPLAYS_TOTAL, FRONT_REQUESTS_TOTAL};
+use crate::metric_definitions::{
+    FRONT_CONFLICTS_TOTAL, FRONT_REPLAYS_TOTAL, FRONT_REQUESTS_TOTAL, FRONT_WAITING,
+    FRONT_WAITS_TOTAL,
+};
 use crate::operators::Scope;
 use crate::serve::{accept_loop, Limits};
 use crate::tls::PeerCertificate;
@@ -64,6 +68,10 @@ pub const REPLAYED: &str = "idempotency-replayed";
 
 /// How long the brokers may take to acknowledge a submitted request.
 const PRODUCE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often a waiting request reads its task's summary when nothing woke it: a safety net
+/// (the task's actor wakes it after every change it records).
+const RECHECK: Duration = Duration::from_millis(500);
 
 /// What a client that is told to come back later waits, in seconds.
 const RETRY_AFTER: &str = "1";
@@ -463,7 +471,8 @@ impl Progress {
 }
 
 /// The task's progress once it is terminal, or when `wait` has passed (at once with no wait).
-/// Polls the task's summary, more slowly as time goes on; a waiting request takes one of
+/// Woken by the task's actor each time it records events of the task, and reads the task's
+/// summary then (and every [`RECHECK`] in any case); a waiting request takes one of
 /// `front.max_waiting` permits.
 async fn wait_for(
     shared: &Shared,
@@ -474,6 +483,7 @@ async fn wait_for(
     let _permit = match wait.is_zero() {
         true => None,
         false => Some(shared.waiting.try_acquire().map_err(|_| {
+            metrics::counter!(FRONT_WAITS_TOTAL, "ended" => "refused").increment(1);
             Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "too-many-waiting",
@@ -483,20 +493,50 @@ async fn wait_for(
             .retry_after()
         })?),
     };
-    let mut pause = Duration::from_millis(2);
+    let watch = (!wait.is_zero()).then(|| shared.engine.watch(task_id));
+    let _waiting = watch.as_ref().map(|_| Waiting::new());
     loop {
+        // Taken before the summary is read, so a change in between still wakes it.
+        let changed = watch.as_ref().map(|w| w.changed());
         let summary = (shared.engine.ledger())
             .read(move |l| l.task_summary(task_id))
             .await
             .map_err(unavailable)?;
         let terminal = summary.as_ref().is_some_and(|s| s.phase.is_terminal());
-        if terminal || tokio::time::Instant::now() >= deadline {
+        let now = tokio::time::Instant::now();
+        if terminal || now >= deadline {
+            if watch.is_some() {
+                let ended = if terminal { "ended" } else { "timeout" };
+                metrics::counter!(FRONT_WAITS_TOTAL, "ended" => ended).increment(1);
+            }
             return Ok(progress(shared, task_id)
                 .await?
                 .unwrap_or_else(Progress::submitted));
         }
-        tokio::time::sleep(pause.min(deadline - tokio::time::Instant::now())).await;
-        pause = (pause * 2).min(Duration::from_millis(50));
+        let pause = RECHECK.min(deadline - now);
+        match changed {
+            Some(changed) => {
+                let _ = tokio::time::timeout(pause, changed).await;
+            }
+            None => tokio::time::sleep(pause).await,
+        }
+    }
+}
+
+/// One request waiting, counted in [`FRONT_WAITING`] while it lives (a client that goes away
+/// drops its wait, and this with it).
+struct Waiting;
+
+impl Waiting {
+    fn new() -> Waiting {
+        metrics::gauge!(FRONT_WAITING).increment(1.0);
+        Waiting
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        metrics::gauge!(FRONT_WAITING).decrement(1.0);
     }
 }
 
