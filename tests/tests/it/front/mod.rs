@@ -3,9 +3,11 @@
 //! retry; a key reused with another payload is 422, no key 400; `Prefer: wait` returns the
 //! result in time, or 202 and the GET later; an unknown outcome is reported as such and later
 //! confirmed by lookup; a service killed right after its 202 completes the task once after a
-//! restart. [`callers`]: callers' credentials, tenants and TLS.
+//! restart. [`callers`]: callers' credentials, tenants and TLS. Every answer is checked
+//! against the OpenAPI document ([`openapi`]).
 
 mod callers;
+mod openapi;
 
 use std::path::Path;
 use std::process::Child;
@@ -153,7 +155,9 @@ impl Front {
 
     fn request(&self, method: &str, path: &str, headers: &[&str], body: Option<&Value>) -> Answer {
         let url = format!("{}{path}", self.url);
-        curl_with(&self.options, method, &url, headers, body)
+        let answer = curl_with(&self.options, method, &url, headers, body);
+        openapi::check(method, path, body, &answer);
+        answer
     }
 
     fn stop(mut self) {
