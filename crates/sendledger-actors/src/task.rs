@@ -440,7 +440,8 @@ impl TaskActor {
                 count_recorded(delivery, &decision.events);
                 act.state = next;
                 if !lsns.is_empty() {
-                    act.shared.watchers.changed(task_id);
+                    let ended = act.state.phase.is_terminal();
+                    act.shared.watchers.changed(task_id, ended);
                 }
                 act.perform(decision.action, room, first_byte_by, ctx);
                 Ok(Reply { task_id, phase: act.state.phase, lsns, events: names })

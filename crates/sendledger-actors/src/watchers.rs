@@ -4,7 +4,7 @@
 //! watch ends when it is dropped.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use sendledger_core::TaskId;
@@ -13,16 +13,24 @@ use tokio::sync::Notify;
 /// The watched tasks, each with how many watch it.
 #[derive(Debug, Default)]
 pub struct Watchers {
-    tasks: Mutex<HashMap<TaskId, (Arc<Notify>, usize)>>,
+    tasks: Mutex<HashMap<TaskId, (Arc<Watched>, usize)>>,
     /// How many tasks are watched, read without the lock by [`Watchers::changed`].
     watched: AtomicUsize,
+}
+
+/// What the watchers of one task share.
+#[derive(Debug, Default)]
+struct Watched {
+    notify: Notify,
+    /// Set once the task's actor has recorded a terminal state.
+    ended: AtomicBool,
 }
 
 /// A watch of one task; wakes on [`TaskWatch::changed`] after the task's next durable change.
 pub struct TaskWatch {
     watchers: Arc<Watchers>,
     task: TaskId,
-    notify: Arc<Notify>,
+    watched: Arc<Watched>,
 }
 
 impl Watchers {
@@ -32,25 +40,28 @@ impl Watchers {
         let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
         let entry = tasks.entry(task).or_insert_with(|| {
             self.watched.fetch_add(1, Ordering::SeqCst);
-            (Arc::new(Notify::new()), 0)
+            (Arc::new(Watched::default()), 0)
         });
         entry.1 += 1;
         TaskWatch {
             watchers: self.clone(),
             task,
-            notify: entry.0.clone(),
+            watched: entry.0.clone(),
         }
     }
 
-    /// Wakes the watchers of `task`: its events are durable. A lock only while some task is
-    /// watched.
-    pub fn changed(&self, task: TaskId) {
+    /// Wakes the watchers of `task`: its events are durable, and its state is now terminal
+    /// when `ended`. A lock only while some task is watched.
+    pub fn changed(&self, task: TaskId, ended: bool) {
         if self.watched.load(Ordering::SeqCst) == 0 {
             return;
         }
         let tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((notify, _)) = tasks.get(&task) {
-            notify.notify_waiters();
+        if let Some((watched, _)) = tasks.get(&task) {
+            if ended {
+                watched.ended.store(true, Ordering::SeqCst);
+            }
+            watched.notify.notify_waiters();
         }
     }
 }
@@ -60,7 +71,12 @@ impl TaskWatch {
     /// its first poll): call it, then read the task's state, then await it, and no change in
     /// between is missed.
     pub fn changed(&self) -> tokio::sync::futures::Notified<'_> {
-        self.notify.notified()
+        self.watched.notify.notified()
+    }
+
+    /// Whether the task's actor has recorded a terminal state since the watch began.
+    pub fn ended(&self) -> bool {
+        self.watched.ended.load(Ordering::SeqCst)
     }
 }
 
@@ -91,15 +107,18 @@ mod tests {
             // Made before the change, polled only after it: still woken.
             let waiting = watch.changed();
             tokio::pin!(waiting);
-            watchers.changed(b);
+            watchers.changed(b, true);
             let other = tokio::time::timeout(std::time::Duration::from_millis(20), &mut waiting);
             assert!(other.await.is_err(), "another task's change wakes no one");
-            watchers.changed(a);
+            watchers.changed(a, false);
             waiting.await;
+            assert!(!watch.ended());
             // A change before the future was made is not seen by it.
             let late = watch.changed();
             let missed = tokio::time::timeout(std::time::Duration::from_millis(20), late);
             assert!(missed.await.is_err());
+            watchers.changed(a, true);
+            assert!(watch.ended() && second.ended());
         }
         drop(watch);
         assert_eq!(watchers.watched.load(Ordering::SeqCst), 1);

@@ -187,7 +187,7 @@ fn engine_alone(tasks: u64, durability: Durability) -> anyhow::Result<EngineAlon
 /// brokers at `bootstrap`: `config` itself, serialized (a configuration built as JSON would
 /// carry its numbers as maps, since `arbitrary_precision` is on for the workspace). `Config`
 /// serializes secrets as `***`; the benchmark's configuration has none.
-fn child_config(config: &Config, bootstrap: &str) -> anyhow::Result<String> {
+pub(crate) fn child_config(config: &Config, bootstrap: &str) -> anyhow::Result<String> {
     let mut child = config.clone();
     child.kafka.brokers = bootstrap.to_string();
     // As the embedded cluster's own consumers: its brokers hold an empty fetch this long.
@@ -244,7 +244,8 @@ pub(crate) struct Run {
     pub service_peak_rss_bytes: Option<u64>,
     /// A service in this process: the CPU time this process used from the service's start to
     /// the last result read back (the service, the embedded cluster's brokers, the results
-    /// reader, and with a rate the requests' producer; not the remote, in a child).
+    /// reader, and with a rate the requests' producer; not the remote, in a child). A service
+    /// in a child: the child's own CPU time, from its start.
     pub cpu_secs: Option<f64>,
     /// Each task's time from its request handed to the producer to its result read back,
     /// sorted.
@@ -382,11 +383,10 @@ pub(crate) async fn through_kafka(
         })
         .collect();
     latencies.sort_unstable();
-    let (mut batches, mut events, mut refolded, mut service_peak_rss_bytes, mut cpu) =
-        (None, None, None, None, None);
-    match service {
+    let (mut batches, mut events, mut refolded, mut service_peak_rss_bytes) =
+        (None, None, None, None);
+    let cpu = match service {
         Running::InProcess(service) => {
-            cpu = Some(cpu_secs);
             let stats = service.engine().ledger().stats();
             batches = Some(stats.batches.load(Ordering::Relaxed));
             events = Some(stats.events.load(Ordering::Relaxed));
@@ -394,13 +394,16 @@ pub(crate) async fn through_kafka(
                 .publisher()
                 .map(|p| p.stats().refolded.load(Ordering::Relaxed));
             service.shutdown().await?;
+            Some(cpu_secs)
         }
         Running::Child(child) => {
             service_peak_rss_bytes = Some(child.peak_rss_bytes()?);
+            let cpu = child.cpu_secs()?;
             let status = tokio::task::block_in_place(|| child.stop(Duration::from_secs(30)))?;
             anyhow::ensure!(status.success(), "the service exited with {status}");
+            Some(cpu)
         }
-    }
+    };
     let (answered, more_than_one_terminal) = results.stop();
     anyhow::ensure!(
         answered == n as usize && more_than_one_terminal == 0,

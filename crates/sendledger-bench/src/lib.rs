@@ -16,6 +16,7 @@ mod audit;
 mod cluster;
 mod effects;
 mod engine;
+mod front;
 pub mod fuzz;
 mod kafka;
 mod ledger;
@@ -39,6 +40,10 @@ enum Bench {
     /// Tasks per second end to end through Kafka (embedded cluster): ingest, engine, publisher,
     /// until every result is read back from the results topic.
     Kafka(kafka::KafkaArgs),
+    /// Tasks per second through the HTTP front door (POST with `Prefer: wait`, many
+    /// connections), latency from POST to result, the service's peak memory; optionally beside
+    /// the Kafka path in the same run.
+    Front(front::FrontArgs),
     /// Kafka mode against local mode on one instance, same requests, same brokers (which must
     /// support transactions), and the restore of the kafka-mode log on an empty disk.
     Cluster(cluster::ClusterArgs),
@@ -77,6 +82,7 @@ pub fn main() -> ExitCode {
         Bench::Engine(args) => engine::run(args),
         Bench::Audit(args) => audit::run(args),
         Bench::Kafka(args) => kafka::run(args),
+        Bench::Front(args) => front::run(args),
         Bench::Cluster(args) => cluster::run(args),
         Bench::Restore(args) => restore::run(args),
         Bench::Fuzz(args) => fuzz::run(args),

@@ -39,11 +39,18 @@ pub struct RemoteProcess {
 }
 
 impl RemoteProcess {
-    /// Starts a well-behaved remote (no faults) whose records are identified by the body field
+    /// Starts a well-behaved remote (no faults, no latency) whose records are identified by the body field
     /// `reference`, on a free local port, and waits until it listens.
     pub fn start() -> anyhow::Result<RemoteProcess> {
+        RemoteProcess::start_with(Duration::ZERO)
+    }
+
+    /// As [`RemoteProcess::start`], the remote taking `latency` to process each request.
+    pub fn start_with(latency: Duration) -> anyhow::Result<RemoteProcess> {
         let config = tempfile::NamedTempFile::new()?;
-        std::fs::write(config.path(), "identity_field = \"reference\"\n")?;
+        let latency = format!("{}ms", latency.as_millis());
+        let text = format!("identity_field = \"reference\"\n[faults]\nlatency = \"{latency}\"\n");
+        std::fs::write(config.path(), text)?;
         let mut child = Command::new(sendledger_exe()?)
             .args(["sim-remote", "--listen", "127.0.0.1:0", "--config"])
             .arg(config.path())
@@ -163,6 +170,26 @@ impl ServiceProcess {
             .and_then(|kib| kib.trim().parse::<u64>().ok())
             .map(|kib| kib * 1024)
             .context("no VmHWM in the service's /proc status")
+    }
+
+    /// The CPU time (user and system, all threads) the service has used so far, in seconds,
+    /// from the kernel (`/proc/PID/stat`).
+    pub fn cpu_secs(&self) -> anyhow::Result<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))?;
+        // The fields after the command's name, which is in parentheses and may hold spaces:
+        // utime and stime are the 14th and 15th fields of the whole line.
+        let rest = stat
+            .rsplit_once(')')
+            .context("no command name in /proc stat")?
+            .1;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = |i: usize| -> anyhow::Result<f64> {
+            Ok(fields.get(i).context("short /proc stat")?.parse::<u64>()? as f64)
+        };
+        // SAFETY: sysconf with a valid name has no preconditions.
+        #[allow(unsafe_code)]
+        let per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        Ok((ticks(11)? + ticks(12)?) / per_sec)
     }
 
     /// Stops the service as an operator does (SIGTERM) and waits up to `grace` for it to exit.

@@ -113,7 +113,46 @@ fn bench_kafka_runs_the_service_in_a_child_process() {
     assert!(report["tasks_per_sec"].as_f64().unwrap() > 0.0, "{report}");
     let rss = report["peak_rss_bytes"].as_u64().unwrap();
     assert!((1 << 20..4 << 30).contains(&rss), "{report}");
-    for unknown in ["fsyncs_per_task", "events_per_task", "cpu_us_per_task"] {
+    for unknown in ["fsyncs_per_task", "events_per_task"] {
         assert!(report[unknown].is_null(), "{unknown}: {report}");
     }
+    assert!(
+        report["cpu_us_per_task"].as_f64().unwrap() > 0.0,
+        "the child's own: {report}"
+    );
+}
+
+/// `sendledger-bench front` with tiny counts: every POST answered 201 with a succeeded result,
+/// one record each at the remote and none twice, the service's CPU and memory measured, and the
+/// Kafka path beside it in the same run.
+#[test]
+fn bench_front_submits_over_http_and_compares_with_the_kafka_path() {
+    let (stdout, _) = output_of_success(&[
+        "front",
+        "--tasks",
+        "200",
+        "--connections",
+        "8",
+        "--compare-kafka",
+    ]);
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["answered_201"], 200, "{report}");
+    assert_eq!(report["answered_other"], 0, "{report}");
+    assert_eq!(report["remote_records"], 200, "{report}");
+    assert_eq!(report["remote_duplicates"], 0, "{report}");
+    for positive in [
+        "tasks_per_sec",
+        "latency_ms_p99",
+        "service_cpu_us_per_task",
+        "kafka_tasks_per_sec",
+        "kafka_service_cpu_us_per_task",
+        "ratio_to_kafka",
+    ] {
+        assert!(
+            report[positive].as_f64().unwrap() > 0.0,
+            "{positive}: {report}"
+        );
+    }
+    let rss = report["service_peak_rss_bytes"].as_u64().unwrap();
+    assert!((1 << 20..4 << 30).contains(&rss), "{report}");
 }

@@ -471,9 +471,9 @@ impl Progress {
 }
 
 /// The task's progress once it is terminal, or when `wait` has passed (at once with no wait).
-/// Woken by the task's actor each time it records events of the task, and reads the task's
-/// summary then (and every [`RECHECK`] in any case); a waiting request takes one of
-/// `front.max_waiting` permits.
+/// Woken by the task's actor each time it records events of the task (which says when the task
+/// has ended); the task's summary is read at first and after [`RECHECK`] without a wake. A
+/// waiting request takes one of `front.max_waiting` permits.
 async fn wait_for(
     shared: &Shared,
     task_id: TaskId,
@@ -495,14 +495,19 @@ async fn wait_for(
     };
     let watch = (!wait.is_zero()).then(|| shared.engine.watch(task_id));
     let _waiting = watch.as_ref().map(|_| Waiting::new());
+    // The ledger is read first, and then only when no change woke the wait for RECHECK.
+    let mut read_ledger = true;
     loop {
         // Taken before the summary is read, so a change in between still wakes it.
         let changed = watch.as_ref().map(|w| w.changed());
-        let summary = (shared.engine.ledger())
-            .read(move |l| l.task_summary(task_id))
-            .await
-            .map_err(unavailable)?;
-        let terminal = summary.as_ref().is_some_and(|s| s.phase.is_terminal());
+        let mut terminal = watch.as_ref().is_some_and(|w| w.ended());
+        if read_ledger && !terminal {
+            let summary = (shared.engine.ledger())
+                .read(move |l| l.task_summary(task_id))
+                .await
+                .map_err(unavailable)?;
+            terminal = summary.as_ref().is_some_and(|s| s.phase.is_terminal());
+        }
         let now = tokio::time::Instant::now();
         if terminal || now >= deadline {
             if watch.is_some() {
@@ -514,12 +519,13 @@ async fn wait_for(
                 .unwrap_or_else(Progress::submitted));
         }
         let pause = RECHECK.min(deadline - now);
-        match changed {
-            Some(changed) => {
-                let _ = tokio::time::timeout(pause, changed).await;
+        read_ledger = match changed {
+            Some(changed) => tokio::time::timeout(pause, changed).await.is_err(),
+            None => {
+                tokio::time::sleep(pause).await;
+                true
             }
-            None => tokio::time::sleep(pause).await,
-        }
+        };
     }
 }
 
