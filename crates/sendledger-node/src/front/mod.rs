@@ -34,6 +34,7 @@ use axum::routing::{get, post};
 use axum::Extension;
 use axum::Router;
 use http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
+use sendledger_actors::watchers::TaskWatch;
 use sendledger_actors::Engine;
 use sendledger_core::access::{sign, Access};
 use sendledger_core::result::Projection;
@@ -328,6 +329,10 @@ async fn submitted(
     if known.is_some_and(|(_, known)| !accepted.has_payload_hash(known)) {
         return Err(conflict(task_id));
     }
+    // Taken before producing: a wait refused for `front.max_waiting` produces nothing, and the
+    // watch sees every change of a new task from its first.
+    let wait = prefer_wait(headers).map(|w| w.min(shared.max_wait));
+    let waiting = Waiting::begin(shared, task_id, wait.unwrap_or_default())?;
     if !replay {
         let key = sendledger_kafka::produce::request_key(&request);
         let trace = (headers.get(TRACEPARENT))
@@ -344,8 +349,7 @@ async fn submitted(
             Err(_) => return Err(unavailable("the brokers did not acknowledge in time")),
         }
     }
-    let wait = prefer_wait(headers).map(|w| w.min(shared.max_wait));
-    let progress = wait_for(shared, task_id, wait.unwrap_or_default()).await?;
+    let progress = wait_for(shared, task_id, waiting, replay).await?;
     // A concurrent request with the same key and another payload may have been recorded first.
     if (progress.payload_hash).is_some_and(|known| !accepted.has_payload_hash(known)) {
         return Err(conflict(task_id));
@@ -470,37 +474,71 @@ impl Progress {
     }
 }
 
-/// The task's progress once it is terminal, or when `wait` has passed (at once with no wait).
-/// Woken by the task's actor each time it records events of the task (which says when the task
-/// has ended); the task's summary is read at first and after [`RECHECK`] without a wake. A
-/// waiting request takes one of `front.max_waiting` permits.
-async fn wait_for(
-    shared: &Shared,
-    task_id: TaskId,
-    wait: Duration,
-) -> std::result::Result<Progress, Problem> {
-    let deadline = tokio::time::Instant::now() + wait;
-    let _permit = match wait.is_zero() {
-        true => None,
-        false => Some(shared.waiting.try_acquire().map_err(|_| {
+/// A request waiting for its task: a permit of `front.max_waiting`, the task's watch, and its
+/// count in [`FRONT_WAITING`] while it lives (a client that goes away drops its wait, and this
+/// with it).
+struct Waiting<'a> {
+    deadline: tokio::time::Instant,
+    watch: Option<(TaskWatch, tokio::sync::SemaphorePermit<'a>)>,
+}
+
+impl<'a> Waiting<'a> {
+    /// A wait of `wait` for `task_id` (none when `wait` is zero), or 503 when
+    /// `front.max_waiting` requests wait already.
+    fn begin(
+        shared: &'a Shared,
+        task_id: TaskId,
+        wait: Duration,
+    ) -> std::result::Result<Waiting<'a>, Problem> {
+        let deadline = tokio::time::Instant::now() + wait;
+        if wait.is_zero() {
+            return Ok(Waiting {
+                deadline,
+                watch: None,
+            });
+        }
+        let permit = shared.waiting.try_acquire().map_err(|_| {
             metrics::counter!(FRONT_WAITS_TOTAL, "ended" => "refused").increment(1);
             Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "too-many-waiting",
                 "Too many requests are waiting",
             )
-            .detail("front.max_waiting requests wait already; ask again without waiting, or later")
+            .detail("front.max_waiting requests wait already; nothing was executed: ask again without waiting, or later")
             .retry_after()
-        })?),
-    };
-    let watch = (!wait.is_zero()).then(|| shared.engine.watch(task_id));
-    let _waiting = watch.as_ref().map(|_| Waiting::new());
-    // The ledger is read first, and then only when no change woke the wait for RECHECK.
-    let mut read_ledger = true;
+        })?;
+        metrics::gauge!(FRONT_WAITING).increment(1.0);
+        Ok(Waiting {
+            deadline,
+            watch: Some((shared.engine.watch(task_id), permit)),
+        })
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.watch.is_some() {
+            metrics::gauge!(FRONT_WAITING).decrement(1.0);
+        }
+    }
+}
+
+/// The task's progress once it is terminal, or when the wait has passed (at once with no
+/// wait). Woken by the task's actor each time it records events of the task (which says when
+/// the task has ended); the task's summary is read first when `known` (the task may have ended
+/// before the watch began) and after [`RECHECK`] without a wake.
+async fn wait_for(
+    shared: &Shared,
+    task_id: TaskId,
+    waiting: Waiting<'_>,
+    known: bool,
+) -> std::result::Result<Progress, Problem> {
+    let watch = waiting.watch.as_ref().map(|(watch, _)| watch);
+    let mut read_ledger = known;
     loop {
         // Taken before the summary is read, so a change in between still wakes it.
-        let changed = watch.as_ref().map(|w| w.changed());
-        let mut terminal = watch.as_ref().is_some_and(|w| w.ended());
+        let changed = watch.map(|w| w.changed());
+        let mut terminal = watch.is_some_and(|w| w.ended());
         if read_ledger && !terminal {
             let summary = (shared.engine.ledger())
                 .read(move |l| l.task_summary(task_id))
@@ -509,7 +547,7 @@ async fn wait_for(
             terminal = summary.as_ref().is_some_and(|s| s.phase.is_terminal());
         }
         let now = tokio::time::Instant::now();
-        if terminal || now >= deadline {
+        if terminal || now >= waiting.deadline {
             if watch.is_some() {
                 let ended = if terminal { "ended" } else { "timeout" };
                 metrics::counter!(FRONT_WAITS_TOTAL, "ended" => ended).increment(1);
@@ -518,7 +556,7 @@ async fn wait_for(
                 .await?
                 .unwrap_or_else(Progress::submitted));
         }
-        let pause = RECHECK.min(deadline - now);
+        let pause = RECHECK.min(waiting.deadline - now);
         read_ledger = match changed {
             Some(changed) => tokio::time::timeout(pause, changed).await.is_err(),
             None => {
@@ -526,23 +564,6 @@ async fn wait_for(
                 true
             }
         };
-    }
-}
-
-/// One request waiting, counted in [`FRONT_WAITING`] while it lives (a client that goes away
-/// drops its wait, and this with it).
-struct Waiting;
-
-impl Waiting {
-    fn new() -> Waiting {
-        metrics::gauge!(FRONT_WAITING).increment(1.0);
-        Waiting
-    }
-}
-
-impl Drop for Waiting {
-    fn drop(&mut self) {
-        metrics::gauge!(FRONT_WAITING).decrement(1.0);
     }
 }
 
