@@ -197,6 +197,9 @@ impl FrontDoor {
             .map(|t| t.acceptor("front.tls"))
             .transpose()?;
         let (listener, addr) = crate::serve::bind(config.listen).await?;
+        if kafka.embedded().is_some() {
+            tracing::warn!("the front door acknowledges a request once the brokers have it, and the embedded cluster keeps it in this process's memory: a crash loses requests acknowledged and not yet recorded; use real brokers where that matters");
+        }
         let producer = RequestProducer::new(kafka)
             .map_err(|e| Error::step("creating the front door's producer", e))?;
         producer.ready().await;

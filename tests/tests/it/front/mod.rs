@@ -375,3 +375,90 @@ async fn a_kill_right_after_a_202_loses_nothing_and_sends_once() {
         "completed once"
     );
 }
+
+/// With `front.max_waiting = 1` and a slow remote, a second request asking to wait while the
+/// first waits is 503 and produces nothing: its key stays unknown, the remote gets one record.
+/// Clients that hang up while waiting leave no wait behind (`sendledger_front_waiting` back to
+/// 0 on `/metrics` while their tasks cannot have ended).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waits_are_capped_before_anything_is_produced_and_a_client_that_leaves_costs_nothing() {
+    let slow = Faults {
+        latency: Duration::from_millis(1500),
+        ..Faults::default()
+    };
+    let (kafka, sim, dir) = setup(slow).await;
+    let front = tokio::task::block_in_place(|| {
+        Front::launch(dir.path(), kafka.bootstrap_servers(), &sim, &[], |c| {
+            c.targets
+                .insert("sim".into(), sim_target(&sim, long_timeout));
+            c.front.max_waiting = 1;
+            c.admin.enabled = true;
+            c.admin.listen = "127.0.0.1:0".parse().unwrap();
+        })
+    });
+    let admin = sendledger_tests::ready_field(&front.ready, "admin=");
+    let waiting = |admin: &str| {
+        let metrics = curl_with(&[], "GET", &format!("{admin}/metrics"), &[], None);
+        sendledger_tests::metric_value(&metrics.body, "sendledger_front_waiting").unwrap_or(0.0)
+    };
+    tokio::task::block_in_place(|| {
+        std::thread::scope(|s| {
+            let first = s.spawn(|| front.post(Some("cap-1"), &task(1), Some(20)));
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while waiting(&admin) < 1.0 {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the first never waited"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let second = front.post(Some("cap-2"), &task(2), Some(20));
+            assert_eq!(second.status, 503, "{second:?}");
+            assert_eq!(
+                second.json()["type"],
+                "urn:sendledger:problem:too-many-waiting"
+            );
+            assert!(second.header("retry-after").is_some(), "{second:?}");
+            assert_eq!(first.join().unwrap().status, 201);
+        });
+        let unknown = front.get("/v1/tasks/acme%2Fpayment.create%2Fcap-2");
+        assert_eq!(
+            unknown.status, 404,
+            "nothing was produced for it: {unknown:?}"
+        );
+
+        // A remote that holds every request unanswered: no task can end for the target's
+        // 5 s timeout. Three clients hang up after 300 ms of a 20 s wait.
+        sim.set_faults(Faults {
+            hang: 1.0,
+            ..Faults::default()
+        })
+        .unwrap();
+        for key in ["gone-1", "gone-2", "gone-3"] {
+            let out = std::process::Command::new("curl")
+                .args(["-s", "--max-time", "0.3", "-X", "POST"])
+                .arg(format!("{}/v1/tasks", front.url))
+                .args(["-H", &format!("Idempotency-Key: {key}")])
+                .args([
+                    "-H",
+                    "Prefer: wait=20",
+                    "-H",
+                    "Content-Type: application/json",
+                ])
+                .arg("--data-binary")
+                .arg(task(3).to_string())
+                .output()
+                .unwrap();
+            assert!(!out.status.success(), "curl should have given up: {out:?}");
+        }
+        // Their tasks are still being sent; their waits went with their clients.
+        let deadline = std::time::Instant::now() + Duration::from_secs(3);
+        while waiting(&admin) != 0.0 {
+            assert!(std::time::Instant::now() < deadline, "waits left behind");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    assert_eq!(sim.records_with_identity("cap-2").len(), 0);
+    assert_eq!(sim.records_with_identity("cap-1").len(), 1);
+    tokio::task::block_in_place(|| front.stop());
+}
