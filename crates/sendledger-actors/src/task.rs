@@ -18,7 +18,7 @@ use sendledger_core::decide::{
 use sendledger_core::error::Chain;
 use sendledger_core::saga::Call;
 use sendledger_core::{
-    EventBody, Evidence, NewEvent, NotSentCause, Phase, Policy, State, TaskId, WaitReason,
+    EventBody, Evidence, NewEvent, NotSentCause, Phase, Policy, Source, State, TaskId, WaitReason,
 };
 use sendledger_store::{Append, Ledger, TaskSummary, TimerKind, TRANSACTION_STALLED};
 use tracing::Instrument;
@@ -370,7 +370,7 @@ impl TaskActor {
             }
         }
         let (next, mut append) = record(self.task_id, &self.state, &decision, now);
-        if let Some(s) = source {
+        if let Some(s) = source.filter(Source::is_message) {
             append.offsets.push((s.topic, s.partition, s.offset));
         }
         if let Some(due) = clear {

@@ -100,7 +100,29 @@ pub struct Refusal {
     pub detail: String,
 }
 
+impl Refusal {
+    fn of(request: &TaskRequest, rule: AccessRule, detail: String) -> Refusal {
+        Refusal {
+            rule,
+            tenant: Some(request.tenant.clone()),
+            detail,
+        }
+    }
+}
+
 impl Access {
+    /// The rules of `request`'s tenant; refused when it is not listed.
+    fn rules_of(&self, request: &TaskRequest) -> Result<&TenantRules, Refusal> {
+        self.tenants.get(&request.tenant).ok_or_else(|| Refusal {
+            rule: AccessRule::UnknownTenant,
+            tenant: None,
+            detail: format!(
+                "tenant {:?} is not one this service acts for",
+                request.tenant
+            ),
+        })
+    }
+
     /// Whether `request`, the value `value` of a message on `topic` with the signature header
     /// `signature` (when it has one), may be acted on.
     pub fn check(
@@ -110,23 +132,8 @@ impl Access {
         value: &[u8],
         signature: Option<&[u8]>,
     ) -> Result<(), Refusal> {
-        let Some(rules) = self.tenants.get(&request.tenant) else {
-            return Err(Refusal {
-                rule: AccessRule::UnknownTenant,
-                tenant: None,
-                detail: format!(
-                    "tenant {:?} is not one this service acts for",
-                    request.tenant
-                ),
-            });
-        };
-        let refuse = |rule, detail: String| {
-            Err(Refusal {
-                rule,
-                tenant: Some(request.tenant.clone()),
-                detail,
-            })
-        };
+        let rules = self.rules_of(request)?;
+        let refuse = |rule, detail| Err(Refusal::of(request, rule, detail));
         if let Some(own) = rules.topic.as_deref().filter(|own| *own != topic) {
             return refuse(
                 AccessRule::TopicNotAllowed,
@@ -160,6 +167,14 @@ impl Access {
                 );
             }
         }
+        self.check_request(request)
+    }
+
+    /// Whether `request`'s tenant is listed and may ask for its target and operation: the
+    /// rules of [`Access::check`] that do not depend on the message it came in.
+    pub fn check_request(&self, request: &TaskRequest) -> Result<(), Refusal> {
+        let rules = self.rules_of(request)?;
+        let refuse = |rule, detail| Err(Refusal::of(request, rule, detail));
         if !rules.targets.contains(&request.target) {
             return refuse(
                 AccessRule::TargetNotAllowed,

@@ -31,13 +31,35 @@ pub const DEFAULT_MAX_POLICY_RESENDS: u32 = 1;
 /// Milliseconds since the Unix epoch. The core never reads a clock; callers pass time in.
 pub type Millis = u64;
 
-/// Where a delivery came from: the Kafka coordinates of the request message.
+/// Where a delivery came from: the Kafka coordinates of the request message, or
+/// [`Source::front_door`] for a request submitted over HTTP.
 // format: do not change
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Source {
     pub topic: String,
     pub partition: i32,
     pub offset: i64,
+}
+
+impl Source {
+    /// The `topic` of a request submitted through the HTTP front door rather than a Kafka
+    /// message: not a possible Kafka topic name (`:`), so it never names a real topic.
+    pub const FRONT_DOOR: &'static str = "sendledger:front";
+
+    /// The source of a request submitted through the front door; `number` tells one submission
+    /// from another (in the timeline and the result), and is no offset of any topic.
+    pub fn front_door(number: i64) -> Source {
+        Source {
+            topic: Source::FRONT_DOOR.into(),
+            partition: 0,
+            offset: number,
+        }
+    }
+
+    /// Whether the source is a Kafka message, whose offset is recorded as processed.
+    pub fn is_message(&self) -> bool {
+        self.topic != Source::FRONT_DOOR
+    }
 }
 
 impl std::fmt::Display for Source {

@@ -7,11 +7,10 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, Headers, OwnedHeaders};
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::future_producer::DeliveryFuture;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer, ProducerContext};
 use sendledger_core::access::{sign, SIGNATURE_HEADER};
-use sendledger_core::trace::TRACEPARENT;
 use sendledger_core::TaskRequest;
 use tokio::sync::OnceCell;
 
@@ -93,42 +92,17 @@ impl RequestProducer {
         key: Option<&str>,
         value: &[u8],
     ) -> Result<impl Future<Output = Result<(i32, i64)>>> {
-        self.send_to(&self.topic, key, value, self.signing_key.as_deref(), None)
-            .await
-    }
-
-    /// As [`RequestProducer::send`], to `topic`, signed with `secret` when given (for a
-    /// producer that submits for several tenants, each on its topic with its key), with the
-    /// trace context `traceparent` as a header when given.
-    #[allow(clippy::result_large_err)]
-    pub async fn send_to(
-        &self,
-        topic: &str,
-        key: Option<&str>,
-        value: &[u8],
-        secret: Option<&[u8]>,
-        traceparent: Option<&str>,
-    ) -> Result<impl Future<Output = Result<(i32, i64)>>> {
         self.ready().await;
-        let mut record = FutureRecord::to(topic).payload(value);
+        let mut record = FutureRecord::to(&self.topic).payload(value);
         if let Some(k) = key {
             record = record.key(k);
         }
-        let signature = secret.map(|secret| sign(secret, topic, value));
-        let mut headers = OwnedHeaders::new();
-        for (key, value) in [
-            (SIGNATURE_HEADER, signature.as_deref()),
-            (TRACEPARENT, traceparent),
-        ] {
-            if let Some(value) = value {
-                headers = headers.insert(Header {
-                    key,
-                    value: Some(value),
-                });
-            }
-        }
-        if headers.count() > 0 {
-            record = record.headers(headers);
+        if let Some(secret) = &self.signing_key {
+            let signature = sign(secret, &self.topic, value);
+            record = record.headers(OwnedHeaders::new().insert(Header {
+                key: SIGNATURE_HEADER,
+                value: Some(signature.as_str()),
+            }));
         }
         Ok(ack(enqueue(record, |r| self.producer.send_result(r)).await?))
     }

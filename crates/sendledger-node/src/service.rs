@@ -136,7 +136,7 @@ impl Service {
             }
         }
         let front = match config.front.enabled {
-            true => Some(FrontDoor::start(&config.front, engine.clone(), kafka, access).await?),
+            true => Some(FrontDoor::start(&config.front, engine.clone(), access).await?),
             false => None,
         };
         Ok(Service {

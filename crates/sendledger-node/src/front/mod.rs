@@ -7,10 +7,11 @@
 //! | `POST /v1/tasks` | a task request as JSON (the fields of a requests-topic message; `request_key` from the `Idempotency-Key` header or the body); `Prefer: wait=N` waits up to N seconds (at most `front.max_wait`) for the result |
 //! | `GET /v1/tasks/{id}` | the task's latest result; `Retry-After` while it is not terminal |
 //!
-//! A request is made durable before any 2xx or 202: it is produced to the requests topic and
-//! acknowledged by the brokers (the consumer then records it like any other message), or it
-//! is answered 503 with `Retry-After` and nothing is executed. Errors are RFC 9457 problem
-//! documents (`application/problem+json`).
+//! A request is made durable before any 2xx or 202: it is submitted to the engine, whose answer
+//! comes once the task's acceptance is in the ledger (its source [`Source::front_door`], not a
+//! Kafka message), or it is answered 503 with `Retry-After` and nothing is executed. The same
+//! identity and payload-hash check as for Kafka messages applies: a request that came both
+//! ways is one task. Errors are RFC 9457 problem documents (`application/problem+json`).
 //!
 //! Waiting requests hold no thread: each is a future woken by the task's actor when it records
 //! the task's events (`Engine::watch`), at most `front.max_waiting` at once (503 beyond). A
@@ -18,12 +19,12 @@
 //!
 //! With `[front.callers]`, every request needs a caller's credential (a bearer token, or a
 //! client certificate on a listener with mutual TLS), and a caller submits and reads tasks of
-//! its tenants only. With `[access]`, a request goes to its tenant's requests topic, signed
-//! with the tenant's key, and is checked against the tenant's rules before it is produced: the
-//! consumer accepts it for the same reasons, and a refused one is answered 403 with nothing
-//! produced.
+//! its tenants only. With `[access]`, a request is checked against its tenant's targets and
+//! operations (the rules that do not depend on a topic or a signature: the caller's credential
+//! stands for those); a refused one is answered 403 and nothing is recorded.
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,11 +37,10 @@ use axum::Router;
 use http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use sendledger_actors::watchers::TaskWatch;
 use sendledger_actors::Engine;
-use sendledger_core::access::{sign, Access};
+use sendledger_core::access::Access;
 use sendledger_core::result::Projection;
 use sendledger_core::trace::{TraceParent, TRACEPARENT};
-use sendledger_core::{TaskId, TaskRequest};
-use sendledger_kafka::{Kafka, RequestProducer};
+use sendledger_core::{Source, TaskId, TaskRequest};
 use serde_json::{json, Value};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
@@ -48,7 +48,7 @@ use tokio::task::JoinHandle;
 use crate::callers::Callers;
 use crate::config::FrontConfig;
 use crate::credentials::bearer_token;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::metric_definitions::{
     FRONT_CONFLICTS_TOTAL, FRONT_REPLAYS_TOTAL, FRONT_REQUESTS_TOTAL, FRONT_WAITING,
     FRONT_WAITS_TOTAL,
@@ -67,22 +67,12 @@ pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// The header that marks an answer given from a stored result, not a new execution.
 pub const REPLAYED: &str = "idempotency-replayed";
 
-/// How long the brokers may take to acknowledge a submitted request.
-const PRODUCE_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// How often a waiting request reads its task's summary when nothing woke it: a safety net
 /// (the task's actor wakes it after every change it records).
 const RECHECK: Duration = Duration::from_millis(500);
 
 /// What a client that is told to come back later waits, in seconds.
 const RETRY_AFTER: &str = "1";
-
-/// Tasks submitted here and remembered as such until the ledger records them: a GET of one
-/// answers `submitted` rather than 404. The oldest are forgotten first.
-const REMEMBERED: usize = 65_536;
-
-/// The state of a task acknowledged by the brokers and not yet recorded by the consumer.
-const SUBMITTED: &str = "submitted";
 
 /// A running front door.
 pub struct FrontDoor {
@@ -93,40 +83,17 @@ pub struct FrontDoor {
 
 struct Shared {
     engine: Engine,
-    producer: RequestProducer,
     callers: Callers,
     access: Option<Arc<Access>>,
     waiting: Semaphore,
     max_wait: Duration,
     max_body: usize,
     body_timeout: Duration,
-    /// Tasks submitted here lately with their tenants, oldest first (see [`REMEMBERED`]).
-    submitted: std::sync::Mutex<(
-        std::collections::VecDeque<TaskId>,
-        std::collections::HashMap<TaskId, String>,
-    )>,
+    /// The number of the next submission's source ([`Source::front_door`]).
+    submissions: std::sync::atomic::AtomicI64,
 }
 
 impl Shared {
-    fn remember(&self, task: TaskId, tenant: &str) {
-        let mut guard = self.submitted.lock().unwrap_or_else(|e| e.into_inner());
-        let (order, tenants) = &mut *guard;
-        if tenants.insert(task, tenant.to_string()).is_none() {
-            order.push_back(task);
-        }
-        while order.len() > REMEMBERED {
-            if let Some(old) = order.pop_front() {
-                tenants.remove(&old);
-            }
-        }
-    }
-
-    /// The tenant of a task submitted here lately.
-    fn submitted_for(&self, task: TaskId) -> Option<String> {
-        let guard = self.submitted.lock().unwrap_or_else(|e| e.into_inner());
-        guard.1.get(&task).cloned()
-    }
-
     /// The tenants whose tasks the request's caller may submit and read: every tenant when no
     /// caller is configured; otherwise the caller's, from its bearer token or its client
     /// certificate (401 without either, or with one no caller holds).
@@ -169,26 +136,15 @@ impl Shared {
         };
         Ok(caller.scope.clone())
     }
-
-    /// Where a tenant's requests go, and the key they are signed with.
-    fn route(&self, tenant: &str) -> (&str, Option<&[u8]>) {
-        let rules = self.access.as_ref().and_then(|a| a.tenants.get(tenant));
-        let topic = (rules.and_then(|r| r.topic.as_deref())).unwrap_or(self.producer.topic());
-        let key = rules
-            .and_then(|r| r.keys.first())
-            .map(|k| k.secret.as_slice());
-        (topic, key)
-    }
 }
 
 impl FrontDoor {
-    /// Binds `config.listen` and serves until [`FrontDoor::shutdown`]; requests are produced
-    /// to `kafka`'s requests topic (or their tenant's, by `access`) and their tasks read from
-    /// `engine`'s ledger. Callers' tokens are read from the environment.
+    /// Binds `config.listen` and serves until [`FrontDoor::shutdown`]; requests are submitted
+    /// to `engine`, checked against `access` first. Callers' tokens are read from the
+    /// environment.
     pub async fn start(
         config: &FrontConfig,
         engine: Engine,
-        kafka: &Kafka,
         access: Option<Arc<Access>>,
     ) -> Result<FrontDoor> {
         let tenants = (access.as_ref()).map(|a| a.tenants.keys().cloned().collect());
@@ -197,22 +153,19 @@ impl FrontDoor {
             .map(|t| t.acceptor("front.tls"))
             .transpose()?;
         let (listener, addr) = crate::serve::bind(config.listen).await?;
-        if kafka.embedded().is_some() {
-            tracing::warn!("the front door acknowledges a request once the brokers have it, and the embedded cluster keeps it in this process's memory: a crash loses requests acknowledged and not yet recorded; use real brokers where that matters");
-        }
-        let producer = RequestProducer::new(kafka)
-            .map_err(|e| Error::step("creating the front door's producer", e))?;
-        producer.ready().await;
+        // Numbers that differ from any of an earlier run's (sources are kept in the ledger):
+        // microseconds since the epoch at start, counting up.
+        let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        let first = since_epoch.map_or(0, |d| d.as_micros() as i64);
         let shared = Arc::new(Shared {
             engine,
-            producer,
             callers,
             access,
             waiting: Semaphore::new(config.max_waiting),
             max_wait: config.max_wait,
             max_body: config.max_body_bytes,
             body_timeout: config.header_read_timeout,
-            submitted: Default::default(),
+            submissions: std::sync::atomic::AtomicI64::new(first),
         });
         let limits = Limits::new(
             "front door",
@@ -308,12 +261,8 @@ async fn submitted(
         )
         .detail(e.to_string())
     })?;
-    let value = serde_json::to_vec(&request).map_err(|e| unavailable(e.to_string()))?;
-    let (topic, secret) = shared.route(&request.tenant);
     if let Some(access) = &shared.access {
-        let signature = secret.map(|key| sign(key, topic, &value));
-        let signature = signature.as_deref().map(str::as_bytes);
-        (access.check(&request, topic, &value, signature)).map_err(|refusal| {
+        (access.check_request(&request)).map_err(|refusal| {
             Problem::new(
                 StatusCode::FORBIDDEN,
                 "access-refused",
@@ -337,20 +286,26 @@ async fn submitted(
     let wait = prefer_wait(headers).map(|w| w.min(shared.max_wait));
     let waiting = Waiting::begin(shared, task_id, wait.unwrap_or_default())?;
     if !replay {
-        let key = sendledger_kafka::produce::request_key(&request);
+        let mut request = request;
         let trace = (headers.get(TRACEPARENT))
             .and_then(|v| v.to_str().ok())
-            .filter(|v| TraceParent::parse(v).is_some());
-        let delivery = (shared
-            .producer
-            .send_to(topic, Some(&key), &value, secret, trace))
-        .await
-        .map_err(|e| unavailable(e.to_string()))?;
-        match tokio::time::timeout(PRODUCE_TIMEOUT, delivery).await {
-            Ok(Ok(_)) => shared.remember(task_id, &request.tenant),
-            Ok(Err(e)) => return Err(unavailable(e.to_string())),
-            Err(_) => return Err(unavailable("the brokers did not acknowledge in time")),
+            .and_then(TraceParent::parse);
+        if let Some(trace) = trace {
+            request.set_traceparent(trace);
         }
+        let number = shared.submissions.fetch_add(1, Ordering::Relaxed);
+        (shared.engine.submit(request, Source::front_door(number)))
+            .await
+            .map_err(|e| match e {
+                sendledger_actors::Error::Invalid(_)
+                | sendledger_actors::Error::UnknownTarget(_) => Problem::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid-request",
+                    "The task request is not valid",
+                )
+                .detail(e.to_string()),
+                e => unavailable(sendledger_core::error::Chain(&e)),
+            })?;
     }
     let progress = wait_for(shared, task_id, waiting, replay).await?;
     // A concurrent request with the same key and another payload may have been recorded first.
@@ -416,13 +371,7 @@ async fn task(
         Ok(Some(progress)) if scope.allows(progress.tenant.as_deref()) => {
             progress.answer(task_id, StatusCode::OK, StatusCode::OK)
         }
-        Ok(Some(_)) => not_found(),
-        Ok(None) => match shared.submitted_for(task_id) {
-            Some(tenant) if scope.allows(Some(&tenant)) => {
-                Progress::submitted().answer(task_id, StatusCode::OK, StatusCode::OK)
-            }
-            _ => not_found(),
-        },
+        Ok(Some(_) | None) => not_found(),
         Err(problem) => problem.into_response(),
     }
 }
@@ -438,17 +387,6 @@ struct Progress {
 }
 
 impl Progress {
-    /// A task acknowledged by the brokers that the ledger does not hold yet.
-    fn submitted() -> Progress {
-        Progress {
-            state: SUBMITTED,
-            terminal: false,
-            result: None,
-            payload_hash: None,
-            tenant: None,
-        }
-    }
-
     /// The result record with `done` when the task is terminal; otherwise `pending` with
     /// where to ask and when.
     fn answer(self, task_id: TaskId, done: StatusCode, pending: StatusCode) -> Response {
@@ -555,9 +493,10 @@ async fn wait_for(
                 let ended = if terminal { "ended" } else { "timeout" };
                 metrics::counter!(FRONT_WAITS_TOTAL, "ended" => ended).increment(1);
             }
-            return Ok(progress(shared, task_id)
+            // Submitted, or known, before the wait: the ledger holds the task.
+            return progress(shared, task_id)
                 .await?
-                .unwrap_or_else(Progress::submitted));
+                .ok_or_else(|| unavailable(format!("task {task_id} is not in the ledger")));
         }
         let pause = RECHECK.min(waiting.deadline - now);
         read_ledger = match changed {

@@ -44,9 +44,9 @@ impl Front {
 /// Two tenants under `[access]`: acme signs its requests and may ask for `payment.create`
 /// only; globex has a requests topic of its own. Caller `shop` acts for acme (token from the
 /// environment), `batch` for globex (configured by the token's hash). Each submits and reads
-/// its tenant's tasks only; a request the rules refuse is 403 and produces nothing; the
-/// requests that pass reach the remote once each, which shows they were produced where the
-/// consumer accepts them (acme's signed, globex's on its topic).
+/// its tenant's tasks only; a request the rules refuse is 403 and records nothing; the
+/// requests that pass reach the remote once each, though neither came on its tenant's topic
+/// nor signed: the caller's credential stands for both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn callers_act_for_their_tenants_only_and_under_the_access_rules() {
     let (kafka, sim, dir) = setup(Faults::default()).await;

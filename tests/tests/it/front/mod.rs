@@ -377,11 +377,11 @@ async fn a_kill_right_after_a_202_loses_nothing_and_sends_once() {
 }
 
 /// With `front.max_waiting = 1` and a slow remote, a second request asking to wait while the
-/// first waits is 503 and produces nothing: its key stays unknown, the remote gets one record.
+/// first waits is 503 and records nothing: its key stays unknown, the remote gets one record.
 /// Clients that hang up while waiting leave no wait behind (`sendledger_front_waiting` back to
 /// 0 on `/metrics` while their tasks cannot have ended).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn waits_are_capped_before_anything_is_produced_and_a_client_that_leaves_costs_nothing() {
+async fn waits_are_capped_before_anything_is_recorded_and_a_client_that_leaves_costs_nothing() {
     let slow = Faults {
         latency: Duration::from_millis(1500),
         ..Faults::default()
@@ -424,7 +424,7 @@ async fn waits_are_capped_before_anything_is_produced_and_a_client_that_leaves_c
         let unknown = front.get("/v1/tasks/acme%2Fpayment.create%2Fcap-2");
         assert_eq!(
             unknown.status, 404,
-            "nothing was produced for it: {unknown:?}"
+            "nothing was recorded for it: {unknown:?}"
         );
 
         // A remote that holds every request unanswered: no task can end for the target's
@@ -460,5 +460,63 @@ async fn waits_are_capped_before_anything_is_produced_and_a_client_that_leaves_c
     });
     assert_eq!(sim.records_with_identity("cap-2").len(), 0);
     assert_eq!(sim.records_with_identity("cap-1").len(), 1);
+    tokio::task::block_in_place(|| front.stop());
+}
+
+/// Two ways in, one identity: a request produced on the requests topic and then POSTed with
+/// the same key is answered from its task (a replay, with the Kafka message as its source);
+/// one POSTed first and then produced is a duplicate delivery. One record at the remote each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_request_that_comes_both_ways_is_one_task() {
+    let (kafka, sim, dir) = setup(Faults::default()).await;
+    let front = tokio::task::block_in_place(|| {
+        Front::launch(dir.path(), kafka.bootstrap_servers(), &sim, &[], |c| {
+            c.admin.enabled = true;
+            c.admin.listen = "127.0.0.1:0".parse().unwrap();
+        })
+    });
+    let producer = sendledger_kafka::RequestProducer::new(&kafka).unwrap();
+    let message = |key: &str| {
+        let mut request = task(7);
+        request["request_key"] = key.into();
+        let request: sendledger_core::TaskRequest = serde_json::from_value(request).unwrap();
+        let value = serde_json::to_vec(&request).unwrap();
+        [(Some(sendledger_kafka::request_key(&request)), value)]
+    };
+    producer.send_all(message("both-1")).await.unwrap();
+    tokio::task::block_in_place(|| {
+        let first = ended(&front, "/v1/tasks/acme%2Fpayment.create%2Fboth-1");
+        assert_eq!(
+            first["source"]["topic"],
+            kafka.config().requests_topic,
+            "{first}"
+        );
+        let again = front.post(Some("both-1"), &task(7), Some(10));
+        assert_eq!(again.status, 200, "{again:?}");
+        assert_eq!(again.header("idempotency-replayed"), Some("true"));
+        assert_eq!(again.json(), first);
+
+        let posted = front.post(Some("both-2"), &task(7), Some(10));
+        assert_eq!(posted.status, 201, "{posted:?}");
+        assert_eq!(posted.json()["source"]["topic"], "sendledger:front");
+    });
+    producer.send_all(message("both-2")).await.unwrap();
+    // The message is recorded as a duplicate delivery of the task the POST created.
+    let task_id = sendledger_tests::engine::task_id("both-2");
+    let admin = sendledger_tests::ready_field(&front.ready, "admin=");
+    tokio::task::block_in_place(|| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let url = format!("{admin}/tasks/{task_id}");
+            let timeline = curl_with(&[], "GET", &url, &[], None);
+            if timeline.body.contains("DuplicateDelivery") {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{timeline:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    assert_eq!(sim.records_with_identity("both-1").len(), 1);
+    assert_eq!(sim.records_with_identity("both-2").len(), 1);
     tokio::task::block_in_place(|| front.stop());
 }
