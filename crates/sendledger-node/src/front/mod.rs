@@ -272,46 +272,38 @@ async fn submitted(
         })?;
     }
     let task_id = accepted.task_id();
-    let identity = accepted.identity.clone();
-    let known = (shared.engine.ledger())
-        .read(move |l| l.identity(&identity))
-        .await
-        .map_err(unavailable)?;
-    let replay = known.is_some();
-    if known.is_some_and(|(_, known)| !accepted.has_payload_hash(known)) {
-        return Err(conflict(task_id));
-    }
-    // Taken before producing: a wait refused for `front.max_waiting` produces nothing, and the
-    // watch sees every change of a new task from its first.
+    // Taken before submitting: a wait refused for `front.max_waiting` records nothing, and the
+    // watch sees every change of the task after its submission.
     let wait = prefer_wait(headers).map(|w| w.min(shared.max_wait));
     let waiting = Waiting::begin(shared, task_id, wait.unwrap_or_default())?;
-    if !replay {
-        let mut request = request;
-        let trace = (headers.get(TRACEPARENT))
-            .and_then(|v| v.to_str().ok())
-            .and_then(TraceParent::parse);
-        if let Some(trace) = trace {
-            request.set_traceparent(trace);
-        }
-        let number = shared.submissions.fetch_add(1, Ordering::Relaxed);
-        (shared.engine.submit(request, Source::front_door(number)))
-            .await
-            .map_err(|e| match e {
-                sendledger_actors::Error::Invalid(_)
-                | sendledger_actors::Error::UnknownTarget(_) => Problem::new(
+    let mut request = request;
+    let trace = (headers.get(TRACEPARENT))
+        .and_then(|v| v.to_str().ok())
+        .and_then(TraceParent::parse);
+    if let Some(trace) = trace {
+        request.set_traceparent(trace);
+    }
+    let number = shared.submissions.fetch_add(1, Ordering::Relaxed);
+    let reply = (shared.engine.submit(request, Source::front_door(number)))
+        .await
+        .map_err(|e| match e {
+            sendledger_actors::Error::Invalid(_) | sendledger_actors::Error::UnknownTarget(_) => {
+                Problem::new(
                     StatusCode::BAD_REQUEST,
                     "invalid-request",
                     "The task request is not valid",
                 )
-                .detail(e.to_string()),
-                e => unavailable(sendledger_core::error::Chain(&e)),
-            })?;
-    }
-    let progress = wait_for(shared, task_id, waiting, replay).await?;
-    // A concurrent request with the same key and another payload may have been recorded first.
-    if (progress.payload_hash).is_some_and(|known| !accepted.has_payload_hash(known)) {
+                .detail(e.to_string())
+            }
+            e => unavailable(sendledger_core::error::Chain(&e)),
+        })?;
+    // What the task's writer recorded says whether the key was new, known with this payload (a
+    // duplicate delivery: the stored result answers), or known with another.
+    if reply.events.contains(&"RequestConflict") {
         return Err(conflict(task_id));
     }
+    let replay = !reply.events.contains(&"TaskAccepted");
+    let progress = wait_for(shared, task_id, waiting, reply.phase.is_terminal()).await?;
     if replay {
         metrics::counter!(FRONT_REPLAYS_TOTAL).increment(1);
         if !progress.terminal && wait.is_none() {
@@ -381,7 +373,6 @@ struct Progress {
     state: &'static str,
     terminal: bool,
     result: Option<Value>,
-    payload_hash: Option<sendledger_core::PayloadHash>,
     /// The task's tenant; `None` for rejected input, which names no trusted tenant.
     tenant: Option<String>,
 }
@@ -464,22 +455,22 @@ impl Drop for Waiting<'_> {
     }
 }
 
-/// The task's progress once it is terminal, or when the wait has passed (at once with no
-/// wait). Woken by the task's actor each time it records events of the task (which says when
-/// the task has ended); the task's summary is read first when `known` (the task may have ended
-/// before the watch began) and after [`RECHECK`] without a wake.
+/// The task's progress once it is terminal (at once when it `ended` already), or when the wait
+/// has passed (at once with no wait). Woken by the task's actor each time it records events of
+/// the task (which says when the task has ended); the task's summary is read only after
+/// [`RECHECK`] without a wake.
 async fn wait_for(
     shared: &Shared,
     task_id: TaskId,
     waiting: Waiting<'_>,
-    known: bool,
+    ended: bool,
 ) -> std::result::Result<Progress, Problem> {
     let watch = waiting.watch.as_ref().map(|(watch, _)| watch);
-    let mut read_ledger = known;
+    let mut read_ledger = false;
     loop {
         // Taken before the summary is read, so a change in between still wakes it.
         let changed = watch.map(|w| w.changed());
-        let mut terminal = watch.is_some_and(|w| w.ended());
+        let mut terminal = ended || watch.is_some_and(|w| w.ended());
         if read_ledger && !terminal {
             let summary = (shared.engine.ledger())
                 .read(move |l| l.task_summary(task_id))
@@ -530,7 +521,6 @@ async fn progress(
         state: state.phase.name(),
         terminal: state.phase.is_terminal(),
         result: result.map(|r| serde_json::to_value(r).unwrap_or(Value::Null)),
-        payload_hash: state.payload_hash,
         tenant: (state.request.as_ref()).map(|r| r.identity.tenant.clone()),
     }))
 }
