@@ -100,6 +100,8 @@ pub use jobs::{REASON_HEADER, SOURCE_HEADER};
 
 const RETRY_INITIAL: Duration = Duration::from_millis(50);
 const RETRY_MAX: Duration = Duration::from_secs(5);
+/// How long a stopping ingest serves the rebalances of leaving its group before it closes.
+const LEAVE_WITHIN: Duration = Duration::from_secs(1);
 /// Longest wait for a partition's start and end offsets.
 const WATERMARK_TIMEOUT: Duration = Duration::from_secs(5);
 /// librdkafka's `session.timeout.ms` when none is set.
@@ -416,6 +418,7 @@ impl<S: RequestSink> Worker<S> {
         self.finish_take_overs();
         self.drain();
         self.checkpoint(CommitMode::Sync);
+        self.leave_group();
         // Dropping the consumer closes it, and serves the rebalances still queued.
         self.consumer
             .context()
@@ -423,6 +426,23 @@ impl<S: RequestSink> Worker<S> {
             .store(true, Ordering::SeqCst);
         tracing::info!("ingest stopped");
         result
+    }
+
+    /// Leaves the group before the consumer is closed, serving the rebalances that follow
+    /// (for at most [`LEAVE_WITHIN`]): an assignment already on its way (a stop right after
+    /// the group was joined) is then answered while librdkafka can answer it. Answered from a
+    /// rebalance callback while the consumer closes, it hung the close for good. Messages
+    /// polled meanwhile are not handled: their offsets are not committed, so they are
+    /// delivered again.
+    fn leave_group(&self) {
+        self.consumer.unsubscribe();
+        let deadline = Instant::now() + LEAVE_WITHIN;
+        let mut quiet = 0;
+        while Instant::now() < deadline && quiet < 3 {
+            let polled = self.consumer.poll(Duration::from_millis(50)).is_some();
+            let assigned = (self.consumer.assignment()).map_or(0, |a| a.count());
+            quiet = if polled || assigned > 0 { 0 } else { quiet + 1 };
+        }
     }
 
     /// Pauses partitions at the in-flight budget and resumes them once relieved: every
