@@ -454,15 +454,14 @@ impl Engine {
                 None => return Err(invalid),
             },
         };
-        let task_id = accepted.task_id();
-        self.route(
-            task_id,
-            TaskInput::Deliver {
-                request: accepted,
-                source,
-            },
-        )
-        .await
+        self.deliver(accepted, source).await
+    }
+
+    /// Hands a request that passed [`Engine::check`] to its task, as [`Engine::submit`] does
+    /// after its checks.
+    pub async fn deliver(&self, request: AcceptedRequest, source: Source) -> Result<Reply> {
+        self.route(request.task_id(), TaskInput::Deliver { request, source })
+            .await
     }
 
     /// The request as accepted, when it passes the checks a new task's request must: the

@@ -253,6 +253,14 @@ async fn submitted(
             request.tenant
         )));
     }
+    // The trace context travels in the request's metadata, as the ingest keeps a message's.
+    let mut request = request;
+    let trace = (headers.get(TRACEPARENT))
+        .and_then(|v| v.to_str().ok())
+        .and_then(TraceParent::parse);
+    if let Some(trace) = trace {
+        request.set_traceparent(trace);
+    }
     let accepted = (shared.engine.check(&request)).map_err(|e| {
         Problem::new(
             StatusCode::BAD_REQUEST,
@@ -276,27 +284,10 @@ async fn submitted(
     // watch sees every change of the task after its submission.
     let wait = prefer_wait(headers).map(|w| w.min(shared.max_wait));
     let waiting = Waiting::begin(shared, task_id, wait.unwrap_or_default())?;
-    let mut request = request;
-    let trace = (headers.get(TRACEPARENT))
-        .and_then(|v| v.to_str().ok())
-        .and_then(TraceParent::parse);
-    if let Some(trace) = trace {
-        request.set_traceparent(trace);
-    }
     let number = shared.submissions.fetch_add(1, Ordering::Relaxed);
-    let reply = (shared.engine.submit(request, Source::front_door(number)))
+    let reply = (shared.engine.deliver(accepted, Source::front_door(number)))
         .await
-        .map_err(|e| match e {
-            sendledger_actors::Error::Invalid(_) | sendledger_actors::Error::UnknownTarget(_) => {
-                Problem::new(
-                    StatusCode::BAD_REQUEST,
-                    "invalid-request",
-                    "The task request is not valid",
-                )
-                .detail(e.to_string())
-            }
-            e => unavailable(sendledger_core::error::Chain(&e)),
-        })?;
+        .map_err(|e| unavailable(sendledger_core::error::Chain(&e)))?;
     // What the task's writer recorded says whether the key was new, known with this payload (a
     // duplicate delivery: the stored result answers), or known with another.
     if reply.events.contains(&"RequestConflict") {
