@@ -207,6 +207,8 @@ pub struct Instance {
 struct Running {
     child: Child,
     admin: String,
+    /// The front door's `http://` address, or `off`.
+    front: String,
     run: usize,
 }
 
@@ -276,6 +278,11 @@ impl Instance {
         &self.running.as_ref().expect("running").admin
     }
 
+    /// The front door's URL (`http://host:port`), when it is enabled.
+    pub fn front(&self) -> &str {
+        &self.running.as_ref().expect("running").front
+    }
+
     fn pid(&self) -> i32 {
         self.running.as_ref().expect("running").child.id() as i32
     }
@@ -331,7 +338,13 @@ impl Instance {
         );
         std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
         let admin = crate::ready_field(&line, "admin=http://");
-        self.running = Some(Running { child, admin, run });
+        let front = crate::ready_field(&line, "front=");
+        self.running = Some(Running {
+            child,
+            admin,
+            front,
+            run,
+        });
     }
 
     /// `kill -9`, and waits for the process to end.

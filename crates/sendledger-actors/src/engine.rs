@@ -345,7 +345,14 @@ impl Engine {
         checkpoint: Option<Logged>,
     ) -> Result<Vec<Diverged>> {
         let (append, diverged) = restored.into_append(partition, checkpoint);
+        let changed: Vec<(TaskId, bool)> = (append.tasks.iter())
+            .map(|(task, summary)| (*task, summary.phase.is_terminal()))
+            .collect();
         self.inner.ledger.append(append).await?;
+        // A standby's copy (or a take-over's) is what the front door of a non-owner answers from.
+        for (task, ended) in changed {
+            self.inner.watchers.changed(task, ended);
+        }
         if !diverged.is_empty() {
             metrics::counter!(crate::metric_definitions::DIVERGENT_HISTORIES_TOTAL)
                 .increment(diverged.len() as u64);

@@ -1,7 +1,8 @@
 //! Who waits for a task to change: a caller that wants to know when a task has moved on (the
 //! front door waiting for a result) watches it, and the task's actor wakes every watcher of
-//! the task each time its events are durable. Nothing is kept for tasks no one watches; a
-//! watch ends when it is dropped.
+//! the task each time its events are durable; in kafka mode, so does a restore that applies
+//! events of the task its partition's owner committed (a take-over's, or a standby copy's).
+//! Nothing is kept for tasks no one watches; a watch ends when it is dropped.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -22,7 +23,7 @@ pub struct Watchers {
 #[derive(Debug, Default)]
 struct Watched {
     notify: Notify,
-    /// Set once the task's actor has recorded a terminal state.
+    /// Set once a terminal state of the task is recorded.
     ended: AtomicBool,
 }
 
@@ -74,7 +75,7 @@ impl TaskWatch {
         self.watched.notify.notified()
     }
 
-    /// Whether the task's actor has recorded a terminal state since the watch began.
+    /// Whether a terminal state of the task was recorded since the watch began.
     pub fn ended(&self) -> bool {
         self.watched.ended.load(Ordering::SeqCst)
     }

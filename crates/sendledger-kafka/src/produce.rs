@@ -83,8 +83,8 @@ impl RequestProducer {
     }
 
     /// Hands one message to the producer, waiting while its queue is full; the returned future
-    /// resolves to the message's `(partition, offset)` once it is acknowledged. Must be called
-    /// within a tokio runtime.
+    /// resolves to the message's `(partition, offset)` once it is acknowledged. Signed when the
+    /// producer signs. Must be called within a tokio runtime.
     // rdkafka's send returns the record with its error, large, so it can be sent again.
     #[allow(clippy::result_large_err)]
     pub async fn send(
@@ -92,17 +92,37 @@ impl RequestProducer {
         key: Option<&str>,
         value: &[u8],
     ) -> Result<impl Future<Output = Result<(i32, i64)>>> {
+        let signature = (self.signing_key.as_ref()).map(|s| sign(s, &self.topic, value));
+        let headers: Vec<_> = signature
+            .iter()
+            .map(|s| (SIGNATURE_HEADER, s.as_str()))
+            .collect();
+        self.send_with(key, value, &headers).await
+    }
+
+    /// As [`RequestProducer::send`], the message carrying `headers` (and no signature of this
+    /// producer's own).
+    #[allow(clippy::result_large_err)]
+    pub async fn send_with(
+        &self,
+        key: Option<&str>,
+        value: &[u8],
+        headers: &[(&str, &str)],
+    ) -> Result<impl Future<Output = Result<(i32, i64)>>> {
         self.ready().await;
         let mut record = FutureRecord::to(&self.topic).payload(value);
         if let Some(k) = key {
             record = record.key(k);
         }
-        if let Some(secret) = &self.signing_key {
-            let signature = sign(secret, &self.topic, value);
-            record = record.headers(OwnedHeaders::new().insert(Header {
-                key: SIGNATURE_HEADER,
-                value: Some(signature.as_str()),
-            }));
+        if !headers.is_empty() {
+            let mut owned = OwnedHeaders::new_with_capacity(headers.len());
+            for (key, value) in headers {
+                owned = owned.insert(Header {
+                    key,
+                    value: Some(*value),
+                });
+            }
+            record = record.headers(owned);
         }
         Ok(ack(enqueue(record, |r| self.producer.send_result(r)).await?))
     }

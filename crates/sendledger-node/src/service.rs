@@ -136,7 +136,10 @@ impl Service {
             }
         }
         let front = match config.front.enabled {
-            true => Some(FrontDoor::start(&config.front, engine.clone(), access).await?),
+            true => {
+                let produce_to = kafka_mode.then_some(kafka);
+                Some(FrontDoor::start(&config.front, engine.clone(), access, produce_to).await?)
+            }
             false => None,
         };
         Ok(Service {

@@ -70,11 +70,13 @@ impl FrontConfig {
         crate::callers::load(&self.callers, tenants, mutual_tls, env)
     }
 
-    /// Ranges, TLS files and callers (tokens read through `env`); `kafka_mode` and `tenants`
-    /// (what `[access]` lists, `None` when nothing) say what the front door must refuse.
+    /// Ranges, TLS files and callers (tokens read through `env`); `kafka_mode`, `standby`
+    /// (`kafka.standby`) and `tenants` (what `[access]` lists, `None` when nothing) say what
+    /// the front door must refuse.
     pub fn validate(
         &self,
         kafka_mode: bool,
+        standby: bool,
         tenants: Option<&BTreeSet<String>>,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<(), ConfigError> {
@@ -98,10 +100,10 @@ impl FrontConfig {
                 return Err(ConfigError::field(field, "must be longer than 0s"));
             }
         }
-        if kafka_mode {
+        if kafka_mode && !standby {
             return Err(ConfigError::field(
                 "front.enabled",
-                "the front door answers from this instance's ledger, and in kafka mode a task's ledger is its partition owner's: it runs in local mode only for now",
+                "in kafka mode the front door answers for tasks of every partition from this instance's copies of them: set kafka.standby = true, so that it keeps a copy of each partition it does not own",
             ));
         }
         if let Some(tls) = &self.tls {
@@ -130,12 +132,13 @@ mod tests {
 
     const TOKEN: &str = "caller-token-0123456789abcdef0123456789";
 
+    /// `kafka_mode`: kafka mode without standby copies.
     fn check(text: &str, kafka_mode: bool, access: Option<&[&str]>) -> Result<(), String> {
         let front: FrontConfig = toml::from_str(text).map_err(|e| e.to_string())?;
         let tenants: Option<BTreeSet<String>> =
             access.map(|t| t.iter().map(|s| s.to_string()).collect());
         let env = |v: &str| (v == "TOKEN").then(|| TOKEN.to_string());
-        (front.validate(kafka_mode, tenants.as_ref(), env)).map_err(|e| e.to_string())
+        (front.validate(kafka_mode, false, tenants.as_ref(), env)).map_err(|e| e.to_string())
     }
 
     #[test]
@@ -147,7 +150,7 @@ mod tests {
         for (text, kafka_mode, access, wanted) in [
             (on.to_string(), false, Some(&["acme"][..]), "front.callers: is empty while [access] lists tenants"),
             (format!("{on}listen = \"0.0.0.0:9480\"\n"), false, None, "is not loopback"),
-            (format!("{on}{caller}"), true, None, "local mode only"),
+            (format!("{on}{caller}"), true, None, "set kafka.standby = true"),
             (format!("{on}max_waiting = 0\n"), false, None, "front.max_waiting"),
             (format!("{on}[tls]\ncert_file = \"/nonexistent.pem\"\nkey_file = \"/nonexistent-key.pem\"\n"), false, None, "front.tls.cert_file: cannot read"),
         ] {

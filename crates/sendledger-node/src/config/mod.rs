@@ -455,7 +455,10 @@ impl Config {
         let tenants: Option<std::collections::BTreeSet<String>> = (!self.access.tenants.is_empty())
             .then(|| self.access.tenants.keys().cloned().collect());
         let kafka_mode = self.storage.mode == StorageMode::Kafka;
-        (self.front).validate(kafka_mode, tenants.as_ref(), |name| env.get(name).cloned())?;
+        let standby = self.kafka.standby;
+        (self.front).validate(kafka_mode, standby, tenants.as_ref(), |name| {
+            env.get(name).cloned()
+        })?;
         if let Some(tls) = &self.admin.tls {
             tls.acceptor("admin.tls")?;
         }

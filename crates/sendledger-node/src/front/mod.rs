@@ -7,14 +7,16 @@
 //! | `POST /v1/tasks` | a task request as JSON (the fields of a requests-topic message; `request_key` from the `Idempotency-Key` header or the body); `Prefer: wait=N` waits up to N seconds (at most `front.max_wait`) for the result |
 //! | `GET /v1/tasks/{id}` | the task's latest result; `Retry-After` while it is not terminal |
 //!
-//! A request is made durable before any 2xx or 202: it is submitted to the engine, whose answer
-//! comes once the task's acceptance is in the ledger (its source [`Source::front_door`], not a
-//! Kafka message), or it is answered 503 with `Retry-After` and nothing is executed. The same
-//! identity and payload-hash check as for Kafka messages applies: a request that came both
-//! ways is one task. Errors are RFC 9457 problem documents (`application/problem+json`).
+//! A request is made durable before any 2xx or 202. In local mode it is submitted to the
+//! engine, whose answer comes once the task's acceptance is in the ledger (its source
+//! [`Source::front_door`], not a Kafka message). In kafka mode it is produced to the requests
+//! topic and acknowledged, and its partition's owner executes it ([`kafka`]). Otherwise it is
+//! answered 503 with `Retry-After`. The same identity and payload-hash check as for Kafka
+//! messages applies: a request that came both ways is one task. Errors are RFC 9457 problem
+//! documents (`application/problem+json`).
 //!
-//! Waiting requests hold no thread: each is a future woken by the task's actor when it records
-//! the task's events (`Engine::watch`), at most `front.max_waiting` at once (503 beyond). A
+//! Waiting requests hold no thread: each is a future woken by the engine when it records the
+//! task's events (`Engine::watch`), at most `front.max_waiting` at once (503 beyond). A
 //! client that disconnects drops its wait.
 //!
 //! With `[front.callers]`, every request needs a caller's credential (a bearer token, or a
@@ -35,13 +37,12 @@ use axum::routing::{get, post};
 use axum::Extension;
 use axum::Router;
 use http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
-use sendledger_actors::watchers::TaskWatch;
 use sendledger_actors::Engine;
-use sendledger_core::access::Access;
-use sendledger_core::result::Projection;
+use sendledger_core::access::{sign, Access, SIGNATURE_HEADER};
 use sendledger_core::trace::{TraceParent, TRACEPARENT};
 use sendledger_core::{Source, TaskId, TaskRequest};
-use serde_json::{json, Value};
+use sendledger_kafka::Kafka;
+use serde_json::Value;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 
@@ -49,27 +50,24 @@ use crate::callers::Callers;
 use crate::config::FrontConfig;
 use crate::credentials::bearer_token;
 use crate::error::Result;
-use crate::metric_definitions::{
-    FRONT_CONFLICTS_TOTAL, FRONT_REPLAYS_TOTAL, FRONT_REQUESTS_TOTAL, FRONT_WAITING,
-    FRONT_WAITS_TOTAL,
-};
+use crate::metric_definitions::{FRONT_CONFLICTS_TOTAL, FRONT_REPLAYS_TOTAL, FRONT_REQUESTS_TOTAL};
 use crate::operators::Scope;
 use crate::serve::{accept_loop, Limits};
 use crate::tls::PeerCertificate;
 
+mod kafka;
 mod problem;
+mod wait;
 
+use kafka::KafkaDoor;
 use problem::Problem;
+use wait::{progress, wait_for, Progress, Waiting};
 
 /// The header that carries a request's key (draft-ietf-httpapi-idempotency-key-header).
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
 /// The header that marks an answer given from a stored result, not a new execution.
 pub const REPLAYED: &str = "idempotency-replayed";
-
-/// How often a waiting request reads its task's summary when nothing woke it: a safety net
-/// (the task's actor wakes it after every change it records).
-const RECHECK: Duration = Duration::from_millis(500);
 
 /// What a client that is told to come back later waits, in seconds.
 const RETRY_AFTER: &str = "1";
@@ -83,6 +81,8 @@ pub struct FrontDoor {
 
 struct Shared {
     engine: Engine,
+    /// Kafka mode: where requests go.
+    kafka: Option<KafkaDoor>,
     callers: Callers,
     access: Option<Arc<Access>>,
     waiting: Semaphore,
@@ -139,14 +139,17 @@ impl Shared {
 }
 
 impl FrontDoor {
-    /// Binds `config.listen` and serves until [`FrontDoor::shutdown`]; requests are submitted
-    /// to `engine`, checked against `access` first. Callers' tokens are read from the
-    /// environment.
+    /// Binds `config.listen` and serves until [`FrontDoor::shutdown`]; requests are checked
+    /// against `access`, then submitted to `engine`, or in kafka mode produced on `kafka`'s
+    /// requests topic (`engine` then answers from its copies of the partitions: owned here,
+    /// or standby). Callers' tokens are read from the environment.
     pub async fn start(
         config: &FrontConfig,
         engine: Engine,
         access: Option<Arc<Access>>,
+        kafka: Option<&Kafka>,
     ) -> Result<FrontDoor> {
+        let kafka = kafka.map(KafkaDoor::new).transpose()?;
         let tenants = (access.as_ref()).map(|a| a.tenants.keys().cloned().collect());
         let callers = config.load_callers(tenants.as_ref(), |name| std::env::var(name).ok())?;
         let tls = (config.tls.as_ref())
@@ -159,6 +162,7 @@ impl FrontDoor {
         let first = since_epoch.map_or(0, |d| d.as_micros() as i64);
         let shared = Arc::new(Shared {
             engine,
+            kafka,
             callers,
             access,
             waiting: Semaphore::new(config.max_waiting),
@@ -241,7 +245,7 @@ async fn submitted(
 ) -> std::result::Result<Response, Problem> {
     let scope = shared.scope(headers, peer)?;
     let bytes = read_body(shared, body).await?;
-    let request = parse_request(headers, &bytes)?;
+    let (mut request, message) = parse_request(headers, &bytes)?;
     if !scope.allows(Some(&request.tenant)) {
         return Err(Problem::new(
             StatusCode::FORBIDDEN,
@@ -253,12 +257,12 @@ async fn submitted(
             request.tenant
         )));
     }
-    // The trace context travels in the request's metadata, as the ingest keeps a message's.
-    let mut request = request;
     let trace = (headers.get(TRACEPARENT))
         .and_then(|v| v.to_str().ok())
         .and_then(TraceParent::parse);
-    if let Some(trace) = trace {
+    if let (Some(trace), None) = (trace, &shared.kafka) {
+        // The trace context travels in the request's metadata, as the ingest keeps a message's
+        // (in kafka mode, as the message's header: the ingest of its owner keeps it).
         request.set_traceparent(trace);
     }
     let accepted = (shared.engine.check(&request)).map_err(|e| {
@@ -269,8 +273,25 @@ async fn submitted(
         )
         .detail(e.to_string())
     })?;
+    // Kafka mode: the message is signed with its tenant's key when the tenant signs, and
+    // checked as its owner will check it.
+    let signature = match (&shared.kafka, &shared.access) {
+        (Some(kafka), Some(access)) => (access.tenants.get(&request.tenant))
+            .and_then(|rules| rules.keys.first())
+            .map(|key| sign(&key.secret, kafka.topic(), &message)),
+        _ => None,
+    };
     if let Some(access) = &shared.access {
-        (access.check_request(&request)).map_err(|refusal| {
+        let checked = match &shared.kafka {
+            Some(kafka) => access.check(
+                &request,
+                kafka.topic(),
+                &message,
+                signature.as_deref().map(str::as_bytes),
+            ),
+            None => access.check_request(&request),
+        };
+        checked.map_err(|refusal| {
             Problem::new(
                 StatusCode::FORBIDDEN,
                 "access-refused",
@@ -283,18 +304,60 @@ async fn submitted(
     // Taken before submitting: a wait refused for `front.max_waiting` records nothing, and the
     // watch sees every change of the task after its submission.
     let wait = prefer_wait(headers).map(|w| w.min(shared.max_wait));
-    let waiting = Waiting::begin(shared, task_id, wait.unwrap_or_default())?;
-    let number = shared.submissions.fetch_add(1, Ordering::Relaxed);
-    let reply = (shared.engine.deliver(accepted, Source::front_door(number)))
-        .await
-        .map_err(|e| unavailable(sendledger_core::error::Chain(&e)))?;
-    // What the task's writer recorded says whether the key was new, known with this payload (a
-    // duplicate delivery: the stored result answers), or known with another.
-    if reply.events.contains(&"RequestConflict") {
+    let waiting = Waiting::begin(
+        shared,
+        task_id,
+        wait.unwrap_or_default(),
+        shared.kafka.is_some(),
+    )?;
+    let decided = match &shared.kafka {
+        None => {
+            let number = shared.submissions.fetch_add(1, Ordering::Relaxed);
+            let reply = (shared.engine.deliver(accepted, Source::front_door(number)))
+                .await
+                .map_err(|e| unavailable(sendledger_core::error::Chain(&e)))?;
+            // What the task's writer recorded says whether the key was new, known with this
+            // payload (a duplicate delivery: the stored result answers), or known with another.
+            let verdict = if reply.events.contains(&"RequestConflict") {
+                Verdict::Conflict
+            } else if reply.events.contains(&"TaskAccepted") {
+                Verdict::New
+            } else {
+                Verdict::Replay
+            };
+            Some((verdict, reply.phase.is_terminal()))
+        }
+        Some(kafka) => {
+            let mut message_headers = Vec::new();
+            if let Some(signature) = &signature {
+                message_headers.push((SIGNATURE_HEADER, signature.as_str()));
+            }
+            let trace = trace.map(|t| t.to_string());
+            if let Some(trace) = &trace {
+                message_headers.push((TRACEPARENT, trace.as_str()));
+            }
+            let key = request.identity().to_string();
+            let source = kafka.produce(&key, &message, &message_headers).await?;
+            let wait_for_owner = kafka::VERDICT_WITHIN.min(shared.max_wait);
+            let until = tokio::time::Instant::now() + wait.unwrap_or_default().max(wait_for_owner);
+            kafka::verdict(shared, task_id, &source, &waiting, until).await?
+        }
+    };
+    let Some((verdict, ended)) = decided else {
+        // Acknowledged on the requests topic; its owner has not recorded it yet.
+        let submitted = Progress {
+            state: "submitted",
+            terminal: false,
+            result: None,
+            tenant: None,
+        };
+        return Ok(submitted.answer(task_id, StatusCode::CREATED, StatusCode::ACCEPTED));
+    };
+    if verdict == Verdict::Conflict {
         return Err(conflict(task_id));
     }
-    let replay = !reply.events.contains(&"TaskAccepted");
-    let progress = wait_for(shared, task_id, waiting, reply.phase.is_terminal()).await?;
+    let replay = verdict == Verdict::Replay;
+    let progress = wait_for(shared, task_id, waiting, ended).await?;
     if replay {
         metrics::counter!(FRONT_REPLAYS_TOTAL).increment(1);
         if !progress.terminal && wait.is_none() {
@@ -320,6 +383,17 @@ async fn submitted(
             .insert(REPLAYED, HeaderValue::from_static("true"));
     }
     Ok(response)
+}
+
+/// What the task's writer made of a submitted request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// It created the task.
+    New,
+    /// Its key was known with this payload: a duplicate delivery, answered from its task.
+    Replay,
+    /// Its key was known with another payload.
+    Conflict,
 }
 
 /// `GET /v1/tasks/{id}`: the latest result; `Retry-After` while the task is not terminal. A
@@ -359,163 +433,6 @@ async fn task(
     }
 }
 
-/// Where a task stands: its state, its latest result and its payload's hash.
-struct Progress {
-    state: &'static str,
-    terminal: bool,
-    result: Option<Value>,
-    /// The task's tenant; `None` for rejected input, which names no trusted tenant.
-    tenant: Option<String>,
-}
-
-impl Progress {
-    /// The result record with `done` when the task is terminal; otherwise `pending` with
-    /// where to ask and when.
-    fn answer(self, task_id: TaskId, done: StatusCode, pending: StatusCode) -> Response {
-        if self.terminal {
-            let body = self.result.unwrap_or(Value::Null);
-            return (
-                done,
-                [(header::CONTENT_TYPE, "application/json")],
-                body.to_string(),
-            )
-                .into_response();
-        }
-        let body =
-            json!({ "task_id": task_id.to_string(), "state": self.state, "result": self.result });
-        let location = format!("/v1/tasks/{task_id}");
-        (
-            pending,
-            [
-                (header::CONTENT_TYPE, "application/json".to_string()),
-                (header::LOCATION, location),
-                (header::RETRY_AFTER, RETRY_AFTER.to_string()),
-            ],
-            body.to_string(),
-        )
-            .into_response()
-    }
-}
-
-/// A request waiting for its task: a permit of `front.max_waiting`, the task's watch, and its
-/// count in [`FRONT_WAITING`] while it lives (a client that goes away drops its wait, and this
-/// with it).
-struct Waiting<'a> {
-    deadline: tokio::time::Instant,
-    watch: Option<(TaskWatch, tokio::sync::SemaphorePermit<'a>)>,
-}
-
-impl<'a> Waiting<'a> {
-    /// A wait of `wait` for `task_id` (none when `wait` is zero), or 503 when
-    /// `front.max_waiting` requests wait already.
-    fn begin(
-        shared: &'a Shared,
-        task_id: TaskId,
-        wait: Duration,
-    ) -> std::result::Result<Waiting<'a>, Problem> {
-        let deadline = tokio::time::Instant::now() + wait;
-        if wait.is_zero() {
-            return Ok(Waiting {
-                deadline,
-                watch: None,
-            });
-        }
-        let permit = shared.waiting.try_acquire().map_err(|_| {
-            metrics::counter!(FRONT_WAITS_TOTAL, "ended" => "refused").increment(1);
-            Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "too-many-waiting",
-                "Too many requests are waiting",
-            )
-            .detail("front.max_waiting requests wait already; nothing was executed: ask again without waiting, or later")
-            .retry_after()
-        })?;
-        metrics::gauge!(FRONT_WAITING).increment(1.0);
-        Ok(Waiting {
-            deadline,
-            watch: Some((shared.engine.watch(task_id), permit)),
-        })
-    }
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        if self.watch.is_some() {
-            metrics::gauge!(FRONT_WAITING).decrement(1.0);
-        }
-    }
-}
-
-/// The task's progress once it is terminal (at once when it `ended` already), or when the wait
-/// has passed (at once with no wait). Woken by the task's actor each time it records events of
-/// the task (which says when the task has ended); the task's summary is read only after
-/// [`RECHECK`] without a wake.
-async fn wait_for(
-    shared: &Shared,
-    task_id: TaskId,
-    waiting: Waiting<'_>,
-    ended: bool,
-) -> std::result::Result<Progress, Problem> {
-    let watch = waiting.watch.as_ref().map(|(watch, _)| watch);
-    let mut read_ledger = false;
-    loop {
-        // Taken before the summary is read, so a change in between still wakes it.
-        let changed = watch.map(|w| w.changed());
-        let mut terminal = ended || watch.is_some_and(|w| w.ended());
-        if read_ledger && !terminal {
-            let summary = (shared.engine.ledger())
-                .read(move |l| l.task_summary(task_id))
-                .await
-                .map_err(unavailable)?;
-            terminal = summary.as_ref().is_some_and(|s| s.phase.is_terminal());
-        }
-        let now = tokio::time::Instant::now();
-        if terminal || now >= waiting.deadline {
-            if watch.is_some() {
-                let ended = if terminal { "ended" } else { "timeout" };
-                metrics::counter!(FRONT_WAITS_TOTAL, "ended" => ended).increment(1);
-            }
-            // Submitted, or known, before the wait: the ledger holds the task.
-            return progress(shared, task_id)
-                .await?
-                .ok_or_else(|| unavailable(format!("task {task_id} is not in the ledger")));
-        }
-        let pause = RECHECK.min(waiting.deadline - now);
-        read_ledger = match changed {
-            Some(changed) => tokio::time::timeout(pause, changed).await.is_err(),
-            None => {
-                tokio::time::sleep(pause).await;
-                true
-            }
-        };
-    }
-}
-
-/// What the ledger holds of the task; `None` when it holds nothing yet.
-async fn progress(
-    shared: &Shared,
-    task_id: TaskId,
-) -> std::result::Result<Option<Progress>, Problem> {
-    let events = shared.engine.events(task_id).await.map_err(unavailable)?;
-    if events.is_empty() {
-        return Ok(None);
-    }
-    let mut projection = Projection::default();
-    let mut result = None;
-    for event in &events {
-        if let Some(r) = projection.apply(event) {
-            result = Some(r);
-        }
-    }
-    let state = projection.state();
-    Ok(Some(Progress {
-        state: state.phase.name(),
-        terminal: state.phase.is_terminal(),
-        result: result.map(|r| serde_json::to_value(r).unwrap_or(Value::Null)),
-        tenant: (state.request.as_ref()).map(|r| r.identity.tenant.clone()),
-    }))
-}
-
 /// The body, within `front.max_body_bytes` and the header timeout.
 async fn read_body(shared: &Shared, body: Body) -> std::result::Result<bytes::Bytes, Problem> {
     use http_body_util::{BodyExt, Limited};
@@ -541,7 +458,11 @@ async fn read_body(shared: &Shared, body: Body) -> std::result::Result<bytes::By
 
 /// The task request of a body, its `request_key` from the `Idempotency-Key` header or the
 /// body (both given: they must agree).
-fn parse_request(headers: &HeaderMap, bytes: &[u8]) -> std::result::Result<TaskRequest, Problem> {
+/// Returns it with its JSON as a requests-topic message carries it.
+fn parse_request(
+    headers: &HeaderMap,
+    bytes: &[u8],
+) -> std::result::Result<(TaskRequest, Vec<u8>), Problem> {
     let bad = |kind: &'static str, title: &'static str, detail: String| {
         Problem::new(StatusCode::BAD_REQUEST, kind, title).detail(detail)
     };
@@ -582,13 +503,14 @@ fn parse_request(headers: &HeaderMap, bytes: &[u8]) -> std::result::Result<TaskR
             e.to_string(),
         )
     })?;
-    TaskRequest::from_json(&bytes).map_err(|e| {
+    let request = TaskRequest::from_json(&bytes).map_err(|e| {
         bad(
             "invalid-request",
             "The task request is not valid",
             e.to_string(),
         )
-    })
+    })?;
+    Ok((request, bytes))
 }
 
 /// An `Idempotency-Key` value: a structured-field string (`"..."`, as the draft defines it)

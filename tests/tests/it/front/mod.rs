@@ -3,10 +3,11 @@
 //! retry; a key reused with another payload is 422, no key 400; `Prefer: wait` returns the
 //! result in time, or 202 and the GET later; an unknown outcome is reported as such and later
 //! confirmed by lookup; a service killed right after its 202 completes the task once after a
-//! restart. [`callers`]: callers' credentials, tenants and TLS. Every answer is checked
-//! against the OpenAPI document ([`openapi`]).
+//! restart. [`callers`]: callers' credentials, tenants and TLS. [`kafka`]: kafka mode, a POST
+//! to any instance. Every answer is checked against the OpenAPI document ([`openapi`]).
 
 mod callers;
+mod kafka;
 mod openapi;
 
 use std::path::Path;
