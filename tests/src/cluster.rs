@@ -201,6 +201,8 @@ pub struct Instance {
     cli: PathBuf,
     /// How many times it was started.
     runs: usize,
+    /// Environment variables its processes get, besides the test's.
+    env: Vec<(String, String)>,
     running: Option<Running>,
 }
 
@@ -258,8 +260,18 @@ impl Instance {
             config,
             cli: cli.as_ref().to_path_buf(),
             runs: 0,
+            env: Vec::new(),
             running: None,
         }
+    }
+
+    /// This instance, its processes given `env` (secrets its configuration names).
+    pub fn with_env(mut self, env: &[(&str, &str)]) -> Instance {
+        self.env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        self
     }
 
     pub fn log_file(&self) -> PathBuf {
@@ -296,6 +308,7 @@ impl Instance {
         let mut child = Command::new(&self.cli)
             .args(["--log-format", "json", "run", "--config"])
             .arg(&self.config)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

@@ -2,7 +2,8 @@
 //! broker process, each with its front door and standby copies. A POST to either instance is
 //! executed by its partition's owner, whichever that is, and answered by the instance it was
 //! sent to; retries to the other instance are replays of the same result, a reused key is 422,
-//! and concurrent POSTs of one key to both are one task. A request whose owner is frozen is
+//! and concurrent POSTs of one key to both are one task. The tenant signs its requests and the
+//! front door has callers: each message is signed as its owner requires. A request whose owner is frozen is
 //! answered 202 `submitted` once it is on the requests topic, and executed once by the next
 //! owner after the frozen one is killed. Checked at the remote (one record per key), in the
 //! answers, on the results topic, and in the audit of the events topic.
@@ -17,12 +18,21 @@ use sendledger_tests::cluster::{
 };
 use sendledger_tests::kafka::Tansu;
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 
 use super::{curl_with, openapi, task, Answer};
 use crate::SENDLEDGER;
 
 /// A request to `instance`'s front door with curl, its answer checked against the OpenAPI
 /// document.
+/// The caller's token (`[front.callers.shop]`, its SHA-256 in the configuration).
+const TOKEN: &str = "shop-caller-token-0123456789abcdef0123";
+
+/// The key tenant `acme` signs its requests with: the owner refuses an unsigned one.
+const ACME_KEY: &str = "acme-signing-key-0123456789abcdef";
+
+/// A request to `instance`'s front door with curl as caller `shop`, its answer checked
+/// against the OpenAPI document.
 fn request(
     instance: &Instance,
     method: &str,
@@ -31,7 +41,11 @@ fn request(
     body: Option<&Value>,
 ) -> Answer {
     let url = format!("{}{path}", instance.front());
-    let answer = curl_with(&[], method, &url, headers, body);
+    let auth = format!("Authorization: Bearer {TOKEN}");
+    let headers: Vec<&str> = std::iter::once(auth.as_str())
+        .chain(headers.iter().copied())
+        .collect();
+    let answer = curl_with(&[], method, &url, &headers, body);
     openapi::check(method, path, body, &answer);
     answer
 }
@@ -74,7 +88,18 @@ impl Setup {
                         config.targets.insert("sim".into(), target.clone());
                         config.front.enabled = true;
                         config.front.listen = "127.0.0.1:0".parse().unwrap();
+                        config.access = toml::from_str(
+                            "[tenants.acme]\ntargets = [\"sim\"]\nsigning_keys_env = [\"ACME_KEY\"]",
+                        )
+                        .unwrap();
+                        let hash = Sha256::digest(TOKEN);
+                        let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+                        config.front.callers = toml::from_str(&format!(
+                            "[shop]\ntenants = [\"acme\"]\ntoken_sha256 = [\"{hex}\"]"
+                        ))
+                        .unwrap();
                     })
+                    .with_env(&[("ACME_KEY", ACME_KEY)])
                 })
                 .collect(),
             timeline: timeline.clone(),
