@@ -351,7 +351,7 @@ impl Engine {
         self.inner.ledger.append(append).await?;
         // A standby's copy (or a take-over's) is what the front door of a non-owner answers from.
         for (task, ended) in changed {
-            self.inner.watchers.changed(task, ended);
+            self.inner.watchers.changed(task, ended, None);
         }
         if !diverged.is_empty() {
             metrics::counter!(crate::metric_definitions::DIVERGENT_HISTORIES_TOTAL)

@@ -16,6 +16,7 @@ use sendledger_core::decide::{
     decide, Action, AttemptOutcome, Ctx, Decision, Hold, Input, Sending,
 };
 use sendledger_core::error::Chain;
+use sendledger_core::result::Projection;
 use sendledger_core::saga::Call;
 use sendledger_core::{
     EventBody, Evidence, NewEvent, NotSentCause, Phase, Policy, Source, State, TaskId, WaitReason,
@@ -370,6 +371,10 @@ impl TaskActor {
             }
         }
         let (next, mut append) = record(self.task_id, &self.state, &decision, now);
+        // A task that ends while watched hands its result to its watchers (the front door's
+        // waits), projected from its state before these events, so that they need not read it.
+        let ending = (next.phase.is_terminal() && self.shared.watchers.is_watched(self.task_id))
+            .then(|| (self.state.clone(), append.events.clone()));
         if let Some(s) = source.filter(Source::is_message) {
             append.offsets.push((s.topic, s.partition, s.offset));
         }
@@ -441,7 +446,13 @@ impl TaskActor {
                 act.state = next;
                 if !lsns.is_empty() {
                     let ended = act.state.phase.is_terminal();
-                    act.shared.watchers.changed(task_id, ended);
+                    let result = ending.and_then(|(before, events)| {
+                        let mut projection = Projection::from_state(before);
+                        (events.into_iter().zip(lsns.clone()))
+                            .filter_map(|(event, lsn)| projection.apply(&event.with_lsn(lsn)))
+                            .last()
+                    });
+                    act.shared.watchers.changed(task_id, ended, result);
                 }
                 act.perform(decision.action, room, first_byte_by, ctx);
                 Ok(Reply { task_id, phase: act.state.phase, lsns, events: names })

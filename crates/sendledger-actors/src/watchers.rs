@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use sendledger_core::result::TaskResult;
 use sendledger_core::TaskId;
 use tokio::sync::Notify;
 
@@ -25,6 +26,8 @@ struct Watched {
     notify: Notify,
     /// Set once a terminal state of the task is recorded.
     ended: AtomicBool,
+    /// The result announced with it, when its writer gave it.
+    result: Mutex<Option<Arc<TaskResult>>>,
 }
 
 /// A watch of one task; wakes on [`TaskWatch::changed`] after the task's next durable change.
@@ -51,15 +54,29 @@ impl Watchers {
         }
     }
 
+    /// Whether anyone watches `task`. A lock only while some task is watched.
+    pub fn is_watched(&self, task: TaskId) -> bool {
+        if self.watched.load(Ordering::SeqCst) == 0 {
+            return false;
+        }
+        let tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        tasks.contains_key(&task)
+    }
+
     /// Wakes the watchers of `task`: its events are durable, and its state is now terminal
-    /// when `ended`. A lock only while some task is watched.
-    pub fn changed(&self, task: TaskId, ended: bool) {
+    /// when `ended`, with `result` the result announced with it when the writer gives it (the
+    /// watchers then need not read it back). A lock only while some task is watched.
+    pub fn changed(&self, task: TaskId, ended: bool, result: Option<TaskResult>) {
         if self.watched.load(Ordering::SeqCst) == 0 {
             return;
         }
         let tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((watched, _)) = tasks.get(&task) {
             if ended {
+                if let Some(result) = result {
+                    *watched.result.lock().unwrap_or_else(|e| e.into_inner()) =
+                        Some(Arc::new(result));
+                }
                 watched.ended.store(true, Ordering::SeqCst);
             }
             watched.notify.notify_waiters();
@@ -78,6 +95,17 @@ impl TaskWatch {
     /// Whether a terminal state of the task was recorded since the watch began.
     pub fn ended(&self) -> bool {
         self.watched.ended.load(Ordering::SeqCst)
+    }
+
+    /// The result announced with the task's terminal state, when it ended since the watch
+    /// began and its writer gave it.
+    pub fn result(&self) -> Option<Arc<TaskResult>> {
+        (self
+            .watched
+            .result
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()))
+        .clone()
     }
 }
 
@@ -108,22 +136,25 @@ mod tests {
             // Made before the change, polled only after it: still woken.
             let waiting = watch.changed();
             tokio::pin!(waiting);
-            watchers.changed(b, true);
+            watchers.changed(b, true, None);
             let other = tokio::time::timeout(std::time::Duration::from_millis(20), &mut waiting);
             assert!(other.await.is_err(), "another task's change wakes no one");
-            watchers.changed(a, false);
+            watchers.changed(a, false, None);
             waiting.await;
             assert!(!watch.ended());
             // A change before the future was made is not seen by it.
             let late = watch.changed();
             let missed = tokio::time::timeout(std::time::Duration::from_millis(20), late);
             assert!(missed.await.is_err());
-            watchers.changed(a, true);
+            watchers.changed(a, true, None);
             assert!(watch.ended() && second.ended());
+            assert!(watch.result().is_none(), "no result was given");
         }
+        assert!(watchers.is_watched(a) && !watchers.is_watched(b));
         drop(watch);
         assert_eq!(watchers.watched.load(Ordering::SeqCst), 1);
         drop(second);
+        assert!(!watchers.is_watched(a));
         assert!(watchers.tasks.lock().unwrap().is_empty());
         assert_eq!(watchers.watched.load(Ordering::SeqCst), 0);
     }

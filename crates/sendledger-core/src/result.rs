@@ -235,6 +235,16 @@ impl Projection {
         projection
     }
 
+    /// The projection of a task whose events so far left it in `state`, with no result
+    /// announced yet: what the writer of the task's next events, which holds its state,
+    /// projects them from. (A duplicate delivery applied to it re-announces nothing.)
+    pub fn from_state(state: State) -> Projection {
+        Projection {
+            state,
+            announced: None,
+        }
+    }
+
     /// The task's trace context, once its accepted request is applied and if it carried one:
     /// what the task's published records carry as their `traceparent`.
     pub fn traceparent(&self) -> Option<crate::trace::TraceParent> {
@@ -496,6 +506,44 @@ mod tests {
     fn results(history: &[Event]) -> Vec<Option<TaskResult>> {
         let mut projection = Projection::default();
         history.iter().map(|e| projection.apply(e)).collect()
+    }
+
+    /// What a task's writer gives the watchers of a task that ends (its state before the
+    /// events, then the events) is what the publisher announces folding the whole history.
+    #[test]
+    fn a_projection_from_a_tasks_state_announces_what_its_history_does() {
+        use crate::event::UnknownCause;
+        let (task, acc) = accepted();
+        let h = history(
+            task,
+            vec![
+                acc,
+                EventBody::SendIntended {
+                    attempt: 1,
+                    idempotency_key: None,
+                },
+                EventBody::SendUnknown {
+                    attempt: 1,
+                    cause: UnknownCause::Timeout,
+                },
+                EventBody::LookupPerformed {
+                    matches: vec!["r-1".into()],
+                    next_check_at: None,
+                },
+                EventBody::Confirmed {
+                    remote_id: "r-1".into(),
+                    evidence: Evidence::Lookup,
+                },
+            ],
+        );
+        let whole = results(&h);
+        assert!(whole.last().unwrap().is_some(), "the last event announces");
+        for k in 0..h.len() {
+            let before = Projection::of(&h[..k]).state().clone();
+            let mut projection = Projection::from_state(before);
+            let rest: Vec<_> = h[k..].iter().map(|e| projection.apply(e)).collect();
+            assert_eq!(rest, whole[k..], "from the state after {k} events");
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::time::Duration;
 use axum::response::{IntoResponse, Response};
 use http::{header, StatusCode};
 use sendledger_actors::watchers::TaskWatch;
-use sendledger_core::result::Projection;
+use sendledger_core::result::{Projection, TaskResult};
 use sendledger_core::TaskId;
 use serde_json::{json, Value};
 
@@ -29,6 +29,21 @@ pub(super) struct Progress {
 }
 
 impl Progress {
+    /// A task that ended with `result`.
+    fn ended(shared: &Shared, result: &TaskResult) -> Progress {
+        let mut result = result.clone();
+        if shared.kafka.is_some() {
+            // As published (see [`progress`]).
+            result.lsn = 0;
+        }
+        Progress {
+            state: result.status.name(),
+            terminal: true,
+            tenant: result.tenant.clone(),
+            result: Some(serde_json::to_value(result).unwrap_or(Value::Null)),
+        }
+    }
+
     /// The result record with `done` when the task is terminal; otherwise `pending` with
     /// where to ask and when.
     pub fn answer(self, task_id: TaskId, done: StatusCode, pending: StatusCode) -> Response {
@@ -147,6 +162,10 @@ pub(super) async fn wait_for(
             if waiting.asked {
                 let ended = if terminal { "ended" } else { "timeout" };
                 metrics::counter!(FRONT_WAITS_TOTAL, "ended" => ended).increment(1);
+            }
+            // Ended while watched: its writer gave the result.
+            if let Some(result) = watch.filter(|_| terminal).and_then(TaskWatch::result) {
+                return Ok(Progress::ended(shared, &result));
             }
             // Submitted, or known, before the wait: the ledger holds the task.
             return progress(shared, task_id)
