@@ -2,6 +2,7 @@
 //! wakes it each time it records events of the task, as the task's actor or, in kafka mode, as
 //! a partition's standby copy or restore), never a thread.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::response::{IntoResponse, Response};
@@ -9,7 +10,7 @@ use http::{header, StatusCode};
 use sendledger_actors::watchers::TaskWatch;
 use sendledger_core::result::{Projection, TaskResult};
 use sendledger_core::TaskId;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::problem::Problem;
 use super::{unavailable, Shared, RETRY_AFTER};
@@ -23,24 +24,23 @@ pub(super) const RECHECK: Duration = Duration::from_millis(500);
 pub(super) struct Progress {
     pub state: &'static str,
     pub terminal: bool,
-    pub result: Option<Value>,
+    pub result: Option<Arc<TaskResult>>,
     /// The task's tenant; `None` for rejected input, which names no trusted tenant.
     pub tenant: Option<String>,
 }
 
 impl Progress {
     /// A task that ended with `result`.
-    fn ended(shared: &Shared, result: &TaskResult) -> Progress {
-        let mut result = result.clone();
+    fn ended(shared: &Shared, mut result: Arc<TaskResult>) -> Progress {
         if shared.kafka.is_some() {
             // As published (see [`progress`]).
-            result.lsn = 0;
+            Arc::make_mut(&mut result).lsn = 0;
         }
         Progress {
             state: result.status.name(),
             terminal: true,
             tenant: result.tenant.clone(),
-            result: Some(serde_json::to_value(result).unwrap_or(Value::Null)),
+            result: Some(result),
         }
     }
 
@@ -48,16 +48,11 @@ impl Progress {
     /// where to ask and when.
     pub fn answer(self, task_id: TaskId, done: StatusCode, pending: StatusCode) -> Response {
         if self.terminal {
-            let body = self.result.unwrap_or(Value::Null);
-            return (
-                done,
-                [(header::CONTENT_TYPE, "application/json")],
-                body.to_string(),
-            )
-                .into_response();
+            // The record as the results topic carries it, fields in the same order.
+            let body = serde_json::to_string(&self.result.as_deref()).unwrap_or_default();
+            return (done, [(header::CONTENT_TYPE, "application/json")], body).into_response();
         }
-        let body =
-            json!({ "task_id": task_id.to_string(), "state": self.state, "result": self.result });
+        let body = json!({ "task_id": task_id.to_string(), "state": self.state, "result": self.result.as_deref() });
         let location = format!("/v1/tasks/{task_id}");
         (
             pending,
@@ -165,7 +160,7 @@ pub(super) async fn wait_for(
             }
             // Ended while watched: its writer gave the result.
             if let Some(result) = watch.filter(|_| terminal).and_then(TaskWatch::result) {
-                return Ok(Progress::ended(shared, &result));
+                return Ok(Progress::ended(shared, result));
             }
             // Submitted, or known, before the wait: the ledger holds the task.
             return progress(shared, task_id)
@@ -209,7 +204,7 @@ pub(super) async fn progress(
     Ok(Some(Progress {
         state: state.phase.name(),
         terminal: state.phase.is_terminal(),
-        result: result.map(|r| serde_json::to_value(r).unwrap_or(Value::Null)),
+        result: result.map(Arc::new),
         tenant: (state.request.as_ref()).map(|r| r.identity.tenant.clone()),
     }))
 }
