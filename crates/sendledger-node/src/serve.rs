@@ -100,7 +100,11 @@ pub async fn accept_loop(
             _ = stopped.wait_for(|s| *s) => return,
         };
         let stream = match accepted {
-            Ok((stream, _)) => stream,
+            // An answer is one write: sent at once, not held back for more (Nagle).
+            Ok((stream, _)) => {
+                let _ = stream.set_nodelay(true);
+                stream
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "{what}: accept failed");
                 tokio::time::sleep(Duration::from_millis(50)).await;

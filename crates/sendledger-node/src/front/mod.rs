@@ -457,8 +457,10 @@ async fn read_body(shared: &Shared, body: Body) -> std::result::Result<bytes::By
 }
 
 /// The task request of a body, its `request_key` from the `Idempotency-Key` header or the
-/// body (both given: they must agree).
-/// Returns it with its JSON as a requests-topic message carries it.
+/// body (both given: they must agree). Returns it with its JSON as a requests-topic message
+/// carries it: the body as sent, the header's key written in when the body has none. The
+/// request is parsed once, from those bytes, as a message is: its payload's numbers as
+/// written, a key twice in an object refused.
 fn parse_request(
     headers: &HeaderMap,
     bytes: &[u8],
@@ -466,51 +468,67 @@ fn parse_request(
     let bad = |kind: &'static str, title: &'static str, detail: String| {
         Problem::new(StatusCode::BAD_REQUEST, kind, title).detail(detail)
     };
-    let mut body: Value = serde_json::from_slice(bytes)
-        .map_err(|e| bad("invalid-json", "The body is not JSON", e.to_string()))?;
-    let Some(fields) = body.as_object_mut() else {
-        return Err(bad(
+    /// The one field read before the request is: its key.
+    #[derive(serde::Deserialize)]
+    struct Keyed {
+        request_key: Option<Value>,
+    }
+    let keyed: Keyed = serde_json::from_slice(bytes).map_err(|e| match e.classify() {
+        serde_json::error::Category::Data => bad(
             "invalid-request",
             "The task request is not valid",
             "the body must be a JSON object".into(),
-        ));
-    };
+        ),
+        _ => bad("invalid-json", "The body is not JSON", e.to_string()),
+    })?;
     let header_key = match headers.get(IDEMPOTENCY_KEY) {
         None => None,
         Some(value) => Some(idempotency_key(value).ok_or_else(|| {
             bad("invalid-idempotency-key", "The Idempotency-Key header is not valid", "send a non-empty string, e.g. `Idempotency-Key: \"8e03978e-40d5-43e8-bc93-6894a57f9324\"`".into())
         })?),
     };
-    let body_key = fields
-        .get("request_key")
-        .map(|k| k.as_str().map(str::to_owned));
-    match (header_key, body_key) {
-        (Some(h), Some(Some(b))) if h != b => {
+    let message = match (header_key, keyed.request_key) {
+        (Some(h), Some(Value::String(b))) if h != b => {
             return Err(bad("idempotency-key-mismatch", "Two different keys", format!("the Idempotency-Key header says {h:?} and the body's request_key {b:?}: send one, or the same in both")));
         }
-        (Some(h), _) => {
-            fields.insert("request_key".into(), Value::String(h));
+        (Some(_), Some(Value::String(_))) | (None, Some(Value::String(_))) => bytes.to_vec(),
+        (_, Some(other)) => {
+            return Err(bad(
+                "invalid-request",
+                "The task request is not valid",
+                format!("the body's request_key is {other}, not a string"),
+            ));
         }
-        (None, Some(Some(_))) => {}
-        (None, _) => {
+        (Some(h), None) => with_key(bytes, &h),
+        (None, None) => {
             return Err(bad("missing-idempotency-key", "No idempotency key", "send an Idempotency-Key header (or a request_key in the body): it is what makes a retry safe".into()));
         }
+    };
+    let request = TaskRequest::from_json(&message).map_err(|e| {
+        bad(
+            "invalid-request",
+            "The task request is not valid",
+            e.to_string(),
+        )
+    })?;
+    Ok((request, message))
+}
+
+/// `object`, the JSON text of an object without a `request_key`, with `"request_key": key`
+/// written first in it.
+fn with_key(object: &[u8], key: &str) -> Vec<u8> {
+    let open = object.iter().position(|&b| b == b'{').map_or(0, |i| i + 1);
+    let rest = &object[open..];
+    let empty = rest.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
+    let key = serde_json::to_string(key).unwrap_or_default();
+    let mut out = Vec::with_capacity(object.len() + key.len() + 16);
+    out.extend_from_slice(b"{\"request_key\":");
+    out.extend_from_slice(key.as_bytes());
+    if !empty {
+        out.push(b',');
     }
-    let bytes = serde_json::to_vec(&body).map_err(|e| {
-        bad(
-            "invalid-request",
-            "The task request is not valid",
-            e.to_string(),
-        )
-    })?;
-    let request = TaskRequest::from_json(&bytes).map_err(|e| {
-        bad(
-            "invalid-request",
-            "The task request is not valid",
-            e.to_string(),
-        )
-    })?;
-    Ok((request, bytes))
+    out.extend_from_slice(rest);
+    out
 }
 
 /// An `Idempotency-Key` value: a structured-field string (`"..."`, as the draft defines it)
@@ -567,6 +585,32 @@ fn unavailable(e: impl std::fmt::Display) -> Problem {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_body_is_kept_as_sent_with_the_headers_key_written_in() {
+        assert_eq!(
+            with_key(b" {\"a\": 1}", "k\"1"),
+            b"{\"request_key\":\"k\\\"1\",\"a\": 1}".to_vec()
+        );
+        assert_eq!(with_key(b"{ }", "k"), b"{\"request_key\":\"k\" }".to_vec());
+        let mut headers = HeaderMap::new();
+        headers.insert(IDEMPOTENCY_KEY, HeaderValue::from_static("\"k-1\""));
+        let body = br#"{"tenant":"t","operation":"o","target":"x","payload":{"amount":12.50,"n":12345678901234567890123}}"#;
+        let (request, message) = parse_request(&headers, body).unwrap();
+        assert_eq!(request.request_key, "k-1");
+        let text = String::from_utf8(message).unwrap();
+        assert!(
+            text.contains(r#""amount":12.50,"n":12345678901234567890123"#),
+            "{text}"
+        );
+        // As for a message: a key twice in the payload is refused, not taken last-wins.
+        let twice = br#"{"tenant":"t","operation":"o","target":"x","payload":{"a":1,"a":2}}"#;
+        let problem = parse_request(&headers, twice).unwrap_err();
+        assert!(
+            format!("{problem:?}").contains("duplicate key"),
+            "{problem:?}"
+        );
+    }
 
     #[test]
     fn keys_and_waits_are_read_as_their_specifications_write_them() {

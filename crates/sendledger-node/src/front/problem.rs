@@ -7,6 +7,7 @@ use serde_json::json;
 
 /// One problem: its status, a stable kind (the `type` is `urn:sendledger:problem:<kind>`), a
 /// short title, and what happened in this case.
+#[derive(Debug)]
 pub struct Problem {
     status: StatusCode,
     kind: &'static str,
