@@ -22,6 +22,11 @@ use crate::error::{Error, Result};
 /// wait longer (at most `front.max_wait`): past it, the answer is 202 `submitted`.
 pub(super) const VERDICT_WITHIN: Duration = Duration::from_secs(5);
 
+/// How long a request waits for the brokers to acknowledge its message: past it, 503 (the
+/// producer keeps the message and delivers it once it can, so the answer says it may be on
+/// the topic).
+const ACKNOWLEDGED_WITHIN: Duration = Duration::from_secs(10);
+
 /// The producer of a kafka-mode front door.
 pub(super) struct KafkaDoor {
     producer: RequestProducer,
@@ -45,7 +50,7 @@ impl KafkaDoor {
 
     /// Produces the request message `value` under `key` with `headers`, and returns its
     /// source once the brokers have acknowledged it; 413 for a message larger than the
-    /// requests topic takes, 503 when it was not acknowledged.
+    /// requests topic takes, 503 when it was not acknowledged within [`ACKNOWLEDGED_WITHIN`].
     pub async fn produce(
         &self,
         key: &str,
@@ -64,22 +69,33 @@ impl KafkaDoor {
                 self.max_message_bytes
             )));
         }
-        let not_acknowledged = |e: sendledger_kafka::Error| {
-            tracing::warn!(error = %sendledger_core::error::Chain(&e), "front door: a request was not acknowledged by the brokers");
+        let not_acknowledged = |why: String| {
+            tracing::warn!(error = %why, "front door: a request was not acknowledged by the brokers");
             Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",
                 "The request cannot be taken now",
             )
-            .detail(format!("the brokers did not acknowledge it ({e}); it may or may not be on the requests topic: send it again with the same key, which is executed once either way"))
+            .detail(format!("the brokers did not acknowledge it ({why}); it may or may not be on the requests topic: send it again with the same key, which is executed once either way"))
             .retry_after()
         };
-        let acked = self.producer.send_with(Some(key), value, headers);
-        let (partition, offset) = acked
-            .await
-            .map_err(not_acknowledged)?
-            .await
-            .map_err(not_acknowledged)?;
+        let acked = async {
+            let delivery = self.producer.send_with(Some(key), value, headers).await?;
+            delivery.await
+        };
+        let (partition, offset) = match tokio::time::timeout(ACKNOWLEDGED_WITHIN, acked).await {
+            Ok(Ok(acked)) => acked,
+            Ok(Err(e)) => {
+                return Err(not_acknowledged(
+                    sendledger_core::error::Chain(&e).to_string(),
+                ))
+            }
+            Err(_) => {
+                return Err(not_acknowledged(format!(
+                    "no acknowledgement within {ACKNOWLEDGED_WITHIN:?}"
+                )))
+            }
+        };
         Ok(Source {
             topic: self.topic().to_string(),
             partition,

@@ -63,7 +63,7 @@ fn post(instance: &Instance, key: &str, body: &Value, wait: Option<u64>) -> Answ
 /// Two instances with front doors and standby copies on the separate broker, started, the
 /// partitions split between them.
 struct Setup {
-    _tansu: Tansu,
+    tansu: Tansu,
     kafka: Kafka,
     requests_topic: String,
     timeline: Timeline,
@@ -117,7 +117,7 @@ impl Setup {
             .map(|i| timeline.owned(i.id, i.run()))
             .collect();
         Setup {
-            _tansu: tansu,
+            tansu,
             kafka,
             requests_topic: kafka_config.requests_topic,
             timeline,
@@ -302,4 +302,30 @@ async fn a_request_whose_owner_is_frozen_is_submitted_and_executed_once_by_the_n
     setup.group.stop_all();
     let (_, report) = tokio::task::block_in_place(|| read_and_audit_log(&setup.kafka));
     assert!(report.violations.is_empty(), "{:?}", report.violations);
+}
+
+/// The brokers gone: a request is answered 503 with `Retry-After` once its message has gone
+/// unacknowledged for a while, not held until the brokers return.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_request_the_brokers_do_not_acknowledge_is_503() {
+    let root = KeptOnFailure::new();
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let setup = Setup::start(&root, &sim).await;
+    let front = &setup.group.instances[0];
+    let first = tokio::task::block_in_place(|| post(front, "gone-0", &task(0), Some(20)));
+    assert_eq!(first.status, 201, "{first:?}");
+    drop(setup.tansu);
+    let refused = tokio::task::block_in_place(|| post(front, "gone-1", &task(1), Some(20)));
+    assert_eq!(refused.status, 503, "{refused:?}");
+    assert!(refused.header("retry-after").is_some(), "{refused:?}");
+    let problem = refused.json();
+    assert_eq!(problem["type"], "urn:sendledger:problem:unavailable");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("may or may not be on the requests topic"),
+        "{problem}"
+    );
+    assert_eq!(sim.stats().posts, 1, "nothing else was sent");
 }
