@@ -9,12 +9,11 @@
 use std::time::Duration;
 
 use http::StatusCode;
-use sendledger_core::result::Projection;
 use sendledger_core::{EventBody, Source, TaskId};
 use sendledger_kafka::{Kafka, RequestProducer};
 
 use super::problem::Problem;
-use super::wait::{Waiting, RECHECK};
+use super::wait::{next_change, Waiting};
 use super::{unavailable, Shared, Verdict};
 use crate::error::{Error, Result};
 
@@ -127,7 +126,7 @@ pub(super) async fn verdict(
             _ => None,
         });
         if let Some(verdict) = found {
-            let ended = Projection::of(&events).state().phase.is_terminal();
+            let ended = sendledger_core::fold(&events).phase.is_terminal();
             return Ok(Some((verdict, ended)));
         }
         let rejected = shared
@@ -146,16 +145,9 @@ pub(super) async fn verdict(
             )
             .detail(format!("{reason} (the instance that owns partition {} of {} refused what this one accepted: are their configurations the same?)", source.partition, source.topic)));
         }
-        let now = tokio::time::Instant::now();
-        if now >= until {
+        if tokio::time::Instant::now() >= until {
             return Ok(None);
         }
-        let pause = RECHECK.min(until - now);
-        match changed {
-            Some(changed) => {
-                let _ = tokio::time::timeout(pause, changed).await;
-            }
-            None => tokio::time::sleep(pause).await,
-        }
+        next_change(changed, until).await;
     }
 }

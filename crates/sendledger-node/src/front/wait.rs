@@ -18,7 +18,7 @@ use crate::metric_definitions::{FRONT_WAITING, FRONT_WAITS_TOTAL};
 
 /// How often a waiting request reads its task's summary when nothing woke it: a safety net
 /// (the engine wakes it after every change it records).
-pub(super) const RECHECK: Duration = Duration::from_millis(500);
+const RECHECK: Duration = Duration::from_millis(500);
 
 /// Where a task stands: its state, its latest result and its tenant.
 pub(super) struct Progress {
@@ -167,14 +167,23 @@ pub(super) async fn wait_for(
                 .await?
                 .ok_or_else(|| unavailable(format!("task {task_id} is not in the ledger")));
         }
-        let pause = RECHECK.min(waiting.deadline - now);
-        read_ledger = match changed {
-            Some(changed) => tokio::time::timeout(pause, changed).await.is_err(),
-            None => {
-                tokio::time::sleep(pause).await;
-                true
-            }
-        };
+        read_ledger = !next_change(changed, waiting.deadline).await;
+    }
+}
+
+/// Waits for the change `changed` announces (the watch's next), for at most [`RECHECK`] and
+/// not past `until`; returns whether it came (never without a watch: then it only sleeps).
+pub(super) async fn next_change(
+    changed: Option<tokio::sync::futures::Notified<'_>>,
+    until: tokio::time::Instant,
+) -> bool {
+    let pause = RECHECK.min(until.saturating_duration_since(tokio::time::Instant::now()));
+    match changed {
+        Some(changed) => tokio::time::timeout(pause, changed).await.is_ok(),
+        None => {
+            tokio::time::sleep(pause).await;
+            false
+        }
     }
 }
 

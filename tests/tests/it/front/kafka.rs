@@ -126,6 +126,13 @@ impl Setup {
         }
     }
 
+    /// Stops every instance, then audits the events topic: no rule broken.
+    fn stop_and_audit(&mut self) {
+        self.group.stop_all();
+        let (_, report) = tokio::task::block_in_place(|| read_and_audit_log(&self.kafka));
+        assert!(report.violations.is_empty(), "{:?}", report.violations);
+    }
+
     /// The instance that owns `partition`.
     fn owner_of(&self, partition: i32) -> usize {
         (0..2)
@@ -215,7 +222,7 @@ async fn a_post_to_any_instance_is_executed_by_its_partitions_owner() {
         firsts.push(result);
         firsts
     });
-    setup.group.stop_all();
+    setup.stop_and_audit();
     // Each answer is the result record its owner published.
     let published = results.stop();
     for answer in &answered {
@@ -224,8 +231,6 @@ async fn a_post_to_any_instance_is_executed_by_its_partitions_owner() {
             .unwrap_or_else(|| panic!("no result {} published", answer["event_id"]));
         assert_eq!(&record.value, answer);
     }
-    let (_, report) = tokio::task::block_in_place(|| read_and_audit_log(&setup.kafka));
-    assert!(report.violations.is_empty(), "{:?}", report.violations);
 }
 
 /// B frozen: requests to A for B's partitions are answered 202 `submitted` once on the requests
@@ -299,9 +304,7 @@ async fn a_request_whose_owner_is_frozen_is_submitted_and_executed_once_by_the_n
         assert_eq!(sim.records_with_identity(key).len(), 1, "{key}: one record");
     }
     assert_eq!(sim.stats().posts, keys.len() as u64, "each sent once");
-    setup.group.stop_all();
-    let (_, report) = tokio::task::block_in_place(|| read_and_audit_log(&setup.kafka));
-    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    setup.stop_and_audit();
 }
 
 /// The brokers gone: a request is answered 503 with `Retry-After` once its message has gone
