@@ -393,6 +393,13 @@ pub enum EventBody {
         operator: String,
         credential: String,
     },
+    /// Never in a log: what a ledger reads, at `task_seq` 0, in place of a settled task's
+    /// events that retention removed (see [`crate::retention`]). Its task goes on from there as
+    /// it would have from the removed events: a duplicate is answered with the result they
+    /// ended with, another payload is a conflict.
+    Pruned {
+        retained: Box<crate::retention::Retained>,
+    },
 }
 
 /// The raw bytes of a rejected input: as text where a format is read by people (JSON), as
@@ -443,6 +450,7 @@ impl EventBody {
             EventBody::CompensationOrdered { .. } => "CompensationOrdered",
             EventBody::StepAnswer { .. } => "StepAnswer",
             EventBody::OperatorCredential { .. } => "OperatorCredential",
+            EventBody::Pruned { .. } => "Pruned",
         }
     }
 
@@ -588,6 +596,15 @@ impl EventBody {
                 operator,
                 credential,
             } => format!("{operator} under credential {credential}"),
+            EventBody::Pruned { retained } => format!(
+                "{} events removed by retention; the task ended {}{}",
+                retained.events,
+                retained.status.name(),
+                retained
+                    .remote_id
+                    .as_ref()
+                    .map_or(String::new(), |id| format!(" with remote_id={id}"))
+            ),
         }
     }
 }

@@ -251,6 +251,11 @@ impl Projection {
         self.state.request.as_ref().and_then(|r| r.traceparent())
     }
 
+    /// The result a duplicate delivery would re-announce: the latest terminal or review result.
+    pub fn announced(&self) -> Option<&TaskResult> {
+        self.announced.as_ref()
+    }
+
     /// The task's state after the events applied so far.
     pub fn state(&self) -> &State {
         &self.state
@@ -286,6 +291,10 @@ impl Projection {
     /// the same event id.
     pub fn apply(&mut self, event: &Event) -> Option<TaskResult> {
         self.state.apply(event.task_id, event.at, &event.body);
+        if let EventBody::Pruned { retained } = &event.body {
+            self.announced = Some(retained.result(event.task_id));
+            return None;
+        }
         if let EventBody::DuplicateDelivery { .. } = event.body {
             let settled = self.state.phase.is_terminal() || self.state.phase == Phase::ManualReview;
             return self.announced.clone().filter(|_| settled);

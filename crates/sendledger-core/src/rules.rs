@@ -197,6 +197,10 @@ impl TaskCheck {
                 "InputRejected is not the task's only event".into()
             }
             EventBody::InputRejected { .. } => return,
+            EventBody::Pruned { .. } if state.next_seq > 0 || event.task_seq > 0 => {
+                "Pruned is not where the task's history begins".into()
+            }
+            EventBody::Pruned { .. } => return,
             _ if !accepted => format!("{} before TaskAccepted", event.body.name()),
             _ => return,
         };

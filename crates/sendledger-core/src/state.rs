@@ -169,6 +169,9 @@ pub struct State {
     /// A multi-step task's steps; `None` for a one-step task. The per-attempt fields above
     /// are about the current leg (a step, or the compensation of one).
     pub saga: Option<Saga>,
+    /// The task's events up to its terminal result were removed by retention: what is known of
+    /// it is what [`crate::Retained`] keeps (not its payload: it cannot be retried).
+    pub pruned: bool,
 }
 
 /// Why a task failed, as a kind that lists and bulk operations select by.
@@ -276,6 +279,7 @@ impl Default for State {
             last_not_sent: None,
             failure_kind: None,
             saga: None,
+            pruned: false,
         }
     }
 }
@@ -397,6 +401,11 @@ impl State {
                 self.failed(reason);
             }
             EventBody::OperatorNote { .. } | EventBody::OperatorCredential { .. } => {}
+            EventBody::Pruned { retained } => {
+                if self.request.is_none() {
+                    self.seed(retained);
+                }
+            }
             EventBody::SendDeferred { until, reason } => {
                 self.waiting = Some(Waiting {
                     since: at,
@@ -728,6 +737,9 @@ impl State {
     /// Whether the task can be retried now, and why not: only a failed task none of whose
     /// attempts may have reached the remote (every one proven not sent).
     pub fn retryable(&self) -> Result<(), &'static str> {
+        if self.pruned {
+            return Err("its history was removed by retention (its payload is not kept); submit it again under a new request_key");
+        }
         if self.saga.is_some() {
             return Err("a multi-step task is not retried: its failure was compensated or reviewed step by step");
         }
@@ -741,6 +753,28 @@ impl State {
             }
             _ => Err("the task is not failed: only a failed task can be retried"),
         }
+    }
+
+    /// The state a removed history left, as retention kept it.
+    fn seed(&mut self, retained: &crate::Retained) {
+        self.request = Some(AcceptedRequest {
+            identity: retained.identity.clone(),
+            target: retained.target.clone(),
+            payload: String::new(),
+            metadata: BTreeMap::new(),
+        });
+        self.payload_hash = Some(retained.payload_hash);
+        self.phase = retained.phase();
+        self.next_seq = retained.events;
+        self.attempts = retained.attempts;
+        self.version = retained.version;
+        self.remote_id.clone_from(&retained.remote_id);
+        self.fallback_target.clone_from(&retained.remote_target);
+        self.rejection = retained.http_status.map(|s| (s, String::new()));
+        if self.phase == Phase::Failed {
+            self.failure.clone_from(&retained.reason);
+        }
+        self.pruned = true;
     }
 
     fn settle(&mut self, phase: Phase) {

@@ -16,6 +16,7 @@ use crate::state::{fold, Phase, State};
 mod diverged;
 mod fallback;
 mod properties;
+mod retention;
 mod retries;
 mod sagas;
 mod scenarios;
