@@ -128,6 +128,9 @@ impl ReviewItem {
 }
 
 /// A running engine. Cheap to clone.
+/// How many tasks a pass of retention removes at once (each through its actor).
+pub const PRUNE_AT_ONCE: usize = 256;
+
 #[derive(Clone)]
 pub struct Engine {
     inner: Arc<Inner>,
@@ -552,6 +555,48 @@ impl Engine {
         }
         self.route(task_id, TaskInput::Operator(resolution, credential))
             .await
+    }
+
+    /// Retention's pass over the ledger: removes the history of every task settled before
+    /// `cutoff` (ms since the epoch) whose events are all at or below `published` (the
+    /// publisher's cursor; `None` when nothing publishes), through each task's actor, up to
+    /// [`PRUNE_AT_ONCE`] at a time. Returns how many it removed. Tasks it may not remove yet
+    /// (unpublished, or kept because their history breaks a rule) are looked at again by the
+    /// next pass.
+    pub async fn prune_settled(&self, cutoff: u64, published: Option<u64>) -> Result<u64> {
+        let mut pruned = 0;
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            let from = after.take();
+            let (tasks, next) = self
+                .inner
+                .ledger
+                .read(move |l| l.prunable(cutoff, from.as_deref(), PRUNE_AT_ONCE))
+                .await?;
+            let mut running = tokio::task::JoinSet::new();
+            for task in tasks {
+                let engine = self.clone();
+                running.spawn(async move {
+                    engine
+                        .route(task, TaskInput::Prune { cutoff, published })
+                        .await
+                });
+            }
+            while let Some(done) = running.join_next().await {
+                match done {
+                    Ok(Ok(reply)) => pruned += u64::from(reply.events == ["Pruned"]),
+                    Ok(Err(e @ (Error::Stopped | Error::ShuttingDown))) => return Err(e),
+                    // One task's trouble (its events unreadable, say) is its own: the
+                    // audit names it, and the others are pruned.
+                    Ok(Err(e)) => tracing::warn!(error = %e, "a settled task was not pruned"),
+                    Err(_) => return Err(Error::Stopped),
+                }
+            }
+            match next {
+                Some(cursor) => after = Some(cursor),
+                None => return Ok(pruned),
+            }
+        }
     }
 
     async fn route(&self, task_id: TaskId, input: TaskInput) -> Result<Reply> {

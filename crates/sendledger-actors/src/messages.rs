@@ -54,6 +54,13 @@ pub enum TaskInput {
         task_seq: u32,
         replaced: Vec<sendledger_core::Event>,
     },
+    /// Retention: remove the task's history if it settled before `cutoff` (ms since the
+    /// epoch) and each of its events is at or below `published` (see
+    /// [`sendledger_store::Ledger::prune_plan`]); its reply names the `Pruned` event when it did.
+    Prune {
+        cutoff: u64,
+        published: Option<u64>,
+    },
     /// An attempt of the task ended (internal: sent by the actor to itself).
     Outcome {
         attempt: u32,

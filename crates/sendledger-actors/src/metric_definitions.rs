@@ -7,6 +7,7 @@ pub const ATTEMPTS_TOTAL: &str = "sendledger_attempts_total";
 pub const LOOKUPS_TOTAL: &str = "sendledger_lookups_total";
 pub const LEDGER_DURABILITY: &str = "sendledger_ledger_durability";
 pub const DIVERGENT_HISTORIES_TOTAL: &str = "sendledger_divergent_histories_total";
+pub const TASKS_PRUNED_TOTAL: &str = "sendledger_tasks_pruned_total";
 
 pub const DEFINITIONS: &[M] = &[
     M::counter(
@@ -20,6 +21,10 @@ pub const DEFINITIONS: &[M] = &[
     M::counter(
         DIVERGENT_HISTORIES_TOTAL,
         "Kafka mode: tasks whose log held two different histories (two owners each wrote one), found by a partition's restore; each goes to review.",
+    ),
+    M::counter(
+        TASKS_PRUNED_TOTAL,
+        "Settled tasks whose history retention removed (storage.retention), keeping their identity, payload hash and result.",
     ),
     M::gauge(
         LEDGER_DURABILITY,

@@ -155,6 +155,59 @@ impl TaskActor {
         )
     }
 
+    /// Removes the task's history, when retention may: the task is settled since before
+    /// `cutoff`, nothing of it is under way, and the ledger's plan agrees (every event
+    /// published, no rule broken). As the task's only writer, it plans and submits the removal
+    /// before it records anything else; then it goes on from what retention kept.
+    fn prune(
+        &mut self,
+        cutoff: u64,
+        published: Option<u64>,
+    ) -> ResponseActFuture<Self, Result<Reply>> {
+        let task_id = self.task_id;
+        let reply = move |state: &State, pruned: bool| Reply {
+            task_id,
+            phase: state.phase,
+            lsns: 0..0,
+            events: if pruned { vec!["Pruned"] } else { Vec::new() },
+        };
+        let busy = self.attempt_in_flight || self.lookup_in_flight;
+        if !self.state.phase.is_terminal() || self.state.phase_since >= cutoff || busy {
+            return Box::pin(fut::ready(Ok(reply(&self.state, false))));
+        }
+        let check = sendledger_core::CheckConfig {
+            key_ttl_ms: None,
+            max_policy_resends: (self.policy.reconcile.as_ref())
+                .map_or(0, |r| r.max_policy_resends)
+                .max(sendledger_core::CheckConfig::default().max_policy_resends),
+        };
+        let ledger = self.shared.ledger.clone();
+        let work = async move {
+            let plan = ledger
+                .read(move |l| l.prune_plan(task_id, cutoff, published, check))
+                .await?;
+            let Some(plan) = plan else {
+                return Ok(None);
+            };
+            let retained = plan.retained.clone();
+            ledger
+                .append(Append {
+                    prune: vec![plan],
+                    ..Append::default()
+                })
+                .await?;
+            Ok::<_, Error>(Some(retained))
+        };
+        Box::pin(work.into_actor(self).map(move |res, act, _| {
+            let Some(retained) = res? else {
+                return Ok(reply(&act.state, false));
+            };
+            act.state = sendledger_core::fold(&[retained.event(task_id)]);
+            metrics::counter!(crate::metric_definitions::TASKS_PRUNED_TOTAL).increment(1);
+            Ok(reply(&act.state, true))
+        }))
+    }
+
     /// Kafka mode: refuses the input when the task's partition is not owned here, and reads
     /// the task's events again (then decides) when the partition was assigned again since they
     /// were read. `None`: go on with the state as it is.
@@ -321,6 +374,7 @@ impl TaskActor {
             TaskInput::RetryOnClose { reason } => Input::RetryOnClose { reason },
             TaskInput::Diverged { task_seq, replaced } => Input::Diverged { task_seq, replaced },
             TaskInput::Outcome { attempt, outcome } => Input::Outcome { attempt, outcome },
+            TaskInput::Prune { cutoff, published } => return self.prune(cutoff, published),
         };
         let delivery = matches!(core_input, Input::Deliver { .. });
         let is_new = self.state.request.is_none();

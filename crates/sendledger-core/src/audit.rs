@@ -101,6 +101,11 @@ pub struct AuditReport {
     /// Of those, decisions recorded with no named credential (on a stopped ledger's files,
     /// under the shared `admin.token`, or before operators had credentials).
     pub decisions_without_credential: u64,
+    /// Events and tasks retention removed from the ledger (what it kept of each task is
+    /// checked with the events recorded after it; the removed events were checked before they
+    /// went). Every LSN missing from the log must be one of `pruned_events`.
+    pub pruned_events: u64,
+    pub pruned_tasks: u64,
     /// Checks this replay could not make, and why (e.g. index checks on a topic replay).
     pub skipped_checks: Vec<String>,
     pub violations: Vec<Finding>,

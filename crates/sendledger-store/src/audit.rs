@@ -215,12 +215,15 @@ pub fn audit(
         ..AuditReport::default()
     };
     let snapshot = ledger.db().snapshot();
+    let pruned = ledger.pruned_totals()?;
+    report.pruned_events = pruned.events;
+    report.pruned_tasks = pruned.tasks;
     // Queues of a few batches, so that a thread descheduled for a moment does not stall the
     // others at once.
     let (raw_tx, raw_rx) = mpsc::sync_channel::<Raw>(8);
     let (tx, rx) = mpsc::sync_channel::<Batch>(8);
     let (scan, decoded, index_print, expected_task_index) = std::thread::scope(|s| {
-        let reader = s.spawn(|| read_log(ledger, &snapshot, raw_tx));
+        let reader = s.spawn(|| read_log(ledger, &snapshot, pruned.events, raw_tx));
         let decoder = s.spawn(|| decode_log(raw_rx, tx));
         let index = s.spawn(|| {
             let events = index_fingerprint(ledger, &snapshot)?;
@@ -291,9 +294,17 @@ struct Scan {
 
 /// Reads the log in LSN order and checks its keys. Its own thread: RocksDB's iteration is as
 /// much work as decoding the events, so each has a thread, and checking the tasks a third.
-fn read_log(ledger: &Ledger, snapshot: &Snapshot, tx: mpsc::SyncSender<Raw>) -> Result<Scan> {
+/// With `pruned` events removed by retention, gaps in the log are expected: their LSNs are
+/// counted instead, and must add up to what retention recorded removing.
+fn read_log(
+    ledger: &Ledger,
+    snapshot: &Snapshot,
+    pruned: u64,
+    tx: mpsc::SyncSender<Raw>,
+) -> Result<Scan> {
     let mut scratch = AuditReport::default();
     let mut lsns = LsnSequence::default();
+    let (mut next, mut missing) = (1u64, 0u64);
     let mut scan = Scan {
         entries: 0,
         findings: Vec::new(),
@@ -315,6 +326,12 @@ fn read_log(ledger: &Ledger, snapshot: &Snapshot, tx: mpsc::SyncSender<Raw>) -> 
                 vec![],
                 format!("malformed log key {k:02x?}"),
             )),
+            Some(lsn) if pruned > 0 => {
+                missing += lsn.saturating_sub(next);
+                next = next.max(lsn + 1);
+                batch.values.extend_from_slice(v);
+                batch.entries.push((lsn, batch.values.len()));
+            }
             Some(lsn) => {
                 lsns.push(lsn, &mut scratch);
                 batch.values.extend_from_slice(v);
@@ -330,6 +347,22 @@ fn read_log(ledger: &Ledger, snapshot: &Snapshot, tx: mpsc::SyncSender<Raw>) -> 
         it.next();
     }
     it.status()?;
+    missing += (ledger.last_lsn() + 1).saturating_sub(next);
+    if pruned > 0 && missing != pruned {
+        scan.findings.push(Finding::integrity(
+            Integrity::LsnContiguous,
+            None,
+            vec![],
+            format!(
+                "{missing} LSNs are missing from the log, and retention recorded removing {pruned} events: {}",
+                if missing > pruned {
+                    "events were removed that no retention accounts for"
+                } else {
+                    "the record of what retention removed was changed"
+                }
+            ),
+        ));
+    }
     batch.read = scan.entries;
     let _ = tx.send(batch);
     scan.findings.append(&mut scratch.violations);
@@ -447,7 +480,8 @@ impl Check<'_> {
             let mut scratch = AuditReport::default();
             for earlier in self.events_before(event.task_id, event.lsn)? {
                 audit.push(&earlier, &mut scratch);
-                reopened = true;
+                // Counted with the task before it was dropped (what retention kept was not).
+                reopened |= earlier.lsn > 0;
             }
         }
         Ok(Box::new(Open {
@@ -462,6 +496,15 @@ impl Check<'_> {
     /// reported elsewhere).
     fn events_before(&self, task: TaskId, lsn: u64) -> Result<Vec<Event>> {
         let (ledger, snapshot) = (self.ledger, self.snapshot);
+        // What retention kept of a task stands for the events it removed.
+        let kept = match ledger.db().cf_handle(CF_RETAINED) {
+            Some(cf) => snapshot.get_cf(cf, task.0)?,
+            None => None,
+        };
+        let retained = match kept {
+            Some(v) => Some(crate::retention::decode_retained(&v)?.event(task)),
+            None => None,
+        };
         let start = task_event_key(task, 0);
         let mut lsns = Vec::new();
         for item in snapshot.iterator_cf(
@@ -476,7 +519,8 @@ impl Check<'_> {
         }
         let log = ledger.cf(CF_LOG);
         let values = snapshot.multi_get_cf(lsns.iter().map(|l| (log, lsn_key(*l))));
-        let mut events = Vec::with_capacity(lsns.len());
+        let mut events = Vec::with_capacity(lsns.len() + 1);
+        events.extend(retained);
         for (value, lsn) in values.into_iter().zip(lsns) {
             if let Some(event) = value?.and_then(|bytes| decode_event(lsn, &bytes).ok()) {
                 events.push(event);
@@ -497,7 +541,8 @@ fn close(task: TaskId, done: Box<Open>, report: &mut AuditReport, task_index: &m
         &mut *report
     };
     let state = done.audit.finish(counts);
-    if let Some(entry) = IndexEntry::of(&state) {
+    // A task retention removed is no longer listed by phase.
+    if let Some(entry) = IndexEntry::of(&state).filter(|_| !state.pruned) {
         task_index.add_entry(&entry.key(task), &entry.value());
     }
     if summary.is_some_and(|s| s.phase == state.phase && s.next_seq == state.next_seq) {

@@ -75,6 +75,9 @@ pub struct Append {
     /// its done requests offsets are committed even when no events come to carry them (every
     /// delivery dropped as already processed).
     pub commit_offsets: bool,
+    /// Settled tasks whose history retention removes ([`crate::retention`]): planned by each
+    /// task's writer with [`crate::Ledger::prune_plan`].
+    pub prune: Vec<crate::retention::Prune>,
 }
 
 impl Append {
@@ -701,7 +704,53 @@ fn build_batch(db: &DB, first_lsn: u64, pending: &[Request]) -> (WriteBatch, Vec
         }
         ranges.push(start..lsn);
     }
+    let prunes: Vec<_> = pending.iter().flat_map(|r| &r.append.prune).collect();
+    if !prunes.is_empty() {
+        prune_into(db, &mut batch, &prunes);
+    }
     (batch, ranges)
+}
+
+/// Removes the histories `prunes` plans and keeps what retention keeps of each, counting them
+/// in the ledger's [`crate::PrunedTotals`].
+fn prune_into(db: &DB, batch: &mut WriteBatch, prunes: &[&crate::retention::Prune]) {
+    let cf = |name| {
+        db.cf_handle(name)
+            .expect("column families are created at open")
+    };
+    let mut totals = match crate::retention::pruned_totals(db) {
+        Ok(totals) => totals,
+        Err(e) => {
+            // Counting on from zero would make the audit find the removed events unaccounted
+            // for: nothing is removed, the tasks stay as they are.
+            tracing::error!(error = %e, "the ledger's record of removed events is unreadable; nothing removed");
+            return;
+        }
+    };
+    for p in prunes {
+        for lsn in &p.lsns {
+            batch.delete_cf(cf(CF_LOG), lsn_key(*lsn));
+            totals.last_lsn = totals.last_lsn.max(*lsn);
+        }
+        batch.delete_range_cf(
+            cf(CF_TASK_EVENTS),
+            task_event_key(p.task, 0),
+            task_event_key(p.task, u32::MAX),
+        );
+        batch.delete_cf(cf(CF_TASK_EVENTS), task_event_key(p.task, u32::MAX));
+        batch.delete_cf(cf(CF_IDENTITY), identity_key(&p.retained.identity));
+        if let Some(entry) = &p.index {
+            batch.delete_cf(cf(CF_TASK_INDEX), entry.key(p.task));
+        }
+        batch.put_cf(
+            cf(CF_RETAINED),
+            p.task.0,
+            crate::retention::encode_retained(&p.retained),
+        );
+        totals.events += p.lsns.len() as u64;
+        totals.tasks += 1;
+    }
+    batch.put_cf(cf(CF_META), META_PRUNED, totals.encode());
 }
 
 #[cfg(test)]

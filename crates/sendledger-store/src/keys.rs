@@ -25,9 +25,13 @@ pub const CF_UNSETTLED_BY_PARTITION: &str = "unsettled_by_partition";
 /// ([`crate::task_index`]).
 pub const CF_TASK_INDEX: &str = "task_index";
 
-/// Every column family; a ledger of format 1 lacks the last three, one of format 2 the last
-/// two, one of format 3 the last.
-pub const ALL_CFS: [&str; 11] = [
+/// Format 5: what retention kept of each settled task whose history it removed, by task id
+/// (an envelope byte, then bincode of `sendledger_core::Retained`).
+pub const CF_RETAINED: &str = "retained";
+
+/// Every column family; a ledger of format 1 lacks the last four, one of format 2 the last
+/// three, one of format 3 the last two, one of format 4 the last.
+pub const ALL_CFS: [&str; 12] = [
     CF_LOG,
     CF_TASK_EVENTS,
     CF_TASKS,
@@ -39,9 +43,14 @@ pub const ALL_CFS: [&str; 11] = [
     CF_UNSETTLED,
     CF_TASK_INDEX,
     CF_UNSETTLED_BY_PARTITION,
+    CF_RETAINED,
 ];
 
 pub const META_FORMAT: &[u8] = b"format";
+/// What retention removed so far (`crate::retention::PrunedTotals`). Absent until it first
+/// removes something.
+// format: do not change
+pub const META_PRUNED: &[u8] = b"pruned";
 /// Which mode writes the ledger: `local` or `kafka` (see [`crate::Ledger::open`]).
 // format: do not change
 pub const META_MODE: &[u8] = b"mode";

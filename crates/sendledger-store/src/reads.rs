@@ -29,11 +29,13 @@ pub(crate) fn task_event(db: &DB, task: TaskId, seq: u32) -> Result<Option<Event
 }
 
 /// A task's events in task order, read from the ledger's database (the journal reads them too).
+/// A task whose history retention removed begins with the `Pruned` event of what it kept.
 pub(crate) fn task_events(db: &DB, task: TaskId) -> Result<Vec<Event>> {
     let cf = |name| {
         db.cf_handle(name)
             .expect("column families are created at open")
     };
+    let retained = crate::retention::retained(db, task)?.map(|r| r.event(task));
     let mut lsns = Vec::new();
     let start = task_event_key(task, 0);
     for item in db.iterator_cf(
@@ -50,11 +52,12 @@ pub(crate) fn task_events(db: &DB, task: TaskId) -> Result<Vec<Event>> {
     }
     let log = cf(CF_LOG);
     let keys: Vec<_> = lsns.iter().map(|l| (log, lsn_key(*l))).collect();
-    db.multi_get_cf(keys)
+    let events = db
+        .multi_get_cf(keys)
         .into_iter()
         .zip(&lsns)
-        .map(|(v, lsn)| indexed_event(*lsn, v?))
-        .collect()
+        .map(|(v, lsn)| indexed_event(*lsn, v?));
+    retained.map(Ok).into_iter().chain(events).collect()
 }
 
 /// The event the task index points to at `lsn`, as read from the log: missing is corruption.

@@ -27,6 +27,7 @@ mod migration;
 mod operators;
 mod outage;
 mod paging;
+mod retention;
 mod retry;
 mod saga;
 mod scripts;

@@ -14,7 +14,7 @@ use crate::task_index::IndexEntry;
 
 /// The storage format this build writes and the newest it reads.
 // format: do not change (bump only with a migration)
-pub const FORMAT_VERSION: u8 = 4;
+pub const FORMAT_VERSION: u8 = 5;
 
 /// Refuses a ledger of a newer storage format (or none), and returns its format and last LSN.
 pub(super) fn check_format_and_last_lsn(db: &DB, path: &Path) -> Result<(u8, u64)> {
@@ -44,7 +44,9 @@ pub(super) fn check_format_and_last_lsn(db: &DB, path: &Path) -> Result<(u8, u64
         Some(item) => decode_u64(&item?.0).ok_or(Error::BadValue { what: "log key" })?,
         None => 0,
     };
-    Ok((format, last))
+    // Retention may have removed the newest entries: their LSNs are never given again.
+    let pruned = crate::retention::pruned_totals(db)?.last_lsn;
+    Ok((format, last.max(pruned)))
 }
 
 /// Records the mode of a ledger opened for the first time (`replicated`: kafka mode), and

@@ -127,6 +127,11 @@ impl Ledger {
         if format <= 3 {
             migrate_to_format_4(&db, &path)?;
         }
+        if format <= 4 {
+            // Format 5 adds the `retained` family (created above), empty until retention
+            // first removes something: nothing to move.
+            db.put_cf(meta, META_FORMAT, [5])?;
+        }
         check_mode(&db, &path, options.replicated, last)?;
         let db = Arc::new(db);
         let last_lsn = Arc::new(AtomicU64::new(last));
@@ -183,7 +188,13 @@ impl Ledger {
         // A ledger of format 3 or older (no `unsettled_by_partition` index) is read as it is:
         // what the index would answer is found by scanning the summaries. One of format 2 or
         // older has no task index, and cannot list tasks by phase ([`Error::NoTaskIndex`]).
-        let later = [CF_UNSETTLED, CF_TASK_INDEX, CF_UNSETTLED_BY_PARTITION];
+        // One of format 4 or older has no `retained` family: nothing was removed from it.
+        let later = [
+            CF_UNSETTLED,
+            CF_TASK_INDEX,
+            CF_UNSETTLED_BY_PARTITION,
+            CF_RETAINED,
+        ];
         let mut format_1 = ALL_CFS.iter().filter(|cf| !later.contains(cf));
         if format_1.any(|cf| !names.iter().any(|n| n == cf)) {
             return Err(Error::BadFormatMarker { path });
@@ -542,13 +553,19 @@ impl Ledger {
         Ok(out)
     }
 
+    /// The task of `identity` and its payload hash, when the ledger knows it: from the
+    /// `identity` family, or from what retention kept of the task once it removed its history.
     pub fn identity(&self, identity: &Identity) -> Result<Option<(TaskId, PayloadHash)>> {
         let Some(v) = self
             .inner
             .db
             .get_cf(self.cf(CF_IDENTITY), identity_key(identity))?
         else {
-            return Ok(None);
+            let task = identity.task_id();
+            return Ok(self
+                .retained(task)?
+                .filter(|r| r.identity == *identity)
+                .map(|r| (task, r.payload_hash)));
         };
         if v.len() != 48 {
             return Err(Error::BadValue { what: "identity" });
@@ -664,8 +681,8 @@ mod tests {
             matches!(
                 err,
                 Error::NewerFormat {
-                    found: 5,
-                    supported: 4,
+                    found: 6,
+                    supported: 5,
                     ..
                 }
             ),

@@ -1,0 +1,218 @@
+//! Retention: settled tasks' histories removed from a real ledger, what is kept of them, and
+//! what is never removed. The engine over real RocksDB, the simulated remote over real
+//! sockets; checked on the remote's records, the ledger's log and the audit.
+
+use std::time::Duration;
+
+use sendledger_core::decide::OperatorResolution;
+use sendledger_core::{CheckConfig, EventBody, Limits, Phase, ResultStatus, TaskId, UnknownCause};
+use sendledger_sim::{Sim, SimConfig};
+use sendledger_store::Ledger;
+use sendledger_tests::engine::*;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+fn accepted(key: &str, offset: i64) -> EventBody {
+    let request = request(key).accept(&Limits::default()).unwrap();
+    EventBody::TaskAccepted {
+        payload_hash: request.payload_hash(),
+        request,
+        source: source(offset),
+    }
+}
+
+fn audit(dir: &std::path::Path) -> sendledger_core::audit::AuditReport {
+    let ledger = Ledger::open_read_only(dir).unwrap();
+    sendledger_store::audit(&ledger, CheckConfig::default(), |_| {}).unwrap()
+}
+
+/// The audit's findings about anything but the task whose history breaks a rule on purpose;
+/// panics unless that task's violation is among them (it was kept for the audit to see).
+fn findings_besides_broken(report: &sendledger_core::audit::AuditReport) -> Vec<String> {
+    let broken = task_id("broken").to_string();
+    assert!(
+        report
+            .violations
+            .iter()
+            .any(|v| v.task_id.as_deref() == Some(broken.as_str())),
+        "the broken task's violation is not reported: {:#?}",
+        report.violations
+    );
+    (report.violations.iter())
+        .filter(|v| v.task_id.as_deref() != Some(broken.as_str()))
+        .map(|v| format!("{} {:?}: {}", v.rule, v.task_id, v.detail))
+        .collect()
+}
+
+/// Twelve tasks succeed; a task whose outcome is unknown and one whose history breaks a rule
+/// are in the ledger beside them. Retention removes the twelve only once their events are
+/// published, keeps the other two whole, answers a redelivery of a removed task with its
+/// result (nothing sent), a different payload with a conflict, refuses a retry, never gives
+/// a removed LSN again after a restart, and the audit accounts for every removed event and
+/// finds an event removed behind retention's back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settled_tasks_are_removed_and_answered_from_what_is_kept() {
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // In the ledger before the engine starts: an attempt whose outcome is unknown (the lookup
+    // finds nothing, so it stays unknown, then goes to review), and a settled task that sent
+    // twice without an outcome between (a rule broken).
+    write_history(
+        dir.path(),
+        "unknown",
+        vec![
+            accepted("unknown", 100),
+            EventBody::SendIntended {
+                attempt: 1,
+                idempotency_key: None,
+            },
+            EventBody::SendUnknown {
+                attempt: 1,
+                cause: UnknownCause::Timeout,
+            },
+        ],
+    )
+    .await;
+    let intent = |attempt| EventBody::SendIntended {
+        attempt,
+        idempotency_key: None,
+    };
+    write_history(
+        dir.path(),
+        "broken",
+        vec![
+            accepted("broken", 101),
+            intent(1),
+            intent(2),
+            EventBody::Confirmed {
+                remote_id: "x".into(),
+                evidence: sendledger_core::Evidence::Response { status: 201 },
+            },
+        ],
+    )
+    .await;
+    let engine = tokio::task::block_in_place(|| start(dir.path(), target(&sim.base_url(), |_| {})));
+    let keys: Vec<String> = (0..12).map(|i| format!("k-{i}")).collect();
+    for (i, key) in keys.iter().enumerate() {
+        engine.submit(request(key), source(i as i64)).await.unwrap();
+    }
+    for key in &keys {
+        wait_for(&engine, task_id(key), WAIT, settled).await;
+    }
+    let ledger = engine.ledger().clone();
+    let last_of = |task: TaskId| {
+        let ledger = ledger.clone();
+        async move {
+            let events = ledger.read(move |l| l.task_events(task)).await.unwrap();
+            events.iter().map(|e| e.lsn).max().unwrap()
+        }
+    };
+    let mut lasts = Vec::new();
+    for key in &keys {
+        lasts.push(last_of(task_id(key)).await);
+    }
+    let mut sorted = lasts.clone();
+    sorted.sort_unstable();
+    let published = sorted[5];
+    let cutoff = now_ms() + 1;
+
+    // Published up to the sixth task's last event: those six only.
+    let pruned = engine.prune_settled(cutoff, Some(published)).await.unwrap();
+    assert_eq!(pruned, 6);
+    for (key, last) in keys.iter().zip(&lasts) {
+        let events = engine.events(task_id(key)).await.unwrap();
+        let removed = matches!(events[0].body, EventBody::Pruned { .. });
+        assert_eq!(removed, *last <= published, "{key}: last event {last}");
+    }
+    // Everything published: the other six; never the unknown task nor the broken one.
+    assert_eq!(engine.prune_settled(cutoff, None).await.unwrap(), 6);
+    assert_eq!(engine.prune_settled(cutoff, None).await.unwrap(), 0);
+    for key in ["unknown", "broken"] {
+        let events = engine.events(task_id(key)).await.unwrap();
+        assert!(
+            matches!(events[0].body, EventBody::TaskAccepted { .. }),
+            "{key} removed"
+        );
+    }
+    let records_before = sim.stats().posts;
+    for (i, key) in keys.iter().enumerate() {
+        let events = engine.events(task_id(key)).await.unwrap();
+        assert_eq!(events.len(), 1, "{key}: {events:?}");
+        let EventBody::Pruned { retained } = &events[0].body else {
+            panic!("{key}: {events:?}");
+        };
+        let records = sim.records_with_identity(key);
+        assert_eq!(records.len(), 1);
+        assert_eq!(retained.status, ResultStatus::Succeeded);
+        assert_eq!(retained.remote_id.as_deref(), Some(records[0].id.as_str()));
+        // The identity still deduplicates: the same request is a duplicate, another payload
+        // a conflict, and nothing reaches the remote.
+        let again = engine
+            .submit(request(key), source(1000 + i as i64))
+            .await
+            .unwrap();
+        assert_eq!(again.events, ["DuplicateDelivery"]);
+        assert_eq!(again.phase, Phase::Succeeded);
+        let mut other = request(key);
+        other.payload = serde_json::json!({ "amount": 1 });
+        let conflict = engine.submit(other, source(2000 + i as i64)).await.unwrap();
+        assert_eq!(conflict.events, ["RequestConflict"]);
+    }
+    let retry = engine
+        .resolve(
+            task_id("k-0"),
+            OperatorResolution::Retry {
+                by: "ana".into(),
+                reason: "again".into(),
+            },
+        )
+        .await;
+    assert!(retry.is_err(), "{retry:?}");
+    assert_eq!(sim.stats().posts, records_before);
+    let last_lsn = engine.ledger().last_lsn();
+    drop(ledger);
+    engine.shutdown(Duration::from_secs(5)).await;
+
+    let report = audit(dir.path());
+    assert_eq!(findings_besides_broken(&report), Vec::<String>::new());
+    assert_eq!(report.pruned_tasks, 12);
+    // Each success is three events: accepted, intended, confirmed.
+    assert_eq!(report.pruned_events, 12 * 3, "{report:?}");
+    assert_eq!(report.events + report.pruned_events, report.last_lsn);
+
+    // After a restart: the removed tasks are still known, and new events get new LSNs.
+    let engine = tokio::task::block_in_place(|| start(dir.path(), target(&sim.base_url(), |_| {})));
+    assert_eq!(engine.ledger().last_lsn(), last_lsn);
+    let again = engine.submit(request("k-3"), source(3000)).await.unwrap();
+    assert_eq!(again.events, ["DuplicateDelivery"]);
+    assert!(again.lsns.start > last_lsn);
+    let state = engine.state(task_id("k-3")).await.unwrap();
+    assert_eq!(state.phase, Phase::Succeeded);
+    engine.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(sim.stats().posts, records_before);
+    assert_eq!(
+        findings_besides_broken(&audit(dir.path())),
+        Vec::<String>::new()
+    );
+
+    // An event removed behind retention's back is found.
+    {
+        let ledger = Ledger::open(dir.path(), Default::default()).unwrap();
+        let events = ledger.task_events(task_id("unknown")).unwrap();
+        ledger.delete_log_entry(events[1].lsn).unwrap();
+    }
+    let found = findings_besides_broken(&audit(dir.path()));
+    assert!(
+        found
+            .iter()
+            .any(|f| f.contains("no retention accounts for")),
+        "{found:#?}"
+    );
+}
