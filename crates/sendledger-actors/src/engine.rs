@@ -128,8 +128,9 @@ impl ReviewItem {
 }
 
 /// A running engine. Cheap to clone.
-/// How many tasks a pass of retention removes at once (each through its actor).
-pub const PRUNE_AT_ONCE: usize = 256;
+/// How many tasks a pass of retention removes at once (each through its actor): enough that
+/// their appends share fsyncs.
+pub const PRUNE_AT_ONCE: usize = 1024;
 
 #[derive(Clone)]
 pub struct Engine {
@@ -565,36 +566,35 @@ impl Engine {
     /// next pass.
     pub async fn prune_settled(&self, cutoff: u64, published: Option<u64>) -> Result<u64> {
         let mut pruned = 0;
-        let mut after: Option<Vec<u8>> = None;
+        let mut waiting = std::collections::VecDeque::new();
+        // The index position after the candidates listed so far; `None` once all were.
+        let mut listed: Option<Option<Vec<u8>>> = Some(None);
+        let mut running = tokio::task::JoinSet::new();
         loop {
-            let from = after.take();
-            let (tasks, next) = self
-                .inner
-                .ledger
-                .read(move |l| l.prunable(cutoff, from.as_deref(), PRUNE_AT_ONCE))
-                .await?;
-            let mut running = tokio::task::JoinSet::new();
-            for task in tasks {
-                let engine = self.clone();
-                running.spawn(async move {
-                    engine
-                        .route(task, TaskInput::Prune { cutoff, published })
-                        .await
-                });
-            }
-            while let Some(done) = running.join_next().await {
-                match done {
-                    Ok(Ok(reply)) => pruned += u64::from(reply.events == ["Pruned"]),
-                    Ok(Err(e @ (Error::Stopped | Error::ShuttingDown))) => return Err(e),
-                    // One task's trouble (its events unreadable, say) is its own: the
-                    // audit names it, and the others are pruned.
-                    Ok(Err(e)) => tracing::warn!(error = %e, "a settled task was not pruned"),
-                    Err(_) => return Err(Error::Stopped),
+            while running.len() < PRUNE_AT_ONCE {
+                if let Some(task) = waiting.pop_front() {
+                    let engine = self.clone();
+                    let input = TaskInput::Prune { cutoff, published };
+                    running.spawn(async move { engine.route(task, input).await });
+                    continue;
                 }
+                let Some(after) = listed.take() else { break };
+                let (tasks, next) = self
+                    .inner
+                    .ledger
+                    .read(move |l| l.prunable(cutoff, after.as_deref(), PRUNE_AT_ONCE))
+                    .await?;
+                waiting.extend(tasks);
+                listed = next.map(Some);
             }
-            match next {
-                Some(cursor) => after = Some(cursor),
+            match running.join_next().await {
                 None => return Ok(pruned),
+                Some(Ok(Ok(reply))) => pruned += u64::from(reply.events == ["Pruned"]),
+                Some(Ok(Err(e @ (Error::Stopped | Error::ShuttingDown)))) => return Err(e),
+                // One task's trouble (its events unreadable, say) is its own: the audit
+                // names it, and the others are pruned.
+                Some(Ok(Err(e))) => tracing::warn!(error = %e, "a settled task was not pruned"),
+                Some(Err(_)) => return Err(Error::Stopped),
             }
         }
     }

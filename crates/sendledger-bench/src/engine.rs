@@ -189,7 +189,7 @@ pub fn run(args: EngineArgs) -> anyhow::Result<()> {
 }
 
 /// The bytes of the files under `dir`.
-fn dir_bytes(dir: &std::path::Path) -> anyhow::Result<u64> {
+pub(crate) fn dir_bytes(dir: &std::path::Path) -> anyhow::Result<u64> {
     let mut total = 0;
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;

@@ -22,6 +22,7 @@ mod kafka;
 mod ledger;
 pub mod process;
 mod restore;
+mod retention;
 pub mod simulation;
 
 /// sendledger-bench: measurements of sendledger's components, each printed as one JSON object.
@@ -50,6 +51,10 @@ enum Bench {
     /// A kafka-mode take-over's restore of one partition on an empty disk, in events per
     /// second: whole, and read, decoded and applied apart (brokers with transactions).
     Restore(restore::RestoreArgs),
+    /// Many tasks through the engine with retention removing settled histories as it goes:
+    /// the ledger's size, memory and start-up time over time, and redeliveries of early
+    /// requests answered from what retention kept.
+    Retention(retention::RetentionArgs),
     /// Inputs per second through every input boundary (request, stored event, event record,
     /// configuration, review body) with generated inputs; counts panics and saves their inputs.
     Fuzz(fuzz::FuzzArgs),
@@ -85,6 +90,7 @@ pub fn main() -> ExitCode {
         Bench::Front(args) => front::run(args),
         Bench::Cluster(args) => cluster::run(args),
         Bench::Restore(args) => restore::run(args),
+        Bench::Retention(args) => retention::run(args),
         Bench::Fuzz(args) => fuzz::run(args),
         Bench::Simulate(args) => simulation::command::run(args),
     };

@@ -14,6 +14,7 @@
 //!   credentials; [`callers`]: the front door's callers and their tenants; [`credentials`]:
 //!   the bearer tokens both hold; [`tls`]: the listeners' TLS settings.
 //! - [`serve`]: the bounded accept loop of the HTTP listeners.
+//! - [`retention`]: the loop that removes settled tasks' histories past `storage.retention`.
 //! - [`front`]: the HTTP front door: tasks submitted with an `Idempotency-Key`.
 //! - [`telemetry`]: the OTLP exporter of traces.
 //! - [`demo`]: the whole pipeline on embedded defaults against a fault-injecting remote.
@@ -34,6 +35,7 @@ pub mod error;
 pub mod front;
 pub mod metric_definitions;
 pub mod operators;
+pub mod retention;
 pub mod runtime;
 pub mod serve;
 pub mod service;

@@ -18,6 +18,7 @@ use crate::admin::Admin;
 use crate::config::{Config, StorageMode};
 use crate::error::{Error, Result};
 use crate::front::FrontDoor;
+use crate::retention::Retention;
 use crate::wiring::{EngineSink, KafkaOwner};
 
 /// How long topic creation on external brokers may take.
@@ -32,6 +33,8 @@ pub struct Service {
     admin: Option<Admin>,
     /// The HTTP front door, when enabled.
     front: Option<FrontDoor>,
+    /// Local mode with `storage.retention`: the loop removing settled tasks' histories.
+    retention: Option<Retention>,
     grace: Duration,
 }
 
@@ -91,6 +94,14 @@ impl Service {
                 .map_err(|e| Error::step("starting the publisher", e))?;
             (Some(publisher), None)
         };
+        let retention = match (kafka_mode, config.storage.retention) {
+            (false, Some(retention)) => Some(Retention::start(engine.clone(), retention)),
+            (false, None) => {
+                tracing::info!("storage.retention is unset: every task's history is kept (a few hundred bytes a task on disk; see docs/operating/retention.md)");
+                None
+            }
+            (true, _) => None,
+        };
         let admin = match metrics {
             Some(metrics) => Some(Admin::start(&config.admin, engine.clone(), metrics).await?),
             None => None,
@@ -147,6 +158,7 @@ impl Service {
             front,
             ingests: ingests.into_iter().map(|(_, ingest)| ingest).collect(),
             publisher,
+            retention,
             admin,
             grace: config.engine.shutdown_grace,
         })
@@ -188,6 +200,7 @@ impl Service {
         if let Some(front) = self.front {
             front.shutdown().await;
         }
+        drop(self.retention);
         let mut ingest = Ok(());
         for each in self.ingests {
             let stopped = each.shutdown(left()).await;

@@ -172,13 +172,12 @@ impl Ledger {
         let Some(retained) = Retained::of(&history) else {
             return Ok(None);
         };
-        let (_, violations) = check_task(&history, check);
+        let (state, violations) = check_task(&history, check);
         if let Some(v) = violations.first() {
             tracing::warn!(task_id = %task, rule = ?v.rule, detail = %v.detail, "a settled task's history breaks a rule: kept past its retention for the audit to report");
             return Ok(None);
         }
         let last = history.iter().map(|e| e.lsn).max().unwrap_or(0);
-        let state = sendledger_core::fold(&history);
         if retained.settled_at >= cutoff || published.is_some_and(|p| last > p) {
             return Ok(None);
         }

@@ -216,3 +216,94 @@ async fn settled_tasks_are_removed_and_answered_from_what_is_kept() {
         "{found:#?}"
     );
 }
+
+/// The service with `storage.retention = "1s"` on the embedded cluster: 40 requests are
+/// executed and their results published, then their histories removed by retention's own
+/// loop. The same 40 requests delivered again are answered on the results topic with each
+/// task's result under its first event id (nothing sent again), 5 of them with another
+/// payload with a conflict, and the audit of the ledger accounts for every removed event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_service_removes_settled_histories_and_still_answers_their_redeliveries() {
+    use sendledger_tests::kafka::{
+        embedded, produce, read_until, request_messages, results_for, task_ids,
+    };
+    let kafka = embedded();
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = sendledger_node::config::Config::default();
+    config.storage.data = dir.path().to_path_buf();
+    config.storage.retention = Some(Duration::from_secs(1));
+    config.engine.timer_tick = Duration::from_millis(5);
+    config.kafka = kafka.config().clone();
+    config.admin.enabled = false;
+    config
+        .targets
+        .insert("sim".into(), target(&sim.base_url(), |_| {}));
+    config.validate(&Default::default()).unwrap();
+    let remote = std::sync::Arc::new(sendledger_node::wiring::HttpRemote::new(
+        config.load_targets().unwrap(),
+    ));
+    let service = sendledger_node::service::Service::start(&config, &kafka, remote, None)
+        .await
+        .unwrap();
+
+    let keys: Vec<String> = (0..40).map(|i| format!("kept-{i}")).collect();
+    produce(&kafka, request_messages(keys.iter())).await;
+    let (_, first) = results_for(&kafka, task_ids(&keys)).await;
+    assert_eq!(first.len(), 40);
+    let deadline = std::time::Instant::now() + WAIT;
+    for key in &keys {
+        loop {
+            let events = service.engine().events(task_id(key)).await.unwrap();
+            if matches!(events[0].body, EventBody::Pruned { .. }) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{key} kept: {events:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    produce(&kafka, request_messages(keys.iter())).await;
+    let conflicting: Vec<_> = keys[..5]
+        .iter()
+        .map(|k| {
+            let mut r = request(k);
+            r.payload = serde_json::json!({ "amount": 1 });
+            (
+                None,
+                sendledger_tests::kafka::identity_key(k),
+                Some(serde_json::to_vec(&r).unwrap()),
+            )
+        })
+        .collect();
+    produce(&kafka, conflicting).await;
+    let topic = kafka.config().results_topic.clone();
+    let records = read_until(&kafka, &topic, |recs| recs.len() >= 40 * 2 + 5).await;
+    for result in &first {
+        let again: Vec<_> = records
+            .iter()
+            .filter(|r| r.event_id == result.event_id)
+            .collect();
+        assert_eq!(again.len(), 2, "{}: {again:?}", result.event_id);
+        let v = &again[1].value;
+        assert_eq!(v["status"], "succeeded");
+        assert_eq!(v["remote_id"].as_str(), result.remote_id.as_deref());
+        assert_eq!(v["lsn"], result.lsn);
+    }
+    let conflicts = records
+        .iter()
+        .filter(|r| r.value["status"] == "conflict")
+        .count();
+    assert_eq!(conflicts, 5);
+    assert_eq!(sim.stats().posts, 40);
+    for key in &keys {
+        assert_eq!(sim.records_with_identity(key).len(), 1);
+    }
+    service.shutdown().await.unwrap();
+    let report = audit(dir.path());
+    assert!(report.is_clean(), "{:#?}", report.violations);
+    assert_eq!(report.pruned_tasks, 40);
+}

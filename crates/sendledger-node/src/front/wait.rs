@@ -209,6 +209,8 @@ pub(super) async fn progress(
             result = Some(r);
         }
     }
+    // A task whose history retention removed has the result it ended with.
+    let result = result.or_else(|| projection.announced().cloned());
     let state = projection.state();
     Ok(Some(Progress {
         state: state.phase.name(),

@@ -1,0 +1,67 @@
+//! Retention's loop (`storage.retention`): every so often, the histories of tasks settled
+//! longer ago than the retention are removed, each through its task's actor, once the outbox
+//! has published every event of it (`docs/operating/retention.md`).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sendledger_actors::Engine;
+use sendledger_kafka::publisher::PUBLISHER_CURSOR;
+
+/// How often retention looks for tasks to remove: a tenth of the retention, between 1 s and
+/// 1 min (a task outlives its retention by at most this).
+pub fn pass_interval(retention: Duration) -> Duration {
+    (retention / 10).clamp(Duration::from_secs(1), Duration::from_secs(60))
+}
+
+/// The running loop, stopped when dropped (a removal under way completes: each is one write).
+pub struct Retention {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Retention {
+    /// Starts the loop on `engine`'s ledger. Nothing is removed before the publisher's durable
+    /// cursor (local mode's outbox) is past every event of a task.
+    pub fn start(engine: Engine, retention: Duration) -> Retention {
+        let interval = pass_interval(retention);
+        tracing::info!(
+            retention = %humantime::format_duration(retention),
+            every = %humantime::format_duration(interval),
+            "settled tasks' histories are removed once older than the retention"
+        );
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(interval).await;
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_millis() as u64;
+                let cutoff = now.saturating_sub(retention.as_millis() as u64);
+                let published = match (engine.ledger()).read(|l| l.cursor(PUBLISHER_CURSOR)).await {
+                    Ok(cursor) => cursor.unwrap_or(0),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "retention skipped a pass: the publisher's cursor is unreadable");
+                        continue;
+                    }
+                };
+                match engine.prune_settled(cutoff, Some(published)).await {
+                    Ok(0) => {}
+                    Ok(pruned) => tracing::info!(pruned, "settled tasks' histories removed"),
+                    Err(e) if e.is_transient() => {
+                        tracing::warn!(error = %e, "retention's pass stopped; it tries again")
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "retention stopped");
+                        return;
+                    }
+                }
+            }
+        });
+        Retention { task }
+    }
+}
+
+impl Drop for Retention {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
