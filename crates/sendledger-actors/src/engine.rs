@@ -565,7 +565,34 @@ impl Engine {
     /// (unpublished, or kept because their history breaks a rule) are looked at again by the
     /// next pass.
     pub async fn prune_settled(&self, cutoff: u64, published: Option<u64>) -> Result<u64> {
-        let mut pruned = 0;
+        let list = move |l: &Ledger, after: Option<&[u8]>| l.prunable(cutoff, after, PRUNE_AT_ONCE);
+        let input = move || TaskInput::Prune { cutoff, published };
+        self.each_candidate(list, input, "Pruned").await
+    }
+
+    /// Identity retention's pass: forgets every task whose history retention removed and that
+    /// settled before `cutoff`, through each task's actor, as [`Engine::prune_settled`]
+    /// removes them. A later delivery of a forgotten task's request is a new task. Returns how
+    /// many it forgot.
+    pub async fn forget_expired(&self, cutoff: u64) -> Result<u64> {
+        let list =
+            move |l: &Ledger, after: Option<&[u8]>| l.forgettable(cutoff, after, PRUNE_AT_ONCE);
+        self.each_candidate(list, move || TaskInput::Forget { cutoff }, "Forgotten")
+            .await
+    }
+
+    /// Sends `input` to every task `list` names (page by page, from a cursor), up to
+    /// [`PRUNE_AT_ONCE`] at a time; counts the replies naming `done`.
+    async fn each_candidate(
+        &self,
+        list: impl Fn(&Ledger, Option<&[u8]>) -> sendledger_store::Result<(Vec<TaskId>, Option<Vec<u8>>)>
+            + Clone
+            + Send
+            + 'static,
+        input: impl Fn() -> TaskInput,
+        done: &'static str,
+    ) -> Result<u64> {
+        let mut count = 0;
         let mut waiting = std::collections::VecDeque::new();
         // The index position after the candidates listed so far; `None` once all were.
         let mut listed: Option<Option<Vec<u8>>> = Some(None);
@@ -573,27 +600,29 @@ impl Engine {
         loop {
             while running.len() < PRUNE_AT_ONCE {
                 if let Some(task) = waiting.pop_front() {
-                    let engine = self.clone();
-                    let input = TaskInput::Prune { cutoff, published };
+                    let (engine, input) = (self.clone(), input());
                     running.spawn(async move { engine.route(task, input).await });
                     continue;
                 }
                 let Some(after) = listed.take() else { break };
+                let list = list.clone();
                 let (tasks, next) = self
                     .inner
                     .ledger
-                    .read(move |l| l.prunable(cutoff, after.as_deref(), PRUNE_AT_ONCE))
+                    .read(move |l| list(l, after.as_deref()))
                     .await?;
                 waiting.extend(tasks);
                 listed = next.map(Some);
             }
             match running.join_next().await {
-                None => return Ok(pruned),
-                Some(Ok(Ok(reply))) => pruned += u64::from(reply.events == ["Pruned"]),
+                None => return Ok(count),
+                Some(Ok(Ok(reply))) => count += u64::from(reply.events == [done]),
                 Some(Ok(Err(e @ (Error::Stopped | Error::ShuttingDown)))) => return Err(e),
                 // One task's trouble (its events unreadable, say) is its own: the audit
-                // names it, and the others are pruned.
-                Some(Ok(Err(e))) => tracing::warn!(error = %e, "a settled task was not pruned"),
+                // names it, and the others go on.
+                Some(Ok(Err(e))) => {
+                    tracing::warn!(error = %e, "a task was left as it is by retention")
+                }
                 Some(Err(_)) => return Err(Error::Stopped),
             }
         }

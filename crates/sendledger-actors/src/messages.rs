@@ -61,6 +61,12 @@ pub enum TaskInput {
         cutoff: u64,
         published: Option<u64>,
     },
+    /// Identity retention: forget the task, whose history retention removed, if it settled
+    /// before `cutoff` (see [`sendledger_store::Ledger::forget_plan`]); its reply names
+    /// `Forgotten` when it did. A later delivery of its request is a new task.
+    Forget {
+        cutoff: u64,
+    },
     /// An attempt of the task ended (internal: sent by the actor to itself).
     Outcome {
         attempt: u32,

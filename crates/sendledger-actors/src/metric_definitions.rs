@@ -8,6 +8,7 @@ pub const LOOKUPS_TOTAL: &str = "sendledger_lookups_total";
 pub const LEDGER_DURABILITY: &str = "sendledger_ledger_durability";
 pub const DIVERGENT_HISTORIES_TOTAL: &str = "sendledger_divergent_histories_total";
 pub const TASKS_PRUNED_TOTAL: &str = "sendledger_tasks_pruned_total";
+pub const IDENTITIES_FORGOTTEN_TOTAL: &str = "sendledger_identities_forgotten_total";
 
 pub const DEFINITIONS: &[M] = &[
     M::counter(
@@ -25,6 +26,10 @@ pub const DEFINITIONS: &[M] = &[
     M::counter(
         TASKS_PRUNED_TOTAL,
         "Settled tasks whose history retention removed (storage.retention), keeping their identity, payload hash and result.",
+    ),
+    M::counter(
+        IDENTITIES_FORGOTTEN_TOTAL,
+        "Removed tasks forgotten past storage.identity_retention: a later delivery of their request is a new task.",
     ),
     M::gauge(
         LEDGER_DURABILITY,

@@ -208,6 +208,46 @@ impl TaskActor {
         }))
     }
 
+    /// Forgets the task, when identity retention may: its history was removed and it settled
+    /// before `cutoff`. Then it is a task that never was.
+    fn forget(&mut self, cutoff: u64) -> ResponseActFuture<Self, Result<Reply>> {
+        let task_id = self.task_id;
+        let reply = move |state: &State, forgotten: bool| Reply {
+            task_id,
+            phase: state.phase,
+            lsns: 0..0,
+            events: if forgotten {
+                vec!["Forgotten"]
+            } else {
+                Vec::new()
+            },
+        };
+        if !self.state.pruned {
+            return Box::pin(fut::ready(Ok(reply(&self.state, false))));
+        }
+        let ledger = self.shared.ledger.clone();
+        let work = async move {
+            let Some(plan) = ledger.read(move |l| l.forget_plan(task_id, cutoff)).await? else {
+                return Ok(false);
+            };
+            ledger
+                .append(Append {
+                    forget: vec![plan],
+                    ..Append::default()
+                })
+                .await?;
+            Ok::<_, Error>(true)
+        };
+        Box::pin(work.into_actor(self).map(move |res, act, _| {
+            if !res? {
+                return Ok(reply(&act.state, false));
+            }
+            act.state = State::default();
+            metrics::counter!(crate::metric_definitions::IDENTITIES_FORGOTTEN_TOTAL).increment(1);
+            Ok(reply(&act.state, true))
+        }))
+    }
+
     /// Kafka mode: refuses the input when the task's partition is not owned here, and reads
     /// the task's events again (then decides) when the partition was assigned again since they
     /// were read. `None`: go on with the state as it is.
@@ -375,6 +415,7 @@ impl TaskActor {
             TaskInput::Diverged { task_seq, replaced } => Input::Diverged { task_seq, replaced },
             TaskInput::Outcome { attempt, outcome } => Input::Outcome { attempt, outcome },
             TaskInput::Prune { cutoff, published } => return self.prune(cutoff, published),
+            TaskInput::Forget { cutoff } => return self.forget(cutoff),
         };
         let delivery = matches!(core_input, Input::Deliver { .. });
         let is_new = self.state.request.is_none();

@@ -496,6 +496,47 @@ impl Kafka {
     }
 }
 
+impl Kafka {
+    /// How long `topic` keeps its messages (`retention.ms`); `None` for good (-1).
+    pub async fn topic_retention(
+        &self,
+        topic: &str,
+        timeout: Duration,
+    ) -> Result<Option<Duration>> {
+        let admin: AdminClient<DefaultClientContext> = self.client_config(Role::Admin).create()?;
+        let opts = AdminOptions::new().request_timeout(Some(timeout));
+        let described = admin
+            .describe_configs(&[ResourceSpecifier::Topic(topic)], &opts)
+            .await?;
+        let bad = |problem: String| Error::Config {
+            field: "requests_topic".into(),
+            problem,
+        };
+        let resource = match described.into_iter().next() {
+            Some(Ok(r)) => r,
+            Some(Err(code)) => {
+                return Err(bad(format!(
+                    "cannot read the configuration of {topic}: {code}"
+                )))
+            }
+            None => return Err(bad(format!("no configuration returned for {topic}"))),
+        };
+        match resource
+            .get("retention.ms")
+            .and_then(|e| e.value.as_deref())
+        {
+            Some(ms) => match ms.parse::<i64>() {
+                Ok(ms) if ms < 0 => Ok(None),
+                Ok(ms) => Ok(Some(Duration::from_millis(ms as u64))),
+                Err(_) => Err(bad(format!(
+                    "{topic} has retention.ms = {ms}, not a number"
+                ))),
+            },
+            None => Err(bad(format!("{topic} reports no retention.ms"))),
+        }
+    }
+}
+
 /// The settings of the events topic when it is the log of record (kafka mode): every event is
 /// kept.
 pub const LOG_TOPIC_SETTINGS: [(&str, &str); 3] = [

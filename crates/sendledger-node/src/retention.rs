@@ -1,6 +1,7 @@
 //! Retention's loop (`storage.retention`): every so often, the histories of tasks settled
 //! longer ago than the retention are removed, each through its task's actor, once the outbox
-//! has published every event of it (`docs/operating/retention.md`).
+//! has published every event of it; with `storage.identity_retention`, what was kept of those
+//! settled longer ago than that is forgotten too (`docs/operating/retention.md`).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -21,7 +22,7 @@ pub struct Retention {
 impl Retention {
     /// Starts the loop on `engine`'s ledger. Nothing is removed before the publisher's durable
     /// cursor (local mode's outbox) is past every event of a task.
-    pub fn start(engine: Engine, retention: Duration) -> Retention {
+    pub fn start(engine: Engine, retention: Duration, identities: Option<Duration>) -> Retention {
         let interval = pass_interval(retention);
         tracing::info!(
             retention = %humantime::format_duration(retention),
@@ -35,7 +36,8 @@ impl Retention {
                     .duration_since(UNIX_EPOCH)
                     .unwrap_or_default()
                     .as_millis() as u64;
-                let cutoff = now.saturating_sub(retention.as_millis() as u64);
+                let before = |kept: Duration| now.saturating_sub(kept.as_millis() as u64);
+                let cutoff = before(retention);
                 let published = match (engine.ledger()).read(|l| l.cursor(PUBLISHER_CURSOR)).await {
                     Ok(cursor) => cursor.unwrap_or(0),
                     Err(e) => {
@@ -43,9 +45,21 @@ impl Retention {
                         continue;
                     }
                 };
-                match engine.prune_settled(cutoff, Some(published)).await {
-                    Ok(0) => {}
-                    Ok(pruned) => tracing::info!(pruned, "settled tasks' histories removed"),
+                let pass = async {
+                    let pruned = engine.prune_settled(cutoff, Some(published)).await?;
+                    let forgotten = match identities {
+                        Some(kept) => engine.forget_expired(before(kept)).await?,
+                        None => 0,
+                    };
+                    Ok::<_, sendledger_actors::Error>((pruned, forgotten))
+                };
+                match pass.await {
+                    Ok((0, 0)) => {}
+                    Ok((pruned, forgotten)) => tracing::info!(
+                        pruned,
+                        forgotten,
+                        "settled tasks' histories removed, identities forgotten"
+                    ),
                     Err(e) if e.is_transient() => {
                         tracing::warn!(error = %e, "retention's pass stopped; it tries again")
                     }

@@ -73,6 +73,9 @@ impl Service {
                 tracing::warn!("the log of record may lose acknowledged commits: {warning}");
             }
         }
+        if let Some(identities) = config.storage.identity_retention {
+            check_identity_retention(kafka, identities).await?;
+        }
         let engine_config = config.engine_config();
         let engine =
             tokio::task::block_in_place(|| Engine::start(engine_config, remote)).map_err(|e| {
@@ -95,7 +98,11 @@ impl Service {
             (Some(publisher), None)
         };
         let retention = match (kafka_mode, config.storage.retention) {
-            (false, Some(retention)) => Some(Retention::start(engine.clone(), retention)),
+            (false, Some(retention)) => Some(Retention::start(
+                engine.clone(),
+                retention,
+                config.storage.identity_retention,
+            )),
             (false, None) => {
                 tracing::info!("storage.retention is unset: every task's history is kept (a few hundred bytes a task on disk; see docs/operating/retention.md)");
                 None
@@ -227,6 +234,34 @@ impl Service {
         ingest.map_err(|e| Error::step("stopping the ingest", e))?;
         publisher.map_err(|e| Error::step("stopping the publisher", e))?;
         Ok(())
+    }
+}
+
+/// Refuses an identity retention shorter than the requests topic keeps its messages: a
+/// message redelivered from the topic (a consumer group reset, a restore) after its task was
+/// forgotten would be executed again. A topic whose settings cannot be read is warned about.
+async fn check_identity_retention(kafka: &Kafka, identities: Duration) -> Result<()> {
+    let topic = kafka.config().requests_topic.clone();
+    if kafka.config().is_embedded() {
+        tracing::warn!(%topic, "the embedded cluster does not report its topics' retention: whether a redelivery may come after its identity is forgotten is not checked");
+        return Ok(());
+    }
+    match kafka.topic_retention(&topic, TOPIC_TIMEOUT).await {
+        Ok(Some(kept)) if kept <= identities => Ok(()),
+        Ok(kept) => Err(crate::ConfigError::field(
+            "storage.identity_retention",
+            format!(
+                "is {}, and the requests topic {topic} keeps messages {}: a request redelivered from it after its task was forgotten would be executed again; set retention.ms on the topic to at most {}, or a longer identity retention",
+                humantime::format_duration(identities),
+                kept.map_or("for good".to_string(), |k| format!("for {}", humantime::format_duration(k))),
+                identities.as_millis()
+            ),
+        )
+        .into()),
+        Err(e) => {
+            tracing::warn!(error = %e, %topic, "cannot read the requests topic's retention: whether a redelivery may come after its identity is forgotten is not checked");
+            Ok(())
+        }
     }
 }
 

@@ -78,6 +78,9 @@ pub struct Append {
     /// Settled tasks whose history retention removes ([`crate::retention`]): planned by each
     /// task's writer with [`crate::Ledger::prune_plan`].
     pub prune: Vec<crate::retention::Prune>,
+    /// Removed tasks whose identity is forgotten (`storage.identity_retention`): planned by
+    /// each task's writer with [`crate::Ledger::forget_plan`].
+    pub forget: Vec<crate::retention::Forget>,
 }
 
 impl Append {
@@ -705,15 +708,21 @@ fn build_batch(db: &DB, first_lsn: u64, pending: &[Request]) -> (WriteBatch, Vec
         ranges.push(start..lsn);
     }
     let prunes: Vec<_> = pending.iter().flat_map(|r| &r.append.prune).collect();
-    if !prunes.is_empty() {
-        prune_into(db, &mut batch, &prunes);
+    let forgets: Vec<_> = pending.iter().flat_map(|r| &r.append.forget).collect();
+    if !prunes.is_empty() || !forgets.is_empty() {
+        retention_into(db, &mut batch, &prunes, &forgets);
     }
     (batch, ranges)
 }
 
-/// Removes the histories `prunes` plans and keeps what retention keeps of each, counting them
-/// in the ledger's [`crate::PrunedTotals`].
-fn prune_into(db: &DB, batch: &mut WriteBatch, prunes: &[&crate::retention::Prune]) {
+/// Removes the histories `prunes` plans and keeps what retention keeps of each, forgets the
+/// tasks `forgets` plans, and counts both in the ledger's [`crate::PrunedTotals`].
+fn retention_into(
+    db: &DB,
+    batch: &mut WriteBatch,
+    prunes: &[&crate::retention::Prune],
+    forgets: &[&crate::retention::Forget],
+) {
     let cf = |name| {
         db.cf_handle(name)
             .expect("column families are created at open")
@@ -747,8 +756,33 @@ fn prune_into(db: &DB, batch: &mut WriteBatch, prunes: &[&crate::retention::Prun
             p.task.0,
             crate::retention::encode_retained(&p.retained),
         );
+        batch.put_cf(
+            cf(CF_RETAINED_BY_TIME),
+            retained_time_key(p.retained.settled_at, p.task),
+            [],
+        );
         totals.events += p.lsns.len() as u64;
         totals.tasks += 1;
+    }
+    for f in forgets {
+        for lsn in &f.lsns {
+            batch.delete_cf(cf(CF_LOG), lsn_key(*lsn));
+            totals.last_lsn = totals.last_lsn.max(*lsn);
+        }
+        batch.delete_range_cf(
+            cf(CF_TASK_EVENTS),
+            task_event_key(f.task, 0),
+            task_event_key(f.task, u32::MAX),
+        );
+        batch.delete_cf(cf(CF_TASK_EVENTS), task_event_key(f.task, u32::MAX));
+        batch.delete_cf(cf(CF_RETAINED), f.task.0);
+        batch.delete_cf(
+            cf(CF_RETAINED_BY_TIME),
+            retained_time_key(f.settled_at, f.task),
+        );
+        batch.delete_cf(cf(CF_TASKS), f.task.0);
+        totals.events += f.lsns.len() as u64;
+        totals.forgotten += 1;
     }
     batch.put_cf(cf(CF_META), META_PRUNED, totals.encode());
 }

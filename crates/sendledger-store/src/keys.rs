@@ -29,9 +29,13 @@ pub const CF_TASK_INDEX: &str = "task_index";
 /// (an envelope byte, then bincode of `sendledger_core::Retained`).
 pub const CF_RETAINED: &str = "retained";
 
-/// Every column family; a ledger of format 1 lacks the last four, one of format 2 the last
-/// three, one of format 3 the last two, one of format 4 the last.
-pub const ALL_CFS: [&str; 12] = [
+/// Format 5: the tasks in [`CF_RETAINED`] by when they settled ([`retained_time_key`]), with no
+/// value: those whose identity retention forgets are one range.
+pub const CF_RETAINED_BY_TIME: &str = "retained_by_time";
+
+/// Every column family; a ledger of format 1 lacks the last five, one of format 2 the last
+/// four, one of format 3 the last three, one of format 4 the last two.
+pub const ALL_CFS: [&str; 13] = [
     CF_LOG,
     CF_TASK_EVENTS,
     CF_TASKS,
@@ -44,6 +48,7 @@ pub const ALL_CFS: [&str; 12] = [
     CF_TASK_INDEX,
     CF_UNSETTLED_BY_PARTITION,
     CF_RETAINED,
+    CF_RETAINED_BY_TIME,
 ];
 
 pub const META_FORMAT: &[u8] = b"format";
@@ -196,6 +201,11 @@ pub fn decode_unsettled_key(key: &[u8]) -> Option<(Option<i32>, TaskId)> {
         _ => return None,
     };
     (unsettled_key(partition, task) == key).then_some((partition, task))
+}
+
+/// `settled_at_ms ‖ task_id`: a `retained_by_time` key, in the order the tasks settled.
+pub fn retained_time_key(settled_at_ms: u64, task: TaskId) -> [u8; 24] {
+    timer_key(settled_at_ms, task)
 }
 
 /// `due_at_ms ‖ task_id`: iteration order is due order.

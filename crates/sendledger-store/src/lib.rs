@@ -46,7 +46,7 @@ pub use journal::{
 pub use ledger::{Ledger, MemoryUsage, FORMAT_VERSION};
 pub use options::{Durability, LedgerOptions, Memory};
 pub use restore::{restore_append, truncate_append, Diverged, Restored};
-pub use retention::{Prune, PrunedTotals};
+pub use retention::{Forget, Prune, PrunedTotals};
 pub use sendledger_core::audit::{AuditReport, Finding};
 pub use summary::{Processed, TaskSummary};
 pub use task_index::{Cursor, IndexEntry, TaskPage, TaskQuery};

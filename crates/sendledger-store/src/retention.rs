@@ -15,7 +15,7 @@
 
 use rocksdb::{Direction, IteratorMode};
 use sendledger_core::event::Millis;
-use sendledger_core::{check_task, CheckConfig, Phase, Retained, TaskId};
+use sendledger_core::{check_task, CheckConfig, EventBody, Phase, Retained, TaskId};
 
 use crate::error::{Error, Result};
 use crate::keys::*;
@@ -52,15 +52,18 @@ pub struct PrunedTotals {
     /// The highest LSN removed: the log's last LSN is never below it, even when the newest
     /// entries were removed.
     pub last_lsn: u64,
+    /// Removed tasks whose identity was then forgotten too (`storage.identity_retention`).
+    pub forgotten: u64,
 }
 
 impl PrunedTotals {
     // format: do not change
-    pub(crate) fn encode(&self) -> [u8; 24] {
-        let mut v = [0u8; 24];
+    pub(crate) fn encode(&self) -> [u8; 32] {
+        let mut v = [0u8; 32];
         v[..8].copy_from_slice(&self.events.to_be_bytes());
         v[8..16].copy_from_slice(&self.tasks.to_be_bytes());
-        v[16..].copy_from_slice(&self.last_lsn.to_be_bytes());
+        v[16..24].copy_from_slice(&self.last_lsn.to_be_bytes());
+        v[24..].copy_from_slice(&self.forgotten.to_be_bytes());
         v
     }
 
@@ -71,13 +74,14 @@ impl PrunedTotals {
                 .and_then(decode_u64)
                 .ok_or(Error::BadValue { what: "pruned" })
         };
-        if bytes.len() != 24 {
+        if bytes.len() != 32 {
             return Err(Error::BadValue { what: "pruned" });
         }
         Ok(PrunedTotals {
             events: field(0)?,
             tasks: field(1)?,
             last_lsn: field(2)?,
+            forgotten: field(3)?,
         })
     }
 }
@@ -92,6 +96,17 @@ pub struct Prune {
     pub lsns: Vec<u64>,
     /// The task's task-index entry, removed with them.
     pub index: Option<IndexEntry>,
+}
+
+/// The forgetting of a removed task's identity: what retention kept of it and whatever was
+/// recorded after it go, as if the task had never been (`storage.identity_retention`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Forget {
+    pub task: TaskId,
+    /// When it settled: its `retained_by_time` key.
+    pub settled_at: Millis,
+    /// The LSNs of the events recorded after its history was removed.
+    pub lsns: Vec<u64>,
 }
 
 /// The phases a task may be removed in.
@@ -195,6 +210,57 @@ impl Ledger {
         }))
     }
 
+    /// At most `limit` removed tasks that settled before `cutoff`, in the order they settled,
+    /// after the `retained_by_time` key `after` (a previous page's cursor): the candidates
+    /// whose identity is forgotten, each by its writer. Returns the page's cursor, `None` once
+    /// every candidate was listed.
+    pub fn forgettable(
+        &self,
+        cutoff: Millis,
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<(Vec<TaskId>, Option<Vec<u8>>)> {
+        let start = match after {
+            Some(after) => [after, &[0]].concat(),
+            None => Vec::new(),
+        };
+        let mut out = Vec::new();
+        for item in self.db().iterator_cf(
+            self.cf(CF_RETAINED_BY_TIME),
+            IteratorMode::From(&start, Direction::Forward),
+        ) {
+            let (k, _) = item?;
+            let (settled, task) = decode_timer_key(&k).ok_or(Error::BadValue {
+                what: "retained_by_time",
+            })?;
+            if settled >= cutoff {
+                break;
+            }
+            out.push(task);
+            if out.len() == limit {
+                return Ok((out, Some(k.to_vec())));
+            }
+        }
+        Ok((out, None))
+    }
+
+    /// How to forget `task`, when its history was removed and it settled before `cutoff`.
+    /// Called by the writer of the task's events, as [`Ledger::prune_plan`].
+    pub fn forget_plan(&self, task: TaskId, cutoff: Millis) -> Result<Option<Forget>> {
+        let history = self.task_events(task)?;
+        let Some(EventBody::Pruned { retained }) = history.first().map(|e| &e.body) else {
+            return Ok(None);
+        };
+        if retained.settled_at >= cutoff {
+            return Ok(None);
+        }
+        Ok(Some(Forget {
+            task,
+            settled_at: retained.settled_at,
+            lsns: history.iter().map(|e| e.lsn).filter(|l| *l > 0).collect(),
+        }))
+    }
+
     /// What retention kept of `task`, if its history was removed.
     pub fn retained(&self, task: TaskId) -> Result<Option<Retained>> {
         retained(self.db(), task)
@@ -271,9 +337,13 @@ mod tests {
             events: 1,
             tasks: 2,
             last_lsn: 3,
+            forgotten: 4,
         };
         assert_eq!(PrunedTotals::decode(&totals.encode()).unwrap(), totals);
-        assert_eq!(totals.encode()[7], 1);
-        assert!(PrunedTotals::decode(&[0; 23]).is_err());
+        assert_eq!(
+            (totals.encode()[7], totals.encode()[15], totals.encode()[31]),
+            (1, 2, 4)
+        );
+        assert!(PrunedTotals::decode(&[0; 24]).is_err());
     }
 }

@@ -307,3 +307,111 @@ async fn the_service_removes_settled_histories_and_still_answers_their_redeliver
     assert!(report.is_clean(), "{:#?}", report.violations);
     assert_eq!(report.pruned_tasks, 40);
 }
+
+/// Past the identity retention, what retention kept of a task is forgotten with whatever was
+/// recorded after it: the ledger holds nothing of the task, the audit still accounts for every
+/// removed event, and the same request is then a new task, executed again (the consequence the
+/// configuration's check against the requests topic's retention guards against).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forgotten_identity_is_a_new_task() {
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let engine = tokio::task::block_in_place(|| start(dir.path(), target(&sim.base_url(), |_| {})));
+    let keys = ["f-0", "f-1", "f-2"];
+    for (i, key) in keys.iter().enumerate() {
+        engine.submit(request(key), source(i as i64)).await.unwrap();
+    }
+    for key in keys {
+        wait_for(&engine, task_id(key), WAIT, settled).await;
+    }
+    let settled_by = now_ms() + 1;
+    assert_eq!(
+        engine.forget_expired(settled_by).await.unwrap(),
+        0,
+        "nothing removed yet"
+    );
+    assert_eq!(engine.prune_settled(settled_by, None).await.unwrap(), 3);
+    let again = engine.submit(request("f-0"), source(10)).await.unwrap();
+    assert_eq!(again.events, ["DuplicateDelivery"]);
+    assert_eq!(
+        engine.forget_expired(1).await.unwrap(),
+        0,
+        "settled after the cutoff"
+    );
+    assert_eq!(engine.forget_expired(settled_by).await.unwrap(), 3);
+    let ledger = engine.ledger().clone();
+    for key in keys {
+        let task = task_id(key);
+        assert!(engine.events(task).await.unwrap().is_empty());
+        assert_eq!(ledger.retained(task).unwrap(), None);
+        assert_eq!(ledger.task_summary(task).unwrap(), None);
+    }
+    assert_eq!(ledger.pruned_totals().unwrap().forgotten, 3);
+    let new = engine.submit(request("f-0"), source(11)).await.unwrap();
+    assert_eq!(new.events[0], "TaskAccepted");
+    wait_for(&engine, task_id("f-0"), WAIT, settled).await;
+    assert_eq!(sim.records_with_identity("f-0").len(), 2);
+    drop(ledger);
+    engine.shutdown(Duration::from_secs(5)).await;
+    let report = audit(dir.path());
+    assert!(report.is_clean(), "{:#?}", report.violations);
+    // Three histories of three events, and the duplicate recorded after one of them.
+    assert_eq!(report.pruned_events, 3 * 3 + 1);
+    assert_eq!(report.events + report.pruned_events, report.last_lsn);
+}
+
+/// `storage.identity_retention` shorter than the requests topic keeps its messages is refused
+/// at start, naming both (a redelivery from the topic could come after its identity was
+/// forgotten); one at least as long starts. Against the separate broker, whose requests topic
+/// is created with a retention of 7 days.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_identity_retention_shorter_than_the_requests_topics_is_refused() {
+    use sendledger_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use sendledger_kafka::rdkafka::client::DefaultClientContext;
+    let tansu = sendledger_tests::kafka::start_tansu();
+    let brokers = format!("127.0.0.1:{}", tansu.port);
+    let kafka =
+        sendledger_kafka::Kafka::connect(sendledger_tests::kafka::config_for_process(&brokers))
+            .unwrap();
+    let admin: AdminClient<DefaultClientContext> = kafka
+        .client_config(sendledger_kafka::Role::Admin)
+        .create()
+        .unwrap();
+    let topic = NewTopic::new(
+        &kafka.config().requests_topic,
+        kafka.config().partitions,
+        TopicReplication::Fixed(1),
+    )
+    .set("retention.ms", "604800000");
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    for created in admin.create_topics(&[topic], &opts).await.unwrap() {
+        created.unwrap();
+    }
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let start = |identities: Duration| {
+        let mut config = sendledger_node::config::Config::default();
+        config.storage.data = dir.path().to_path_buf();
+        config.storage.retention = Some(Duration::from_secs(86_400));
+        config.storage.identity_retention = Some(identities);
+        config.kafka = kafka.config().clone();
+        config.admin.enabled = false;
+        config
+            .targets
+            .insert("sim".into(), target(&sim.base_url(), |_| {}));
+        config.validate(&Default::default()).unwrap();
+        let remote = std::sync::Arc::new(sendledger_node::wiring::HttpRemote::new(
+            config.load_targets().unwrap(),
+        ));
+        let kafka = kafka.clone();
+        async move { sendledger_node::service::Service::start(&config, &kafka, remote, None).await }
+    };
+    let err = start(Duration::from_secs(86_400)).await.err().unwrap();
+    let text = sendledger_core::error::Chain(&err).to_string();
+    assert!(
+        text.contains("storage.identity_retention: is 1day, and the requests topic sendledger.requests keeps messages for 7days"),
+        "{text}"
+    );
+    let service = start(Duration::from_secs(8 * 86_400)).await.unwrap();
+    service.shutdown().await.unwrap();
+}

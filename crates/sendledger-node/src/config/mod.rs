@@ -156,6 +156,12 @@ pub struct StorageConfig {
     /// Unset: every history is kept. Local mode only.
     #[serde(with = "humantime_serde")]
     pub retention: Option<Duration>,
+    /// How long after a task settled what retention kept of it is forgotten too: a delivery
+    /// of its request after that is a new task, executed again. At least `retention`, and
+    /// refused at start when the requests topic keeps messages longer (a redelivery from the
+    /// topic could then run again). Unset: identities are kept for good.
+    #[serde(with = "humantime_serde")]
+    pub identity_retention: Option<Duration>,
 }
 
 /// Where the record of what was done lives (see [`StorageConfig::mode`]).
@@ -176,6 +182,7 @@ impl Default for StorageConfig {
             mode: StorageMode::Local,
             allow_finite_log_retention: false,
             retention: None,
+            identity_retention: None,
         }
     }
 }
@@ -432,6 +439,11 @@ impl Config {
                     "use at least 1s (a settled task's history is kept at least this long)",
                 ));
             }
+        }
+        match (self.storage.retention, self.storage.identity_retention) {
+            (None, Some(_)) => return Err(ConfigError::field("storage.identity_retention", "forgets what storage.retention keeps of a removed task, and storage.retention is unset: set it too, or remove this")),
+            (Some(retention), Some(identities)) if identities < retention => return Err(ConfigError::field("storage.identity_retention", format!("is {}, shorter than storage.retention ({}): an identity is kept at least as long as the history it stands for", humantime::format_duration(identities), humantime::format_duration(retention)))),
+            _ => {}
         }
         if self.storage.mode == StorageMode::Kafka && self.kafka.is_embedded() {
             return Err(ConfigError::field("storage.mode", "\"kafka\" needs brokers that fence transactional ids and keep transactional offsets; the embedded cluster does neither: set kafka.brokers, or use mode \"local\""));
@@ -767,6 +779,37 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.starts_with("targets.payments.url"), "{err}");
+    }
+
+    #[test]
+    fn retention_is_for_local_mode_and_identities_outlive_histories() {
+        let with = |storage: &str| {
+            parse(&format!("[storage]\n{storage}\n{MINIMAL}"), &[]).map_err(|e| e.to_string())
+        };
+        let ok = with("retention = \"30d\"\nidentity_retention = \"365d\"").unwrap();
+        assert_eq!(ok.storage.retention, Some(Duration::from_secs(30 * 86_400)));
+        let refused = [
+            (
+                "retention = \"500ms\"",
+                "storage.retention: use at least 1s",
+            ),
+            (
+                "mode = \"kafka\"\nretention = \"30d\"",
+                "storage.retention: is not available in kafka mode",
+            ),
+            (
+                "identity_retention = \"30d\"",
+                "storage.identity_retention: forgets what storage.retention keeps",
+            ),
+            (
+                "retention = \"30d\"\nidentity_retention = \"1d\"",
+                "storage.identity_retention: is 1day, shorter than storage.retention (30days)",
+            ),
+        ];
+        for (storage, expected) in refused {
+            let err = with(storage).unwrap_err();
+            assert!(err.starts_with(expected), "{storage}: {err}");
+        }
     }
 
     #[test]

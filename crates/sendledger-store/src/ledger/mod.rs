@@ -194,6 +194,7 @@ impl Ledger {
             CF_TASK_INDEX,
             CF_UNSETTLED_BY_PARTITION,
             CF_RETAINED,
+            CF_RETAINED_BY_TIME,
         ];
         let mut format_1 = ALL_CFS.iter().filter(|cf| !later.contains(cf));
         if format_1.any(|cf| !names.iter().any(|n| n == cf)) {
