@@ -32,6 +32,9 @@ pub struct RetentionArgs {
     /// How long a settled task's history is kept.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     retention: Duration,
+    /// How long what retention kept of a task is kept (unset: for good).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    identity_retention: Option<Duration>,
     /// How often a sample is taken.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     sample: Duration,
@@ -84,6 +87,7 @@ pub fn run(args: RetentionArgs) -> anyhow::Result<()> {
     let submitted = Arc::new(AtomicU64::new(0));
     let pruned = Arc::new(AtomicU64::new(0));
     let retention_ms = args.retention.as_millis() as u64;
+    let identities = args.identity_retention;
     let samples = runtime.block_on(async {
         // Retention's loop, as the service runs it (nothing publishes here).
         let pruner = {
@@ -97,6 +101,12 @@ pub fn run(args: RetentionArgs) -> anyhow::Result<()> {
                         Ok(n) => pruned.fetch_add(n, Ordering::Relaxed),
                         Err(_) => return,
                     };
+                    if let Some(kept) = identities {
+                        let cutoff = now_ms().saturating_sub(kept.as_millis() as u64);
+                        if engine.forget_expired(cutoff).await.is_err() {
+                            return;
+                        }
+                    }
                 }
             })
         };
@@ -190,7 +200,9 @@ pub fn run(args: RetentionArgs) -> anyhow::Result<()> {
         "retention_seconds": args.retention.as_secs_f64(),
         "seconds": (elapsed * 1000.0).round() / 1000.0,
         "tasks_per_sec": (total as f64 / elapsed).round(),
+        "identity_retention_seconds": args.identity_retention.map(|d| d.as_secs_f64()),
         "pruned_tasks": totals.tasks,
+        "forgotten_tasks": totals.forgotten,
         "pruned_events": totals.events,
         "caught_up_tasks": caught_up,
         "caught_up_per_sec": (caught_up as f64 / catch_up_secs).round(),

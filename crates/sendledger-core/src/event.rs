@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{PayloadHash, TaskId};
-use crate::request::AcceptedRequest;
+use crate::request::{AcceptedRequest, Identity};
 
 /// The `by` of a `ResendAuthorized` recorded by a target's policy rather than by a person.
 /// Operator names may not start with [`POLICY_PREFIX`]; the state, the decisions and the rule checker
@@ -256,6 +256,47 @@ pub struct PlannedStep {
     pub compensate: Option<String>,
 }
 
+/// A settled task whose history was removed: its identity, payload hash and result.
+// format: do not change (stored in the ledger's `retained` column family, with bincode; add
+// fields only under a new envelope version). Read back as [`EventBody::Pruned`]; what it is
+// made from and what it announces: [`crate::retention`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Retained {
+    pub identity: Identity,
+    pub target: String,
+    pub payload_hash: PayloadHash,
+    /// How the task ended.
+    pub status: Ended,
+    pub remote_id: Option<String>,
+    /// The target holding `remote_id` when it is not `target` (a fallback).
+    pub remote_target: Option<String>,
+    /// Why it did not succeed, in words.
+    pub reason: Option<String>,
+    /// The remote's status of a refused request.
+    pub http_status: Option<u16>,
+    pub attempts: u32,
+    pub version: u32,
+    /// The `task_seq`, LSN and time of the event whose result the task ended with: the
+    /// re-announced result keeps its event id.
+    pub result_seq: u32,
+    pub result_lsn: u64,
+    pub result_at: Millis,
+    /// How many events the removed history had: the task's next `task_seq`.
+    pub events: u32,
+    /// When the task entered its terminal phase.
+    pub settled_at: Millis,
+}
+
+/// The terminal status a [`Retained`] task ended with.
+// format: do not change (variant order is the encoding)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Ended {
+    Succeeded,
+    Rejected,
+    Failed,
+    Compensated,
+}
+
 /// One fact about a task. `docs/rules.md` lists them and when each is recorded.
 // format: do not change (variant order is the encoding)
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -398,7 +439,7 @@ pub enum EventBody {
     /// it would have from the removed events: a duplicate is answered with the result they
     /// ended with, another payload is a conflict.
     Pruned {
-        retained: Box<crate::retention::Retained>,
+        retained: Box<Retained>,
     },
 }
 
@@ -599,7 +640,7 @@ impl EventBody {
             EventBody::Pruned { retained } => format!(
                 "{} events removed by retention; the task ended {}{}",
                 retained.events,
-                retained.status.name(),
+                retained.result_status().name(),
                 retained
                     .remote_id
                     .as_ref()

@@ -42,14 +42,13 @@ pub use decide::{
 };
 pub use error::{Error, Result};
 pub use event::{
-    Event, EventBody, Evidence, NewEvent, NotSentCause, PlannedStep, ReviewReason, Source,
-    UnknownCause, WaitReason,
+    Event, EventBody, Evidence, NewEvent, NotSentCause, PlannedStep, Retained, ReviewReason,
+    Source, UnknownCause, WaitReason,
 };
 pub use ids::{PayloadHash, TaskId};
 pub use reason::sanitize_reason;
 pub use request::{AcceptedRequest, Identity, Limits, TaskRequest};
 pub use result::{ResultStatus, TaskResult};
-pub use retention::Retained;
 pub use retry::{RetryClass, RetryPolicy};
 pub use review::ResolveBody;
 pub use rules::{check_task, CheckConfig, Rule, TaskCheck, Violation};

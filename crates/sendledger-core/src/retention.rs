@@ -7,43 +7,10 @@
 //! `inspect`, `audit`) goes on from where the history ended: the same phase, payload hash and
 //! sequence number, and the same result re-announced by a later duplicate delivery.
 
-use serde::{Deserialize, Serialize};
-
-use crate::event::{Event, EventBody, Millis};
-use crate::ids::{PayloadHash, TaskId};
-use crate::request::Identity;
+use crate::event::{Ended, Event, EventBody, Retained};
+use crate::ids::TaskId;
 use crate::result::{event_id, Projection, ResultStatus, TaskResult};
 use crate::state::Phase;
-
-/// A settled task whose history was removed: its identity, payload hash and result.
-// format: do not change (stored in the ledger's `retained` column family, with bincode; add
-// fields only under a new envelope version)
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Retained {
-    pub identity: Identity,
-    pub target: String,
-    pub payload_hash: PayloadHash,
-    /// The terminal status the task ended with.
-    pub status: ResultStatus,
-    pub remote_id: Option<String>,
-    /// The target holding `remote_id` when it is not `target` (a fallback).
-    pub remote_target: Option<String>,
-    /// Why it did not succeed, in words.
-    pub reason: Option<String>,
-    /// The remote's status of a refused request.
-    pub http_status: Option<u16>,
-    pub attempts: u32,
-    pub version: u32,
-    /// The `task_seq`, LSN and time of the event whose result the task ended with: the
-    /// re-announced result keeps its event id.
-    pub result_seq: u32,
-    pub result_lsn: u64,
-    pub result_at: Millis,
-    /// How many events the removed history had: the task's next `task_seq`.
-    pub events: u32,
-    /// When the task entered its terminal phase.
-    pub settled_at: Millis,
-}
 
 impl Retained {
     /// What retention keeps of the task whose whole history is `history`; `None` unless the task
@@ -53,15 +20,22 @@ impl Retained {
         let projection = Projection::of(history);
         let state = projection.state();
         let announced = projection.announced()?;
-        if !state.phase.is_terminal() || !announced.status.is_terminal() {
+        if !state.phase.is_terminal() {
             return None;
         }
         let request = state.request.as_ref()?;
+        let status = match announced.status {
+            ResultStatus::Succeeded => Ended::Succeeded,
+            ResultStatus::Rejected => Ended::Rejected,
+            ResultStatus::Failed => Ended::Failed,
+            ResultStatus::Compensated => Ended::Compensated,
+            ResultStatus::ManualReview | ResultStatus::Conflict => return None,
+        };
         Some(Retained {
             identity: request.identity.clone(),
             target: request.target.clone(),
             payload_hash: state.payload_hash?,
-            status: announced.status,
+            status,
             remote_id: announced.remote_id.clone(),
             remote_target: announced
                 .remote_target
@@ -86,10 +60,20 @@ impl Retained {
     /// The phase the task ended in.
     pub fn phase(&self) -> Phase {
         match self.status {
-            ResultStatus::Succeeded => Phase::Succeeded,
-            ResultStatus::Rejected => Phase::Rejected,
-            ResultStatus::Compensated => Phase::Compensated,
-            _ => Phase::Failed,
+            Ended::Succeeded => Phase::Succeeded,
+            Ended::Rejected => Phase::Rejected,
+            Ended::Failed => Phase::Failed,
+            Ended::Compensated => Phase::Compensated,
+        }
+    }
+
+    /// The status of its result.
+    pub fn result_status(&self) -> ResultStatus {
+        match self.status {
+            Ended::Succeeded => ResultStatus::Succeeded,
+            Ended::Rejected => ResultStatus::Rejected,
+            Ended::Failed => ResultStatus::Failed,
+            Ended::Compensated => ResultStatus::Compensated,
         }
     }
 
@@ -114,7 +98,7 @@ impl Retained {
         TaskResult {
             event_id: event_id(task_id, self.result_seq),
             task_id: task_id.to_string(),
-            status: self.status,
+            status: self.result_status(),
             tenant: Some(self.identity.tenant.clone()),
             operation: Some(self.identity.operation.clone()),
             request_key: Some(self.identity.request_key.clone()),

@@ -150,7 +150,7 @@ async fn settled_tasks_are_removed_and_answered_from_what_is_kept() {
         };
         let records = sim.records_with_identity(key);
         assert_eq!(records.len(), 1);
-        assert_eq!(retained.status, ResultStatus::Succeeded);
+        assert_eq!(retained.result_status(), ResultStatus::Succeeded);
         assert_eq!(retained.remote_id.as_deref(), Some(records[0].id.as_str()));
         // The identity still deduplicates: the same request is a duplicate, another payload
         // a conflict, and nothing reaches the remote.

@@ -5,8 +5,8 @@ use proptest::prelude::*;
 
 use super::properties::{policy, step, to_input};
 use super::*;
+use crate::event::Retained;
 use crate::result::Projection;
-use crate::retention::Retained;
 
 /// The harness of a task whose history is replaced by what retention keeps of it.
 fn pruned(h: &Harness, retained: &Retained) -> Harness {

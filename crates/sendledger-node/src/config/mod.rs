@@ -439,6 +439,16 @@ impl Config {
                     "use at least 1s (a settled task's history is kept at least this long)",
                 ));
             }
+            // A failed task the breaker would retry must still have its payload.
+            for (name, target) in &self.targets {
+                if let Some(within) = target
+                    .breaker
+                    .retry_failed_within
+                    .filter(|w| *w > retention)
+                {
+                    return Err(ConfigError::field("storage.retention", format!("is {}, shorter than targets.{name}.breaker.retry_failed_within ({}): a failed task is retried when the breaker closes, and a removed one cannot be (its payload is not kept); keep histories at least as long", humantime::format_duration(retention), humantime::format_duration(within))));
+                }
+            }
         }
         match (self.storage.retention, self.storage.identity_retention) {
             (None, Some(_)) => return Err(ConfigError::field("storage.identity_retention", "forgets what storage.retention keeps of a removed task, and storage.retention is unset: set it too, or remove this")),
@@ -806,6 +816,12 @@ mod tests {
                 "storage.identity_retention: is 1day, shorter than storage.retention (30days)",
             ),
         ];
+        let breaker = format!("[storage]\nretention = \"1h\"\n{MINIMAL}[targets.payments.breaker]\nretry_failed_within = \"2h\"\n");
+        let err = parse(&breaker, &[]).unwrap_err().to_string();
+        assert!(
+            err.starts_with("storage.retention: is 1h, shorter than targets.payments.breaker.retry_failed_within (2h)"),
+            "{err}"
+        );
         for (storage, expected) in refused {
             let err = with(storage).unwrap_err();
             assert!(err.starts_with(expected), "{storage}: {err}");

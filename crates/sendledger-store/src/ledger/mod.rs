@@ -28,6 +28,7 @@ use crate::summary::{Processed, TaskSummary};
 mod fault;
 mod format;
 mod listing;
+mod retention;
 
 use format::{
     check_format_and_last_lsn, check_mode, migrate_to_format_2, migrate_to_format_3,
