@@ -736,17 +736,19 @@ fn retention_into(
             return;
         }
     };
-    for p in prunes {
-        for lsn in &p.lsns {
+    // A task's events: their log entries and its whole per-task index.
+    let mut remove_events = |batch: &mut WriteBatch, task: TaskId, lsns: &[u64]| {
+        for lsn in lsns {
             batch.delete_cf(cf(CF_LOG), lsn_key(*lsn));
             totals.last_lsn = totals.last_lsn.max(*lsn);
         }
-        batch.delete_range_cf(
-            cf(CF_TASK_EVENTS),
-            task_event_key(p.task, 0),
-            task_event_key(p.task, u32::MAX),
-        );
-        batch.delete_cf(cf(CF_TASK_EVENTS), task_event_key(p.task, u32::MAX));
+        totals.events += lsns.len() as u64;
+        let (first, last) = (task_event_key(task, 0), task_event_key(task, u32::MAX));
+        batch.delete_range_cf(cf(CF_TASK_EVENTS), first, last);
+        batch.delete_cf(cf(CF_TASK_EVENTS), last);
+    };
+    for p in prunes {
+        remove_events(batch, p.task, &p.lsns);
         batch.delete_cf(cf(CF_IDENTITY), identity_key(&p.retained.identity));
         if let Some(entry) = &p.index {
             batch.delete_cf(cf(CF_TASK_INDEX), entry.key(p.task));
@@ -761,29 +763,18 @@ fn retention_into(
             retained_time_key(p.retained.settled_at, p.task),
             [],
         );
-        totals.events += p.lsns.len() as u64;
-        totals.tasks += 1;
     }
     for f in forgets {
-        for lsn in &f.lsns {
-            batch.delete_cf(cf(CF_LOG), lsn_key(*lsn));
-            totals.last_lsn = totals.last_lsn.max(*lsn);
-        }
-        batch.delete_range_cf(
-            cf(CF_TASK_EVENTS),
-            task_event_key(f.task, 0),
-            task_event_key(f.task, u32::MAX),
-        );
-        batch.delete_cf(cf(CF_TASK_EVENTS), task_event_key(f.task, u32::MAX));
+        remove_events(batch, f.task, &f.lsns);
         batch.delete_cf(cf(CF_RETAINED), f.task.0);
         batch.delete_cf(
             cf(CF_RETAINED_BY_TIME),
             retained_time_key(f.settled_at, f.task),
         );
         batch.delete_cf(cf(CF_TASKS), f.task.0);
-        totals.events += f.lsns.len() as u64;
-        totals.forgotten += 1;
     }
+    totals.tasks += prunes.len() as u64;
+    totals.forgotten += forgets.len() as u64;
     batch.put_cf(cf(CF_META), META_PRUNED, totals.encode());
 }
 
