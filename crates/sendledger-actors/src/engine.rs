@@ -127,11 +127,11 @@ impl ReviewItem {
     }
 }
 
-/// A running engine. Cheap to clone.
 /// How many tasks a pass of retention removes at once (each through its actor): enough that
 /// their appends share fsyncs.
 pub const PRUNE_AT_ONCE: usize = 1024;
 
+/// A running engine. Cheap to clone.
 #[derive(Clone)]
 pub struct Engine {
     inner: Arc<Inner>,

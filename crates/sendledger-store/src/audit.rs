@@ -326,14 +326,13 @@ fn read_log(
                 vec![],
                 format!("malformed log key {k:02x?}"),
             )),
-            Some(lsn) if pruned > 0 => {
-                missing += lsn.saturating_sub(next);
-                next = next.max(lsn + 1);
-                batch.values.extend_from_slice(v);
-                batch.entries.push((lsn, batch.values.len()));
-            }
             Some(lsn) => {
-                lsns.push(lsn, &mut scratch);
+                if pruned > 0 {
+                    missing += lsn.saturating_sub(next);
+                    next = next.max(lsn + 1);
+                } else {
+                    lsns.push(lsn, &mut scratch);
+                }
                 batch.values.extend_from_slice(v);
                 batch.entries.push((lsn, batch.values.len()));
             }

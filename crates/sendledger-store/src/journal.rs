@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crossbeam_channel::Receiver;
-use rocksdb::{WriteBatch, WriteOptions, DB};
+use rocksdb::{ColumnFamily, WriteBatch, WriteOptions, DB};
 use sendledger_core::{Event, EventBody, Identity, NewEvent, PayloadHash, State, TaskId};
 use tokio::sync::oneshot;
 
@@ -614,12 +614,7 @@ fn build_batch(db: &DB, first_lsn: u64, pending: &[Request]) -> (WriteBatch, Vec
         let a = &req.append;
         let start = lsn;
         for (task, from) in &a.truncate_tasks {
-            batch.delete_range_cf(
-                task_events,
-                task_event_key(*task, *from),
-                task_event_key(*task, u32::MAX),
-            );
-            batch.delete_cf(task_events, task_event_key(*task, u32::MAX));
+            delete_task_events(&mut batch, task_events, *task, *from);
         }
         for ev in &a.events {
             batch.put_cf(log, lsn_key(lsn), encode_new_event(lsn, ev));
@@ -715,6 +710,13 @@ fn build_batch(db: &DB, first_lsn: u64, pending: &[Request]) -> (WriteBatch, Vec
     (batch, ranges)
 }
 
+/// Removes `task`'s entries in the per-task index from sequence number `from` on.
+fn delete_task_events(batch: &mut WriteBatch, cf: &ColumnFamily, task: TaskId, from: u32) {
+    let last = task_event_key(task, u32::MAX);
+    batch.delete_range_cf(cf, task_event_key(task, from), last);
+    batch.delete_cf(cf, last);
+}
+
 /// Removes the histories `prunes` plans and keeps what retention keeps of each, forgets the
 /// tasks `forgets` plans, and counts both in the ledger's [`crate::PrunedTotals`].
 fn retention_into(
@@ -743,9 +745,7 @@ fn retention_into(
             totals.last_lsn = totals.last_lsn.max(*lsn);
         }
         totals.events += lsns.len() as u64;
-        let (first, last) = (task_event_key(task, 0), task_event_key(task, u32::MAX));
-        batch.delete_range_cf(cf(CF_TASK_EVENTS), first, last);
-        batch.delete_cf(cf(CF_TASK_EVENTS), last);
+        delete_task_events(batch, cf(CF_TASK_EVENTS), task, 0);
     };
     for p in prunes {
         remove_events(batch, p.task, &p.lsns);

@@ -33,6 +33,35 @@ fn audit(dir: &std::path::Path) -> sendledger_core::audit::AuditReport {
     sendledger_store::audit(&ledger, CheckConfig::default(), |_| {}).unwrap()
 }
 
+/// A local-mode service's configuration on `dir` against `kafka`, with the test target at `sim`
+/// and no admin endpoint.
+fn service_config(
+    dir: &std::path::Path,
+    kafka: &sendledger_kafka::Kafka,
+    sim: &Sim,
+) -> sendledger_node::config::Config {
+    let mut config = sendledger_node::config::Config::default();
+    config.storage.data = dir.to_path_buf();
+    config.kafka = kafka.config().clone();
+    config.admin.enabled = false;
+    config
+        .targets
+        .insert("sim".into(), target(&sim.base_url(), |_| {}));
+    config
+}
+
+/// Validates `config` and starts the service it describes on `kafka`.
+async fn start_service(
+    config: sendledger_node::config::Config,
+    kafka: &sendledger_kafka::Kafka,
+) -> sendledger_node::Result<sendledger_node::service::Service> {
+    config.validate(&Default::default()).unwrap();
+    let remote = std::sync::Arc::new(sendledger_node::wiring::HttpRemote::new(
+        config.load_targets().unwrap(),
+    ));
+    sendledger_node::service::Service::start(&config, kafka, remote, None).await
+}
+
 /// The audit's findings about anything but the task whose history breaks a rule on purpose;
 /// panics unless that task's violation is among them (it was kept for the audit to see).
 fn findings_besides_broken(report: &sendledger_core::audit::AuditReport) -> Vec<String> {
@@ -230,22 +259,10 @@ async fn the_service_removes_settled_histories_and_still_answers_their_redeliver
     let kafka = embedded();
     let sim = Sim::start(SimConfig::default()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let mut config = sendledger_node::config::Config::default();
-    config.storage.data = dir.path().to_path_buf();
+    let mut config = service_config(dir.path(), &kafka, &sim);
     config.storage.retention = Some(Duration::from_secs(1));
     config.engine.timer_tick = Duration::from_millis(5);
-    config.kafka = kafka.config().clone();
-    config.admin.enabled = false;
-    config
-        .targets
-        .insert("sim".into(), target(&sim.base_url(), |_| {}));
-    config.validate(&Default::default()).unwrap();
-    let remote = std::sync::Arc::new(sendledger_node::wiring::HttpRemote::new(
-        config.load_targets().unwrap(),
-    ));
-    let service = sendledger_node::service::Service::start(&config, &kafka, remote, None)
-        .await
-        .unwrap();
+    let service = start_service(config, &kafka).await.unwrap();
 
     let keys: Vec<String> = (0..40).map(|i| format!("kept-{i}")).collect();
     produce(&kafka, request_messages(keys.iter())).await;
@@ -390,21 +407,10 @@ async fn an_identity_retention_shorter_than_the_requests_topics_is_refused() {
     let sim = Sim::start(SimConfig::default()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let start = |identities: Duration| {
-        let mut config = sendledger_node::config::Config::default();
-        config.storage.data = dir.path().to_path_buf();
+        let mut config = service_config(dir.path(), &kafka, &sim);
         config.storage.retention = Some(Duration::from_secs(86_400));
         config.storage.identity_retention = Some(identities);
-        config.kafka = kafka.config().clone();
-        config.admin.enabled = false;
-        config
-            .targets
-            .insert("sim".into(), target(&sim.base_url(), |_| {}));
-        config.validate(&Default::default()).unwrap();
-        let remote = std::sync::Arc::new(sendledger_node::wiring::HttpRemote::new(
-            config.load_targets().unwrap(),
-        ));
-        let kafka = kafka.clone();
-        async move { sendledger_node::service::Service::start(&config, &kafka, remote, None).await }
+        start_service(config, &kafka)
     };
     let err = start(Duration::from_secs(86_400)).await.err().unwrap();
     let text = sendledger_core::error::Chain(&err).to_string();

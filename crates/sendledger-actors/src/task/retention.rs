@@ -2,7 +2,7 @@
 //! task, and forgetting a removed one (`docs/operating/retention.md`).
 
 use actix::prelude::*;
-use sendledger_core::State;
+use sendledger_core::{State, TaskId};
 use sendledger_store::Append;
 
 use super::TaskActor;
@@ -20,12 +20,7 @@ impl TaskActor {
         published: Option<u64>,
     ) -> ResponseActFuture<Self, Result<Reply>> {
         let task_id = self.task_id;
-        let reply = move |state: &State, pruned: bool| Reply {
-            task_id,
-            phase: state.phase,
-            lsns: 0..0,
-            events: if pruned { vec!["Pruned"] } else { Vec::new() },
-        };
+        let reply = move |state: &State, pruned: bool| done(task_id, state, pruned, "Pruned");
         let busy = self.attempt_in_flight || self.lookup_in_flight;
         if !self.state.phase.is_terminal() || self.state.phase_since >= cutoff || busy {
             return Box::pin(fut::ready(Ok(reply(&self.state, false))));
@@ -67,16 +62,8 @@ impl TaskActor {
     /// before `cutoff`. Then it is a task that never was.
     pub(super) fn forget(&mut self, cutoff: u64) -> ResponseActFuture<Self, Result<Reply>> {
         let task_id = self.task_id;
-        let reply = move |state: &State, forgotten: bool| Reply {
-            task_id,
-            phase: state.phase,
-            lsns: 0..0,
-            events: if forgotten {
-                vec!["Forgotten"]
-            } else {
-                Vec::new()
-            },
-        };
+        let reply =
+            move |state: &State, forgotten: bool| done(task_id, state, forgotten, "Forgotten");
         if !self.state.pruned {
             return Box::pin(fut::ready(Ok(reply(&self.state, false))));
         }
@@ -101,5 +88,15 @@ impl TaskActor {
             metrics::counter!(crate::metric_definitions::IDENTITIES_FORGOTTEN_TOTAL).increment(1);
             Ok(reply(&act.state, true))
         }))
+    }
+}
+
+/// The reply to a retention input: nothing recorded in the log, and `what` it did when `did`.
+fn done(task_id: TaskId, state: &State, did: bool, what: &'static str) -> Reply {
+    Reply {
+        task_id,
+        phase: state.phase,
+        lsns: 0..0,
+        events: if did { vec![what] } else { Vec::new() },
     }
 }

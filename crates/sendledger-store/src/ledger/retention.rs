@@ -94,13 +94,10 @@ impl Ledger {
             tracing::warn!(task_id = %task, rule = ?v.rule, detail = %v.detail, "a settled task's history breaks a rule: kept past its retention for the audit to report");
             return Ok(None);
         }
-        let last = history.iter().map(|e| e.lsn).max().unwrap_or(0);
-        if retained.settled_at >= cutoff || published.is_some_and(|p| last > p) {
-            return Ok(None);
-        }
         // A task read back from an earlier removal has no index entry: only its later events go.
         let lsns: Vec<u64> = history.iter().map(|e| e.lsn).filter(|l| *l > 0).collect();
-        if lsns.is_empty() {
+        let last = lsns.iter().max().copied().unwrap_or(0);
+        if lsns.is_empty() || retained.settled_at >= cutoff || published.is_some_and(|p| last > p) {
             return Ok(None);
         }
         let index = (!state.pruned).then(|| IndexEntry::of(&state)).flatten();
