@@ -56,6 +56,8 @@ pub struct EngineConfig {
     /// late an instance that stalled after recording an intent, and lost its partition
     /// meanwhile, can still send. `None`: no bound (local mode, one writer).
     pub send_lease: Option<Duration>,
+    /// Where retention archives what it removes ([`sendledger_store::archive`]).
+    pub archive: Option<PathBuf>,
 }
 
 /// Actor threads when none are configured: half the cores, at least one. The task actors take
@@ -81,6 +83,7 @@ impl EngineConfig {
             limits: Limits::default(),
             replicated: false,
             send_lease: None,
+            archive: None,
         }
     }
 }
@@ -161,6 +164,7 @@ impl Engine {
                 durability: config.durability,
                 memory: config.memory,
                 replicated: config.replicated,
+                archive: config.archive.clone(),
             },
         )?;
         if config.durability == Durability::Buffered {

@@ -235,6 +235,7 @@ fn open_ledger(dir: &std::path::Path) -> anyhow::Result<Ledger> {
         durability: Durability::Sync,
         memory: Memory::default(),
         replicated: true,
+        archive: None,
     };
     Ok(Ledger::open(dir, options)?)
 }

@@ -27,6 +27,13 @@ pub enum Integrity {
     /// and sequence number, every index entry points to that event, and each task's stored
     /// summary (phase, number of events) equals the fold of its events.
     IndexConsistent,
+    /// What retention kept of the tasks it removed is what it wrote: the ledger's entries add
+    /// up to its record of them, and each matches the archive's copy when there is one.
+    RetainedIntact,
+    /// The archive of removed histories is as written: every frame decodes, every checkpoint
+    /// matches what it covers and follows the one before, each history matches the digest kept
+    /// with it, and the chain ends where the ledger's record of its removals does.
+    ArchiveIntact,
 }
 
 impl Integrity {
@@ -35,6 +42,8 @@ impl Integrity {
             Integrity::LsnContiguous => "lsn-contiguous",
             Integrity::EventDecodable => "event-decodable",
             Integrity::IndexConsistent => "index-consistent",
+            Integrity::RetainedIntact => "retained-intact",
+            Integrity::ArchiveIntact => "archive-intact",
         }
     }
 }
@@ -44,7 +53,7 @@ impl Integrity {
 /// `rule` is a [`crate::rules::Rule`] name (`intent-before-attempt`, `no-blind-resend`, `unknown-not-failed`,
 /// `terminal-is-final`, `sequence`, `policy-resend-limit`, `retry-only-not-sent`,
 /// `fallback-only-on-proof`) or an [`Integrity`] name (`lsn-contiguous`,
-/// `event-decodable`, `index-consistent`).
+/// `event-decodable`, `index-consistent`, `retained-intact`, `archive-intact`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Finding {
     pub task_id: Option<String>,

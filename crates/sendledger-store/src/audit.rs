@@ -227,7 +227,8 @@ pub fn audit(
         let decoder = s.spawn(|| decode_log(raw_rx, tx));
         let index = s.spawn(|| {
             let events = index_fingerprint(ledger, &snapshot)?;
-            Ok::<_, crate::Error>((events, task_index_fingerprint(ledger, &snapshot)?))
+            let kept = kept_sum(ledger, &snapshot)?;
+            Ok::<_, crate::Error>((events, task_index_fingerprint(ledger, &snapshot)?, kept))
         });
         // The reader and the decoder fill their queues meanwhile.
         let checked = Summaries::read(ledger, &snapshot).and_then(|summaries| {
@@ -244,7 +245,8 @@ pub fn audit(
         let decoded = decoder.join().expect("the decoder does not panic");
         let index = index.join().expect("the index scan does not panic");
         let expected = checked?;
-        let (index, task_index) = index?;
+        let (index, task_index, kept) = index?;
+        check_kept(ledger, &snapshot, kept, &mut report)?;
         Ok::<_, crate::Error>((scan?, decoded, index, (expected, task_index)))
     })?;
     report.events = scan.entries;
@@ -271,6 +273,49 @@ pub fn audit(
         _ => {}
     }
     Ok(report)
+}
+
+/// The sum of the [`crate::retention::leaf`] of every entry retention kept, and how many there are.
+fn kept_sum(ledger: &Ledger, snapshot: &Snapshot) -> Result<(crate::retention::Digest, u64)> {
+    let Some(cf) = ledger.db().cf_handle(CF_RETAINED) else {
+        return Ok(([0; 32], 0));
+    };
+    let mut sum = [0; 32];
+    let mut n = 0;
+    for item in snapshot.iterator_cf_opt(cf, scan_options(), IteratorMode::Start) {
+        let (k, v) = item?;
+        let task = decode_task_key(&k).ok_or(crate::Error::BadValue {
+            what: "retained key",
+        })?;
+        sum = crate::retention::add(&sum, &crate::retention::leaf(task, &v));
+        n += 1;
+    }
+    Ok((sum, n))
+}
+
+/// Compares what retention kept with the ledger's record of it ([`crate::retention::Chain`]).
+fn check_kept(
+    ledger: &Ledger,
+    snapshot: &Snapshot,
+    (sum, n): (crate::retention::Digest, u64),
+    report: &mut AuditReport,
+) -> Result<()> {
+    let chain = match snapshot.get_cf(ledger.cf(CF_META), META_PRUNE_CHAIN)? {
+        Some(v) => crate::retention::Chain::decode(&v)?,
+        None => crate::retention::Chain::default(),
+    };
+    if chain.kept_sum != sum {
+        report.violations.push(Finding::integrity(
+            Integrity::RetainedIntact,
+            None,
+            Vec::new(),
+            format!(
+                "the {n} entries retention kept of removed tasks do not add up to its record of them (checkpoint {}): one was changed, added or deleted outside retention; audit with --archive to name it",
+                chain.seq
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Log entries handed from thread to thread at once: enough that handing them over costs
@@ -501,7 +546,7 @@ impl Check<'_> {
             None => None,
         };
         let retained = match kept {
-            Some(v) => Some(crate::retention::decode_retained(&v)?.event(task)),
+            Some(v) => Some(crate::retention::decode_retained(&v)?.0.event(task)),
             None => None,
         };
         let start = task_event_key(task, 0);

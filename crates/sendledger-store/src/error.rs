@@ -80,6 +80,10 @@ pub enum Error {
     /// belongs to the partition of its request).
     #[error("an append of events for task {task} names no requests partition; in kafka mode every event belongs to one")]
     NoPartition { task: String },
+    /// Retention's removals could not be planned or archived (`storage.archive`): nothing of
+    /// them was written, the tasks are as they were.
+    #[error("the removal of settled tasks could not be recorded; they are kept")]
+    Removal { source: Cause },
 }
 
 impl Error {
@@ -110,7 +114,7 @@ impl Error {
             | Error::Closed
             | Error::NoPartition { .. }
             | Error::PartitionLost { .. } => false,
-            Error::NotReplicated { .. } => true,
+            Error::NotReplicated { .. } | Error::Removal { .. } => true,
         }
     }
 }

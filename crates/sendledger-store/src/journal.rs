@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use crossbeam_channel::Receiver;
 use rocksdb::{ColumnFamily, WriteBatch, WriteOptions, DB};
+use sendledger_core::error::Chain;
 use sendledger_core::{Event, EventBody, Identity, NewEvent, PayloadHash, State, TaskId};
 use tokio::sync::oneshot;
 
@@ -26,6 +27,7 @@ use crate::diverged::Diverged;
 use crate::envelope::encode_new_event;
 use crate::error::{cause, Cause, Error, Result};
 use crate::keys::*;
+use crate::retention::Removal;
 use crate::summary::TaskSummary;
 use crate::task_index::IndexEntry;
 
@@ -277,6 +279,7 @@ pub(crate) type ReplicatorSlot = Arc<std::sync::OnceLock<Arc<dyn Replicator>>>;
 pub(crate) fn run(
     db: Arc<DB>,
     sync: bool,
+    archive: Option<std::path::PathBuf>,
     replicated: Option<ReplicatorSlot>,
     rx: Receiver<Request>,
     last_lsn: Arc<AtomicU64>,
@@ -292,6 +295,7 @@ pub(crate) fn run(
         next_lsn,
         last_lsn,
         stats,
+        archive: archive.map(crate::archive::Writer::new),
     };
     match replicated {
         None => {
@@ -315,6 +319,8 @@ struct Writer {
     next_lsn: u64,
     last_lsn: Arc<AtomicU64>,
     stats: Arc<JournalStats>,
+    /// Where retention's removals are archived before they are written (`storage.archive`).
+    archive: Option<crate::archive::Writer>,
 }
 
 impl Writer {
@@ -338,9 +344,13 @@ impl Writer {
         if pending.is_empty() {
             return;
         }
-        let stats = &self.stats;
         let started = std::time::Instant::now();
-        let (batch, ranges) = build_batch(&self.db, self.next_lsn, pending);
+        let removal = self.plan_removal(pending);
+        if pending.is_empty() {
+            return;
+        }
+        let stats = &self.stats;
+        let (batch, ranges) = build_batch(&self.db, self.next_lsn, pending, removal.as_ref());
         let events = ranges.last().map_or(0, |r| r.end - self.next_lsn);
         let write_started = std::time::Instant::now();
         let opts = if synced {
@@ -393,6 +403,45 @@ impl Writer {
                 for req in pending.drain(..) {
                     let _ = req.ack.send(Err(Error::Rocks(e.clone())));
                 }
+            }
+        }
+    }
+}
+
+impl Writer {
+    /// Plans the removals and forgettings of `pending` ([`crate::retention`]) and archives
+    /// them. When either fails, the appends that carry them are answered with the error and
+    /// taken out of `pending` (nothing of them is written; retention tries again later).
+    fn plan_removal(&mut self, pending: &mut Vec<Request>) -> Option<Removal> {
+        let removes = |r: &Request| !r.append.prune.is_empty() || !r.append.forget.is_empty();
+        if !pending.iter().any(removes) {
+            return None;
+        }
+        let prunes: Vec<_> = pending.iter().flat_map(|r| &r.append.prune).collect();
+        let forgets: Vec<_> = pending.iter().flat_map(|r| &r.append.forget).collect();
+        let at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let planned = Removal::plan(&self.db, &prunes, &forgets, at)
+            .map_err(|e| crate::error::cause(Chain(&e).to_string()));
+        let archived = planned.and_then(|removal| match &mut self.archive {
+            Some(archive) => archive.append(&removal).map(|()| removal).map_err(|e| {
+                crate::error::cause(format!("archiving in {}: {e}", archive.dir().display()))
+            }),
+            None => Ok(removal),
+        });
+        match archived {
+            Ok(removal) => Some(removal),
+            Err(source) => {
+                tracing::error!(error = %source, "retention's removals could not be archived or planned; the tasks are kept and tried again at the next pass");
+                let (failed, kept): (Vec<_>, Vec<_>) = pending.drain(..).partition(removes);
+                pending.extend(kept);
+                for req in failed {
+                    let _ = req.ack.send(Err(Error::Removal {
+                        source: source.clone(),
+                    }));
+                }
+                None
             }
         }
     }
@@ -588,7 +637,12 @@ fn settle(done: Replicated, ready: &mut Vec<Request>) {
     }
 }
 
-fn build_batch(db: &DB, first_lsn: u64, pending: &[Request]) -> (WriteBatch, Vec<Range<u64>>) {
+fn build_batch(
+    db: &DB,
+    first_lsn: u64,
+    pending: &[Request],
+    removal: Option<&Removal>,
+) -> (WriteBatch, Vec<Range<u64>>) {
     let cf = |name| {
         db.cf_handle(name)
             .expect("column families are created at open")
@@ -702,10 +756,10 @@ fn build_batch(db: &DB, first_lsn: u64, pending: &[Request]) -> (WriteBatch, Vec
         }
         ranges.push(start..lsn);
     }
-    let prunes: Vec<_> = pending.iter().flat_map(|r| &r.append.prune).collect();
-    let forgets: Vec<_> = pending.iter().flat_map(|r| &r.append.forget).collect();
-    if !prunes.is_empty() || !forgets.is_empty() {
-        retention_into(db, &mut batch, &prunes, &forgets);
+    if let Some(removal) = removal {
+        let prunes: Vec<_> = pending.iter().flat_map(|r| &r.append.prune).collect();
+        let forgets: Vec<_> = pending.iter().flat_map(|r| &r.append.forget).collect();
+        retention_into(db, &mut batch, &prunes, &forgets, removal);
     }
     (batch, ranges)
 }
@@ -718,46 +772,32 @@ fn delete_task_events(batch: &mut WriteBatch, cf: &ColumnFamily, task: TaskId, f
 }
 
 /// Removes the histories `prunes` plans and keeps what retention keeps of each, forgets the
-/// tasks `forgets` plans, and counts both in the ledger's [`crate::PrunedTotals`].
+/// tasks `forgets` plans, and writes the ledger's record of both (`removal`, planned from them).
 fn retention_into(
     db: &DB,
     batch: &mut WriteBatch,
     prunes: &[&crate::retention::Prune],
     forgets: &[&crate::retention::Forget],
+    removal: &Removal,
 ) {
     let cf = |name| {
         db.cf_handle(name)
             .expect("column families are created at open")
     };
-    let mut totals = match crate::retention::pruned_totals(db) {
-        Ok(totals) => totals,
-        Err(e) => {
-            // Counting on from zero would make the audit find the removed events unaccounted
-            // for: nothing is removed, the tasks stay as they are.
-            tracing::error!(error = %e, "the ledger's record of removed events is unreadable; nothing removed");
-            return;
-        }
-    };
     // A task's events: their log entries and its whole per-task index.
-    let mut remove_events = |batch: &mut WriteBatch, task: TaskId, lsns: &[u64]| {
-        for lsn in lsns {
+    let remove_events = |batch: &mut WriteBatch, task: TaskId, events: &[(u64, Vec<u8>)]| {
+        for (lsn, _) in events {
             batch.delete_cf(cf(CF_LOG), lsn_key(*lsn));
-            totals.last_lsn = totals.last_lsn.max(*lsn);
         }
-        totals.events += lsns.len() as u64;
         delete_task_events(batch, cf(CF_TASK_EVENTS), task, 0);
     };
-    for p in prunes {
-        remove_events(batch, p.task, &p.lsns);
+    for (p, value) in prunes.iter().zip(&removal.values) {
+        remove_events(batch, p.task, &p.events);
         batch.delete_cf(cf(CF_IDENTITY), identity_key(&p.retained.identity));
         if let Some(entry) = &p.index {
             batch.delete_cf(cf(CF_TASK_INDEX), entry.key(p.task));
         }
-        batch.put_cf(
-            cf(CF_RETAINED),
-            p.task.0,
-            crate::retention::encode_retained(&p.retained),
-        );
+        batch.put_cf(cf(CF_RETAINED), p.task.0, value);
         batch.put_cf(
             cf(CF_RETAINED_BY_TIME),
             retained_time_key(p.retained.settled_at, p.task),
@@ -765,7 +805,7 @@ fn retention_into(
         );
     }
     for f in forgets {
-        remove_events(batch, f.task, &f.lsns);
+        remove_events(batch, f.task, &f.events);
         batch.delete_cf(cf(CF_RETAINED), f.task.0);
         batch.delete_cf(
             cf(CF_RETAINED_BY_TIME),
@@ -773,9 +813,8 @@ fn retention_into(
         );
         batch.delete_cf(cf(CF_TASKS), f.task.0);
     }
-    totals.tasks += prunes.len() as u64;
-    totals.forgotten += forgets.len() as u64;
-    batch.put_cf(cf(CF_META), META_PRUNED, totals.encode());
+    batch.put_cf(cf(CF_META), META_PRUNED, removal.totals.encode());
+    batch.put_cf(cf(CF_META), META_PRUNE_CHAIN, removal.chain.encode());
 }
 
 #[cfg(test)]

@@ -56,6 +56,10 @@ pub const META_FORMAT: &[u8] = b"format";
 /// removes something.
 // format: do not change
 pub const META_PRUNED: &[u8] = b"pruned";
+/// Format 6: the chain of retention's checkpoints (`crate::retention::Chain`). Absent until
+/// retention first removes something.
+// format: do not change
+pub const META_PRUNE_CHAIN: &[u8] = b"prune-chain";
 /// Which mode writes the ledger: `local` or `kafka` (see [`crate::Ledger::open`]).
 // format: do not change
 pub const META_MODE: &[u8] = b"mode";

@@ -20,6 +20,8 @@
 //! never run on an async executor thread (the journal has its own thread; async callers only
 //! await an acknowledgement).
 
+pub mod archive;
+pub mod archive_audit;
 pub mod audit;
 pub mod counts;
 mod diverged;
@@ -46,7 +48,7 @@ pub use journal::{
 pub use ledger::{Ledger, MemoryUsage, FORMAT_VERSION};
 pub use options::{Durability, LedgerOptions, Memory};
 pub use restore::{restore_append, truncate_append, Diverged, Restored};
-pub use retention::{Forget, Prune, PrunedTotals};
+pub use retention::{Chain, Checkpoint, Forget, Prune, PrunedTotals};
 pub use sendledger_core::audit::{AuditReport, Finding};
 pub use summary::{Processed, TaskSummary};
 pub use task_index::{Cursor, IndexEntry, TaskPage, TaskQuery};

@@ -24,6 +24,8 @@ pub struct LedgerOptions {
     /// log of record (installed with [`Ledger::install_replicator`]; until then appends of
     /// events are refused as not replicated).
     pub replicated: bool,
+    /// Where retention archives what it removes before removing it (`crate::archive`).
+    pub archive: Option<std::path::PathBuf>,
 }
 
 /// The memory RocksDB may keep for one ledger, shared by every column family: one block cache

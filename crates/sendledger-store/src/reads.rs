@@ -31,11 +31,33 @@ pub(crate) fn task_event(db: &DB, task: TaskId, seq: u32) -> Result<Option<Event
 /// A task's events in task order, read from the ledger's database (the journal reads them too).
 /// A task whose history retention removed begins with the `Pruned` event of what it kept.
 pub(crate) fn task_events(db: &DB, task: TaskId) -> Result<Vec<Event>> {
+    let stored = task_stored(db, task)?;
+    let retained = match &stored.retained {
+        Some(v) => Some(crate::retention::decode_retained(v)?.0.event(task)),
+        None => None,
+    };
+    let events = (stored.events.iter()).map(|(lsn, bytes)| decode_event(*lsn, bytes));
+    retained.map(Ok).into_iter().chain(events).collect()
+}
+
+/// A task's records as stored: what retention kept of it, and its events' envelopes.
+pub(crate) struct Stored {
+    pub retained: Option<Vec<u8>>,
+    /// LSN and envelope of each event in the log, in task order.
+    pub events: Vec<(u64, Vec<u8>)>,
+}
+
+/// A task's records as stored (see [`task_events`]).
+pub(crate) fn task_stored(db: &DB, task: TaskId) -> Result<Stored> {
     let cf = |name| {
         db.cf_handle(name)
             .expect("column families are created at open")
     };
-    let retained = crate::retention::retained(db, task)?.map(|r| r.event(task));
+    // A ledger of format 4 opened read-only has no `retained` family: nothing was removed.
+    let retained = match db.cf_handle(CF_RETAINED) {
+        Some(cf) => db.get_cf(cf, task.0)?,
+        None => None,
+    };
     let mut lsns = Vec::new();
     let start = task_event_key(task, 0);
     for item in db.iterator_cf(
@@ -55,18 +77,26 @@ pub(crate) fn task_events(db: &DB, task: TaskId) -> Result<Vec<Event>> {
     let events = db
         .multi_get_cf(keys)
         .into_iter()
-        .zip(&lsns)
-        .map(|(v, lsn)| indexed_event(*lsn, v?));
-    retained.map(Ok).into_iter().chain(events).collect()
+        .zip(lsns)
+        .map(|(v, lsn)| match v? {
+            Some(bytes) => Ok((lsn, bytes)),
+            None => Err(missing(lsn)),
+        })
+        .collect::<Result<_>>()?;
+    Ok(Stored { retained, events })
 }
 
 /// The event the task index points to at `lsn`, as read from the log: missing is corruption.
 fn indexed_event(lsn: u64, bytes: Option<Vec<u8>>) -> Result<Event> {
     match bytes {
         Some(bytes) => decode_event(lsn, &bytes),
-        None => Err(Error::Corrupt {
-            lsn,
-            detail: "indexed event missing from the log".into(),
-        }),
+        None => Err(missing(lsn)),
+    }
+}
+
+fn missing(lsn: u64) -> Error {
+    Error::Corrupt {
+        lsn,
+        detail: "indexed event missing from the log".into(),
     }
 }

@@ -259,8 +259,10 @@ async fn the_service_removes_settled_histories_and_still_answers_their_redeliver
     let kafka = embedded();
     let sim = Sim::start(SimConfig::default()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
+    let archive = tempfile::tempdir().unwrap();
     let mut config = service_config(dir.path(), &kafka, &sim);
     config.storage.retention = Some(Duration::from_secs(1));
+    config.storage.archive = Some(archive.path().to_path_buf());
     config.engine.timer_tick = Duration::from_millis(5);
     let service = start_service(config, &kafka).await.unwrap();
 
@@ -323,6 +325,46 @@ async fn the_service_removes_settled_histories_and_still_answers_their_redeliver
     let report = audit(dir.path());
     assert!(report.is_clean(), "{:#?}", report.violations);
     assert_eq!(report.pruned_tasks, 40);
+
+    // The command line audits the archive with the ledger, and shows a removed task's events.
+    let cli = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_sendledger_cli"))
+            .args(args)
+            .args(["--data", dir.path().to_str().unwrap()])
+            .args(["--archive", archive.path().to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+    let out = cli(&["audit", "--json"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let reports: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(reports["ledger"]["pruned_tasks"], 40);
+    assert_eq!(reports["archive"]["tasks"], 40);
+    assert_eq!(reports["archive"]["tasks_by_state"]["succeeded"], 40);
+    assert_eq!(reports["archive"]["violations"], serde_json::json!([]));
+    let out = cli(&["inspect", &task_id("kept-7").to_string()]);
+    let timeline = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let names: Vec<_> = timeline
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().nth(2))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            Some("TaskAccepted"),
+            Some("SendIntended"),
+            Some("Confirmed"),
+            Some("DuplicateDelivery")
+        ],
+        "{timeline}"
+    );
 }
 
 /// Past the identity retention, what retention kept of a task is forgotten with whatever was
@@ -420,4 +462,176 @@ async fn an_identity_retention_shorter_than_the_requests_topics_is_refused() {
     );
     let service = start(Duration::from_secs(8 * 86_400)).await.unwrap();
     service.shutdown().await.unwrap();
+}
+
+/// An engine on `dir` with the test target at `sim`, archiving what retention removes in
+/// `archive`.
+fn start_archiving(
+    dir: &std::path::Path,
+    archive: &std::path::Path,
+    sim: &Sim,
+) -> sendledger_actors::Engine {
+    tokio::task::block_in_place(|| {
+        let mut config = sendledger_actors::EngineConfig::new(dir);
+        config.timer_tick = Duration::from_millis(5);
+        config.archive = Some(archive.to_path_buf());
+        let remote =
+            sendledger_node::wiring::HttpRemote::new(targets(target(&sim.base_url(), |_| {})));
+        sendledger_actors::Engine::start(config, std::sync::Arc::new(remote)).unwrap()
+    })
+}
+
+/// Retention with an archive (`storage.archive`): every history removed and every identity
+/// forgotten is in the archive before it leaves the ledger, including the events recorded
+/// after the removal. The archive's audit checks each history against the rules and the
+/// digest the ledger kept of it, and its chain against the ledger's record; `inspect`'s reader
+/// gives a removed task's events back. An entry retention kept, changed behind its back, is
+/// found by the ledger's audit and named by the archive's; a changed byte of the archive is
+/// found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removed_histories_are_archived_and_audited_against_the_ledger() {
+    use sendledger_store::archive::archived_history;
+    use sendledger_store::archive_audit::audit_archive;
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let archive = tempfile::tempdir().unwrap();
+    let archive_dir = archive.path().join("removed");
+    let engine = start_archiving(dir.path(), &archive_dir, &sim);
+    // Two waves: the first one's identities are forgotten later, the second's kept.
+    let first: Vec<String> = (0..4).map(|i| format!("a-{i}")).collect();
+    let second: Vec<String> = (0..4).map(|i| format!("b-{i}")).collect();
+    for (i, key) in first.iter().enumerate() {
+        engine.submit(request(key), source(i as i64)).await.unwrap();
+    }
+    for key in &first {
+        wait_for(&engine, task_id(key), WAIT, settled).await;
+    }
+    let first_settled_by = now_ms() + 1;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    for (i, key) in second.iter().enumerate() {
+        engine
+            .submit(request(key), source(10 + i as i64))
+            .await
+            .unwrap();
+    }
+    for key in &second {
+        wait_for(&engine, task_id(key), WAIT, settled).await;
+    }
+    let cutoff = now_ms() + 1;
+    assert_eq!(engine.prune_settled(cutoff, None).await.unwrap(), 8);
+    // A redelivery after the removal: its event goes when the identity is forgotten.
+    let again = engine.submit(request("a-0"), source(20)).await.unwrap();
+    assert_eq!(again.events, ["DuplicateDelivery"]);
+    assert_eq!(engine.forget_expired(first_settled_by).await.unwrap(), 4);
+    engine.shutdown(Duration::from_secs(5)).await;
+
+    let ledger_report = audit(dir.path());
+    assert!(ledger_report.is_clean(), "{:#?}", ledger_report.violations);
+    assert_eq!(ledger_report.pruned_events, 8 * 3 + 1);
+    let archive_audit = || {
+        let ledger = Ledger::open_read_only(dir.path()).unwrap();
+        audit_archive(&archive_dir, Some(&ledger), CheckConfig::default()).unwrap()
+    };
+    let report = archive_audit();
+    assert!(report.is_clean(), "{:#?}", report.violations);
+    assert_eq!(report.skipped_checks, Vec::<String>::new());
+    // Every removed history, whole: eight tasks, their 24 events and the duplicate.
+    assert_eq!((report.tasks, report.events), (8, 8 * 3 + 1));
+    assert_eq!(report.tasks_by_state.get("succeeded"), Some(&8));
+    let names = |task| -> Vec<&'static str> {
+        let events = archived_history(&archive_dir, task).unwrap();
+        events.iter().map(|e| e.body.name()).collect()
+    };
+    assert_eq!(
+        names(task_id("a-0")),
+        [
+            "TaskAccepted",
+            "SendIntended",
+            "Confirmed",
+            "DuplicateDelivery"
+        ]
+    );
+    assert_eq!(
+        names(task_id("b-1")),
+        ["TaskAccepted", "SendIntended", "Confirmed"]
+    );
+    let files = std::fs::read_dir(&archive_dir).unwrap().count();
+    assert!(files >= 1, "{files} files");
+
+    // What retention kept of b-2, changed (its settlement time's last byte).
+    let b2 = task_id("b-2");
+    let original = {
+        let ledger = Ledger::open(dir.path(), Default::default()).unwrap();
+        let original = ledger.stored_retained(b2).unwrap().unwrap();
+        let mut changed = original.clone();
+        *changed.last_mut().unwrap() ^= 1;
+        ledger.inject_retained(b2, &changed).unwrap();
+        original
+    };
+    let found: Vec<_> = audit(dir.path())
+        .violations
+        .into_iter()
+        .map(|v| (v.rule, v.task_id))
+        .collect();
+    assert_eq!(found, [("retained-intact", None)]);
+    let found: Vec<_> = archive_audit()
+        .violations
+        .into_iter()
+        .map(|v| (v.rule, v.task_id))
+        .collect();
+    assert_eq!(found, [("retained-intact", Some(b2.to_string()))]);
+    {
+        let ledger = Ledger::open(dir.path(), Default::default()).unwrap();
+        ledger.inject_retained(b2, &original).unwrap();
+    }
+    assert!(audit(dir.path()).is_clean());
+    assert!(archive_audit().is_clean());
+
+    // A byte of the archive changed.
+    let file = std::fs::read_dir(&archive_dir)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let mut bytes = std::fs::read(&file).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x40;
+    std::fs::write(&file, bytes).unwrap();
+    let report = archive_audit();
+    assert!(
+        report.violations.iter().any(|v| v.rule == "archive-intact"),
+        "{:#?}",
+        report.violations
+    );
+}
+
+/// An archive that cannot be written (its directory is a file) removes nothing: the settled
+/// tasks stay whole in the ledger, and the audit finds nothing missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_archive_that_cannot_be_written_removes_nothing() {
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let blocked = tempfile::NamedTempFile::new().unwrap();
+    let engine = start_archiving(dir.path(), &blocked.path().join("archive"), &sim);
+    let keys: Vec<String> = (0..3).map(|i| format!("c-{i}")).collect();
+    for (i, key) in keys.iter().enumerate() {
+        engine.submit(request(key), source(i as i64)).await.unwrap();
+    }
+    for key in &keys {
+        wait_for(&engine, task_id(key), WAIT, settled).await;
+    }
+    assert_eq!(engine.prune_settled(now_ms() + 1, None).await.unwrap(), 0);
+    for key in &keys {
+        let events = engine.events(task_id(key)).await.unwrap();
+        assert!(
+            matches!(events[0].body, EventBody::TaskAccepted { .. }),
+            "{events:?}"
+        );
+        assert_eq!(events.len(), 3);
+    }
+    engine.shutdown(Duration::from_secs(5)).await;
+    let report = audit(dir.path());
+    assert!(report.is_clean(), "{:#?}", report.violations);
+    assert_eq!((report.pruned_tasks, report.events), (0, 9));
 }

@@ -133,6 +133,7 @@ impl Instance {
                 bytes: Memory::MIN_BYTES,
             },
             replicated: true,
+            archive: None,
         };
         let ledger = Ledger::open(&self.dir, options)?;
         self.replicator = Arc::new(LogReplicator::new("sim"));

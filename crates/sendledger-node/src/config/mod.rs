@@ -162,6 +162,12 @@ pub struct StorageConfig {
     /// topic could then run again). Unset: identities are kept for good.
     #[serde(with = "humantime_serde")]
     pub identity_retention: Option<Duration>,
+    /// A directory where retention archives every history it removes, and every identity it
+    /// forgets, before removing it: a file per day that `sendledger audit --archive` and
+    /// `inspect --archive` read (`docs/operating/retention.md`, "The archive"). Needs
+    /// `retention`. Unset: what retention removes is kept nowhere (the ledger keeps only the
+    /// checkpoints that vouch for it).
+    pub archive: Option<PathBuf>,
 }
 
 /// Where the record of what was done lives (see [`StorageConfig::mode`]).
@@ -183,6 +189,7 @@ impl Default for StorageConfig {
             allow_finite_log_retention: false,
             retention: None,
             identity_retention: None,
+            archive: None,
         }
     }
 }
@@ -455,6 +462,9 @@ impl Config {
             (Some(retention), Some(identities)) if identities < retention => return Err(ConfigError::field("storage.identity_retention", format!("is {}, shorter than storage.retention ({}): an identity is kept at least as long as the history it stands for", humantime::format_duration(identities), humantime::format_duration(retention)))),
             _ => {}
         }
+        if self.storage.archive.is_some() && self.storage.retention.is_none() {
+            return Err(ConfigError::field("storage.archive", "keeps what storage.retention removes, and storage.retention is unset: set it too, or remove this"));
+        }
         if self.storage.mode == StorageMode::Kafka && self.kafka.is_embedded() {
             return Err(ConfigError::field("storage.mode", "\"kafka\" needs brokers that fence transactional ids and keep transactional offsets; the embedded cluster does neither: set kafka.brokers, or use mode \"local\""));
         }
@@ -567,6 +577,7 @@ impl Config {
     pub fn engine_config(&self) -> EngineConfig {
         let mut c = EngineConfig::new(&self.storage.data);
         c.durability = self.storage.durability;
+        c.archive = self.storage.archive.clone();
         c.memory = Memory {
             bytes: self.storage.memory_bytes,
         };
@@ -806,6 +817,10 @@ mod tests {
             (
                 "mode = \"kafka\"\nretention = \"30d\"",
                 "storage.retention: is not available in kafka mode",
+            ),
+            (
+                "archive = \"archive\"",
+                "storage.archive: keeps what storage.retention removes",
             ),
             (
                 "identity_retention = \"30d\"",

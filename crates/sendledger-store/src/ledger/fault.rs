@@ -15,6 +15,17 @@ impl Ledger {
         Ok(self.inner.db.put_cf(self.cf(CF_LOG), lsn_key(lsn), bytes)?)
     }
 
+    /// Stores `value` as what retention kept of `task`, bypassing the journal and retention's
+    /// record of what it kept.
+    pub fn inject_retained(&self, task: TaskId, value: &[u8]) -> Result<()> {
+        Ok(self.inner.db.put_cf(self.cf(CF_RETAINED), task.0, value)?)
+    }
+
+    /// What retention kept of `task`, as stored.
+    pub fn stored_retained(&self, task: TaskId) -> Result<Option<Vec<u8>>> {
+        Ok(self.inner.db.get_cf(self.cf(CF_RETAINED), task.0)?)
+    }
+
     /// Removes the log entry at `lsn` and nothing else (a gap the index still points into).
     pub fn delete_log_entry(&self, lsn: u64) -> Result<()> {
         Ok(self.inner.db.delete_cf(self.cf(CF_LOG), lsn_key(lsn))?)

@@ -14,7 +14,7 @@ use crate::task_index::IndexEntry;
 
 /// The storage format this build writes and the newest it reads.
 // format: do not change (bump only with a migration)
-pub const FORMAT_VERSION: u8 = 5;
+pub const FORMAT_VERSION: u8 = 6;
 
 /// Refuses a ledger of a newer storage format (or none), and returns its format and last LSN.
 pub(super) fn check_format_and_last_lsn(db: &DB, path: &Path) -> Result<(u8, u64)> {
@@ -153,6 +153,30 @@ pub(super) fn migrate_to_format_4(db: &DB, path: &Path) -> Result<()> {
     }
     write_migration(db, batch, 4)?;
     tracing::info!(ledger = %path.display(), unsettled = moved, "ledger migrated to storage format 4: its unsettled tasks are indexed by partition");
+    Ok(())
+}
+
+/// Format 5 to 6: starts the ledger's record of retention's removals (`crate::retention::Chain`)
+/// with the sum of the entries kept so far, in one write with the new format marker. Their
+/// events were removed before checkpoints were written: none covers them.
+pub(super) fn migrate_to_format_6(db: &DB, path: &Path) -> Result<()> {
+    let cf = |name| db.cf_handle(name).expect("opened with every column family");
+    let mut batch = rocksdb::WriteBatch::default();
+    let mut chain = crate::retention::Chain::default();
+    let mut kept = 0u64;
+    for item in db.iterator_cf(cf(CF_RETAINED), IteratorMode::Start) {
+        let (k, v) = item?;
+        let task = decode_task_key(&k).ok_or(Error::BadValue {
+            what: "retained key",
+        })?;
+        chain.kept_sum = crate::retention::add(&chain.kept_sum, &crate::retention::leaf(task, &v));
+        kept += 1;
+    }
+    if kept > 0 {
+        batch.put_cf(cf(CF_META), META_PRUNE_CHAIN, chain.encode());
+    }
+    write_migration(db, batch, 6)?;
+    tracing::info!(ledger = %path.display(), kept, "ledger migrated to storage format 6: retention's removals are checkpointed");
     Ok(())
 }
 

@@ -32,7 +32,7 @@ mod retention;
 
 use format::{
     check_format_and_last_lsn, check_mode, migrate_to_format_2, migrate_to_format_3,
-    migrate_to_format_4,
+    migrate_to_format_4, migrate_to_format_6,
 };
 
 pub use format::FORMAT_VERSION;
@@ -133,6 +133,9 @@ impl Ledger {
             // first removes something: nothing to move.
             db.put_cf(meta, META_FORMAT, [5])?;
         }
+        if format <= 5 {
+            migrate_to_format_6(&db, &path)?;
+        }
         check_mode(&db, &path, options.replicated, last)?;
         let db = Arc::new(db);
         let last_lsn = Arc::new(AtomicU64::new(last));
@@ -143,9 +146,10 @@ impl Ledger {
         let thread = {
             let (db, last_lsn, stats) = (db.clone(), last_lsn.clone(), stats.clone());
             let replicator = replicator.clone();
+            let archive = options.archive.clone();
             std::thread::Builder::new()
                 .name("sendledger-journal".into())
-                .spawn(move || journal::run(db, sync, replicator, rx, last_lsn, stats))
+                .spawn(move || journal::run(db, sync, archive, replicator, rx, last_lsn, stats))
                 .map_err(|source| Error::Dir {
                     path: path.clone(),
                     source,
@@ -663,6 +667,37 @@ mod tests {
     use super::*;
 
     #[test]
+    fn format_5_is_migrated_with_the_sum_of_what_retention_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(Ledger::open(dir.path(), LedgerOptions::default()).unwrap());
+        let kept = [
+            (TaskId([1; 16]), vec![1u8, 7]),
+            (TaskId([2; 16]), vec![1u8, 8]),
+        ];
+        {
+            let db = DB::open_cf(&Options::default(), dir.path(), ALL_CFS).unwrap();
+            let (meta, retained) = (
+                db.cf_handle(CF_META).unwrap(),
+                db.cf_handle(CF_RETAINED).unwrap(),
+            );
+            for (task, value) in &kept {
+                db.put_cf(retained, task.0, value).unwrap();
+            }
+            db.put_cf(meta, META_FORMAT, [5]).unwrap();
+        }
+        let ledger = Ledger::open(dir.path(), LedgerOptions::default()).unwrap();
+        let chain = ledger.prune_chain().unwrap();
+        let sum = kept.iter().fold([0; 32], |sum, (task, value)| {
+            crate::retention::add(&sum, &crate::retention::leaf(*task, value))
+        });
+        assert_eq!((chain.seq, chain.head, chain.kept_sum), (0, [0; 32], sum));
+        drop(ledger);
+        let ledger = Ledger::open_read_only(dir.path()).unwrap();
+        let v = ledger.db().get_cf(ledger.cf(CF_META), META_FORMAT).unwrap();
+        assert_eq!(v.as_deref(), Some(&[6][..]));
+    }
+
+    #[test]
     fn a_newer_format_is_refused_with_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
         drop(Ledger::open(dir.path(), LedgerOptions::default()).unwrap());
@@ -683,8 +718,8 @@ mod tests {
             matches!(
                 err,
                 Error::NewerFormat {
-                    found: 6,
-                    supported: 5,
+                    found: 7,
+                    supported: 6,
                     ..
                 }
             ),

@@ -3,12 +3,17 @@
 
 use rocksdb::{Direction, IteratorMode};
 use sendledger_core::event::Millis;
-use sendledger_core::{check_task, CheckConfig, EventBody, Phase, Retained, TaskId};
+use sendledger_core::{check_task, CheckConfig, Phase, Retained, TaskId};
 
+use crate::envelope::decode_event;
 use crate::error::{Error, Result};
 use crate::keys::*;
 use crate::ledger::Ledger;
-use crate::retention::{pruned_totals, retained, Forget, Prune, PrunedTotals};
+use crate::reads::task_stored;
+use crate::retention::{
+    decode_retained, prune_chain, pruned_totals, removed_digest, retained, Chain, Forget, Prune,
+    PrunedTotals,
+};
 use crate::task_index::{prefix, IndexEntry};
 
 /// The phases a task may be removed in.
@@ -85,7 +90,14 @@ impl Ledger {
         published: Option<u64>,
         check: CheckConfig,
     ) -> Result<Option<Prune>> {
-        let history = self.task_events(task)?;
+        let stored = task_stored(self.db(), task)?;
+        let previous = match &stored.retained {
+            Some(v) => Some(decode_retained(v)?),
+            None => None,
+        };
+        let history = (previous.iter().map(|(r, _)| Ok(r.event(task))))
+            .chain(stored.events.iter().map(|(lsn, b)| decode_event(*lsn, b)))
+            .collect::<Result<Vec<_>>>()?;
         let Some(retained) = Retained::of(&history) else {
             return Ok(None);
         };
@@ -95,16 +107,24 @@ impl Ledger {
             return Ok(None);
         }
         // A task read back from an earlier removal has no index entry: only its later events go.
-        let lsns: Vec<u64> = history.iter().map(|e| e.lsn).filter(|l| *l > 0).collect();
-        let last = lsns.iter().max().copied().unwrap_or(0);
-        if lsns.is_empty() || retained.settled_at >= cutoff || published.is_some_and(|p| last > p) {
+        let last = stored.events.last().map_or(0, |(lsn, _)| *lsn);
+        if stored.events.is_empty()
+            || retained.settled_at >= cutoff
+            || published.is_some_and(|p| last > p)
+        {
             return Ok(None);
         }
         let index = (!state.pruned).then(|| IndexEntry::of(&state)).flatten();
+        let digest = removed_digest(
+            previous.as_ref().and_then(|(_, d)| d.as_ref()),
+            &stored.events,
+        );
         Ok(Some(Prune {
             task,
             retained,
-            lsns,
+            events: stored.events,
+            digest,
+            replaces: stored.retained,
             index,
         }))
     }
@@ -146,17 +166,19 @@ impl Ledger {
     /// How to forget `task`, when its history was removed and it settled before `cutoff`.
     /// Called by the writer of the task's events, as [`Ledger::prune_plan`].
     pub fn forget_plan(&self, task: TaskId, cutoff: Millis) -> Result<Option<Forget>> {
-        let history = self.task_events(task)?;
-        let Some(EventBody::Pruned { retained }) = history.first().map(|e| &e.body) else {
+        let stored = task_stored(self.db(), task)?;
+        let Some(value) = stored.retained else {
             return Ok(None);
         };
+        let (retained, _) = decode_retained(&value)?;
         if retained.settled_at >= cutoff {
             return Ok(None);
         }
         Ok(Some(Forget {
             task,
             settled_at: retained.settled_at,
-            lsns: history.iter().map(|e| e.lsn).filter(|l| *l > 0).collect(),
+            retained: value,
+            events: stored.events,
         }))
     }
 
@@ -168,5 +190,10 @@ impl Ledger {
     /// What retention removed from this ledger so far.
     pub fn pruned_totals(&self) -> Result<PrunedTotals> {
         pruned_totals(self.db())
+    }
+
+    /// The ledger's record of retention's checkpoints.
+    pub fn prune_chain(&self) -> Result<Chain> {
+        prune_chain(self.db())
     }
 }

@@ -41,6 +41,12 @@ pub struct AuditArgs {
     /// operators' `tokens_env` variables must be set.
     #[arg(long, value_name = "FILE")]
     operators: Option<PathBuf>,
+    /// Audit retention's archive in this directory too (`storage.archive`): its chain of
+    /// checkpoints, each removed history against the rules and against the digest the ledger
+    /// kept of it, and the chain's end against the ledger's record. Its report follows the
+    /// ledger's (with --json: `{"ledger": …, "archive": …}`).
+    #[arg(long, value_name = "DIR", conflicts_with = "from_kafka")]
+    archive: Option<PathBuf>,
 }
 
 /// A one-line progress bar on stderr, drawn only when stderr is a terminal, at most ten times
@@ -129,20 +135,41 @@ pub fn audit(args: AuditArgs) -> anyhow::Result<bool> {
         }
     };
     progress.finish();
-    let mut report = report;
-    match &roster {
-        Some(roster) => report.check_operators(roster),
-        None if !report.credentialed.is_empty() => report.skipped_checks.push(
-            "the credentials of operators' decisions (pass --operators with the service's configuration)".into(),
-        ),
-        None => {}
+    let archived = match &args.archive {
+        Some(dir) => {
+            let ledger = open_read_only(&args.data)?;
+            let report = sendledger_store::archive_audit::audit_archive(dir, Some(&ledger), check)
+                .with_context(|| format!("auditing the archive in {}", dir.display()))?;
+            Some(report)
+        }
+        None => None,
+    };
+    let mut reports: Vec<AuditReport> = [report].into_iter().chain(archived).collect();
+    for report in &mut reports {
+        match &roster {
+            Some(roster) => report.check_operators(roster),
+            None if !report.credentialed.is_empty() => report.skipped_checks.push(
+                "the credentials of operators' decisions (pass --operators with the service's configuration)".into(),
+            ),
+            None => {}
+        }
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        let json = match &reports[..] {
+            [ledger, archive] => serde_json::json!({ "ledger": ledger, "archive": archive }),
+            [report] => serde_json::to_value(report)?,
+            _ => unreachable!("one or two reports"),
+        };
+        println!("{}", serde_json::to_string_pretty(&json)?);
     } else {
-        print_report(&report);
+        for (i, report) in reports.iter().enumerate() {
+            if i > 0 {
+                println!();
+            }
+            print_report(report);
+        }
     }
-    Ok(report.is_clean())
+    Ok(reports.iter().all(AuditReport::is_clean))
 }
 
 fn print_report(report: &AuditReport) {
@@ -150,6 +177,12 @@ fn print_report(report: &AuditReport) {
         "{}: events {}   tasks {}   attempts {}",
         report.source, report.events, report.tasks, report.attempts
     );
+    if report.pruned_tasks > 0 {
+        println!(
+            "removed by retention: {} tasks, {} events",
+            report.pruned_tasks, report.pruned_events
+        );
+    }
     for (state, n) in &report.tasks_by_state {
         println!("  {state:<14} {n}");
     }

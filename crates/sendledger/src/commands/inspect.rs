@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use anyhow::Context;
 use clap::Args;
 use sendledger_core::fold;
 use sendledger_node::timeline::{parse_task, task_json, time};
@@ -19,17 +20,37 @@ pub struct InspectArgs {
     /// Print JSON instead of a timeline.
     #[arg(long)]
     json: bool,
+    /// Retention's archive (`storage.archive`): the events retention removed of the task are
+    /// read from it and shown in place of what the ledger kept of them.
+    #[arg(long, value_name = "DIR")]
+    archive: Option<PathBuf>,
 }
 
 /// Prints the timeline of one task.
 pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
     let ledger = open_read_only(&args.data)?;
     let task = parse_task(&args.task)?;
-    let events = ledger.task_events(task)?;
+    let mut events = ledger.task_events(task)?;
+    if let Some(dir) = &args.archive {
+        let archived = sendledger_store::archive::archived_history(dir, task)
+            .with_context(|| format!("reading the archive in {}", dir.display()))?;
+        // What the ledger kept of a removed task stands for the archived events; a task
+        // forgotten and then run again has a history of its own.
+        let removed = events
+            .first()
+            .is_none_or(|e| matches!(e.body, sendledger_core::EventBody::Pruned { .. }));
+        if removed && !archived.is_empty() {
+            events.splice(0..events.len().min(1), archived);
+        }
+    }
     anyhow::ensure!(
         !events.is_empty(),
-        "task {task} is not in the ledger at {}",
-        args.data.display()
+        "task {task} is not in the ledger at {}{}",
+        args.data.display(),
+        args.archive.as_ref().map_or(String::new(), |a| format!(
+            " nor in the archive at {}",
+            a.display()
+        ))
     );
     let state = fold(&events);
     if args.json {
