@@ -597,6 +597,8 @@ impl Engine {
         done: &'static str,
     ) -> Result<u64> {
         let mut count = 0;
+        // Tasks left as they were, and the first one's reason: logged once at the end.
+        let mut left = (0u64, None::<Error>);
         let mut waiting = std::collections::VecDeque::new();
         // The index position after the candidates listed so far; `None` once all were.
         let mut listed: Option<Option<Vec<u8>>> = Some(None);
@@ -619,17 +621,22 @@ impl Engine {
                 listed = next.map(Some);
             }
             match running.join_next().await {
-                None => return Ok(count),
+                None => break,
                 Some(Ok(Ok(reply))) => count += u64::from(reply.events == [done]),
                 Some(Ok(Err(e @ (Error::Stopped | Error::ShuttingDown)))) => return Err(e),
                 // One task's trouble (its events unreadable, say) is its own: the audit
                 // names it, and the others go on.
                 Some(Ok(Err(e))) => {
-                    tracing::warn!(error = %e, "a task was left as it is by retention")
+                    left.0 += 1;
+                    left.1.get_or_insert(e);
                 }
                 Some(Err(_)) => return Err(Error::Stopped),
             }
         }
+        if let (n, Some(e)) = left {
+            tracing::warn!(error = %Chain(&e), tasks = n, "tasks left as they are by retention this pass (the first one's reason)");
+        }
+        Ok(count)
     }
 
     async fn route(&self, task_id: TaskId, input: TaskInput) -> Result<Reply> {

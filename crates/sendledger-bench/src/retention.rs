@@ -45,6 +45,10 @@ pub struct RetentionArgs {
     /// needs a rate the engine sustains while retention removes as much.
     #[arg(long, default_value_t = 0)]
     rate: u64,
+    /// Archive what retention removes (`storage.archive`), in a directory beside the ledger;
+    /// the report gives its size.
+    #[arg(long)]
+    archive: bool,
 }
 
 fn now_ms() -> u64 {
@@ -78,8 +82,10 @@ pub fn run(args: RetentionArgs) -> anyhow::Result<()> {
     let target: TargetConfig = serde_json::from_value(sim.target())?;
     let targets = Targets::from_config(&BTreeMap::from([("bench".to_string(), target)]))?;
     let dir = tempfile::tempdir()?;
+    let archive = tempfile::tempdir()?;
     let mut config = EngineConfig::new(dir.path());
     config.max_live_tasks = args.in_flight * 2;
+    config.archive = args.archive.then(|| archive.path().to_path_buf());
     let remote = Arc::new(HttpRemote::new(targets));
     let engine = Engine::start(config.clone(), remote.clone())?;
     let started = Instant::now();
@@ -189,6 +195,7 @@ pub fn run(args: RetentionArgs) -> anyhow::Result<()> {
     let remote_stats = runtime.block_on(sim.stats())?;
     runtime.block_on(engine.shutdown(Duration::from_secs(5)));
     let bytes = dir_bytes(dir.path())?;
+    let archive_bytes = dir_bytes(archive.path())?;
     let restart = Instant::now();
     let engine = Engine::start(config, remote)?;
     let restart_ms = restart.elapsed().as_millis() as u64;
@@ -213,6 +220,11 @@ pub fn run(args: RetentionArgs) -> anyhow::Result<()> {
         "remote_duplicates": remote_stats.duplicates,
         "ledger_bytes": bytes,
         "ledger_bytes_per_task": (bytes as f64 / total as f64).round(),
+        "archive_bytes": args.archive.then_some(archive_bytes),
+        "archive_bytes_per_removed_task": args
+            .archive
+            .then(|| (archive_bytes as f64 / totals.tasks.max(1) as f64).round()),
+        "archive_files": args.archive.then(|| std::fs::read_dir(archive.path()).map_or(0, |d| d.count())),
         "restart_ms": restart_ms,
         "peak_rss_bytes": own_peak_rss_bytes(),
         "samples": samples,
