@@ -172,6 +172,10 @@ pub struct State {
     /// The task's events up to its terminal result were removed by retention: what is known of
     /// it is what [`crate::Retained`] keeps (not its payload: it cannot be retried).
     pub pruned: bool,
+    /// Of a removed task, how many events what was kept stands for: events from this sequence
+    /// number on were recorded after the removal (a duplicate delivery), and retention removes
+    /// them in turn.
+    pub pruned_events: u32,
 }
 
 /// Why a task failed, as a kind that lists and bulk operations select by.
@@ -280,6 +284,7 @@ impl Default for State {
             failure_kind: None,
             saga: None,
             pruned: false,
+            pruned_events: 0,
         }
     }
 }
@@ -775,6 +780,13 @@ impl State {
             self.failure.clone_from(&retained.reason);
         }
         self.pruned = true;
+        self.pruned_events = retained.events;
+    }
+
+    /// Whether the task's history was removed and events were recorded after it, which
+    /// retention removes in turn.
+    pub fn recorded_since_pruned(&self) -> bool {
+        self.pruned && self.next_seq > self.pruned_events
     }
 
     fn settle(&mut self, phase: Phase) {

@@ -597,7 +597,7 @@ fn close(task: TaskId, done: Box<Open>, report: &mut AuditReport, task_index: &m
     };
     let state = done.audit.finish(counts);
     // A task retention removed is no longer listed by phase.
-    if let Some(entry) = IndexEntry::of(&state).filter(|_| !state.pruned) {
+    if let Some(entry) = IndexEntry::of(&state) {
         task_index.add_entry(&entry.key(task), &entry.value());
     }
     if summary.is_some_and(|s| s.phase == state.phase && s.next_seq == state.next_seq) {

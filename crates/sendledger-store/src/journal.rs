@@ -91,7 +91,10 @@ impl Append {
     pub fn reindex(&mut self, task: TaskId, before: &State, after: &State) {
         // What an entry is made of, compared first: most decisions change none of it, and
         // building the entries copies the target's name.
-        let same = |s: &State| (s.request.is_some(), s.phase, s.phase_since, s.failure_kind);
+        let same = |s: &State| {
+            let listed = s.request.is_some() && (!s.pruned || s.recorded_since_pruned());
+            (listed, s.phase, s.phase_since, s.failure_kind)
+        };
         if same(before) == same(after) {
             return;
         }
@@ -806,6 +809,9 @@ fn retention_into(
     }
     for f in forgets {
         remove_events(batch, f.task, &f.events);
+        if let Some(entry) = &f.index {
+            batch.delete_cf(cf(CF_TASK_INDEX), entry.key(f.task));
+        }
         batch.delete_cf(cf(CF_RETAINED), f.task.0);
         batch.delete_cf(
             cf(CF_RETAINED_BY_TIME),

@@ -286,6 +286,8 @@ pub struct Forget {
     pub retained: Vec<u8>,
     /// The events recorded after its history was removed: LSN and stored bytes.
     pub events: Vec<(u64, Vec<u8>)>,
+    /// Its task-index entry, listing those events for retention, removed with them.
+    pub index: Option<IndexEntry>,
 }
 
 /// What one write removes and forgets, planned from the ledger's records before the write: the

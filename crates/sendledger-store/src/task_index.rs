@@ -27,6 +27,11 @@ pub struct IndexEntry {
 impl IndexEntry {
     /// The entry of a task in `state`; none for one without an accepted request.
     pub fn of(state: &State) -> Option<IndexEntry> {
+        // A task whose history retention removed is listed only while it holds events
+        // recorded since, so that retention finds them.
+        if state.pruned && !state.recorded_since_pruned() {
+            return None;
+        }
         let request = state.request.as_ref()?;
         Some(IndexEntry {
             phase: state.phase,

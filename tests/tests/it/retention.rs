@@ -250,7 +250,8 @@ async fn settled_tasks_are_removed_and_answered_from_what_is_kept() {
 /// executed and their results published, then their histories removed by retention's own
 /// loop. The same 40 requests delivered again are answered on the results topic with each
 /// task's result under its first event id (nothing sent again), 5 of them with another
-/// payload with a conflict, and the audit of the ledger accounts for every removed event.
+/// payload with a conflict; those events are removed in turn, and the audit of the ledger
+/// accounts for every removed event, the archive's for every removed history.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_service_removes_settled_histories_and_still_answers_their_redeliveries() {
     use sendledger_tests::kafka::{
@@ -270,20 +271,27 @@ async fn the_service_removes_settled_histories_and_still_answers_their_redeliver
     produce(&kafka, request_messages(keys.iter())).await;
     let (_, first) = results_for(&kafka, task_ids(&keys)).await;
     assert_eq!(first.len(), 40);
-    let deadline = std::time::Instant::now() + WAIT;
-    for key in &keys {
-        loop {
-            let events = service.engine().events(task_id(key)).await.unwrap();
-            if matches!(events[0].body, EventBody::Pruned { .. }) {
-                break;
+    // Until every task's history is what retention kept of it, and nothing since.
+    let all_removed = |keys: Vec<String>| {
+        let engine = service.engine().clone();
+        async move {
+            let deadline = std::time::Instant::now() + WAIT;
+            for key in &keys {
+                loop {
+                    let events = engine.events(task_id(key)).await.unwrap();
+                    if events.len() == 1 && matches!(events[0].body, EventBody::Pruned { .. }) {
+                        break;
+                    }
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "{key} kept: {events:?}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
             }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{key} kept: {events:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-    }
+    };
+    all_removed(keys.clone()).await;
 
     produce(&kafka, request_messages(keys.iter())).await;
     let conflicting: Vec<_> = keys[..5]
@@ -321,10 +329,15 @@ async fn the_service_removes_settled_histories_and_still_answers_their_redeliver
     for key in &keys {
         assert_eq!(sim.records_with_identity(key).len(), 1);
     }
+    // The duplicates and conflicts recorded since are removed in turn.
+    all_removed(keys.clone()).await;
     service.shutdown().await.unwrap();
     let report = audit(dir.path());
     assert!(report.is_clean(), "{:#?}", report.violations);
-    assert_eq!(report.pruned_tasks, 40);
+    // Each task removed, then its duplicate (and a conflict: in the same pass or the next).
+    assert!((80..=85).contains(&report.pruned_tasks), "{report:?}");
+    assert_eq!(report.pruned_events, 40 * 3 + 40 + 5);
+    assert_eq!(report.events, 0);
 
     // The command line audits the archive with the ledger, and shows a removed task's events.
     let cli = |args: &[&str]| {
@@ -339,7 +352,7 @@ async fn the_service_removes_settled_histories_and_still_answers_their_redeliver
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     let reports: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(reports["ledger"]["pruned_tasks"], 40);
+    assert_eq!(reports["ledger"]["pruned_tasks"], report.pruned_tasks);
     assert_eq!(reports["archive"]["tasks"], 40);
     assert_eq!(reports["archive"]["tasks_by_state"]["succeeded"], 40);
     assert_eq!(reports["archive"]["violations"], serde_json::json!([]));
@@ -482,8 +495,8 @@ fn start_archiving(
 }
 
 /// Retention with an archive (`storage.archive`): every history removed and every identity
-/// forgotten is in the archive before it leaves the ledger, including the events recorded
-/// after the removal. The archive's audit checks each history against the rules and the
+/// forgotten is in the archive before it leaves the ledger, and so are the events recorded
+/// after a removal, removed by the next pass or with the identity. The archive's audit checks each history against the rules and the
 /// digest the ledger kept of it, and its chain against the ledger's record; `inspect`'s reader
 /// gives a removed task's events back. An entry retention kept, changed behind its back, is
 /// found by the ledger's audit and named by the archive's; a changed byte of the archive is
@@ -519,15 +532,22 @@ async fn removed_histories_are_archived_and_audited_against_the_ledger() {
     }
     let cutoff = now_ms() + 1;
     assert_eq!(engine.prune_settled(cutoff, None).await.unwrap(), 8);
-    // A redelivery after the removal: its event goes when the identity is forgotten.
-    let again = engine.submit(request("a-0"), source(20)).await.unwrap();
+    // A redelivery after the removal: the next pass removes its event in turn.
+    let again = engine.submit(request("b-0"), source(20)).await.unwrap();
+    assert_eq!(again.events, ["DuplicateDelivery"]);
+    assert_eq!(engine.prune_settled(now_ms() + 1, None).await.unwrap(), 1);
+    let events = engine.events(task_id("b-0")).await.unwrap();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert!(matches!(&events[0].body, EventBody::Pruned { retained } if retained.events == 4));
+    // Another one: its event goes when the identity is forgotten.
+    let again = engine.submit(request("a-0"), source(21)).await.unwrap();
     assert_eq!(again.events, ["DuplicateDelivery"]);
     assert_eq!(engine.forget_expired(first_settled_by).await.unwrap(), 4);
     engine.shutdown(Duration::from_secs(5)).await;
 
     let ledger_report = audit(dir.path());
     assert!(ledger_report.is_clean(), "{:#?}", ledger_report.violations);
-    assert_eq!(ledger_report.pruned_events, 8 * 3 + 1);
+    assert_eq!(ledger_report.pruned_events, 8 * 3 + 2);
     let archive_audit = || {
         let ledger = Ledger::open_read_only(dir.path()).unwrap();
         audit_archive(&archive_dir, Some(&ledger), CheckConfig::default()).unwrap()
@@ -535,8 +555,8 @@ async fn removed_histories_are_archived_and_audited_against_the_ledger() {
     let report = archive_audit();
     assert!(report.is_clean(), "{:#?}", report.violations);
     assert_eq!(report.skipped_checks, Vec::<String>::new());
-    // Every removed history, whole: eight tasks, their 24 events and the duplicate.
-    assert_eq!((report.tasks, report.events), (8, 8 * 3 + 1));
+    // Every removed history, whole: eight tasks, their 24 events and the two duplicates.
+    assert_eq!((report.tasks, report.events), (8, 8 * 3 + 2));
     assert_eq!(report.tasks_by_state.get("succeeded"), Some(&8));
     let names = |task| -> Vec<&'static str> {
         let events = archived_history(&archive_dir, task).unwrap();
@@ -544,6 +564,15 @@ async fn removed_histories_are_archived_and_audited_against_the_ledger() {
     };
     assert_eq!(
         names(task_id("a-0")),
+        [
+            "TaskAccepted",
+            "SendIntended",
+            "Confirmed",
+            "DuplicateDelivery"
+        ]
+    );
+    assert_eq!(
+        names(task_id("b-0")),
         [
             "TaskAccepted",
             "SendIntended",

@@ -24,7 +24,8 @@ proptest! {
     /// Whatever a task went through, retention keeps something of it only when it is settled
     /// with a terminal result (never in progress, in review or waiting), and the task read back
     /// from it answers a duplicate with the result its history ended with, refuses another
-    /// payload as a conflict and a retry, sends nothing, and breaks no rule.
+    /// payload as a conflict and a retry, sends nothing, and breaks no rule; and so does it once
+    /// the events recorded since are removed in turn.
     #[test]
     fn retention_keeps_only_settled_tasks_and_they_answer_as_before(policy in policy(), steps in proptest::collection::vec(step(), 1..60)) {
         let mut h = Harness::new(policy);
@@ -68,6 +69,21 @@ proptest! {
 
         let (_, violations) = check_task(&after.log, CheckConfig::default());
         prop_assert!(violations.is_empty(), "{:?}", violations);
+
+        // The events recorded since are removed in turn: what is kept then is the same but
+        // for the events it stands for, and the task answers as before.
+        prop_assert!(!pruned(&h, &retained).state.recorded_since_pruned());
+        prop_assert!(after.state.recorded_since_pruned());
+        let again_kept = Retained::of(&after.log).expect("still settled");
+        prop_assert_eq!(&again_kept, &Retained { events: after.state.next_seq, ..retained.clone() });
+        let mut twice = pruned(&after, &again_kept);
+        prop_assert!(!twice.state.recorded_since_pruned());
+        prop_assert_eq!(twice.state.next_seq, after.state.next_seq);
+        twice.step(deliver(5, 1001)).unwrap();
+        let mut projection = Projection::default();
+        let announced: Vec<_> = twice.log.iter().filter_map(|e| projection.apply(e)).collect();
+        prop_assert_eq!(announced.len(), 1);
+        prop_assert_eq!(&announced[0].event_id, &original.event_id);
     }
 }
 

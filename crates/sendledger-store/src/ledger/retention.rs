@@ -106,7 +106,8 @@ impl Ledger {
             tracing::warn!(task_id = %task, rule = ?v.rule, detail = %v.detail, "a settled task's history breaks a rule: kept past its retention for the audit to report");
             return Ok(None);
         }
-        // A task read back from an earlier removal has no index entry: only its later events go.
+        // Of a task removed before, only the events recorded since go (its index entry lists
+        // them).
         let last = stored.events.last().map_or(0, |(lsn, _)| *lsn);
         if stored.events.is_empty()
             || retained.settled_at >= cutoff
@@ -114,7 +115,7 @@ impl Ledger {
         {
             return Ok(None);
         }
-        let index = (!state.pruned).then(|| IndexEntry::of(&state)).flatten();
+        let index = IndexEntry::of(&state);
         let digest = removed_digest(
             previous.as_ref().and_then(|(_, d)| d.as_ref()),
             &stored.events,
@@ -174,11 +175,16 @@ impl Ledger {
         if retained.settled_at >= cutoff {
             return Ok(None);
         }
+        let history = [Ok(retained.event(task))]
+            .into_iter()
+            .chain(stored.events.iter().map(|(lsn, b)| decode_event(*lsn, b)))
+            .collect::<Result<Vec<_>>>()?;
         Ok(Some(Forget {
             task,
             settled_at: retained.settled_at,
             retained: value,
             events: stored.events,
+            index: IndexEntry::of(&sendledger_core::fold(&history)),
         }))
     }
 
