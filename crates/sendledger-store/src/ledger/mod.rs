@@ -670,10 +670,34 @@ mod tests {
     fn format_5_is_migrated_with_the_sum_of_what_retention_kept() {
         let dir = tempfile::tempdir().unwrap();
         drop(Ledger::open(dir.path(), LedgerOptions::default()).unwrap());
-        let kept = [
-            (TaskId([1; 16]), vec![1u8, 7]),
-            (TaskId([2; 16]), vec![1u8, 8]),
-        ];
+        // Entries as format 5 wrote them: `1`, then bincode of what was kept.
+        let v1 = |key: &str| {
+            let retained = sendledger_core::Retained {
+                identity: sendledger_core::Identity {
+                    tenant: "t".into(),
+                    operation: "o".into(),
+                    request_key: key.into(),
+                },
+                target: "p".into(),
+                payload_hash: sendledger_core::PayloadHash([7; 32]),
+                status: sendledger_core::event::Ended::Succeeded,
+                remote_id: None,
+                remote_target: None,
+                reason: None,
+                http_status: None,
+                attempts: 1,
+                version: 1,
+                result_seq: 2,
+                result_lsn: 3,
+                result_at: 4,
+                events: 3,
+                settled_at: 4,
+            };
+            let mut v = vec![1u8];
+            bincode::serialize_into(&mut v, &retained).unwrap();
+            v
+        };
+        let kept = [(TaskId([1; 16]), v1("a")), (TaskId([2; 16]), v1("b"))];
         {
             let db = DB::open_cf(&Options::default(), dir.path(), ALL_CFS).unwrap();
             let (meta, retained) = (
@@ -691,6 +715,12 @@ mod tests {
             crate::retention::add(&sum, &crate::retention::leaf(*task, value))
         });
         assert_eq!((chain.seq, chain.head, chain.kept_sum), (0, [0; 32], sum));
+        // An archive started after the migration holds none of them, and says nothing of them.
+        let archive = tempfile::tempdir().unwrap();
+        let config = sendledger_core::CheckConfig::default();
+        let report =
+            crate::archive_audit::audit_archive(archive.path(), Some(&ledger), config).unwrap();
+        assert!(report.is_clean(), "{:?}", report.violations);
         drop(ledger);
         let ledger = Ledger::open_read_only(dir.path()).unwrap();
         let v = ledger.db().get_cf(ledger.cf(CF_META), META_FORMAT).unwrap();
