@@ -45,6 +45,8 @@ pub(crate) struct Stored {
     pub retained: Option<Vec<u8>>,
     /// LSN and envelope of each event in the log, in task order.
     pub events: Vec<(u64, Vec<u8>)>,
+    /// The sequence number each of `events` is indexed under.
+    pub seqs: Vec<u32>,
 }
 
 /// A task's records as stored (see [`task_events`]).
@@ -59,6 +61,7 @@ pub(crate) fn task_stored(db: &DB, task: TaskId) -> Result<Stored> {
         None => None,
     };
     let mut lsns = Vec::new();
+    let mut seqs = Vec::new();
     let start = task_event_key(task, 0);
     for item in db.iterator_cf(
         cf(CF_TASK_EVENTS),
@@ -68,9 +71,15 @@ pub(crate) fn task_stored(db: &DB, task: TaskId) -> Result<Stored> {
         if k[..16] != task.0 {
             break;
         }
-        lsns.push(decode_u64(&v).ok_or(Error::BadValue {
+        let bad = || Error::BadValue {
             what: "task_events",
-        })?);
+        };
+        lsns.push(decode_u64(&v).ok_or_else(bad)?);
+        seqs.push(
+            (k.get(16..20).and_then(|b| b.try_into().ok()))
+                .map(u32::from_be_bytes)
+                .ok_or_else(bad)?,
+        );
     }
     let log = cf(CF_LOG);
     let keys: Vec<_> = lsns.iter().map(|l| (log, lsn_key(*l))).collect();
@@ -83,7 +92,11 @@ pub(crate) fn task_stored(db: &DB, task: TaskId) -> Result<Stored> {
             None => Err(missing(lsn)),
         })
         .collect::<Result<_>>()?;
-    Ok(Stored { retained, events })
+    Ok(Stored {
+        retained,
+        events,
+        seqs,
+    })
 }
 
 /// The event the task index points to at `lsn`, as read from the log: missing is corruption.

@@ -267,6 +267,8 @@ pub struct Prune {
     pub retained: Retained,
     /// The events removed: LSN and stored bytes.
     pub events: Vec<(u64, Vec<u8>)>,
+    /// The sequence number each of `events` is indexed under.
+    pub seqs: Vec<u32>,
     /// The [`removed_digest`] of every event removed from the task, these included.
     pub digest: Digest,
     /// The `retained` value this removal replaces (of an earlier removal of the task), if any.
@@ -286,6 +288,8 @@ pub struct Forget {
     pub retained: Vec<u8>,
     /// The events recorded after its history was removed: LSN and stored bytes.
     pub events: Vec<(u64, Vec<u8>)>,
+    /// The sequence number each of `events` is indexed under.
+    pub seqs: Vec<u32>,
     /// Its task-index entry, listing those events for retention, removed with them.
     pub index: Option<IndexEntry>,
 }

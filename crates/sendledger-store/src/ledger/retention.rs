@@ -124,6 +124,7 @@ impl Ledger {
             task,
             retained,
             events: stored.events,
+            seqs: stored.seqs,
             digest,
             replaces: stored.retained,
             index,
@@ -184,6 +185,7 @@ impl Ledger {
             settled_at: retained.settled_at,
             retained: value,
             events: stored.events,
+            seqs: stored.seqs,
             index: IndexEntry::of(&sendledger_core::fold(&history)),
         }))
     }
