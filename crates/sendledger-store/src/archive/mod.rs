@@ -142,6 +142,55 @@ fn create(dir: &Path, day: &str) -> std::io::Result<File> {
 mod tests {
     use super::*;
 
+    /// The frames' bytes are in archive files: a change to their encoding fails here.
+    #[test]
+    fn frames_keep_their_encoding() {
+        let hex = |b: &[u8]| b.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        let removed = Removed {
+            task: sendledger_core::TaskId([1; 16]),
+            forgotten: false,
+            retained: vec![2, 3],
+            events: vec![(5, vec![9])],
+        };
+        let bytes = crate::retention::encode_removed(&removed);
+        let le = |n: u64| hex(&n.to_le_bytes());
+        let expected = format!(
+            "01{}00{}0203{}{}{}09",
+            "01".repeat(16),
+            le(2),
+            le(1),
+            le(5),
+            le(1)
+        );
+        assert_eq!(hex(&bytes), expected);
+        assert!(matches!(decode_frame(&bytes), Some(Frame::Removed(r)) if r == removed));
+        let checkpoint = Checkpoint {
+            seq: 1,
+            at: 2,
+            removed: 3,
+            forgotten: 4,
+            events: 5,
+            batch: [6; 32],
+            prev: [7; 32],
+            head: [8; 32],
+        };
+        let bytes = encode_checkpoint(&checkpoint);
+        let expected = format!(
+            "02{}{}{}{}{}{}{}{}",
+            le(1),
+            le(2),
+            le(3),
+            le(4),
+            le(5),
+            "06".repeat(32),
+            "07".repeat(32),
+            "08".repeat(32)
+        );
+        assert_eq!(hex(&bytes), expected);
+        assert!(matches!(decode_frame(&bytes), Some(Frame::Checkpoint(c)) if c == checkpoint));
+        assert_eq!(MAGIC, b"SLARCH\x00\x01");
+    }
+
     #[test]
     fn files_are_named_by_day_and_number() {
         assert_eq!(day_of(0), "1970-01-01");
