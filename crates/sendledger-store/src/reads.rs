@@ -2,11 +2,12 @@
 //! journal (which checks a task's history before it writes).
 
 use rocksdb::{Direction, IteratorMode, DB};
-use sendledger_core::{Event, TaskId};
+use sendledger_core::{Event, Retained, TaskId};
 
 use crate::envelope::decode_event;
 use crate::error::{Error, Result};
 use crate::keys::*;
+use crate::retention::{decode_retained, Digest};
 
 /// The requests partition a task's request came from, as its first event records it.
 pub(crate) fn request_partition(db: &DB, task: TaskId) -> Result<Option<i32>> {
@@ -32,12 +33,8 @@ pub(crate) fn task_event(db: &DB, task: TaskId, seq: u32) -> Result<Option<Event
 /// A task whose history retention removed begins with the `Pruned` event of what it kept.
 pub(crate) fn task_events(db: &DB, task: TaskId) -> Result<Vec<Event>> {
     let stored = task_stored(db, task)?;
-    let retained = match &stored.retained {
-        Some(v) => Some(crate::retention::decode_retained(v)?.0.event(task)),
-        None => None,
-    };
-    let events = (stored.events.iter()).map(|(lsn, bytes)| decode_event(*lsn, bytes));
-    retained.map(Ok).into_iter().chain(events).collect()
+    let kept = stored.kept()?;
+    stored.history(task, kept.as_ref().map(|(r, _)| r))
 }
 
 /// A task's records as stored: what retention kept of it, and its events' envelopes.
@@ -47,6 +44,23 @@ pub(crate) struct Stored {
     pub events: Vec<(u64, Vec<u8>)>,
     /// The sequence number each of `events` is indexed under.
     pub seqs: Vec<u32>,
+}
+
+impl Stored {
+    /// What retention kept of the task, decoded, with the digest of the events it removed.
+    pub fn kept(&self) -> Result<Option<(Retained, Option<Digest>)>> {
+        self.retained.as_deref().map(decode_retained).transpose()
+    }
+
+    /// The task's events as every reader sees them: `kept` (what [`Stored::kept`] gives) as a
+    /// `Pruned` event at `task_seq` 0, then the events in the log.
+    pub fn history(&self, task: TaskId, kept: Option<&Retained>) -> Result<Vec<Event>> {
+        let events = (self.events.iter()).map(|(lsn, bytes)| decode_event(*lsn, bytes));
+        kept.map(|r| Ok(r.event(task)))
+            .into_iter()
+            .chain(events)
+            .collect()
+    }
 }
 
 /// A task's records as stored (see [`task_events`]).

@@ -410,6 +410,35 @@ pub(crate) fn prune_chain(db: &rocksdb::DB) -> Result<Chain> {
     }
 }
 
+/// What retention keeps of a succeeded task with request key `key`, for the tests of its
+/// encodings.
+#[cfg(test)]
+pub(crate) fn sample_retained(key: &str) -> Retained {
+    use sendledger_core::event::Ended;
+    use sendledger_core::{Identity, PayloadHash};
+    Retained {
+        identity: Identity {
+            tenant: "t".into(),
+            operation: "o".into(),
+            request_key: key.into(),
+        },
+        target: "p".into(),
+        payload_hash: PayloadHash([7; 32]),
+        status: Ended::Succeeded,
+        remote_id: Some("r".into()),
+        remote_target: None,
+        reason: None,
+        http_status: None,
+        attempts: 1,
+        version: 1,
+        result_seq: 2,
+        result_lsn: 3,
+        result_at: 4,
+        events: 3,
+        settled_at: 4,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -426,34 +455,12 @@ mod tests {
         assert_eq!(sub(&add(&a, &b), &b), a);
         assert_eq!(add(&a, &b), add(&b, &a));
     }
-    use sendledger_core::event::Ended;
-    use sendledger_core::{Identity, PayloadHash};
 
     /// The bytes of a `retained` value, of the `pruned` and `prune-chain` records and the
     /// digests are on disk (or in an archive): a change to any encoding fails here.
     #[test]
     fn retained_values_keep_their_encoding() {
-        let retained = Retained {
-            identity: Identity {
-                tenant: "t".into(),
-                operation: "o".into(),
-                request_key: "k".into(),
-            },
-            target: "p".into(),
-            payload_hash: PayloadHash([7; 32]),
-            status: Ended::Succeeded,
-            remote_id: Some("r".into()),
-            remote_target: None,
-            reason: None,
-            http_status: None,
-            attempts: 1,
-            version: 1,
-            result_seq: 2,
-            result_lsn: 3,
-            result_at: 4,
-            events: 3,
-            settled_at: 4,
-        };
+        let retained = sample_retained("k");
         // Written before format 6, still read.
         let v1 =
             "0101000000000000007401000000000000006f01000000000000006b0100000000000000700707070707\

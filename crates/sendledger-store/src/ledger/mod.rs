@@ -672,27 +672,7 @@ mod tests {
         drop(Ledger::open(dir.path(), LedgerOptions::default()).unwrap());
         // Entries as format 5 wrote them: `1`, then bincode of what was kept.
         let v1 = |key: &str| {
-            let retained = sendledger_core::Retained {
-                identity: sendledger_core::Identity {
-                    tenant: "t".into(),
-                    operation: "o".into(),
-                    request_key: key.into(),
-                },
-                target: "p".into(),
-                payload_hash: sendledger_core::PayloadHash([7; 32]),
-                status: sendledger_core::event::Ended::Succeeded,
-                remote_id: None,
-                remote_target: None,
-                reason: None,
-                http_status: None,
-                attempts: 1,
-                version: 1,
-                result_seq: 2,
-                result_lsn: 3,
-                result_at: 4,
-                events: 3,
-                settled_at: 4,
-            };
+            let retained = crate::retention::sample_retained(key);
             let mut v = vec![1u8];
             bincode::serialize_into(&mut v, &retained).unwrap();
             v

@@ -5,14 +5,12 @@ use rocksdb::{Direction, IteratorMode};
 use sendledger_core::event::Millis;
 use sendledger_core::{check_task, CheckConfig, Phase, Retained, TaskId};
 
-use crate::envelope::decode_event;
 use crate::error::{Error, Result};
 use crate::keys::*;
 use crate::ledger::Ledger;
 use crate::reads::task_stored;
 use crate::retention::{
-    decode_retained, prune_chain, pruned_totals, removed_digest, retained, Chain, Forget, Prune,
-    PrunedTotals,
+    prune_chain, pruned_totals, removed_digest, retained, Chain, Forget, Prune, PrunedTotals,
 };
 use crate::task_index::{prefix, IndexEntry};
 
@@ -91,13 +89,8 @@ impl Ledger {
         check: CheckConfig,
     ) -> Result<Option<Prune>> {
         let stored = task_stored(self.db(), task)?;
-        let previous = match &stored.retained {
-            Some(v) => Some(decode_retained(v)?),
-            None => None,
-        };
-        let history = (previous.iter().map(|(r, _)| Ok(r.event(task))))
-            .chain(stored.events.iter().map(|(lsn, b)| decode_event(*lsn, b)))
-            .collect::<Result<Vec<_>>>()?;
+        let previous = stored.kept()?;
+        let history = stored.history(task, previous.as_ref().map(|(r, _)| r))?;
         let Some(retained) = Retained::of(&history) else {
             return Ok(None);
         };
@@ -169,21 +162,17 @@ impl Ledger {
     /// Called by the writer of the task's events, as [`Ledger::prune_plan`].
     pub fn forget_plan(&self, task: TaskId, cutoff: Millis) -> Result<Option<Forget>> {
         let stored = task_stored(self.db(), task)?;
-        let Some(value) = stored.retained else {
+        let Some((retained, _)) = stored.kept()? else {
             return Ok(None);
         };
-        let (retained, _) = decode_retained(&value)?;
         if retained.settled_at >= cutoff {
             return Ok(None);
         }
-        let history = [Ok(retained.event(task))]
-            .into_iter()
-            .chain(stored.events.iter().map(|(lsn, b)| decode_event(*lsn, b)))
-            .collect::<Result<Vec<_>>>()?;
+        let history = stored.history(task, Some(&retained))?;
         Ok(Some(Forget {
             task,
             settled_at: retained.settled_at,
-            retained: value,
+            retained: stored.retained.expect("kept above"),
             events: stored.events,
             seqs: stored.seqs,
             index: IndexEntry::of(&sendledger_core::fold(&history)),
