@@ -15,6 +15,7 @@ pub fn request(key: &str, payload: serde_json::Value) -> AcceptedRequest {
         payload,
         payload_text: None,
         metadata: Default::default(),
+        version: 0,
     }
     .accept(&Limits::default())
     .expect("valid test request")

@@ -161,6 +161,7 @@ pub mod engine {
             payload: serde_json::json!({ "amount": 1250, "currency": "EUR" }),
             payload_text: None,
             metadata: Default::default(),
+            version: 0,
         }
     }
 

@@ -27,6 +27,7 @@ use crate::registry::Registry;
 use crate::remote::Remote;
 use crate::task::{record, Shared};
 use crate::timers::Timers;
+use crate::versions::IdentityLocks;
 use crate::watchers::{TaskWatch, Watchers};
 
 #[derive(Debug, Clone)]
@@ -148,6 +149,8 @@ struct Inner {
     durability: Durability,
     ownership: Option<Arc<Ownership>>,
     watchers: Arc<Watchers>,
+    /// A delivery of an identity is recorded under its lock (one version at a time).
+    identity_locks: Arc<IdentityLocks>,
     system: System,
     stopped: std::sync::Mutex<Option<oneshot::Receiver<()>>>,
 }
@@ -196,6 +199,8 @@ impl Engine {
         let ownership2 = ownership.clone();
         let watchers = Arc::new(Watchers::default());
         let watchers2 = watchers.clone();
+        let identity_locks = Arc::new(IdentityLocks::default());
+        let identity_locks2 = identity_locks.clone();
         std::thread::Builder::new()
             .name("sendledger-engine".into())
             .spawn(move || {
@@ -225,6 +230,8 @@ impl Engine {
                             ownership: ownership2,
                             send_lease: cfg.send_lease,
                             watchers: watchers2,
+                            identity_locks: identity_locks2,
+                            waiting: Default::default(),
                         });
                         let _ = tx.send((ctx.address(), shared.timers.clone(), System::current()));
                         Registry::new(shared, arbiters, cfg.max_live_tasks)
@@ -259,6 +266,7 @@ impl Engine {
                 durability: config.durability,
                 ownership,
                 watchers,
+                identity_locks,
                 system,
                 stopped: std::sync::Mutex::new(Some(stopped_rx)),
             }),
@@ -474,7 +482,16 @@ impl Engine {
 
     /// Hands a request that passed [`Engine::check`] to its task, as [`Engine::submit`] does
     /// after its checks.
+    ///
+    /// Deliveries of one identity are recorded one at a time, whatever their versions: a new
+    /// version then names the latest one before it, and a version below the latest that was
+    /// never accepted is refused (`sendledger_core::Error::StaleVersion`).
     pub async fn deliver(&self, request: AcceptedRequest, source: Source) -> Result<Reply> {
+        let _identity = self
+            .inner
+            .identity_locks
+            .lock(request.identity.task_id())
+            .await;
         self.route(request.task_id(), TaskInput::Deliver { request, source })
             .await
     }
@@ -500,7 +517,7 @@ impl Engine {
         let known = self
             .inner
             .ledger
-            .read(move |l| l.identity(&identity))
+            .read(move |l| l.latest_version(&identity))
             .await?;
         if known.is_none() {
             return Ok(None);
@@ -748,6 +765,7 @@ impl Engine {
             random: 0,
             policy: &policy,
             holds: &[],
+            versions: Default::default(),
         };
         let decision = decide(&state, Input::Operator(resolution), ctx)?;
         let (next, append) = record(task_id, &state, &decision, now);

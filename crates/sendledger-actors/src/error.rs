@@ -41,6 +41,10 @@ pub enum Error {
     /// Kafka mode: a new task's input names no requests partition (a defect).
     #[error("task {0} has no requests partition; in kafka mode every task belongs to the partition of its request")]
     NoPartition(TaskId),
+    /// A retry refused while a delivery of the same request (another version, say) is being
+    /// recorded: the two are decided one at a time.
+    #[error("a delivery of task {0}'s request is being recorded; try the retry again")]
+    IdentityBusy(TaskId),
     #[error("the engine is shutting down; the request was not recorded, deliver it again later")]
     ShuttingDown,
     #[error("the engine has stopped")]
@@ -56,7 +60,7 @@ impl Error {
         match self {
             Error::Ledger(e) => e.is_transient(),
             Error::Load { source, .. } => source.is_transient(),
-            Error::ShuttingDown => true,
+            Error::ShuttingDown | Error::IdentityBusy(_) => true,
             Error::Invalid(_)
             | Error::UnknownTarget(_)
             | Error::NoSuchTask(_)

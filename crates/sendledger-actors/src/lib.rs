@@ -17,6 +17,7 @@
 //! - [`engine::Engine`]: the handle library users and the service start, submit to, and stop.
 //! - [`watchers`]: who waits for a task to change (the front door's waits), woken by the
 //!   task's actor after each durable append.
+//! - [`versions`]: what keeps the versions of a request in order, one at a time.
 //!
 //! This crate depends on the core and the store crates only: never on Kafka, never on HTTP.
 //! It owns the seam it needs to reach remotes, the [`remote::Remote`] trait; the adapters that
@@ -39,6 +40,7 @@ pub mod registry;
 pub mod remote;
 pub mod task;
 pub mod timers;
+pub mod versions;
 pub mod watchers;
 
 pub use engine::{Engine, EngineConfig, ReviewItem};

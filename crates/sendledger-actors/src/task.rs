@@ -10,6 +10,7 @@
 //! the ledger is their processed offset).
 
 mod retention;
+mod versions;
 
 use std::sync::Arc;
 
@@ -47,6 +48,10 @@ pub struct Shared {
     pub send_lease: Option<std::time::Duration>,
     /// Who waits for a task to change: woken after each durable append.
     pub watchers: Arc<crate::watchers::Watchers>,
+    /// The identities' locks (a retry takes its identity's, see [`crate::versions`]).
+    pub identity_locks: Arc<crate::versions::IdentityLocks>,
+    /// Versions waiting for an earlier one to settle.
+    pub waiting: crate::versions::Waiting,
 }
 
 pub struct TaskActor {
@@ -75,6 +80,11 @@ pub struct TaskActor {
     /// Kafka mode: the ownership epoch when the task's state was read; a later assignment of
     /// its partition means the state must be read again.
     loaded_at: u64,
+    /// What the input being decided found of the other versions of the task's request
+    /// (forgotten before the next input).
+    versions: Option<sendledger_core::Versions>,
+    /// The identity's lock, held while a retry is decided and recorded.
+    identity_guard: Option<crate::versions::IdentityGuard>,
 }
 
 impl TaskActor {
@@ -93,6 +103,8 @@ impl TaskActor {
             holds: Vec::new(),
             unfinished: 0,
             loaded_at: 0,
+            versions: None,
+            identity_guard: None,
         }
     }
 
@@ -148,10 +160,12 @@ impl TaskActor {
                     // Room and holds found for an earlier input say nothing about this one.
                     act.slot = None;
                     act.holds.clear();
+                    act.versions = None;
                     act.decide_and_append(input)
                 })
                 .map(|res, act, _| {
                     act.unfinished -= 1;
+                    act.identity_guard = None;
                     res
                 }),
         )
@@ -246,6 +260,9 @@ impl TaskActor {
             }
         }
         let input = self.unsent_outcome(input);
+        if let Some(found_then_decide) = self.with_versions(&input) {
+            return found_then_decide;
+        }
         if let (None, None, true, TaskInput::Deliver { request, .. }) = (
             &self.state.request,
             &self.slot,
@@ -344,6 +361,7 @@ impl TaskActor {
                 random: self.random(),
                 policy: &self.policy,
                 holds: &self.holds,
+                versions: self.versions.unwrap_or_default(),
             },
         );
         let decision = match decision {
@@ -447,7 +465,14 @@ impl TaskActor {
                     }
                 })?;
                 count_recorded(delivery, &decision.events);
+                let settles = next.phase.is_terminal() && !act.state.phase.is_terminal();
                 act.state = next;
+                if settles {
+                    // The next version of the request, waiting for this one, goes on now.
+                    if let Some(next_version) = act.shared.waiting.settled(task_id) {
+                        act.shared.timers.do_send(Schedule { at: crate::now_ms(), task_id: next_version });
+                    }
+                }
                 if !lsns.is_empty() {
                     let ended = act.state.phase.is_terminal();
                     let result = ending.and_then(|(before, events)| {
@@ -735,9 +760,12 @@ pub fn record(task_id: TaskId, state: &State, decision: &Decision, now: u64) -> 
     }
     if state.request.is_none() {
         if let (Some(req), Some(hash)) = (&next.request, next.payload_hash) {
-            append
-                .identities
-                .push((req.identity.clone(), task_id, hash));
+            match req.version {
+                0 => append
+                    .identities
+                    .push((req.identity.clone(), task_id, hash)),
+                version => (append.versions).push((req.identity.clone(), version, task_id, hash)),
+            }
         }
     }
     if let Action::WakeAt(at) = decision.action {

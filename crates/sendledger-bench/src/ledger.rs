@@ -33,6 +33,7 @@ pub fn bench_request(n: u64, target: &str) -> TaskRequest {
         payload: serde_json::json!({"order": n, "amount": 1250, "currency": "EUR", "customer": "c-8812"}),
         payload_text: None,
         metadata: Default::default(),
+        version: 0,
     }
 }
 

@@ -38,6 +38,12 @@ pub enum Error {
     /// [`crate::ResolveBody::resolution`]).
     #[error("{0}")]
     BadResolution(String),
+    #[error("version {version} of this request was never accepted, and version {latest} of it was: a version below the latest one is only a redelivery of a version already accepted; send version {next} to run the request again")]
+    StaleVersion {
+        version: u32,
+        latest: u32,
+        next: u32,
+    },
     #[error("`{address}` is not an identity address (tenant/operation/request_key): {problem}")]
     BadAddress { address: String, problem: String },
 }

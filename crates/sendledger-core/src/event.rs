@@ -112,6 +112,9 @@ pub enum WaitReason {
     /// The target's circuit breaker is open, or probing whether the remote is back: no attempt
     /// goes to the target until a probe succeeds. (Envelope version 3.)
     BreakerOpen { target: String },
+    /// An earlier version of the task's request is not settled yet: a version starts only
+    /// once the one before it is. (Envelope version 10.)
+    EarlierVersion { version: u32, task_id: TaskId },
 }
 
 impl std::fmt::Display for WaitReason {
@@ -119,6 +122,12 @@ impl std::fmt::Display for WaitReason {
         match self {
             WaitReason::BreakerOpen { target } => {
                 write!(f, "the circuit breaker of target {target} is open")
+            }
+            WaitReason::EarlierVersion { version, task_id } => {
+                write!(
+                    f,
+                    "version {version} of the request (task {task_id}) is not settled"
+                )
             }
         }
     }
@@ -285,6 +294,9 @@ pub struct Retained {
     pub events: u32,
     /// When the task entered its terminal phase.
     pub settled_at: Millis,
+    /// The version of the task's request (0 when it named none). Absent from the entries
+    /// written before versions, which read as 0.
+    pub request_version: u32,
 }
 
 /// The terminal status a [`Retained`] task ended with.
@@ -441,6 +453,22 @@ pub enum EventBody {
     Pruned {
         retained: Box<Retained>,
     },
+    /// The task's request names version `version` (above 0) of its identity: recorded in the
+    /// same write as `TaskAccepted`, just after it (and its `StepsPlanned`). `previous` is the
+    /// identity's latest version accepted before it, if any: this task sends nothing until
+    /// that one is settled. (Envelope version 10.)
+    RequestVersion {
+        version: u32,
+        previous: Option<PreviousVersion>,
+    },
+}
+
+/// A version of a request's identity accepted before another, and its task.
+// format: do not change
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreviousVersion {
+    pub version: u32,
+    pub task_id: TaskId,
 }
 
 /// The raw bytes of a rejected input: as text where a format is read by people (JSON), as
@@ -492,6 +520,7 @@ impl EventBody {
             EventBody::StepAnswer { .. } => "StepAnswer",
             EventBody::OperatorCredential { .. } => "OperatorCredential",
             EventBody::Pruned { .. } => "Pruned",
+            EventBody::RequestVersion { .. } => "RequestVersion",
         }
     }
 
@@ -646,6 +675,13 @@ impl EventBody {
                     .as_ref()
                     .map_or(String::new(), |id| format!(" with remote_id={id}"))
             ),
+            EventBody::RequestVersion { version, previous } => match previous {
+                Some(p) => format!(
+                    "version {version}, after version {} (task {})",
+                    p.version, p.task_id
+                ),
+                None => format!("version {version}, the first of its identity"),
+            },
         }
     }
 }

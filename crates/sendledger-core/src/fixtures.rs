@@ -123,3 +123,28 @@ pub fn v9_bodies() -> Vec<EventBody> {
         credential: "9f86d081884c7d65".into(),
     }]
 }
+
+/// The bodies envelope version 10 added: a request's version and the wait for an earlier one.
+pub fn v10_bodies() -> Vec<EventBody> {
+    let earlier = crate::event::PreviousVersion {
+        version: 1,
+        task_id: TaskId::derive_version("acme", "payment.create", "ord-42", 1),
+    };
+    vec![
+        EventBody::RequestVersion {
+            version: 2,
+            previous: Some(earlier),
+        },
+        EventBody::RequestVersion {
+            version: 1,
+            previous: None,
+        },
+        EventBody::SendDeferred {
+            until: 1_700_000_030_000,
+            reason: crate::event::WaitReason::EarlierVersion {
+                version: earlier.version,
+                task_id: earlier.task_id,
+            },
+        },
+    ]
+}

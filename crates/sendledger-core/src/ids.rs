@@ -9,18 +9,75 @@ use sha2::{Digest, Sha256};
 
 /// A task's id: the first 16 bytes of SHA-256 over the length-prefixed identity fields.
 /// Stable across redeliveries, restarts and machines.
+///
+/// Serialized as 32 lowercase hex digits in human-readable formats (JSON) and as its 16 bytes
+/// in binary ones (bincode: the ledger), as derived before.
 // format: do not change (the derivation and the 16-byte width are stored in every key)
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TaskId(pub [u8; 16]);
+
+/// The binary form of [`TaskId`], as `#[derive]` wrote it.
+// format: do not change (stored inside events)
+#[derive(Serialize, Deserialize)]
+#[serde(rename = "TaskId")]
+struct TaskIdBytes([u8; 16]);
+
+impl Serialize for TaskId {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if serializer.is_human_readable() {
+            serializer.collect_str(self)
+        } else {
+            TaskIdBytes(self.0).serialize(serializer)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for TaskId {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        if deserializer.is_human_readable() {
+            let text = std::borrow::Cow::<str>::deserialize(deserializer)?;
+            text.parse().map_err(serde::de::Error::custom)
+        } else {
+            TaskIdBytes::deserialize(deserializer).map(|b| TaskId(b.0))
+        }
+    }
+}
 
 impl TaskId {
     pub fn derive(tenant: &str, operation: &str, request_key: &str) -> TaskId {
+        TaskId::of_identity(b"sendledger.task.v1", [tenant, operation, request_key], &[])
+    }
+
+    /// The id of version `version` of a request's task: version 0 (a request that names no
+    /// version) is [`TaskId::derive`]'s id, so every task recorded before versions existed
+    /// keeps its id; a later version's id adds the version under a domain tag of its own.
+    // format: do not change (stored in every key of a versioned task)
+    pub fn derive_version(
+        tenant: &str,
+        operation: &str,
+        request_key: &str,
+        version: u32,
+    ) -> TaskId {
+        match version {
+            0 => TaskId::derive(tenant, operation, request_key),
+            v => TaskId::of_identity(
+                b"sendledger.task-version.v1",
+                [tenant, operation, request_key],
+                &v.to_be_bytes(),
+            ),
+        }
+    }
+
+    /// The first 16 bytes of SHA-256 over `tag`, each part with its length (u64, big-endian)
+    /// first, then `suffix`.
+    fn of_identity(tag: &[u8], parts: [&str; 3], suffix: &[u8]) -> TaskId {
         let mut h = Sha256::new();
-        h.update(b"sendledger.task.v1");
-        for part in [tenant, operation, request_key] {
+        h.update(tag);
+        for part in parts {
             h.update((part.len() as u64).to_be_bytes());
             h.update(part.as_bytes());
         }
+        h.update(suffix);
         let digest = h.finalize();
         let mut id = [0u8; 16];
         id.copy_from_slice(&digest[..16]);
@@ -188,6 +245,17 @@ mod tests {
         // The derivation is part of the storage format.
         assert_eq!(a.to_string(), "1955a2f36b8bffcf316b158bfca22be0");
         assert_eq!(a.to_string().parse::<TaskId>().unwrap(), a);
+        // Version 0 is the unversioned id; each later version has its own.
+        assert_eq!(
+            TaskId::derive_version("acme", "payment.create", "ord-1", 0),
+            a
+        );
+        let v2 = TaskId::derive_version("acme", "payment.create", "ord-1", 2);
+        assert_eq!(v2.to_string(), "62c00c4790b766f4fe1dcb727b45852a");
+        assert_ne!(
+            v2,
+            TaskId::derive_version("acme", "payment.create", "ord-1", 3)
+        );
         assert!("xyz".parse::<TaskId>().is_err());
         assert!("+a".repeat(16).parse::<TaskId>().is_err());
         let upper = a.to_string().to_uppercase();
@@ -212,5 +280,13 @@ mod tests {
         let bytes = bincode::serialize(&hash).unwrap();
         assert_eq!(bytes, hash.0);
         assert_eq!(bincode::deserialize::<PayloadHash>(&bytes).unwrap(), hash);
+        // A task id the same way: 32 hex digits, 16 bytes.
+        let task = TaskId::derive("acme", "payment.create", "ord-1");
+        let json = serde_json::to_string(&task).unwrap();
+        assert_eq!(json, "\"1955a2f36b8bffcf316b158bfca22be0\"");
+        assert_eq!(serde_json::from_str::<TaskId>(&json).unwrap(), task);
+        assert!(serde_json::from_str::<TaskId>("[1,2]").is_err());
+        assert_eq!(bincode::serialize(&task).unwrap(), task.0);
+        assert_eq!(bincode::deserialize::<TaskId>(&task.0).unwrap(), task);
     }
 }

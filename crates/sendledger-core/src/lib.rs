@@ -38,12 +38,12 @@ mod model_tests;
 
 pub use decide::{
     decide, Action, Ctx, Decision, Hold, Input, OperatorResolution, Policy, ReconcilePolicy,
-    Sending,
+    Sending, Versions,
 };
 pub use error::{Error, Result};
 pub use event::{
-    Event, EventBody, Evidence, NewEvent, NotSentCause, PlannedStep, Retained, ReviewReason,
-    Source, UnknownCause, WaitReason,
+    Event, EventBody, Evidence, NewEvent, NotSentCause, PlannedStep, PreviousVersion, Retained,
+    ReviewReason, Source, UnknownCause, WaitReason,
 };
 pub use ids::{PayloadHash, TaskId};
 pub use reason::sanitize_reason;

@@ -39,6 +39,16 @@ pub struct TaskRequest {
     pub payload_text: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metadata: BTreeMap<String, String>,
+    /// The version of the business operation: 0 (the default) for a request that names none.
+    /// A higher version of the same identity is a new execution, which starts once every
+    /// earlier version is settled; a version below the latest one seen is a redelivery of
+    /// that version, or refused when it was never seen (`docs/rules.md`, Task versions).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub version: u32,
+}
+
+fn is_zero(version: &u32) -> bool {
+    *version == 0
 }
 
 /// Size limits applied when a request is accepted.
@@ -70,8 +80,14 @@ pub struct Identity {
 }
 
 impl Identity {
+    /// The task of the identity's unversioned requests (version 0).
     pub fn task_id(&self) -> TaskId {
         TaskId::derive(&self.tenant, &self.operation, &self.request_key)
+    }
+
+    /// The task of the identity's requests of `version`.
+    pub fn task_id_at(&self, version: u32) -> TaskId {
+        TaskId::derive_version(&self.tenant, &self.operation, &self.request_key, version)
     }
 }
 
@@ -160,11 +176,16 @@ pub struct AcceptedRequest {
     pub target: String,
     pub payload: String,
     pub metadata: BTreeMap<String, String>,
+    /// The request's version. Not part of the stored encoding (which predates versions): a
+    /// versioned task records it in its `RequestVersion` event, and the fold sets it here.
+    #[serde(skip)]
+    pub version: u32,
 }
 
 impl AcceptedRequest {
+    /// The task of this request's identity and version.
     pub fn task_id(&self) -> TaskId {
-        self.identity.task_id()
+        self.identity.task_id_at(self.version)
     }
 
     pub fn payload_hash(&self) -> PayloadHash {
@@ -279,6 +300,7 @@ impl TaskRequest {
             target: self.target.clone(),
             payload,
             metadata: self.metadata.clone(),
+            version: self.version,
         })
     }
 }
@@ -403,6 +425,7 @@ mod tests {
             payload: serde_json::from_str(payload).unwrap(),
             payload_text: None,
             metadata: BTreeMap::new(),
+            version: 0,
         }
     }
 

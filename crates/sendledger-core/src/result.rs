@@ -188,6 +188,11 @@ pub struct TaskResult {
     /// versions existed read as version 1.
     #[serde(default = "first_version")]
     pub version: u32,
+    /// The version the request named (0 when it named none): each version of a request is a
+    /// task of its own, with its own result (`docs/rules.md`, Task versions). Results written
+    /// before request versions existed read as 0.
+    #[serde(default)]
+    pub request_version: u32,
     /// The requests-topic message: the one that created the task, or the conflicting or
     /// invalid one.
     pub source: Option<ResultSource>,
@@ -328,6 +333,7 @@ fn base(event: &Event, state: &State) -> TaskResult {
         remote_ids: Vec::new(),
         attempts: state.attempts,
         version: state.version,
+        request_version: request.map_or(0, |r| r.version),
         source: state.source.as_ref().map(ResultSource::from),
         steps: state
             .saga
@@ -408,6 +414,7 @@ fn result_for(event: &Event, state: &State) -> Option<TaskResult> {
                 remote_ids: Vec::new(),
                 attempts: 0,
                 version: 1,
+                request_version: version_from_raw(raw),
                 source: Some(source.into()),
                 steps: Vec::new(),
                 lsn: event.lsn,
@@ -492,6 +499,17 @@ type RawIdentity = (
 
 /// Best effort: the identity fields of an invalid message that is still a JSON object, so its
 /// requester can correlate the rejection.
+/// The version a rejected message named, when it named a valid one.
+fn version_from_raw(raw: &[u8]) -> u32 {
+    let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(raw) else {
+        return 0;
+    };
+    map.get("version")
+        .and_then(Value::as_u64)
+        .and_then(|v| u32::try_from(v).ok())
+        .unwrap_or(0)
+}
+
 fn identity_from_raw(raw: &[u8]) -> RawIdentity {
     let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(raw) else {
         return (None, None, None, None);

@@ -54,6 +54,7 @@ impl Retained {
             result_at: announced.at,
             events: state.next_seq,
             settled_at: state.phase_since,
+            request_version: request.version,
         })
     }
 
@@ -116,6 +117,7 @@ impl Retained {
             remote_ids: Vec::new(),
             attempts: self.attempts,
             version: self.version,
+            request_version: self.request_version,
             source: None,
             steps: Vec::new(),
             lsn: self.result_lsn,

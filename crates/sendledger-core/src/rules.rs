@@ -52,6 +52,12 @@ pub enum Rule {
     /// never moves a task from a compensation back to a step, so this is the one way a step
     /// could go forward.)
     NoForwardAfterCompensation,
+    /// The versions of a request run one at a time, in order: a task's `RequestVersion` is
+    /// recorded once, in its acceptance's write, under the task id of its identity and
+    /// version, after a lower version; and (checked across tasks by the ledger's audit) a
+    /// version records its first intent only once the version before it settled, which then
+    /// records no intent again.
+    VersionsInOrder,
 }
 
 impl Rule {
@@ -69,6 +75,7 @@ impl Rule {
             Rule::CompensationOncePerStep => "compensation-once-per-step",
             Rule::CompensationsInReverseOrder => "compensations-in-reverse-order",
             Rule::NoForwardAfterCompensation => "no-forward-after-compensation",
+            Rule::VersionsInOrder => "versions-in-order",
         }
     }
 }
@@ -124,6 +131,8 @@ pub struct TaskCheck {
     unknown_lsn: u64,
     lookup_lsn: u64,
     terminal_lsn: u64,
+    /// The task's `RequestVersion` was checked.
+    versioned: bool,
 }
 
 impl TaskCheck {
@@ -135,6 +144,7 @@ impl TaskCheck {
             unknown_lsn: 0,
             lookup_lsn: 0,
             terminal_lsn: 0,
+            versioned: false,
         }
     }
 
@@ -161,6 +171,7 @@ impl TaskCheck {
         self.fallback_only_on_proof(event, violations);
         self.compensations(event, violations);
         self.no_forward_after_compensation(event, violations);
+        self.versions(event, violations);
         self.fold_in(event);
     }
 
@@ -567,6 +578,44 @@ impl TaskCheck {
         }
     }
 
+    /// [`Rule::VersionsInOrder`], within the task: its `RequestVersion`.
+    fn versions(&self, event: &Event, out: &mut Vec<Violation>) {
+        let EventBody::RequestVersion { version, previous } = &event.body else {
+            return;
+        };
+        let Some(request) = &self.state.request else {
+            // Rule::Sequence names it.
+            return;
+        };
+        // TaskAccepted, and a multi-step task's StepsPlanned, come first.
+        let due = 1 + u32::from(self.state.saga.is_some());
+        let problem = if self.versioned {
+            "RequestVersion recorded twice".to_string()
+        } else if *version == 0 {
+            "RequestVersion of version 0 (a request naming no version records none)".to_string()
+        } else if self.state.next_seq != due {
+            format!(
+                "RequestVersion at task_seq {} rather than in the acceptance's write (task_seq {due})",
+                self.state.next_seq
+            )
+        } else if event.task_id != request.identity.task_id_at(*version) {
+            format!(
+                "task {} holds version {version} of {}, whose task is {}",
+                event.task_id,
+                request.identity,
+                request.identity.task_id_at(*version)
+            )
+        } else if let Some(p) = previous.filter(|p| p.version >= *version) {
+            format!(
+                "version {version} names version {} as the one before it",
+                p.version
+            )
+        } else {
+            return;
+        };
+        flag(out, Rule::VersionsInOrder, vec![event.lsn], problem);
+    }
+
     /// Folds the checked event into the state and remembers the positions later rules name.
     fn fold_in(&mut self, event: &Event) {
         let lsn = event.lsn;
@@ -576,6 +625,7 @@ impl TaskCheck {
             }
             EventBody::SendUnknown { .. } => self.unknown_lsn = lsn,
             EventBody::LookupPerformed { .. } => self.lookup_lsn = lsn,
+            EventBody::RequestVersion { .. } => self.versioned = true,
             _ => {}
         }
         self.state.apply(event.task_id, event.at, &event.body);

@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::event::{
-    Event, EventBody, Evidence, Millis, NotSentCause, ReviewReason, Source, WaitReason,
+    Event, EventBody, Evidence, Millis, NotSentCause, PreviousVersion, ReviewReason, Source,
+    WaitReason,
 };
 use crate::ids::{PayloadHash, TaskId};
 use crate::request::AcceptedRequest;
@@ -176,6 +177,9 @@ pub struct State {
     /// number on were recorded after the removal (a duplicate delivery), and retention removes
     /// them in turn.
     pub pruned_events: u32,
+    /// Of a task whose request names a version (`RequestVersion`): the identity's version
+    /// accepted before it, which must be settled before this one sends.
+    pub previous_version: Option<PreviousVersion>,
 }
 
 /// Why a task failed, as a kind that lists and bulk operations select by.
@@ -285,6 +289,7 @@ impl Default for State {
             saga: None,
             pruned: false,
             pruned_events: 0,
+            previous_version: None,
         }
     }
 }
@@ -328,6 +333,12 @@ impl State {
             }
             EventBody::DuplicateDelivery { .. } => self.duplicates += 1,
             EventBody::RequestConflict { .. } => self.conflicts += 1,
+            EventBody::RequestVersion { version, previous } => {
+                if let Some(request) = &mut self.request {
+                    request.version = *version;
+                }
+                self.previous_version = *previous;
+            }
             EventBody::SendIntended {
                 attempt,
                 idempotency_key,
@@ -743,7 +754,7 @@ impl State {
     /// attempts may have reached the remote (every one proven not sent).
     pub fn retryable(&self) -> Result<(), &'static str> {
         if self.pruned {
-            return Err("its history was removed by retention (its payload is not kept); submit it again under a new request_key");
+            return Err("its history was removed by retention (its payload is not kept); submit it again as a new version of the request");
         }
         if self.saga.is_some() {
             return Err("a multi-step task is not retried: its failure was compensated or reviewed step by step");
@@ -767,6 +778,7 @@ impl State {
             target: retained.target.clone(),
             payload: String::new(),
             metadata: BTreeMap::new(),
+            version: retained.request_version,
         });
         self.payload_hash = Some(retained.payload_hash);
         self.phase = retained.phase();

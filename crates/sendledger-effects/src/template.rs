@@ -438,6 +438,7 @@ mod tests {
             payload: serde_json::json!({"customer": {"id": "c 1"}, "amount": 12, "ok": true, "list": [1]}),
             payload_text: None,
             metadata: [("region".to_string(), "eu".to_string())].into(),
+            version: 0,
         }
         .accept(&Limits::default())
         .unwrap()

@@ -491,10 +491,11 @@ mod tests {
             sendledger_core::fixtures::saga_bodies(),
             sendledger_core::fixtures::v8_bodies(),
             sendledger_core::fixtures::v9_bodies(),
+            sendledger_core::fixtures::v10_bodies(),
         ]
         .concat();
         let kinds: std::collections::BTreeSet<&str> = bodies.iter().map(|b| b.name()).collect();
-        assert_eq!(kinds.len(), 22, "a body kind is missing from this test");
+        assert_eq!(kinds.len(), 23, "a body kind is missing from this test");
         for event in history(task, bodies) {
             let json = event_record_json(&event).unwrap();
             let record: EventRecord = serde_json::from_slice(&json).unwrap();

@@ -421,6 +421,7 @@ fn request(n: u64, target: &str) -> TaskRequest {
         payload: serde_json::json!({ "amount": 100 + n % 900, "currency": "EUR" }),
         payload_text: None,
         metadata: Default::default(),
+        version: 0,
     }
 }
 

@@ -27,6 +27,8 @@
 //! elsewhere. Only when they differ does a slower pass look up each index entry in the log to
 //! name what is wrong.
 
+mod versions;
+
 use std::cmp::Ordering;
 use std::collections::hash_map::{Entry, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -483,6 +485,9 @@ impl Check<'_> {
         progress: &mut impl FnMut(u64),
     ) -> Result<Fingerprint> {
         let mut task_index = Fingerprint::default();
+        // The tasks that follow an earlier version of their request, checked against it once
+        // every task was.
+        let mut followers = Vec::new();
         // Boxed: a task's state is large, and the map moves its entries as it grows and shrinks.
         let mut open: TaskMap<Box<Open>> = TaskMap::default();
         let mut reported = 0;
@@ -508,7 +513,7 @@ impl Check<'_> {
                 entry.last_lsn = event.lsn;
                 if entry.complete() {
                     let done = open.remove(&task).expect("present");
-                    close(task, done, report, &mut task_index);
+                    close(task, done, report, &mut task_index, &mut followers);
                 }
             }
             if batch.entries / PROGRESS_EVERY > reported {
@@ -520,8 +525,9 @@ impl Check<'_> {
         let mut rest: Vec<_> = open.into_iter().collect();
         rest.sort_unstable_by_key(|(task, _)| *task);
         for (task, done) in rest {
-            close(task, done, report, &mut task_index);
+            close(task, done, report, &mut task_index, &mut followers);
         }
+        self.versions(followers, report)?;
         Ok(task_index)
     }
 
@@ -587,7 +593,13 @@ impl Check<'_> {
 
 /// Checks a task's summary against the fold of its events, and adds the task index entry the
 /// fold calls for to `task_index`.
-fn close(task: TaskId, done: Box<Open>, report: &mut AuditReport, task_index: &mut Fingerprint) {
+fn close(
+    task: TaskId,
+    done: Box<Open>,
+    report: &mut AuditReport,
+    task_index: &mut Fingerprint,
+    followers: &mut Vec<(TaskId, sendledger_core::PreviousVersion)>,
+) {
     let summary = done.summary;
     let mut scratch = AuditReport::default();
     let counts = if done.reopened {
@@ -596,6 +608,9 @@ fn close(task: TaskId, done: Box<Open>, report: &mut AuditReport, task_index: &m
         &mut *report
     };
     let state = done.audit.finish(counts);
+    if let Some(previous) = state.previous_version {
+        followers.push((task, previous));
+    }
     // A task retention removed is no longer listed by phase.
     if let Some(entry) = IndexEntry::of(&state) {
         task_index.add_entry(&entry.key(task), &entry.value());

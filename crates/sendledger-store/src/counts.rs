@@ -66,6 +66,7 @@ mod tests {
             payload: json!({ "n": 1 }),
             payload_text: None,
             metadata: Default::default(),
+            version: 0,
         }
         .accept(&Limits::default())
         .unwrap();

@@ -26,7 +26,9 @@
 //!   `ReviewReason::StepNotBuilt` (a step's call that cannot be built), the same way.
 //! - Version 9: version 8 plus `EventBody::OperatorCredential` (the named credential an
 //!   operator's decision was made under), the same way.
-// format: do not change (versions 1 to 9 are on disk)
+//! - Version 10: version 9 plus `EventBody::RequestVersion` and `WaitReason::EarlierVersion`
+//!   (request versions), the same way.
+// format: do not change (versions 1 to 10 are on disk)
 
 use sendledger_core::event::Millis;
 use sendledger_core::{Event, EventBody, NewEvent, TaskId};
@@ -42,8 +44,9 @@ pub const EVENT_V5: u8 = 5;
 pub const EVENT_V6: u8 = 6;
 pub const EVENT_V7: u8 = 7;
 pub const EVENT_V8: u8 = 8;
-/// The envelope version this build writes.
 pub const EVENT_V9: u8 = 9;
+/// The envelope version this build writes.
+pub const EVENT_V10: u8 = 10;
 
 /// An [`Event`]'s fields, borrowed: bincode writes a struct as its fields in order, so this
 /// encodes as the event does.
@@ -58,7 +61,7 @@ struct EventFields<'a> {
 
 fn encode(fields: EventFields<'_>) -> Vec<u8> {
     let mut out = Vec::with_capacity(96);
-    out.push(EVENT_V9);
+    out.push(EVENT_V10);
     // Serializing plain data into a Vec cannot fail.
     bincode::serialize_into(&mut out, &fields).expect("bincode into Vec is infallible");
     out
@@ -90,7 +93,7 @@ pub fn decode_event(lsn: u64, bytes: &[u8]) -> Result<Event> {
     match bytes.first() {
         Some(
             &(EVENT_V1 | EVENT_V2 | EVENT_V3 | EVENT_V4 | EVENT_V5 | EVENT_V6 | EVENT_V7
-            | EVENT_V8 | EVENT_V9),
+            | EVENT_V8 | EVENT_V9 | EVENT_V10),
         ) => {
             let event: Event = bincode::deserialize(&bytes[1..])
                 .map_err(|source| Error::Undecodable { lsn, source })?;

@@ -38,8 +38,11 @@ pub struct Append {
     pub events: Vec<NewEvent>,
     /// New summaries of the tasks the events belong to.
     pub tasks: Vec<(TaskId, TaskSummary)>,
-    /// First acceptances: identity → task and payload hash.
+    /// First acceptances of requests that name no version: identity → task and payload hash.
     pub identities: Vec<(Identity, TaskId, PayloadHash)>,
+    /// Acceptances of versions above 0: the identity's latest version, its task and payload
+    /// hash (its [`version_key`] entry).
+    pub versions: Vec<(Identity, u32, TaskId, PayloadHash)>,
     /// Offsets of the requests-topic messages these events record: (topic, partition,
     /// offset). Each is marked processed atomically with the events.
     pub offsets: Vec<(String, i32, i64)>,
@@ -722,6 +725,13 @@ fn build_batch(
             v.extend_from_slice(&hash.0);
             batch.put_cf(identity, identity_key(id), v);
         }
+        for (id, version, task, hash) in &a.versions {
+            batch.put_cf(
+                identity,
+                version_key(id),
+                version_value(*version, *task, hash),
+            );
+        }
         for (topic, partition, offset) in &a.offsets {
             batch.put_cf(offsets, offset_marker_key(topic, *partition, *offset), []);
         }
@@ -762,7 +772,11 @@ fn build_batch(
     if let Some(removal) = removal {
         let prunes: Vec<_> = pending.iter().flat_map(|r| &r.append.prune).collect();
         let forgets: Vec<_> = pending.iter().flat_map(|r| &r.append.forget).collect();
-        retention_into(db, &mut batch, &prunes, &forgets, removal);
+        let accepted_now: Vec<_> = (pending.iter())
+            .flat_map(|r| &r.append.versions)
+            .map(|(identity, ..)| version_key(identity))
+            .collect();
+        retention_into(db, &mut batch, &prunes, &forgets, &accepted_now, removal);
     }
     (batch, ranges)
 }
@@ -781,6 +795,7 @@ fn retention_into(
     batch: &mut WriteBatch,
     prunes: &[&crate::retention::Prune],
     forgets: &[&crate::retention::Forget],
+    accepted_now: &[Vec<u8>],
     removal: &Removal,
 ) {
     let cf = |name| {
@@ -802,7 +817,11 @@ fn retention_into(
         };
     for (p, value) in prunes.iter().zip(&removal.values) {
         remove_events(batch, p.task, &p.events, &p.seqs);
-        batch.delete_cf(cf(CF_IDENTITY), identity_key(&p.retained.identity));
+        // What is kept stands for the identity of a request without a version; a later
+        // version's entry stays until that version is forgotten.
+        if p.retained.request_version == 0 {
+            batch.delete_cf(cf(CF_IDENTITY), identity_key(&p.retained.identity));
+        }
         if let Some(entry) = &p.index {
             batch.delete_cf(cf(CF_TASK_INDEX), entry.key(p.task));
         }
@@ -824,6 +843,19 @@ fn retention_into(
             retained_time_key(f.settled_at, f.task),
         );
         batch.delete_cf(cf(CF_TASKS), f.task.0);
+        // The identity's latest version goes with it when it is this task, unless this very
+        // write accepts a later one.
+        if let Some(identity) = &f.version_of {
+            let key = version_key(identity);
+            let latest = db.get_cf(cf(CF_IDENTITY), &key).ok().flatten();
+            let names_task = latest
+                .as_deref()
+                .and_then(decode_version_value)
+                .is_some_and(|(_, task, _)| task == f.task);
+            if names_task && !accepted_now.contains(&key) {
+                batch.delete_cf(cf(CF_IDENTITY), key);
+            }
+        }
     }
     batch.put_cf(cf(CF_META), META_PRUNED, removal.totals.encode());
     batch.put_cf(cf(CF_META), META_PRUNE_CHAIN, removal.chain.encode());

@@ -2,7 +2,7 @@
 //! is numeric order.
 // format: do not change (every function here defines bytes already on disk)
 
-use sendledger_core::{Identity, TaskId};
+use sendledger_core::{Identity, PayloadHash, TaskId};
 
 pub const CF_LOG: &str = "log";
 pub const CF_TASK_EVENTS: &str = "task_events";
@@ -127,6 +127,38 @@ pub fn identity_key(identity: &Identity) -> Vec<u8> {
         k.extend_from_slice(part.as_bytes());
     }
     k
+}
+
+/// The key, in the `identity` family, of the identity's latest version above 0: its
+/// [`identity_key`] and then `0xff` `v`. No identity key is a prefix of another or continues
+/// past its third part, so it names no identity.
+// format: do not change
+pub fn version_key(identity: &Identity) -> Vec<u8> {
+    let mut k = identity_key(identity);
+    k.extend_from_slice(&[0xff, b'v']);
+    k
+}
+
+/// A [`version_key`]'s value: the version (u32, big-endian), its task, its payload hash.
+// format: do not change
+pub fn version_value(version: u32, task: TaskId, hash: &PayloadHash) -> Vec<u8> {
+    let mut v = Vec::with_capacity(52);
+    v.extend_from_slice(&version.to_be_bytes());
+    v.extend_from_slice(&task.0);
+    v.extend_from_slice(&hash.0);
+    v
+}
+
+/// A [`version_value`] read back.
+pub fn decode_version_value(v: &[u8]) -> Option<(u32, TaskId, PayloadHash)> {
+    if v.len() != 52 {
+        return None;
+    }
+    Some((
+        u32::from_be_bytes(v[..4].try_into().ok()?),
+        TaskId(v[4..20].try_into().ok()?),
+        PayloadHash(v[20..].try_into().ok()?),
+    ))
 }
 
 /// `topic ‖ 0x00 ‖ partition`: the partition's watermark, the highest offset below which every

@@ -45,7 +45,7 @@ pub use journal::{
     log_checkpoint, log_tail, Append, JournalStats, Logged, Replication, Replicator, TimerKind,
     TRANSACTION_STALLED,
 };
-pub use ledger::{Ledger, MemoryUsage, FORMAT_VERSION};
+pub use ledger::{Latest, Ledger, MemoryUsage, FORMAT_VERSION};
 pub use options::{Durability, LedgerOptions, Memory};
 pub use restore::{restore_append, truncate_append, Diverged, Restored};
 pub use retention::{Chain, Checkpoint, Forget, Prune, PrunedTotals};

@@ -158,15 +158,27 @@ pub fn restore_append(ledger: &Ledger, events: Vec<Event>) -> Result<Restored> {
             });
         }
         task.state.apply(e.task_id, e.at, &e.body);
-        if let EventBody::TaskAccepted {
-            request,
-            payload_hash,
-            ..
-        } = &e.body
-        {
-            append
-                .identities
-                .push((request.identity.clone(), e.task_id, *payload_hash));
+        match &e.body {
+            // A request without a version is its identity's; a versioned one is recorded as
+            // its identity's latest version by its `RequestVersion`.
+            EventBody::TaskAccepted {
+                request,
+                payload_hash,
+                ..
+            } if e.task_id == request.identity.task_id() => {
+                append
+                    .identities
+                    .push((request.identity.clone(), e.task_id, *payload_hash));
+            }
+            EventBody::RequestVersion { version, .. } => {
+                if let (Some(request), Some(hash)) = (&task.state.request, task.state.payload_hash)
+                {
+                    append
+                        .versions
+                        .push((request.identity.clone(), *version, e.task_id, hash));
+                }
+            }
+            _ => {}
         }
         if let Some(source) = e.body.source() {
             append

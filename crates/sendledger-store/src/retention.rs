@@ -29,10 +29,14 @@ const RETAINED_V1: u8 = 1;
 /// [`Retained`].
 // format: do not change
 const RETAINED_V2: u8 = 2;
+/// Request versions: as [`RETAINED_V2`], with [`Retained::request_version`] at the end of the
+/// bincode.
+// format: do not change
+const RETAINED_V3: u8 = 3;
 
 pub(crate) fn encode_retained(retained: &Retained, digest: &Digest) -> Vec<u8> {
     let mut out = Vec::with_capacity(160);
-    out.push(RETAINED_V2);
+    out.push(RETAINED_V3);
     out.extend_from_slice(digest);
     bincode::serialize_into(&mut out, retained).expect("bincode into Vec is infallible");
     out
@@ -42,15 +46,21 @@ pub(crate) fn encode_retained(retained: &Retained, digest: &Digest) -> Vec<u8> {
 /// written before format 6).
 pub(crate) fn decode_retained(bytes: &[u8]) -> Result<(Retained, Option<Digest>)> {
     let bad = || Error::BadValue { what: "retained" };
-    let (digest, rest) = match bytes.split_first() {
-        Some((&RETAINED_V1, rest)) => (None, rest),
-        Some((&RETAINED_V2, rest)) if rest.len() >= 32 => {
+    let (version, digest, rest) = match bytes.split_first() {
+        Some((&RETAINED_V1, rest)) => (RETAINED_V1, None, rest),
+        Some((&version @ (RETAINED_V2 | RETAINED_V3), rest)) if rest.len() >= 32 => {
             let (digest, rest) = rest.split_at(32);
-            (Some(digest.try_into().expect("32 bytes")), rest)
+            (version, Some(digest.try_into().expect("32 bytes")), rest)
         }
         _ => return Err(bad()),
     };
-    Ok((bincode::deserialize(rest).map_err(|_| bad())?, digest))
+    let retained = match version {
+        RETAINED_V3 => bincode::deserialize(rest),
+        // Written before request versions: the same fields without the last, which bincode
+        // writes as four bytes (a u32, little-endian); those entries are of version 0.
+        _ => bincode::deserialize(&[rest, &[0; 4]].concat()),
+    };
+    Ok((retained.map_err(|_| bad())?, digest))
 }
 
 /// A SHA-256 digest.
@@ -292,6 +302,9 @@ pub struct Forget {
     pub seqs: Vec<u32>,
     /// Its task-index entry, listing those events for retention, removed with them.
     pub index: Option<IndexEntry>,
+    /// Of a version above 0: its identity, whose latest-version entry goes too when it names
+    /// this task.
+    pub version_of: Option<sendledger_core::Identity>,
 }
 
 /// What one write removes and forgets, planned from the ledger's records before the write: the
@@ -436,6 +449,7 @@ pub(crate) fn sample_retained(key: &str) -> Retained {
         result_at: 4,
         events: 3,
         settled_at: 4,
+        request_version: 0,
     }
 }
 
@@ -470,14 +484,23 @@ mod tests {
             .map(|i| u8::from_str_radix(&v1[2 * i..2 * i + 2], 16).unwrap())
             .collect();
         assert_eq!(decode_retained(&v1).unwrap(), (retained.clone(), None));
-        let bytes = encode_retained(&retained, &[9; 32]);
-        assert_eq!(bytes[0], RETAINED_V2);
-        assert_eq!(bytes[1..33], [9; 32]);
-        assert_eq!(bytes[33..], v1[1..]);
+        // Format 6, before request versions.
+        let v2 = [&[RETAINED_V2][..], &[9; 32], &v1[1..]].concat();
         assert_eq!(
-            decode_retained(&bytes).unwrap(),
+            decode_retained(&v2).unwrap(),
             (retained.clone(), Some([9; 32]))
         );
+        let versioned = Retained {
+            request_version: 0x0102_0304,
+            ..retained.clone()
+        };
+        let bytes = encode_retained(&versioned, &[9; 32]);
+        assert_eq!(bytes[0], RETAINED_V3);
+        assert_eq!(bytes[1..33], [9; 32]);
+        assert_eq!(bytes[33..bytes.len() - 4], v1[1..]);
+        assert_eq!(bytes[bytes.len() - 4..], [4, 3, 2, 1]);
+        assert_eq!(decode_retained(&bytes).unwrap(), (versioned, Some([9; 32])));
+        assert!(decode_retained(&[4, 0]).is_err());
         assert!(decode_retained(&[3, 0]).is_err());
         assert!(decode_retained(&[2, 0]).is_err());
         // The digests and the chain's record.

@@ -24,6 +24,7 @@ fn accepted(key: &str) -> (TaskId, EventBody) {
         payload: serde_json::json!({"amount": 1250}),
         payload_text: None,
         metadata: Default::default(),
+        version: 0,
     }
     .accept(&Limits::default())
     .unwrap();

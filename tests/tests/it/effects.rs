@@ -804,6 +804,7 @@ lookup = {{ url = "{}?reference={reference}" }}"#,
             payload: json!({}),
             payload_text: None,
             metadata: Default::default(),
+            version: 0,
         }
         .accept(&Limits::default())
         .unwrap()

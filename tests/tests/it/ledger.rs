@@ -18,6 +18,7 @@ fn request(key: &str) -> AcceptedRequest {
         payload: serde_json::json!({"amount": 1250, "currency": "EUR"}),
         payload_text: None,
         metadata: [("trace".to_string(), "abc".to_string())].into(),
+        version: 0,
     }
     .accept(&Limits::default())
     .unwrap()
@@ -144,8 +145,12 @@ async fn append_then_read_everything_back() {
     );
     let req = request("ord-2");
     assert_eq!(
-        ledger.identity(&req.identity).unwrap(),
-        Some((b, req.payload_hash()))
+        ledger.latest_version(&req.identity).unwrap(),
+        Some(sendledger_store::Latest {
+            version: 0,
+            task_id: b,
+            payload_hash: req.payload_hash()
+        })
     );
     let processed = ledger.processed("sendledger.requests", 2).unwrap();
     assert_eq!(
@@ -475,6 +480,16 @@ fn golden_events_v9() -> Vec<Event> {
     events
 }
 
+/// Version 10 adds a request's version (`RequestVersion`) and the wait for an earlier one
+/// (`WaitReason::EarlierVersion`).
+fn golden_events_v10() -> Vec<Event> {
+    let mut events = golden_events_v9();
+    for body in sendledger_core::fixtures::v10_bodies() {
+        events = followed_by(events, body);
+    }
+    events
+}
+
 /// Reads a fixture of `lsn name hex` lines.
 fn fixture(name: &str, events: &[Event]) -> Vec<(u64, Vec<u8>)> {
     let path = format!("{}/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
@@ -499,7 +514,7 @@ fn fixture(name: &str, events: &[Event]) -> Vec<(u64, Vec<u8>)> {
 /// version): `SENDLEDGER_BLESS=1`.
 #[test]
 fn event_encoding_matches_golden_fixtures() {
-    let old: [(u8, Vec<Event>); 8] = [
+    let old: [(u8, Vec<Event>); 9] = [
         (1, golden_events()),
         (2, golden_events_v2()),
         (3, golden_events_v3()),
@@ -508,6 +523,7 @@ fn event_encoding_matches_golden_fixtures() {
         (6, golden_events_v6()),
         (7, golden_events_v7()),
         (8, golden_events_v8()),
+        (9, golden_events_v9()),
     ];
     for (version, events) in &old {
         let name = format!("events-v{version}.txt");
@@ -521,21 +537,21 @@ fn event_encoding_matches_golden_fixtures() {
             );
         }
     }
-    let current = golden_events_v9();
+    let current = golden_events_v10();
     if std::env::var_os("SENDLEDGER_BLESS").is_some() {
         let encoded: Vec<String> = current
             .iter()
             .map(|e| format!("{} {} {}", e.lsn, e.body.name(), hex(&encode_event(e))))
             .collect();
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/events-v9.txt");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/events-v10.txt");
         std::fs::write(path, encoded.join("\n") + "\n").unwrap();
     }
-    for ((lsn, bytes), event) in fixture("events-v9.txt", &current).iter().zip(&current) {
+    for ((lsn, bytes), event) in fixture("events-v10.txt", &current).iter().zip(&current) {
         let name = event.body.name();
         assert_eq!(
             &decode_event(*lsn, bytes).unwrap(),
             event,
-            "decoding v9 {name}"
+            "decoding v10 {name}"
         );
         assert_eq!(
             hex(&encode_event(event)),
@@ -553,11 +569,11 @@ fn damaged_or_unknown_envelopes_are_errors() {
         .unwrap_err()
         .to_string()
         .contains("says lsn"));
-    bytes[0] = 10;
+    bytes[0] = 11;
     assert!(decode_event(event.lsn, &bytes)
         .unwrap_err()
         .to_string()
-        .contains("format version 10"));
+        .contains("format version 11"));
     let bytes = encode_event(event);
     assert!(decode_event(event.lsn, &bytes[..bytes.len() - 3]).is_err());
     assert!(decode_event(event.lsn, &[]).is_err());

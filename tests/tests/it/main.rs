@@ -35,6 +35,7 @@ mod sim;
 mod simulation;
 mod telemetry;
 mod tls;
+mod versions;
 
 pub use sendledger_tests::seed;
 

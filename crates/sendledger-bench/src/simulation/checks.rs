@@ -25,6 +25,7 @@ impl World {
                 payload: serde_json::json!({}),
                 payload_text: None,
                 metadata: Default::default(),
+                version: 0,
             }
             .identity()
             .task_id()

@@ -358,6 +358,7 @@ impl Instance {
             random: (env.random)(),
             policy: env.policy,
             holds: &[],
+            versions: Default::default(),
         };
         let name = format!("{input:?}").chars().take(60).collect::<String>();
         let Ok(decision) = decide(&state, input, ctx) else {

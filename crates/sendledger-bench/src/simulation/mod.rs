@@ -245,6 +245,7 @@ fn requests(rng: &mut StdRng, options: &Options) -> BTreeMap<i32, Vec<TaskReques
         payload: serde_json::json!({ "n": n }),
         payload_text: None,
         metadata: Default::default(),
+        version: 0,
     };
     let mut topic: BTreeMap<i32, Vec<TaskRequest>> = BTreeMap::new();
     for i in 0..options.tasks {

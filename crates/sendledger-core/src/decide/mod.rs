@@ -7,6 +7,7 @@
 
 mod operator;
 mod saga;
+mod versions;
 
 use serde::{Deserialize, Serialize};
 
@@ -21,6 +22,8 @@ use crate::saga::{Answer, Found};
 use crate::state::{Phase, State};
 use operator::{operator, retry};
 use saga::{compensate_next, compensation_of, move_on, not_built, not_built_after_steps};
+use versions::{record_version, waits_for_earlier};
+pub use versions::{Versions, EARLIER_VERSION_RECHECK_MS};
 
 /// How one target is driven: retries, reconciliation and idempotency keys.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -86,6 +89,8 @@ pub struct Ctx<'a> {
     /// one of them waits instead (`SendDeferred`), with no intent and no attempt spent, or goes
     /// to the fallback when it may.
     pub holds: &'a [Hold],
+    /// What the engine knows of the other versions of the task's request.
+    pub versions: Versions,
 }
 
 impl Ctx<'_> {
@@ -110,6 +115,8 @@ impl Hold {
     pub fn target(&self) -> &str {
         match &self.reason {
             WaitReason::BreakerOpen { target } => target,
+            // Not a target's hold: the engine never makes one of it.
+            WaitReason::EarlierVersion { .. } => "",
         }
     }
 }
@@ -433,6 +440,7 @@ fn deliver(
     let payload_hash = request.payload_hash();
     match state.payload_hash {
         None => {
+            let version = request.version;
             d.events.push(EventBody::TaskAccepted {
                 request,
                 payload_hash,
@@ -441,6 +449,7 @@ fn deliver(
             if let Some(steps) = steps {
                 d.events.push(EventBody::StepsPlanned { steps });
             }
+            record_version(version, ctx, d);
             let mut after = state.clone();
             after.apply_all(ctx.now, &d.events);
             intend(&after, false, ctx, d);
@@ -464,6 +473,9 @@ fn deliver(
 /// take it (attempts exhausted, or its breaker open) and every attempt so far was proven not
 /// sent.
 fn intend(state: &State, fresh_key: bool, ctx: Ctx<'_>, d: &mut Decision) {
+    if waits_for_earlier(state, ctx, d) {
+        return;
+    }
     let own = state.target().unwrap_or_default().to_string();
     let own_hold = ctx.hold_of(&own);
     if let Some(fallback) = usable_fallback(state, ctx) {

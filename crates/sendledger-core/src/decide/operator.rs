@@ -182,6 +182,12 @@ pub(super) fn retry(
         phase: state.phase.name(),
         why,
     })?;
+    if ctx.versions.later.is_some() {
+        return Err(Error::NotRetryable {
+            phase: state.phase.name(),
+            why: "a later version of its request was accepted since, and versions run one at a time in order; submit a new version to run it again",
+        });
+    }
     d.events.push(EventBody::TaskRetried { by, reason });
     d.action = Action::WakeAt(ctx.now);
     Ok(())

@@ -20,6 +20,7 @@ mod retention;
 mod retries;
 mod sagas;
 mod scenarios;
+mod versions;
 
 /// A task driven through `decide`, its events kept as a log.
 struct Harness {
@@ -35,6 +36,8 @@ struct Harness {
     hold: Option<Hold>,
     /// The same for its fallback.
     fallback_hold: Option<Hold>,
+    /// The other versions of the task's request, as decisions get them in `Ctx::versions`.
+    versions: crate::decide::Versions,
 }
 
 impl Harness {
@@ -49,6 +52,7 @@ impl Harness {
             sent_to: Vec::new(),
             hold: None,
             fallback_hold: None,
+            versions: Default::default(),
         }
     }
 
@@ -64,16 +68,21 @@ impl Harness {
             random: self.random,
             policy: &self.policy,
             holds: &holds,
+            versions: self.versions,
         };
         self.random = self
             .random
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
         let decision = decide(&self.state, input, ctx)?;
+        // A new task's id is its request's (of its identity and version).
         let task_id = self
             .state
             .task_id
-            .unwrap_or_else(|| request(0).accept(&Limits::default()).unwrap().task_id());
+            .unwrap_or_else(|| match decision.events.first() {
+                Some(EventBody::TaskAccepted { request, .. }) => request.task_id(),
+                _ => request(0).accept(&Limits::default()).unwrap().task_id(),
+            });
         for body in &decision.events {
             let event = Event {
                 lsn: self.log.len() as u64 + 1,
@@ -126,6 +135,7 @@ fn request(amount: u64) -> TaskRequest {
         payload: serde_json::json!({ "amount": amount }),
         payload_text: None,
         metadata: Default::default(),
+        version: 0,
     }
 }
 

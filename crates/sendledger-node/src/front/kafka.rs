@@ -143,7 +143,7 @@ pub(super) async fn verdict(
                 "rejected",
                 "The partition's owner rejected the request",
             )
-            .detail(format!("{reason} (the instance that owns partition {} of {} refused what this one accepted: are their configurations the same?)", source.partition, source.topic)));
+            .detail(format!("{reason} (decided by the instance that owns partition {} of {}; should this be a check this instance passed, their configurations differ)", source.partition, source.topic)));
         }
         if tokio::time::Instant::now() >= until {
             return Ok(None);

@@ -315,7 +315,16 @@ async fn submitted(
             let number = shared.submissions.fetch_add(1, Ordering::Relaxed);
             let reply = (shared.engine.deliver(accepted, Source::front_door(number)))
                 .await
-                .map_err(|e| unavailable(sendledger_core::error::Chain(&e)))?;
+                .map_err(|e| match e {
+                    // Refused by the task (a version below the latest one accepted, say).
+                    sendledger_actors::Error::Invalid(refused) => Problem::new(
+                        StatusCode::BAD_REQUEST,
+                        "rejected",
+                        "The request is refused",
+                    )
+                    .detail(refused.to_string()),
+                    e => unavailable(sendledger_core::error::Chain(&e)),
+                })?;
             // What the task's writer recorded says whether the key was new, known with this
             // payload (a duplicate delivery: the stored result answers), or known with another.
             let verdict = if reply.events.contains(&"RequestConflict") {

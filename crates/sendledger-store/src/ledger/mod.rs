@@ -12,7 +12,7 @@ use rocksdb::{
     Cache, ColumnFamilyDescriptor, Direction, IteratorMode, Options, ReadOptions,
     WriteBufferManager, DB,
 };
-use sendledger_core::{Event, Identity, PayloadHash, TaskId};
+use sendledger_core::{Event, TaskId};
 use tokio::sync::oneshot;
 
 use crate::diverged::Diverged;
@@ -29,6 +29,7 @@ mod fault;
 mod format;
 mod listing;
 mod retention;
+mod versions;
 
 use format::{
     check_format_and_last_lsn, check_mode, migrate_to_format_2, migrate_to_format_3,
@@ -36,6 +37,7 @@ use format::{
 };
 
 pub use format::FORMAT_VERSION;
+pub use versions::Latest;
 
 /// An open ledger. Cheap to clone; the journal stops when the last clone is dropped.
 #[derive(Clone)]
@@ -557,29 +559,6 @@ impl Ledger {
             }
         }
         Ok(out)
-    }
-
-    /// The task of `identity` and its payload hash, when the ledger knows it: from the
-    /// `identity` family, or from what retention kept of the task once it removed its history.
-    pub fn identity(&self, identity: &Identity) -> Result<Option<(TaskId, PayloadHash)>> {
-        let Some(v) = self
-            .inner
-            .db
-            .get_cf(self.cf(CF_IDENTITY), identity_key(identity))?
-        else {
-            let task = identity.task_id();
-            return Ok(self
-                .retained(task)?
-                .filter(|r| r.identity == *identity)
-                .map(|r| (task, r.payload_hash)));
-        };
-        if v.len() != 48 {
-            return Err(Error::BadValue { what: "identity" });
-        }
-        Ok(Some((
-            TaskId(v[..16].try_into().unwrap_or_default()),
-            PayloadHash(v[16..].try_into().unwrap_or_default()),
-        )))
     }
 
     /// What is processed of a requests-topic partition: the watermark and the offsets above it.

@@ -176,6 +176,7 @@ impl Ledger {
             events: stored.events,
             seqs: stored.seqs,
             index: IndexEntry::of(&sendledger_core::fold(&history)),
+            version_of: (retained.request_version > 0).then(|| retained.identity.clone()),
         }))
     }
 
