@@ -232,6 +232,7 @@ impl Engine {
                             watchers: watchers2,
                             identity_locks: identity_locks2,
                             waiting: Default::default(),
+                            versions_accepted: Default::default(),
                         });
                         let _ = tx.send((ctx.address(), shared.timers.clone(), System::current()));
                         Registry::new(shared, arbiters, cfg.max_live_tasks)

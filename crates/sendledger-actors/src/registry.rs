@@ -54,8 +54,16 @@ impl Registry {
             let shared = self.shared.clone();
             let arbiter = &self.arbiters[self.next_arbiter % self.arbiters.len()];
             self.next_arbiter = self.next_arbiter.wrapping_add(1);
+            // A request without a version: its actor reads, with its events, whether its
+            // identity has a later version (see `TaskActor::started`).
+            let identity = match &input {
+                TaskInput::Deliver { request, .. } if request.version == 0 => {
+                    Some(request.identity.clone())
+                }
+                _ => None,
+            };
             let addr = TaskActor::start_in_arbiter(&arbiter.handle(), move |_| {
-                TaskActor::new(task_id, shared)
+                TaskActor::new(task_id, shared, identity)
             });
             Entry { addr, forwarded: 0 }
         });

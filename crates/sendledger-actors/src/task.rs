@@ -52,6 +52,9 @@ pub struct Shared {
     pub identity_locks: Arc<crate::versions::IdentityLocks>,
     /// Versions waiting for an earlier one to settle.
     pub waiting: crate::versions::Waiting,
+    /// How many versions above 0 were accepted since the engine started: what an actor read of
+    /// its identity's versions holds while this has not changed.
+    pub versions_accepted: std::sync::atomic::AtomicU64,
 }
 
 pub struct TaskActor {
@@ -85,10 +88,29 @@ pub struct TaskActor {
     versions: Option<sendledger_core::Versions>,
     /// The identity's lock, held while a retry is decided and recorded.
     identity_guard: Option<crate::versions::IdentityGuard>,
+    /// Of an actor started by a delivery of a request without a version: its identity, then
+    /// (once read with the task's events) the identity's latest version above 0, as of the
+    /// count of versions accepted then.
+    later_version: LaterVersion,
+}
+
+/// What an actor knows of whether its request's identity has a version above 0.
+enum LaterVersion {
+    Unknown,
+    /// To be read with the task's events.
+    ToRead(sendledger_core::Identity),
+    Read {
+        accepted: u64,
+        latest: Option<sendledger_store::Latest>,
+    },
 }
 
 impl TaskActor {
-    pub fn new(task_id: TaskId, shared: Arc<Shared>) -> TaskActor {
+    pub fn new(
+        task_id: TaskId,
+        shared: Arc<Shared>,
+        identity: Option<sendledger_core::Identity>,
+    ) -> TaskActor {
         TaskActor {
             task_id,
             state: State::default(),
@@ -105,6 +127,7 @@ impl TaskActor {
             loaded_at: 0,
             versions: None,
             identity_guard: None,
+            later_version: identity.map_or(LaterVersion::Unknown, LaterVersion::ToRead),
         }
     }
 
@@ -231,6 +254,8 @@ impl TaskActor {
                 match res {
                     Ok(events) => {
                         act.state = sendledger_core::fold(&events);
+                        // A take-over may have restored other versions of the request.
+                        act.later_version = LaterVersion::Unknown;
                         act.loaded_at = seen;
                         act.refresh_policy();
                         act.decide_and_append(input)
@@ -465,6 +490,9 @@ impl TaskActor {
                     }
                 })?;
                 count_recorded(delivery, &decision.events);
+                if decision.events.iter().any(|e| matches!(e, EventBody::RequestVersion { .. })) {
+                    act.shared.versions_accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
                 let settles = next.phase.is_terminal() && !act.state.phase.is_terminal();
                 act.state = next;
                 if settles {
@@ -862,12 +890,33 @@ impl Actor for TaskActor {
             self.loaded_at = ownership.current();
         }
         let ledger = self.shared.ledger.clone();
-        ctx.wait(async move { ledger.read(move |l| l.task_history(task_id)).await }.into_actor(self).map(
-            |res, act, _| match res {
-                Ok(events) => {
+        let identity = match std::mem::replace(&mut self.later_version, LaterVersion::Unknown) {
+            LaterVersion::ToRead(identity) => Some(identity),
+            _ => None,
+        };
+        let accepted = self
+            .shared
+            .versions_accepted
+            .load(std::sync::atomic::Ordering::SeqCst);
+        let read = move |l: &Ledger| {
+            let events = l.task_history(task_id)?;
+            // A new task's first delivery is refused when a later version exists: read here,
+            // with the events, rather than in a read of its own for every new task.
+            let later = match (&identity, events.is_empty()) {
+                (Some(identity), true) => Some(l.latest_version_above_0(identity)?),
+                _ => None,
+            };
+            Ok((events, later))
+        };
+        ctx.wait(async move { ledger.read(read).await }.into_actor(self).map(
+            move |res, act, _| match res {
+                Ok((events, later)) => {
                     act.state = sendledger_core::fold(&events);
                     act.refresh_policy();
                     act.loaded = Some(Ok(()));
+                    if let Some(latest) = later {
+                        act.later_version = LaterVersion::Read { accepted, latest };
+                    }
                 }
                 Err(e) => {
                     tracing::error!(task_id = %act.task_id, error = %Chain(&e), "cannot load the task's events; it will not be processed");

@@ -59,6 +59,20 @@ impl TaskActor {
             return None;
         }
         let need = self.versions_needed(input)?;
+        if let Need::New { version: 0, .. } = &need {
+            if let Some(known) = self.known_later_version() {
+                // Read with the task's events, and no version accepted since.
+                self.versions = Some(Versions::default());
+                return known.map(|latest| {
+                    let refused = sendledger_core::Error::StaleVersion {
+                        version: 0,
+                        latest: latest.version,
+                        next: latest.version.saturating_add(1),
+                    };
+                    Box::pin(fut::ready(Err(refused.into()))) as ResponseActFuture<Self, _>
+                });
+            }
+        }
         if let Need::Later { identity, .. } = &need {
             // A retry is decided under the identity's lock, so that no later version is
             // accepted meanwhile; never waited for here (a delivery holding it may be waiting
@@ -91,6 +105,18 @@ impl TaskActor {
                 }
             },
         )))
+    }
+}
+
+impl TaskActor {
+    /// What the actor's start read of its identity's latest version above 0, while it holds:
+    /// `Some(None)` when there is none.
+    fn known_later_version(&self) -> Option<Option<sendledger_store::Latest>> {
+        let super::LaterVersion::Read { accepted, latest } = &self.later_version else {
+            return None;
+        };
+        let now = (self.shared.versions_accepted).load(std::sync::atomic::Ordering::SeqCst);
+        (now == *accepted).then_some(*latest)
     }
 }
 
