@@ -705,3 +705,32 @@ impl TlsRelay {
         TlsRelay { child, port }
     }
 }
+
+/// A local-mode service's configuration on `dir` against `kafka`, with the test target at `sim`
+/// and no admin endpoint (to start with [`start_local_service`]).
+pub fn local_service(
+    dir: &std::path::Path,
+    kafka: &sendledger_kafka::Kafka,
+    sim: &sendledger_sim::Sim,
+) -> sendledger_node::config::Config {
+    let mut config = sendledger_node::config::Config::default();
+    config.storage.data = dir.to_path_buf();
+    config.kafka = kafka.config().clone();
+    config.admin.enabled = false;
+    config
+        .targets
+        .insert("sim".into(), crate::engine::target(&sim.base_url(), |_| {}));
+    config
+}
+
+/// Validates `config` and starts the service it describes on `kafka`.
+pub async fn start_local_service(
+    config: sendledger_node::config::Config,
+    kafka: &sendledger_kafka::Kafka,
+) -> sendledger_node::Result<sendledger_node::service::Service> {
+    config.validate(&Default::default()).unwrap();
+    let remote = std::sync::Arc::new(sendledger_node::wiring::HttpRemote::new(
+        config.load_targets().unwrap(),
+    ));
+    sendledger_node::service::Service::start(&config, kafka, remote, None).await
+}

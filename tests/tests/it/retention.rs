@@ -9,6 +9,7 @@ use sendledger_core::{CheckConfig, EventBody, Limits, Phase, ResultStatus, TaskI
 use sendledger_sim::{Sim, SimConfig};
 use sendledger_store::Ledger;
 use sendledger_tests::engine::*;
+use sendledger_tests::kafka::{local_service, start_local_service};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -31,35 +32,6 @@ fn accepted(key: &str, offset: i64) -> EventBody {
 fn audit(dir: &std::path::Path) -> sendledger_core::audit::AuditReport {
     let ledger = Ledger::open_read_only(dir).unwrap();
     sendledger_store::audit(&ledger, CheckConfig::default(), |_| {}).unwrap()
-}
-
-/// A local-mode service's configuration on `dir` against `kafka`, with the test target at `sim`
-/// and no admin endpoint.
-fn service_config(
-    dir: &std::path::Path,
-    kafka: &sendledger_kafka::Kafka,
-    sim: &Sim,
-) -> sendledger_node::config::Config {
-    let mut config = sendledger_node::config::Config::default();
-    config.storage.data = dir.to_path_buf();
-    config.kafka = kafka.config().clone();
-    config.admin.enabled = false;
-    config
-        .targets
-        .insert("sim".into(), target(&sim.base_url(), |_| {}));
-    config
-}
-
-/// Validates `config` and starts the service it describes on `kafka`.
-async fn start_service(
-    config: sendledger_node::config::Config,
-    kafka: &sendledger_kafka::Kafka,
-) -> sendledger_node::Result<sendledger_node::service::Service> {
-    config.validate(&Default::default()).unwrap();
-    let remote = std::sync::Arc::new(sendledger_node::wiring::HttpRemote::new(
-        config.load_targets().unwrap(),
-    ));
-    sendledger_node::service::Service::start(&config, kafka, remote, None).await
 }
 
 /// The audit's findings about anything but the task whose history breaks a rule on purpose;
@@ -261,11 +233,11 @@ async fn the_service_removes_settled_histories_and_still_answers_their_redeliver
     let sim = Sim::start(SimConfig::default()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let archive = tempfile::tempdir().unwrap();
-    let mut config = service_config(dir.path(), &kafka, &sim);
+    let mut config = local_service(dir.path(), &kafka, &sim);
     config.storage.retention = Some(Duration::from_secs(1));
     config.storage.archive = Some(archive.path().to_path_buf());
     config.engine.timer_tick = Duration::from_millis(5);
-    let service = start_service(config, &kafka).await.unwrap();
+    let service = start_local_service(config, &kafka).await.unwrap();
 
     let keys: Vec<String> = (0..40).map(|i| format!("kept-{i}")).collect();
     produce(&kafka, request_messages(keys.iter())).await;
@@ -462,10 +434,10 @@ async fn an_identity_retention_shorter_than_the_requests_topics_is_refused() {
     let sim = Sim::start(SimConfig::default()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let start = |identities: Duration| {
-        let mut config = service_config(dir.path(), &kafka, &sim);
+        let mut config = local_service(dir.path(), &kafka, &sim);
         config.storage.retention = Some(Duration::from_secs(86_400));
         config.storage.identity_retention = Some(identities);
-        start_service(config, &kafka)
+        start_local_service(config, &kafka)
     };
     let err = start(Duration::from_secs(86_400)).await.err().unwrap();
     let text = sendledger_core::error::Chain(&err).to_string();

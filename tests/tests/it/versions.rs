@@ -324,3 +324,72 @@ async fn the_audit_finds_versions_out_of_order() {
         "{found:#?}"
     );
 }
+
+/// Through the service on the embedded cluster: version 1 and version 2 of one request,
+/// produced together, run one after the other; version 1 again is answered with its result,
+/// and version 0, never accepted, with a `rejected` result. Every result names its request's
+/// version; the remote holds one record of each version that ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_runs_versions_in_order_and_answers_each_with_its_own_result() {
+    use sendledger_tests::kafka::{
+        embedded, identity_key, local_service, produce, read_until, start_local_service,
+    };
+    let kafka = embedded();
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = local_service(dir.path(), &kafka, &sim);
+    config.engine.timer_tick = Duration::from_millis(5);
+    let service = start_local_service(config, &kafka).await.unwrap();
+    let message = |version: u32, amount: u64| {
+        let bytes = serde_json::to_vec(&versioned("ord-4", version, amount)).unwrap();
+        (None, identity_key("ord-4"), Some(bytes))
+    };
+    produce(&kafka, vec![message(1, 100), message(2, 200)]).await;
+    let topic = kafka.config().results_topic.clone();
+    let first = read_until(&kafka, &topic, |recs| recs.len() >= 2).await;
+    produce(&kafka, vec![message(1, 100), message(0, 100)]).await;
+    let records = read_until(&kafka, &topic, |recs| recs.len() >= 4).await;
+    // The results of the identity's tasks are keyed by it, so in order; the rejected message's
+    // may be on another partition.
+    let (rejected, results): (Vec<_>, Vec<_>) = records
+        .iter()
+        .partition(|r| r.value["status"] == "rejected");
+    let seen: Vec<_> = results
+        .iter()
+        .map(|r| {
+            (
+                r.value["request_version"].as_u64().unwrap(),
+                r.value["status"].as_str().unwrap(),
+                r.value["task_id"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let (v1, v2) = (
+        version_id("ord-4", 1).to_string(),
+        version_id("ord-4", 2).to_string(),
+    );
+    assert_eq!(
+        seen,
+        [
+            (1, "succeeded", v1.clone()),
+            (2, "succeeded", v2),
+            (1, "succeeded", v1)
+        ],
+        "{records:#?}"
+    );
+    // Version 1 again: its first result, under the same event id.
+    assert_eq!(results[2].event_id, first[0].event_id);
+    assert_eq!(rejected.len(), 1, "{records:#?}");
+    assert_eq!(rejected[0].value["request_version"], 0);
+    let reason = rejected[0].value["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("version 0 of this request was never accepted"),
+        "{reason}"
+    );
+    let remote = sim.records_with_identity("ord-4");
+    assert_eq!(remote.len(), 2);
+    assert_eq!(remote[0].body["amount"], 100);
+    assert_eq!(remote[1].body["amount"], 200);
+    service.shutdown().await.unwrap();
+    audit_clean(dir.path());
+}
