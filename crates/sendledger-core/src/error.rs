@@ -48,6 +48,18 @@ pub enum Error {
     BadAddress { address: String, problem: String },
 }
 
+impl Error {
+    /// The refusal of `version` of a request whose identity's latest accepted version is
+    /// `latest` (not below it), naming the version to send instead.
+    pub fn stale_version(version: u32, latest: u32) -> Error {
+        Error::StaleVersion {
+            version,
+            latest,
+            next: latest.saturating_add(1),
+        }
+    }
+}
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// An error and its causes on one line, `error: cause: cause`, the way the binary prints

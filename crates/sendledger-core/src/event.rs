@@ -524,6 +524,23 @@ impl EventBody {
         }
     }
 
+    /// The attempt number and idempotency key of an intent (`SendIntended`, or
+    /// `SendIntendedAt` at another target), when the event is one.
+    pub fn intent(&self) -> Option<(u32, &Option<String>)> {
+        match self {
+            EventBody::SendIntended {
+                attempt,
+                idempotency_key,
+            }
+            | EventBody::SendIntendedAt {
+                attempt,
+                idempotency_key,
+                ..
+            } => Some((*attempt, idempotency_key)),
+            _ => None,
+        }
+    }
+
     /// The requests-topic delivery this event records, when it records one: once the event
     /// is durable, that message is processed.
     pub fn source(&self) -> Option<&Source> {

@@ -251,7 +251,7 @@ impl TaskCheck {
 
     /// [`Rule::Sequence`]: attempts are numbered 1, 2, 3...
     fn attempt_numbering(&self, event: &Event, out: &mut Vec<Violation>) {
-        let Some((attempt, _)) = intent(&event.body) else {
+        let Some((attempt, _)) = event.body.intent() else {
             return;
         };
         if attempt != self.state.attempts + 1 {
@@ -325,7 +325,7 @@ impl TaskCheck {
     /// key within its TTL, or follows a `ResendAuthorized`.
     fn no_blind_resend(&self, event: &Event, out: &mut Vec<Violation>) {
         let state = &self.state;
-        let Some((attempt, idempotency_key)) = intent(&event.body) else {
+        let Some((attempt, idempotency_key)) = event.body.intent() else {
             return;
         };
         if !state.unresolved_unknown || state.resend_authorized {
@@ -563,7 +563,7 @@ impl TaskCheck {
         };
         let owed = saga.compensating || state.phase == Phase::Compensating;
         let forward = matches!(saga.leg, Leg::Step(_));
-        let attempt = intent(&event.body).is_some();
+        let attempt = event.body.intent().is_some();
         if owed && attempt && (forward || state.phase == Phase::Compensating) {
             let detail = format!(
                 "{} while the task owed compensation and no compensation was started",
@@ -635,22 +635,6 @@ impl TaskCheck {
         } else if self.terminal_lsn == 0 {
             self.terminal_lsn = lsn;
         }
-    }
-}
-
-/// The attempt number and idempotency key of an intent, at whichever target.
-fn intent(body: &EventBody) -> Option<(u32, &Option<String>)> {
-    match body {
-        EventBody::SendIntended {
-            attempt,
-            idempotency_key,
-        }
-        | EventBody::SendIntendedAt {
-            attempt,
-            idempotency_key,
-            ..
-        } => Some((*attempt, idempotency_key)),
-        _ => None,
     }
 }
 

@@ -64,11 +64,7 @@ impl TaskActor {
                 // Read with the task's events, and no version accepted since.
                 self.versions = Some(Versions::default());
                 return known.map(|latest| {
-                    let refused = sendledger_core::Error::StaleVersion {
-                        version: 0,
-                        latest: latest.version,
-                        next: latest.version.saturating_add(1),
-                    };
+                    let refused = sendledger_core::Error::stale_version(0, latest.version);
                     Box::pin(fut::ready(Err(refused.into()))) as ResponseActFuture<Self, _>
                 });
             }
@@ -140,11 +136,10 @@ fn find(
     Ok(Ok(match need {
         Need::New { identity, version } => match ledger.latest_version(&identity)? {
             Some(latest) if latest.task_id != task_id && latest.version >= version => {
-                return Ok(Err(sendledger_core::Error::StaleVersion {
+                return Ok(Err(sendledger_core::Error::stale_version(
                     version,
-                    latest: latest.version,
-                    next: latest.version.saturating_add(1),
-                }));
+                    latest.version,
+                )));
             }
             Some(latest) if latest.task_id != task_id => {
                 let previous = PreviousVersion {

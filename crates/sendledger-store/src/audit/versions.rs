@@ -8,13 +8,6 @@ use sendledger_core::{EventBody, PreviousVersion, Rule, State, TaskId};
 use super::Check;
 use crate::error::Result;
 
-fn is_intent(body: &EventBody) -> bool {
-    matches!(
-        body,
-        EventBody::SendIntended { .. } | EventBody::SendIntendedAt { .. }
-    )
-}
-
 impl Check<'_> {
     /// Checks each task that follows an earlier version (`followers`: the task and the version
     /// its `RequestVersion` names) against that version's events. A task whose history was
@@ -30,7 +23,7 @@ impl Check<'_> {
         followers.dedup_by_key(|(task, _)| *task);
         for (task, previous) in followers {
             let own = self.events_before(task, u64::MAX)?;
-            let Some(first) = own.iter().find(|e| is_intent(&e.body)) else {
+            let Some(first) = own.iter().find(|e| e.body.intent().is_some()) else {
                 continue;
             };
             let earlier = self.events_before(previous.task_id, u64::MAX)?;
@@ -67,7 +60,7 @@ impl Check<'_> {
                         );
                     }
                 }
-                if at > first.lsn && is_intent(&e.body) {
+                if at > first.lsn && e.body.intent().is_some() {
                     flag(
                         vec![first.lsn, e.lsn],
                         format!(
