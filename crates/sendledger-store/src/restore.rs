@@ -15,23 +15,58 @@
 
 use std::collections::{hash_map, HashMap};
 
-use sendledger_core::{fold, Event, EventBody, NewEvent, State, TaskId};
+use sendledger_core::{
+    fold, Event, EventBody, Identity, NewEvent, PayloadHash, Retained, State, TaskId,
+};
 
 pub use crate::diverged::Diverged;
 use crate::error::{Error, Result};
 use crate::journal::{Append, Logged};
 use crate::ledger::Ledger;
+use crate::retention::{removed_digest, Prune};
 use crate::summary::TaskSummary;
 
 /// A task of a restore: the events the ledger holds, those the restore adds, and the state
 /// they fold to.
 struct Restoring {
     held: Vec<Event>,
+    /// The sequence numbers below this one stand for a history retention (or a snapshot of
+    /// the log) reduced to what it keeps: `held` then begins with that `Pruned` event.
+    covered: u32,
     /// The state the ledger's events fold to, before the restore: what the task index says.
     before: State,
     /// Indexes of the task's new events in the restore's list, in sequence order.
     new: Vec<usize>,
     state: State,
+}
+
+impl Restoring {
+    fn new(held: Vec<Event>) -> Restoring {
+        let covered = match held.first().map(|e| &e.body) {
+            Some(EventBody::Pruned { retained }) => retained.events,
+            _ => 0,
+        };
+        let state = fold(&held);
+        Restoring {
+            before: state.clone(),
+            state,
+            held,
+            covered,
+            new: Vec::new(),
+        }
+    }
+
+    /// The index in `held` of the event at sequence number `seq` (at or past `covered`).
+    fn index(&self, seq: u32) -> usize {
+        let pruned = usize::from(self.covered > 0);
+        pruned + (seq - self.covered) as usize
+    }
+
+    /// The sequence number after the last held event.
+    fn held_next(&self) -> u32 {
+        let pruned = u32::from(self.covered > 0);
+        self.covered + self.held.len() as u32 - pruned
+    }
 }
 
 /// What a restore step writes, and the tasks it found diverged.
@@ -91,23 +126,21 @@ pub fn restore_append(ledger: &Ledger, events: Vec<Event>) -> Result<Restored> {
             Some(_) => ledger.task_events(*id)?,
             None => Vec::new(),
         };
-        let state = fold(&held);
-        tasks.push(Restoring {
-            before: state.clone(),
-            state,
-            held,
-            new: Vec::new(),
-        });
+        tasks.push(Restoring::new(held));
     }
     // The new events; one replaced by a later event of the log becomes `None`.
     let mut new: Vec<Option<NewEvent>> = Vec::with_capacity(events.len());
     for e in events {
         let task = &mut tasks[index[&e.task_id]];
-        let held_len = task.held.len() as u32;
+        let held_len = task.held_next();
         let next_seq = held_len + task.new.len() as u32;
         if e.task_seq < next_seq {
+            // What retention kept stands for these: there is nothing to compare them with.
+            if e.task_seq < task.covered {
+                continue;
+            }
             let (at, body) = if e.task_seq < held_len {
-                let held = &task.held[e.task_seq as usize];
+                let held = &task.held[task.index(e.task_seq)];
                 (held.at, &held.body)
             } else {
                 let index = task.new[(e.task_seq - held_len) as usize];
@@ -122,12 +155,11 @@ pub fn restore_append(ledger: &Ledger, events: Vec<Event>) -> Result<Restored> {
             // kept as evidence.
             tracing::error!(task_id = %e.task_id, task_seq = e.task_seq, held = body.name(), logged = e.body.name(), "two different histories of a task: the log's later events replace the others, and the task goes to review");
             let kept_new = e.task_seq.saturating_sub(held_len) as usize;
-            let mut replaced: Vec<Event> = task
-                .held
-                .iter()
-                .skip(e.task_seq as usize)
-                .cloned()
-                .collect();
+            let cut = match e.task_seq < held_len {
+                true => task.index(e.task_seq),
+                false => task.held.len(),
+            };
+            let mut replaced: Vec<Event> = task.held.iter().skip(cut).cloned().collect();
             for index in task.new.drain(kept_new..) {
                 if let Some(n) = new[index].take() {
                     replaced.push(n.with_lsn(0));
@@ -138,7 +170,7 @@ pub fn restore_append(ledger: &Ledger, events: Vec<Event>) -> Result<Restored> {
                 task_seq: e.task_seq,
                 replaced,
             });
-            task.held.truncate(e.task_seq as usize);
+            task.held.truncate(cut);
             task.state = fold(&task.held);
             for &index in &task.new {
                 let n = new[index].as_ref().expect("a task's new events are kept");
@@ -193,6 +225,7 @@ pub fn restore_append(ledger: &Ledger, events: Vec<Event>) -> Result<Restored> {
             body: e.body,
         }));
     }
+    append.versions = latest_versions(ledger, std::mem::take(&mut append.versions))?;
     append.events = Vec::with_capacity(new.len());
     append.events.extend(new.into_iter().flatten());
     for (id, task) in ids.iter().zip(&tasks).filter(|(_, t)| !t.new.is_empty()) {
@@ -206,6 +239,76 @@ pub fn restore_append(ledger: &Ledger, events: Vec<Event>) -> Result<Restored> {
         append.reindex(*id, &task.before, &task.state);
     }
     Ok(Restored { append, diverged })
+}
+
+/// What installing `kept` takes: tasks of a partition known from a snapshot of its log by what
+/// retention keeps of each (a settled task's [`Retained`], standing for its history up to
+/// [`Retained::events`]), recorded as a removal of that history would leave them (its summary,
+/// its `retained` entry counted by the ledger's record of removals, its identity's latest
+/// version), with no event. A task the ledger holds anything of is left as it is, and of
+/// several versions of one identity only the latest above the ledger's is recorded as latest.
+/// The events the log recorded after the snapshot restore over them as over a task retention
+/// removed ([`restore_append`]).
+pub fn install_append(ledger: &Ledger, kept: Vec<(TaskId, Retained)>) -> Result<Append> {
+    let mut append = Append::default();
+    let ids: Vec<TaskId> = kept.iter().map(|(id, _)| *id).collect();
+    let held = ledger.task_summaries_of(&ids)?;
+    let mut versions = Vec::new();
+    for ((task, retained), held) in kept.into_iter().zip(held) {
+        if held.is_some() {
+            continue;
+        }
+        if retained.request_version > 0 {
+            let (identity, version) = (retained.identity.clone(), retained.request_version);
+            versions.push((identity, version, task, retained.payload_hash));
+        }
+        append.tasks.push((
+            task,
+            TaskSummary {
+                phase: retained.phase(),
+                next_seq: retained.events,
+            },
+        ));
+        append.prune.push(Prune {
+            task,
+            retained,
+            events: Vec::new(),
+            seqs: Vec::new(),
+            digest: removed_digest(None, &[]),
+            replaces: None,
+            index: None,
+        });
+    }
+    append.versions = latest_versions(ledger, versions)?;
+    Ok(append)
+}
+
+/// Of `versions` (identity, version, task, payload hash), the latest of each identity, when it
+/// is later than the one the ledger holds: a snapshot lists tasks in no particular order.
+fn latest_versions(
+    ledger: &Ledger,
+    versions: Vec<(Identity, u32, TaskId, PayloadHash)>,
+) -> Result<Vec<(Identity, u32, TaskId, PayloadHash)>> {
+    let mut latest: HashMap<Identity, (u32, TaskId, PayloadHash)> = HashMap::new();
+    for (identity, version, task, hash) in versions {
+        match latest.entry(identity) {
+            hash_map::Entry::Occupied(o) if o.get().0 >= version => {}
+            hash_map::Entry::Occupied(mut o) => {
+                o.insert((version, task, hash));
+            }
+            hash_map::Entry::Vacant(v) => {
+                v.insert((version, task, hash));
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(latest.len());
+    for (identity, (version, task, hash)) in latest {
+        let held = ledger.latest_version_above_0(&identity)?;
+        if held.is_none_or(|l| l.version < version) {
+            out.push((identity, version, task, hash));
+        }
+    }
+    Ok(out)
 }
 
 /// What truncating the ledger's copy of requests partition `partition` to its log of record
@@ -415,6 +518,63 @@ mod tests {
         assert_eq!(held, [(0, 10), (1, 25), (2, 35)]);
         let summary = ledger.task_summary(task).unwrap().unwrap();
         assert_eq!((summary.phase, summary.next_seq), (Phase::Succeeded, 3));
+    }
+
+    /// A settled task installed from a snapshot by what retention keeps of it: the log's
+    /// events it stands for are passed over when read again, an event recorded after it is
+    /// restored after it, the identity answers with the task, and a different event after it
+    /// is a second history, reported.
+    #[test]
+    fn a_task_installed_by_what_retention_keeps_restores_only_what_follows_it() {
+        let (_dir, ledger) = empty_ledger();
+        let (task, body) = accepted();
+        let confirmed = EventBody::Confirmed {
+            remote_id: "rec-1".into(),
+            evidence: Evidence::Response { status: 201 },
+        };
+        let log = [
+            event(task, 0, 10, body.clone()),
+            event(task, 1, 20, intent(1)),
+            event(task, 2, 30, confirmed),
+        ];
+        let retained = Retained::of(&log).expect("settled with a result");
+        let mut install = install_append(&ledger, vec![(task, retained.clone())]).unwrap();
+        install.restored = true;
+        ledger.append_blocking(install).unwrap();
+        let summary = ledger.task_summary(task).unwrap().unwrap();
+        assert_eq!((summary.phase, summary.next_seq), (Phase::Succeeded, 3));
+        assert_eq!(ledger.retained(task).unwrap(), Some(retained.clone()));
+        let identity = retained.identity.clone();
+        assert_eq!(
+            ledger.latest_version(&identity).unwrap().map(|l| l.task_id),
+            Some(task)
+        );
+        // Installing it again changes nothing.
+        let again = install_append(&ledger, vec![(task, retained)]).unwrap();
+        assert!(again.tasks.is_empty() && again.prune.is_empty());
+
+        let source = body.source().unwrap().clone();
+        let duplicate = event(task, 3, 40, EventBody::DuplicateDelivery { source });
+        let mut tail = log.to_vec();
+        tail.push(duplicate.clone());
+        let Restored { append, diverged } = restore_append(&ledger, tail.clone()).unwrap();
+        assert!(diverged.is_empty());
+        let new: Vec<u32> = append.events.iter().map(|e| e.task_seq).collect();
+        assert_eq!(new, [3], "only what follows the kept history is new");
+        restore(&ledger, &tail);
+        let events = ledger.task_events(task).unwrap();
+        let held: Vec<(u32, &str)> = events.iter().map(|e| (e.task_seq, e.body.name())).collect();
+        assert_eq!(held, [(0, "Pruned"), (3, "DuplicateDelivery")]);
+        assert_eq!(ledger.task_summary(task).unwrap().unwrap().next_seq, 4);
+        assert!(restore_append(&ledger, tail).unwrap().append.events.is_empty());
+
+        // Another event at sequence number 3: a second history, from there.
+        let other = event(task, 3, 45, intent(2));
+        let Restored { append, diverged } = restore_append(&ledger, vec![other]).unwrap();
+        assert_eq!(append.truncate_tasks, [(task, 3)]);
+        assert_eq!(diverged.len(), 1);
+        assert_eq!(diverged[0].replaced.len(), 1);
+        assert_eq!(diverged[0].replaced[0].body.name(), "DuplicateDelivery");
     }
 
     /// A copy ahead of its log: the tasks the ledger holds more of than the log lose the
