@@ -423,6 +423,9 @@ impl TaskActor {
         let ending = (next.phase.is_terminal() && self.shared.watchers.is_watched(self.task_id))
             .then(|| (self.state.clone(), append.events.clone()));
         if let Some(s) = source.filter(Source::is_message) {
+            // A task known by what retention (or a kafka-mode snapshot) kept of it has no
+            // source of its own: its deliveries' partition is its request's.
+            append.partition.get_or_insert(s.partition);
             append.offsets.push((s.topic, s.partition, s.offset));
         }
         if let Some(due) = clear {

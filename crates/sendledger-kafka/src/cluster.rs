@@ -331,7 +331,10 @@ impl Kafka {
                     self.config.partitions,
                     TopicReplication::Fixed(replication),
                 );
-                if log_of_record && t == self.config.events_topic {
+                // The snapshots topic keeps every record too: the latest snapshot stays
+                // however long it is the latest (sendledger deletes the older ones).
+                let kept = [&self.config.events_topic, &self.config.snapshots_topic];
+                if log_of_record && kept.contains(&&t.to_string()) {
                     LOG_TOPIC_SETTINGS
                         .iter()
                         .fold(topic, |topic, (k, v)| topic.set(k, v))
@@ -460,7 +463,17 @@ impl Kafka {
         let mut problems = Vec::new();
         for key in ["retention.ms", "retention.bytes"] {
             if let Some(v) = value(key).filter(|v| v != "-1") {
-                problems.push(format!("{key} = {v}"));
+                // With snapshots, a take-over reads the log from the latest one on: a time
+                // retention of four snapshot intervals keeps what it needs.
+                let covered = match (key, config.snapshot_interval) {
+                    ("retention.ms", Some(interval)) => v
+                        .parse::<u128>()
+                        .is_ok_and(|ms| ms >= 4 * interval.as_millis()),
+                    _ => false,
+                };
+                if !covered {
+                    problems.push(format!("{key} = {v}"));
+                }
             }
         }
         if let Some(v) = value("cleanup.policy").filter(|v| v.contains("compact")) {
@@ -468,7 +481,7 @@ impl Kafka {
         }
         if !problems.is_empty() && !allow_finite_retention {
             return Err(bad(format!(
-                "{} would lose events ({}); in kafka mode it is the log of record and a partition is restored from all of it: set retention.ms = -1, retention.bytes = -1, cleanup.policy = delete on the topic, or allow finite retention to accept that a restored partition forgets the tasks whose events were deleted (a redelivery of their requests is then sent again)",
+                "{} would lose events ({}); in kafka mode it is the log of record and a partition is restored from all of it (or, with kafka.snapshot_interval, from its latest snapshot on): set retention.ms = -1 (or, with snapshots, at least four snapshot intervals), retention.bytes = -1, cleanup.policy = delete on the topic, or allow finite retention to accept that a restored partition forgets the tasks whose events were deleted (a redelivery of their requests is then sent again)",
                 config.events_topic,
                 problems.join(", ")
             )));

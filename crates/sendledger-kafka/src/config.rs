@@ -75,6 +75,16 @@ pub struct KafkaConfig {
     /// take-over reads only the log's last moments whatever its history. Costs each instance
     /// the work of applying every partition's events.
     pub standby: bool,
+    /// Kafka mode: where each partition's snapshots go (a topic with the requests topic's
+    /// partition count), when `snapshot_interval` is set.
+    pub snapshots_topic: String,
+    /// Kafka mode: how often the owner of a partition writes a snapshot of it (the tasks its
+    /// log records, settled ones by what retention keeps of them), so that a take-over on an
+    /// empty disk reads the latest snapshot and the log after it, not the whole log, and the
+    /// events topic may keep a finite retention (at least four times this). None: no
+    /// snapshots.
+    #[serde(with = "humantime_serde")]
+    pub snapshot_interval: Option<Duration>,
     /// The consumer's static group membership (`group.instance.id`): an instance restarted
     /// with the same id gets its partitions back without waiting for its old session to
     /// expire. `sendledger run` derives one from the host name and the ledger directory when
@@ -111,6 +121,8 @@ impl std::fmt::Debug for KafkaConfig {
             .field("commit_interval", &self.commit_interval)
             .field("send_lease", &self.send_lease)
             .field("standby", &self.standby)
+            .field("snapshots_topic", &self.snapshots_topic)
+            .field("snapshot_interval", &self.snapshot_interval)
             .field("instance_id", &self.instance_id)
             .field("properties", &properties)
             .finish()
@@ -134,6 +146,8 @@ impl Default for KafkaConfig {
             commit_interval: Duration::from_secs(1),
             send_lease: Duration::from_secs(10),
             standby: false,
+            snapshots_topic: "sendledger.snapshots".into(),
+            snapshot_interval: None,
             instance_id: None,
             properties: BTreeMap::new(),
         }
@@ -230,6 +244,19 @@ impl KafkaConfig {
         ];
         if let Some(dlq) = &self.dead_letter_topic {
             topics.push(("dead_letter_topic", dlq));
+        }
+        if self.snapshot_interval.is_some() {
+            topics.push(("snapshots_topic", &self.snapshots_topic));
+        }
+        if self
+            .snapshot_interval
+            .is_some_and(|i| i < Duration::from_secs(1))
+        {
+            return Err(bad(
+                "snapshot_interval",
+                "is under 1s; a snapshot reads the previous one and the log after it: use minutes"
+                    .into(),
+            ));
         }
         for (field, topic) in &topics {
             check_topic(topic).map_err(|p| bad(field, p))?;
@@ -411,6 +438,9 @@ impl KafkaConfig {
         ];
         if let Some(d) = &self.dead_letter_topic {
             t.push(d);
+        }
+        if self.snapshot_interval.is_some() {
+            t.push(&self.snapshots_topic);
         }
         t
     }

@@ -58,6 +58,7 @@ pub mod reader;
 pub mod records;
 pub mod replicator;
 pub mod sink;
+pub mod snapshot;
 pub mod standby;
 pub mod take_over;
 pub mod topic_audit;

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use rdkafka::message::Message as _;
 use sendledger_core::error::Chain;
-use sendledger_core::{Event, TaskId};
-use sendledger_store::{restore_append, truncate_append, Ledger, Logged};
+use sendledger_core::{Event, Retained, TaskId};
+use sendledger_store::{install_append, restore_append, truncate_append, Ledger, Logged};
 
 use crate::partition_log::{
     event_at, missing_results, read_partition, record_event, LogBatch, LogRecord, PartitionLog,
@@ -20,6 +20,7 @@ use crate::partition_log::{
 };
 use crate::records::EVENT_ID_HEADER;
 use crate::replicator::LogReplicator;
+use crate::snapshot::{Entry, Manifest};
 use crate::Kafka;
 
 /// How long a take-over waits for the brokers (opening the log, reading it).
@@ -61,6 +62,28 @@ pub trait Brokers: Sync {
 
     /// Which result event ids of `wanted` the results topic does not hold from `since` (ms) on.
     fn missing_results(&self, since: i64, wanted: &[String]) -> Result<Vec<String>, String>;
+
+    /// The first offset the events partition still holds (its retention may have removed
+    /// the events before it).
+    fn log_start(&self, _partition: i32) -> Result<i64, String> {
+        Ok(0)
+    }
+
+    /// The manifest of the partition's latest snapshot, when snapshots are written and there
+    /// is one ([`crate::snapshot`]).
+    fn latest_snapshot(&self, _partition: i32) -> Result<Option<Manifest>, String> {
+        Ok(None)
+    }
+
+    /// Reads the chunks of the snapshot `manifest` describes, in order, each checked
+    /// ([`crate::snapshot::read_chunks`]).
+    fn read_snapshot(
+        &self,
+        manifest: &Manifest,
+        _each: &mut dyn FnMut(Vec<Entry>) -> Result<(), String>,
+    ) -> Result<(), String> {
+        Err(format!("snapshot {:x} cannot be read here", manifest.id))
+    }
 }
 
 /// The writer of the ledger's copy of a partition during its take-over.
@@ -75,6 +98,21 @@ pub trait Copy {
         events: Vec<Event>,
         checkpoint: Option<Logged>,
     ) -> Result<usize, String>;
+
+    /// Records tasks of the partition known from a snapshot by what retention keeps of them
+    /// ([`install_append`]), before the snapshot's events are restored. Returns how many the
+    /// copy lacked.
+    fn install(&self, partition: i32, kept: Vec<(TaskId, Retained)>) -> Result<usize, String> {
+        let ledger = self.ledger();
+        let mut append = install_append(ledger, kept).map_err(|e| Chain(&e).to_string())?;
+        let n = append.tasks.len();
+        append.restored = true;
+        append.partition = Some(partition);
+        ledger
+            .append_blocking(append)
+            .map_err(|e| Chain(&e).to_string())?;
+        Ok(n)
+    }
 
     /// Truncates the copy to the log, once the whole log was restored over it: `logged` is
     /// how many events the log holds of each task, `checkpoint` where the log ends.
@@ -140,6 +178,8 @@ pub struct Restore {
     pub republished: usize,
     /// Time spent applying (the rest is waiting for the brokers).
     pub applying: Duration,
+    /// The snapshot the restore began from, if it began from one.
+    pub snapshot: Option<Manifest>,
 }
 
 /// The events of the last transaction a read of the log met (its last run of consecutive
@@ -200,21 +240,37 @@ pub fn restore<B: Brokers>(
     let step_size = step.max(1);
     let ledger = copy.ledger();
     let (checkpoint, truncated) = copy_checkpoint(brokers, ledger, partition)?;
+    let mut restore = Restore::default();
+    // A copy that holds nothing of the partition begins from its latest snapshot, if there
+    // is one the log agrees with; the events after it are restored as after a checkpoint.
+    if checkpoint.is_none() {
+        if let Some(manifest) = usable_snapshot(brokers, partition)? {
+            restore_snapshot(brokers, copy, partition, &manifest, &mut restore)?;
+            restore.snapshot = Some(manifest);
+        }
+    }
+    let start = brokers.log_start(partition)?;
+    if truncated.is_some() && start > 0 {
+        return Err(format!(
+            "the copy of partition {partition} is not what its log holds ({}), and the log no longer holds its first events (it starts at offset {start}): the copy cannot be truncated to it; move this instance's ledger directory away and start it again to restore the partition from its snapshot",
+            truncated.unwrap_or_default()
+        ));
+    }
     // From the copy's last transaction on, which the copy holds but which may be the one a
     // fenced writer's partial commit left without its results: a copy kept current (by its
     // owner, or as a standby) reads it again to see it whole.
     let tail_start = ledger
         .log_tail(partition)
         .map_err(|e| Chain(&e).to_string())?;
+    let checkpoint = checkpoint.or(restore.snapshot.as_ref().map(|m| m.next));
+    // Never before the log's start: what retention removed cannot be read (a copy whose
+    // checkpoint is before it was found apart from the log above).
     let from = match (checkpoint, &truncated) {
-        (Some(c), None) => tail_start.map_or(c, |t| t.min(c)).max(0),
-        _ => 0,
+        (Some(c), None) => tail_start.map_or(c, |t| t.min(c)).max(start),
+        _ => start,
     };
     let truncate = truncated.is_some();
-    let mut restore = Restore {
-        truncated,
-        ..Restore::default()
-    };
+    restore.truncated = truncated;
     let tail = std::thread::scope(|scope| {
         // Each step comes with where it ends in the log (none for an empty step): the
         // checkpoint, whose offset before is an event, and its last transaction's start.
@@ -282,9 +338,68 @@ pub fn restore<B: Brokers>(
     Ok(restore)
 }
 
-/// Why the ledger's copy of the partition, recorded up to `checkpoint`, is not what its log
-/// holds, if it is not: the log ends before the checkpoint, or its event just before the
-/// checkpoint is not the last one the copy recorded from it.
+/// The partition's latest snapshot, if there is one and the log agrees with it: the log
+/// reaches its end, and holds at the offset before it the event it names, unless retention
+/// removed that event. A snapshot the log disagrees with is not used (the whole log is read).
+fn usable_snapshot(brokers: &impl Brokers, partition: i32) -> Result<Option<Manifest>, String> {
+    let Some(manifest) = brokers.latest_snapshot(partition)? else {
+        return Ok(None);
+    };
+    let last = manifest.last_event()?;
+    let at = manifest.next - 1;
+    let (end, found) = brokers.event_at(partition, at)?;
+    let apart = match found {
+        _ if end < manifest.next => Some(format!("the log ends at offset {end}, before it")),
+        Some((offset, logged)) if offset == at => (logged.task_id != last.task_id
+            || logged.task_seq != last.task_seq
+            || logged.at != last.at
+            || logged.body != last.body)
+            .then(|| format!("the log's event at offset {at} is another")),
+        // Removed by the log's retention: nothing to compare with.
+        _ => None,
+    };
+    if let Some(why) = apart {
+        tracing::error!(partition, snapshot = %format!("{:x}", manifest.id), next = manifest.next, why = %why, "the partition's latest snapshot is not what its log holds: it is not used, and the log is read from its start");
+        return Ok(None);
+    }
+    Ok(Some(manifest))
+}
+
+/// Applies the snapshot `manifest` describes to a copy that holds nothing of the partition:
+/// each chunk's settled tasks installed by what retention keeps of them, then its other
+/// events restored; the last chunk records where the snapshot ends in the log.
+fn restore_snapshot(
+    brokers: &impl Brokers,
+    copy: &impl Copy,
+    partition: i32,
+    manifest: &Manifest,
+    restore: &mut Restore,
+) -> Result<(), String> {
+    let mut left = manifest.chunks.len();
+    brokers.read_snapshot(manifest, &mut |entries| {
+        left -= 1;
+        let at = std::time::Instant::now();
+        let mut kept = Vec::new();
+        let mut events = Vec::new();
+        for entry in entries {
+            let history = entry.history()?;
+            let skip = usize::from(entry.kept.is_some());
+            events.extend(history.into_iter().skip(skip));
+            if let Some(retained) = entry.kept {
+                kept.push((entry.task, retained));
+            }
+        }
+        copy.install(partition, kept)?;
+        let checkpoint = (left == 0).then_some(Logged {
+            first: manifest.tail_first,
+            next: manifest.next,
+        });
+        restore.events += copy.restore(partition, events, checkpoint)?;
+        restore.applying += at.elapsed();
+        Ok(())
+    })
+}
+
 /// The copy's checkpoint of `partition`, and why the copy is not what its log holds, if it is
 /// not (see [`check_copy`]).
 pub(crate) fn copy_checkpoint(
@@ -323,8 +438,15 @@ fn check_copy(
     let held = ledger
         .task_event(logged.task_id, logged.task_seq)
         .map_err(|e| Chain(&e).to_string())?;
+    // A task the copy knows from a snapshot by what retention keeps of it: its events up to
+    // there were checked against the log with the snapshot.
+    let covered = || -> Result<bool, String> {
+        let kept = (ledger.retained(logged.task_id)).map_err(|e| Chain(&e).to_string())?;
+        Ok(kept.is_some_and(|r| logged.task_seq < r.events))
+    };
     match held {
         Some(held) if held.body == logged.body && held.at == logged.at => Ok(None),
+        None if covered()? => Ok(None),
         _ => Ok(Some(format!(
             "the log's event at offset {last} (task {} event {}) is not one the copy recorded",
             logged.task_id, logged.task_seq
@@ -430,5 +552,27 @@ impl Brokers for Kafka {
 
     fn missing_results(&self, since: i64, wanted: &[String]) -> Result<Vec<String>, String> {
         missing_results(self, since, wanted, TAKE_OVER_TIMEOUT).map_err(|e| Chain(&e).to_string())
+    }
+
+    fn log_start(&self, partition: i32) -> Result<i64, String> {
+        crate::snapshot::log_start(self, partition, TAKE_OVER_TIMEOUT)
+            .map_err(|e| Chain(&e).to_string())
+    }
+
+    fn latest_snapshot(&self, partition: i32) -> Result<Option<Manifest>, String> {
+        if self.config().snapshot_interval.is_none() {
+            return Ok(None);
+        }
+        crate::snapshot::latest(self, partition, TAKE_OVER_TIMEOUT)
+            .map_err(|e| Chain(&e).to_string())
+    }
+
+    fn read_snapshot(
+        &self,
+        manifest: &Manifest,
+        each: &mut dyn FnMut(Vec<Entry>) -> Result<(), String>,
+    ) -> Result<(), String> {
+        crate::snapshot::read_chunks(self, manifest, TAKE_OVER_TIMEOUT, each)
+            .map_err(|e| Chain(&e).to_string())
     }
 }

@@ -13,6 +13,9 @@ pub const PARTITION_RESTORE_SECONDS: &str = "sendledger_partition_restore_second
 pub const PARTITION_RESTORING: &str = "sendledger_partition_restoring";
 pub const RESTORED_EVENTS_TOTAL: &str = "sendledger_restored_events_total";
 pub const COPIES_TRUNCATED_TOTAL: &str = "sendledger_copies_truncated_total";
+pub const SNAPSHOTS_WRITTEN_TOTAL: &str = "sendledger_snapshots_written_total";
+pub const SNAPSHOTS_FAILED_TOTAL: &str = "sendledger_snapshots_failed_total";
+pub const SNAPSHOT_TASKS: &str = "sendledger_snapshot_tasks";
 pub const FRONT_REQUESTS_TOTAL: &str = "sendledger_front_requests_total";
 pub const FRONT_REPLAYS_TOTAL: &str = "sendledger_front_replays_total";
 pub const FRONT_CONFLICTS_TOTAL: &str = "sendledger_front_conflicts_total";
@@ -51,6 +54,18 @@ pub const DEFINITIONS: &[M] = &[
     M::counter(
         RESTORED_EVENTS_TOTAL,
         "Kafka mode: events read from the log of record into the ledger while taking partitions over, by partition (grows step by step during a restore).",
+    ),
+    M::counter(
+        SNAPSHOTS_WRITTEN_TOTAL,
+        "Kafka mode: snapshots of partitions owned here written to the snapshots topic, by partition.",
+    ),
+    M::counter(
+        SNAPSHOTS_FAILED_TOTAL,
+        "Kafka mode: snapshots that could not be written, by partition (the reason is logged; the next interval tries again).",
+    ),
+    M::gauge(
+        SNAPSHOT_TASKS,
+        "Kafka mode: tasks in the latest snapshot written here, by partition and kind (kept: settled, by what retention keeps; events: the others).",
     ),
     M::counter(
         FRONT_REQUESTS_TOTAL,

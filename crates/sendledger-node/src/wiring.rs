@@ -11,7 +11,7 @@
 
 use sendledger_actors::{Engine, Error, LookupError, Remote, Slot, TargetHealth, Unavailable};
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use sendledger_core::decide::{AttemptOutcome, Sending};
@@ -22,6 +22,7 @@ use sendledger_core::{
     BoxFuture, Event, PlannedStep, Policy, RetryClass, Source, TaskId, TaskRequest, TraceParent,
 };
 use sendledger_effects::{SendSlot, Targets};
+use sendledger_kafka::snapshot;
 use sendledger_kafka::take_over::{self, Brokers as _};
 use sendledger_kafka::{
     Kafka, LogReplicator, PartitionLog, PartitionOwner, RequestSink, SinkError, Standby,
@@ -361,6 +362,8 @@ pub struct KafkaOwner {
     /// The task committing waiting partitions' offsets: it holds the ledger, so it ends with
     /// the owner.
     offsets: tokio::task::AbortHandle,
+    /// With `kafka.snapshot_interval`: the task writing the owned partitions' snapshots.
+    snapshots: Option<tokio::task::AbortHandle>,
     /// The take-overs under way or done and not released since, by partition, each with its
     /// own number: a take-over owns its partition's log only while its claim stands.
     claims: std::sync::Mutex<Claims>,
@@ -380,6 +383,56 @@ struct Claims {
 impl Drop for KafkaOwner {
     fn drop(&mut self) {
         self.offsets.abort();
+        if let Some(snapshots) = &self.snapshots {
+            snapshots.abort();
+        }
+    }
+}
+
+/// Writes a snapshot of each partition owned here every `interval` (when its log moved on
+/// since the last one), one partition at a time, on the blocking pool; ends with the
+/// replicator.
+async fn write_snapshots(kafka: Kafka, replicator: Weak<LogReplicator>, interval: Duration) {
+    let partitions = kafka.config().partitions;
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let Some(owned) = replicator
+            .upgrade()
+            .map(|r| (0..partitions).filter(|p| r.owns(*p)).collect::<Vec<i32>>())
+        else {
+            return;
+        };
+        for partition in owned {
+            let label = partition.to_string();
+            let kafka = kafka.clone();
+            let started = std::time::Instant::now();
+            let written = tokio::task::spawn_blocking(move || {
+                let now = sendledger_actors::now_ms();
+                snapshot::write(&kafka, partition, now, take_over::TAKE_OVER_TIMEOUT)
+            })
+            .await;
+            match written {
+                Ok(Ok(Some(w))) => {
+                    let m = &w.manifest;
+                    tracing::info!(partition, next = m.next, tasks = m.tasks, kept = m.kept, chunks = m.chunks.len(), events_read = w.events_read, took = ?started.elapsed(), "partition snapshot written");
+                    metrics::counter!(crate::metric_definitions::SNAPSHOTS_WRITTEN_TOTAL, "partition" => label.clone()).increment(1);
+                    let gauge = |kind: &'static str, n: u64| {
+                        metrics::gauge!(crate::metric_definitions::SNAPSHOT_TASKS, "partition" => label.clone(), "kind" => kind).set(n as f64);
+                    };
+                    gauge("kept", m.kept);
+                    gauge("events", m.tasks - m.kept);
+                }
+                Ok(Ok(None)) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(partition, error = %Chain(&e), "the partition's snapshot could not be written; the next interval tries again");
+                    metrics::counter!(crate::metric_definitions::SNAPSHOTS_FAILED_TOTAL, "partition" => label).increment(1);
+                }
+                Err(_) => return,
+            }
+        }
     }
 }
 
@@ -399,6 +452,10 @@ impl KafkaOwner {
                 engine.ledger().clone(),
             ))
             .abort_handle();
+        let snapshots = kafka.config().snapshot_interval.map(|interval| {
+            let writer = write_snapshots(kafka.clone(), Arc::downgrade(&replicator), interval);
+            runtime.spawn(writer).abort_handle()
+        });
         let standby = match kafka.config().standby {
             true => {
                 let copy = EngineCopy {
@@ -420,6 +477,7 @@ impl KafkaOwner {
             replicator,
             runtime,
             offsets,
+            snapshots,
             claims: Default::default(),
             standby,
         })
@@ -457,6 +515,9 @@ impl KafkaOwner {
             tracing::error!(partition, why = %why, "the ledger's copy of the partition was not what its log holds (the brokers lost committed events): it was restored from the log's start and truncated to it, and its tasks that lost events that matter go to review");
             metrics::counter!(crate::metric_definitions::COPIES_TRUNCATED_TOTAL, "partition" => label)
                 .increment(1);
+        }
+        if let Some(m) = &restore.snapshot {
+            tracing::info!(partition, snapshot = %format!("{:x}", m.id), next = m.next, tasks = m.tasks, kept = m.kept, "the partition was restored from its latest snapshot and the log after it");
         }
         tracing::debug!(partition, took = ?started.elapsed(), applying = ?restore.applying, "partition log read and applied");
         Ok(restore.events)

@@ -566,7 +566,11 @@ mod tests {
         let held: Vec<(u32, &str)> = events.iter().map(|e| (e.task_seq, e.body.name())).collect();
         assert_eq!(held, [(0, "Pruned"), (3, "DuplicateDelivery")]);
         assert_eq!(ledger.task_summary(task).unwrap().unwrap().next_seq, 4);
-        assert!(restore_append(&ledger, tail).unwrap().append.events.is_empty());
+        assert!(restore_append(&ledger, tail)
+            .unwrap()
+            .append
+            .events
+            .is_empty());
 
         // Another event at sequence number 3: a second history, from there.
         let other = event(task, 3, 45, intent(2));

@@ -45,7 +45,7 @@ fn committed_event_ids(kafka: &Kafka, partition: i32, from: i64) -> (Vec<String>
 }
 
 /// The record of `event` on the events topic, as a partition's writer makes it.
-fn event_log_record(event: &sendledger_core::Event) -> LogRecord {
+pub(crate) fn event_log_record(event: &sendledger_core::Event) -> LogRecord {
     let record = sendledger_kafka::records::event_record(event).unwrap();
     LogRecord {
         key: event.task_id.to_string(),
@@ -541,7 +541,7 @@ async fn kafka_mode_service(
 }
 
 /// [`kafka_mode_service`], its configuration changed by `change` and its target's by `target`.
-async fn kafka_mode_service_with(
+pub(crate) async fn kafka_mode_service_with(
     dir: &std::path::Path,
     kafka: &Kafka,
     sim: &sendledger_sim::Sim,

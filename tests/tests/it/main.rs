@@ -33,6 +33,7 @@ mod saga;
 mod scripts;
 mod sim;
 mod simulation;
+mod snapshots;
 mod telemetry;
 mod tls;
 mod versions;

@@ -475,6 +475,11 @@ impl Config {
                 "kafka.standby",
                 "keeps copies of partitions owned by other instances, which only kafka mode has: set storage.mode = \"kafka\", or remove it",
             ));
+        } else if self.kafka.snapshot_interval.is_some() {
+            return Err(ConfigError::field(
+                "kafka.snapshot_interval",
+                "writes snapshots of the partitions' logs of record, which only kafka mode has: set storage.mode = \"kafka\", or remove it",
+            ));
         }
         if self.targets.is_empty() {
             return Err(ConfigError::field(
@@ -859,6 +864,33 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.starts_with("kafka.standby: "), "{err}");
+    }
+
+    #[test]
+    fn snapshots_are_for_kafka_mode_only() {
+        let text = r#"
+            [storage]
+            mode = "kafka"
+            [kafka]
+            brokers = "k:9092"
+            snapshot_interval = "10m"
+            [targets.payments]
+            url = "http://127.0.0.1:8600/records"
+        "#;
+        let config = parse(text, &[]).unwrap();
+        assert_eq!(
+            config.kafka.snapshot_interval,
+            Some(Duration::from_secs(600))
+        );
+        assert!(config.kafka.topics().contains(&"sendledger.snapshots"));
+        let err = parse(&text.replace("\"kafka\"", "\"local\""), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("kafka.snapshot_interval: "), "{err}");
+        let err = parse(&text.replace("\"10m\"", "\"10ms\""), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("snapshot_interval"), "{err}");
     }
 
     #[test]
