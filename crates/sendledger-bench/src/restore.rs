@@ -40,6 +40,12 @@ pub struct RestoreArgs {
     /// Seed of the generated histories.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Measures a take-over from a snapshot instead: after `--tasks` tasks, a snapshot of the
+    /// log is written (`kafka.snapshot_interval`'s writer), then this many tasks more; the
+    /// restore on an empty disk reads the snapshot and the log after it. The parts of a
+    /// whole-log restore are not measured then.
+    #[arg(long)]
+    snapshot_tail: Option<u64>,
 }
 
 pub fn run(args: RestoreArgs) -> anyhow::Result<()> {
@@ -55,6 +61,8 @@ pub fn run(args: RestoreArgs) -> anyhow::Result<()> {
         requests_topic: format!("{run_id}.requests"),
         results_topic: format!("{run_id}.results"),
         events_topic: format!("{run_id}.events"),
+        snapshots_topic: format!("{run_id}.snapshots"),
+        snapshot_interval: args.snapshot_tail.map(|_| Duration::from_secs(600)),
         partitions: 1,
         ..KafkaConfig::default()
     };
@@ -64,6 +72,9 @@ pub fn run(args: RestoreArgs) -> anyhow::Result<()> {
         .build()?
         .block_on(kafka.ensure_topics(1, Duration::from_secs(30), true))?;
 
+    if let Some(tail) = args.snapshot_tail {
+        return from_snapshot(&kafka, &args, tail, &run_id);
+    }
     let events = crate::audit::sample_events(args.seed, args.tasks);
     let payloads: Vec<Vec<u8>> = (events.iter())
         .map(event_record_json)
@@ -177,6 +188,98 @@ pub fn run(args: RestoreArgs) -> anyhow::Result<()> {
     });
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
+}
+
+/// `--snapshot-tail`: the log of `args.tasks` tasks, a snapshot of it, `tail` tasks more, and
+/// the take-over's restore on an empty disk, which begins from the snapshot.
+fn from_snapshot(kafka: &Kafka, args: &RestoreArgs, tail: u64, run_id: &str) -> anyhow::Result<()> {
+    let events = crate::audit::sample_events(args.seed, args.tasks + tail);
+    // The first event of task number `args.tasks` (a task's events are contiguous).
+    let mut seen = std::collections::HashSet::new();
+    let split = (events.iter())
+        .position(|e| seen.insert(e.task_id) && seen.len() as u64 > args.tasks)
+        .unwrap_or(events.len());
+    let payloads: Vec<Vec<u8>> = (events.iter())
+        .map(event_record_json)
+        .collect::<Result<_, _>>()?;
+    let started = Instant::now();
+    write_log(
+        kafka,
+        &events[..split],
+        &payloads[..split],
+        args.per_transaction,
+    )?;
+    let write_secs = started.elapsed().as_secs_f64();
+
+    let started = Instant::now();
+    let written = sendledger_kafka::snapshot::write(kafka, 0, now_ms()?, TAKE_OVER_TIMEOUT)?
+        .context("no snapshot written")?;
+    let snapshot_secs = started.elapsed().as_secs_f64();
+    write_log(
+        kafka,
+        &events[split..],
+        &payloads[split..],
+        args.per_transaction,
+    )?;
+
+    let dir = tempfile::tempdir()?;
+    let ledger = open_ledger(dir.path())?;
+    let replicator = LogReplicator::<PartitionLog>::new(run_id);
+    let log = PartitionLog::open(kafka, 0, TAKE_OVER_TIMEOUT)?;
+    let started = Instant::now();
+    let restore = take_over::restore(
+        kafka,
+        &LedgerCopy { ledger: &ledger },
+        &replicator,
+        0,
+        &log,
+        now_ms()? as i64,
+        RESTORE_STEP,
+    )
+    .map_err(anyhow::Error::msg)
+    .context("restoring the partition")?;
+    let restore_secs = started.elapsed().as_secs_f64();
+    let manifest = restore
+        .snapshot
+        .as_ref()
+        .context("the restore used no snapshot")?;
+    anyhow::ensure!(
+        manifest.id == written.manifest.id,
+        "another snapshot was used"
+    );
+    let counts = ledger.task_counts()?;
+    let known: u64 = counts.by_phase.values().sum();
+    anyhow::ensure!(
+        known == args.tasks + tail,
+        "the restored ledger knows {known} tasks of {}",
+        args.tasks + tail
+    );
+    let report = serde_json::json!({
+        "benchmark": "restore-from-snapshot",
+        "tasks_before_snapshot": args.tasks,
+        "events_before_snapshot": split,
+        "tasks_after_snapshot": tail,
+        "events_after_snapshot": events.len() - split,
+        "write_secs": round4(write_secs),
+        "snapshot": {
+            "write_secs": round4(snapshot_secs),
+            "tasks": written.manifest.tasks,
+            "kept": written.manifest.kept,
+            "chunks": written.manifest.chunks.len(),
+        },
+        "take_over_restore": {
+            "secs": round4(restore_secs),
+            "applying_secs": round4(restore.applying.as_secs_f64()),
+            "events_applied": restore.events,
+        },
+    });
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}
+
+fn now_ms() -> anyhow::Result<u64> {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+    Ok(now.as_millis() as u64)
 }
 
 /// Writes `events` (with their records' `payloads`) to events partition 0 in transactions of

@@ -29,7 +29,8 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use crate::cluster::{topic_partitions, Kafka};
 use crate::config::Role;
 use crate::records::{event_from_json, EVENT_ID_HEADER};
-use sendledger_core::Event;
+use sendledger_core::{Event, TaskId};
+use sendledger_store::Logged;
 
 /// Why a partition's log refused a call.
 #[derive(Debug, thiserror::Error)]
@@ -673,6 +674,43 @@ fn message_event_id(message: &impl Message) -> Option<String> {
         .flat_map(|h| h.iter())
         .find(|h| h.key == EVENT_ID_HEADER)
         .map(|h| String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned())
+}
+
+/// The events of the last transaction a read of the log met (its last run of consecutive
+/// offsets: a transaction's events are contiguous, and its commit marker takes the offset
+/// after them), where it began and when its first event was written.
+#[derive(Debug, Default)]
+pub struct LastTransaction {
+    pub(crate) events: Vec<(TaskId, u32)>,
+    /// Offset of its first event.
+    pub(crate) first: i64,
+    /// Offset of its last event.
+    pub(crate) last: Option<i64>,
+    /// Record timestamp of its first event, ms.
+    pub(crate) written_at: i64,
+}
+
+impl LastTransaction {
+    /// Takes in the next event read, at `offset`, written at `timestamp` (ms).
+    pub fn read(&mut self, offset: i64, timestamp: i64, event: &Event) {
+        if self.last.is_some_and(|l| l + 1 != offset) {
+            self.events.clear();
+        }
+        if self.events.is_empty() {
+            self.first = offset;
+            self.written_at = timestamp;
+        }
+        self.events.push((event.task_id, event.task_seq));
+        self.last = Some(offset);
+    }
+
+    /// Where the events read so far end in the log, if any was read.
+    pub fn logged(&self) -> Option<Logged> {
+        self.last.map(|last| Logged {
+            first: self.first,
+            next: last + 1,
+        })
+    }
 }
 
 /// A consumer outside the group that sees committed transactions only.

@@ -14,6 +14,7 @@ use sendledger_core::error::Chain;
 use sendledger_core::{Event, Retained, TaskId};
 use sendledger_store::{install_append, restore_append, truncate_append, Ledger, Logged};
 
+pub use crate::partition_log::LastTransaction;
 use crate::partition_log::{
     event_at, missing_results, read_partition, record_event, LogBatch, LogRecord, PartitionLog,
     TransactionalLog,
@@ -180,43 +181,6 @@ pub struct Restore {
     pub applying: Duration,
     /// The snapshot the restore began from, if it began from one.
     pub snapshot: Option<Manifest>,
-}
-
-/// The events of the last transaction a read of the log met (its last run of consecutive
-/// offsets: a transaction's events are contiguous, and its commit marker takes the offset
-/// after them), where it began and when its first event was written.
-#[derive(Debug, Default)]
-pub struct LastTransaction {
-    events: Vec<(TaskId, u32)>,
-    /// Offset of its first event.
-    first: i64,
-    /// Offset of its last event.
-    last: Option<i64>,
-    /// Record timestamp of its first event, ms.
-    written_at: i64,
-}
-
-impl LastTransaction {
-    /// Takes in the next event read, at `offset`, written at `timestamp` (ms).
-    pub fn read(&mut self, offset: i64, timestamp: i64, event: &Event) {
-        if self.last.is_some_and(|l| l + 1 != offset) {
-            self.events.clear();
-        }
-        if self.events.is_empty() {
-            self.first = offset;
-            self.written_at = timestamp;
-        }
-        self.events.push((event.task_id, event.task_seq));
-        self.last = Some(offset);
-    }
-
-    /// Where the events read so far end in the log, if any was read.
-    pub fn logged(&self) -> Option<Logged> {
-        self.last.map(|last| Logged {
-            first: self.first,
-            next: last + 1,
-        })
-    }
 }
 
 /// Restores partition `partition`, whose log `log` was just opened, from `brokers` into

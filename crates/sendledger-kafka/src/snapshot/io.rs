@@ -17,8 +17,7 @@ use sendledger_store::envelope::encode_event;
 
 use super::{chunk_digest, chunks, decode, is_manifest, Compactor, Manifest, Record};
 use crate::config::Role;
-use crate::partition_log::{read_partition, record_event};
-use crate::take_over::LastTransaction;
+use crate::partition_log::{read_partition, record_event, LastTransaction};
 use crate::Kafka;
 
 /// The first offset events partition `partition` still holds (its low watermark).

@@ -158,11 +158,12 @@ pub fn chunk_digest(value: &[u8]) -> [u8; 32] {
 }
 
 /// A task as the compactor holds it: what retention keeps of it, its events after that, and
-/// the state they fold to.
+/// the state they fold to, kept only while the task is not reduced (a partition holds many
+/// settled tasks: each costs its `Retained` alone).
 struct Work {
     kept: Option<Retained>,
     events: Vec<Event>,
-    state: State,
+    state: Option<State>,
 }
 
 impl Work {
@@ -189,7 +190,7 @@ impl Compactor {
     /// Takes in an entry of the previous snapshot.
     pub fn previous(&mut self, entry: Entry) -> Result<(), String> {
         let history = entry.history()?;
-        let state = fold(&history);
+        let state = (entry.kept.is_none() || !entry.events.is_empty()).then(|| fold(&history));
         let events = match entry.kept {
             Some(_) => history.into_iter().skip(1).collect(),
             None => history,
@@ -205,12 +206,17 @@ impl Compactor {
 
     /// Takes in the log's next event.
     pub fn event(&mut self, event: Event) -> Result<(), String> {
-        let work = self.tasks.entry(event.task_id).or_insert_with(|| Work {
+        let task = event.task_id;
+        let work = self.tasks.entry(task).or_insert_with(|| Work {
             kept: None,
             events: Vec::new(),
-            state: State::default(),
+            state: Some(State::default()),
         });
-        let next = work.state.next_seq;
+        if work.state.is_none() {
+            work.state = Some(fold(&work.history(task)));
+        }
+        let state = work.state.as_mut().expect("set above");
+        let next = state.next_seq;
         if event.task_seq < next {
             let covered = work.kept.as_ref().map_or(0, |r| r.events);
             if event.task_seq < covered {
@@ -231,13 +237,14 @@ impl Compactor {
                 event.task_id, event.task_seq
             ));
         }
-        let task = event.task_id;
-        work.state.apply(task, event.at, &event.body);
+        state.apply(task, event.at, &event.body);
+        let settled = state.phase.is_terminal();
         work.events.push(event);
-        if work.state.phase.is_terminal() {
+        if settled {
             if let Some(retained) = Retained::of(&work.history(task)) {
                 work.kept = Some(retained);
                 work.events.clear();
+                work.state = None;
             }
         }
         Ok(())
