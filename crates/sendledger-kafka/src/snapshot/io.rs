@@ -13,7 +13,6 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use sendledger_core::error::Chain;
-use sendledger_store::envelope::encode_event;
 
 use super::{chunk_digest, chunks, decode, is_manifest, Compactor, Manifest, Record};
 use crate::config::Role;
@@ -230,7 +229,7 @@ pub fn write(
         let timestamp = record.timestamp().to_millis().unwrap_or(0);
         tail.read(record.offset(), timestamp, &event);
         events_read += 1;
-        last = Some(encode_event(&event));
+        last = Some(super::envelope(&event));
         compactor
             .event(event)
             .map_err(|why| replay_error(kafka, why))

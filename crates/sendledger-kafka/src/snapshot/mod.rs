@@ -65,6 +65,15 @@ impl Entry {
     }
 }
 
+/// An event in the ledger's envelope, as a snapshot holds it: at LSN 0 (it is in no ledger's
+/// log; a ledger that restores it gives it one).
+pub fn envelope(event: &Event) -> Vec<u8> {
+    encode_event(&Event {
+        lsn: 0,
+        ..event.clone()
+    })
+}
+
 /// A chunk of a snapshot's entries.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Chunk {
@@ -259,7 +268,7 @@ impl Compactor {
                 Entry {
                     task,
                     kept: work.kept,
-                    events: work.events.iter().map(encode_event).collect(),
+                    events: work.events.iter().map(envelope).collect(),
                 }
             })
             .collect();

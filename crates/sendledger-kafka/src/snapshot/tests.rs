@@ -5,7 +5,7 @@ use sendledger_core::EventBody;
 
 fn event(task: TaskId, seq: u32, at: u64, body: EventBody) -> Event {
     Event {
-        lsn: 0,
+        lsn: u64::from(seq) + 100,
         task_id: task,
         task_seq: seq,
         at,
