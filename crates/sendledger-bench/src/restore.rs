@@ -46,6 +46,11 @@ pub struct RestoreArgs {
     /// whole-log restore are not measured then.
     #[arg(long)]
     snapshot_tail: Option<u64>,
+    /// With `--snapshot-tail`: the snapshot keeps the identities of the last this many tasks
+    /// before it only, as an identity retention covering the time they took would
+    /// (`storage.identity_retention`); the others are forgotten. All by default.
+    #[arg(long)]
+    keep_identities: Option<u64>,
 }
 
 pub fn run(args: RestoreArgs) -> anyhow::Result<()> {
@@ -211,9 +216,23 @@ fn from_snapshot(kafka: &Kafka, args: &RestoreArgs, tail: u64, run_id: &str) -> 
     )?;
     let write_secs = started.elapsed().as_secs_f64();
 
+    // An identity retention reaching back to the first of the last `keep` tasks.
+    let now = now_ms()?;
+    let identity_retention = match args.keep_identities {
+        Some(keep) => {
+            let mut seen = std::collections::HashSet::new();
+            let oldest = args.tasks.saturating_sub(keep);
+            let at = (events[..split].iter())
+                .find(|e| seen.insert(e.task_id) && seen.len() as u64 > oldest)
+                .map_or(now, |e| e.at);
+            Some(Duration::from_millis(now.saturating_sub(at)))
+        }
+        None => None,
+    };
     let started = Instant::now();
-    let written = sendledger_kafka::snapshot::write(kafka, 0, now_ms()?, TAKE_OVER_TIMEOUT)?
-        .context("no snapshot written")?;
+    let written =
+        sendledger_kafka::snapshot::write(kafka, 0, now, identity_retention, TAKE_OVER_TIMEOUT)?
+            .context("no snapshot written")?;
     let snapshot_secs = started.elapsed().as_secs_f64();
     write_log(
         kafka,
@@ -249,9 +268,10 @@ fn from_snapshot(kafka: &Kafka, args: &RestoreArgs, tail: u64, run_id: &str) -> 
     );
     let counts = ledger.task_counts()?;
     let known: u64 = counts.by_phase.values().sum();
+    let forgotten = written.manifest.forgotten;
     anyhow::ensure!(
-        known == args.tasks + tail,
-        "the restored ledger knows {known} tasks of {}",
+        known + forgotten == args.tasks + tail,
+        "the restored ledger knows {known} tasks of {} ({forgotten} forgotten)",
         args.tasks + tail
     );
     let report = serde_json::json!({
@@ -265,6 +285,7 @@ fn from_snapshot(kafka: &Kafka, args: &RestoreArgs, tail: u64, run_id: &str) -> 
             "write_secs": round4(snapshot_secs),
             "tasks": written.manifest.tasks,
             "kept": written.manifest.kept,
+            "forgotten": forgotten,
             "chunks": written.manifest.chunks.len(),
         },
         "take_over_restore": {

@@ -119,6 +119,7 @@ impl Service {
                 kafka.clone(),
                 engine.clone(),
                 replicator,
+                config.storage.identity_retention,
             )?)),
             None => None,
         };

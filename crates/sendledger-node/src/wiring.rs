@@ -392,7 +392,12 @@ impl Drop for KafkaOwner {
 /// Writes a snapshot of each partition owned here every `interval` (when its log moved on
 /// since the last one), one partition at a time, on the blocking pool; ends with the
 /// replicator.
-async fn write_snapshots(kafka: Kafka, replicator: Weak<LogReplicator>, interval: Duration) {
+async fn write_snapshots(
+    kafka: Kafka,
+    replicator: Weak<LogReplicator>,
+    interval: Duration,
+    identity_retention: Option<Duration>,
+) {
     let partitions = kafka.config().partitions;
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -411,13 +416,14 @@ async fn write_snapshots(kafka: Kafka, replicator: Weak<LogReplicator>, interval
             let started = std::time::Instant::now();
             let written = tokio::task::spawn_blocking(move || {
                 let now = sendledger_actors::now_ms();
-                snapshot::write(&kafka, partition, now, take_over::TAKE_OVER_TIMEOUT)
+                let idle = take_over::TAKE_OVER_TIMEOUT;
+                snapshot::write(&kafka, partition, now, identity_retention, idle)
             })
             .await;
             match written {
                 Ok(Ok(Some(w))) => {
                     let m = &w.manifest;
-                    tracing::info!(partition, next = m.next, tasks = m.tasks, kept = m.kept, chunks = m.chunks.len(), events_read = w.events_read, took = ?started.elapsed(), "partition snapshot written");
+                    tracing::info!(partition, next = m.next, tasks = m.tasks, kept = m.kept, forgotten = m.forgotten, chunks = m.chunks.len(), events_read = w.events_read, took = ?started.elapsed(), "partition snapshot written");
                     metrics::counter!(crate::metric_definitions::SNAPSHOTS_WRITTEN_TOTAL, "partition" => label.clone()).increment(1);
                     let gauge = |kind: &'static str, n: u64| {
                         metrics::gauge!(crate::metric_definitions::SNAPSHOT_TASKS, "partition" => label.clone(), "kind" => kind).set(n as f64);
@@ -437,11 +443,14 @@ async fn write_snapshots(kafka: Kafka, replicator: Weak<LogReplicator>, interval
 }
 
 impl KafkaOwner {
-    /// Must be called within a tokio runtime (the engine's futures run on it).
+    /// Must be called within a tokio runtime (the engine's futures run on it). With
+    /// `kafka.snapshot_interval`, its snapshots leave out the identities settled longer ago
+    /// than `identity_retention`.
     pub fn new(
         kafka: Kafka,
         engine: Engine,
         replicator: Arc<LogReplicator>,
+        identity_retention: Option<Duration>,
     ) -> crate::error::Result<KafkaOwner> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
             crate::error::Error::step("finding the runtime of kafka mode's partitions", e)
@@ -453,7 +462,8 @@ impl KafkaOwner {
             ))
             .abort_handle();
         let snapshots = kafka.config().snapshot_interval.map(|interval| {
-            let writer = write_snapshots(kafka.clone(), Arc::downgrade(&replicator), interval);
+            let replicator = Arc::downgrade(&replicator);
+            let writer = write_snapshots(kafka.clone(), replicator, interval, identity_retention);
             runtime.spawn(writer).abort_handle()
         });
         let standby = match kafka.config().standby {

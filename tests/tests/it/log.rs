@@ -1876,7 +1876,7 @@ async fn a_copy_ahead_of_its_log_is_truncated_to_it() {
     let owner = |kafka: &Kafka| {
         let replicator = Arc::new(LogReplicator::new("sendledger"));
         let engine = replicated_engine(dir.path(), &sim, replicator.clone());
-        let owner = KafkaOwner::new(kafka.clone(), engine.clone(), replicator).unwrap();
+        let owner = KafkaOwner::new(kafka.clone(), engine.clone(), replicator, None).unwrap();
         (engine, Arc::new(owner))
     };
     let take_over = |owner: &Arc<KafkaOwner>| {
@@ -2093,7 +2093,8 @@ async fn a_result_its_transaction_lost_is_published_once_by_the_next_owner() {
         let dir = tempfile::tempdir().unwrap();
         let replicator = Arc::new(LogReplicator::new("sendledger"));
         let engine = replicated_engine(dir.path(), &sim, replicator.clone());
-        let owner = Arc::new(KafkaOwner::new(kafka.clone(), engine.clone(), replicator).unwrap());
+        let owner =
+            Arc::new(KafkaOwner::new(kafka.clone(), engine.clone(), replicator, None).unwrap());
         let taking = owner.clone();
         tokio::task::spawn_blocking(move || taking.take_over(1))
             .await

@@ -167,7 +167,7 @@ async fn an_empty_disk_takes_a_partition_over_from_its_snapshot_and_the_log_afte
 
     let written = tokio::task::block_in_place(|| {
         write_tasks(&kafka, 0..TASKS, sending, Vec::new());
-        snapshot::write(&kafka, 0, 1_700_000_100_000, TIMEOUT).unwrap()
+        snapshot::write(&kafka, 0, 1_700_000_100_000, None, TIMEOUT).unwrap()
     })
     .expect("a snapshot of a log with events");
     let manifest = written.manifest.clone();
@@ -178,7 +178,8 @@ async fn an_empty_disk_takes_a_partition_over_from_its_snapshot_and_the_log_afte
         (TASKS - SENDING) as u64,
         "settled tasks kept compactly"
     );
-    let again = tokio::task::block_in_place(|| snapshot::write(&kafka, 0, 1, TIMEOUT)).unwrap();
+    let again =
+        tokio::task::block_in_place(|| snapshot::write(&kafka, 0, 1, None, TIMEOUT)).unwrap();
     assert!(again.is_none(), "nothing new in the log, no new snapshot");
 
     // The log goes on: 100 tasks more and a redelivery of the first task recorded.

@@ -188,7 +188,8 @@ pub fn read_chunks(
 /// Writes partition `partition`'s next snapshot, when its log holds events after the latest
 /// one: that snapshot and the log after it folded ([`Compactor`]), its chunks, then its
 /// manifest. The snapshots before it are then deleted from the partition where the brokers
-/// allow it (`DeleteRecords`). `now` is the time in ms.
+/// allow it (`DeleteRecords`). `now` is the time in ms; with `identity_retention`, the tasks
+/// settled longer ago than it are left out ([`Compactor`]).
 ///
 /// Refused when the log no longer holds the events after the latest snapshot (or, without
 /// one, its first events): a snapshot must account for every event before it. The manifest's
@@ -198,6 +199,7 @@ pub fn write(
     kafka: &Kafka,
     partition: i32,
     now: u64,
+    identity_retention: Option<Duration>,
     idle: Duration,
 ) -> crate::Result<Option<Written>> {
     let previous = latest(kafka, partition, idle)?;
@@ -215,7 +217,10 @@ pub fn write(
             ),
         ));
     }
-    let mut compactor = Compactor::default();
+    let mut compactor = match identity_retention {
+        Some(kept_for) => Compactor::forgetting(now.saturating_sub(kept_for.as_millis() as u64)),
+        None => Compactor::default(),
+    };
     if let Some(previous) = &previous {
         read_chunks(kafka, previous, idle, &mut |entries| {
             entries.into_iter().try_for_each(|e| compactor.previous(e))
@@ -241,9 +246,9 @@ pub fn write(
         return Ok(None);
     }
     let id = snapshot_id(now, partition);
-    let (entries, kept) = compactor.entries();
-    let tasks = entries.len() as u64;
-    let values = chunks(id, entries);
+    let compacted = compactor.entries();
+    let tasks = compacted.entries.len() as u64;
+    let values = chunks(id, compacted.entries);
     let offsets = produce(kafka, partition, &values, idle)?;
     let manifest = Manifest {
         id,
@@ -254,7 +259,8 @@ pub fn write(
         first_chunk: offsets.first().copied().unwrap_or(0),
         chunks: values.iter().map(|v| chunk_digest(v)).collect(),
         tasks,
-        kept,
+        kept: compacted.kept,
+        forgotten: compacted.forgotten,
         written_at: now,
     };
     let at = produce(kafka, partition, &[super::encode_manifest(&manifest)], idle)?;

@@ -22,6 +22,7 @@ mod io;
 
 use std::collections::BTreeMap;
 
+use sendledger_core::event::Millis;
 use sendledger_core::{fold, Event, Retained, State, TaskId};
 use sendledger_store::envelope::{decode_event, encode_event};
 use serde::{Deserialize, Serialize};
@@ -101,9 +102,11 @@ pub struct Manifest {
     pub first_chunk: i64,
     /// The SHA-256 of each chunk's value, in order.
     pub chunks: Vec<[u8; 32]>,
-    /// Tasks in all, and those of them kept as a [`Retained`].
+    /// Tasks in all, those of them kept as a [`Retained`], and the settled tasks left out
+    /// because their identities' retention ended (`storage.identity_retention`).
     pub tasks: u64,
     pub kept: u64,
+    pub forgotten: u64,
     /// When it was written, ms.
     pub written_at: u64,
 }
@@ -190,12 +193,35 @@ impl Work {
 /// snapshot holds) are passed over when they are the ones held. Two different events at one
 /// sequence number, or a gap, are refused: a snapshot is never written over a log that
 /// holds two histories of a task (the take-over sends such a task to review).
+///
+/// With an identity retention, a task that settled before its cutoff (and is settled still) is
+/// left out of the snapshot: its identity is forgotten, as `storage.identity_retention`
+/// forgets it in local mode, later redeliveries notwithstanding (a request seen again after
+/// that is a new task).
 #[derive(Default)]
 pub struct Compactor {
     tasks: BTreeMap<TaskId, Work>,
+    forget_before: Option<Millis>,
+}
+
+/// The entries of a snapshot, and how many of them are kept as a [`Retained`] and how many
+/// settled tasks were left out.
+#[derive(Debug, Default)]
+pub struct Compacted {
+    pub entries: Vec<Entry>,
+    pub kept: u64,
+    pub forgotten: u64,
 }
 
 impl Compactor {
+    /// A compactor that leaves out the tasks settled before `cutoff` (ms).
+    pub fn forgetting(cutoff: Millis) -> Compactor {
+        Compactor {
+            forget_before: Some(cutoff),
+            ..Compactor::default()
+        }
+    }
+
     /// Takes in an entry of the previous snapshot.
     pub fn previous(&mut self, entry: Entry) -> Result<(), String> {
         let history = entry.history()?;
@@ -259,20 +285,25 @@ impl Compactor {
         Ok(())
     }
 
-    /// The next snapshot's entries, in task order, and how many are kept as a [`Retained`].
-    pub fn entries(self) -> (Vec<Entry>, u64) {
-        let mut kept = 0;
-        let entries = (self.tasks.into_iter())
-            .map(|(task, work)| {
-                kept += u64::from(work.kept.is_some());
-                Entry {
-                    task,
-                    kept: work.kept,
-                    events: work.events.iter().map(envelope).collect(),
-                }
-            })
-            .collect();
-        (entries, kept)
+    /// The next snapshot's entries, in task order.
+    pub fn entries(self) -> Compacted {
+        let mut out = Compacted::default();
+        let cutoff = self.forget_before.unwrap_or(0);
+        for (task, work) in self.tasks {
+            let forgotten = (work.kept.as_ref())
+                .is_some_and(|r| work.events.is_empty() && r.settled_at < cutoff);
+            if forgotten {
+                out.forgotten += 1;
+                continue;
+            }
+            out.kept += u64::from(work.kept.is_some());
+            out.entries.push(Entry {
+                task,
+                kept: work.kept,
+                events: work.events.iter().map(envelope).collect(),
+            });
+        }
+        out
     }
 }
 

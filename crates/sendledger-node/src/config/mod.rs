@@ -159,7 +159,9 @@ pub struct StorageConfig {
     /// How long after a task settled what retention kept of it is forgotten too: a delivery
     /// of its request after that is a new task, executed again. At least `retention`, and
     /// refused at start when the requests topic keeps messages longer (a redelivery from the
-    /// topic could then run again). Unset: identities are kept for good.
+    /// topic could then run again). Unset: identities are kept for good. In kafka mode (with
+    /// `kafka.snapshot_interval`, and without `retention`): the snapshots leave out the tasks
+    /// settled longer ago than this, so a take-over from a snapshot forgets them.
     #[serde(with = "humantime_serde")]
     pub identity_retention: Option<Duration>,
     /// A directory where retention archives every history it removes, and every identity it
@@ -457,7 +459,11 @@ impl Config {
                 }
             }
         }
+        let snapshots =
+            self.storage.mode == StorageMode::Kafka && self.kafka.snapshot_interval.is_some();
         match (self.storage.retention, self.storage.identity_retention) {
+            // Kafka mode: the snapshots forget what they kept of a task settled that long ago.
+            (None, Some(_)) if snapshots => {}
             (None, Some(_)) => return Err(ConfigError::field("storage.identity_retention", "forgets what storage.retention keeps of a removed task, and storage.retention is unset: set it too, or remove this")),
             (Some(retention), Some(identities)) if identities < retention => return Err(ConfigError::field("storage.identity_retention", format!("is {}, shorter than storage.retention ({}): an identity is kept at least as long as the history it stands for", humantime::format_duration(identities), humantime::format_duration(retention)))),
             _ => {}
@@ -883,6 +889,15 @@ mod tests {
             Some(Duration::from_secs(600))
         );
         assert!(config.kafka.topics().contains(&"sendledger.snapshots"));
+        // Their identity retention: without storage.retention, which kafka mode refuses.
+        let forgetting = text.replace("[kafka]", "identity_retention = \"400d\"\n[kafka]");
+        let config = parse(&forgetting, &[]).unwrap();
+        let year = Duration::from_secs(400 * 86_400);
+        assert_eq!(config.storage.identity_retention, Some(year));
+        let err = parse(&forgetting.replace("snapshot_interval = \"10m\"", ""), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("storage.identity_retention: "), "{err}");
         let err = parse(&text.replace("\"kafka\"", "\"local\""), &[])
             .unwrap_err()
             .to_string();
