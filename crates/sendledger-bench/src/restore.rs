@@ -198,7 +198,16 @@ pub fn run(args: RestoreArgs) -> anyhow::Result<()> {
 /// `--snapshot-tail`: the log of `args.tasks` tasks, a snapshot of it, `tail` tasks more, and
 /// the take-over's restore on an empty disk, which begins from the snapshot.
 fn from_snapshot(kafka: &Kafka, args: &RestoreArgs, tail: u64, run_id: &str) -> anyhow::Result<()> {
-    let events = crate::audit::sample_events(args.seed, args.tasks + tail);
+    let mut events = crate::audit::sample_events(args.seed, args.tasks + tail);
+    // Tasks 16 ms apart, as if they came one after the other (the generated ones share one
+    // start time), so that an identity retention reaches back to a given task.
+    let (mut task, mut previous) = (0u64, None);
+    for e in &mut events {
+        if previous != Some(e.task_id) {
+            (task, previous) = (task + 1, Some(e.task_id));
+        }
+        e.at += task * 16;
+    }
     // The first event of task number `args.tasks` (a task's events are contiguous).
     let mut seen = std::collections::HashSet::new();
     let split = (events.iter())
