@@ -26,7 +26,10 @@ use sendledger_core::error::Chain;
 use sendledger_core::Event;
 
 use crate::partition_log::{committed_reader_config, record_event};
-use crate::take_over::{copy_checkpoint, Brokers, Copy, LastTransaction, QUIESCE, RESTORE_STEP};
+use crate::take_over::{
+    begin_from_snapshot, copy_checkpoint, Brokers, Copy, LastTransaction, Restore, QUIESCE,
+    RESTORE_STEP,
+};
 use crate::Kafka;
 
 /// How long read events wait before they are applied, at most: the standby's lag behind the
@@ -271,8 +274,10 @@ fn run(kafka: &Kafka, consumer: &BaseConsumer, copy: &impl Copy, shared: &Shared
 
 /// Where a standby starts reading `partition` of `brokers`: its copy's checkpoint, once what
 /// this instance committed of it while it owned it is written, and once the copy is found to
-/// be what the log holds (as a take-over checks it). `None` when the copy is apart from its
-/// log: it is left as it is, for its take-over to truncate.
+/// be what the log holds (as a take-over checks it); for a copy that holds nothing of the
+/// partition, the end of its latest snapshot, applied first (as a take-over begins from it),
+/// or the log's start. `None` when the copy is apart from its log: it is left as it is, for
+/// its take-over to truncate.
 fn start_following<B: Brokers>(
     brokers: &B,
     copy: &impl Copy,
@@ -287,7 +292,13 @@ fn start_following<B: Brokers>(
             tracing::warn!(partition, why = %why, "the standby does not follow the partition: its copy is not what its log holds, and its take-over truncates it");
             Ok(None)
         }
-        (checkpoint, None) => Ok(Some(checkpoint.unwrap_or(0).max(0))),
+        (Some(checkpoint), None) => Ok(Some(checkpoint.max(0))),
+        (None, None) => {
+            let mut restore = Restore::default();
+            let begun = begin_from_snapshot(brokers, copy, partition, &mut restore)?;
+            let start = brokers.log_start(partition)?;
+            Ok(Some(begun.map_or(start, |m| m.tail_first.max(start))))
+        }
     }
 }
 

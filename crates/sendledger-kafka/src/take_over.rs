@@ -208,15 +208,12 @@ pub fn restore<B: Brokers>(
     // A copy that holds nothing of the partition begins from its latest snapshot, if there
     // is one the log agrees with; the events after it are restored as after a checkpoint.
     if checkpoint.is_none() {
-        if let Some(manifest) = usable_snapshot(brokers, partition)? {
-            restore_snapshot(brokers, copy, partition, &manifest, &mut restore)?;
-            restore.snapshot = Some(manifest);
-        }
+        restore.snapshot = begin_from_snapshot(brokers, copy, partition, &mut restore)?;
     }
     let start = brokers.log_start(partition)?;
     if truncated.is_some() && start > 0 {
         return Err(format!(
-            "the copy of partition {partition} is not what its log holds ({}), and the log no longer holds its first events (it starts at offset {start}): the copy cannot be truncated to it; move this instance's ledger directory away and start it again to restore the partition from its snapshot",
+            "the copy of partition {partition} cannot be checked against its log ({}), and the log no longer holds its first events (it starts at offset {start}; the brokers lost events, or this instance was away longer than the events topic's retention): the copy cannot be truncated to it; move this instance's ledger directory away and start it again to restore its partitions from their snapshots",
             truncated.unwrap_or_default()
         ));
     }
@@ -326,6 +323,22 @@ fn usable_snapshot(brokers: &impl Brokers, partition: i32) -> Result<Option<Mani
         tracing::error!(partition, snapshot = %format!("{:x}", manifest.id), next = manifest.next, why = %why, "the partition's latest snapshot is not what its log holds: it is not used, and the log is read from its start");
         return Ok(None);
     }
+    Ok(Some(manifest))
+}
+
+/// Begins a copy that holds nothing of the partition from its latest snapshot the log agrees
+/// with, if there is one (see [`restore`]); returns that snapshot, applied. `restore` counts
+/// the events applied and the time spent.
+pub(crate) fn begin_from_snapshot(
+    brokers: &impl Brokers,
+    copy: &impl Copy,
+    partition: i32,
+    restore: &mut Restore,
+) -> Result<Option<Manifest>, String> {
+    let Some(manifest) = usable_snapshot(brokers, partition)? else {
+        return Ok(None);
+    };
+    restore_snapshot(brokers, copy, partition, &manifest, restore)?;
     Ok(Some(manifest))
 }
 

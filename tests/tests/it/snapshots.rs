@@ -143,7 +143,7 @@ impl take_over::Brokers for Retaining<'_> {
 /// snapshot is written after them, then 100 more tasks and a redelivery of the first task
 /// are logged. Once the events topic's retention removed every event before the snapshot's
 /// end (modeled: see [`Retaining`]), the partition is restored on an empty disk from the
-/// snapshot and the log after it. And an instance on an empty disk (the service, against the
+/// snapshot and the log after it, and so is a standby's copy. And an instance on an empty disk (the service, against the
 /// brokers) takes the partition over from the snapshot and the log after it: it knows every task (the settled ones of the snapshot by what retention keeps of
 /// them), its ledger holds only the events after the snapshot and those of the tasks left
 /// sending, which it confirms by lookup, and a redelivery of early requests is a duplicate
@@ -249,6 +249,26 @@ async fn an_empty_disk_takes_a_partition_over_from_its_snapshot_and_the_log_afte
         .collect();
     assert_eq!(names, [(0, "Pruned"), (3, "DuplicateDelivery")]);
     drop(copy);
+
+    // A standby's copy on an empty disk begins from the snapshot the same way.
+    let followed = tempfile::tempdir().unwrap();
+    let standby = Ledger::open(followed.path(), LedgerOptions::default()).unwrap();
+    let applied = tokio::task::block_in_place(|| {
+        let copy = take_over::LedgerCopy { ledger: &standby };
+        sendledger_kafka::standby::catch_up(&retaining, &copy, 0, take_over::QUIESCE)
+    })
+    .expect("the standby catches up from the snapshot");
+    assert!(
+        applied > 0 && applied < 1_000,
+        "{applied} events applied after the snapshot"
+    );
+    let counts = standby.task_counts().unwrap();
+    assert_eq!(
+        counts.by_phase.values().sum::<u64>(),
+        (TASKS + LATER) as u64
+    );
+    assert!(standby.retained(task_id(&key(SENDING))).unwrap().is_some());
+    drop(standby);
 
     // The records of the tasks left sending are at the remote: their attempts got through.
     for i in 0..SENDING {
