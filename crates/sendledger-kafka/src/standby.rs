@@ -295,7 +295,7 @@ fn start_following<B: Brokers>(
         (Some(checkpoint), None) => Ok(Some(checkpoint.max(0))),
         (None, None) => {
             let mut restore = Restore::default();
-            let begun = begin_from_snapshot(brokers, copy, partition, &mut restore)?;
+            let begun = begin_from_snapshot(brokers, copy, partition, &mut restore, None)?;
             let start = brokers.log_start(partition)?;
             Ok(Some(begun.map_or(start, |m| m.tail_first.max(start))))
         }

@@ -101,11 +101,17 @@ pub trait Copy {
     ) -> Result<usize, String>;
 
     /// Records tasks of the partition known from a snapshot by what retention keeps of them
-    /// ([`install_append`]), before the snapshot's events are restored. Returns how many the
-    /// copy lacked.
-    fn install(&self, partition: i32, kept: Vec<(TaskId, Retained)>) -> Result<usize, String> {
+    /// ([`install_append`], replacing what the copy holds of them when `replace`), before the
+    /// snapshot's events are restored. Returns how many were recorded.
+    fn install(
+        &self,
+        partition: i32,
+        kept: Vec<(TaskId, Retained)>,
+        replace: bool,
+    ) -> Result<usize, String> {
         let ledger = self.ledger();
-        let mut append = install_append(ledger, kept).map_err(|e| Chain(&e).to_string())?;
+        let mut append =
+            install_append(ledger, kept, replace).map_err(|e| Chain(&e).to_string())?;
         let n = append.tasks.len();
         append.restored = true;
         append.partition = Some(partition);
@@ -204,16 +210,23 @@ pub fn restore<B: Brokers>(
     let step_size = step.max(1);
     let ledger = copy.ledger();
     let (checkpoint, truncated) = copy_checkpoint(brokers, ledger, partition)?;
-    let mut restore = Restore::default();
-    // A copy that holds nothing of the partition begins from its latest snapshot, if there
-    // is one the log agrees with; the events after it are restored as after a checkpoint.
-    if checkpoint.is_none() {
-        restore.snapshot = begin_from_snapshot(brokers, copy, partition, &mut restore)?;
-    }
     let start = brokers.log_start(partition)?;
-    if truncated.is_some() && start > 0 {
+    let mut restore = Restore::default();
+    // Truncating: how many events the log holds of each task.
+    let mut logged: HashMap<TaskId, u32> = HashMap::new();
+    // A copy that holds nothing of the partition begins from its latest snapshot, if there
+    // is one the log agrees with; the events after it are restored as after a checkpoint. So
+    // does a copy found apart from a log that no longer holds its first events (the brokers
+    // lost events, or this instance was away longer than the retention), brought up to the
+    // snapshot and then truncated to the snapshot and the log after it.
+    let behind = truncated.is_some() && start > 0;
+    if checkpoint.is_none() || behind {
+        let truncating = behind.then_some(&mut logged);
+        restore.snapshot = begin_from_snapshot(brokers, copy, partition, &mut restore, truncating)?;
+    }
+    if behind && restore.snapshot.is_none() {
         return Err(format!(
-            "the copy of partition {partition} cannot be checked against its log ({}), and the log no longer holds its first events (it starts at offset {start}; the brokers lost events, or this instance was away longer than the events topic's retention): the copy cannot be truncated to it; move this instance's ledger directory away and start it again to restore its partitions from their snapshots",
+            "the copy of partition {partition} cannot be checked against its log ({}), the log no longer holds its first events (it starts at offset {start}; the brokers lost events, or this instance was away longer than the events topic's retention), and no snapshot of it can be used: the copy cannot be truncated to the log; move this instance's ledger directory away and start it again",
             truncated.unwrap_or_default()
         ));
     }
@@ -223,13 +236,17 @@ pub fn restore<B: Brokers>(
     let tail_start = ledger
         .log_tail(partition)
         .map_err(|e| Chain(&e).to_string())?;
-    let checkpoint = checkpoint.or(restore.snapshot.as_ref().map(|m| m.next));
     // Never before the log's start: what retention removed cannot be read (a copy whose
     // checkpoint is before it was found apart from the log above).
-    let from = match (checkpoint, &truncated) {
-        (Some(c), None) => tail_start.map_or(c, |t| t.min(c)).max(start),
+    let from = match (&restore.snapshot, checkpoint, &truncated) {
+        (Some(m), ..) => m.tail_first.max(start),
+        (None, Some(c), None) => tail_start.map_or(c, |t| t.min(c)).max(start),
         _ => start,
     };
+    let snapshot_end = (restore.snapshot.as_ref()).map(|m| Logged {
+        first: m.tail_first,
+        next: m.next,
+    });
     let truncate = truncated.is_some();
     restore.truncated = truncated;
     let tail = std::thread::scope(|scope| {
@@ -253,9 +270,8 @@ pub fn restore<B: Brokers>(
             let _ = steps.send((step, tail.logged()));
             Ok(tail)
         });
-        // Truncating: how many events the log holds of each task, and where it ends.
-        let mut logged: HashMap<TaskId, u32> = HashMap::new();
-        let mut end = None;
+        // Truncating: where the log ends.
+        let mut end = snapshot_end;
         let mut failed = None;
         for (events, next) in decoded.iter() {
             let at = std::time::Instant::now();
@@ -289,8 +305,18 @@ pub fn restore<B: Brokers>(
         }
         let tail = read?;
         if truncate {
+            if restore.snapshot.is_some() {
+                // A settled task the snapshot left out (its identity's retention ended) is not
+                // one the log lost: it is left as it is.
+                for item in ledger.task_summaries() {
+                    let (id, summary) = item.map_err(|e| Chain(&e).to_string())?;
+                    if summary.phase.is_terminal() {
+                        logged.entry(id).or_insert(summary.next_seq);
+                    }
+                }
+            }
             let end = end.unwrap_or(Logged { first: 0, next: 0 });
-            copy.truncate(partition, logged, end)?;
+            copy.truncate(partition, std::mem::take(&mut logged), end)?;
         }
         Ok(tail)
     })?;
@@ -326,31 +352,36 @@ fn usable_snapshot(brokers: &impl Brokers, partition: i32) -> Result<Option<Mani
     Ok(Some(manifest))
 }
 
-/// Begins a copy that holds nothing of the partition from its latest snapshot the log agrees
-/// with, if there is one (see [`restore`]); returns that snapshot, applied. `restore` counts
-/// the events applied and the time spent.
+/// Begins a copy of the partition from its latest snapshot the log agrees with, if there is
+/// one (see [`restore`]); returns that snapshot, applied. `restore` counts the events applied
+/// and the time spent. A copy that holds nothing of the partition records the snapshot's end
+/// as its checkpoint; one being truncated (`truncating`: how many events the log holds of
+/// each task, filled in) has its tasks brought up to the snapshot, and records its checkpoint
+/// with the truncation.
 pub(crate) fn begin_from_snapshot(
     brokers: &impl Brokers,
     copy: &impl Copy,
     partition: i32,
     restore: &mut Restore,
+    truncating: Option<&mut HashMap<TaskId, u32>>,
 ) -> Result<Option<Manifest>, String> {
     let Some(manifest) = usable_snapshot(brokers, partition)? else {
         return Ok(None);
     };
-    restore_snapshot(brokers, copy, partition, &manifest, restore)?;
+    restore_snapshot(brokers, copy, partition, &manifest, restore, truncating)?;
     Ok(Some(manifest))
 }
 
-/// Applies the snapshot `manifest` describes to a copy that holds nothing of the partition:
-/// each chunk's settled tasks installed by what retention keeps of them, then its other
-/// events restored; the last chunk records where the snapshot ends in the log.
+/// Applies the snapshot `manifest` describes (see [`begin_from_snapshot`]): each chunk's
+/// settled tasks installed by what retention keeps of them, then its other events restored;
+/// the last chunk records where the snapshot ends in the log, unless truncating.
 fn restore_snapshot(
     brokers: &impl Brokers,
     copy: &impl Copy,
     partition: i32,
     manifest: &Manifest,
     restore: &mut Restore,
+    mut truncating: Option<&mut HashMap<TaskId, u32>>,
 ) -> Result<(), String> {
     let mut left = manifest.chunks.len();
     brokers.read_snapshot(manifest, &mut |entries| {
@@ -359,6 +390,10 @@ fn restore_snapshot(
         let mut kept = Vec::new();
         let mut events = Vec::new();
         for entry in entries {
+            if let Some(logged) = truncating.as_deref_mut() {
+                let covered = entry.kept.as_ref().map_or(0, |r| r.events);
+                logged.insert(entry.task, covered + entry.events.len() as u32);
+            }
             let history = entry.history()?;
             let skip = usize::from(entry.kept.is_some());
             events.extend(history.into_iter().skip(skip));
@@ -366,8 +401,8 @@ fn restore_snapshot(
                 kept.push((entry.task, retained));
             }
         }
-        copy.install(partition, kept)?;
-        let checkpoint = (left == 0).then_some(Logged {
+        copy.install(partition, kept, truncating.is_some())?;
+        let checkpoint = (left == 0 && truncating.is_none()).then_some(Logged {
             first: manifest.tail_first,
             next: manifest.next,
         });

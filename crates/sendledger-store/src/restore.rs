@@ -245,18 +245,35 @@ pub fn restore_append(ledger: &Ledger, events: Vec<Event>) -> Result<Restored> {
 /// retention keeps of each (a settled task's [`Retained`], standing for its history up to
 /// [`Retained::events`]), recorded as a removal of that history would leave them (its summary,
 /// its `retained` entry counted by the ledger's record of removals, its identity's latest
-/// version), with no event. A task the ledger holds anything of is left as it is, and of
-/// several versions of one identity only the latest above the ledger's is recorded as latest.
-/// The events the log recorded after the snapshot restore over them as over a task retention
-/// removed ([`restore_append`]).
-pub fn install_append(ledger: &Ledger, kept: Vec<(TaskId, Retained)>) -> Result<Append> {
+/// version), with no event. A task the ledger holds anything of is left as it is, unless
+/// `replace` (a copy older than its log's start, brought up to the snapshot): then one held
+/// otherwise than as this [`Retained`] alone has its events dropped from the index and is
+/// recorded as the snapshot says. Of several versions of one identity only the latest above
+/// the ledger's is recorded as latest. The events the log recorded after the snapshot restore
+/// over them as over a task retention removed ([`restore_append`]).
+pub fn install_append(
+    ledger: &Ledger,
+    kept: Vec<(TaskId, Retained)>,
+    replace: bool,
+) -> Result<Append> {
     let mut append = Append::default();
     let ids: Vec<TaskId> = kept.iter().map(|(id, _)| *id).collect();
     let held = ledger.task_summaries_of(&ids)?;
     let mut versions = Vec::new();
     for ((task, retained), held) in kept.into_iter().zip(held) {
+        let mut replaces = None;
         if held.is_some() {
-            continue;
+            if !replace {
+                continue;
+            }
+            let events = ledger.task_events(task)?;
+            let same = matches!(events.as_slice(), [e] if matches!(&e.body, EventBody::Pruned { retained: r } if **r == retained));
+            if same {
+                continue;
+            }
+            append.truncate_tasks.push((task, 0));
+            append.reindex(task, &fold(&events), &fold([&retained.event(task)]));
+            replaces = ledger.retained_value(task)?;
         }
         if retained.request_version > 0 {
             let (identity, version) = (retained.identity.clone(), retained.request_version);
@@ -275,7 +292,7 @@ pub fn install_append(ledger: &Ledger, kept: Vec<(TaskId, Retained)>) -> Result<
             events: Vec::new(),
             seqs: Vec::new(),
             digest: removed_digest(None, &[]),
-            replaces: None,
+            replaces,
             index: None,
         });
     }
@@ -538,7 +555,7 @@ mod tests {
             event(task, 2, 30, confirmed),
         ];
         let retained = Retained::of(&log).expect("settled with a result");
-        let mut install = install_append(&ledger, vec![(task, retained.clone())]).unwrap();
+        let mut install = install_append(&ledger, vec![(task, retained.clone())], false).unwrap();
         install.restored = true;
         ledger.append_blocking(install).unwrap();
         let summary = ledger.task_summary(task).unwrap().unwrap();
@@ -550,8 +567,13 @@ mod tests {
             Some(task)
         );
         // Installing it again changes nothing.
-        let again = install_append(&ledger, vec![(task, retained)]).unwrap();
+        let again = install_append(&ledger, vec![(task, retained.clone())], false).unwrap();
         assert!(again.tasks.is_empty() && again.prune.is_empty());
+        let again = install_append(&ledger, vec![(task, retained)], true).unwrap();
+        assert!(
+            again.tasks.is_empty(),
+            "held as the snapshot says: nothing to replace"
+        );
 
         let source = body.source().unwrap().clone();
         let duplicate = event(task, 3, 40, EventBody::DuplicateDelivery { source });

@@ -73,6 +73,42 @@ fn write_tasks(
     }
 }
 
+/// Restores partition 0 into `ledger` as a take-over does, from `brokers`.
+fn restore_into(
+    brokers: &Retaining,
+    kafka: &Kafka,
+    ledger: &Ledger,
+) -> Result<take_over::Restore, String> {
+    let log = take_over::Brokers::open(brokers, 0).unwrap();
+    let replicator = LogReplicator::new(&kafka.config().group_id);
+    let copy = take_over::LedgerCopy { ledger };
+    take_over::restore(
+        brokers,
+        &copy,
+        &replicator,
+        0,
+        &log,
+        1_700_000_300_000,
+        1_000,
+    )
+}
+
+/// A copy restored from the snapshot and the log after it, which ends at `end`: it knows
+/// `tasks` tasks, `sending` of them sending, its checkpoint is after the last event (the
+/// marker of its transaction ends the log), and the first settled task is what the snapshot
+/// keeps of it, then the redelivery logged after it.
+fn assert_restored(ledger: &Ledger, tasks: usize, sending: usize, end: i64) {
+    let counts = ledger.task_counts().unwrap();
+    let known: u64 = counts.by_phase.values().sum();
+    assert_eq!(known, tasks as u64, "{counts:?}");
+    let sending_now = counts.by_phase.get(&Phase::Sending).copied();
+    assert_eq!(sending_now, Some(sending as u64));
+    assert_eq!(ledger.log_checkpoint(0).unwrap(), Some(end - 1));
+    let events = ledger.task_events(task_id(&key(sending))).unwrap();
+    let names: Vec<(u32, &str)> = events.iter().map(|e| (e.task_seq, e.body.name())).collect();
+    assert_eq!(names, [(0, "Pruned"), (3, "DuplicateDelivery")]);
+}
+
 fn key(i: usize) -> String {
     format!("snap-{i}")
 }
@@ -143,7 +179,9 @@ impl take_over::Brokers for Retaining<'_> {
 /// snapshot is written after them, then 100 more tasks and a redelivery of the first task
 /// are logged. Once the events topic's retention removed every event before the snapshot's
 /// end (modeled: see [`Retaining`]), the partition is restored on an empty disk from the
-/// snapshot and the log after it, and so is a standby's copy. And an instance on an empty disk (the service, against the
+/// snapshot and the log after it, and so is a standby's copy, and a copy an instance made
+/// when the log held 1,000 tasks (older than the log's start now) is brought up to the
+/// snapshot and the log after it. And an instance on an empty disk (the service, against the
 /// brokers) takes the partition over from the snapshot and the log after it: it knows every task (the settled ones of the snapshot by what retention keeps of
 /// them), its ledger holds only the events after the snapshot and those of the tasks left
 /// sending, which it confirms by lookup, and a redelivery of early requests is a duplicate
@@ -165,8 +203,18 @@ async fn an_empty_disk_takes_a_partition_over_from_its_snapshot_and_the_log_afte
         .unwrap();
     let sending = |i: usize| i < SENDING;
 
+    // An instance that restored the partition when it held its first 1,000 tasks, then went
+    // away: its copy stays there.
+    let behind_dir = tempfile::tempdir().unwrap();
+    let behind = Ledger::open(behind_dir.path(), LedgerOptions::default()).unwrap();
     let written = tokio::task::block_in_place(|| {
-        write_tasks(&kafka, 0..TASKS, sending, Vec::new());
+        write_tasks(&kafka, 0..1_000, sending, Vec::new());
+        let from_start = Retaining {
+            kafka: &kafka,
+            start: 0,
+        };
+        restore_into(&from_start, &kafka, &behind).expect("restored from the log's start");
+        write_tasks(&kafka, 1_000..TASKS, sending, Vec::new());
         snapshot::write(&kafka, 0, 1_700_000_100_000, None, TIMEOUT).unwrap()
     })
     .expect("a snapshot of a log with events");
@@ -211,44 +259,29 @@ async fn an_empty_disk_takes_a_partition_over_from_its_snapshot_and_the_log_afte
         kafka: &kafka,
         start: manifest.next,
     };
-    let restored = tokio::task::block_in_place(|| {
-        let log = take_over::Brokers::open(&retaining, 0).unwrap();
-        let replicator = LogReplicator::new(&kafka.config().group_id);
-        let copy = take_over::LedgerCopy { ledger: &copy };
-        take_over::restore(
-            &retaining,
-            &copy,
-            &replicator,
-            0,
-            &log,
-            1_700_000_300_000,
-            1_000,
-        )
-    })
-    .expect("restored from the snapshot");
+    let restored = tokio::task::block_in_place(|| restore_into(&retaining, &kafka, &copy))
+        .expect("restored from the snapshot");
     assert_eq!(restored.snapshot.as_ref().map(|m| m.id), Some(manifest.id));
     assert!(restored.truncated.is_none());
-    let counts = copy.task_counts().unwrap();
-    assert_eq!(
-        counts.by_phase.values().sum::<u64>(),
-        (TASKS + LATER) as u64,
-        "{counts:?}"
-    );
-    assert_eq!(
-        counts.by_phase.get(&Phase::Sending).copied(),
-        Some(SENDING as u64)
-    );
-    assert_eq!(
-        copy.log_checkpoint(0).unwrap(),
-        Some(end - 1),
-        "the checkpoint after the last event (the marker of its transaction ends the log)"
-    );
-    let first_events = copy.task_events(task_id(&key(SENDING))).unwrap();
-    let names: Vec<(u32, &str)> = (first_events.iter())
-        .map(|e| (e.task_seq, e.body.name()))
-        .collect();
-    assert_eq!(names, [(0, "Pruned"), (3, "DuplicateDelivery")]);
+    assert_restored(&copy, TASKS + LATER, SENDING, end);
     drop(copy);
+
+    // The copy of the instance that went away is older than the log's start: it is brought
+    // up to the snapshot (its settled tasks replaced by what the snapshot keeps of them) and
+    // the log after it, and truncated to them.
+    let caught_up = tokio::task::block_in_place(|| restore_into(&retaining, &kafka, &behind))
+        .expect("a copy older than the log's start is brought up to its snapshot");
+    assert!(
+        caught_up.truncated.is_some(),
+        "its last event is gone from the log"
+    );
+    assert_eq!(caught_up.snapshot.as_ref().map(|m| m.id), Some(manifest.id));
+    assert_restored(&behind, TASKS + LATER, SENDING, end);
+    assert!(
+        behind.reviews_owed(0).unwrap().is_empty(),
+        "nothing of it was apart from the log"
+    );
+    drop(behind);
 
     // A standby's copy on an empty disk begins from the snapshot the same way.
     let followed = tempfile::tempdir().unwrap();
