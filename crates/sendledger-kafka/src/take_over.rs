@@ -243,6 +243,9 @@ pub fn restore<B: Brokers>(
         (None, Some(c), None) => tail_start.map_or(c, |t| t.min(c)).max(start),
         _ => start,
     };
+    if checkpoint.is_none() && restore.snapshot.is_none() && start > 0 {
+        tracing::error!(partition, start, "the partition's log no longer holds its first events and no snapshot of it can be used: the tasks whose events were removed are not known here, and a redelivery of their requests runs again");
+    }
     let snapshot_end = (restore.snapshot.as_ref()).map(|m| Logged {
         first: m.tail_first,
         next: m.next,
