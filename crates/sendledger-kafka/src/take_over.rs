@@ -338,13 +338,12 @@ fn usable_snapshot(brokers: &impl Brokers, partition: i32) -> Result<Option<Mani
     let last = manifest.last_event()?;
     let at = manifest.next - 1;
     let (end, found) = brokers.event_at(partition, at)?;
+    let id = |e: &Event| (e.task_id, e.task_seq, e.at, e.body.clone());
     let apart = match found {
         _ if end < manifest.next => Some(format!("the log ends at offset {end}, before it")),
-        Some((offset, logged)) if offset == at => (logged.task_id != last.task_id
-            || logged.task_seq != last.task_seq
-            || logged.at != last.at
-            || logged.body != last.body)
-            .then(|| format!("the log's event at offset {at} is another")),
+        Some((offset, logged)) if offset == at => {
+            (id(&logged) != id(&last)).then(|| format!("the log's event at offset {at} is another"))
+        }
         // Removed by the log's retention: nothing to compare with.
         _ => None,
     };
@@ -366,28 +365,15 @@ pub(crate) fn begin_from_snapshot(
     copy: &impl Copy,
     partition: i32,
     restore: &mut Restore,
-    truncating: Option<&mut HashMap<TaskId, u32>>,
+    mut truncating: Option<&mut HashMap<TaskId, u32>>,
 ) -> Result<Option<Manifest>, String> {
     let Some(manifest) = usable_snapshot(brokers, partition)? else {
         return Ok(None);
     };
-    restore_snapshot(brokers, copy, partition, &manifest, restore, truncating)?;
-    Ok(Some(manifest))
-}
-
-/// Applies the snapshot `manifest` describes (see [`begin_from_snapshot`]): each chunk's
-/// settled tasks installed by what retention keeps of them, then its other events restored;
-/// the last chunk records where the snapshot ends in the log, unless truncating.
-fn restore_snapshot(
-    brokers: &impl Brokers,
-    copy: &impl Copy,
-    partition: i32,
-    manifest: &Manifest,
-    restore: &mut Restore,
-    mut truncating: Option<&mut HashMap<TaskId, u32>>,
-) -> Result<(), String> {
+    // Each chunk's settled tasks installed by what retention keeps of them, then its other
+    // events restored; the last chunk records where the snapshot ends, unless truncating.
     let mut left = manifest.chunks.len();
-    brokers.read_snapshot(manifest, &mut |entries| {
+    brokers.read_snapshot(&manifest, &mut |entries| {
         left -= 1;
         let at = std::time::Instant::now();
         let mut kept = Vec::new();
@@ -412,7 +398,8 @@ fn restore_snapshot(
         restore.events += copy.restore(partition, events, checkpoint)?;
         restore.applying += at.elapsed();
         Ok(())
-    })
+    })?;
+    Ok(Some(manifest))
 }
 
 /// The copy's checkpoint of `partition`, and why the copy is not what its log holds, if it is

@@ -54,6 +54,85 @@ pub(crate) fn event_log_record(event: &sendledger_core::Event) -> LogRecord {
     }
 }
 
+/// Writes to events partition 0 of `kafka`, as an owner would have, tasks `range` named by
+/// `key` (accepted from another requests topic, an intent, and a confirmation as `r-<i>`
+/// unless `sending(i)`), in transactions of about `per_transaction` events; `extra` events go
+/// in the last one.
+pub(crate) fn write_tasks(
+    kafka: &Kafka,
+    range: std::ops::Range<usize>,
+    key: &dyn Fn(usize) -> String,
+    sending: &dyn Fn(usize) -> bool,
+    per_transaction: usize,
+    extra: Vec<sendledger_core::Event>,
+) {
+    use sendledger_core::{Event, EventBody, Evidence, Limits, Source};
+    let writer = PartitionLog::open(kafka, 0, TIMEOUT).unwrap();
+    let topic = format!("{}.earlier", kafka.config().requests_topic);
+    let mut batch = LogBatch::default();
+    let last = range.end - 1;
+    for i in range {
+        let accepted = sendledger_tests::engine::request(&key(i))
+            .accept(&Limits::default())
+            .unwrap();
+        let (id, payload_hash) = (accepted.task_id(), accepted.payload_hash());
+        let mut bodies = vec![
+            EventBody::TaskAccepted {
+                request: accepted,
+                payload_hash,
+                source: Source {
+                    topic: topic.clone(),
+                    partition: 0,
+                    offset: i as i64,
+                },
+            },
+            EventBody::SendIntended {
+                attempt: 1,
+                idempotency_key: None,
+            },
+        ];
+        if !sending(i) {
+            bodies.push(EventBody::Confirmed {
+                remote_id: format!("r-{i}"),
+                evidence: Evidence::Response { status: 201 },
+            });
+        }
+        for (seq, body) in bodies.into_iter().enumerate() {
+            let event = Event {
+                lsn: 0,
+                task_id: id,
+                task_seq: seq as u32,
+                at: 1_700_000_000_000 + i as u64,
+                body,
+            };
+            batch.events.push(event_log_record(&event));
+        }
+        if i == last {
+            batch.events.extend(extra.iter().map(event_log_record));
+        }
+        if batch.events.len() >= per_transaction || i == last {
+            writer.commit(&std::mem::take(&mut batch), None).unwrap();
+        }
+    }
+}
+
+/// Records at `sim` the records of the tasks named `keys`, as their attempts would have.
+pub(crate) async fn post_records(sim: &sendledger_sim::Sim, keys: impl Iterator<Item = String>) {
+    for key in keys {
+        let reference = sendledger_tests::engine::task_id(&key).to_string();
+        let body = serde_json::json!({ "request_key": key, "reference": reference });
+        let (status, _) = sendledger_tests::http::request(
+            &sim.addr().to_string(),
+            "POST",
+            "/records",
+            None,
+            Some(body),
+        )
+        .await;
+        assert_eq!(status, 201);
+    }
+}
+
 /// The events of events partition `partition` from `from` on, as a `read_committed` consumer
 /// sees them, and where the read ended.
 fn partition_events(
@@ -1187,8 +1266,8 @@ async fn each_instance_answers_for_the_partitions_it_owns() {
 /// the restore rate).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_partition_of_100000_tasks_is_restored_on_an_empty_disk() {
-    use sendledger_core::{Event, EventBody, Evidence, Limits, Phase, Source};
-    use sendledger_tests::engine::{request, settled, task_id, wait_for};
+    use sendledger_core::{EventBody, Evidence, Phase};
+    use sendledger_tests::engine::{settled, task_id, wait_for};
     use sendledger_tests::kafka::{produce, request_messages};
 
     const TASKS: usize = 100_000;
@@ -1206,49 +1285,9 @@ async fn a_partition_of_100000_tasks_is_restored_on_an_empty_disk() {
     // The log an earlier owner wrote, in transactions of 10,000 events. Its requests came from
     // another topic, so the redeliveries below (on the requests topic, which is empty so far)
     // are judged by identity alone, not by an offset already processed.
-    let requests_topic = format!("{}.earlier", kafka.config().requests_topic);
     let written = std::time::Instant::now();
     tokio::task::block_in_place(|| {
-        let writer = PartitionLog::open(&kafka, 0, TIMEOUT).unwrap();
-        let mut batch = LogBatch::default();
-        for i in 0..TASKS {
-            let accepted = request(&key(i)).accept(&Limits::default()).unwrap();
-            let (id, payload_hash) = (accepted.task_id(), accepted.payload_hash());
-            let mut bodies = vec![
-                EventBody::TaskAccepted {
-                    request: accepted,
-                    payload_hash,
-                    source: Source {
-                        topic: requests_topic.clone(),
-                        partition: 0,
-                        offset: i as i64,
-                    },
-                },
-                EventBody::SendIntended {
-                    attempt: 1,
-                    idempotency_key: None,
-                },
-            ];
-            if i >= SENDING {
-                bodies.push(EventBody::Confirmed {
-                    remote_id: format!("r-{i}"),
-                    evidence: Evidence::Response { status: 201 },
-                });
-            }
-            for (seq, body) in bodies.into_iter().enumerate() {
-                let event = Event {
-                    lsn: 0,
-                    task_id: id,
-                    task_seq: seq as u32,
-                    at: 1_700_000_000_000 + i as u64,
-                    body,
-                };
-                batch.events.push(event_log_record(&event));
-            }
-            if batch.events.len() >= 10_000 || i == TASKS - 1 {
-                writer.commit(&std::mem::take(&mut batch), None).unwrap();
-            }
-        }
+        write_tasks(&kafka, 0..TASKS, &key, &|i| i < SENDING, 10_000, Vec::new());
     });
     eprintln!(
         "wrote {} events in {:?}",
@@ -1256,19 +1295,7 @@ async fn a_partition_of_100000_tasks_is_restored_on_an_empty_disk() {
         written.elapsed()
     );
     // The remote holds the records of the tasks left sending: their attempts got through.
-    for i in 0..SENDING {
-        let body =
-            serde_json::json!({ "request_key": key(i), "reference": task_id(&key(i)).to_string() });
-        let (status, _) = sendledger_tests::http::request(
-            &sim.addr().to_string(),
-            "POST",
-            "/records",
-            None,
-            Some(body),
-        )
-        .await;
-        assert_eq!(status, 201);
-    }
+    post_records(&sim, (0..SENDING).map(key)).await;
 
     let dir = tempfile::tempdir().unwrap();
     let started = std::time::Instant::now();

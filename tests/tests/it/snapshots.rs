@@ -5,73 +5,17 @@
 
 use std::time::Duration;
 
-use sendledger_core::{Event, EventBody, Evidence, Limits, Phase, Source};
+use sendledger_core::{Event, EventBody, Phase, Source};
 use sendledger_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
 use sendledger_kafka::take_over;
-use sendledger_kafka::{snapshot, Kafka, LogBatch, LogReplicator, PartitionLog, Role};
+use sendledger_kafka::{snapshot, Kafka, LogReplicator, PartitionLog, Role};
 use sendledger_store::{Ledger, LedgerOptions};
-use sendledger_tests::engine::{request, settled, task_id, wait_for};
+use sendledger_tests::engine::{settled, task_id, wait_for};
 use sendledger_tests::kafka::{config_for_process, produce, request_messages, start_tansu};
 
-use crate::log::{event_log_record, kafka_mode_service_with};
+use crate::log::{kafka_mode_service_with, post_records, write_tasks};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
-
-/// Writes to events partition 0, as an owner would have, tasks `range` (accepted from another
-/// requests topic, an intent, and a confirmation unless `sending(i)`), in transactions of
-/// about 1,000 events; `extra` events go in the last one.
-fn write_tasks(
-    kafka: &Kafka,
-    range: std::ops::Range<usize>,
-    sending: impl Fn(usize) -> bool,
-    extra: Vec<Event>,
-) {
-    let writer = PartitionLog::open(kafka, 0, TIMEOUT).unwrap();
-    let topic = format!("{}.earlier", kafka.config().requests_topic);
-    let mut batch = LogBatch::default();
-    let last = range.end - 1;
-    for i in range {
-        let accepted = request(&key(i)).accept(&Limits::default()).unwrap();
-        let (id, payload_hash) = (accepted.task_id(), accepted.payload_hash());
-        let mut bodies = vec![
-            EventBody::TaskAccepted {
-                request: accepted,
-                payload_hash,
-                source: Source {
-                    topic: topic.clone(),
-                    partition: 0,
-                    offset: i as i64,
-                },
-            },
-            EventBody::SendIntended {
-                attempt: 1,
-                idempotency_key: None,
-            },
-        ];
-        if !sending(i) {
-            bodies.push(EventBody::Confirmed {
-                remote_id: format!("r-{i}"),
-                evidence: Evidence::Response { status: 201 },
-            });
-        }
-        for (seq, body) in bodies.into_iter().enumerate() {
-            let event = Event {
-                lsn: 0,
-                task_id: id,
-                task_seq: seq as u32,
-                at: 1_700_000_000_000 + i as u64,
-                body,
-            };
-            batch.events.push(event_log_record(&event));
-        }
-        if i == last {
-            batch.events.extend(extra.iter().map(event_log_record));
-        }
-        if batch.events.len() >= 1_000 || i == last {
-            writer.commit(&std::mem::take(&mut batch), None).unwrap();
-        }
-    }
-}
 
 /// Restores partition 0 into `ledger` as a take-over does, from `brokers`.
 fn restore_into(
@@ -208,13 +152,13 @@ async fn an_empty_disk_takes_a_partition_over_from_its_snapshot_and_the_log_afte
     let behind_dir = tempfile::tempdir().unwrap();
     let behind = Ledger::open(behind_dir.path(), LedgerOptions::default()).unwrap();
     let written = tokio::task::block_in_place(|| {
-        write_tasks(&kafka, 0..1_000, sending, Vec::new());
+        write_tasks(&kafka, 0..1_000, &key, &sending, 1_000, Vec::new());
         let from_start = Retaining {
             kafka: &kafka,
             start: 0,
         };
         restore_into(&from_start, &kafka, &behind).expect("restored from the log's start");
-        write_tasks(&kafka, 1_000..TASKS, sending, Vec::new());
+        write_tasks(&kafka, 1_000..TASKS, &key, &sending, 1_000, Vec::new());
         snapshot::write(&kafka, 0, 1_700_000_100_000, None, TIMEOUT).unwrap()
     })
     .expect("a snapshot of a log with events");
@@ -246,7 +190,14 @@ async fn an_empty_disk_takes_a_partition_over_from_its_snapshot_and_the_log_afte
         },
     };
     tokio::task::block_in_place(|| {
-        write_tasks(&kafka, TASKS..TASKS + LATER, |_| false, vec![redelivered]);
+        write_tasks(
+            &kafka,
+            TASKS..TASKS + LATER,
+            &key,
+            &|_| false,
+            1_000,
+            vec![redelivered],
+        );
     });
     let events_topic = kafka.config().events_topic.clone();
     let (_, end) = tokio::task::block_in_place(|| watermarks(&kafka, &events_topic));
@@ -304,19 +255,7 @@ async fn an_empty_disk_takes_a_partition_over_from_its_snapshot_and_the_log_afte
     drop(standby);
 
     // The records of the tasks left sending are at the remote: their attempts got through.
-    for i in 0..SENDING {
-        let body =
-            serde_json::json!({ "request_key": key(i), "reference": task_id(&key(i)).to_string() });
-        let (status, _) = sendledger_tests::http::request(
-            &sim.addr().to_string(),
-            "POST",
-            "/records",
-            None,
-            Some(body),
-        )
-        .await;
-        assert_eq!(status, 201);
-    }
+    post_records(&sim, (0..SENDING).map(key)).await;
 
     let dir = tempfile::tempdir().unwrap();
     let service = kafka_mode_service_with(dir.path(), &kafka, &sim, |_| {}, |_| {}).await;
