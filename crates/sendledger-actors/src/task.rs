@@ -246,6 +246,17 @@ impl TaskActor {
         seen: u64,
         input: TaskInput,
     ) -> ResponseActFuture<Self, Result<Reply>> {
+        self.reload_then(seen, input, Self::decide_and_append)
+    }
+
+    /// Reads the task's events again (with every assignment up to `seen`), then hands `input`
+    /// to `then`.
+    fn reload_then(
+        &mut self,
+        seen: u64,
+        input: TaskInput,
+        then: fn(&mut Self, TaskInput) -> ResponseActFuture<Self, Result<Reply>>,
+    ) -> ResponseActFuture<Self, Result<Reply>> {
         let task_id = self.task_id;
         let ledger = self.shared.ledger.clone();
         let read = async move { ledger.read(move |l| l.task_events(task_id)).await };
@@ -258,7 +269,7 @@ impl TaskActor {
                         act.later_version = LaterVersion::Unknown;
                         act.loaded_at = seen;
                         act.refresh_policy();
-                        act.decide_and_append(input)
+                        then(act, input)
                     }
                     Err(e) => Box::pin(fut::ready(Err(e.into()))),
                 }
@@ -278,6 +289,9 @@ impl TaskActor {
                 source: e.clone(),
             };
             return Box::pin(fut::ready(Err(err)));
+        }
+        if let TaskInput::Prune { .. } | TaskInput::Forget { .. } = input {
+            return self.retain(input);
         }
         if let Some(ownership) = self.shared.ownership.clone() {
             if let Some(refused_or_reload) = self.check_ownership(&ownership, input.clone()) {
@@ -365,8 +379,7 @@ impl TaskActor {
             TaskInput::RetryOnClose { reason } => Input::RetryOnClose { reason },
             TaskInput::Diverged { task_seq, replaced } => Input::Diverged { task_seq, replaced },
             TaskInput::Outcome { attempt, outcome } => Input::Outcome { attempt, outcome },
-            TaskInput::Prune { cutoff, published } => return self.prune(cutoff, published),
-            TaskInput::Forget { cutoff } => return self.forget(cutoff),
+            TaskInput::Prune { .. } | TaskInput::Forget { .. } => return self.retain(input),
         };
         let delivery = matches!(core_input, Input::Deliver { .. });
         let is_new = self.state.request.is_none();

@@ -261,9 +261,10 @@ impl<L: TransactionalLog> LogReplicator<L> {
                         Chain(&e)
                     )))
                 })?;
-                // Positioned as the log records them: results re-announced from this
-                // history must equal the records first published.
-                Ok(history.into_iter().map(|h| Event { lsn: 0, ..h }).collect())
+                // Positioned as the log records them (what retention kept of a removed
+                // history too): results re-announced from this history must equal the records
+                // first published.
+                Ok(history.into_iter().map(as_logged).collect())
             })?;
             let result = projection.apply(&event);
             let (key, trace) = (projection.key(event.task_id), projection.traceparent());
@@ -295,6 +296,16 @@ impl<L: TransactionalLog> LogReplicator<L> {
         projections.end_batch();
         Ok((batch, projections))
     }
+}
+
+/// `event` with no position in this ledger, as the log records it and as the results first
+/// published from it name it.
+fn as_logged(mut event: Event) -> Event {
+    event.lsn = 0;
+    if let sendledger_core::EventBody::Pruned { retained } = &mut event.body {
+        retained.result_lsn = 0;
+    }
+    event
 }
 
 fn json(value: &impl serde::Serialize) -> Result<Vec<u8>, Replication> {

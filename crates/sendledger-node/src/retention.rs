@@ -20,9 +20,15 @@ pub struct Retention {
 }
 
 impl Retention {
-    /// Starts the loop on `engine`'s ledger. Nothing is removed before the publisher's durable
-    /// cursor (local mode's outbox) is past every event of a task.
-    pub fn start(engine: Engine, retention: Duration, identities: Option<Duration>) -> Retention {
+    /// Starts the loop on `engine`'s ledger. In local mode (`outbox`), nothing is removed
+    /// before the publisher's durable cursor is past every event of a task; in kafka mode a
+    /// result is written in the transaction that records its event, before the ledger holds it.
+    pub fn start(
+        engine: Engine,
+        retention: Duration,
+        identities: Option<Duration>,
+        outbox: bool,
+    ) -> Retention {
         let interval = pass_interval(retention);
         tracing::info!(
             retention = %humantime::format_duration(retention),
@@ -38,13 +44,16 @@ impl Retention {
                     .as_millis() as u64;
                 let before = |kept: Duration| now.saturating_sub(kept.as_millis() as u64);
                 let cutoff = before(retention);
-                // The publisher's durable cursor, and when the first event past it was
+                // Local mode: the publisher's durable cursor, and when the first event past it was
                 // recorded: a task settled after that is not all published, so the pass does
                 // not even look at it (while the brokers are away, say).
-                let published = (engine.ledger()).read(|l| {
+                let published = (engine.ledger()).read(move |l| {
+                    if !outbox {
+                        return Ok((None, None));
+                    }
                     let cursor = l.cursor(PUBLISHER_CURSOR)?.unwrap_or(0);
                     let next = l.read_log(cursor + 1, 1)?.first().map(|e| e.at);
-                    Ok((cursor, next))
+                    Ok((Some(cursor), next))
                 });
                 let (published, cutoff) = match published.await {
                     Ok((cursor, next)) => (cursor, next.map_or(cutoff, |at| cutoff.min(at))),
@@ -54,7 +63,7 @@ impl Retention {
                     }
                 };
                 let pass = async {
-                    let pruned = engine.prune_settled(cutoff, Some(published)).await?;
+                    let pruned = engine.prune_settled(cutoff, published).await?;
                     let forgotten = match identities {
                         Some(kept) => engine.forget_expired(before(kept)).await?,
                         None => 0,

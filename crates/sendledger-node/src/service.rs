@@ -97,17 +97,17 @@ impl Service {
                 .map_err(|e| Error::step("starting the publisher", e))?;
             (Some(publisher), None)
         };
-        let retention = match (kafka_mode, config.storage.retention) {
-            (false, Some(retention)) => Some(Retention::start(
+        let retention = match config.storage.retention {
+            Some(retention) => Some(Retention::start(
                 engine.clone(),
                 retention,
                 config.storage.identity_retention,
+                !kafka_mode,
             )),
-            (false, None) => {
+            None => {
                 tracing::info!("storage.retention is unset: every task's history is kept (a few hundred bytes a task on disk; see docs/operating/retention.md)");
                 None
             }
-            (true, _) => None,
         };
         let admin = match metrics {
             Some(metrics) => Some(Admin::start(&config.admin, engine.clone(), metrics).await?),

@@ -84,6 +84,13 @@ pub enum Error {
     /// them was written, the tasks are as they were.
     #[error("the removal of settled tasks could not be recorded; they are kept")]
     Removal { source: Cause },
+    /// A removal or forgetting planned from a history that changed before it was written
+    /// (kafka mode: a copy's restore recorded events of the task meanwhile): nothing of it was
+    /// written; the task's writer plans it again from what the ledger holds now.
+    #[error(
+        "the removal of task {task} was planned from a history that changed since; it is kept"
+    )]
+    RemovalOutdated { task: String },
 }
 
 impl Error {
@@ -114,7 +121,9 @@ impl Error {
             | Error::Closed
             | Error::NoPartition { .. }
             | Error::PartitionLost { .. } => false,
-            Error::NotReplicated { .. } | Error::Removal { .. } => true,
+            Error::NotReplicated { .. } | Error::Removal { .. } | Error::RemovalOutdated { .. } => {
+                true
+            }
         }
     }
 }

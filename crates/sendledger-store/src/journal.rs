@@ -423,6 +423,21 @@ impl Writer {
         if !pending.iter().any(removes) {
             return None;
         }
+        // A removal planned from a history that changed since is answered as such.
+        let (current, outdated): (Vec<_>, Vec<_>) = pending
+            .drain(..)
+            .map(|r| match removes(&r) {
+                true => (crate::retention::check_planned(&self.db, &r.append), r),
+                false => (Ok(()), r),
+            })
+            .partition(|(checked, _)| checked.is_ok());
+        pending.extend(current.into_iter().map(|(_, r)| r));
+        for (checked, req) in outdated {
+            let _ = req.ack.send(checked.map(|()| 0..0));
+        }
+        if !pending.iter().any(removes) {
+            return None;
+        }
         let prunes: Vec<_> = pending.iter().flat_map(|r| &r.append.prune).collect();
         let forgets: Vec<_> = pending.iter().flat_map(|r| &r.append.forget).collect();
         let at = std::time::SystemTime::now()

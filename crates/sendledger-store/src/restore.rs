@@ -603,6 +603,77 @@ mod tests {
         assert_eq!(diverged[0].replaced[0].body.name(), "DuplicateDelivery");
     }
 
+    /// Kafka mode: a copy of a partition owned elsewhere is written by its restore while
+    /// retention plans removals from it. A removal (or a forgetting) planned before the restore
+    /// recorded more of the task is refused whole; planned again, it takes everything.
+    #[test]
+    fn a_removal_planned_before_a_restore_recorded_more_of_its_task_is_refused() {
+        let (_dir, ledger) = empty_ledger();
+        let (task, body) = accepted();
+        let confirmed = EventBody::Confirmed {
+            remote_id: "rec-1".into(),
+            evidence: Evidence::Response { status: 201 },
+        };
+        let source = body.source().unwrap().clone();
+        let mut log = vec![
+            event(task, 0, 10, body),
+            event(task, 1, 20, intent(1)),
+            event(task, 2, 30, confirmed),
+        ];
+        restore(&ledger, &log);
+        let check = sendledger_core::CheckConfig::default();
+        let removal = |plan| crate::Append {
+            prune: vec![plan],
+            ..crate::Append::default()
+        };
+        let names = |ledger: &Ledger| -> Vec<(u32, &'static str)> {
+            let events = ledger.task_events(task).unwrap();
+            events.iter().map(|e| (e.task_seq, e.body.name())).collect()
+        };
+
+        let planned = ledger
+            .prune_plan(task, 1_000, None, check)
+            .unwrap()
+            .unwrap();
+        log.push(event(
+            task,
+            3,
+            40,
+            EventBody::DuplicateDelivery {
+                source: source.clone(),
+            },
+        ));
+        restore(&ledger, &log);
+        let refused = ledger.append_blocking(removal(planned)).unwrap_err();
+        assert!(
+            matches!(refused, Error::RemovalOutdated { .. }),
+            "{refused}"
+        );
+        assert_eq!(ledger.retained(task).unwrap(), None);
+        assert_eq!(names(&ledger).len(), 4, "nothing of the task removed");
+
+        let planned = ledger
+            .prune_plan(task, 1_000, None, check)
+            .unwrap()
+            .unwrap();
+        ledger.append_blocking(removal(planned)).unwrap();
+        assert_eq!(names(&ledger), [(0, "Pruned")]);
+
+        let planned = ledger.forget_plan(task, 1_000).unwrap().unwrap();
+        log.push(event(task, 4, 50, EventBody::DuplicateDelivery { source }));
+        restore(&ledger, &log);
+        let forget = crate::Append {
+            forget: vec![planned],
+            ..crate::Append::default()
+        };
+        let refused = ledger.append_blocking(forget).unwrap_err();
+        assert!(
+            matches!(refused, Error::RemovalOutdated { .. }),
+            "{refused}"
+        );
+        assert_eq!(names(&ledger), [(0, "Pruned"), (4, "DuplicateDelivery")]);
+    }
+
     /// A copy ahead of its log: the tasks the ledger holds more of than the log lose the
     /// extra events (listed as evidence), one the log never held is forgotten, one the log
     /// holds alike is left, and so are tasks of other partitions. The evidence survives its

@@ -665,7 +665,7 @@ fn logged_events(kafka: &Kafka) -> std::collections::BTreeMap<String, Vec<sendle
 }
 
 /// Waits until the events topic records `n` duplicate deliveries of each of `keys`.
-async fn each_logged_as_duplicate(kafka: &Kafka, keys: &[String], n: usize) {
+pub(crate) async fn each_logged_as_duplicate(kafka: &Kafka, keys: &[String], n: usize) {
     use sendledger_core::EventBody;
     let logged = || {
         let events = tokio::task::block_in_place(|| logged_events(kafka));
@@ -1577,7 +1577,10 @@ async fn assert_committed_through(kafka: &Kafka, acked: &[(i32, i64)]) {
 
 /// `audit --from-kafka` of the events topic (read as a `read_committed` consumer): no
 /// violation, and `succeeded` tasks succeeded.
-fn audit_events_topic(kafka: &Kafka, succeeded: u64) -> sendledger_core::audit::AuditReport {
+pub(crate) fn audit_events_topic(
+    kafka: &Kafka,
+    succeeded: u64,
+) -> sendledger_core::audit::AuditReport {
     let topic = kafka.config().events_topic.clone();
     let report = tokio::task::block_in_place(|| {
         sendledger_kafka::audit_topic(kafka, &topic, Default::default(), |_, _| {})

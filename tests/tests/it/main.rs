@@ -9,6 +9,7 @@ mod bench;
 mod cli;
 mod cluster;
 mod console;
+mod copy_retention;
 mod crash;
 mod deploy;
 mod docs;

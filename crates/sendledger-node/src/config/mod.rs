@@ -153,15 +153,17 @@ pub struct StorageConfig {
     /// How long after a task settled (succeeded, rejected, failed or compensated) its history
     /// is removed from the ledger, keeping its identity, payload hash and result so that a
     /// redelivery is still answered and never executed (`docs/operating/retention.md`).
-    /// Unset: every history is kept. Local mode only.
+    /// Unset: every history is kept. In kafka mode it bounds this instance's copy of each
+    /// partition (owned here or not); the events topic is bounded by its own retention with
+    /// `kafka.snapshot_interval`.
     #[serde(with = "humantime_serde")]
     pub retention: Option<Duration>,
     /// How long after a task settled what retention kept of it is forgotten too: a delivery
     /// of its request after that is a new task, executed again. At least `retention`, and
     /// refused at start when the requests topic keeps messages longer (a redelivery from the
     /// topic could then run again). Unset: identities are kept for good. In kafka mode (with
-    /// `kafka.snapshot_interval`, and without `retention`): the snapshots leave out the tasks
-    /// settled longer ago than this, so a take-over from a snapshot forgets them.
+    /// `kafka.snapshot_interval`): the snapshots leave out the tasks settled longer ago than
+    /// this too, so a take-over from a snapshot forgets them.
     #[serde(with = "humantime_serde")]
     pub identity_retention: Option<Duration>,
     /// A directory where retention archives every history it removes, and every identity it
@@ -439,9 +441,6 @@ impl Config {
             }
         }
         if let Some(retention) = self.storage.retention {
-            if self.storage.mode == StorageMode::Kafka {
-                return Err(ConfigError::field("storage.retention", "is not available in kafka mode yet: there the events topic is the record, and a take-over restores every task from it; remove it, or use mode \"local\""));
-            }
             if retention < Duration::from_secs(1) {
                 return Err(ConfigError::field(
                     "storage.retention",
@@ -814,7 +813,7 @@ mod tests {
     }
 
     #[test]
-    fn retention_is_for_local_mode_and_identities_outlive_histories() {
+    fn retention_is_at_least_a_second_and_identities_outlive_histories() {
         let with = |storage: &str| {
             parse(&format!("[storage]\n{storage}\n{MINIMAL}"), &[]).map_err(|e| e.to_string())
         };
@@ -824,10 +823,6 @@ mod tests {
             (
                 "retention = \"500ms\"",
                 "storage.retention: use at least 1s",
-            ),
-            (
-                "mode = \"kafka\"\nretention = \"30d\"",
-                "storage.retention: is not available in kafka mode",
             ),
             (
                 "archive = \"archive\"",
@@ -889,11 +884,15 @@ mod tests {
             Some(Duration::from_secs(600))
         );
         assert!(config.kafka.topics().contains(&"sendledger.snapshots"));
-        // Their identity retention: without storage.retention, which kafka mode refuses.
+        // Their identity retention, with or without the copy's retention.
         let forgetting = text.replace("[kafka]", "identity_retention = \"400d\"\n[kafka]");
         let config = parse(&forgetting, &[]).unwrap();
         let year = Duration::from_secs(400 * 86_400);
         assert_eq!(config.storage.identity_retention, Some(year));
+        let pruning = forgetting.replace("[kafka]", "retention = \"30d\"\n[kafka]");
+        let config = parse(&pruning, &[]).unwrap();
+        let month = Duration::from_secs(30 * 86_400);
+        assert_eq!(config.storage.retention, Some(month));
         let err = parse(&forgetting.replace("snapshot_interval = \"10m\"", ""), &[])
             .unwrap_err()
             .to_string();
