@@ -42,8 +42,10 @@ pub struct RestoreArgs {
     seed: u64,
     /// Measures a take-over from a snapshot instead: after `--tasks` tasks, a snapshot of the
     /// log is written (`kafka.snapshot_interval`'s writer), then this many tasks more; the
-    /// restore on an empty disk reads the snapshot and the log after it. The parts of a
-    /// whole-log restore are not measured then.
+    /// restore on an empty disk reads the snapshot and the log after it. The tasks before the
+    /// last 10,000 of the snapshot all settled (the generator's unsettled ones are left out),
+    /// so that the work under way is the same whatever the history. The parts of a whole-log
+    /// restore are not measured then.
     #[arg(long)]
     snapshot_tail: Option<u64>,
     /// With `--snapshot-tail`: the snapshot keeps the identities of the last this many tasks
@@ -195,10 +197,49 @@ pub fn run(args: RestoreArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Of the tasks before a snapshot, the last this many may be unsettled: the work under way.
+/// Those older than them all settled, as in a service that has run for a while (a task stays
+/// unsettled until its deadline, or in review until someone acts), so the snapshot's unsettled
+/// part does not grow with the history before it.
+const UNDER_WAY: u64 = 10_000;
+
+/// `tasks` generated tasks, one after the other, the first `tasks - recent` of them settled
+/// (the generator leaves about 2% of its tasks unsettled wherever they are: those are replaced
+/// by the next settled ones).
+fn settled_history(seed: u64, tasks: u64, recent: u64) -> Vec<Event> {
+    let old = tasks.saturating_sub(recent);
+    // Enough generated tasks for the unsettled ones left out.
+    let generated = crate::audit::sample_events(seed, tasks + old / 20 + 100);
+    let (mut events, mut kept) = (Vec::new(), 0u64);
+    for task in generated.chunk_by(|a, b| a.task_id == b.task_id) {
+        if kept == tasks {
+            break;
+        }
+        if kept < old && !sendledger_core::fold(task).phase.is_terminal() {
+            continue;
+        }
+        events.extend_from_slice(task);
+        kept += 1;
+    }
+    for (lsn, e) in (1..).zip(&mut events) {
+        e.lsn = lsn;
+    }
+    events
+}
+
 /// `--snapshot-tail`: the log of `args.tasks` tasks, a snapshot of it, `tail` tasks more, and
 /// the take-over's restore on an empty disk, which begins from the snapshot.
 fn from_snapshot(kafka: &Kafka, args: &RestoreArgs, tail: u64, run_id: &str) -> anyhow::Result<()> {
-    let mut events = crate::audit::sample_events(args.seed, args.tasks + tail);
+    let mut events = settled_history(args.seed, args.tasks + tail, UNDER_WAY + tail);
+    anyhow::ensure!(
+        events
+            .iter()
+            .map(|e| e.task_id)
+            .collect::<std::collections::HashSet<_>>()
+            .len() as u64
+            == args.tasks + tail,
+        "too few tasks generated"
+    );
     // Tasks 16 ms apart, as if they came one after the other (the generated ones share one
     // start time), so that an identity retention reaches back to a given task.
     let (mut task, mut previous) = (0u64, None);

@@ -197,7 +197,7 @@ impl Work {
 /// With an identity retention, a task that settled before its cutoff (and is settled still) is
 /// left out of the snapshot: its identity is forgotten, as `storage.identity_retention`
 /// forgets it in local mode, later redeliveries notwithstanding (a request seen again after
-/// that is a new task).
+/// that is a new task). So is a message that was not a valid request, rejected before it.
 #[derive(Default)]
 pub struct Compactor {
     tasks: BTreeMap<TaskId, Work>,
@@ -290,8 +290,16 @@ impl Compactor {
         let mut out = Compacted::default();
         let cutoff = self.forget_before.unwrap_or(0);
         for (task, work) in self.tasks {
-            let forgotten = (work.kept.as_ref())
-                .is_some_and(|r| work.events.is_empty() && r.settled_at < cutoff);
+            let forgotten = match (&work.kept, &work.state) {
+                (Some(r), _) => work.events.is_empty() && r.settled_at < cutoff,
+                // A message that was not a valid request has no identity to keep: it goes
+                // whole (a redelivery of it, from its offset, is past the requests topic's
+                // retention by then).
+                (None, Some(s)) => {
+                    s.request.is_none() && s.phase.is_terminal() && s.phase_since < cutoff
+                }
+                (None, None) => false,
+            };
             if forgotten {
                 out.forgotten += 1;
                 continue;

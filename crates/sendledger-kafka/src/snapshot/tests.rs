@@ -1,7 +1,7 @@
 use super::*;
 use sendledger_core::event::Evidence;
 use sendledger_core::fixtures::accepted;
-use sendledger_core::EventBody;
+use sendledger_core::{EventBody, Source};
 
 fn event(task: TaskId, seq: u32, at: u64, body: EventBody) -> Event {
     Event {
@@ -102,8 +102,9 @@ fn a_snapshot_keeps_settled_tasks_compactly_and_continues_from_the_previous_one(
 }
 
 /// With an identity retention, a task settled before its cutoff is left out, a redelivery
-/// recorded since notwithstanding (as local mode's identity retention forgets it); one
-/// settled after the cutoff, or in progress, stays.
+/// recorded since notwithstanding (as local mode's identity retention forgets it), and so is
+/// a message that was not a valid request, rejected before it; one settled or rejected after
+/// the cutoff, or in progress, stays.
 #[test]
 fn a_snapshot_forgets_identities_past_their_retention() {
     let (old, body) = accepted();
@@ -119,14 +120,46 @@ fn a_snapshot_forgets_identities_past_their_retention() {
         redelivered,
         3,
         3_000,
-        EventBody::DuplicateDelivery { source },
+        EventBody::DuplicateDelivery {
+            source: source.clone(),
+        },
     ))
     .unwrap();
     c.event(event(running, 0, 10, body.clone())).unwrap();
+    // Two messages that were not valid requests, rejected before the cutoff and after it.
+    let rejected = |offset, at| {
+        let source = Source {
+            offset,
+            ..source.clone()
+        };
+        let task = TaskId::for_rejected_input(&source.topic, source.partition, offset);
+        let reason = "not json".to_string();
+        let raw = b"{".to_vec();
+        (
+            task,
+            event(
+                task,
+                0,
+                at,
+                EventBody::InputRejected {
+                    source,
+                    reason,
+                    raw,
+                },
+            ),
+        )
+    };
+    let (old_input, rejected_old) = rejected(7, 500);
+    let (new_input, rejected_new) = rejected(8, 1_500);
+    c.event(rejected_old).unwrap();
+    c.event(rejected_new).unwrap();
     let compacted = c.entries();
     let left: Vec<TaskId> = compacted.entries.iter().map(|e| e.task).collect();
-    assert_eq!(left, [recent, running]);
-    assert_eq!((compacted.kept, compacted.forgotten), (1, 2));
+    let mut expected = vec![recent, running, new_input];
+    expected.sort();
+    assert_eq!(left, expected);
+    assert!(!left.contains(&old_input));
+    assert_eq!((compacted.kept, compacted.forgotten), (1, 3));
 }
 
 /// Two different events at one sequence number, or a gap, refuse the snapshot.
