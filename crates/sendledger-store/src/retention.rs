@@ -389,31 +389,6 @@ impl Removal {
     }
 }
 
-/// Refuses the removals and forgettings of `append` unless each was planned from what the
-/// ledger holds of its task now: the same events (by LSN) and the same kept value. A task's
-/// writer plans them before the journal writes them; in kafka mode a copy of a partition owned
-/// elsewhere is written by its restore too, which may record events of the task in between.
-pub(crate) fn check_planned(db: &rocksdb::DB, append: &crate::Append) -> Result<()> {
-    let planned = (append.prune.iter())
-        .map(|p| (p.task, &p.events, p.replaces.as_deref()))
-        .chain((append.forget.iter()).map(|f| (f.task, &f.events, Some(f.retained.as_slice()))));
-    for (task, events, retained) in planned {
-        let now = crate::reads::task_stored(db, task)?;
-        // Events the same write truncates are not the removal's (a snapshot's install).
-        let truncated =
-            (append.truncate_tasks.iter()).find_map(|(t, from)| (*t == task).then_some(*from));
-        let held = (now.events.iter().zip(&now.seqs))
-            .filter(|(_, seq)| truncated.is_none_or(|from| **seq < from))
-            .map(|((lsn, _), _)| *lsn);
-        if !held.eq(events.iter().map(|(lsn, _)| *lsn)) || now.retained.as_deref() != retained {
-            return Err(Error::RemovalOutdated {
-                task: task.to_string(),
-            });
-        }
-    }
-    Ok(())
-}
-
 /// What retention kept of `task`. A ledger of format 4 opened read-only has no `retained`
 /// family: nothing was removed from it.
 pub(crate) fn retained(db: &rocksdb::DB, task: TaskId) -> Result<Option<Retained>> {
