@@ -605,7 +605,8 @@ mod tests {
 
     /// Kafka mode: a copy of a partition owned elsewhere is written by its restore while
     /// retention plans removals from it. A removal (or a forgetting) planned before the restore
-    /// recorded more of the task is refused whole; planned again, it takes everything.
+    /// recorded more of the task is refused whole; planned again, it takes everything. So is
+    /// a snapshot's install planned before the task's actor removed its history.
     #[test]
     fn a_removal_planned_before_a_restore_recorded_more_of_its_task_is_refused() {
         let (_dir, ledger) = empty_ledger();
@@ -672,6 +673,31 @@ mod tests {
             "{refused}"
         );
         assert_eq!(names(&ledger), [(0, "Pruned"), (4, "DuplicateDelivery")]);
+
+        // A snapshot's install over a task the copy holds whole, planned before its actor
+        // removed the task's history: refused too, and what the actor kept stays.
+        let other = TaskId([9; 16]);
+        let history: Vec<Event> = (log.iter().take(3))
+            .map(|e| Event {
+                task_id: other,
+                ..e.clone()
+            })
+            .collect();
+        restore(&ledger, &history);
+        let kept = Retained::of(&history).unwrap();
+        let install = install_append(&ledger, vec![(other, kept)], true).unwrap();
+        let planned = ledger
+            .prune_plan(other, 1_000, None, check)
+            .unwrap()
+            .unwrap();
+        let by_actor = planned.retained.clone();
+        ledger.append_blocking(removal(planned)).unwrap();
+        let refused = ledger.append_blocking(install).unwrap_err();
+        assert!(
+            matches!(refused, Error::RemovalOutdated { .. }),
+            "{refused}"
+        );
+        assert_eq!(ledger.retained(other).unwrap(), Some(by_actor));
     }
 
     /// A copy ahead of its log: the tasks the ledger holds more of than the log lose the
