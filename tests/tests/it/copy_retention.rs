@@ -45,8 +45,9 @@ async fn service(
 /// duplicate wherever it lands, answered from what was kept; the duplicates' events reach both
 /// copies and are pruned again, by the owner of their partition and by the follower. When the
 /// second leaves, the first takes its partitions back over its pruned copy, and a third
-/// delivery is a duplicate again. One record per request at the remote, one result per task,
-/// the events topic and the first's pruned ledger audit clean.
+/// delivery is a duplicate again; then identity retention forgets every task in its copy. One
+/// record per request at the remote, one result per task, the events topic and the first's
+/// ledger audit clean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn copies_of_owned_and_followed_partitions_are_pruned_and_nothing_is_sent_twice() {
     use sendledger_sim::{Sim, SimConfig};
@@ -105,6 +106,15 @@ async fn copies_of_owned_and_followed_partitions_are_pruned_and_nothing_is_sent_
     .await;
     produce(&kafka, request_messages(&keys)).await;
     crate::log::each_logged_as_duplicate(&kafka, &keys, 2).await;
+    // Identity retention's pass, with a cutoff after every task settled: every identity the
+    // copy kept goes, through the tasks' actors (a removed task names no partition).
+    let forgotten = a.engine().forget_expired(u64::MAX).await.unwrap();
+    assert_eq!(forgotten, 200);
+    let gone = |key: &String| {
+        let task = task_id(key);
+        ledger_a.task_events(task).unwrap().is_empty() && ledger_a.retained(task).unwrap().is_none()
+    };
+    assert!(keys.iter().all(gone), "an identity was kept");
     a.shutdown().await.unwrap();
     assert_eq!(sim.stats().posts, 200, "a redelivery was sent again");
     let (_, results) = results_for(&kafka, task_ids(&keys)).await;
