@@ -206,7 +206,7 @@ const UNDER_WAY: u64 = 10_000;
 /// `tasks` generated tasks, one after the other, the first `tasks - recent` of them settled
 /// (the generator leaves about 2% of its tasks unsettled wherever they are: those are replaced
 /// by the next settled ones).
-fn settled_history(seed: u64, tasks: u64, recent: u64) -> Vec<Event> {
+fn settled_history(seed: u64, tasks: u64, recent: u64) -> anyhow::Result<Vec<Event>> {
     let old = tasks.saturating_sub(recent);
     // Enough generated tasks for the unsettled ones left out.
     let generated = crate::audit::sample_events(seed, tasks + old / 20 + 100);
@@ -221,25 +221,17 @@ fn settled_history(seed: u64, tasks: u64, recent: u64) -> Vec<Event> {
         events.extend_from_slice(task);
         kept += 1;
     }
+    anyhow::ensure!(kept == tasks, "too few tasks generated");
     for (lsn, e) in (1..).zip(&mut events) {
         e.lsn = lsn;
     }
-    events
+    Ok(events)
 }
 
 /// `--snapshot-tail`: the log of `args.tasks` tasks, a snapshot of it, `tail` tasks more, and
 /// the take-over's restore on an empty disk, which begins from the snapshot.
 fn from_snapshot(kafka: &Kafka, args: &RestoreArgs, tail: u64, run_id: &str) -> anyhow::Result<()> {
-    let mut events = settled_history(args.seed, args.tasks + tail, UNDER_WAY + tail);
-    anyhow::ensure!(
-        events
-            .iter()
-            .map(|e| e.task_id)
-            .collect::<std::collections::HashSet<_>>()
-            .len() as u64
-            == args.tasks + tail,
-        "too few tasks generated"
-    );
+    let mut events = settled_history(args.seed, args.tasks + tail, UNDER_WAY + tail)?;
     // Tasks 16 ms apart, as if they came one after the other (the generated ones share one
     // start time), so that an identity retention reaches back to a given task.
     let (mut task, mut previous) = (0u64, None);

@@ -44,23 +44,27 @@ impl Retention {
                     .as_millis() as u64;
                 let before = |kept: Duration| now.saturating_sub(kept.as_millis() as u64);
                 let cutoff = before(retention);
-                // Local mode: the publisher's durable cursor, and when the first event past it was
-                // recorded: a task settled after that is not all published, so the pass does
-                // not even look at it (while the brokers are away, say).
-                let published = (engine.ledger()).read(move |l| {
-                    if !outbox {
-                        return Ok((None, None));
+                // Local mode: the publisher's durable cursor, and when the first event past it
+                // was recorded: a task settled after that is not all published, so the pass
+                // does not even look at it (while the brokers are away, say). Kafka mode has
+                // no outbox: a result is committed with its event.
+                let (published, cutoff) = if outbox {
+                    let read = (engine.ledger()).read(|l| {
+                        let cursor = l.cursor(PUBLISHER_CURSOR)?.unwrap_or(0);
+                        let next = l.read_log(cursor + 1, 1)?.first().map(|e| e.at);
+                        Ok((cursor, next))
+                    });
+                    match read.await {
+                        Ok((cursor, next)) => {
+                            (Some(cursor), next.map_or(cutoff, |at| cutoff.min(at)))
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "retention skipped a pass: the publisher's cursor is unreadable");
+                            continue;
+                        }
                     }
-                    let cursor = l.cursor(PUBLISHER_CURSOR)?.unwrap_or(0);
-                    let next = l.read_log(cursor + 1, 1)?.first().map(|e| e.at);
-                    Ok((Some(cursor), next))
-                });
-                let (published, cutoff) = match published.await {
-                    Ok((cursor, next)) => (cursor, next.map_or(cutoff, |at| cutoff.min(at))),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "retention skipped a pass: the publisher's cursor is unreadable");
-                        continue;
-                    }
+                } else {
+                    (None, cutoff)
                 };
                 let pass = async {
                     let pruned = engine.prune_settled(cutoff, published).await?;

@@ -473,10 +473,6 @@ impl Writer {
 /// writer plans them before the journal writes them; in kafka mode a copy of a partition owned
 /// elsewhere is written by its restore too, which may record events of the task in between.
 fn check_planned(db: &DB, append: &crate::Append) -> Result<()> {
-    let cf = |name| {
-        db.cf_handle(name)
-            .expect("column families are created at open")
-    };
     // Events the same write truncates are not the removal's (a snapshot's install).
     let truncated: std::collections::HashMap<TaskId, u32> =
         append.truncate_tasks.iter().copied().collect();
@@ -498,7 +494,7 @@ fn check_planned(db: &DB, append: &crate::Append) -> Result<()> {
         // One over a task it held, whose events this write truncates: what retention kept of
         // it must be what the install replaces (an actor may have removed its history since).
         if events.is_empty() && from == Some(0) {
-            if db.get_cf(cf(CF_RETAINED), task.0)?.as_deref() != retained {
+            if crate::retention::retained_value(db, task)?.as_deref() != retained {
                 return Err(outdated());
             }
             continue;

@@ -69,11 +69,7 @@ pub(crate) fn task_stored(db: &DB, task: TaskId) -> Result<Stored> {
         db.cf_handle(name)
             .expect("column families are created at open")
     };
-    // A ledger of format 4 opened read-only has no `retained` family: nothing was removed.
-    let retained = match db.cf_handle(CF_RETAINED) {
-        Some(cf) => db.get_cf(cf, task.0)?,
-        None => None,
-    };
+    let retained = crate::retention::retained_value(db, task)?;
     let mut lsns = Vec::new();
     let mut seqs = Vec::new();
     let start = task_event_key(task, 0);

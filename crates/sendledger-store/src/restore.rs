@@ -266,14 +266,15 @@ pub fn install_append(
             if !replace {
                 continue;
             }
-            let events = ledger.task_events(task)?;
+            let stored = crate::reads::task_stored(ledger.db(), task)?;
+            let events = stored.history(task, stored.kept()?.map(|(r, _)| r).as_ref())?;
             let same = matches!(events.as_slice(), [e] if matches!(&e.body, EventBody::Pruned { retained: r } if **r == retained));
             if same {
                 continue;
             }
             append.truncate_tasks.push((task, 0));
             append.reindex(task, &fold(&events), &fold([&retained.event(task)]));
-            replaces = ledger.retained_value(task)?;
+            replaces = stored.retained;
         }
         if retained.request_version > 0 {
             let (identity, version) = (retained.identity.clone(), retained.request_version);

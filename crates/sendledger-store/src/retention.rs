@@ -389,17 +389,21 @@ impl Removal {
     }
 }
 
-/// What retention kept of `task`. A ledger of format 4 opened read-only has no `retained`
-/// family: nothing was removed from it.
+/// What retention kept of `task`, decoded.
 pub(crate) fn retained(db: &rocksdb::DB, task: TaskId) -> Result<Option<Retained>> {
-    let Some(cf) = db.cf_handle(CF_RETAINED) else {
-        return Ok(None);
-    };
-    Ok(db
-        .get_cf(cf, task.0)?
+    Ok(retained_value(db, task)?
         .map(|v| decode_retained(&v))
         .transpose()?
         .map(|(retained, _)| retained))
+}
+
+/// What retention kept of `task`, as stored. A ledger of format 4 opened read-only has no
+/// `retained` family: nothing was removed from it.
+pub(crate) fn retained_value(db: &rocksdb::DB, task: TaskId) -> Result<Option<Vec<u8>>> {
+    match db.cf_handle(CF_RETAINED) {
+        Some(cf) => Ok(db.get_cf(cf, task.0)?),
+        None => Ok(None),
+    }
 }
 
 pub(crate) fn pruned_totals(db: &rocksdb::DB) -> Result<PrunedTotals> {

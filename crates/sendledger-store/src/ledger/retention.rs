@@ -185,15 +185,6 @@ impl Ledger {
         retained(self.db(), task)
     }
 
-    /// The stored `retained` value of `task`, as written (what a removal that replaces it
-    /// subtracts from the ledger's record).
-    pub fn retained_value(&self, task: TaskId) -> Result<Option<Vec<u8>>> {
-        match self.db().cf_handle(CF_RETAINED) {
-            Some(cf) => Ok(self.db().get_cf(cf, task.0)?),
-            None => Ok(None),
-        }
-    }
-
     /// What retention removed from this ledger so far.
     pub fn pruned_totals(&self) -> Result<PrunedTotals> {
         pruned_totals(self.db())
