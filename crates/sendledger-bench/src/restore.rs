@@ -15,11 +15,10 @@ use clap::Args;
 use sendledger_core::result::event_id;
 use sendledger_core::{Event, TaskId};
 use sendledger_kafka::partition_log::{read_partition, record_event};
-use sendledger_kafka::records::event_record_json;
 use sendledger_kafka::take_over::{self, LedgerCopy, RESTORE_STEP, TAKE_OVER_TIMEOUT};
 use sendledger_kafka::{
-    event_from_json, events_source, record_headers, Kafka, KafkaConfig, LogBatch, LogRecord,
-    LogReplicator, PartitionLog, RecordKind,
+    event_from_payload, events_source, record_headers, Attributes, EventEncoding, Kafka,
+    KafkaConfig, LogBatch, LogRecord, LogReplicator, PartitionLog, RecordKind,
 };
 use sendledger_store::{restore_append, Durability, Ledger, LedgerOptions, Logged, Memory};
 
@@ -53,6 +52,17 @@ pub struct RestoreArgs {
     /// (`storage.identity_retention`); the others are forgotten. All by default.
     #[arg(long)]
     keep_identities: Option<u64>,
+    /// How the log's events are written (`kafka.events_encoding`): `json` or `binary`.
+    #[arg(long, default_value = "json", value_parser = parse_encoding)]
+    events_encoding: EventEncoding,
+}
+
+fn parse_encoding(s: &str) -> Result<EventEncoding, String> {
+    match s {
+        "json" => Ok(EventEncoding::Json),
+        "binary" => Ok(EventEncoding::Binary),
+        _ => Err(format!("{s:?} is not an encoding: json or binary")),
+    }
 }
 
 pub fn run(args: RestoreArgs) -> anyhow::Result<()> {
@@ -70,6 +80,7 @@ pub fn run(args: RestoreArgs) -> anyhow::Result<()> {
         events_topic: format!("{run_id}.events"),
         snapshots_topic: format!("{run_id}.snapshots"),
         snapshot_interval: args.snapshot_tail.map(|_| Duration::from_secs(600)),
+        events_encoding: args.events_encoding,
         partitions: 1,
         ..KafkaConfig::default()
     };
@@ -84,7 +95,7 @@ pub fn run(args: RestoreArgs) -> anyhow::Result<()> {
     }
     let events = crate::audit::sample_events(args.seed, args.tasks);
     let payloads: Vec<Vec<u8>> = (events.iter())
-        .map(event_record_json)
+        .map(|e| args.events_encoding.payload(e))
         .collect::<Result<_, _>>()?;
     let bytes: usize = payloads.iter().map(Vec::len).sum();
     let count = events.len();
@@ -116,7 +127,7 @@ pub fn run(args: RestoreArgs) -> anyhow::Result<()> {
     // The codec alone, in memory.
     let started = Instant::now();
     for payload in &payloads {
-        event_from_json(payload)?;
+        event_from_payload(payload)?;
     }
     let decode_secs = started.elapsed().as_secs_f64();
 
@@ -175,6 +186,7 @@ pub fn run(args: RestoreArgs) -> anyhow::Result<()> {
         "benchmark": "restore",
         "tasks": args.tasks,
         "events": count,
+        "events_encoding": args.events_encoding,
         "record_bytes_mean": (bytes as f64 / count as f64).round(),
         "per_transaction": args.per_transaction,
         "write_secs": round4(write_secs),
@@ -247,7 +259,7 @@ fn from_snapshot(kafka: &Kafka, args: &RestoreArgs, tail: u64, run_id: &str) -> 
         .position(|e| seen.insert(e.task_id) && seen.len() as u64 > args.tasks)
         .unwrap_or(events.len());
     let payloads: Vec<Vec<u8>> = (events.iter())
-        .map(event_record_json)
+        .map(|e| args.events_encoding.payload(e))
         .collect::<Result<_, _>>()?;
     let started = Instant::now();
     write_log(
@@ -318,6 +330,7 @@ fn from_snapshot(kafka: &Kafka, args: &RestoreArgs, tail: u64, run_id: &str) -> 
     );
     let report = serde_json::json!({
         "benchmark": "restore-from-snapshot",
+        "events_encoding": args.events_encoding,
         "tasks_before_snapshot": args.tasks,
         "events_before_snapshot": split,
         "tasks_after_snapshot": tail,
@@ -376,13 +389,14 @@ fn write_log(
             events: (chunk.iter().zip(payloads))
                 .map(|(e, payload)| LogRecord {
                     key: e.task_id.to_string(),
-                    headers: record_headers(
-                        &event_id(e.task_id, e.task_seq),
-                        &source,
-                        &RecordKind::Event(e.body.name()).ce_type(),
-                        e.at,
-                        None,
-                    ),
+                    headers: record_headers(&Attributes {
+                        id: &event_id(e.task_id, e.task_seq),
+                        source: &source,
+                        kind: &RecordKind::Event(e.body.name()).ce_type(),
+                        content_type: kafka.config().events_encoding.content_type(),
+                        at_ms: e.at,
+                        trace: None,
+                    }),
                     payload: payload.clone(),
                 })
                 .collect(),

@@ -48,6 +48,10 @@ pub enum RecordError {
     /// Not the JSON of an event record, or a body that is not its type's.
     #[error("not an event record")]
     Json(#[from] serde_json::Error),
+    /// Not an event in the ledger's encoding (`kafka.events_encoding = "binary"`), or one of a
+    /// format this build does not read.
+    #[error("not a binary event record")]
+    Binary(#[source] sendledger_store::Error),
     #[error("task_id {task_id:?} is not a task id: {problem}")]
     TaskId { task_id: String, problem: String },
     #[error("event_id is not task_id:task_seq ({task_id}:{task_seq})")]

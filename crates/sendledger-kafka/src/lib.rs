@@ -72,8 +72,8 @@ pub use produce::{request_key, RequestProducer};
 pub use publisher::{Publisher, PublisherStats, PUBLISHER_CURSOR};
 pub use reader::{Record, ResultsReader, TopicReader};
 pub use records::{
-    event_from_json, event_from_record, events_source, record_headers, results_source, EventRecord,
-    RecordKind, EVENT_ID_HEADER,
+    event_from_json, event_from_payload, event_from_record, events_source, record_headers,
+    results_source, Attributes, EventEncoding, EventRecord, RecordKind, EVENT_ID_HEADER,
 };
 pub use replicator::LogReplicator;
 pub use sink::{PartitionOwner, RequestSink, SinkError};

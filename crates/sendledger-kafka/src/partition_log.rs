@@ -28,7 +28,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::cluster::{topic_partitions, Kafka};
 use crate::config::Role;
-use crate::records::{event_from_json, EVENT_ID_HEADER};
+use crate::records::{event_from_payload, EVENT_ID_HEADER};
 use sendledger_core::{Event, TaskId};
 use sendledger_store::Logged;
 
@@ -725,11 +725,12 @@ pub(crate) fn committed_reader_config(kafka: &Kafka) -> rdkafka::ClientConfig {
     client
 }
 
-/// The event a record of the events topic carries, decoded in place (a restore reads every
-/// record of a partition: copying each, or reading its headers, was a third of the reading). A
-/// record that does not decode is named by its `sendledger-event-id` header.
+/// The event a record of the events topic carries (in either encoding), decoded in place (a
+/// restore reads every record of a partition: copying each, or reading its headers, was a
+/// third of the reading). A record that does not decode is named by its `sendledger-event-id`
+/// header.
 pub fn record_event(message: &impl Message) -> crate::Result<Event> {
-    event_from_json(message.payload().unwrap_or_default()).map_err(|e| match e {
+    event_from_payload(message.payload().unwrap_or_default()).map_err(|e| match e {
         crate::Error::BadRecord { event_id, source } if event_id.is_empty() => {
             let event_id = message_event_id(message).unwrap_or_default();
             crate::Error::BadRecord { event_id, source }

@@ -43,7 +43,7 @@ use crate::error::{Error, Result};
 use crate::projections::Projections;
 pub use crate::records::EVENT_ID_HEADER;
 use crate::records::{
-    event_record_json, events_source, fold_record_headers, results_source, RecordKind,
+    events_source, fold_record_headers, results_source, Attributes, EventEncoding, RecordKind, JSON,
 };
 
 /// The ledger cursor holding the last LSN whose records are acknowledged.
@@ -99,6 +99,7 @@ impl Publisher {
             events_topic: kafka.config().events_topic.clone(),
             events_source: events_source(&kafka.config().group_id),
             results_source: results_source(&kafka.config().group_id),
+            encoding: kafka.config().events_encoding,
             projections: Projections::default(),
         };
         let handle = tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?;
@@ -200,6 +201,7 @@ fn build_batch(
     ledger: &Ledger,
     from: u64,
     limit: usize,
+    encoding: EventEncoding,
     mut projections: Projections,
 ) -> Result<(Batch, Projections)> {
     let events = ledger.read_log(from, limit)?;
@@ -219,7 +221,7 @@ fn build_batch(
         records.push(OutRecord {
             dest: Dest::Events,
             key: key.clone(),
-            payload: event_record_json(e)?,
+            payload: encoding.payload(e)?,
             ce_type: RecordKind::Event(e.body.name()).ce_type(),
             event_id: event_id(e.task_id, e.task_seq),
             at: e.at,
@@ -335,6 +337,7 @@ struct Worker {
     /// The CloudEvents sources of the event and result records.
     events_source: String,
     results_source: String,
+    encoding: EventEncoding,
     projections: Projections,
 }
 
@@ -357,10 +360,10 @@ impl Worker {
                 continue;
             }
             let from = cursor + 1;
-            let previous = std::mem::take(&mut self.projections);
+            let (previous, encoding) = (std::mem::take(&mut self.projections), self.encoding);
             let batch = match self
                 .ledger
-                .read(move |l| Ok(build_batch(l, from, BATCH, previous)))
+                .read(move |l| Ok(build_batch(l, from, BATCH, encoding, previous)))
                 .await
             {
                 Ok(Ok((b, projections))) => {
@@ -450,17 +453,25 @@ impl Worker {
         let acks = Arc::new(BatchAcks::default());
         let mut failed = None;
         for rec in &batch.records {
-            let (topic, source) = match rec.dest {
-                Dest::Events => (&self.events_topic, &self.events_source),
-                Dest::Results => (&self.results_topic, &self.results_source),
+            let (topic, source, content_type) = match rec.dest {
+                Dest::Events => (
+                    &self.events_topic,
+                    &self.events_source,
+                    self.encoding.content_type(),
+                ),
+                Dest::Results => (&self.results_topic, &self.results_source, JSON),
+            };
+            let attributes = Attributes {
+                id: &rec.event_id,
+                source,
+                kind: &rec.ce_type,
+                content_type,
+                at_ms: rec.at,
+                trace: rec.trace,
             };
             let headers = fold_record_headers(
                 OwnedHeaders::new_with_capacity(8),
-                &rec.event_id,
-                source,
-                &rec.ce_type,
-                rec.at,
-                rec.trace,
+                &attributes,
                 |headers, key, value| {
                     headers.insert(Header {
                         key,

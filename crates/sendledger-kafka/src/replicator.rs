@@ -23,7 +23,7 @@ use crate::partition_log::{
 };
 use crate::projections::Projections;
 use crate::records::{
-    event_record_json, events_source, record_headers, results_source, RecordKind,
+    events_source, record_headers, results_source, Attributes, EventEncoding, RecordKind, JSON,
 };
 
 /// Kafka mode: the messages of a requests partition received since its offsets were last
@@ -117,16 +117,23 @@ pub struct LogReplicator<L: TransactionalLog = PartitionLog> {
     /// The CloudEvents sources of the event and result records (as the outbox publisher's).
     events_source: String,
     results_source: String,
+    encoding: EventEncoding,
 }
 
 impl<L: TransactionalLog> LogReplicator<L> {
-    /// The replicator of consumer group `group_id`'s partitions.
+    /// The replicator of consumer group `group_id`'s partitions, writing event records in JSON.
     pub fn new(group_id: &str) -> LogReplicator<L> {
         LogReplicator {
             owned: Mutex::default(),
             events_source: events_source(group_id),
             results_source: results_source(group_id),
+            encoding: EventEncoding::Json,
         }
+    }
+
+    /// Writes event records in `encoding` (`kafka.events_encoding`).
+    pub fn with_events_encoding(self, encoding: EventEncoding) -> LogReplicator<L> {
+        LogReplicator { encoding, ..self }
     }
 
     fn lock(&self) -> MutexGuard<'_, Owned<L>> {
@@ -270,26 +277,29 @@ impl<L: TransactionalLog> LogReplicator<L> {
             let (key, trace) = (projection.key(event.task_id), projection.traceparent());
             batch.events.push(LogRecord {
                 key: key.clone(),
-                payload: event_record_json(&event).map_err(|e| Replication::Failed(Arc::new(e)))?,
-                headers: record_headers(
-                    &event_id(event.task_id, event.task_seq),
-                    &self.events_source,
-                    &RecordKind::Event(event.body.name()).ce_type(),
-                    event.at,
+                payload: (self.encoding.payload(&event))
+                    .map_err(|e| Replication::Failed(Arc::new(e)))?,
+                headers: record_headers(&Attributes {
+                    id: &event_id(event.task_id, event.task_seq),
+                    source: &self.events_source,
+                    kind: &RecordKind::Event(event.body.name()).ce_type(),
+                    content_type: self.encoding.content_type(),
+                    at_ms: event.at,
                     trace,
-                ),
+                }),
             });
             if let Some(result) = result {
                 batch.results.push(LogRecord {
                     key,
                     payload: json(&result)?,
-                    headers: record_headers(
-                        &result.event_id,
-                        &self.results_source,
-                        &RecordKind::Result(result.status).ce_type(),
-                        result.at,
+                    headers: record_headers(&Attributes {
+                        id: &result.event_id,
+                        source: &self.results_source,
+                        kind: &RecordKind::Result(result.status).ce_type(),
+                        content_type: JSON,
+                        at_ms: result.at,
                         trace,
-                    ),
+                    }),
                 });
             }
         }

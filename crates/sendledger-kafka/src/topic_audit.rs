@@ -31,7 +31,7 @@ use sendledger_core::{CheckConfig, Event, TaskId};
 use crate::cluster::Kafka;
 use crate::config::Role;
 use crate::error::{Error, Result};
-use crate::records::event_from_json;
+use crate::records::event_from_payload;
 
 /// Longest wait for metadata or the next record before the replay gives up.
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -115,7 +115,7 @@ pub fn audit_topic(
         if report.events % 10_000 == 0 || ends.is_empty() {
             progress(report.events, total);
         }
-        let event = event_from_json(message.payload().unwrap_or_default())
+        let event = event_from_payload(message.payload().unwrap_or_default())
             .map_err(|e| Chain(&e).to_string());
         match event {
             Ok(event) => tasks.entry(event.task_id).or_default().push(event),

@@ -87,7 +87,9 @@ impl Service {
         // Local mode publishes from the ledger (the outbox); kafka mode writes results in the
         // transactions that record their events.
         let (publisher, replicator) = if kafka_mode {
-            let replicator = Arc::new(LogReplicator::new(&config.kafka.group_id));
+            let replicator = LogReplicator::new(&config.kafka.group_id)
+                .with_events_encoding(config.kafka.events_encoding);
+            let replicator = Arc::new(replicator);
             engine
                 .install_replicator(replicator.clone())
                 .map_err(|e| Error::step("installing the log of record", e))?;

@@ -90,21 +90,29 @@ pub fn encode_new_event(lsn: u64, event: &NewEvent) -> Vec<u8> {
 
 /// Decodes the event stored under `lsn`; the stored LSN must match its key.
 pub fn decode_event(lsn: u64, bytes: &[u8]) -> Result<Event> {
+    let event = decode(lsn, bytes)?;
+    if event.lsn != lsn {
+        return Err(Error::Corrupt {
+            lsn,
+            detail: format!("stored under lsn {lsn} but says lsn {}", event.lsn),
+        });
+    }
+    Ok(event)
+}
+
+/// Decodes an event encoded as the ledger stores it but kept elsewhere (a binary record of the
+/// events topic), whatever LSN it names.
+pub fn decode_record(bytes: &[u8]) -> Result<Event> {
+    decode(0, bytes)
+}
+
+/// `bytes` decoded as an event envelope; errors name `lsn`.
+fn decode(lsn: u64, bytes: &[u8]) -> Result<Event> {
     match bytes.first() {
         Some(
             &(EVENT_V1 | EVENT_V2 | EVENT_V3 | EVENT_V4 | EVENT_V5 | EVENT_V6 | EVENT_V7
             | EVENT_V8 | EVENT_V9 | EVENT_V10),
-        ) => {
-            let event: Event = bincode::deserialize(&bytes[1..])
-                .map_err(|source| Error::Undecodable { lsn, source })?;
-            if event.lsn != lsn {
-                return Err(Error::Corrupt {
-                    lsn,
-                    detail: format!("stored under lsn {lsn} but says lsn {}", event.lsn),
-                });
-            }
-            Ok(event)
-        }
+        ) => bincode::deserialize(&bytes[1..]).map_err(|source| Error::Undecodable { lsn, source }),
         Some(&version) => Err(Error::UnknownEnvelope { lsn, version }),
         None => Err(Error::Corrupt {
             lsn,

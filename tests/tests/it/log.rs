@@ -46,18 +46,26 @@ fn committed_event_ids(kafka: &Kafka, partition: i32, from: i64) -> (Vec<String>
 
 /// The record of `event` on the events topic, as a partition's writer makes it.
 pub(crate) fn event_log_record(event: &sendledger_core::Event) -> LogRecord {
-    let record = sendledger_kafka::records::event_record(event).unwrap();
+    event_log_record_as(event, sendledger_kafka::EventEncoding::Json)
+}
+
+/// [`event_log_record`] in `encoding`.
+fn event_log_record_as(
+    event: &sendledger_core::Event,
+    encoding: sendledger_kafka::EventEncoding,
+) -> LogRecord {
+    let event_id = sendledger_core::result::event_id(event.task_id, event.task_seq);
     LogRecord {
         key: event.task_id.to_string(),
-        headers: vec![(sendledger_kafka::EVENT_ID_HEADER, record.event_id.clone())],
-        payload: serde_json::to_vec(&record).unwrap(),
+        headers: vec![(sendledger_kafka::EVENT_ID_HEADER, event_id)],
+        payload: encoding.payload(event).unwrap(),
     }
 }
 
 /// Writes to events partition 0 of `kafka`, as an owner would have, tasks `range` named by
 /// `key` (accepted from another requests topic, an intent, and a confirmation as `r-<i>`
-/// unless `sending(i)`), in transactions of about `per_transaction` events; `extra` events go
-/// in the last one.
+/// unless `sending(i)`), in transactions of about `per_transaction` events, each event in its
+/// configured encoding (`kafka.events_encoding`); `extra` events go in the last one.
 pub(crate) fn write_tasks(
     kafka: &Kafka,
     range: std::ops::Range<usize>,
@@ -68,6 +76,7 @@ pub(crate) fn write_tasks(
 ) {
     use sendledger_core::{Event, EventBody, Evidence, Limits, Source};
     let writer = PartitionLog::open(kafka, 0, TIMEOUT).unwrap();
+    let encoding = kafka.config().events_encoding;
     let topic = format!("{}.earlier", kafka.config().requests_topic);
     let mut batch = LogBatch::default();
     let last = range.end - 1;
@@ -105,7 +114,7 @@ pub(crate) fn write_tasks(
                 at: 1_700_000_000_000 + i as u64,
                 body,
             };
-            batch.events.push(event_log_record(&event));
+            batch.events.push(event_log_record_as(&event, encoding));
         }
         if i == last {
             batch.events.extend(extra.iter().map(event_log_record));
@@ -1258,12 +1267,14 @@ async fn each_instance_answers_for_the_partitions_it_owns() {
 }
 
 /// The log of a partition holding 100,000 tasks (written to the events topic as an owner would
-/// have: 99,990 confirmed, 10 left sending with their records at the remote) is taken over by
-/// an instance on an empty disk. Once it owns the partition it knows every task: the tasks'
-/// summaries by state, a redelivery of 200 of the requests is a duplicate each (nothing sent),
-/// and the 10 tasks left sending are resumed, reconciled and confirmed by lookup without a
-/// resend. The time from start to owning the partition is printed (`sendledger-bench cluster` measures
-/// the restore rate).
+/// have: 99,980 confirmed, 20 left sending with their records at the remote; the first half in
+/// JSON records, the second in binary ones) is taken over by an instance on an empty disk, in
+/// restore steps each prepared while the one before is written. Once it owns the partition it
+/// knows every task: the tasks' summaries by state, a redelivery of 200 of the requests is a
+/// duplicate each (nothing sent), and the 20 tasks left sending are resumed, reconciled and
+/// confirmed by lookup without a resend; the events topic's audit reads every task settled. The
+/// time from start to owning the partition is printed (`sendledger-bench restore` measures the
+/// restore rate).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_partition_of_100000_tasks_is_restored_on_an_empty_disk() {
     use sendledger_core::{EventBody, Evidence, Phase};
@@ -1284,22 +1295,37 @@ async fn a_partition_of_100000_tasks_is_restored_on_an_empty_disk() {
 
     // The log an earlier owner wrote, in transactions of 10,000 events. Its requests came from
     // another topic, so the redeliveries below (on the requests topic, which is empty so far)
-    // are judged by identity alone, not by an offset already processed.
+    // are judged by identity alone, not by an offset already processed. Its first half is in
+    // JSON, its second (and what the new owner writes) in binary records: an encoding changed
+    // on a running topic.
+    let mut binary = kafka.config().clone();
+    binary.events_encoding = sendledger_kafka::EventEncoding::Binary;
+    let binary = Kafka::connect(binary).unwrap();
     let written = std::time::Instant::now();
     tokio::task::block_in_place(|| {
-        write_tasks(&kafka, 0..TASKS, &key, &|i| i < SENDING, 10_000, Vec::new());
+        let half = TASKS / 2;
+        write_tasks(&kafka, 0..half, &key, &|i| i < SENDING, 10_000, Vec::new());
+        write_tasks(
+            &binary,
+            half..TASKS,
+            &key,
+            &|i| i >= TASKS - SENDING,
+            10_000,
+            Vec::new(),
+        );
     });
     eprintln!(
         "wrote {} events in {:?}",
-        TASKS * 3 - SENDING,
+        TASKS * 3 - 2 * SENDING,
         written.elapsed()
     );
     // The remote holds the records of the tasks left sending: their attempts got through.
-    post_records(&sim, (0..SENDING).map(key)).await;
+    let sending: Vec<usize> = (0..SENDING).chain(TASKS - SENDING..TASKS).collect();
+    post_records(&sim, sending.iter().map(|&i| key(i))).await;
 
     let dir = tempfile::tempdir().unwrap();
     let started = std::time::Instant::now();
-    let service = kafka_mode_service(dir.path(), &kafka, &sim).await;
+    let service = kafka_mode_service(dir.path(), &binary, &sim).await;
     let ownership = service.engine().ownership().unwrap().clone();
     let deadline = std::time::Instant::now() + Duration::from_secs(180);
     while ownership.partitions() != [0] {
@@ -1311,14 +1337,14 @@ async fn a_partition_of_100000_tasks_is_restored_on_an_empty_disk() {
     }
     eprintln!(
         "restored {TASKS} tasks ({} events): start to partition owned in {:?}",
-        TASKS * 3 - SENDING,
+        TASKS * 3 - 2 * SENDING,
         started.elapsed()
     );
 
     let counts = service.engine().ledger().task_counts().unwrap();
     let total: u64 = counts.by_phase.values().sum();
     assert_eq!(total, TASKS as u64, "{counts:?}");
-    for i in 0..SENDING {
+    for &i in &sending {
         let state = wait_for(service.engine(), task_id(&key(i)), TIMEOUT, settled).await;
         assert_eq!(state.phase, Phase::Succeeded, "{}", key(i));
         let events = service.engine().events(task_id(&key(i))).await.unwrap();
@@ -1351,9 +1377,11 @@ async fn a_partition_of_100000_tasks_is_restored_on_an_empty_disk() {
     }
     assert_eq!(
         sim.stats().posts,
-        SENDING as u64,
+        2 * SENDING as u64,
         "a restored task was sent"
     );
+    // The log reads back whole in both encodings, the new owner's binary records too.
+    audit_events_topic(&binary, TASKS as u64);
     service.shutdown().await.unwrap();
     sim.shutdown().await;
 }

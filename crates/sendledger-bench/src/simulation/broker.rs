@@ -14,7 +14,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use sendledger_core::Event;
-use sendledger_kafka::records::event_from_json;
+use sendledger_kafka::records::event_from_payload;
 use sendledger_kafka::take_over::record_event_id;
 use sendledger_kafka::{Committed, LogBatch, LogError, LogRecord, TransactionalLog};
 
@@ -401,7 +401,7 @@ impl TransactionalLog for SimLog {
         let records = s.partitions.entry(partition).or_default();
         let mut events = Vec::new();
         for record in &batch.events {
-            let event = event_from_json(&record.payload).map_err(|e| LogError::Failed {
+            let event = event_from_payload(&record.payload).map_err(|e| LogError::Failed {
                 partition,
                 detail: format!("a record the brokers cannot read back: {e}"),
             })?;
