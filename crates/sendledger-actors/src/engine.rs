@@ -305,8 +305,10 @@ impl Engine {
 
     /// Kafka mode: applies events of requests partition `partition` read from its log of
     /// record (from the ledger's checkpoint on), and records `checkpoint`, where they end in
-    /// the log, as [`Engine::record_restored`] records them. Returns the number of events the
-    /// ledger did not hold yet, and the tasks found with two histories.
+    /// the log. Only while the partition is not owned here (its tasks do not act). Returns
+    /// the number of events the ledger did not hold yet, and the tasks found with two
+    /// histories: each owes a review, recorded with the restore (the replaced events may
+    /// exist nowhere else) and sent when the partition is assigned.
     pub async fn restore(
         &self,
         partition: i32,
@@ -321,22 +323,6 @@ impl Engine {
         let count = restored.append.events.len();
         let diverged = self.record_restore(partition, restored, checkpoint).await?;
         Ok((count, diverged))
-    }
-
-    /// Kafka mode: records a restore step of requests partition `partition`, prepared from
-    /// events read from its log of record (from the ledger's checkpoint on, by
-    /// [`sendledger_store::restore_step`]), and `checkpoint`, where they end in the log. Only
-    /// while the partition is not owned here (its tasks do not act). Returns the tasks found
-    /// with two histories: each owes a review, recorded with the restore (the replaced events
-    /// may exist nowhere else) and sent when the partition is assigned.
-    pub async fn record_restored(
-        &self,
-        partition: i32,
-        restored: Restored,
-        checkpoint: Option<Logged>,
-    ) -> Result<Vec<Diverged>> {
-        self.not_owned(partition, "restoring a partition")?;
-        self.record_restore(partition, restored, checkpoint).await
     }
 
     /// Kafka mode: truncates the ledger's copy of requests partition `partition` to its log of

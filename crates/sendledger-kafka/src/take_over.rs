@@ -12,10 +12,7 @@ use std::time::Duration;
 use rdkafka::message::Message as _;
 use sendledger_core::error::Chain;
 use sendledger_core::{Event, Retained, TaskId};
-use sendledger_store::{
-    install_append, restore_append, restore_step, truncate_append, Ledger, Logged, Restored, Step,
-    Unwritten,
-};
+use sendledger_store::{install_append, restore_append, truncate_append, Ledger, Logged};
 
 pub use crate::partition_log::LastTransaction;
 use crate::partition_log::{
@@ -91,17 +88,8 @@ pub trait Brokers: Sync {
 }
 
 /// The writer of the ledger's copy of a partition during its take-over.
-pub trait Copy: Sync {
+pub trait Copy {
     fn ledger(&self) -> &Ledger;
-
-    /// Records a restore step prepared from events read from the log ([`restore_step`]), with
-    /// where they end in it (none while a truncation is under way). Returns the events applied.
-    fn record(
-        &self,
-        partition: i32,
-        restored: Restored,
-        checkpoint: Option<Logged>,
-    ) -> Result<usize, String>;
 
     /// Applies a restore step: `events` read from the log, recorded with where they end in it
     /// (none while a truncation is under way). Returns the events applied.
@@ -110,10 +98,7 @@ pub trait Copy: Sync {
         partition: i32,
         events: Vec<Event>,
         checkpoint: Option<Logged>,
-    ) -> Result<usize, String> {
-        let restored = restore_append(self.ledger(), events).map_err(|e| Chain(&e).to_string())?;
-        self.record(partition, restored, checkpoint)
-    }
+    ) -> Result<usize, String>;
 
     /// Records tasks of the partition known from a snapshot by what retention keeps of them
     /// ([`install_append`], replacing what the copy holds of them when `replace`), before the
@@ -158,12 +143,13 @@ impl Copy for LedgerCopy<'_> {
         self.ledger
     }
 
-    fn record(
+    fn restore(
         &self,
         partition: i32,
-        restored: Restored,
+        events: Vec<Event>,
         checkpoint: Option<Logged>,
     ) -> Result<usize, String> {
+        let restored = restore_append(self.ledger, events).map_err(|e| Chain(&e).to_string())?;
         let n = restored.append.events.len();
         let (append, _) = restored.into_append(partition, checkpoint);
         self.ledger
@@ -287,23 +273,9 @@ pub fn restore<B: Brokers>(
             let _ = steps.send((step, tail.logged()));
             Ok(tail)
         });
-        // Each step is prepared while the one before is written: a recorder writes them in
-        // order, taking the next only once the last is written, so that at most one is being
-        // written while the next is prepared from what that one leaves ([`Unwritten`]).
-        let (to_record, prepared) = std::sync::mpsc::sync_channel::<(Restored, Option<Logged>)>(0);
-        let (written_tx, written) = std::sync::mpsc::channel::<()>();
-        let recorder = scope.spawn(move || -> Result<usize, String> {
-            let mut events = 0;
-            for (restored, checkpoint) in prepared {
-                events += copy.record(partition, restored, checkpoint)?;
-                let _ = written_tx.send(());
-            }
-            Ok(events)
-        });
         // Truncating: where the log ends.
         let mut end = snapshot_end;
         let mut failed = None;
-        let (mut unwritten, mut handed) = (Unwritten::default(), 0usize);
         for (events, next) in decoded.iter() {
             let at = std::time::Instant::now();
             if truncate {
@@ -313,51 +285,26 @@ pub fn restore<B: Brokers>(
                 }
                 end = next.or(end);
             }
-            let step = match restore_step(ledger, events, &unwritten) {
-                Ok(Step::AfterWrite(events)) => {
-                    // The step repeats events of the one before: prepared from the ledger
-                    // once that one is written.
-                    let all_written = (0..handed).all(|_| written.recv().is_ok());
-                    handed = 0;
-                    match all_written {
-                        true => restore_step(ledger, events, &Unwritten::default()),
-                        false => break,
-                    }
-                }
-                step => step,
-            };
-            let (restored, left) = match step {
-                Ok(Step::Prepared(restored, left)) => (*restored, left),
-                Ok(Step::AfterWrite(_)) => unreachable!("a step after a written one is prepared"),
-                Err(e) => {
-                    failed = Some(Chain(&e).to_string());
-                    break;
-                }
-            };
-            unwritten = left;
             // A copy being truncated records its checkpoint with the truncation: until then, a
             // take-over finds it apart from its log again.
-            if to_record
-                .send((restored, next.filter(|_| !truncate)))
-                .is_err()
-            {
-                break;
+            match copy.restore(partition, events, next.filter(|_| !truncate)) {
+                Ok(n) => {
+                    restore.applying += at.elapsed();
+                    restore.events += n;
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
             }
-            handed += 1;
-            restore.applying += at.elapsed();
         }
-        // Stops the reader if applying failed, and lets the recorder finish.
+        // Stops the reader if applying failed.
         drop(decoded);
-        drop(to_record);
-        let recorded = recorder
-            .join()
-            .unwrap_or_else(|_| Err("the restore's recorder panicked".into()));
         let read = reader
             .join()
             .unwrap_or_else(|_| Err("the log's reader panicked".into()));
-        match (recorded, failed) {
-            (Err(e), _) | (Ok(_), Some(e)) => return Err(e),
-            (Ok(events), None) => restore.events += events,
+        if let Some(e) = failed {
+            return Err(e);
         }
         let tail = read?;
         if truncate {

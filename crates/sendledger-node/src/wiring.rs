@@ -19,7 +19,7 @@ use sendledger_core::error::Chain;
 use sendledger_core::event::{Millis, NotSentCause};
 use sendledger_core::saga::Call;
 use sendledger_core::{
-    BoxFuture, PlannedStep, Policy, RetryClass, Source, TaskId, TaskRequest, TraceParent,
+    BoxFuture, Event, PlannedStep, Policy, RetryClass, Source, TaskId, TaskRequest, TraceParent,
 };
 use sendledger_effects::{SendSlot, Targets};
 use sendledger_kafka::snapshot;
@@ -320,15 +320,14 @@ impl take_over::Copy for EngineCopy {
         self.engine.ledger()
     }
 
-    fn record(
+    fn restore(
         &self,
         partition: i32,
-        restored: sendledger_store::Restored,
+        events: Vec<Event>,
         checkpoint: Option<sendledger_store::Logged>,
     ) -> Result<usize, String> {
-        let n = restored.append.events.len();
-        (self.runtime)
-            .block_on(self.engine.record_restored(partition, restored, checkpoint))
+        let (n, _) = (self.runtime)
+            .block_on(self.engine.restore(partition, events, checkpoint))
             .map_err(|e| Chain(&e).to_string())?;
         if let Some(restored) = &self.restored {
             restored.increment(n as u64);

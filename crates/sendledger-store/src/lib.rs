@@ -47,10 +47,7 @@ pub use journal::{
 };
 pub use ledger::{Latest, Ledger, MemoryUsage, FORMAT_VERSION};
 pub use options::{Durability, LedgerOptions, Memory};
-pub use restore::{
-    install_append, restore_append, restore_step, truncate_append, Diverged, Restored, Step,
-    Unwritten,
-};
+pub use restore::{install_append, restore_append, truncate_append, Diverged, Restored};
 pub use retention::{Chain, Checkpoint, Forget, Prune, PrunedTotals};
 pub use sendledger_core::audit::{AuditReport, Finding};
 pub use summary::{Processed, TaskSummary};

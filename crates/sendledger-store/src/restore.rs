@@ -33,13 +33,8 @@ struct Restoring {
     /// The sequence numbers below this one stand for a history retention (or a snapshot of
     /// the log) reduced to what it keeps: `held` then begins with that `Pruned` event.
     covered: u32,
-    /// A task of the step before, not written yet ([`Unwritten`]): its events are not read,
-    /// `held` is empty, and this is the sequence number after its last event.
-    unwritten_next: Option<u32>,
     /// The state the ledger's events fold to, before the restore: what the task index says.
     before: State,
-    /// The state `held` folds to (less than `before` once a later history replaced part of it).
-    base: State,
     /// Indexes of the task's new events in the restore's list, in sequence order.
     new: Vec<usize>,
     state: State,
@@ -54,23 +49,9 @@ impl Restoring {
         let state = fold(&held);
         Restoring {
             before: state.clone(),
-            base: state.clone(),
             state,
             held,
             covered,
-            unwritten_next: None,
-            new: Vec::new(),
-        }
-    }
-
-    fn unwritten(task: &Carried) -> Restoring {
-        Restoring {
-            held: Vec::new(),
-            covered: task.covered,
-            unwritten_next: Some(task.next),
-            before: task.state.clone(),
-            base: task.state.clone(),
-            state: task.state.clone(),
             new: Vec::new(),
         }
     }
@@ -84,37 +65,8 @@ impl Restoring {
     /// The sequence number after the last held event.
     fn held_next(&self) -> u32 {
         let pruned = u32::from(self.covered > 0);
-        (self.unwritten_next).unwrap_or(self.covered + self.held.len() as u32 - pruned)
+        self.covered + self.held.len() as u32 - pruned
     }
-}
-
-/// What a restore step handed to the journal leaves to the next while it may not be written
-/// yet: the state of each of its tasks, and the identity versions it records. The next step is
-/// prepared from these rather than from the ledger ([`restore_step`]), so that preparing a
-/// step and writing the one before can go on at once.
-#[derive(Debug, Default)]
-pub struct Unwritten {
-    tasks: HashMap<TaskId, Carried>,
-    versions: HashMap<Identity, u32>,
-}
-
-#[derive(Debug)]
-struct Carried {
-    covered: u32,
-    /// The sequence number after its last event.
-    next: u32,
-    state: State,
-}
-
-/// A restore step prepared by [`restore_step`], or its events given back.
-#[derive(Debug)]
-pub enum Step {
-    /// What the step writes, and what it leaves to the next until it is written.
-    Prepared(Box<Restored>, Unwritten),
-    /// The step holds an event of a task of the unwritten step at a sequence number that step
-    /// already has (the log repeats or replaces it): it is prepared again once the step before
-    /// is written, from the ledger.
-    AfterWrite(Vec<Event>),
 }
 
 /// What a restore step writes, and the tasks it found diverged.
@@ -155,20 +107,6 @@ impl Restored {
 /// from what the ledger (or an earlier event of `events`) holds at the same sequence number
 /// is rebuilt from the later ones and listed in `diverged` with what they replaced.
 pub fn restore_append(ledger: &Ledger, events: Vec<Event>) -> Result<Restored> {
-    match restore_step(ledger, events, &Unwritten::default())? {
-        Step::Prepared(restored, _) => Ok(*restored),
-        Step::AfterWrite(_) => unreachable!("a step after a written one is always prepared"),
-    }
-}
-
-/// [`restore_append`] of the step after one handed to the journal and perhaps not written yet,
-/// which left `unwritten`: the tasks of that step are taken from it instead of the ledger.
-pub fn restore_step(ledger: &Ledger, events: Vec<Event>, unwritten: &Unwritten) -> Result<Step> {
-    let repeats =
-        |e: &Event| (unwritten.tasks.get(&e.task_id)).is_some_and(|t| e.task_seq < t.next);
-    if events.iter().any(repeats) {
-        return Ok(Step::AfterWrite(events));
-    }
     let mut append = Append::default();
     let mut diverged = Vec::new();
     // The tasks in the order they first appear, and where each is in that list. The ledger's
@@ -183,17 +121,8 @@ pub fn restore_step(ledger: &Ledger, events: Vec<Event>, unwritten: &Unwritten) 
         }
     }
     let mut tasks = Vec::with_capacity(ids.len());
-    let stored: Vec<TaskId> = (ids.iter())
-        .filter(|id| !unwritten.tasks.contains_key(id))
-        .copied()
-        .collect();
-    let mut summaries = ledger.task_summaries_of(&stored)?.into_iter();
-    for id in &ids {
-        if let Some(task) = unwritten.tasks.get(id) {
-            tasks.push(Restoring::unwritten(task));
-            continue;
-        }
-        let held = match summaries.next().flatten() {
+    for (id, summary) in ids.iter().zip(ledger.task_summaries_of(&ids)?) {
+        let held = match summary {
             Some(_) => ledger.task_events(*id)?,
             None => Vec::new(),
         };
@@ -241,11 +170,8 @@ pub fn restore_step(ledger: &Ledger, events: Vec<Event>, unwritten: &Unwritten) 
                 task_seq: e.task_seq,
                 replaced,
             });
-            if e.task_seq < held_len {
-                task.held.truncate(cut);
-                task.base = fold(&task.held);
-            }
-            task.state = task.base.clone();
+            task.held.truncate(cut);
+            task.state = fold(&task.held);
             for &index in &task.new {
                 let n = new[index].as_ref().expect("a task's new events are kept");
                 task.state.apply(n.task_id, n.at, &n.body);
@@ -299,12 +225,10 @@ pub fn restore_step(ledger: &Ledger, events: Vec<Event>, unwritten: &Unwritten) 
             body: e.body,
         }));
     }
-    let versions = std::mem::take(&mut append.versions);
-    append.versions = latest_versions(ledger, versions, &unwritten.versions)?;
+    append.versions = latest_versions(ledger, std::mem::take(&mut append.versions))?;
     append.events = Vec::with_capacity(new.len());
     append.events.extend(new.into_iter().flatten());
-    let mut left = Unwritten::default();
-    for (id, task) in ids.iter().zip(tasks).filter(|(_, t)| !t.new.is_empty()) {
+    for (id, task) in ids.iter().zip(&tasks).filter(|(_, t)| !t.new.is_empty()) {
         append.tasks.push((
             *id,
             TaskSummary {
@@ -313,24 +237,8 @@ pub fn restore_step(ledger: &Ledger, events: Vec<Event>, unwritten: &Unwritten) 
             },
         ));
         append.reindex(*id, &task.before, &task.state);
-        let next = task.held_next() + task.new.len() as u32;
-        let (covered, state) = (task.covered, task.state);
-        left.tasks.insert(
-            *id,
-            Carried {
-                covered,
-                next,
-                state,
-            },
-        );
     }
-    left.versions = (append.versions.iter())
-        .map(|(identity, version, ..)| (identity.clone(), *version))
-        .collect();
-    Ok(Step::Prepared(
-        Box::new(Restored { append, diverged }),
-        left,
-    ))
+    Ok(Restored { append, diverged })
 }
 
 /// What installing `kept` takes: tasks of a partition known from a snapshot of its log by what
@@ -389,17 +297,15 @@ pub fn install_append(
             index: None,
         });
     }
-    append.versions = latest_versions(ledger, versions, &HashMap::new())?;
+    append.versions = latest_versions(ledger, versions)?;
     Ok(append)
 }
 
 /// Of `versions` (identity, version, task, payload hash), the latest of each identity, when it
-/// is later than the one the ledger holds (or the step before it, `unwritten`, records): a
-/// snapshot lists tasks in no particular order.
+/// is later than the one the ledger holds: a snapshot lists tasks in no particular order.
 fn latest_versions(
     ledger: &Ledger,
     versions: Vec<(Identity, u32, TaskId, PayloadHash)>,
-    unwritten: &HashMap<Identity, u32>,
 ) -> Result<Vec<(Identity, u32, TaskId, PayloadHash)>> {
     let mut latest: HashMap<Identity, (u32, TaskId, PayloadHash)> = HashMap::new();
     for (identity, version, task, hash) in versions {
@@ -415,11 +321,8 @@ fn latest_versions(
     }
     let mut out = Vec::with_capacity(latest.len());
     for (identity, (version, task, hash)) in latest {
-        let held = match unwritten.get(&identity) {
-            Some(&held) => Some(held),
-            None => ledger.latest_version_above_0(&identity)?.map(|l| l.version),
-        };
-        if held.is_none_or(|held| held < version) {
+        let held = ledger.latest_version_above_0(&identity)?;
+        if held.is_none_or(|l| l.version < version) {
             out.push((identity, version, task, hash));
         }
     }
@@ -633,101 +536,6 @@ mod tests {
         assert_eq!(held, [(0, 10), (1, 25), (2, 35)]);
         let summary = ledger.task_summary(task).unwrap().unwrap();
         assert_eq!((summary.phase, summary.next_seq), (Phase::Succeeded, 3));
-    }
-
-    fn prepared(step: Step) -> (Restored, Unwritten) {
-        match step {
-            Step::Prepared(restored, left) => (*restored, left),
-            Step::AfterWrite(_) => panic!("the step was not prepared"),
-        }
-    }
-
-    fn write(ledger: &Ledger, restored: Restored) {
-        let mut append = restored.append;
-        append.restored = true;
-        ledger.append_blocking(append).unwrap();
-    }
-
-    /// A take-over prepares each restore step while the one before is written: the step is
-    /// prepared from what the unwritten one leaves, and the ledger ends as a restore of one
-    /// step after the other leaves it. A step that repeats an event of the unwritten one (as a
-    /// restore from the start of a copy's last transaction does), or replaces one, is given
-    /// back whole, and prepared from the ledger once the step before is written.
-    #[test]
-    fn a_step_prepared_before_the_one_before_is_written_records_what_it_would_after() {
-        let (task, body) = accepted();
-        let unknown = EventBody::SendUnknown {
-            attempt: 1,
-            cause: sendledger_core::event::UnknownCause::Timeout,
-        };
-        let confirmed = EventBody::Confirmed {
-            remote_id: "rec-1".into(),
-            evidence: Evidence::Lookup,
-        };
-        let first = vec![event(task, 0, 10, body), event(task, 1, 20, intent(1))];
-        let second = vec![event(task, 2, 30, unknown), event(task, 3, 40, confirmed)];
-
-        let (_serial_dir, serial) = empty_ledger();
-        restore(&serial, &first);
-        restore(&serial, &second);
-
-        let (_dir, ledger) = empty_ledger();
-        let (one, left) =
-            prepared(restore_step(&ledger, first.clone(), &Unwritten::default()).unwrap());
-        let (two, _) = prepared(restore_step(&ledger, second.clone(), &left).unwrap());
-        assert!(
-            ledger.task_summary(task).unwrap().is_none(),
-            "nothing written yet"
-        );
-        assert_eq!(two.append.events.len(), 2);
-        write(&ledger, one);
-        write(&ledger, two);
-        let history = |l: &Ledger| -> Vec<(u32, u64, EventBody)> {
-            (l.task_events(task).unwrap().into_iter())
-                .map(|e| (e.task_seq, e.at, e.body))
-                .collect()
-        };
-        assert_eq!(history(&ledger), history(&serial));
-        assert_eq!(
-            ledger.task_summary(task).unwrap(),
-            serial.task_summary(task).unwrap()
-        );
-        let summary = ledger.task_summary(task).unwrap().unwrap();
-        assert_eq!((summary.phase, summary.next_seq), (Phase::Succeeded, 4));
-        assert_eq!(ledger.task_counts().unwrap(), serial.task_counts().unwrap());
-
-        // The next step begins again at the unwritten one's last event, then replaces it.
-        let (_dir, ledger) = empty_ledger();
-        let (one, left) =
-            prepared(restore_step(&ledger, first.clone(), &Unwritten::default()).unwrap());
-        let again = [vec![first[1].clone()], second.clone()].concat();
-        let Step::AfterWrite(given_back) = restore_step(&ledger, again.clone(), &left).unwrap()
-        else {
-            panic!("a step repeating the unwritten one's event was prepared without it");
-        };
-        assert_eq!(given_back, again);
-        write(&ledger, one);
-        let (two, _) = prepared(restore_step(&ledger, given_back, &Unwritten::default()).unwrap());
-        assert_eq!(two.append.events.len(), 2, "the repeated event is held");
-        assert!(two.diverged.is_empty());
-        write(&ledger, two);
-        assert_eq!(history(&ledger), history(&serial));
-
-        let (_dir, ledger) = empty_ledger();
-        let (one, left) =
-            prepared(restore_step(&ledger, first.clone(), &Unwritten::default()).unwrap());
-        let other = vec![event(task, 1, 25, intent(1))];
-        let Step::AfterWrite(other) = restore_step(&ledger, other, &left).unwrap() else {
-            panic!("a step replacing the unwritten one's event was prepared without it");
-        };
-        write(&ledger, one);
-        let (two, _) = prepared(restore_step(&ledger, other, &Unwritten::default()).unwrap());
-        assert_eq!(
-            two.diverged.len(),
-            1,
-            "two histories of the task are reported"
-        );
-        assert_eq!(two.append.truncate_tasks, [(task, 1)]);
     }
 
     /// A settled task installed from a snapshot by what retention keeps of it: the log's

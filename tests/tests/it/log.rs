@@ -1268,13 +1268,12 @@ async fn each_instance_answers_for_the_partitions_it_owns() {
 
 /// The log of a partition holding 100,000 tasks (written to the events topic as an owner would
 /// have: 99,980 confirmed, 20 left sending with their records at the remote; the first half in
-/// JSON records, the second in binary ones) is taken over by an instance on an empty disk, in
-/// restore steps each prepared while the one before is written. Once it owns the partition it
-/// knows every task: the tasks' summaries by state, a redelivery of 200 of the requests is a
-/// duplicate each (nothing sent), and the 20 tasks left sending are resumed, reconciled and
-/// confirmed by lookup without a resend; the events topic's audit reads every task settled. The
-/// time from start to owning the partition is printed (`sendledger-bench restore` measures the
-/// restore rate).
+/// JSON records, the second in binary ones) is taken over by an instance on an empty disk. Once
+/// it owns the partition it knows every task: the tasks' summaries by state, a redelivery of
+/// 200 of the requests is a duplicate each (nothing sent), and the 20 tasks left sending are
+/// resumed, reconciled and confirmed by lookup without a resend; the events topic's audit
+/// reads every task settled, the new owner's binary records too. The time from start to owning
+/// the partition is printed (`sendledger-bench restore` measures the restore rate).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_partition_of_100000_tasks_is_restored_on_an_empty_disk() {
     use sendledger_core::{EventBody, Evidence, Phase};

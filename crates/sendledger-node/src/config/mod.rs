@@ -727,6 +727,24 @@ mod tests {
     }
 
     #[test]
+    fn the_events_encoding_is_json_unless_set_to_binary() {
+        use sendledger_kafka::EventEncoding;
+        assert_eq!(
+            parse(MINIMAL, &[]).unwrap().kafka.events_encoding,
+            EventEncoding::Json
+        );
+        let binary = format!("{MINIMAL}\n[kafka]\nevents_encoding = \"binary\"\n");
+        let c = parse(&binary, &[]).unwrap();
+        assert_eq!(c.kafka.events_encoding, EventEncoding::Binary);
+        let bad = format!("{MINIMAL}\n[kafka]\nevents_encoding = \"avro\"\n");
+        let err = parse(&bad, &[]).unwrap_err().to_string();
+        assert!(
+            err.contains("events_encoding") && err.contains("avro"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn environment_overrides_the_file() {
         let c = parse(
             MINIMAL,
