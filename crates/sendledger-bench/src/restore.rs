@@ -57,12 +57,10 @@ pub struct RestoreArgs {
     events_encoding: EventEncoding,
 }
 
+/// An encoding by the name the configuration gives it (`kafka.events_encoding`).
 fn parse_encoding(s: &str) -> Result<EventEncoding, String> {
-    match s {
-        "json" => Ok(EventEncoding::Json),
-        "binary" => Ok(EventEncoding::Binary),
-        _ => Err(format!("{s:?} is not an encoding: json or binary")),
-    }
+    use serde::de::{value::Error, Deserialize, IntoDeserializer};
+    EventEncoding::deserialize(s.into_deserializer()).map_err(|e: Error| e.to_string())
 }
 
 pub fn run(args: RestoreArgs) -> anyhow::Result<()> {
