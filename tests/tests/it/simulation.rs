@@ -46,8 +46,11 @@ fn kafka_mode_keeps_its_promises_over_200_seeded_schedules() {
     let options = Options::default();
     let mut failed = Vec::new();
     let mut total = Report::default();
+    // Seeds whose log holds records of both encodings (instances writing JSON and binary).
+    let mut mixed = 0;
     for seed in first..first + SEEDS {
         let report = simulate(seed, &options);
+        mixed += u64::from((1..options.instances).contains(&report.binary_instances));
         if !report.violations.is_empty() {
             failed.push(format!("seed {seed}: {:#?}", report.violations));
         }
@@ -84,6 +87,7 @@ fn kafka_mode_keeps_its_promises_over_200_seeded_schedules() {
         ("failed commits", total.commits_failed),
         ("events applied by standby copies", total.standby_events),
         ("take-overs cut short", total.take_overs_cut),
+        ("logs of JSON and binary event records", mixed),
     ] {
         assert!(n > 0, "no {what} in {SEEDS} seeds");
     }

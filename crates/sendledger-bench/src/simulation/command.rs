@@ -51,6 +51,7 @@ pub fn run_args(args: SimulateArgs) -> anyhow::Result<bool> {
     };
     let started = Instant::now();
     let (mut runs, mut steps, mut take_overs, mut crashes, mut freezes) = (0u64, 0, 0, 0, 0);
+    let mut binary_instances = 0;
     let mut failed = Vec::new();
     for seed in seeds.clone() {
         let dir = tempfile::tempdir()?;
@@ -60,6 +61,7 @@ pub fn run_args(args: SimulateArgs) -> anyhow::Result<bool> {
         take_overs += report.take_overs;
         crashes += report.crashes;
         freezes += report.freezes;
+        binary_instances += report.binary_instances;
         if args.each {
             println!("{}", serde_json::to_string(&report)?);
         }
@@ -77,6 +79,7 @@ pub fn run_args(args: SimulateArgs) -> anyhow::Result<bool> {
         "take_overs": take_overs,
         "crashes": crashes,
         "freezes": freezes,
+        "instances_writing_binary_records": binary_instances,
         "seconds": secs,
         "runs_per_minute": runs as f64 * 60.0 / secs,
         "failed_seeds": failed,

@@ -19,7 +19,7 @@ use sendledger_core::decide::{decide, Action, Ctx, Input, Policy};
 use sendledger_core::{fold, Event, TaskId};
 use sendledger_kafka::standby;
 use sendledger_kafka::take_over::{self, Brokers as _};
-use sendledger_kafka::LogReplicator;
+use sendledger_kafka::{EventEncoding, LogReplicator};
 use sendledger_store::{Append, Durability, Ledger, LedgerOptions, Memory};
 
 use super::broker::{Broker, SimLog};
@@ -72,6 +72,8 @@ pub struct Instance {
     dir: PathBuf,
     ledger: Option<Ledger>,
     replicator: Arc<LogReplicator<SimLog>>,
+    /// How its replicator writes event records (`kafka.events_encoding`).
+    encoding: EventEncoding,
     /// Owned partitions and the ownership epoch of each.
     pub owned: BTreeMap<i32, u64>,
     epoch: u64,
@@ -103,12 +105,13 @@ pub struct Env<'a> {
 }
 
 impl Instance {
-    pub fn start(id: usize, dir: PathBuf) -> anyhow::Result<Instance> {
+    pub fn start(id: usize, dir: PathBuf, encoding: EventEncoding) -> anyhow::Result<Instance> {
         let mut instance = Instance {
             id,
             dir,
             ledger: None,
             replicator: Arc::new(LogReplicator::new("sim")),
+            encoding,
             owned: BTreeMap::new(),
             epoch: 0,
             consumed: BTreeMap::new(),
@@ -136,7 +139,7 @@ impl Instance {
             archive: None,
         };
         let ledger = Ledger::open(&self.dir, options)?;
-        self.replicator = Arc::new(LogReplicator::new("sim"));
+        self.replicator = Arc::new(LogReplicator::new("sim").with_events_encoding(self.encoding));
         if ledger.install_replicator(self.replicator.clone()).is_err() {
             anyhow::bail!("the ledger refused the replicator");
         }

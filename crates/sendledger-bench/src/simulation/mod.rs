@@ -33,6 +33,7 @@ use sendledger_core::decide::{AttemptOutcome, Input, Policy, ReconcilePolicy};
 use sendledger_core::event::{NotSentCause, UnknownCause};
 use sendledger_core::retry::RetryPolicy;
 use sendledger_core::{Limits, Source, TaskRequest};
+use sendledger_kafka::EventEncoding;
 
 use broker::{Broker, Ending};
 use instance::{Effect, Env, Instance};
@@ -65,8 +66,9 @@ pub struct Options {
     /// the checks see what the lease prevents (a deposed owner's late send).
     pub send_lease: bool,
     /// Whether seeds draw the moves added after the fixed seeds of the tests were found
-    /// (standby copies caught up, a take-over cut short by a kill), from a generator of their
-    /// own. Off, every seed runs the schedule it ran before them.
+    /// (standby copies caught up, a take-over cut short by a kill, instances writing binary
+    /// event records), from a generator of their own. Off, every seed runs the schedule it
+    /// ran before them.
     pub newer_moves: bool,
 }
 
@@ -126,6 +128,8 @@ pub struct Report {
     /// The brokers committed fenced writers' open transactions (as the test broker does).
     pub commits_fenced: bool,
     pub swarm: Swarm,
+    /// Instances writing binary event records (the others write JSON ones).
+    pub binary_instances: usize,
     pub steps: usize,
     pub commits: u64,
     pub commits_failed: u64,
@@ -173,6 +177,14 @@ pub fn run(seed: u64, dir: &Path, options: &Options) -> anyhow::Result<Report> {
         swarm.standby = [0, 8][newer.random_range(0..2)];
         swarm.cut_take_over = [0, 1, 2][newer.random_range(0..3)];
     }
+    // Each instance writes the events topic's records in an encoding of its own (both kinds
+    // of record in one log, as while a running topic is switched): every reader reads both.
+    let encodings: Vec<EventEncoding> = (0..options.instances)
+        .map(|_| match options.newer_moves && newer.random_bool(0.5) {
+            true => EventEncoding::Binary,
+            false => EventEncoding::Json,
+        })
+        .collect();
     let mut world = World {
         trace: options.trace,
         send_lease: options.send_lease,
@@ -191,15 +203,18 @@ pub fn run(seed: u64, dir: &Path, options: &Options) -> anyhow::Result<Report> {
             seed,
             commits_fenced,
             swarm,
+            binary_instances: encodings
+                .iter()
+                .filter(|e| **e == EventEncoding::Binary)
+                .count(),
             ..Report::default()
         },
         partitions: options.partitions,
         rng,
     };
-    for i in 0..options.instances {
-        world
-            .instances
-            .push(Instance::start(i, dir.join(format!("instance-{i}")))?);
+    for (i, encoding) in encodings.into_iter().enumerate() {
+        let dir = dir.join(format!("instance-{i}"));
+        world.instances.push(Instance::start(i, dir, encoding)?);
     }
     world.requests = requests(&mut world.rng, options);
     world.rebalance();
