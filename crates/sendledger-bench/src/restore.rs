@@ -57,6 +57,15 @@ pub struct RestoreArgs {
     events_encoding: EventEncoding,
 }
 
+/// The records' values of `events` in the log's encoding (`kafka.events_encoding`).
+fn payloads(kafka: &Kafka, events: &[Event]) -> anyhow::Result<Vec<Vec<u8>>> {
+    let encoding = kafka.config().events_encoding;
+    Ok(events
+        .iter()
+        .map(|e| encoding.payload(e))
+        .collect::<Result<_, _>>()?)
+}
+
 /// An encoding by the name the configuration gives it (`kafka.events_encoding`).
 fn parse_encoding(s: &str) -> Result<EventEncoding, String> {
     use serde::de::{value::Error, Deserialize, IntoDeserializer};
@@ -92,9 +101,7 @@ pub fn run(args: RestoreArgs) -> anyhow::Result<()> {
         return from_snapshot(&kafka, &args, tail, &run_id);
     }
     let events = crate::audit::sample_events(args.seed, args.tasks);
-    let payloads: Vec<Vec<u8>> = (events.iter())
-        .map(|e| args.events_encoding.payload(e))
-        .collect::<Result<_, _>>()?;
+    let payloads = payloads(&kafka, &events)?;
     let bytes: usize = payloads.iter().map(Vec::len).sum();
     let count = events.len();
 
@@ -256,9 +263,7 @@ fn from_snapshot(kafka: &Kafka, args: &RestoreArgs, tail: u64, run_id: &str) -> 
     let split = (events.iter())
         .position(|e| seen.insert(e.task_id) && seen.len() as u64 > args.tasks)
         .unwrap_or(events.len());
-    let payloads: Vec<Vec<u8>> = (events.iter())
-        .map(|e| args.events_encoding.payload(e))
-        .collect::<Result<_, _>>()?;
+    let payloads = payloads(kafka, &events)?;
     let started = Instant::now();
     write_log(
         kafka,
