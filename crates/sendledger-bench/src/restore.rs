@@ -98,7 +98,7 @@ pub fn run(args: RestoreArgs) -> anyhow::Result<()> {
         .block_on(kafka.ensure_topics(1, Duration::from_secs(30), true))?;
 
     if let Some(tail) = args.snapshot_tail {
-        return from_snapshot(&kafka, &args, tail, &run_id);
+        return from_snapshot(&kafka, &args, tail);
     }
     let events = crate::audit::sample_events(args.seed, args.tasks);
     let payloads = payloads(&kafka, &events)?;
@@ -154,27 +154,13 @@ pub fn run(args: RestoreArgs) -> anyhow::Result<()> {
 
     // The whole restore, as a take-over runs it.
     let ledger = open_ledger(&dir.path().join("restored"))?;
-    let replicator = LogReplicator::<PartitionLog>::new(&run_id);
-    let log = PartitionLog::open(&kafka, 0, TAKE_OVER_TIMEOUT)?;
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+    // A take-over opens the partition's log first, fencing every earlier writer.
+    let _log = PartitionLog::open(&kafka, 0, TAKE_OVER_TIMEOUT)?;
     let started = Instant::now();
-    let restore = take_over::restore(
-        &kafka,
-        &LedgerCopy { ledger: &ledger },
-        &replicator,
-        0,
-        &log,
-        now.as_millis() as i64,
-        RESTORE_STEP,
-    )
-    .map_err(anyhow::Error::msg)
-    .context("restoring the partition")?;
+    let restore = take_over::restore(&kafka, &LedgerCopy { ledger: &ledger }, 0, RESTORE_STEP)
+        .map_err(anyhow::Error::msg)
+        .context("restoring the partition")?;
     let restore_secs = started.elapsed().as_secs_f64();
-    anyhow::ensure!(
-        restore.republished == 0,
-        "the restore published {} results again: the log lacks results it announces",
-        restore.republished
-    );
     anyhow::ensure!(
         restore.events == count,
         "the restore applied {} events of {count}",
@@ -247,7 +233,7 @@ fn settled_history(seed: u64, tasks: u64, recent: u64) -> anyhow::Result<Vec<Eve
 
 /// `--snapshot-tail`: the log of `args.tasks` tasks, a snapshot of it, `tail` tasks more, and
 /// the take-over's restore on an empty disk, which begins from the snapshot.
-fn from_snapshot(kafka: &Kafka, args: &RestoreArgs, tail: u64, run_id: &str) -> anyhow::Result<()> {
+fn from_snapshot(kafka: &Kafka, args: &RestoreArgs, tail: u64) -> anyhow::Result<()> {
     let mut events = settled_history(args.seed, args.tasks + tail, UNDER_WAY + tail)?;
     // Tasks 16 ms apart, as if they came one after the other (the generated ones share one
     // start time), so that an identity retention reaches back to a given task.
@@ -300,20 +286,11 @@ fn from_snapshot(kafka: &Kafka, args: &RestoreArgs, tail: u64, run_id: &str) -> 
 
     let dir = tempfile::tempdir()?;
     let ledger = open_ledger(dir.path())?;
-    let replicator = LogReplicator::<PartitionLog>::new(run_id);
-    let log = PartitionLog::open(kafka, 0, TAKE_OVER_TIMEOUT)?;
+    let _log = PartitionLog::open(kafka, 0, TAKE_OVER_TIMEOUT)?;
     let started = Instant::now();
-    let restore = take_over::restore(
-        kafka,
-        &LedgerCopy { ledger: &ledger },
-        &replicator,
-        0,
-        &log,
-        now_ms()? as i64,
-        RESTORE_STEP,
-    )
-    .map_err(anyhow::Error::msg)
-    .context("restoring the partition")?;
+    let restore = take_over::restore(kafka, &LedgerCopy { ledger: &ledger }, 0, RESTORE_STEP)
+        .map_err(anyhow::Error::msg)
+        .context("restoring the partition")?;
     let restore_secs = started.elapsed().as_secs_f64();
     let manifest = restore
         .snapshot

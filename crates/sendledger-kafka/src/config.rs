@@ -350,6 +350,11 @@ impl KafkaConfig {
                 c.set("auto.offset.reset", "earliest");
                 // Statistics carry the consumer lag exported as a metric.
                 c.set("statistics.interval.ms", "5000");
+                // Cooperative incremental rebalancing: a member joining or leaving moves only
+                // the partitions that change owner; the others are never revoked, so they
+                // never pause and are never taken over again (eager assignment revoked every
+                // partition of every member at each change).
+                c.set("partition.assignment.strategy", "cooperative-sticky");
                 if self.is_embedded() {
                     // The cluster lives in this process: no network to be lenient about, and a
                     // restarted consumer should not wait out the default 45 s session of the
@@ -556,6 +561,10 @@ mod tests {
         assert_eq!(i.get("enable.auto.offset.store"), Some("false"));
         assert_eq!(i.get("enable.auto.commit"), Some("false"));
         assert_eq!(i.get("group.id"), Some("sendledger"));
+        assert_eq!(
+            i.get("partition.assignment.strategy"),
+            Some("cooperative-sticky")
+        );
         assert_eq!(i.get("group.instance.id"), None);
         let with_id = KafkaConfig {
             brokers: "k:9092".into(),

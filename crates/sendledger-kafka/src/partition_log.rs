@@ -26,7 +26,7 @@ use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
-use crate::cluster::{topic_partitions, Kafka};
+use crate::cluster::Kafka;
 use crate::config::Role;
 use crate::records::{event_from_payload, EVENT_ID_HEADER};
 use sendledger_core::{Event, TaskId};
@@ -223,12 +223,9 @@ impl PartitionLog {
         })
     }
 
-    /// Writes the batch's records into the open transaction: its events first, acknowledged
-    /// before its results are written, so that a transaction committed in part (a broker that
-    /// commits a fenced writer's open transaction with the records that reached it, instead
-    /// of aborting it) never holds a result without the event that makes it: a new owner that
-    /// restores the event does not decide the task again ([`missing_results`] finds a
-    /// result left out).
+    /// Writes the batch's records into the open transaction: its events, its results and the
+    /// requests offset it commits. The brokers make them visible together or not at all (a
+    /// fenced writer's open transaction is aborted), so nothing orders them within it.
     fn write(
         &self,
         batch: &LogBatch,
@@ -240,9 +237,6 @@ impl PartitionLog {
             &batch.events,
             EVENT,
         )?;
-        if !batch.events.is_empty() && !batch.results.is_empty() {
-            self.delivered()?;
-        }
         self.produce(&self.results_topic, None, &batch.results, RESULT)?;
         if let (Some(next), Some(group)) = (batch.next_request_offset, group) {
             let mut offsets = TopicPartitionList::new();
@@ -592,80 +586,6 @@ pub fn event_at(
             }
         }
     }
-}
-
-/// Which of the results `wanted` (by event id) the results topic lacks, looking at what was
-/// written from `since` (a record timestamp, in ms) to its end, as a `read_committed`
-/// consumer: how a take-over finds the results of the previous owner's last transaction that a
-/// broker committed without them (see [`PartitionLog`]'s write order). Gives up when nothing
-/// arrives for `idle` while a partition's end is not reached.
-pub fn missing_results(
-    kafka: &Kafka,
-    since: i64,
-    wanted: &[String],
-    idle: Duration,
-) -> crate::Result<Vec<String>> {
-    let mut missing: std::collections::BTreeSet<&str> = wanted.iter().map(String::as_str).collect();
-    if missing.is_empty() {
-        return Ok(Vec::new());
-    }
-    let topic = kafka.config().results_topic.clone();
-    let consumer = committed_reader(kafka)?;
-    let partitions = topic_partitions(&consumer, &topic, idle)?;
-    let mut times = TopicPartitionList::new();
-    for &p in &partitions {
-        times.add_partition_offset(&topic, p, Offset::Offset(since))?;
-    }
-    let starts = consumer.offsets_for_times(times, idle)?;
-    let mut ends = std::collections::HashMap::new();
-    let mut from = TopicPartitionList::new();
-    for e in starts.elements() {
-        let (_, end) = consumer.fetch_watermarks(&topic, e.partition(), idle)?;
-        if let Offset::Offset(start) = e.offset() {
-            if start < end {
-                ends.insert(e.partition(), end);
-                from.add_partition_offset(&topic, e.partition(), Offset::Offset(start))?;
-            }
-        }
-    }
-    consumer.assign(&from)?;
-    let mut last_progress = Instant::now();
-    while !ends.is_empty() && !missing.is_empty() {
-        match consumer.poll(Duration::from_millis(10)) {
-            Some(Ok(m)) => {
-                last_progress = Instant::now();
-                if let Some(id) = message_event_id(&m) {
-                    missing.remove(id.as_str());
-                }
-                if ends
-                    .get(&m.partition())
-                    .is_some_and(|end| m.offset() + 1 >= *end)
-                {
-                    ends.remove(&m.partition());
-                }
-            }
-            Some(Err(e)) => return Err(e.into()),
-            None => {
-                let positions = consumer.position()?;
-                ends.retain(|p, end| {
-                    !matches!(
-                        positions.find_partition(&topic, *p).map(|e| e.offset()),
-                        Some(Offset::Offset(o)) if o >= *end
-                    )
-                });
-                if !ends.is_empty() && last_progress.elapsed() > idle {
-                    return Err(crate::Error::Replay {
-                        topic,
-                        detail: format!(
-                            "no record for {idle:?} before the ends of {:?}",
-                            ends.keys()
-                        ),
-                    });
-                }
-            }
-        }
-    }
-    Ok(missing.into_iter().map(String::from).collect())
 }
 
 /// The `sendledger-event-id` header of a record, read in place.

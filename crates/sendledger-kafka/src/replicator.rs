@@ -152,11 +152,10 @@ impl<L: TransactionalLog> LogReplicator<L> {
         owned.projections.remove(&partition);
     }
 
-    /// The result records `events` (of requests partition `partition`, in log order, as a
-    /// restore read them) announce, exactly as their writer made them: how a take-over
-    /// publishes again a result the previous owner's last transaction lost (see
-    /// [`crate::partition_log::missing_results`]). `history` reads a task's events from the
-    /// ledger. Call it before the partition is owned.
+    /// The result records `events` (of requests partition `partition`, in log order) announce,
+    /// exactly as the partition's owner makes them: how a log is written as its owner writes it
+    /// without running the owner (the restore benchmark's log). `history` reads a task's
+    /// events before `events`.
     pub fn results_of(
         &self,
         partition: i32,

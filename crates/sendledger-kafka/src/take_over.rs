@@ -1,8 +1,7 @@
 //! Kafka mode's take-over of a partition, from its log opened (every older writer fenced) to
 //! the partition ready to be owned: the ledger's copy checked against the log, the log read
 //! from the copy's checkpoint and applied a step at a time (or the whole log, and the copy
-//! truncated to it), and the results the log's last transaction announces that the results
-//! topic lacks published again. Generic over the brokers ([`Brokers`]: [`Kafka`], or the
+//! truncated to it). Generic over the brokers ([`Brokers`]: [`Kafka`], or the
 //! simulation's model of them) and over the writer of the copy ([`Copy`]: the engine, or the
 //! simulation's instance), so that the simulation runs this code.
 
@@ -16,11 +15,8 @@ use sendledger_store::{install_append, restore_append, truncate_append, Ledger, 
 
 pub use crate::partition_log::LastTransaction;
 use crate::partition_log::{
-    event_at, missing_results, read_partition, record_event, LogBatch, LogRecord, PartitionLog,
-    TransactionalLog,
+    event_at, read_partition, record_event, PartitionLog, TransactionalLog,
 };
-use crate::records::EVENT_ID_HEADER;
-use crate::replicator::LogReplicator;
 use crate::snapshot::{Entry, Manifest};
 use crate::Kafka;
 
@@ -35,10 +31,6 @@ pub const RESTORE_STEP: usize = 10_000;
 /// of the partition's last generation here to end (see
 /// [`sendledger_store::Ledger::quiesce_blocking`]).
 pub const QUIESCE: Duration = Duration::from_secs(5);
-
-/// Clock skew allowed between the last transaction's writer and the instance taking over when
-/// telling whether it was recent enough to have been open at the fencing.
-const LOST_RESULTS_SLACK: Duration = Duration::from_secs(30);
 
 /// The brokers as a take-over reads them.
 pub trait Brokers: Sync {
@@ -60,9 +52,6 @@ pub trait Brokers: Sync {
         from: i64,
         each: &mut dyn FnMut(i64, i64, Event) -> Result<(), String>,
     ) -> Result<(), String>;
-
-    /// Which result event ids of `wanted` the results topic does not hold from `since` (ms) on.
-    fn missing_results(&self, since: i64, wanted: &[String]) -> Result<Vec<String>, String>;
 
     /// The first offset the events partition still holds (its retention may have removed
     /// the events before it).
@@ -181,17 +170,14 @@ pub struct Restore {
     pub events: usize,
     /// Why the copy was found apart from its log and truncated to it, if it was.
     pub truncated: Option<String>,
-    /// Results of the log's last transaction published again.
-    pub republished: usize,
     /// Time spent applying (the rest is waiting for the brokers).
     pub applying: Duration,
     /// The snapshot the restore began from, if it began from one.
     pub snapshot: Option<Manifest>,
 }
 
-/// Restores partition `partition`, whose log `log` was just opened, from `brokers` into
-/// `copy` in steps of `step` events, and publishes again through `log` the results its last
-/// transaction lost. `now` is the time in ms. Call it before the partition is owned.
+/// Restores partition `partition`, whose log was just opened, from `brokers` into `copy` in
+/// steps of `step` events. Call it before the partition is owned.
 ///
 /// The copy is checked against the log first: the log must still hold, at the offset before
 /// the checkpoint, the last event the copy recorded. A copy ahead of its log or apart from it
@@ -201,10 +187,7 @@ pub struct Restore {
 pub fn restore<B: Brokers>(
     brokers: &B,
     copy: &impl Copy,
-    replicator: &LogReplicator<B::Log>,
     partition: i32,
-    log: &B::Log,
-    now: i64,
     step: usize,
 ) -> Result<Restore, String> {
     let step_size = step.max(1);
@@ -252,11 +235,11 @@ pub fn restore<B: Brokers>(
     });
     let truncate = truncated.is_some();
     restore.truncated = truncated;
-    let tail = std::thread::scope(|scope| {
+    std::thread::scope(|scope| {
         // Each step comes with where it ends in the log (none for an empty step): the
         // checkpoint, whose offset before is an event, and its last transaction's start.
         let (steps, decoded) = std::sync::mpsc::sync_channel::<(Vec<Event>, Option<Logged>)>(2);
-        let reader = scope.spawn(move || -> Result<LastTransaction, String> {
+        let reader = scope.spawn(move || -> Result<(), String> {
             let mut step = Vec::with_capacity(step_size);
             let mut tail = LastTransaction::default();
             brokers.read(partition, from, &mut |offset, timestamp, event| {
@@ -271,7 +254,7 @@ pub fn restore<B: Brokers>(
                 Ok(())
             })?;
             let _ = steps.send((step, tail.logged()));
-            Ok(tail)
+            Ok(())
         });
         // Truncating: where the log ends.
         let mut end = snapshot_end;
@@ -306,7 +289,7 @@ pub fn restore<B: Brokers>(
         if let Some(e) = failed {
             return Err(e);
         }
-        let tail = read?;
+        read?;
         if truncate {
             if restore.snapshot.is_some() {
                 // A settled task the snapshot left out (its identity's retention ended) is not
@@ -321,10 +304,8 @@ pub fn restore<B: Brokers>(
             let end = end.unwrap_or(Logged { first: 0, next: 0 });
             copy.truncate(partition, std::mem::take(&mut logged), end)?;
         }
-        Ok(tail)
+        Ok(())
     })?;
-    restore.republished =
-        publish_lost_results(brokers, copy, replicator, partition, log, tail, now)?;
     Ok(restore)
 }
 
@@ -456,65 +437,6 @@ fn check_copy(
     }
 }
 
-/// Publishes again, in a transaction of the new log before the partition is worked, the
-/// results the log's last transaction announces that the results topic lacks, and returns how
-/// many. A broker that keeps its promises aborts a fenced writer's open transaction, and then
-/// there are none; one that commits it with the records that reached it (the test broker) can
-/// leave the events without their results, since the log writes a transaction's events before
-/// its results. Only a transaction recent enough to have been open at the fencing (within the
-/// transaction timeout) is looked at, and the results topic only from its time on.
-fn publish_lost_results<B: Brokers>(
-    brokers: &B,
-    copy: &impl Copy,
-    replicator: &LogReplicator<B::Log>,
-    partition: i32,
-    log: &B::Log,
-    tail: LastTransaction,
-    now: i64,
-) -> Result<usize, String> {
-    let open_for = (TAKE_OVER_TIMEOUT + LOST_RESULTS_SLACK).as_millis() as i64;
-    if tail.events.is_empty() || tail.written_at < now - open_for {
-        return Ok(0);
-    }
-    let ledger = copy.ledger();
-    let mut events = Vec::with_capacity(tail.events.len());
-    for (task, seq) in tail.events {
-        if let Some(e) = ledger
-            .task_event(task, seq)
-            .map_err(|e| Chain(&e).to_string())?
-        {
-            events.push(e);
-        }
-    }
-    let results = replicator
-        .results_of(partition, &events, &|task| ledger.task_events(task))
-        .map_err(|e| format!("projecting the log's last results: {e:?}"))?;
-    let wanted: Vec<String> = results.iter().filter_map(record_event_id).collect();
-    // Its results were produced after its events, by the same producer: from the first
-    // event's timestamp on (a second earlier, for timestamps taken on another thread).
-    let missing = brokers.missing_results(tail.written_at - 1000, &wanted)?;
-    if missing.is_empty() {
-        return Ok(0);
-    }
-    let batch = LogBatch {
-        results: (results.into_iter())
-            .filter(|r| record_event_id(r).is_some_and(|id| missing.contains(&id)))
-            .collect(),
-        ..LogBatch::default()
-    };
-    tracing::error!(partition, results = batch.results.len(), "the log's last transaction holds events whose results the brokers did not keep (a fenced writer's transaction committed in part): they are published again");
-    log.commit(&batch, None)
-        .map_err(|e| Chain(&e).to_string())?;
-    Ok(batch.results.len())
-}
-
-/// The event id a record of the log carries in its headers.
-pub fn record_event_id(record: &LogRecord) -> Option<String> {
-    (record.headers.iter())
-        .find(|(k, _)| *k == EVENT_ID_HEADER)
-        .map(|(_, v)| v.clone())
-}
-
 impl Brokers for Kafka {
     type Log = PartitionLog;
 
@@ -550,10 +472,6 @@ impl Brokers for Kafka {
             (Err(e), None) => Err(Chain(&e).to_string()),
             (Ok(_), None) => Ok(()),
         }
-    }
-
-    fn missing_results(&self, since: i64, wanted: &[String]) -> Result<Vec<String>, String> {
-        missing_results(self, since, wanted, TAKE_OVER_TIMEOUT).map_err(|e| Chain(&e).to_string())
     }
 
     fn log_start(&self, partition: i32) -> Result<i64, String> {

@@ -24,9 +24,7 @@ use sendledger_core::{
 use sendledger_effects::{SendSlot, Targets};
 use sendledger_kafka::snapshot;
 use sendledger_kafka::take_over::{self, Brokers as _};
-use sendledger_kafka::{
-    Kafka, LogReplicator, PartitionLog, PartitionOwner, RequestSink, SinkError, Standby,
-};
+use sendledger_kafka::{Kafka, LogReplicator, PartitionOwner, RequestSink, SinkError, Standby};
 use sendledger_store::{Append, Ledger, Processed};
 
 /// The engine's remote over HTTP.
@@ -493,9 +491,9 @@ impl KafkaOwner {
         })
     }
 
-    /// Restores the partition from its log `log` just opened (see [`take_over::restore`]),
-    /// with its metrics and logs.
-    fn restore(&self, partition: i32, log: &PartitionLog) -> Result<usize, String> {
+    /// Restores the partition from its log, just opened (see [`take_over::restore`]), with its
+    /// metrics and logs.
+    fn restore(&self, partition: i32) -> Result<usize, String> {
         let label = partition.to_string();
         let restoring = metrics::gauge!(crate::metric_definitions::PARTITION_RESTORING, "partition" => label.clone());
         let copy = EngineCopy {
@@ -507,16 +505,7 @@ impl KafkaOwner {
         };
         restoring.set(1.0);
         let started = std::time::Instant::now();
-        let now = sendledger_actors::now_ms() as i64;
-        let outcome = take_over::restore(
-            &self.kafka,
-            &copy,
-            &self.replicator,
-            partition,
-            log,
-            now,
-            take_over::RESTORE_STEP,
-        );
+        let outcome = take_over::restore(&self.kafka, &copy, partition, take_over::RESTORE_STEP);
         restoring.set(0.0);
         metrics::histogram!(crate::metric_definitions::PARTITION_RESTORE_SECONDS)
             .record(started.elapsed().as_secs_f64());
@@ -549,7 +538,7 @@ impl KafkaOwner {
         // Opening the log fences the previous owner and aborts its open transaction, so what
         // is read next is all it ever committed.
         let log = self.kafka.open(partition)?;
-        let restored = self.restore(partition, &log)?;
+        let restored = self.restore(partition)?;
         {
             let claims = self.claims();
             if claims.held.get(&partition) != Some(&claim) {

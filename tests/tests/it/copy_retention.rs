@@ -10,8 +10,8 @@ use sendledger_kafka::Kafka;
 use sendledger_store::Ledger;
 use sendledger_tests::engine::task_id;
 use sendledger_tests::kafka::{
-    assert_one_record_each, config_for_process, produce, request_messages, results_for,
-    start_tansu, task_ids, wait_for,
+    assert_one_record_each, config_for_process, produce, request_messages, results_for, task_ids,
+    wait_for, Broker,
 };
 
 use crate::log::{audit_events_topic, kafka_mode_service_with};
@@ -52,10 +52,10 @@ async fn service(
 async fn copies_of_owned_and_followed_partitions_are_pruned_and_nothing_is_sent_twice() {
     use sendledger_sim::{Sim, SimConfig};
 
-    let tansu = tokio::task::block_in_place(start_tansu);
+    let broker = tokio::task::block_in_place(Broker::cluster);
     let kafka = Kafka::connect(sendledger_kafka::KafkaConfig {
         standby: true,
-        ..config_for_process(&format!("127.0.0.1:{}", tansu.port))
+        ..config_for_process(&broker)
     })
     .unwrap();
     let sim = Sim::start(SimConfig::default()).await.unwrap();

@@ -406,16 +406,15 @@ async fn a_forgotten_identity_is_a_new_task() {
 
 /// `storage.identity_retention` shorter than the requests topic keeps its messages is refused
 /// at start, naming both (a redelivery from the topic could come after its identity was
-/// forgotten); one at least as long starts. Against the separate broker, whose requests topic
+/// forgotten); one at least as long starts. Against Apache Kafka, whose requests topic
 /// is created with a retention of 7 days.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_identity_retention_shorter_than_the_requests_topics_is_refused() {
     use sendledger_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
     use sendledger_kafka::rdkafka::client::DefaultClientContext;
-    let tansu = sendledger_tests::kafka::start_tansu();
-    let brokers = format!("127.0.0.1:{}", tansu.port);
+    let broker = sendledger_tests::kafka::Broker::single();
     let kafka =
-        sendledger_kafka::Kafka::connect(sendledger_tests::kafka::config_for_process(&brokers))
+        sendledger_kafka::Kafka::connect(sendledger_tests::kafka::config_for_process(&broker))
             .unwrap();
     let admin: AdminClient<DefaultClientContext> = kafka
         .client_config(sendledger_kafka::Role::Admin)

@@ -8,33 +8,19 @@ use std::time::Duration;
 use sendledger_core::{Event, EventBody, Phase, Source};
 use sendledger_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
 use sendledger_kafka::take_over;
-use sendledger_kafka::{snapshot, Kafka, LogReplicator, PartitionLog, Role};
+use sendledger_kafka::{snapshot, Kafka, PartitionLog, Role};
 use sendledger_store::{Ledger, LedgerOptions};
 use sendledger_tests::engine::{settled, task_id, wait_for};
-use sendledger_tests::kafka::{config_for_process, produce, request_messages, start_tansu};
+use sendledger_tests::kafka::{config_for_process, produce, request_messages, Broker};
 
 use crate::log::{kafka_mode_service_with, post_records, write_tasks};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Restores partition 0 into `ledger` as a take-over does, from `brokers`.
-fn restore_into(
-    brokers: &Retaining,
-    kafka: &Kafka,
-    ledger: &Ledger,
-) -> Result<take_over::Restore, String> {
-    let log = take_over::Brokers::open(brokers, 0).unwrap();
-    let replicator = LogReplicator::new(&kafka.config().group_id);
-    let copy = take_over::LedgerCopy { ledger };
-    take_over::restore(
-        brokers,
-        &copy,
-        &replicator,
-        0,
-        &log,
-        1_700_000_300_000,
-        1_000,
-    )
+fn restore_into(brokers: &Retaining, ledger: &Ledger) -> Result<take_over::Restore, String> {
+    let _log = take_over::Brokers::open(brokers, 0).unwrap();
+    take_over::restore(brokers, &take_over::LedgerCopy { ledger }, 0, 1_000)
 }
 
 /// A copy restored from the snapshot and the log after it, which ends at `end`: it knows
@@ -98,10 +84,6 @@ impl take_over::Brokers for Retaining<'_> {
         self.kafka.read(partition, from, each)
     }
 
-    fn missing_results(&self, since: i64, wanted: &[String]) -> Result<Vec<String>, String> {
-        self.kafka.missing_results(since, wanted)
-    }
-
     fn log_start(&self, _partition: i32) -> Result<i64, String> {
         Ok(self.start)
     }
@@ -136,8 +118,8 @@ async fn an_empty_disk_takes_a_partition_over_from_its_snapshot_and_the_log_afte
     const TASKS: usize = 2_000;
     const SENDING: usize = 5;
     const LATER: usize = 100;
-    let tansu = tokio::task::block_in_place(start_tansu);
-    let mut config = config_for_process(&format!("127.0.0.1:{}", tansu.port));
+    let broker = tokio::task::block_in_place(Broker::cluster);
+    let mut config = config_for_process(&broker);
     config.partitions = 1;
     config.snapshot_interval = Some(Duration::from_secs(1));
     let kafka = Kafka::connect(config).unwrap();
@@ -157,7 +139,7 @@ async fn an_empty_disk_takes_a_partition_over_from_its_snapshot_and_the_log_afte
             kafka: &kafka,
             start: 0,
         };
-        restore_into(&from_start, &kafka, &behind).expect("restored from the log's start");
+        restore_into(&from_start, &behind).expect("restored from the log's start");
         write_tasks(&kafka, 1_000..TASKS, &key, &sending, 1_000, Vec::new());
         snapshot::write(&kafka, 0, 1_700_000_100_000, None, TIMEOUT).unwrap()
     })
@@ -210,7 +192,7 @@ async fn an_empty_disk_takes_a_partition_over_from_its_snapshot_and_the_log_afte
         kafka: &kafka,
         start: manifest.next,
     };
-    let restored = tokio::task::block_in_place(|| restore_into(&retaining, &kafka, &copy))
+    let restored = tokio::task::block_in_place(|| restore_into(&retaining, &copy))
         .expect("restored from the snapshot");
     assert_eq!(restored.snapshot.as_ref().map(|m| m.id), Some(manifest.id));
     assert!(restored.truncated.is_none());
@@ -220,7 +202,7 @@ async fn an_empty_disk_takes_a_partition_over_from_its_snapshot_and_the_log_afte
     // The copy of the instance that went away is older than the log's start: it is brought
     // up to the snapshot (its settled tasks replaced by what the snapshot keeps of them) and
     // the log after it, and truncated to them.
-    let caught_up = tokio::task::block_in_place(|| restore_into(&retaining, &kafka, &behind))
+    let caught_up = tokio::task::block_in_place(|| restore_into(&retaining, &behind))
         .expect("a copy older than the log's start is brought up to its snapshot");
     assert!(
         caught_up.truncated.is_some(),

@@ -247,7 +247,7 @@ const TRACE_D: &str = "00-11111111111111111111111111111111-2222222222222222-01";
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_task_s_steps_join_its_request_s_trace_and_records_are_cloudevents() {
     let kafka = tokio::task::block_in_place(|| {
-        Kafka::connect(sendledger_tests::kafka::config_for_process("embedded"))
+        Kafka::connect(sendledger_tests::kafka::process_kafka("embedded"))
     })
     .unwrap();
     let brokers = kafka.bootstrap_servers().to_string();
@@ -264,7 +264,7 @@ async fn a_task_s_steps_join_its_request_s_trace_and_records_are_cloudevents() {
     let mut config = sendledger_node::config::Config::default();
     config.storage.data = dir.path().join("ledger");
     config.engine.timer_tick = Duration::from_millis(5);
-    config.kafka = sendledger_tests::kafka::config_for_process(&brokers);
+    config.kafka = sendledger_tests::kafka::process_kafka(&brokers);
     config.admin.enabled = false;
     config.telemetry.otlp_endpoint = Some(receiver.url.clone());
     let propagating = |v: &mut serde_json::Value| v["propagate_trace"] = true.into();

@@ -104,7 +104,7 @@ async fn three_instances_survive_kills_scaling_and_a_wiped_disk() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let started = Instant::now();
     let root = KeptOnFailure::new();
-    let (tansu, kafka_config, kafka) = start_broker(root.path()).await;
+    let (broker, kafka_config, kafka) = start_broker().await;
     let kafka_config = with_standby(kafka_config);
     let sim = Sim::start(SimConfig {
         seed,
@@ -425,7 +425,7 @@ async fn three_instances_survive_kills_scaling_and_a_wiped_disk() {
         report.recovered_after_crash
     );
     sim.shutdown().await;
-    drop(tansu);
+    drop(broker);
 }
 
 /// The value of `series` (a metric's name with its labels, as exposed) in a Prometheus text
@@ -464,7 +464,7 @@ fn series_value(text: &str, series: &str) -> f64 {
 #[ignore = "kafka-mode chaos soak (a frozen instance); run by scripts/soak-cluster"]
 async fn a_frozen_instance_sends_nothing_for_partitions_it_lost() {
     let root = KeptOnFailure::new();
-    let (tansu, kafka_config, kafka) = start_broker(root.path()).await;
+    let (broker, kafka_config, kafka) = start_broker().await;
     let kafka_config = with_standby(kafka_config);
     let sim = Sim::start(SimConfig {
         faults: Faults {
@@ -672,5 +672,5 @@ async fn a_frozen_instance_sends_nothing_for_partitions_it_lost() {
         "A's log does not name a lost partition"
     );
     sim.shutdown().await;
-    drop(tansu);
+    drop(broker);
 }

@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use sendledger_core::Event;
 use sendledger_kafka::records::event_from_payload;
-use sendledger_kafka::take_over::record_event_id;
 use sendledger_kafka::{Committed, LogBatch, LogError, LogRecord, TransactionalLog};
 
 /// Whether a record's transaction is open, committed or aborted.
@@ -315,12 +314,6 @@ impl Broker {
     /// The committed result records.
     pub fn results(&self) -> Vec<LogRecord> {
         self.lock().results.clone()
-    }
-
-    /// Whether a result with event id `id` was committed.
-    pub fn has_result(&self, id: &str) -> bool {
-        let s = self.lock();
-        (s.results.iter()).any(|r| record_event_id(r).as_deref() == Some(id))
     }
 }
 

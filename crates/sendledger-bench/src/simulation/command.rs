@@ -27,6 +27,11 @@ pub struct SimulateArgs {
     /// Print every move of the scheduler and every decision on stderr (to follow one seed).
     #[arg(long)]
     trace: bool,
+    /// The brokers commit a fenced writer's open transaction instead of aborting it (in half
+    /// the seeds), as a broker that breaks Kafka's promise does: kafka mode stands on that
+    /// promise, so such runs are expected to break rules.
+    #[arg(long)]
+    commits_fenced: bool,
 }
 
 /// Parses `A..B`.
@@ -47,6 +52,7 @@ pub fn run_args(args: SimulateArgs) -> anyhow::Result<bool> {
         tasks: args.tasks,
         steps: args.steps,
         trace: args.trace,
+        commits_fenced: args.commits_fenced,
         ..Options::default()
     };
     let started = Instant::now();

@@ -418,16 +418,7 @@ impl Instance {
         let log = brokers.open(partition)?;
         let ledger = self.ledger().clone();
         let copy = take_over::LedgerCopy { ledger: &ledger };
-        let now = env.now as i64;
-        let restore = take_over::restore(
-            &brokers,
-            &copy,
-            &self.replicator,
-            partition,
-            &log,
-            now,
-            RESTORE_STEP,
-        )?;
+        let restore = take_over::restore(&brokers, &copy, partition, RESTORE_STEP)?;
         if restore.truncated.is_some() {
             self.truncations += 1;
         }
@@ -541,13 +532,6 @@ impl take_over::Brokers for SimBrokers<'_> {
             each(offset, at, event)?;
         }
         Ok(())
-    }
-
-    fn missing_results(&self, _since: i64, wanted: &[String]) -> Result<Vec<String>, String> {
-        Ok((wanted.iter())
-            .filter(|id| !self.broker.has_result(id))
-            .cloned()
-            .collect())
     }
 }
 

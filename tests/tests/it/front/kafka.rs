@@ -16,7 +16,7 @@ use sendledger_sim::{Sim, SimConfig};
 use sendledger_tests::cluster::{
     read_and_audit_log, start_broker, Group, Instance, KeptOnFailure, ResultsFollower, Timeline,
 };
-use sendledger_tests::kafka::Tansu;
+use sendledger_tests::kafka::Broker;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -63,7 +63,7 @@ fn post(instance: &Instance, key: &str, body: &Value, wait: Option<u64>) -> Answ
 /// Two instances with front doors and standby copies on the separate broker, started, the
 /// partitions split between them.
 struct Setup {
-    tansu: Tansu,
+    broker: Broker,
     kafka: Kafka,
     requests_topic: String,
     timeline: Timeline,
@@ -74,7 +74,7 @@ struct Setup {
 
 impl Setup {
     async fn start(root: &KeptOnFailure, sim: &Sim) -> Setup {
-        let (tansu, kafka_config, kafka) = start_broker(root.path()).await;
+        let (broker, kafka_config, kafka) = start_broker().await;
         let kafka_config = sendledger_kafka::KafkaConfig {
             standby: true,
             ..kafka_config
@@ -117,7 +117,7 @@ impl Setup {
             .map(|i| timeline.owned(i.id, i.run()))
             .collect();
         Setup {
-            tansu,
+            broker,
             kafka,
             requests_topic: kafka_config.requests_topic,
             timeline,
@@ -317,7 +317,7 @@ async fn a_request_the_brokers_do_not_acknowledge_is_503() {
     let front = &setup.group.instances[0];
     let first = tokio::task::block_in_place(|| post(front, "gone-0", &task(0), Some(20)));
     assert_eq!(first.status, 201, "{first:?}");
-    drop(setup.tansu);
+    drop(setup.broker);
     let refused = tokio::task::block_in_place(|| post(front, "gone-1", &task(1), Some(20)));
     assert_eq!(refused.status, 503, "{refused:?}");
     assert!(refused.header("retry-after").is_some(), "{refused:?}");

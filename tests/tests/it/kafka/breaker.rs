@@ -148,7 +148,7 @@ impl Tasks {
 /// every task waiting, B's breaker closed.
 struct Waiting {
     root: KeptOnFailure,
-    tansu: sendledger_tests::kafka::Tansu,
+    broker: sendledger_tests::kafka::Broker,
     kafka: sendledger_kafka::Kafka,
     sim: Sim,
     group: Group,
@@ -162,7 +162,7 @@ const B: usize = 1;
 
 async fn tasks_waiting_on_a(instances: usize, prefix: &str, seed: u64) -> Waiting {
     let root = KeptOnFailure::new();
-    let (tansu, kafka_config, kafka) = start_broker(root.path()).await;
+    let (broker, kafka_config, kafka) = start_broker().await;
     let sim = Sim::start(SimConfig {
         seed,
         ..SimConfig::default()
@@ -226,7 +226,7 @@ async fn tasks_waiting_on_a(instances: usize, prefix: &str, seed: u64) -> Waitin
     .await;
     Waiting {
         root,
-        tansu,
+        broker,
         kafka,
         sim,
         group,
@@ -268,7 +268,7 @@ fn assert_a_open_b_closed(group: &Group) {
 async fn assert_sent_once_and_waits_recorded(w: Waiting, until_ms: u64) -> Vec<Event> {
     let Waiting {
         root,
-        tansu,
+        broker,
         kafka,
         sim,
         results,
@@ -331,7 +331,7 @@ async fn assert_sent_once_and_waits_recorded(w: Waiting, until_ms: u64) -> Vec<E
         );
     }
     sim.shutdown().await;
-    drop(tansu);
+    drop(broker);
     drop(root);
     events
 }

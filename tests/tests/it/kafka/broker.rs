@@ -13,9 +13,9 @@ use sendledger_sim::{Faults, Sim, SimConfig};
 use sendledger_store::{Ledger, LedgerOptions};
 use sendledger_tests::kafka::{
     assert_events_published, assert_exactly_one_terminal, assert_one_record_each,
-    assert_ordered_per_key, config, config_for_process, end_to_end, produce, request_messages,
-    results_for, service_config, sim_with_latency, start_tansu, tansu_behind_a_relay, task_ids,
-    terminal_by_task, validate_all, wait_for, Pipeline, WAIT,
+    assert_ordered_per_key, broker_behind_a_relay, config, config_for_process, end_to_end, produce,
+    request_messages, results_for, service_config, sim_with_latency, task_ids, terminal_by_task,
+    validate_all, wait_for, Broker, Pipeline, WAIT,
 };
 
 /// After a SIGKILL, an attempt cut off before its request was written leaves no record, so a
@@ -69,8 +69,8 @@ fn assert_settled_after_a_kill(sim: &Sim, keys: &[String], results: &[TaskResult
 /// The end-to-end scenario against a separate broker process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn end_to_end_against_a_separate_broker_process() {
-    let tansu = tokio::task::block_in_place(start_tansu);
-    let kafka = Kafka::connect(config(&format!("127.0.0.1:{}", tansu.port))).unwrap();
+    let broker = tokio::task::block_in_place(Broker::single);
+    let kafka = Kafka::connect(config(&broker.bootstrap())).unwrap();
     kafka
         .ensure_topics(1, Duration::from_secs(10), false)
         .await
@@ -84,8 +84,8 @@ async fn end_to_end_against_a_separate_broker_process() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn process_killed_mid_run_against_a_separate_broker() {
     let seed = crate::seed(0x6b69_6c6c);
-    let tansu = tokio::task::block_in_place(start_tansu);
-    let brokers = format!("127.0.0.1:{}", tansu.port);
+    let broker = tokio::task::block_in_place(Broker::single);
+    let brokers = broker.bootstrap();
     let kafka = Kafka::connect(config(&brokers)).unwrap();
     kafka
         .ensure_topics(1, Duration::from_secs(10), false)
@@ -105,7 +105,11 @@ async fn process_killed_mid_run_against_a_separate_broker() {
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let config_file = dir.path().join("sendledger.toml");
-    std::fs::write(&config_file, service_config(dir.path(), &brokers, &sim)).unwrap();
+    std::fs::write(
+        &config_file,
+        service_config(dir.path(), &broker.bootstrap(), &sim),
+    )
+    .unwrap();
 
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let keys: Vec<String> = (0..300).map(|i| format!("kill-{i}")).collect();
@@ -179,7 +183,7 @@ async fn the_broker_unreachable_for_a_while_loses_and_duplicates_nothing() {
             .and_then(|s| s.parse().ok())
             .unwrap_or(30),
     );
-    let (_tansu, relay, kafka) = tansu_behind_a_relay().await;
+    let (_broker, relay, kafka) = broker_behind_a_relay().await;
     kafka
         .ensure_topics(1, Duration::from_secs(10), false)
         .await
@@ -223,8 +227,8 @@ async fn the_broker_unreachable_for_a_while_loses_and_duplicates_nothing() {
 /// duplicates of its tasks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_instances_in_one_group_never_send_a_request_twice() {
-    let tansu = tokio::task::block_in_place(start_tansu);
-    let kafka = Kafka::connect(config_for_process(&format!("127.0.0.1:{}", tansu.port))).unwrap();
+    let broker = tokio::task::block_in_place(Broker::single);
+    let kafka = Kafka::connect(config_for_process(&broker)).unwrap();
     kafka
         .ensure_topics(1, Duration::from_secs(10), false)
         .await

@@ -1,4 +1,4 @@
-//! Kafka over TLS and SASL: the main scenario with every client reaching the separate broker
+//! Kafka over TLS and SASL: the main scenario with every client reaching Apache Kafka
 //! through a TLS relay (a CA made at test time), and `sendledger run` with SCRAM settings
 //! against brokers that refuse the login, its password kept out of every output.
 
@@ -6,10 +6,10 @@ use std::net::TcpListener;
 use std::time::Duration;
 
 use sendledger_kafka::Kafka;
-use sendledger_tests::kafka::{config, embedded, end_to_end, start_tansu_advertising, TlsRelay};
+use sendledger_tests::kafka::{config, embedded, end_to_end, Broker, TlsRelay};
 
 /// The end-to-end scenario with Kafka over TLS (`security.protocol = ssl`): every client
-/// (consumer, producers, admin) reaches the separate broker only through a TLS relay whose
+/// (consumer, producers, admin) reaches Apache Kafka only through a TLS relay whose
 /// certificate is signed by a CA made at test time and given as `ssl.ca.location`. Results
 /// arrive on the topic and the remote holds one record per identity.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -22,10 +22,10 @@ async fn end_to_end_over_tls_to_a_separate_broker() {
         .local_addr()
         .unwrap()
         .port();
-    let (tansu, relay) = tokio::task::block_in_place(|| {
-        let tansu = start_tansu_advertising(Some(relay_port));
-        let relay = TlsRelay::start(relay_port, &broker_cert.cert, &broker_cert.key, tansu.port);
-        (tansu, relay)
+    let (broker, relay) = tokio::task::block_in_place(|| {
+        let broker = Broker::single_advertising(relay_port);
+        let relay = TlsRelay::start(relay_port, &broker_cert.cert, &broker_cert.key, broker.port);
+        (broker, relay)
     });
     let mut kafka_config = config(&format!("127.0.0.1:{}", relay.port));
     for (k, v) in [
@@ -41,7 +41,7 @@ async fn end_to_end_over_tls_to_a_separate_broker() {
         .expect("topics created over TLS");
     end_to_end(&kafka, 100, crate::seed(0x7150_0001)).await;
     drop(relay);
-    drop(tansu);
+    drop(broker);
 }
 
 /// `sendledger run` with SCRAM-SHA-256 settings and its password given in the environment

@@ -546,7 +546,7 @@ async fn kill_9_mid_saga_and_mid_compensation_performs_nothing_twice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kafka_mode_a_saga_whose_partition_moves_resumes_at_its_leg_on_the_new_owner() {
     let root = KeptOnFailure::new();
-    let (tansu, kafka_config, kafka) = start_broker(root.path()).await;
+    let (broker, kafka_config, kafka) = start_broker().await;
     let remotes = Remotes::start(|name| Faults {
         latency: Duration::from_millis(150),
         reject: if name == "shipments" { 0.3 } else { 0.0 },
@@ -646,7 +646,7 @@ async fn kafka_mode_a_saga_whose_partition_moves_resumes_at_its_leg_on_the_new_o
         across_the_kill >= 1,
         "no saga was between two legs when A was killed"
     );
-    drop(tansu);
+    drop(broker);
 }
 
 /// A saga the process left owing a compensation (its shipment refused, the compensation not
