@@ -20,7 +20,7 @@ use std::io::Write;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use sendledger_kafka::rdkafka::config::ClientConfig;
@@ -30,6 +30,35 @@ use sendledger_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
 pub const HEAP: &str = "512m";
 /// How long a broker (or a cluster) may take to answer with every node registered.
 const START: Duration = Duration::from_secs(60);
+/// One three-node cluster at a time in a test process: three JVMs and the instances of a
+/// kafka-mode test fill both cores of the machines the suite runs on, and two such tests side
+/// by side starved their remotes' lookups past their deadlines. A test with a cluster waits
+/// for the one before it; the other test threads go on.
+struct Turn;
+
+static CLUSTER_RUNNING: Mutex<bool> = Mutex::new(false);
+static CLUSTER_ENDED: Condvar = Condvar::new();
+
+impl Turn {
+    fn take() -> Turn {
+        let mut running = CLUSTER_RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+        while *running {
+            running = CLUSTER_ENDED
+                .wait(running)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+        *running = true;
+        Turn
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        *CLUSTER_RUNNING.lock().unwrap_or_else(|e| e.into_inner()) = false;
+        CLUSTER_ENDED.notify_one();
+    }
+}
+
 /// The id of every test cluster: each is formatted from one template of its size.
 const CLUSTER_ID: &str = "c2VuZGxlZGdlci10ZXN0cw";
 
@@ -49,6 +78,8 @@ struct Node {
 /// Apache Kafka: one node or three, started and waited for.
 pub struct Broker {
     nodes: Vec<Node>,
+    /// A cluster holds the turn of [`Turn::take`] while it runs.
+    _turn: Option<Turn>,
     /// The client port of the first node (the one a relay stands in front of).
     pub port: u16,
     _dir: tempfile::TempDir,
@@ -72,6 +103,7 @@ impl Broker {
     }
 
     fn start(n: u32, advertised: Option<u16>) -> Broker {
+        let turn = (n > 1).then(Turn::take);
         let dir = tempfile::tempdir().expect("a directory for the brokers");
         let mut nodes: Vec<Node> = (1..=n)
             .map(|id| {
@@ -106,6 +138,7 @@ impl Broker {
         let broker = Broker {
             port: nodes[0].client,
             nodes,
+            _turn: turn,
             _dir: dir,
         };
         broker.wait_ready();
@@ -237,13 +270,16 @@ impl Node {
     }
 }
 
-/// The JVM's options: a fixed heap, and a collector that keeps pauses short.
+/// The JVM's options: a fixed heap, the serial collector (one GC thread: the machines have two
+/// cores to share with the service and the remote), and the JIT's first tier only (a broker
+/// answers sooner after its start and spends less CPU compiling; a test's load never needs
+/// the second tier's code).
 fn jvm_options() -> Vec<String> {
     vec![
         format!("-Xms{HEAP}"),
         format!("-Xmx{HEAP}"),
-        "-XX:+UseG1GC".into(),
-        "-XX:MaxGCPauseMillis=20".into(),
+        "-XX:+UseSerialGC".into(),
+        "-XX:TieredStopAtLevel=1".into(),
         "-Djava.awt.headless=true".into(),
     ]
 }

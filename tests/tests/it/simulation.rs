@@ -9,8 +9,10 @@ use sendledger_bench::simulation::{run, Options, Report};
 const SEEDS: u64 = 200;
 
 /// Seeds that reach a deposed owner's late first byte, where only the send lease stands
-/// between the schedule and a second record at the remote.
-const LATE_SENDERS: [u64; 5] = [40, 46, 149, 181, 277];
+/// between the schedule and a second record at the remote (3 of seeds 1 to 299, found with
+/// `scripts/simulate --seeds 1..300 --without-send-lease` once the brokers abort a fenced
+/// writer's open transaction, as Kafka does).
+const LATE_SENDERS: [u64; 3] = [14, 28, 154];
 
 /// Seeds that once broke a rule, kept. 7467 and 8536: a partition's log lost the commit that confirmed a
 /// task while its owner, with nothing to write, kept the task settled in its copy; the run
@@ -134,7 +136,7 @@ fn a_seed_replays_exactly() {
 fn without_the_send_lease_a_deposed_owner_sends_a_second_time() {
     let unsafe_options = Options {
         send_lease: false,
-        ..as_found()
+        ..Options::default()
     };
     for seed in LATE_SENDERS {
         let report = simulate(seed, &unsafe_options);
@@ -143,7 +145,7 @@ fn without_the_send_lease_a_deposed_owner_sends_a_second_time() {
             "seed {seed}: {:?}",
             report.violations
         );
-        let report = simulate(seed, &as_found());
+        let report = simulate(seed, &Options::default());
         assert!(
             report.violations.is_empty(),
             "seed {seed}: {:?}",

@@ -4,9 +4,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use sendledger_core::event::ReviewReason;
-use sendledger_core::result::{ResultStatus, TaskResult};
+use sendledger_core::result::{Projection, ResultStatus, TaskResult};
 use sendledger_core::rules::{check_task, CheckConfig};
 use sendledger_core::{Event, Phase, TaskId, TaskRequest};
+
+use sendledger_kafka::LogRecord;
 
 use super::{World, TARGET};
 
@@ -88,6 +90,7 @@ impl World {
                 ));
             }
         }
+        results_as_records(&self.broker.results(), &tasks, &lost, violations);
         // Every request at a terminal result or in review, and what it says agrees with the
         // remote.
         let mut keys = BTreeSet::new();
@@ -154,5 +157,41 @@ impl World {
         self.report.copies_truncated = self.instances.iter().map(|i| i.truncations).sum();
         let take_overs: u64 = self.instances.iter().map(|i| i.take_overs).sum();
         self.report.take_overs = self.report.take_overs.max(take_overs);
+    }
+}
+
+/// Results counted as records: each result record names an event the log announces it by,
+/// and none is on the results topic more often than the log announces it (once by the
+/// event that makes it, once more by each later delivery of its request). Two records of
+/// one result are two, whatever they say.
+fn results_as_records(
+    results: &[LogRecord],
+    tasks: &BTreeMap<TaskId, Vec<Event>>,
+    lost: &BTreeSet<TaskId>,
+    violations: &mut Vec<String>,
+) {
+    let mut announced: BTreeMap<String, usize> = BTreeMap::new();
+    for events in tasks.values() {
+        let mut projection = Projection::default();
+        for result in events.iter().filter_map(|e| projection.apply(e)) {
+            *announced.entry(result.event_id).or_default() += 1;
+        }
+    }
+    let mut published: BTreeMap<String, (String, usize)> = BTreeMap::new();
+    for record in results {
+        if let Ok(r) = serde_json::from_slice::<TaskResult>(&record.payload) {
+            published.entry(r.event_id).or_insert((r.task_id, 0)).1 += 1;
+        }
+    }
+    for (id, (task, records)) in published {
+        if lost.iter().any(|t| t.to_string() == task) {
+            continue;
+        }
+        let times = announced.get(&id).copied().unwrap_or(0);
+        if records > times {
+            violations.push(format!(
+                "result {id} of task {task} is {records} records on the results topic; the log announces it {times} time(s)"
+            ));
+        }
     }
 }

@@ -32,6 +32,10 @@ pub struct SimulateArgs {
     /// promise, so such runs are expected to break rules.
     #[arg(long)]
     commits_fenced: bool,
+    /// Runs without the send lease (an attempt's first byte is written however late): to
+    /// measure how many seeds the checks need to see what the lease prevents.
+    #[arg(long)]
+    without_send_lease: bool,
 }
 
 /// Parses `A..B`.
@@ -53,6 +57,7 @@ pub fn run_args(args: SimulateArgs) -> anyhow::Result<bool> {
         steps: args.steps,
         trace: args.trace,
         commits_fenced: args.commits_fenced,
+        send_lease: !args.without_send_lease,
         ..Options::default()
     };
     let started = Instant::now();
