@@ -185,6 +185,29 @@ impl Broker {
         }
     }
 
+    /// The index (0-based, as [`Broker::kill`] takes it) of the node leading `partition` of
+    /// `topic`, as the metadata says.
+    pub fn leader_of(&self, topic: &str, partition: i32) -> usize {
+        let probe: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .set("log_level", "0")
+            .create()
+            .expect("a metadata probe");
+        let md = probe
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .expect("the topic's metadata");
+        let leader = (md.topics().iter())
+            .flat_map(|t| t.partitions())
+            .find(|p| p.id() == partition)
+            .unwrap_or_else(|| panic!("{topic} has no partition {partition}"))
+            .leader();
+        (self.nodes.iter())
+            .position(|n| n.id as i32 == leader)
+            .unwrap_or_else(|| {
+                panic!("{topic}/{partition} has no leader among the nodes ({leader})")
+            })
+    }
+
     /// How many nodes this broker has.
     pub fn nodes(&self) -> usize {
         self.nodes.len()

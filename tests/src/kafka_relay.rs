@@ -1,4 +1,4 @@
-//! A TCP relay in front of the separate broker (which advertises the relay's address, so every
+//! A TCP relay in front of Apache Kafka (which advertises the relay's address, so every
 //! connection of a client goes through it) that a test can cut, as a network partition seen
 //! from the client would, or that holds one transactional writer's commits, as a broker whose
 //! commit of one partition's transaction hangs would.

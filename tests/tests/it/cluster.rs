@@ -1,5 +1,5 @@
 //! Kafka mode as it is deployed: several `sendledger run` processes in one consumer group on
-//! the separate broker process (tansu), each with its own configuration file and data
+//! Apache Kafka (three brokers), each with its own configuration file and data
 //! directory, while requests keep coming: the failover after a `kill -9` and after a restart
 //! on the intact disk, measured; a partition whose log failed while the group still assigns it
 //! is taken over again. Each test checks what a user would: the records at the remote, the
@@ -163,7 +163,7 @@ fn restored_events(log: &Path, run: usize) -> BTreeMap<i32, u64> {
 /// events its restores applied: only those written since its checkpoints, so not the events
 /// of the tasks it settled while it was alone. Nothing is sent twice and every task settles
 /// once: the remote's records, the results a `read_committed` consumer sees and the audit of
-/// the events topic say so. (Dynamic membership: the test broker never expires a static
+/// the events topic say so. (Dynamic membership: the tansu broker these tests ran on before never expired a static
 /// member, see [`cluster_kafka`](sendledger_tests::cluster::cluster_kafka); with static membership on Kafka, a restart within the
 /// session timeout keeps the partitions and needs no rebalance.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -404,8 +404,8 @@ async fn a_standby_copy_makes_a_take_over_read_only_the_logs_last_moments() {
 /// A partition whose log fails while the group still assigns it here is taken over again, not
 /// left stalled. One instance owns every partition while requests stream in; another writer
 /// opens partition 0's log (as an instance outside the group would), which fences the
-/// instance's writer: its next transaction on partition 0 fails (the test broker never
-/// answers a fenced writer's commit, so it times out after 30 s with an unknown outcome).
+/// instance's writer: its next transaction on partition 0 fails (fenced, or timed out with an
+/// unknown outcome).
 /// The instance gives the partition's log up, says so, takes the partition over again (which
 /// fences the intruder) and answers requests on it again; its other partitions go on
 /// meanwhile. Nothing is sent twice, every task settles once, the events topic audits clean.
@@ -501,6 +501,85 @@ async fn a_partition_whose_log_failed_is_taken_over_again() {
     assert_settled_once(&sim, &keys, &raw, &events);
     assert!(report.violations.is_empty(), "{:?}", report.violations);
     assert_eq!(report.tasks, keys.len() as u64, "{report:?}");
+    sim.shutdown().await;
+    drop(broker);
+}
+
+/// Failures only a real cluster has, with two instances in kafka mode and requests streaming
+/// in: the broker leading events partition 0 is killed (`kill -9`) and started again on its
+/// data; then the broker leading events partition 1 is frozen (`SIGSTOP`) for 20 s and thawed.
+/// With three replicas and `min.insync.replicas=2`, one broker away loses no acknowledged
+/// commit: nothing is sent twice, every task settles once with each result once on the
+/// results topic, none goes to review, and the events topic audits clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_broker_killed_then_another_frozen_loses_and_duplicates_nothing() {
+    let root = KeptOnFailure::new();
+    let (mut broker, kafka_config, kafka) = start_broker().await;
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let target = sendledger_tests::engine::target(&sim.base_url(), |_| {});
+    let timeline = Timeline::default();
+    let mut group = Group {
+        instances: (0..2)
+            .map(|i| Instance::new(SENDLEDGER, root.path(), i, &kafka_config, target.clone()))
+            .collect(),
+        timeline: timeline.clone(),
+    };
+    for i in 0..2 {
+        tokio::task::block_in_place(|| group.instances[i].start(&timeline));
+    }
+    let took = group.wait_settled(Duration::from_secs(60)).await;
+    assert!(
+        took.is_some(),
+        "not every partition owned: {}",
+        group.owners()
+    );
+    let results = ResultsFollower::start(&kafka);
+    let stream = Stream::start(&kafka, "brokers", 5, Duration::from_millis(50));
+    let all: BTreeSet<i32> = (0..PARTITIONS).collect();
+    let answered_since = |from: usize| {
+        let (results, stream) = (&results, &stream);
+        let all = all.clone();
+        async move {
+            let limit = Instant::now() + Duration::from_secs(90);
+            while !each_answered(results, &stream.produced(), from, &all) {
+                assert!(Instant::now() < limit, "not every partition answered again");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    answered_since(0).await;
+
+    let events_topic = kafka_config.events_topic.clone();
+    let killed = broker.leader_of(&events_topic, 0);
+    broker.kill(killed);
+    let at = stream.produced().len();
+    answered_since(at).await;
+    eprintln!("broker {killed} (leading events partition 0) killed: every partition answers");
+    broker.restart(killed);
+    tokio::task::block_in_place(|| broker.wait_ready());
+
+    let frozen = broker.leader_of(&events_topic, 1);
+    broker.freeze(frozen, true);
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    broker.freeze(frozen, false);
+    let at = stream.produced().len();
+    answered_since(at).await;
+    eprintln!("broker {frozen} (leading events partition 1) frozen for 20 s and thawed");
+
+    let produced = stream.stop().await;
+    let keys: Vec<String> = produced.iter().map(|(k, _)| k.clone()).collect();
+    let tasks = task_ids(&keys);
+    group
+        .wait_answered(&results, &tasks, Duration::from_secs(90))
+        .await;
+    group.stop_all();
+    let raw = results.stop();
+    let ((events, _), report) = tokio::task::block_in_place(|| read_and_audit_log(&kafka));
+    let reviews = assert_settled_once(&sim, &keys, &raw, &events);
+    assert!(reviews.is_empty(), "tasks in review: {reviews:?}");
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    assert_eq!(report.tasks, keys.len() as u64, "{report:?}");
+    assert_eq!(sim.stats().posts, keys.len() as u64, "{:?}", sim.stats());
     sim.shutdown().await;
     drop(broker);
 }

@@ -1,7 +1,7 @@
 //! Kafka mode with `storage.retention`: each instance's copy of the partitions (those it owns
 //! and those it follows for another) keeps only what retention keeps of settled tasks, and the
 //! guarantee holds across take-overs of partitions whose copies were pruned. Two services
-//! against the separate broker process, the simulated remote over real sockets; checked on the
+//! against Apache Kafka (three brokers), the simulated remote over real sockets; checked on the
 //! remote's records, each ledger's copy, the results topic and the audits.
 
 use std::time::Duration;

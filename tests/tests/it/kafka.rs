@@ -5,7 +5,7 @@
 //! records on the topics.
 //!
 //! - `embedded`: on librdkafka's embedded mock cluster, in this process;
-//! - `broker`: against a separate broker process (tansu);
+//! - `broker`: against Apache Kafka (one broker);
 //! - `security`: Kafka over TLS and SASL;
 //! - `schema`: the JSON Schemas of the Kafka payloads against the service;
 //! - `access`: requests bound to their tenant (signatures, allowed targets).

@@ -1,6 +1,6 @@
 //! The events topic as a log of record (kafka mode's building block): one transactional writer
 //! per partition, fenced by the next one, read back as a `read_committed` consumer. Against
-//! the separate broker process, which fences transactional ids and keeps transactional
+//! Apache Kafka (three brokers), which fences transactional ids and keeps transactional
 //! offsets; the embedded cluster does neither.
 
 use std::time::Duration;
@@ -170,7 +170,10 @@ fn stable(kafka: &Kafka, partition: i32) {
         let mut config = kafka.client_config(Role::Replay);
         config.set("isolation.level", isolation);
         let consumer: sendledger_kafka::rdkafka::consumer::BaseConsumer = config.create().unwrap();
-        consumer.fetch_watermarks(topic, partition, TIMEOUT).unwrap().1
+        consumer
+            .fetch_watermarks(topic, partition, TIMEOUT)
+            .unwrap()
+            .1
     };
     let deadline = std::time::Instant::now() + TIMEOUT;
     while ends("read_committed") < ends("read_uncommitted") {
@@ -646,7 +649,7 @@ async fn an_engine_in_kafka_mode_records_through_its_partition_log_and_hands_ove
     sim.shutdown().await;
 }
 
-/// A service in kafka mode on `dir`, against the separate broker at `brokers`, with the target
+/// A service in kafka mode on `dir`, against the brokers of `kafka`, with the target
 /// `sim`.
 async fn kafka_mode_service(
     dir: &std::path::Path,
@@ -805,7 +808,7 @@ async fn two_instances_in_kafka_mode_split_the_partitions_and_send_nothing_twice
 }
 
 /// Kafka mode with the brokers unreachable for 20 s in the middle of a run: a relay between
-/// the service and the separate broker closes every connection and refuses new ones. The
+/// the service and Apache Kafka closes every connection and refuses new ones. The
 /// partitions' transactions fail and the partitions are given up; once the brokers answer
 /// again they are taken over anew (their logs opened, restored from their checkpoints, their
 /// tasks resumed: an attempt sent while its outcome could not be recorded is looked up, never
@@ -889,7 +892,7 @@ async fn kafka_mode_rides_out_the_brokers_unreachable_for_a_while() {
     sim.shutdown().await;
 }
 
-/// A partition whose commits hang holds up no other. A relay in front of the separate broker
+/// A partition whose commits hang holds up no other. A relay in front of Apache Kafka
 /// holds every commit of partition 0's log (as a broker whose commits of one partition hang
 /// would) while requests wait on every partition. The remote is the bottleneck (4 requests in
 /// flight at once), so a task of partition 0 holding room at it while its intent cannot be
@@ -993,7 +996,7 @@ async fn a_partition_whose_commits_hang_holds_up_no_other() {
 
 /// A group that does not form: a member holds every partition and stops answering (frozen,
 /// its heartbeats still sent), so the rebalance the service's joining starts never completes
-/// (the test broker waits for its leader without limit). The service holds no partition while
+/// (the broker waits for the frozen leader's assignment until its rebalance timeout). The service holds no partition while
 /// requests wait, unconsumed: `/healthz` says so (503, `unconsumed_partitions`) and the service
 /// leaves the group and joins it again once they have waited its patience (30 s). Once the
 /// frozen member thaws and leaves, the service takes every partition and settles every request
@@ -1081,8 +1084,7 @@ async fn a_member_holding_nothing_while_requests_wait_says_so_and_rejoins() {
     );
 
     // The frozen member thaws, completes the rebalance and leaves: the group forms, and every
-    // request is settled once. (Had it died frozen, the test broker would keep it as the
-    // group's leader for good: see docs/kafka-mode.md.)
+    // request is settled once.
     tokio::task::block_in_place(|| {
         for _ in 0..100 {
             squatter.poll(Duration::from_millis(50));

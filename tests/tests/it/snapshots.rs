@@ -1,4 +1,4 @@
-//! Kafka mode's partition snapshots against the separate broker process: a take-over on an
+//! Kafka mode's partition snapshots against Apache Kafka (three brokers): a take-over on an
 //! empty disk reads the latest snapshot and the log after it, even once the events topic's
 //! retention removed the events the snapshot stands for, and the new owner writes the next
 //! snapshot itself.
@@ -50,8 +50,8 @@ fn watermarks(kafka: &Kafka, topic: &str) -> (i64, i64) {
 }
 
 /// The brokers as a take-over reads them, with the events topic's retention modeled: the
-/// events of partition 0 before `start` are gone (the separate broker implements neither
-/// retention nor `DeleteRecords`). A read from before `start` fails, as a consumer whose
+/// events of partition 0 before `start` are gone (without waiting for the broker's
+/// retention). A read from before `start` fails, as a consumer whose
 /// offset is out of range does; a look for an event before it finds the first one after.
 struct Retaining<'a> {
     kafka: &'a Kafka,

@@ -60,7 +60,7 @@ fn post(instance: &Instance, key: &str, body: &Value, wait: Option<u64>) -> Answ
     request(instance, "POST", "/v1/tasks", &headers, Some(body))
 }
 
-/// Two instances with front doors and standby copies on the separate broker, started, the
+/// Two instances with front doors and standby copies on Apache Kafka, started, the
 /// partitions split between them.
 struct Setup {
     broker: Broker,

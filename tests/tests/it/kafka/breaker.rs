@@ -1,4 +1,4 @@
-//! Kafka mode's circuit breakers, against the separate broker process (tansu) with
+//! Kafka mode's circuit breakers, against Apache Kafka (three brokers) with
 //! `sendledger run` processes in one consumer group: each instance has its own breaker per
 //! target, fed by its own attempts (not shared, not restored from the log), and a task that
 //! waits for an open breaker when its partition moves is resumed by the new owner and sent

