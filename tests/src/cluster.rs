@@ -677,6 +677,23 @@ pub fn assert_settled_once(
     reviews
 }
 
+/// Whether each partition of `partitions` answered a request of `produced` from index `from`
+/// on, by the results seen so far.
+pub fn each_answered(
+    results: &ResultsFollower,
+    produced: &[(String, i32)],
+    from: usize,
+    partitions: &BTreeSet<i32>,
+) -> bool {
+    let answered = results.answered();
+    partitions.iter().all(|p| {
+        produced
+            .iter()
+            .skip(from)
+            .any(|(k, q)| q == p && answered.contains(&crate::engine::task_id(k).to_string()))
+    })
+}
+
 /// The chaos run: instances, the timeline of their partitions, and the waiting in between.
 pub struct Group {
     pub instances: Vec<Instance>,

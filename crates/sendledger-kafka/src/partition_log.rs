@@ -396,7 +396,20 @@ impl PartitionLog {
         }
     }
 
+    /// What a failed `init_transactions` says: fenced; not yet (the previous transaction of
+    /// the id is still being completed, or its coordinator is moving: a take-over tries
+    /// again); or brokers that refuse this client transactions.
     fn init_error(&self, e: KafkaError) -> LogError {
+        if let KafkaError::Transaction(t) = &e {
+            if t.is_retriable() || t.code() == RDKafkaErrorCode::ConcurrentTransactions {
+                return LogError::Failed {
+                    partition: self.partition,
+                    detail: format!(
+                        "the brokers cannot open the log yet (its previous transaction is still being completed, or its coordinator is moving): {t}"
+                    ),
+                };
+            }
+        }
         match self.error(e) {
             fenced @ LogError::Fenced { .. } => fenced,
             other => LogError::Unsupported {

@@ -9,8 +9,10 @@
 //!
 //! [`outage`] is the local-mode outage soak: a remote down for a minute, with and without the
 //! target's circuit breaker. [`kill_review`] measures the manual reviews that `kill -9` of the
-//! engine leaves against an https remote.
+//! engine leaves against an https remote. [`brokers`]: a broker of the three killed, another
+//! frozen, under kafka mode.
 
+mod brokers;
 mod kill_review;
 mod outage;
 
