@@ -1,7 +1,7 @@
 //! Reads of a task's events straight from the database, shared by the ledger's readers and the
 //! journal (which checks a task's history before it writes).
 
-use rocksdb::{Direction, IteratorMode, DB};
+use rocksdb::{Direction, IteratorMode, ReadOptions, DB};
 use sendledger_core::{Event, Retained, TaskId};
 
 use crate::envelope::decode_event;
@@ -20,13 +20,15 @@ pub(crate) fn task_event(db: &DB, task: TaskId, seq: u32) -> Result<Option<Event
         db.cf_handle(name)
             .expect("column families are created at open")
     };
-    let Some(lsn) = db.get_cf(cf(CF_TASK_EVENTS), task_event_key(task, seq))? else {
+    let snapshot = db.snapshot();
+    let read = || at(&snapshot);
+    let Some(lsn) = db.get_cf_opt(cf(CF_TASK_EVENTS), task_event_key(task, seq), &read())? else {
         return Ok(None);
     };
     let lsn = decode_u64(&lsn).ok_or(Error::BadValue {
         what: "task_events",
     })?;
-    indexed_event(lsn, db.get_cf(cf(CF_LOG), lsn_key(lsn))?).map(Some)
+    indexed_event(lsn, db.get_cf_opt(cf(CF_LOG), lsn_key(lsn), &read())?).map(Some)
 }
 
 /// A task's events in task order, read from the ledger's database (the journal reads them too).
@@ -69,12 +71,18 @@ pub(crate) fn task_stored(db: &DB, task: TaskId) -> Result<Stored> {
         db.cf_handle(name)
             .expect("column families are created at open")
     };
-    let retained = crate::retention::retained_value(db, task)?;
+    let snapshot = db.snapshot();
+    let read = || at(&snapshot);
+    let retained = match db.cf_handle(CF_RETAINED) {
+        Some(retained) => db.get_cf_opt(retained, task.0, &read())?,
+        None => None,
+    };
     let mut lsns = Vec::new();
     let mut seqs = Vec::new();
     let start = task_event_key(task, 0);
-    for item in db.iterator_cf(
+    for item in db.iterator_cf_opt(
         cf(CF_TASK_EVENTS),
+        read(),
         IteratorMode::From(&start, Direction::Forward),
     ) {
         let (k, v) = item?;
@@ -94,7 +102,7 @@ pub(crate) fn task_stored(db: &DB, task: TaskId) -> Result<Stored> {
     let log = cf(CF_LOG);
     let keys: Vec<_> = lsns.iter().map(|l| (log, lsn_key(*l))).collect();
     let events = db
-        .multi_get_cf(keys)
+        .multi_get_cf_opt(keys, &read())
         .into_iter()
         .zip(lsns)
         .map(|(v, lsn)| match v? {
@@ -107,6 +115,16 @@ pub(crate) fn task_stored(db: &DB, task: TaskId) -> Result<Stored> {
         events,
         seqs,
     })
+}
+
+/// Reads at `snapshot`. A task's reads (what retention kept of it, its index, its events) are
+/// made at one snapshot: retention removes a task's index entries and events and writes what
+/// it keeps in one batch, and reads on either side of it would find an index entry whose event
+/// is gone, which is corruption only when one snapshot sees it.
+fn at(snapshot: &rocksdb::SnapshotWithThreadMode<'_, DB>) -> ReadOptions {
+    let mut options = ReadOptions::default();
+    options.set_snapshot(snapshot);
+    options
 }
 
 /// The event the task index points to at `lsn`, as read from the log: missing is corruption.
