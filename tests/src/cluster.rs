@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use sendledger_core::result::{Projection, TaskResult};
+use sendledger_core::result::{announcements, TaskResult};
 use sendledger_core::{Event, ResultStatus};
 use sendledger_kafka::{Kafka, KafkaConfig, Record, TopicReader};
 use sendledger_node::config::{Config, StorageMode};
@@ -575,22 +575,6 @@ impl Drop for KeptOnFailure {
     }
 }
 
-/// How many times the log of record announces each result, by event id: each task's events
-/// (as a `read_committed` reader read them back) projected as the instances project them. The
-/// event that settles a task announces its result once, and each later delivery of its request
-/// announces it again under the same event id.
-fn announced_in_log(events: &[Event]) -> HashMap<String, usize> {
-    let mut projections: HashMap<sendledger_core::TaskId, Projection> = HashMap::new();
-    let mut announced = HashMap::new();
-    for result in events
-        .iter()
-        .filter_map(|e| projections.entry(e.task_id).or_default().apply(e))
-    {
-        *announced.entry(result.event_id).or_insert(0) += 1;
-    }
-    announced
-}
-
 /// The remote holds at most one record per identity, and each task has exactly one terminal
 /// result, which the log of record announces (its event id names an event of the log), matching
 /// the remote, or is in review with no record. Each result is on the results topic at most as
@@ -609,7 +593,7 @@ pub fn assert_settled_once(
     );
     validate_all(raw, "task-result.schema.json");
     let results = dedupe(raw);
-    let announced = announced_in_log(events);
+    let announced = announcements(events);
     let unbacked: Vec<&TaskResult> = (results.iter())
         .filter(|r| r.status.is_terminal() && !announced.contains_key(&r.event_id))
         .collect();

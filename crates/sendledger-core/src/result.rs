@@ -523,6 +523,23 @@ fn identity_from_raw(raw: &[u8]) -> RawIdentity {
     )
 }
 
+/// How many times `events` (any tasks', each task's in order) announce each result, by event
+/// id, as the owners project them: the event that makes a result announces it once, and each
+/// later delivery of its request announces it again under the same event id. What a reader of
+/// the results topic may count against: no result is published more often than that.
+pub fn announcements<'a>(
+    events: impl IntoIterator<Item = &'a Event>,
+) -> std::collections::BTreeMap<String, usize> {
+    let mut projections: std::collections::BTreeMap<TaskId, Projection> = Default::default();
+    let mut announced = std::collections::BTreeMap::new();
+    for event in events {
+        if let Some(result) = projections.entry(event.task_id).or_default().apply(event) {
+            *announced.entry(result.event_id).or_insert(0) += 1;
+        }
+    }
+    announced
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use sendledger_core::event::ReviewReason;
-use sendledger_core::result::{Projection, ResultStatus, TaskResult};
+use sendledger_core::result::{announcements, ResultStatus, TaskResult};
 use sendledger_core::rules::{check_task, CheckConfig};
 use sendledger_core::{Event, Phase, TaskId, TaskRequest};
 
@@ -170,13 +170,7 @@ fn results_as_records(
     lost: &BTreeSet<TaskId>,
     violations: &mut Vec<String>,
 ) {
-    let mut announced: BTreeMap<String, usize> = BTreeMap::new();
-    for events in tasks.values() {
-        let mut projection = Projection::default();
-        for result in events.iter().filter_map(|e| projection.apply(e)) {
-            *announced.entry(result.event_id).or_default() += 1;
-        }
-    }
+    let announced = announcements(tasks.values().flatten());
     let mut published: BTreeMap<String, (String, usize)> = BTreeMap::new();
     for record in results {
         if let Ok(r) = serde_json::from_slice::<TaskResult>(&record.payload) {
