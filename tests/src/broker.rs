@@ -82,7 +82,8 @@ pub struct Broker {
     _turn: Option<Turn>,
     /// The client port of the first node (the one a relay stands in front of).
     pub port: u16,
-    _dir: tempfile::TempDir,
+    /// The nodes' directories: removed with the broker, kept when its test fails.
+    dir: Option<tempfile::TempDir>,
 }
 
 impl Broker {
@@ -139,7 +140,7 @@ impl Broker {
             port: nodes[0].client,
             nodes,
             _turn: turn,
-            _dir: dir,
+            dir: Some(dir),
         };
         broker.wait_ready();
         broker
@@ -237,6 +238,14 @@ impl Drop for Broker {
     fn drop(&mut self) {
         for node in &mut self.nodes {
             node.kill();
+        }
+        if std::thread::panicking() {
+            if let Some(dir) = self.dir.take() {
+                eprintln!(
+                    "the brokers' logs and data are kept in {}",
+                    dir.keep().display()
+                );
+            }
         }
     }
 }
@@ -356,7 +365,9 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// A node's `server.properties` and `log4j2.properties` (warnings to `broker.log`).
+/// A node's `server.properties` and `log4j2.properties`: warnings to `broker.log`, or what
+/// `SENDLEDGER_BROKER_LOG` names (a log4j level, or `LEVEL,logger=LEVEL,...` to set loggers
+/// apart, e.g. `WARN,kafka.coordinator.transaction=DEBUG`) when investigating a failure.
 fn write_properties(node: &Node, nodes: u32, voters: &str) {
     let replicas = nodes.min(3);
     let min_isr = replicas.min(2);
@@ -391,9 +402,17 @@ group.initial.rebalance.delay.ms=0
         advertised = node.advertised,
         data = node.dir.join("data").display(),
     );
+    let levels = std::env::var("SENDLEDGER_BROKER_LOG").unwrap_or_else(|_| "WARN".into());
+    let mut levels = levels.split(',');
+    let root = levels.next().unwrap_or("WARN");
+    let loggers: String = levels
+        .filter_map(|l| l.split_once('='))
+        .enumerate()
+        .map(|(i, (name, level))| format!("logger.l{i}.name={name}\nlogger.l{i}.level={level}\n"))
+        .collect();
     let log4j = format!(
-        "rootLogger.level=WARN
-rootLogger.appenderRef.file.ref=file
+        "rootLogger.level={root}
+{loggers}rootLogger.appenderRef.file.ref=file
 appender.file.type=File
 appender.file.name=file
 appender.file.fileName={}

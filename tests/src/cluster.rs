@@ -36,12 +36,10 @@ pub const PARTITIONS: i32 = 6;
 /// How long reading a topic back or creating the topics may take.
 pub const TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The group's Kafka configuration against `brokers`: a 6 s session, so that a killed member's
-/// partitions move on quickly, and dynamic group membership (`instance_id = ""`). The test
-/// broker accepts static members but never expires one that died or stopped: its partitions
-/// stayed unowned until it came back (none moved within 60 s), and a rebalance while such a
-/// member was gone never completed. On brokers that implement KIP-345, a static member's
-/// partitions move once its session expires.
+/// The group's Kafka configuration against `broker`: topics replicated to every node (three),
+/// a 6 s session, so that a killed member's partitions move on quickly, and dynamic group
+/// membership (`instance_id = ""`): a test that kills an instance and starts another in its
+/// place measures the failover, not a static member's return.
 pub fn cluster_kafka(broker: &Broker) -> KafkaConfig {
     KafkaConfig {
         partitions: PARTITIONS,
@@ -57,7 +55,7 @@ pub async fn start_broker() -> (Broker, KafkaConfig, Kafka) {
     let kafka_config = cluster_kafka(&broker);
     let kafka = Kafka::connect(kafka_config.clone()).unwrap();
     kafka
-        .ensure_topics(1, TIMEOUT, true)
+        .ensure_topics(kafka_config.replication_factor, TIMEOUT, true)
         .await
         .expect("topics created");
     (broker, kafka_config, kafka)

@@ -52,6 +52,11 @@ pub async fn resolve(addr: &str, task: &str, token: Option<&str>, body: Value) -
 /// The body of `GET path` when it answered 200 within `timeout`, blocking; `None` otherwise
 /// (no connection, no answer, another status).
 pub fn get(addr: &str, path: &str, timeout: Duration) -> Option<String> {
+    get_any(addr, path, timeout).and_then(|(status, body)| (status == 200).then_some(body))
+}
+
+/// The status and body of `GET path` when it was answered within `timeout`, blocking.
+pub fn get_any(addr: &str, path: &str, timeout: Duration) -> Option<(u16, String)> {
     let mut stream = std::net::TcpStream::connect_timeout(&addr.parse().ok()?, timeout).ok()?;
     stream.set_read_timeout(Some(timeout)).ok()?;
     stream.set_write_timeout(Some(timeout)).ok()?;
@@ -63,5 +68,6 @@ pub fn get(addr: &str, path: &str, timeout: Duration) -> Option<String> {
     let mut answer = String::new();
     stream.read_to_string(&mut answer).ok()?;
     let (head, body) = answer.split_once("\r\n\r\n")?;
-    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
+    let status = head.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()?;
+    Some((status, body.to_string()))
 }

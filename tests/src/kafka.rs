@@ -102,6 +102,19 @@ pub fn identity_key(key: &str) -> String {
     format!("acme/payment.create/{key}")
 }
 
+/// The request key `{stem}-{n}` (the first `n` from `from` on) whose identity key belongs to
+/// `partition` of `partitions` under Kafka's default partitioner (murmur2): a request kafka
+/// mode accepts on that partition, whoever chooses it (the key, or the producer).
+pub fn key_on(stem: &str, from: usize, partition: i32, partitions: i32) -> String {
+    (from..)
+        .map(|n| format!("{stem}-{n}"))
+        .find(|k| {
+            sendledger_kafka::Partitioner::Murmur2.partition(identity_key(k).as_bytes(), partitions)
+                == partition
+        })
+        .expect("a key for every partition")
+}
+
 /// Produces `(partition, key, value)` to the requests topic and waits for every ack. A `None`
 /// partition lets the key choose; a `None` value is a tombstone.
 pub async fn produce(

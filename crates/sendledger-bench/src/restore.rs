@@ -95,7 +95,7 @@ pub fn run(args: RestoreArgs) -> anyhow::Result<()> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?
-        .block_on(kafka.ensure_topics(1, Duration::from_secs(30), true))?;
+        .block_on(kafka.ensure_topics(-1, Duration::from_secs(30), true))?;
 
     if let Some(tail) = args.snapshot_tail {
         return from_snapshot(&kafka, &args, tail);

@@ -379,15 +379,15 @@ impl Kafka {
     /// restores without them (their tasks, identities and processed offsets are forgotten, so
     /// a redelivery of such a request is sent again). Each refusal names the setting to change.
     ///
-    /// Returns warnings about the topic's durability, each naming the setting: where a commit
-    /// the brokers acknowledged could still be lost (a replication factor under 3,
-    /// `min.insync.replicas` under 2, `unclean.leader.election.enable = true`), the proof that
-    /// a request was sent can be lost with it.
+    /// Returns the topic's partition count and warnings about its durability, each naming the
+    /// setting: where a commit the brokers acknowledged could still be lost (a replication
+    /// factor under 3, `min.insync.replicas` under 2, `unclean.leader.election.enable =
+    /// true`), the proof that a request was sent can be lost with it.
     pub async fn check_log_of_record(
         &self,
         allow_finite_retention: bool,
         timeout: Duration,
-    ) -> Result<Vec<String>> {
+    ) -> Result<LogOfRecord> {
         let config = &self.config;
         let kafka = self.clone();
         let topics = [config.requests_topic.clone(), config.events_topic.clone()];
@@ -446,10 +446,13 @@ impl Kafka {
         let resource = match described.into_iter().next() {
             Some(Ok(r)) => r,
             Some(Err(code)) if allow_finite_retention => {
-                return Ok(vec![format!(
-                    "cannot read the configuration of {}: {code}; whether an acknowledged commit can be lost is not checked (grant DESCRIBE_CONFIGS)",
-                    config.events_topic
-                )])
+                return Ok(LogOfRecord {
+                    partitions: events as i32,
+                    warnings: vec![format!(
+                        "cannot read the configuration of {}: {code}; whether an acknowledged commit can be lost is not checked (grant DESCRIBE_CONFIGS)",
+                        config.events_topic
+                    )],
+                })
             }
             Some(Err(code)) => {
                 return Err(bad(format!(
@@ -505,8 +508,20 @@ impl Kafka {
                 "{topic} has unclean.leader.election.enable = {v}: a replica that missed acknowledged commits may become leader and drop them; set false"
             ));
         }
-        Ok(warnings)
+        Ok(LogOfRecord {
+            partitions: events as i32,
+            warnings,
+        })
     }
+}
+
+/// What [`Kafka::check_log_of_record`] found of an events topic fit to be the log of record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogOfRecord {
+    /// Its partition count (the requests topic's): a request's key belongs to one of them.
+    pub partitions: i32,
+    /// Where an acknowledged commit could still be lost, each naming the setting to change.
+    pub warnings: Vec<String>,
 }
 
 impl Kafka {

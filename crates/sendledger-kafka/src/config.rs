@@ -8,6 +8,7 @@ use rdkafka::ClientConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::partitioner::Partitioner;
 use crate::records::EventEncoding;
 
 /// `brokers` value that starts the in-process mock cluster.
@@ -91,6 +92,12 @@ pub struct KafkaConfig {
     /// snapshots.
     #[serde(with = "humantime_serde")]
     pub snapshot_interval: Option<Duration>,
+    /// The partitioner of every producer of the requests topic: `"murmur2"` (Kafka's Java
+    /// client's default; librdkafka's `murmur2_random`), `"consistent"` (librdkafka's default,
+    /// `consistent_random`) or `"fnv1a"` (librdkafka's `fnv1a_random`). The producers
+    /// sendledger creates use it. Kafka mode refuses a request whose key does not belong to the
+    /// partition it arrived on under this partitioner (its task would have a second owner).
+    pub partitioner: Partitioner,
     /// The consumer's static group membership (`group.instance.id`): an instance restarted
     /// with the same id gets its partitions back without waiting for its old session to
     /// expire. `sendledger run` derives one from the host name and the ledger directory when
@@ -130,6 +137,7 @@ impl std::fmt::Debug for KafkaConfig {
             .field("standby", &self.standby)
             .field("snapshots_topic", &self.snapshots_topic)
             .field("snapshot_interval", &self.snapshot_interval)
+            .field("partitioner", &self.partitioner)
             .field("instance_id", &self.instance_id)
             .field("properties", &properties)
             .finish()
@@ -156,6 +164,7 @@ impl Default for KafkaConfig {
             standby: false,
             snapshots_topic: "sendledger.snapshots".into(),
             snapshot_interval: None,
+            partitioner: Partitioner::default(),
             instance_id: None,
             properties: BTreeMap::new(),
         }
@@ -227,6 +236,8 @@ const RESERVED: &[&str] = &[
     "transactional.id",
     // `read_uncommitted` would apply events of aborted transactions.
     "isolation.level",
+    // Set through `partitioner`: kafka mode checks each request's partition against it.
+    "partitioner",
 ];
 
 impl KafkaConfig {
@@ -421,6 +432,10 @@ impl KafkaConfig {
             Role::Producer | Role::Log => {
                 c.set("enable.idempotence", "true");
                 c.set("acks", "all");
+                // Requests produced here (`sendledger produce`, the front door, the demo) land
+                // where kafka mode's ingest expects their key (results too, for consumers that
+                // partition by identity the same way).
+                c.set("partitioner", self.partitioner.librdkafka_name());
             }
             Role::Replay => {
                 c.set("group.id", format!("{}.replay", self.group_id));

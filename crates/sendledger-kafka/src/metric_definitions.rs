@@ -13,6 +13,7 @@ pub const PARTITIONS_LOST_TOTAL: &str = "sendledger_partitions_lost_total";
 pub const GROUP_REJOINS_TOTAL: &str = "sendledger_group_rejoins_total";
 pub const REQUESTS_LOST_TOTAL: &str = "sendledger_requests_lost_total";
 pub const REQUESTS_REFUSED_TOTAL: &str = "sendledger_requests_refused_total";
+pub const REQUESTS_MISPLACED_TOTAL: &str = "sendledger_requests_misplaced_total";
 pub const RESULTS_PUBLISHED_TOTAL: &str = "sendledger_results_published_total";
 pub const LOG_BATCH_EVENTS: &str = "sendledger_log_batch_events";
 pub const LOG_COMMIT_SECONDS: &str = "sendledger_log_commit_seconds";
@@ -20,6 +21,10 @@ pub const STANDBY_EVENTS_TOTAL: &str = "sendledger_standby_events_total";
 pub const STANDBY_PARTITIONS: &str = "sendledger_standby_partitions";
 
 pub const DEFINITIONS: &[M] = &[
+    M::counter(
+        REQUESTS_MISPLACED_TOTAL,
+        "Kafka mode: requests rejected, never sent, because they arrived on another partition than their key's (by kafka.partitioner over the log of record's partitions), by the partition they arrived on: a producer with another partitioner, an explicit partition, or partitions added to the requests topic.",
+    ),
     M::counter(
         REQUESTS_REFUSED_TOTAL,
         "Requests refused by the access rules (`access`), by tenant (`unknown` for one not configured) and rule: rejected, never sent.",

@@ -37,6 +37,11 @@ pub trait PartitionOwner: Send + Sync + 'static {
     /// once for one partition.
     fn take_over(&self, partition: i32) -> Result<(), String>;
 
+    /// The partition count of the log of record, which the requests topic had when the
+    /// instance started: a request's key belongs to one of these partitions (by
+    /// `kafka.partitioner`), and one that arrived on another partition is refused.
+    fn log_partitions(&self) -> i32;
+
     /// Gives partition `partition` up: its tasks stop acting here. May come while its
     /// take-over is under way: that take-over must then leave the partition unowned (and end
     /// with an error).

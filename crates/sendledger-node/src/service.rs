@@ -59,8 +59,8 @@ impl Service {
             .ensure_topics(config.kafka.replication_factor, TOPIC_TIMEOUT, kafka_mode)
             .await
             .map_err(|e| Error::step("creating the topics", e))?;
-        if kafka_mode {
-            let warnings = kafka
+        let log_of_record = if kafka_mode {
+            let log = kafka
                 .check_log_of_record(config.storage.allow_finite_log_retention, TOPIC_TIMEOUT)
                 .await
                 .map_err(|e| {
@@ -69,10 +69,13 @@ impl Service {
                         e,
                     )
                 })?;
-            for warning in warnings {
+            for warning in &log.warnings {
                 tracing::warn!("the log of record may lose acknowledged commits: {warning}");
             }
-        }
+            Some(log)
+        } else {
+            None
+        };
         if let Some(identities) = config.storage.identity_retention {
             check_identity_retention(kafka, identities).await?;
         }
@@ -116,15 +119,17 @@ impl Service {
             None => None,
         };
         let sink = Arc::new(EngineSink::new(engine.clone()));
-        let owner: Option<Arc<dyn sendledger_kafka::PartitionOwner>> = match replicator {
-            Some(replicator) => Some(Arc::new(KafkaOwner::new(
-                kafka.clone(),
-                engine.clone(),
-                replicator,
-                config.storage.identity_retention,
-            )?)),
-            None => None,
-        };
+        let owner: Option<Arc<dyn sendledger_kafka::PartitionOwner>> =
+            match (replicator, log_of_record) {
+                (Some(replicator), Some(log)) => Some(Arc::new(KafkaOwner::new(
+                    kafka.clone(),
+                    engine.clone(),
+                    replicator,
+                    log.partitions,
+                    config.storage.identity_retention,
+                )?)),
+                _ => None,
+            };
         let access = config.load_access()?.map(Arc::new);
         if let Some(access) = &access {
             tracing::info!(

@@ -367,6 +367,8 @@ pub struct KafkaOwner {
     claims: std::sync::Mutex<Claims>,
     /// With `kafka.standby`: the copies of the partitions not owned here, kept current.
     standby: Option<Standby>,
+    /// The partition count of the log of record (and of the requests topic, checked at start).
+    partitions: i32,
 }
 
 #[derive(Default)]
@@ -443,11 +445,13 @@ async fn write_snapshots(
 impl KafkaOwner {
     /// Must be called within a tokio runtime (the engine's futures run on it). With
     /// `kafka.snapshot_interval`, its snapshots leave out the identities settled longer ago
-    /// than `identity_retention`.
+    /// than `identity_retention`. `partitions` is the events topic's partition count (see
+    /// `Kafka::check_log_of_record`).
     pub fn new(
         kafka: Kafka,
         engine: Engine,
         replicator: Arc<LogReplicator>,
+        partitions: i32,
         identity_retention: Option<Duration>,
     ) -> crate::error::Result<KafkaOwner> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
@@ -471,7 +475,6 @@ impl KafkaOwner {
                     runtime: runtime.clone(),
                     restored: None,
                 };
-                let partitions = kafka.config().partitions;
                 let standby = Standby::start(&kafka, copy, partitions).map_err(|e| {
                     crate::error::Error::step("starting kafka mode's standby copies", e)
                 })?;
@@ -488,6 +491,7 @@ impl KafkaOwner {
             snapshots,
             claims: Default::default(),
             standby,
+            partitions,
         })
     }
 
@@ -578,6 +582,12 @@ impl PartitionOwner for KafkaOwner {
     /// given up again if it has; the standby follows the partition once the take-over ends
     /// (never while it may still write the partition's copy).
     fn take_over(&self, partition: i32) -> Result<(), String> {
+        if partition >= self.partitions {
+            return Err(format!(
+                "the events topic has no partition {partition} (it has {}): partitions were added to the requests topic, and its requests cannot be placed in a log; they wait, unconsumed (see docs/kafka-mode.md, \"Partitions are fixed\")",
+                self.partitions
+            ));
+        }
         let claim = {
             let mut claims = self.claims();
             claims.next += 1;
@@ -597,6 +607,10 @@ impl PartitionOwner for KafkaOwner {
             standby.follow(partition);
         }
         outcome
+    }
+
+    fn log_partitions(&self) -> i32 {
+        self.partitions
     }
 
     fn release(&self, partition: i32) {

@@ -507,3 +507,87 @@ async fn a_partition_whose_log_failed_is_taken_over_again() {
     sim.shutdown().await;
     drop(broker);
 }
+
+/// Static members (`kafka.instance_id` unset: each derived from the host and its data
+/// directory) with a 30 s session: one stopped gracefully (`SIGTERM`) leaves the group as it
+/// stops, so the other takes its partitions over at once, long before the stopped member's
+/// session could expire (a member that stays silent holds its partitions for the whole
+/// session). Started again, it gets partitions back. Requests stream in throughout; every task
+/// settles once and the log audits clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_static_member_stopped_gracefully_hands_its_partitions_over_at_once() {
+    const SESSION: Duration = Duration::from_secs(30);
+    let root = KeptOnFailure::new();
+    let (broker, mut kafka_config, kafka) = start_broker().await;
+    kafka_config.instance_id = None;
+    kafka_config.properties.insert(
+        "consumer.session.timeout.ms".into(),
+        SESSION.as_millis().to_string(),
+    );
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let target = sendledger_tests::engine::target(&sim.base_url(), |_| {});
+    let timeline = Timeline::default();
+    let mut group = Group {
+        instances: (0..2)
+            .map(|i| Instance::new(SENDLEDGER, root.path(), i, &kafka_config, target.clone()))
+            .collect(),
+        timeline: timeline.clone(),
+    };
+    for i in 0..2 {
+        tokio::task::block_in_place(|| group.instances[i].start(&timeline));
+    }
+    let took = group.wait_settled(Duration::from_secs(60)).await;
+    assert!(
+        took.is_some(),
+        "not every partition owned: {}",
+        group.owners()
+    );
+    let results = ResultsFollower::start(&kafka);
+    let stream = Stream::start(&kafka, "static", 5, Duration::from_millis(50));
+
+    let moving = timeline.owned(1, 0);
+    let stopping = Instant::now();
+    let status = tokio::task::block_in_place(|| group.instances[1].terminate());
+    assert!(status.success(), "{status:?}");
+    let stopped = stopping.elapsed();
+    let deadline = stopping + SESSION;
+    let handed = loop {
+        if let Some((at, _)) = timeline.taken_over(1, 0, &moving, stopping) {
+            break at - stopping;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "partitions {moving:?} were not taken over within the session: {}",
+            group.owners()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    eprintln!(
+        "stopped in {stopped:?}; its partitions {moving:?} taken over {handed:?} after SIGTERM"
+    );
+    assert!(
+        handed < SESSION / 2,
+        "the partitions moved only after {handed:?}: the stopped member did not leave"
+    );
+
+    tokio::task::block_in_place(|| group.instances[1].start(&timeline));
+    let took = group.wait_settled(Duration::from_secs(60)).await;
+    assert!(
+        took.is_some(),
+        "the restarted member got nothing: {}",
+        group.owners()
+    );
+    let produced = stream.stop().await;
+    let keys: Vec<String> = produced.iter().map(|(k, _)| k.clone()).collect();
+    group
+        .wait_answered(&results, &task_ids(&keys), Duration::from_secs(90))
+        .await;
+    group.stop_all();
+    let raw = results.stop();
+    let ((events, _), report) = tokio::task::block_in_place(|| read_and_audit_log(&kafka));
+    let reviews = assert_settled_once(&sim, &keys, &raw, &events);
+    assert!(reviews.is_empty(), "tasks in review: {reviews:?}");
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    sim.shutdown().await;
+    drop(broker);
+}

@@ -189,7 +189,10 @@ fn stable(kafka: &Kafka, partition: i32) {
 async fn a_new_writer_fences_the_old_one_and_readers_see_only_committed_batches() {
     let broker = Broker::cluster();
     let kafka = Kafka::connect(config_for_process(&broker)).unwrap();
-    kafka.ensure_topics(1, TIMEOUT, true).await.unwrap();
+    kafka
+        .ensure_topics(kafka.config().replication_factor, TIMEOUT, true)
+        .await
+        .unwrap();
     tokio::task::block_in_place(|| {
         let first = PartitionLog::open(&kafka, 1, TIMEOUT).expect("the first writer opens");
         let one = LogBatch {
@@ -273,11 +276,16 @@ async fn brokers_refusing_transactions_are_named_at_open() {
 async fn the_events_topic_must_match_the_requests_topic_and_keep_every_event() {
     let broker = Broker::single();
     let kafka = Kafka::connect(config_for_process(&broker)).unwrap();
-    kafka.ensure_topics(1, TIMEOUT, true).await.unwrap();
-    let warnings = kafka
+    kafka
+        .ensure_topics(kafka.config().replication_factor, TIMEOUT, true)
+        .await
+        .unwrap();
+    let checked = kafka
         .check_log_of_record(false, TIMEOUT)
         .await
         .expect("topics sendledger created in kafka mode pass");
+    assert_eq!(checked.partitions, kafka.config().partitions);
+    let warnings = checked.warnings;
     // One broker: an acknowledged commit lives on one disk, and one replica acknowledges it;
     // the check says both.
     assert_eq!(warnings.len(), 2, "{warnings:?}");
@@ -347,7 +355,7 @@ async fn the_events_topic_must_match_the_requests_topic_and_keep_every_event() {
         ],
     )
     .await;
-    let warnings = check("events.unclean", false).await.unwrap();
+    let warnings = check("events.unclean", false).await.unwrap().warnings;
     let all = warnings.join("\n");
     assert_eq!(warnings.len(), 3, "{all}");
     assert!(
@@ -428,7 +436,10 @@ async fn a_partition_restored_on_an_empty_disk_resumes_its_tasks_and_sends_nothi
 
     let broker = Broker::cluster();
     let kafka = Kafka::connect(config_for_process(&broker)).unwrap();
-    kafka.ensure_topics(1, TIMEOUT, true).await.unwrap();
+    kafka
+        .ensure_topics(kafka.config().replication_factor, TIMEOUT, true)
+        .await
+        .unwrap();
     tokio::task::block_in_place(|| {
         let writer = PartitionLog::open(&kafka, 0, TIMEOUT).unwrap();
         let batch = LogBatch {
@@ -517,7 +528,10 @@ async fn an_engine_in_kafka_mode_records_through_its_partition_log_and_hands_ove
 
     let broker = Broker::cluster();
     let kafka = Kafka::connect(config_for_process(&broker)).unwrap();
-    kafka.ensure_topics(1, TIMEOUT, true).await.unwrap();
+    kafka
+        .ensure_topics(kafka.config().replication_factor, TIMEOUT, true)
+        .await
+        .unwrap();
     let sim = Sim::start(SimConfig::default()).await.unwrap();
     let topic = kafka.config().requests_topic.clone();
     let source = |offset| Source {
@@ -906,7 +920,8 @@ async fn kafka_mode_rides_out_the_brokers_unreachable_for_a_while() {
 async fn a_partition_whose_commits_hang_holds_up_no_other() {
     use sendledger_tests::kafka::{
         assert_exactly_one_terminal, assert_one_record_each, broker_behind_a_relay, identity_key,
-        produce, request_json, results_for, sim_with_latency, task_ids, wait_for, PARTITIONS,
+        key_on, produce, request_json, results_for, sim_with_latency, task_ids, wait_for,
+        PARTITIONS,
     };
     const EACH: usize = 400;
 
@@ -925,20 +940,22 @@ async fn a_partition_whose_commits_hang_holds_up_no_other() {
         |t| t["max_in_flight"] = 4.into(),
     )
     .await;
-    // Requests of `phase`, spread over partitions 1 and up, or all on partition 0.
+    // Requests of `phase`, spread over partitions 1 and up, or all on partition 0 (keys chosen
+    // for their partition: kafka mode takes a request only on its key's).
     let requests = |phase: &str, n: usize, on_zero: bool| {
-        let keys: Vec<String> = (0..n).map(|i| format!("stall-{phase}-{i}")).collect();
-        let messages: Vec<_> = keys
-            .iter()
-            .enumerate()
-            .map(|(i, k)| {
+        let keys: Vec<String> = (0..n)
+            .map(|i| {
                 let partition = if on_zero {
                     0
                 } else {
                     1 + i as i32 % (PARTITIONS - 1)
                 };
-                (Some(partition), identity_key(k), Some(request_json(k)))
+                key_on(&format!("stall-{phase}-{i}"), 0, partition, PARTITIONS)
             })
+            .collect();
+        let messages: Vec<_> = keys
+            .iter()
+            .map(|k| (None, identity_key(k), Some(request_json(k))))
             .collect();
         (keys, messages)
     };
@@ -1010,7 +1027,7 @@ async fn a_member_holding_nothing_while_requests_wait_says_so_and_rejoins() {
     let broker = Broker::cluster();
     let kafka = Kafka::connect(config_for_process(&broker)).unwrap();
     kafka
-        .ensure_topics(kafka.config().partitions, TIMEOUT, true)
+        .ensure_topics(kafka.config().replication_factor, TIMEOUT, true)
         .await
         .unwrap();
     // The member that takes every partition, then freezes.
@@ -1314,7 +1331,10 @@ async fn a_partition_of_100000_tasks_is_restored_on_an_empty_disk() {
     let mut config = config_for_process(&broker);
     config.partitions = 1;
     let kafka = Kafka::connect(config).unwrap();
-    kafka.ensure_topics(1, TIMEOUT, true).await.unwrap();
+    kafka
+        .ensure_topics(kafka.config().replication_factor, TIMEOUT, true)
+        .await
+        .unwrap();
     let sim = sendledger_sim::Sim::start(Default::default())
         .await
         .unwrap();
@@ -1426,7 +1446,10 @@ async fn a_lookup_answered_while_the_partition_was_revoked_is_made_again_after_i
 
     let broker = Broker::cluster();
     let kafka = Kafka::connect(config_for_process(&broker)).unwrap();
-    kafka.ensure_topics(1, TIMEOUT, true).await.unwrap();
+    kafka
+        .ensure_topics(kafka.config().replication_factor, TIMEOUT, true)
+        .await
+        .unwrap();
     // Every create is committed and its response dropped; every request and lookup takes
     // 300 ms, and a record is visible to lookups a second after its creation.
     let sim = Sim::start(SimConfig {
@@ -1665,7 +1688,10 @@ async fn two_histories_of_a_task_in_the_log_send_it_to_review() {
 
     let broker = Broker::cluster();
     let kafka = Kafka::connect(config_for_process(&broker)).unwrap();
-    kafka.ensure_topics(1, TIMEOUT, true).await.unwrap();
+    kafka
+        .ensure_topics(kafka.config().replication_factor, TIMEOUT, true)
+        .await
+        .unwrap();
     let sim = Sim::start(SimConfig::default()).await.unwrap();
     let task = task_id("forked");
     let accepted = request("forked")
@@ -1850,12 +1876,18 @@ async fn a_copy_ahead_of_its_log_is_truncated_to_it() {
 
     let broker = Broker::cluster();
     let kafka = Kafka::connect(config_for_process(&broker)).unwrap();
-    kafka.ensure_topics(2, TIMEOUT, true).await.unwrap();
+    kafka
+        .ensure_topics(kafka.config().replication_factor, TIMEOUT, true)
+        .await
+        .unwrap();
     // The log as the brokers kept it after the loss: another events topic.
     let mut lossy = config_for_process(&broker);
     lossy.events_topic = "sendledger.events.kept".into();
     let lossy = Kafka::connect(lossy).unwrap();
-    lossy.ensure_topics(2, TIMEOUT, true).await.unwrap();
+    lossy
+        .ensure_topics(lossy.config().replication_factor, TIMEOUT, true)
+        .await
+        .unwrap();
     let sim = Sim::start(SimConfig::default()).await.unwrap();
 
     let requests_topic = kafka.config().requests_topic.clone();
@@ -1958,7 +1990,9 @@ async fn a_copy_ahead_of_its_log_is_truncated_to_it() {
     let owner = |kafka: &Kafka| {
         let replicator = Arc::new(LogReplicator::new("sendledger"));
         let engine = replicated_engine(dir.path(), &sim, replicator.clone());
-        let owner = KafkaOwner::new(kafka.clone(), engine.clone(), replicator, None).unwrap();
+        let partitions = kafka.config().partitions;
+        let owner =
+            KafkaOwner::new(kafka.clone(), engine.clone(), replicator, partitions, None).unwrap();
         (engine, Arc::new(owner))
     };
     let take_over = |owner: &Arc<KafkaOwner>| {

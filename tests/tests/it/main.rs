@@ -28,6 +28,7 @@ mod migration;
 mod operators;
 mod outage;
 mod paging;
+mod placement;
 mod retention;
 mod retry;
 mod saga;

@@ -123,7 +123,10 @@ async fn an_empty_disk_takes_a_partition_over_from_its_snapshot_and_the_log_afte
     config.partitions = 1;
     config.snapshot_interval = Some(Duration::from_secs(1));
     let kafka = Kafka::connect(config).unwrap();
-    kafka.ensure_topics(1, TIMEOUT, true).await.unwrap();
+    kafka
+        .ensure_topics(kafka.config().replication_factor, TIMEOUT, true)
+        .await
+        .unwrap();
     let sim = sendledger_sim::Sim::start(Default::default())
         .await
         .unwrap();

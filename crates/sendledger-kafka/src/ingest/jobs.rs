@@ -19,7 +19,7 @@ use tracing::Instrument;
 use super::tracker::{lock, Done, Outcome};
 use super::{IngestStats, Worker, RETRY_INITIAL, RETRY_MAX};
 use crate::error::Result;
-use crate::metric_definitions::REQUESTS_REFUSED_TOTAL;
+use crate::metric_definitions::{REQUESTS_MISPLACED_TOTAL, REQUESTS_REFUSED_TOTAL};
 use crate::sink::{RequestSink, SinkError};
 
 /// Header of a dead letter: why the message was rejected.
@@ -60,6 +60,7 @@ impl<S: RequestSink> Worker<S> {
         work = self.allowed(work, msg.headers(), raw.as_deref().unwrap_or_default());
         if self.owner.is_some() {
             work = keyed_by_identity(work, msg.key());
+            work = self.placed(work, msg.key(), partition);
         }
         let job = Job {
             sink: self.sink.clone(),
@@ -113,6 +114,37 @@ impl<S: RequestSink> Worker<S> {
             .increment(1);
         tracing::warn!(%tenant, rule = refusal.rule.name(), reason = %refusal.detail, "request refused by the access rules; rejected, nothing sent");
         Work::Reject(refusal.to_string())
+    }
+
+    /// Kafka mode: the work of a request whose key belongs to another partition than the one
+    /// it arrived on (by `kafka.partitioner`, over the log of record's partitions): a rejection
+    /// naming both, counted in `sendledger_requests_misplaced_total`. Acted on here, its task
+    /// would have a second owner (the key's partition's), which does not know it and would run
+    /// a redelivery of it again. Anything else as it is.
+    fn placed(&self, work: Work, key: Option<&[u8]>, partition: i32) -> Work {
+        let (Work::Submit(_), Some((partitioner, partitions)), Some(key)) =
+            (&work, self.placement, key)
+        else {
+            return work;
+        };
+        let belongs = partitioner.partition(key, partitions);
+        if belongs == partition {
+            return work;
+        }
+        metrics::counter!(REQUESTS_MISPLACED_TOTAL, "partition" => partition.to_string())
+            .increment(1);
+        let name = partitioner.name();
+        tracing::warn!(
+            partition,
+            belongs,
+            partitioner = name,
+            "a request arrived on another partition than its key's; rejected, nothing sent"
+        );
+        Work::Reject(format!(
+            "misplaced: the key {:?} belongs to partition {belongs} of {partitions} under the {name} partitioner (kafka.partitioner), and the request arrived on partition {partition}; in kafka mode a request runs only on its key's partition (one owner per task). Produce it again keyed the same, with the {name} partitioner (librdkafka: partitioner={}) and no explicit partition; partitions are never added to a requests topic in use (docs/kafka-mode.md)",
+            String::from_utf8_lossy(key),
+            partitioner.librdkafka_name()
+        ))
     }
 
     /// Without access rules: warns once when requests for a second tenant arrive, since then

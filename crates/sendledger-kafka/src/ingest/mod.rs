@@ -12,7 +12,9 @@
 //!   reaching the sink.
 //! - Bad input (no value, oversize, invalid JSON, a request the sink refuses) is handed to
 //!   [`RequestSink::reject`] (after a copy to the dead-letter topic when configured); its offset
-//!   advances like any other.
+//!   advances like any other. In kafka mode a request must also be keyed by its identity and
+//!   have arrived on its key's partition (`kafka.partitioner` over the log of record's
+//!   partitions); one that did not is rejected the same way, never sent.
 //! - Backpressure: at `max_unfinished` messages, or `max_unfinished_bytes` bytes (a message's
 //!   key and value as received), received and not yet durable, the assigned partitions are
 //!   paused; they resume once both are at half their limit or below. In kafka mode a partition
@@ -90,6 +92,7 @@ use tokio::runtime::Handle;
 use crate::cluster::Kafka;
 use crate::config::Role;
 use crate::error::{Error, Result};
+use crate::partitioner::Partitioner;
 use crate::sink::{PartitionOwner, RequestSink, SinkError};
 use jobs::DeadLetters;
 use rebalance::{commit, sync_pauses, IngestContext};
@@ -241,8 +244,10 @@ impl Ingest {
             })),
             None => None,
         };
+        let placement = (owner.as_ref()).map(|o| (config.partitioner, o.log_partitions()));
         let worker = Worker {
             owner,
+            placement,
             probe: kafka.client_config(Role::Replay).create()?,
             consumer,
             tracker,
@@ -345,6 +350,9 @@ struct Worker<S: RequestSink> {
     /// Kafka mode: set by the group watch when this member must leave the group and join it
     /// again.
     rejoin: Arc<AtomicBool>,
+    /// Kafka mode: the partitioner of the requests' producers and the log of record's
+    /// partition count, to refuse a request that arrived on another partition than its key's.
+    placement: Option<(Partitioner, i32)>,
     /// Who may ask for what; `None`: every valid request is acted on.
     access: Option<Arc<Access>>,
     /// Without access rules: the first tenant requests were seen for, and whether a second

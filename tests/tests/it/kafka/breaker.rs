@@ -10,8 +10,8 @@
 //! POST per task. The breaker probes through the remote's stats endpoint (`health_url`), so no
 //! task's attempt is risked as a probe.
 //!
-//! Requests are produced to partitions of one instance only (keyed by their identity, the
-//! partition chosen by the producer), so that the other instance's breaker has nothing to
+//! Requests are produced to partitions of one instance only (keyed by their identity, each key
+//! chosen for its partition), so that the other instance's breaker has nothing to
 //! judge: it must stay closed while the first one is open.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -26,7 +26,7 @@ use sendledger_tests::cluster::{
     assert_settled_once, read_and_audit_log, read_log, start_broker, Group, Instance,
     KeptOnFailure, ResultsFollower, Timeline, PARTITIONS,
 };
-use sendledger_tests::kafka::{identity_key, produce, request_json, task_ids};
+use sendledger_tests::kafka::{identity_key, key_on, produce, request_json, task_ids};
 
 use crate::SENDLEDGER;
 
@@ -195,12 +195,13 @@ async fn tasks_waiting_on_a(instances: usize, prefix: &str, seed: u64) -> Waitin
     let mut partition_of = BTreeMap::new();
     for p in &a_partitions {
         for i in 0..rng.random_range(5..=9) {
-            partition_of.insert(format!("{prefix}-{p}-{i}"), *p);
+            let key = key_on(&format!("{prefix}-{p}-{i}"), 0, *p, PARTITIONS);
+            partition_of.insert(key, *p);
         }
     }
     let mut messages: Vec<_> = partition_of
-        .iter()
-        .map(|(k, p)| (Some(*p), identity_key(k), Some(request_json(k))))
+        .keys()
+        .map(|k| (None, identity_key(k), Some(request_json(k))))
         .collect();
     messages.shuffle(&mut rng);
     produce(&kafka, messages).await;
