@@ -6,9 +6,9 @@ pub enum Error {
     Config { field: String, problem: String },
     #[error("kafka")]
     Kafka(#[from] rdkafka::error::KafkaError),
-    #[error("the brokers at {brokers} refused this client: {reason}; check the security settings in kafka.properties (security.protocol, sasl.mechanism, sasl.username, sasl.password, ssl.ca.location) against what the brokers accept")]
+    #[error("the brokers at {brokers} (kafka.brokers) refused this client: {reason}; check the security settings in kafka.properties (security.protocol, sasl.mechanism, sasl.username, sasl.password, ssl.ca.location) against what the brokers accept, and that kafka.brokers names Kafka brokers")]
     Refused { brokers: String, reason: String },
-    #[error("no answer from the brokers at {brokers} within {within}; the last error: {reason}")]
+    #[error("no answer from the brokers at {brokers} (kafka.brokers) within {within}; the last error: {reason}; check that kafka.brokers names running Kafka brokers this host can reach")]
     NoAnswer {
         brokers: String,
         within: String,

@@ -142,6 +142,50 @@ fn run_refuses_an_invalid_config_naming_the_field() {
     assert!(stderr.contains("targets.p.url"), "{stderr}");
 }
 
+/// Brokers that cannot be used stop `run` at start with an error naming `kafka.brokers`, never
+/// a hang: nothing listening at the address, and a server there that does not speak Kafka (an
+/// HTTP server), in both storage modes.
+#[test]
+fn run_refuses_brokers_it_cannot_use_naming_the_setting() {
+    let (mut http, _, line) = start_sim_remote();
+    // `ready create=POST http://ADDR/records ...`
+    let http_addr = (line.split_whitespace())
+        .find_map(|w| w.strip_prefix("http://"))
+        .and_then(|url| url.split('/').next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed_addr = closed.local_addr().unwrap().to_string();
+    drop(closed);
+    for (brokers, mode) in [
+        (closed_addr.as_str(), "local"),
+        (http_addr.as_str(), "kafka"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("sendledger.toml");
+        let config = format!(
+            "[storage]\ndata = {:?}\nmode = {mode:?}\n[kafka]\nbrokers = {brokers:?}\n[admin]\nenabled = false\n[targets.p]\nurl = \"http://127.0.0.1:1/x\"\n",
+            dir.path().join("ledger")
+        );
+        std::fs::write(&file, config).unwrap();
+        let started = std::time::Instant::now();
+        let out = sendledger()
+            .args(["run", "--config"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{brokers} ({mode}): {stderr}");
+        assert!(
+            stderr.contains("kafka.brokers") && stderr.contains(brokers),
+            "{brokers} ({mode}): {stderr}"
+        );
+        eprintln!("{brokers} ({mode}) refused after {:?}", started.elapsed());
+    }
+    http.kill().unwrap();
+    http.wait().unwrap();
+}
+
 /// Nobody reading stdout does not stop `run`: with stdout a pipe whose reader is gone, writing
 /// the ready line fails (EPIPE), a warning is logged, and the service runs until SIGTERM, then
 /// exits 0 (not 101, a panic of `println!`).
