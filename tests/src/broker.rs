@@ -209,6 +209,17 @@ impl Broker {
             })
     }
 
+    /// The index of the node coordinating consumer group `group`: the leader of its partition
+    /// of `__consumer_offsets` (the Java hash of the group's name, its absolute value, modulo
+    /// the six partitions the nodes give that topic).
+    pub fn coordinator_of(&self, group: &str) -> usize {
+        let hash = group
+            .encode_utf16()
+            .fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(i32::from(c)));
+        let partition = if hash == i32::MIN { 0 } else { hash.abs() } % 6;
+        self.leader_of("__consumer_offsets", partition)
+    }
+
     /// How many nodes this broker has.
     pub fn nodes(&self) -> usize {
         self.nodes.len()

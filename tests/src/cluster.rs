@@ -676,6 +676,64 @@ pub fn each_answered(
     })
 }
 
+/// Why partitions of `partitions` did not answer a request of `produced` from index `from` on:
+/// per such partition, its first request since then, whether the log of record holds its task
+/// and in which phase, and the results topic's partitions whose last stable offset (where a
+/// `read_committed` reader stops) is behind their end (a transaction left open).
+pub fn why_unanswered(
+    results: &ResultsFollower,
+    produced: &[(String, i32)],
+    from: usize,
+    partitions: &BTreeSet<i32>,
+) -> String {
+    let answered = results.answered();
+    // The log may not read back (a broker down): say so rather than fail here.
+    let log = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read_log(&results.kafka)));
+    let mut why = Vec::new();
+    if log.is_err() {
+        why.push("the log of record did not read back".to_string());
+    }
+    let log = log.unwrap_or_default();
+    for p in partitions {
+        let waiting = (produced.iter().skip(from)).find(|(_, q)| q == p);
+        let Some((key, _)) = waiting else {
+            why.push(format!("partition {p}: nothing produced"));
+            continue;
+        };
+        let task = crate::engine::task_id(key).to_string();
+        if answered.contains(&task) {
+            continue;
+        }
+        let events: Vec<&str> = (log.iter())
+            .filter(|e| e.task_id.to_string() == task)
+            .map(|e| e.body.name())
+            .collect();
+        why.push(format!(
+            "partition {p}: {key} ({task}) logged as {events:?}"
+        ));
+    }
+    let topic = &results.kafka.config().results_topic;
+    let end = |isolation: &str, partition: i32| {
+        let mut config = results.kafka.client_config(sendledger_kafka::Role::Replay);
+        config.set("isolation.level", isolation);
+        let consumer: sendledger_kafka::rdkafka::consumer::BaseConsumer = config.create().ok()?;
+        use sendledger_kafka::rdkafka::consumer::Consumer;
+        consumer
+            .fetch_watermarks(topic, partition, Duration::from_secs(5))
+            .ok()
+            .map(|w| w.1)
+    };
+    for p in 0..results.kafka.config().partitions {
+        let (stable, high) = (end("read_committed", p), end("read_uncommitted", p));
+        if stable != high {
+            why.push(format!(
+                "{topic} partition {p}: last stable offset {stable:?}, end {high:?}"
+            ));
+        }
+    }
+    why.join("; ")
+}
+
 /// The chaos run: instances, the timeline of their partitions, and the waiting in between.
 pub struct Group {
     pub instances: Vec<Instance>,

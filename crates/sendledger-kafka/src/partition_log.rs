@@ -522,6 +522,9 @@ pub fn read_partition(
                 next = m.offset() + 1;
                 apply(&m)?;
             }
+            Some(Err(e)) if passing(&e) => {
+                tracing::debug!(partition, error = %e, "reading the log: librdkafka recovers")
+            }
             Some(Err(e)) => return Err(e.into()),
             None => {
                 // Past the last committed record only transaction markers (or aborted records)
@@ -541,6 +544,29 @@ pub fn read_partition(
         }
     }
     Ok(next)
+}
+
+/// Whether a consumer's error is one librdkafka recovers from by itself: a broker connection
+/// lost or refused (a broker down, its partitions' leaders moving), every broker unreachable
+/// for a moment, a request timed out. A read of a partition goes on through it, and its idle
+/// limit decides when to give up; anything else (the topic or partition gone, a read not
+/// authorized, an offset out of range) ends the read.
+pub(crate) fn passing(e: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        e,
+        KafkaError::MessageConsumption(
+            C::BrokerTransportFailure
+                | C::AllBrokersDown
+                | C::Resolve
+                | C::OperationTimedOut
+                | C::RequestTimedOut
+                | C::NetworkException
+                | C::LeaderNotAvailable
+                | C::NotLeaderForPartition
+                | C::BrokerNotAvailable
+        )
+    )
 }
 
 /// How far `consumer` got in `partition` of `topic` (the offset of the next record it reads).
@@ -582,6 +608,9 @@ pub fn event_at(
     loop {
         match consumer.poll(Duration::from_millis(10)) {
             Some(Ok(m)) => return Ok((end, Some((m.offset(), record_event(&m)?)))),
+            Some(Err(e)) if passing(&e) => {
+                tracing::debug!(partition, error = %e, "reading the log: librdkafka recovers")
+            }
             Some(Err(e)) => return Err(e.into()),
             None => {
                 // Past the last committed record only markers or aborted records remain.

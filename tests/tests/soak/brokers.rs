@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use sendledger_sim::{Sim, SimConfig};
 use sendledger_tests::cluster::{
-    assert_settled_once, each_answered, read_and_audit_log, start_broker, Group, Instance,
-    KeptOnFailure, ResultsFollower, Stream, Timeline, PARTITIONS,
+    assert_settled_once, each_answered, read_and_audit_log, start_broker, why_unanswered, Group,
+    Instance, KeptOnFailure, ResultsFollower, Stream, Timeline, PARTITIONS,
 };
 use sendledger_tests::kafka::task_ids;
 
@@ -14,25 +14,41 @@ use crate::SENDLEDGER;
 
 /// Failures only a real cluster has, with two instances in kafka mode and requests streaming
 /// in: the broker leading events partition 0 is killed (`kill -9`) and started again on its
-/// data; then the broker leading events partition 1 is frozen (`SIGSTOP`) for 20 s and thawed.
-/// With three replicas and `min.insync.replicas=2`, one broker away loses no acknowledged
-/// commit: nothing is sent twice, every task settles once with each result once on the
-/// results topic, none goes to review, and the events topic audits clean.
+/// data; then the broker leading events partition 1 is frozen (`SIGSTOP`) for 20 s and
+/// thawed; then the broker coordinating the consumer group is killed and started again. With
+/// three replicas and `min.insync.replicas=2`, one broker away loses no acknowledged commit:
+/// nothing is sent twice, every task settles once with each result once on the results topic,
+/// none goes to review, and the events topic audits clean.
 ///
-/// **It fails today** (found on its first run): after the kill, a take-over of a partition
-/// that moved is refused by `init_transactions` ("another concurrent operation on the same
-/// transaction was ongoing") again and again, and the partition answers nothing for over 90 s.
-/// Kept here, outside `scripts/test`, until that is understood and fixed.
+/// The first two pass (runs on Apache Kafka 4.1.1 with the product's 10 s session). **The
+/// coordinator's kill fails today**: with a 10 s session every member's session expired
+/// before another broker coordinated the group (all partitions lost and taken over again;
+/// intents committed and not sent go to review); with 20 s
+/// (`SENDLEDGER_SOAK_SESSION_MS=20000`) no session expired, but the consumers stopped
+/// receiving the requests of the partitions the dead broker led, for the test's 90 s (nothing
+/// of them reached the ledgers). Kept outside `scripts/test` until that is understood.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "a chaos soak, and failing: run it with scripts/soak-cluster"]
+#[ignore = "a chaos soak, failing at the coordinator's kill: run it with scripts/soak-cluster"]
 async fn a_broker_killed_then_another_frozen_loses_and_duplicates_nothing() {
     let root = KeptOnFailure::new();
     let (mut broker, mut kafka_config, kafka) = start_broker().await;
-    // The product's own session (10 s): the tests' 6 s is shorter than the brokers' detection
-    // of a dead broker (broker.session.timeout.ms, 9 s), so the death of the group's
-    // coordinator expired every member's session.
-    for key in ["consumer.session.timeout.ms", "consumer.heartbeat.interval.ms"] {
+    // The product's own session, or SENDLEDGER_SOAK_SESSION_MS: the tests' 6 s is shorter than
+    // the brokers' detection of a dead broker (broker.session.timeout.ms, 9 s), so the death
+    // of the group's coordinator expired every member's session.
+    for key in [
+        "consumer.session.timeout.ms",
+        "consumer.heartbeat.interval.ms",
+    ] {
         kafka_config.properties.remove(key);
+    }
+    if let Ok(debug) = std::env::var("SENDLEDGER_SOAK_PRODUCER_DEBUG") {
+        // librdkafka's own trace of the producers (e.g. `eos`), for an investigation; with
+        // `RUST_LOG=info,librdkafka=debug` the instances log it.
+        (kafka_config.properties).insert("producer.debug".into(), debug);
+    }
+    if let Ok(ms) = std::env::var("SENDLEDGER_SOAK_SESSION_MS") {
+        eprintln!("session.timeout.ms = {ms}");
+        (kafka_config.properties).insert("consumer.session.timeout.ms".into(), ms);
     }
     let sim = Sim::start(SimConfig::default()).await.unwrap();
     let target = sendledger_tests::engine::target(&sim.base_url(), |_| {});
@@ -61,7 +77,12 @@ async fn a_broker_killed_then_another_frozen_loses_and_duplicates_nothing() {
         async move {
             let limit = Instant::now() + Duration::from_secs(90);
             while !each_answered(results, &stream.produced(), from, &all) {
-                assert!(Instant::now() < limit, "not every partition answered again");
+                if Instant::now() > limit {
+                    let why = tokio::task::block_in_place(|| {
+                        why_unanswered(results, &stream.produced(), from, &all)
+                    });
+                    panic!("not every partition answered again: {why}");
+                }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
@@ -84,6 +105,14 @@ async fn a_broker_killed_then_another_frozen_loses_and_duplicates_nothing() {
     let at = stream.produced().len();
     answered_since(at).await;
     eprintln!("broker {frozen} (leading events partition 1) frozen for 20 s and thawed");
+
+    let coordinator = broker.coordinator_of(&kafka_config.group_id);
+    broker.kill(coordinator);
+    let at = stream.produced().len();
+    answered_since(at).await;
+    eprintln!("broker {coordinator} (the group's coordinator) killed: every partition answers");
+    broker.restart(coordinator);
+    tokio::task::block_in_place(|| broker.wait_ready());
 
     let produced = stream.stop().await;
     let keys: Vec<String> = produced.iter().map(|(k, _)| k.clone()).collect();

@@ -81,6 +81,9 @@ fn read_range(
                     break;
                 }
             }
+            Some(Err(e)) if crate::partition_log::passing(&e) => {
+                tracing::debug!(partition, error = %e, "reading snapshots: librdkafka recovers")
+            }
             Some(Err(e)) => return Err(e.into()),
             None if last_progress.elapsed() > idle => {
                 return Err(replay_error(
