@@ -23,7 +23,7 @@ pub const STANDBY_PARTITIONS: &str = "sendledger_standby_partitions";
 pub const DEFINITIONS: &[M] = &[
     M::counter(
         REQUESTS_MISPLACED_TOTAL,
-        "Kafka mode: requests rejected, never sent, because they arrived on another partition than their key's (by kafka.partitioner over the log of record's partitions), by the partition they arrived on: a producer with another partitioner, an explicit partition, or partitions added to the requests topic.",
+        "Kafka mode: requests rejected, never sent, because they arrived on another partition than their key's (by kafka.partitioner over the log of record's partitions), by the partition they arrived on: a producer with another partitioner, an explicit partition, or partitions added to the requests topic. A delivery counts: one delivered again after its partition moved counts again (its rejection is recorded once).",
     ),
     M::counter(
         REQUESTS_REFUSED_TOTAL,

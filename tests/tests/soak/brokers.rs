@@ -24,9 +24,9 @@ use crate::SENDLEDGER;
 /// coordinator's kill fails today**: with a 10 s session every member's session expired
 /// before another broker coordinated the group (all partitions lost and taken over again;
 /// intents committed and not sent go to review); with 20 s
-/// (`SENDLEDGER_SOAK_SESSION_MS=20000`) no session expired, but the consumers stopped
-/// receiving the requests of the partitions the dead broker led, for the test's 90 s (nothing
-/// of them reached the ledgers). Kept outside `scripts/test` until that is understood.
+/// (`SENDLEDGER_SOAK_SESSION_MS=20000`) no session expired, but the requests of some
+/// partitions never reached the log for the test's 90 s, though the consumer received them
+/// from the partitions' new leaders. Kept outside `scripts/test` until that is understood.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "a chaos soak, failing at the coordinator's kill: run it with scripts/soak-cluster"]
 async fn a_broker_killed_then_another_frozen_loses_and_duplicates_nothing() {
@@ -41,10 +41,16 @@ async fn a_broker_killed_then_another_frozen_loses_and_duplicates_nothing() {
     ] {
         kafka_config.properties.remove(key);
     }
-    if let Ok(debug) = std::env::var("SENDLEDGER_SOAK_PRODUCER_DEBUG") {
-        // librdkafka's own trace of the producers (e.g. `eos`), for an investigation; with
-        // `RUST_LOG=info,librdkafka=debug` the instances log it.
-        (kafka_config.properties).insert("producer.debug".into(), debug);
+    // librdkafka's own trace of the producers (e.g. `eos`) or the consumers (e.g.
+    // `fetch,topic,metadata`), for an investigation; with `RUST_LOG=info,librdkafka=debug` the
+    // instances log it.
+    for (var, key) in [
+        ("SENDLEDGER_SOAK_PRODUCER_DEBUG", "producer.debug"),
+        ("SENDLEDGER_SOAK_CONSUMER_DEBUG", "consumer.debug"),
+    ] {
+        if let Ok(debug) = std::env::var(var) {
+            kafka_config.properties.insert(key.into(), debug);
+        }
     }
     if let Ok(ms) = std::env::var("SENDLEDGER_SOAK_SESSION_MS") {
         eprintln!("session.timeout.ms = {ms}");
