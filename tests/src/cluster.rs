@@ -27,7 +27,7 @@ use sendledger_node::config::{Config, StorageMode};
 use sendledger_sim::Sim;
 
 use crate::kafka::{
-    config_for_process, dedupe, produce_with, request_messages_to, requests_producer,
+    config_for_process, dedupe, produce_with, request_messages_to, requests_producer, task_ids,
     terminal_by_task, validate_all, Broker, Rec,
 };
 
@@ -741,6 +741,37 @@ pub struct Group {
 }
 
 impl Group {
+    /// `n` instances of `sendledger run` (the executable `cli`) with the one target `sim`
+    /// (`target`), each started, and waited for (a minute at most) until they own every
+    /// partition between them.
+    pub async fn start(
+        cli: &str,
+        root: &Path,
+        n: usize,
+        kafka: &KafkaConfig,
+        target: sendledger_effects::TargetConfig,
+    ) -> Group {
+        let timeline = Timeline::default();
+        let mut group = Group {
+            instances: (0..n)
+                .map(|i| Instance::new(cli, root, i, kafka, target.clone()))
+                .collect(),
+            timeline: timeline.clone(),
+        };
+        tokio::task::block_in_place(|| {
+            for i in &mut group.instances {
+                i.start(&timeline);
+            }
+        });
+        let took = group.wait_settled(Duration::from_secs(60)).await;
+        assert!(
+            took.is_some(),
+            "not every partition owned: {}",
+            group.owners()
+        );
+        group
+    }
+
     pub fn running(&self) -> Vec<usize> {
         self.instances
             .iter()
@@ -812,6 +843,28 @@ impl Group {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// The end of a run: waits (90 s at most) until every task of `keys` has a result, stops
+    /// every instance (each must exit 0) and the follower, and checks what the user would:
+    /// each task settled once and none in review ([`assert_settled_once`]), and the events
+    /// topic audits clean. Returns the audit's report.
+    pub async fn finish(
+        &mut self,
+        results: ResultsFollower,
+        sim: &Sim,
+        keys: &[String],
+    ) -> sendledger_store::AuditReport {
+        self.wait_answered(&results, &task_ids(keys), Duration::from_secs(90))
+            .await;
+        self.stop_all();
+        let kafka = results.kafka.clone();
+        let raw = results.stop();
+        let ((events, _), report) = tokio::task::block_in_place(|| read_and_audit_log(&kafka));
+        let reviews = assert_settled_once(sim, keys, &raw, &events);
+        assert!(reviews.is_empty(), "tasks in review: {reviews:?}");
+        assert!(report.violations.is_empty(), "{:?}", report.violations);
+        report
     }
 
     /// SIGTERM to every running instance; each must stop cleanly (exit 0).

@@ -526,22 +526,8 @@ async fn a_static_member_stopped_gracefully_hands_its_partitions_over_at_once() 
     );
     let sim = Sim::start(SimConfig::default()).await.unwrap();
     let target = sendledger_tests::engine::target(&sim.base_url(), |_| {});
-    let timeline = Timeline::default();
-    let mut group = Group {
-        instances: (0..2)
-            .map(|i| Instance::new(SENDLEDGER, root.path(), i, &kafka_config, target.clone()))
-            .collect(),
-        timeline: timeline.clone(),
-    };
-    for i in 0..2 {
-        tokio::task::block_in_place(|| group.instances[i].start(&timeline));
-    }
-    let took = group.wait_settled(Duration::from_secs(60)).await;
-    assert!(
-        took.is_some(),
-        "not every partition owned: {}",
-        group.owners()
-    );
+    let mut group = Group::start(SENDLEDGER, root.path(), 2, &kafka_config, target).await;
+    let timeline = group.timeline.clone();
     let results = ResultsFollower::start(&kafka);
     let stream = Stream::start(&kafka, "static", 5, Duration::from_millis(50));
 
@@ -579,15 +565,7 @@ async fn a_static_member_stopped_gracefully_hands_its_partitions_over_at_once() 
     );
     let produced = stream.stop().await;
     let keys: Vec<String> = produced.iter().map(|(k, _)| k.clone()).collect();
-    group
-        .wait_answered(&results, &task_ids(&keys), Duration::from_secs(90))
-        .await;
-    group.stop_all();
-    let raw = results.stop();
-    let ((events, _), report) = tokio::task::block_in_place(|| read_and_audit_log(&kafka));
-    let reviews = assert_settled_once(&sim, &keys, &raw, &events);
-    assert!(reviews.is_empty(), "tasks in review: {reviews:?}");
-    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    group.finish(results, &sim, &keys).await;
     sim.shutdown().await;
     drop(broker);
 }

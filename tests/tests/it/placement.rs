@@ -13,8 +13,7 @@ use sendledger_kafka::rdkafka::client::DefaultClientContext;
 use sendledger_kafka::{Partitioner, Role};
 use sendledger_sim::{Sim, SimConfig};
 use sendledger_tests::cluster::{
-    assert_settled_once, read_and_audit_log, start_broker, Group, Instance, KeptOnFailure,
-    ResultsFollower, Timeline, PARTITIONS,
+    read_and_audit_log, start_broker, Group, KeptOnFailure, ResultsFollower, PARTITIONS,
 };
 use sendledger_tests::kafka::{
     identity_key, produce, request_json, request_messages, task_ids, Rec,
@@ -25,32 +24,6 @@ use crate::SENDLEDGER;
 /// The partition a request key's identity belongs to among `partitions`.
 fn belongs(key: &str, partitions: i32) -> i32 {
     Partitioner::Murmur2.partition(identity_key(key).as_bytes(), partitions)
-}
-
-/// Two instances started, every partition owned, and a follower of the results topic.
-async fn two_instances(
-    root: &KeptOnFailure,
-    kafka_config: &sendledger_kafka::KafkaConfig,
-    sim: &Sim,
-) -> (Group, Timeline) {
-    let target = sendledger_tests::engine::target(&sim.base_url(), |_| {});
-    let timeline = Timeline::default();
-    let mut group = Group {
-        instances: (0..2)
-            .map(|i| Instance::new(SENDLEDGER, root.path(), i, kafka_config, target.clone()))
-            .collect(),
-        timeline: timeline.clone(),
-    };
-    for i in 0..2 {
-        tokio::task::block_in_place(|| group.instances[i].start(&timeline));
-    }
-    let took = group.wait_settled(Duration::from_secs(60)).await;
-    assert!(
-        took.is_some(),
-        "not every partition owned: {}",
-        group.owners()
-    );
-    (group, timeline)
 }
 
 /// The rejected results naming `key` whose reason says it was misplaced.
@@ -103,7 +76,8 @@ async fn a_request_on_another_partition_than_its_keys_is_rejected_and_never_run_
     let root = KeptOnFailure::new();
     let (broker, kafka_config, kafka) = start_broker().await;
     let sim = Sim::start(SimConfig::default()).await.unwrap();
-    let (mut group, _) = two_instances(&root, &kafka_config, &sim).await;
+    let target = sendledger_tests::engine::target(&sim.base_url(), |_| {});
+    let mut group = Group::start(SENDLEDGER, root.path(), 2, &kafka_config, target).await;
     let results = ResultsFollower::start(&kafka);
 
     let keys: Vec<String> = (0..60).map(|i| format!("drawn-{i}")).collect();
@@ -156,15 +130,7 @@ async fn a_request_on_another_partition_than_its_keys_is_rejected_and_never_run_
 
     // Keyed the usual way (the key chooses the partition), every request runs exactly once.
     produce(&kafka, request_messages(&keys)).await;
-    group
-        .wait_answered(&results, &task_ids(&keys), Duration::from_secs(90))
-        .await;
-    group.stop_all();
-    let raw = results.stop();
-    let ((events, _), report) = tokio::task::block_in_place(|| read_and_audit_log(&kafka));
-    let reviews = assert_settled_once(&sim, &keys, &raw, &events);
-    assert!(reviews.is_empty(), "tasks in review: {reviews:?}");
-    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    group.finish(results, &sim, &keys).await;
     assert_eq!(sim.stats().posts, keys.len() as u64, "{:?}", sim.stats());
     sim.shutdown().await;
     drop(broker);
@@ -187,7 +153,8 @@ async fn partitions_added_to_the_requests_topic_run_nothing_twice() {
         "1000".into(),
     );
     let sim = Sim::start(SimConfig::default()).await.unwrap();
-    let (mut group, _) = two_instances(&root, &kafka_config, &sim).await;
+    let target = sendledger_tests::engine::target(&sim.base_url(), |_| {});
+    let mut group = Group::start(SENDLEDGER, root.path(), 2, &kafka_config, target).await;
     let results = ResultsFollower::start(&kafka);
 
     let first: Vec<String> = (0..40).map(|i| format!("before-{i}")).collect();

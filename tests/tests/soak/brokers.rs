@@ -5,10 +5,9 @@ use std::time::{Duration, Instant};
 
 use sendledger_sim::{Sim, SimConfig};
 use sendledger_tests::cluster::{
-    assert_settled_once, each_answered, read_and_audit_log, start_broker, why_unanswered, Group,
-    Instance, KeptOnFailure, ResultsFollower, Stream, Timeline, PARTITIONS,
+    each_answered, start_broker, why_unanswered, Group, KeptOnFailure, ResultsFollower, Stream,
+    PARTITIONS,
 };
-use sendledger_tests::kafka::task_ids;
 
 use crate::SENDLEDGER;
 
@@ -58,22 +57,7 @@ async fn a_broker_killed_then_another_frozen_loses_and_duplicates_nothing() {
     }
     let sim = Sim::start(SimConfig::default()).await.unwrap();
     let target = sendledger_tests::engine::target(&sim.base_url(), |_| {});
-    let timeline = Timeline::default();
-    let mut group = Group {
-        instances: (0..2)
-            .map(|i| Instance::new(SENDLEDGER, root.path(), i, &kafka_config, target.clone()))
-            .collect(),
-        timeline: timeline.clone(),
-    };
-    for i in 0..2 {
-        tokio::task::block_in_place(|| group.instances[i].start(&timeline));
-    }
-    let took = group.wait_settled(Duration::from_secs(60)).await;
-    assert!(
-        took.is_some(),
-        "not every partition owned: {}",
-        group.owners()
-    );
+    let mut group = Group::start(SENDLEDGER, root.path(), 2, &kafka_config, target).await;
     let results = ResultsFollower::start(&kafka);
     let stream = Stream::start(&kafka, "brokers", 5, Duration::from_millis(50));
     let all: BTreeSet<i32> = (0..PARTITIONS).collect();
@@ -122,16 +106,7 @@ async fn a_broker_killed_then_another_frozen_loses_and_duplicates_nothing() {
 
     let produced = stream.stop().await;
     let keys: Vec<String> = produced.iter().map(|(k, _)| k.clone()).collect();
-    let tasks = task_ids(&keys);
-    group
-        .wait_answered(&results, &tasks, Duration::from_secs(90))
-        .await;
-    group.stop_all();
-    let raw = results.stop();
-    let ((events, _), report) = tokio::task::block_in_place(|| read_and_audit_log(&kafka));
-    let reviews = assert_settled_once(&sim, &keys, &raw, &events);
-    assert!(reviews.is_empty(), "tasks in review: {reviews:?}");
-    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    let report = group.finish(results, &sim, &keys).await;
     assert_eq!(report.tasks, keys.len() as u64, "{report:?}");
     assert_eq!(sim.stats().posts, keys.len() as u64, "{:?}", sim.stats());
     sim.shutdown().await;
