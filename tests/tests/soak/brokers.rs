@@ -61,8 +61,11 @@ async fn a_broker_killed_then_another_frozen_loses_and_duplicates_nothing() {
     let results = ResultsFollower::start(&kafka);
     let stream = Stream::start(&kafka, "brokers", 5, Duration::from_millis(50));
     let all: BTreeSet<i32> = (0..PARTITIONS).collect();
+    let admins: Vec<String> = (group.instances.iter())
+        .map(|i| i.admin().to_string())
+        .collect();
     let answered_since = |from: usize| {
-        let (results, stream) = (&results, &stream);
+        let (results, stream, admins) = (&results, &stream, &admins);
         let all = all.clone();
         async move {
             let limit = Instant::now() + Duration::from_secs(90);
@@ -71,6 +74,9 @@ async fn a_broker_killed_then_another_frozen_loses_and_duplicates_nothing() {
                     let why = tokio::task::block_in_place(|| {
                         why_unanswered(results, &stream.produced(), from, &all)
                     });
+                    for admin in admins {
+                        eprintln!("{admin}: {}", what_an_instance_says(admin));
+                    }
                     panic!("not every partition answered again: {why}");
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -111,4 +117,31 @@ async fn a_broker_killed_then_another_frozen_loses_and_duplicates_nothing() {
     assert_eq!(sim.stats().posts, keys.len() as u64, "{:?}", sim.stats());
     sim.shutdown().await;
     drop(broker);
+}
+
+/// An instance's `/healthz`, and the lines of its `/metrics` about its partitions, its ingest
+/// and its log: what it says of itself when a partition does not answer.
+fn what_an_instance_says(admin: &str) -> String {
+    let get = |path: &str| {
+        sendledger_tests::http::get_any(admin, path, Duration::from_secs(2))
+            .map_or_else(|| "no answer".to_string(), |(_, body)| body)
+    };
+    let metrics: Vec<String> = get("/metrics")
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            [
+                "ingest",
+                "partition",
+                "log_",
+                "consumer_lag",
+                "in_flight",
+                "journal",
+            ]
+            .iter()
+            .any(|k| l.contains(k))
+        })
+        .map(str::to_string)
+        .collect();
+    format!("{}\n{}", get("/healthz"), metrics.join("\n"))
 }
