@@ -96,6 +96,37 @@ struct Owned<L: TransactionalLog> {
     /// Partitions whose log was given up after a failed transaction, not yet taken by
     /// [`LogReplicator::take_lost`], with whether another writer fenced it.
     lost: BTreeMap<i32, bool>,
+    /// Logs given up or replaced while the lock was held: dropped once it is let go (see
+    /// [`OwnedGuard`]).
+    retired: Vec<OwnedLog<L>>,
+}
+
+/// The replicator's lock. A log given up while it is held is dropped after it is let go:
+/// dropping the last handle of a partition's transactional producer purges, flushes and
+/// destroys it, which waits on its brokers (seconds, with a broker gone), and every
+/// partition's transactions take this lock. Dropped under it, one partition given up after a
+/// broker failure held up the transactions of every other.
+struct OwnedGuard<'a, L: TransactionalLog>(Option<MutexGuard<'a, Owned<L>>>);
+
+impl<L: TransactionalLog> std::ops::Deref for OwnedGuard<'_, L> {
+    type Target = Owned<L>;
+    fn deref(&self) -> &Owned<L> {
+        self.0.as_ref().expect("held until dropped")
+    }
+}
+
+impl<L: TransactionalLog> std::ops::DerefMut for OwnedGuard<'_, L> {
+    fn deref_mut(&mut self) -> &mut Owned<L> {
+        self.0.as_mut().expect("held until dropped")
+    }
+}
+
+impl<L: TransactionalLog> Drop for OwnedGuard<'_, L> {
+    fn drop(&mut self) {
+        let retired = (self.0.as_mut()).map(|g| std::mem::take(&mut g.retired));
+        drop(self.0.take());
+        drop(retired);
+    }
 }
 
 impl<L: TransactionalLog> Default for Owned<L> {
@@ -106,6 +137,7 @@ impl<L: TransactionalLog> Default for Owned<L> {
             frontiers: BTreeMap::new(),
             projections: BTreeMap::new(),
             lost: BTreeMap::new(),
+            retired: Vec::new(),
         }
     }
 }
@@ -136,8 +168,8 @@ impl<L: TransactionalLog> LogReplicator<L> {
         LogReplicator { encoding, ..self }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Owned<L>> {
-        self.owned.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> OwnedGuard<'_, L> {
+        OwnedGuard(Some(self.owned.lock().unwrap_or_else(|e| e.into_inner())))
     }
 
     /// Takes partition `log.partition()` on: its events are written through `log` from now on.
@@ -148,7 +180,9 @@ impl<L: TransactionalLog> LogReplicator<L> {
         owned.last_generation += 1;
         let generation = owned.last_generation;
         let log = Arc::new(log);
-        owned.logs.insert(partition, OwnedLog { generation, log });
+        if let Some(replaced) = owned.logs.insert(partition, OwnedLog { generation, log }) {
+            owned.retired.push(replaced);
+        }
         owned.projections.remove(&partition);
     }
 
@@ -491,7 +525,9 @@ impl<L: TransactionalLog> Owned<L> {
 
     /// Gives partition `partition`'s log and what goes with it up.
     fn forget(&mut self, partition: i32) {
-        self.logs.remove(&partition);
+        if let Some(gone) = self.logs.remove(&partition) {
+            self.retired.push(gone);
+        }
         self.frontiers.remove(&partition);
         self.projections.remove(&partition);
         self.lost.remove(&partition);
