@@ -668,12 +668,18 @@ pub fn each_answered(
     partitions: &BTreeSet<i32>,
 ) -> bool {
     let answered = results.answered();
-    partitions.iter().all(|p| {
-        produced
-            .iter()
-            .skip(from)
-            .any(|(k, q)| q == p && answered.contains(&crate::engine::task_id(k).to_string()))
-    })
+    (partitions.iter()).all(|p| answered_on(&answered, produced, from, *p))
+}
+
+/// Whether a request of `produced` from index `from` on, on `partition`, is in `answered`.
+fn answered_on(
+    answered: &BTreeSet<String>,
+    produced: &[(String, i32)],
+    from: usize,
+    partition: i32,
+) -> bool {
+    (produced.iter().skip(from))
+        .any(|(k, q)| *q == partition && answered.contains(&crate::engine::task_id(k).to_string()))
 }
 
 /// Why partitions of `partitions` did not answer a request of `produced` from index `from` on:
@@ -694,16 +700,13 @@ pub fn why_unanswered(
         why.push("the log of record did not read back".to_string());
     }
     let log = log.unwrap_or_default();
-    for p in partitions {
+    for p in (partitions.iter()).filter(|p| !answered_on(&answered, produced, from, **p)) {
         let waiting = (produced.iter().skip(from)).find(|(_, q)| q == p);
         let Some((key, _)) = waiting else {
             why.push(format!("partition {p}: nothing produced"));
             continue;
         };
         let task = crate::engine::task_id(key).to_string();
-        if answered.contains(&task) {
-            continue;
-        }
         let events: Vec<&str> = (log.iter())
             .filter(|e| e.task_id.to_string() == task)
             .map(|e| e.body.name())

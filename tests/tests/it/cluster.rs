@@ -418,24 +418,8 @@ async fn a_partition_whose_log_failed_is_taken_over_again() {
     let (broker, kafka_config, kafka) = start_broker().await;
     let sim = Sim::start(SimConfig::default()).await.unwrap();
     let target = sendledger_tests::engine::target(&sim.base_url(), |_| {});
-    let timeline = Timeline::default();
-    let mut group = Group {
-        instances: vec![Instance::new(
-            SENDLEDGER,
-            root.path(),
-            0,
-            &kafka_config,
-            target,
-        )],
-        timeline: timeline.clone(),
-    };
-    tokio::task::block_in_place(|| group.instances[0].start(&timeline));
-    let took = group.wait_settled(Duration::from_secs(60)).await;
-    assert!(
-        took.is_some(),
-        "not every partition owned: {}",
-        group.owners()
-    );
+    let mut group = Group::start(SENDLEDGER, root.path(), 1, &kafka_config, target).await;
+    let timeline = group.timeline.clone();
     let results = ResultsFollower::start(&kafka);
     let stream = Stream::start(&kafka, "retake", 5, Duration::from_millis(50));
     let all: BTreeSet<i32> = (0..PARTITIONS).collect();

@@ -38,16 +38,20 @@ fn misplaced_results<'a>(records: &'a [Rec], key: &str) -> Vec<&'a Rec> {
         .collect()
 }
 
-/// Waits until `done` holds for the results so far (read again from the topic each time).
-async fn wait_results(
+/// Waits until the results topic (read again from its start each time) holds a misplaced
+/// rejection of each of `misplaced`; returns its records.
+async fn wait_misplaced_rejected(
     kafka: &sendledger_kafka::Kafka,
-    what: &str,
-    done: impl Fn(&[Rec]) -> bool + Send + 'static,
+    misplaced: &BTreeSet<String>,
 ) -> Vec<Rec> {
     let topic = kafka.config().results_topic.clone();
+    let expected = misplaced.clone();
     let started = Instant::now();
-    let records = sendledger_tests::kafka::read_until(kafka, &topic, done).await;
-    eprintln!("{what}: {:?}", started.elapsed());
+    let records = sendledger_tests::kafka::read_until(kafka, &topic, move |r| {
+        expected.iter().all(|k| !misplaced_results(r, k).is_empty())
+    })
+    .await;
+    eprintln!("misplaced requests rejected: {:?}", started.elapsed());
     records
 }
 
@@ -101,11 +105,7 @@ async fn a_request_on_another_partition_than_its_keys_is_rejected_and_never_run_
         .collect();
     produce(&kafka, messages).await;
 
-    let expected = misplaced.clone();
-    let records = wait_results(&kafka, "misplaced requests rejected", move |r| {
-        expected.iter().all(|k| !misplaced_results(r, k).is_empty())
-    })
-    .await;
+    let records = wait_misplaced_rejected(&kafka, &misplaced).await;
     group
         .wait_answered(&results, &task_ids(&placed), Duration::from_secs(90))
         .await;
@@ -210,11 +210,7 @@ async fn partitions_added_to_the_requests_topic_run_nothing_twice() {
         "the keys cover every case: {arrived:?}"
     );
 
-    let expected = misplaced.clone();
-    let records = wait_results(&kafka, "misplaced requests rejected", move |r| {
-        expected.iter().all(|k| !misplaced_results(r, k).is_empty())
-    })
-    .await;
+    let records = wait_misplaced_rejected(&kafka, &misplaced).await;
     group
         .wait_answered(&results, &task_ids(&runnable), Duration::from_secs(90))
         .await;

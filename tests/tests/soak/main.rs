@@ -482,25 +482,9 @@ async fn a_frozen_instance_sends_nothing_for_partitions_it_lost() {
         t["request_timeout"] = "2s".into();
         t["lookup"]["deadline"] = "15s".into();
     });
-    let timeline = Timeline::default();
-    let mut group = Group {
-        instances: (0..2)
-            .map(|id| Instance::new(SENDLEDGER, root.path(), id, &kafka_config, target.clone()))
-            .collect(),
-        timeline: timeline.clone(),
-    };
+    let mut group = Group::start(SENDLEDGER, root.path(), 2, &kafka_config, target).await;
+    let timeline = group.timeline.clone();
     let (a, b) = (0, 1);
-    tokio::task::block_in_place(|| {
-        for i in &mut group.instances {
-            i.start(&timeline);
-        }
-    });
-    let took = group.wait_settled(Duration::from_secs(60)).await;
-    assert!(
-        took.is_some(),
-        "the partitions were not split: {}",
-        group.owners()
-    );
     let results = ResultsFollower::start(&kafka);
     let stream = Stream::start(&kafka, "zombie", 10, Duration::from_millis(50));
 
